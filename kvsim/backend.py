@@ -1,0 +1,70 @@
+"""The seam: what the engine needs from time (Runtime) and from bytes (Backend).
+
+The engine is a set of SimPy-style generator processes. It knows time only through a
+Runtime and moves bytes only through a Backend. The sim backend pairs a SimPy environment
+with a model of the hardware; the hw backend pairs a real-time driver with CuPy/numpy
+buffers and files. Nothing outside backend construction asks which one it has.
+
+Waitables are whatever the runtime's ``timeout``/``event``/``all_of``/``any_of``/
+``process`` return; a generator process yields them and is resumed with their value.
+A transfer's or compute's waitable succeeds with ``True`` when the work completed and
+``False`` when it failed (the failure is reported, never raised into the engine).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generator, Iterable, Protocol, runtime_checkable
+
+import numpy as np
+
+from kvsim.core.plan import Batch, Fill
+from kvsim.core.spec import Level
+
+Waitable = Any
+Process = Generator[Waitable, Any, Any]
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """Time, as the engine may see it."""
+
+    @property
+    def now(self) -> float: ...
+
+    def timeout(self, delay_s: float, value: Any = None) -> Waitable: ...
+
+    def event(self) -> Waitable:
+        """A waitable the engine triggers itself with ``.succeed(value)``."""
+
+    def all_of(self, waitables: Iterable[Waitable]) -> Waitable: ...
+
+    def any_of(self, waitables: Iterable[Waitable]) -> Waitable: ...
+
+    def process(self, gen: Process) -> Waitable:
+        """Start a generator process; the waitable succeeds with its return value."""
+
+    def run(self, until: Waitable | float | None = None) -> None:
+        """Drive the processes until ``until`` (an event or a time) or until idle."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Bytes, as the engine may move them."""
+
+    name: str
+    runtime: Runtime
+
+    def transfer(self, batch: Batch) -> Waitable:
+        """Move one batch of pages. Succeeds with True, or False if the batch failed."""
+
+    def compute(self, duration_s: float) -> Waitable:
+        """Occupy the GPU's SMs with model compute for ``duration_s`` (the compute model's
+        estimate; the sim may stretch it under contention). Succeeds with the seconds it took."""
+
+    def fill(self, fill: Fill) -> None:
+        """Write freshly computed pages' content (their tags) into their slots."""
+
+    def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
+        """Content tags found in the slots (uint64): the refcheck compares them."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,647 @@
+"""The tier manager: request lifecycle, eviction cascades and two-phase migration plans.
+
+Lifecycle of a request (one core Request may live across the turns of a session):
+
+    create(scope, blocks, ntokens)   match the prefix; matched pages become HELD   -> SUSPENDED
+    prepare(req, blocks, ntokens)    next turn: keep the common prefix, match more  (SUSPENDED)
+    resume(req) -> Plan | Refusal    bring held pages to GPU and lock them          -> ACTIVE
+    grow(req, ntokens) -> Plan | ..  allocate GPU pages, evicting others            (ACTIVE)
+    commit(req, ntokens) -> Fill     computed pages join the prefix tree            (ACTIVE)
+    suspend(req)                     locked pages become held                       -> SUSPENDED
+    close(req)                       pages become droppable or are freed            -> CLOSED
+
+Every state change that moves bytes is two-phase: planning picks victims, reserves
+destination slots and pins sources, and returns a frozen Plan; ``complete(plan, ok)``
+commits it or rolls it back, batch by batch. A plan that cannot be made changes nothing.
+
+Eviction per tier: lowest priority first, then least recently used (the insertion order
+of the tier's index is the logical clock). The cascade is GPU -> host -> disk -> dropped:
+a victim moves one tier colder; only the last tier drops, and only droppable leaves.
+Held pages never drop. A tree page is never dropped before its children.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Iterable, Sequence
+
+import numpy as np
+
+from kvsim.core.errors import ConfigError, CoreError
+from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
+from kvsim.core.pages import Page
+from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
+from kvsim.core.spec import Level, ManagerSpec
+from kvsim.core.stats import Counters, TierStats
+from kvsim.core.tiers import Tier
+from kvsim.core.tree import PrefixTree
+from kvsim.core.types import Phase, ReqState
+
+_RESIDENT = Phase.RESIDENT
+_MOVING = Phase.MOVING
+_EMPTY = np.empty(0, dtype=np.int64)
+
+
+class Request:
+    """A sequence of blocks whose pages one client owns (a request, or a whole session)."""
+
+    __slots__ = ("rid", "scope", "root", "priority", "blocks", "pages", "tokens",
+                 "committed", "state", "hit_by_level", "plan")
+
+    def __init__(self, rid: int, scope: Hashable, priority: int):
+        self.rid = rid
+        self.scope = scope
+        self.root = scope_root(scope)
+        self.priority = priority
+        self.blocks: list[BlockIds] = []
+        self.pages: list[Page] = []
+        self.tokens = 0           # tokens the pages cover
+        self.committed = 0        # leading pages that have a key (committed or matched)
+        self.state = ReqState.SUSPENDED
+        self.hit_by_level = (0, 0, 0)  # cached tokens of the last create/prepare, by Level
+        self.plan = -1            # pid of the plan in flight for this request
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.hit_by_level)
+
+    def __repr__(self) -> str:
+        return f"Request({self.rid}, {self.state.name}, pages={len(self.pages)}, tokens={self.tokens})"
+
+
+class _Rec:
+    """What the manager remembers about a plan in flight (never leaves the manager)."""
+
+    __slots__ = ("kind", "req", "moves", "handed", "handed_sets", "pending", "cow", "quota",
+                 "target")
+
+    def __init__(self, kind: PlanKind, req: Request | None):
+        self.kind = kind
+        self.req = req
+        self.moves: list[tuple[list[Page], list[int]]] = []  # per batch: pages, dst slots
+        self.handed: dict[int, int] = {}  # tier pos -> evict batch whose sources it reuses
+        self.pending: list[Page] = []     # grow: new pages, phase PENDING
+        self.cow: Page | None = None      # grow: the private copy of a shared last page
+        self.quota: tuple[int, int] | None = None  # (tier pos, old capacity)
+        self.target = 0                   # grow: tokens the request covers once committed
+        self.handed_sets: dict[int, set[int]] = {}
+
+
+class TierManager:
+    def __init__(self, spec: ManagerSpec):
+        self.spec = spec
+        self.page_bytes = spec.page_bytes
+        self.tokens_per_block = spec.tokens_per_block
+        n = len(spec.tiers)
+        self.tiers: list[Tier] = [
+            Tier(t.level, i, i == n - 1, spec.page_bytes, t.quota_bytes // spec.page_bytes,
+                 t.reserve_bytes // spec.page_bytes)
+            for i, t in enumerate(spec.tiers)
+        ]
+        self._pos = {t.level: i for i, t in enumerate(self.tiers)}
+        self.tree = PrefixTree()
+        self.counters = Counters()
+        self._pages: dict[int, Page] = {}   # every live page, by pid
+        self._requests: dict[int, Request] = {}
+        self._plans: dict[int, _Rec] = {}
+        self._next_pid = 0
+        self._next_rid = 0
+        self._next_plan = 0
+
+    # == read-only ======================================================================
+    def level_of(self, tier_pos: int) -> Level:
+        return self.tiers[tier_pos].level
+
+    def tier_pos(self, level: Level) -> int:
+        try:
+            return self._pos[Level(level)]
+        except KeyError:
+            raise CoreError(f"no {Level(level).name} tier configured") from None
+
+    def _needs(self, ntokens: int, nblocks: int) -> list[int]:
+        b = self.tokens_per_block
+        return [min(b, ntokens - i * b) for i in range(nblocks)]
+
+    def _nblocks(self, ntokens: int) -> int:
+        return -(-ntokens // self.tokens_per_block)
+
+    def probe_reuse(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int
+                    ) -> dict[Level, int]:
+        """Tokens of the prompt a new request would find cached, by tier. Changes nothing."""
+        nb = self._nblocks(ntokens)
+        pages, _ = self.tree.match(scope_root(scope), blocks[:nb], self._needs(ntokens, nb))
+        out = {t.level: 0 for t in self.tiers}
+        for p, need in zip(pages, self._needs(ntokens, len(pages))):
+            out[self.tiers[p.tier].level] += need
+        return out
+
+    def tier_stats(self, level: Level) -> TierStats:
+        pos = self.tier_pos(level)
+        tier = self.tiers[pos]
+        locked = held = droppable = moving = 0
+        for p in self._pages.values():
+            if p.tier != pos or p.phase not in (_RESIDENT, _MOVING):
+                continue
+            moving += p.phase == _MOVING
+            if p.locks:
+                locked += 1
+            elif p.holds:
+                held += 1
+            else:
+                droppable += 1
+        used = tier.used
+        return TierStats(level=int(tier.level), total=tier.capacity, used=used, free=tier.free,
+                         locked=locked, held=held, droppable=droppable,
+                         reserved=used - locked - held - droppable, moving=moving,
+                         evictable=tier.index_size())
+
+    def requests(self) -> Iterable[Request]:
+        return self._requests.values()
+
+    def pages(self) -> Iterable[Page]:
+        return self._pages.values()
+
+    def plans_in_flight(self) -> int:
+        return len(self._plans)
+
+    def expected(self, req: Request) -> Fill:
+        """Slots and content tags of the request's written pages on GPU (for the refcheck)."""
+        ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase == _RESIDENT]
+        return Fill(Level.GPU, np.fromiter((p.slot for p in ps), np.int64, len(ps)),
+                    np.fromiter((p.tag for p in ps), np.uint64, len(ps)))
+
+    # == lifecycle ======================================================================
+    def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
+               priority: int = 0) -> Request:
+        """A new SUSPENDED request whose cached prefix pages are now held by it."""
+        req = Request(self._next_rid, scope, priority)
+        self._next_rid += 1
+        self._requests[req.rid] = req
+        self.prepare(req, blocks, ntokens)
+        return req
+
+    def prepare(self, req: Request, blocks: Sequence[BlockIds], ntokens: int) -> int:
+        """Declare the request's next prompt (``ntokens`` tokens over ``blocks``).
+
+        Keeps the request's own pages that match the new blocks, releases the rest, then
+        extends the match from the prefix tree. Counts hit tokens by tier. Returns the
+        tokens found cached."""
+        self._expect(req, ReqState.SUSPENDED, "prepare")
+        if ntokens < 0:
+            raise CoreError(f"prepare: ntokens must be >= 0, got {ntokens}")
+        nb = self._nblocks(ntokens)
+        if len(blocks) < nb:
+            raise CoreError(f"prepare: {ntokens} tokens need {nb} blocks, got {len(blocks)}")
+        need = self._needs(ntokens, nb)
+        keep = 0
+        own = req.pages
+        while (keep < len(own) and keep < nb and own[keep].tag
+               and req.blocks[keep] == blocks[keep] and own[keep].ntokens >= need[keep]):
+            keep += 1
+        for p in reversed(own[keep:]):
+            p.holds -= 1
+            self._settle(p, touch=False)
+        del own[keep:]
+        req.committed = min(req.committed, keep)
+        if keep < nb and (keep == 0 or need[keep - 1] == self.tokens_per_block):
+            parent = own[keep - 1].key if keep else req.root
+            found, _ = self.tree.match(parent, blocks[keep:nb], need[keep:])
+            for p in found:
+                p.holds += 1
+                if self.tiers[p.tier].is_last:
+                    self.tiers[p.tier].index_discard(p)
+            own.extend(found)
+            req.committed = len(own)
+        hits = [0, 0, 0]
+        for p, n in zip(own, need):
+            hits[self.tiers[p.tier].level] += n
+        for lv in range(3):
+            self.counters.hit_tokens[lv] += hits[lv]
+        req.hit_by_level = tuple(hits)
+        req.blocks = list(blocks)
+        req.tokens = sum(need[:len(own)])
+        return req.tokens
+
+    def resume(self, req: Request) -> Plan | Refusal:
+        """Plan to bring the request's pages to GPU and lock them. On refusal nothing changed."""
+        self._expect(req, ReqState.SUSPENDED, "resume")
+        pages = req.pages
+        if any(p.phase is not _RESIDENT for p in pages):
+            return self._refuse(RefusalReason.BUSY, "a page is moving for another plan")
+        away = [p for p in pages if p.tier != 0]
+        sel = self._select(0, len(away), set(pages)) if away else []
+        if sel is None:
+            return self._refuse(RefusalReason.NO_ROOM, f"{len(away)} GPU slots for a resume")
+        gpu = self.tiers[0]
+        for p in pages:
+            if p.tier == 0:
+                p.holds -= 1
+                p.locks += 1
+                gpu.index_discard(p)
+        rec = _Rec(PlanKind.RESUME, req)
+        batches: list[Batch] = []
+        if away:
+            slots = self._reserve(0, len(away), sel, rec, batches)
+            by_src: dict[int, tuple[list[Page], list[int]]] = {}
+            for p, s in zip(away, slots):
+                p.phase = _MOVING
+                self.tiers[p.tier].index_discard(p)
+                grp = by_src.setdefault(p.tier, ([], []))
+                grp[0].append(p)
+                grp[1].append(s)
+            for src in sorted(by_src):
+                ps, ds = by_src[src]
+                self._add_batch(rec, batches, BatchKind.ONBOARD, src, 0, ps, ds,
+                                self._taker_stage)
+        req.state = ReqState.RESUMING
+        return self._issue(rec, PlanKind.RESUME, batches)
+
+    def grow(self, req: Request, ntokens: int, blocks: Sequence[BlockIds] = ()) -> Plan | Refusal:
+        """Plan GPU pages so the request covers ``ntokens`` tokens (appending ``blocks``)."""
+        self._expect(req, ReqState.ACTIVE, "grow")
+        if blocks:
+            req.blocks.extend(blocks)
+        if ntokens < req.tokens:
+            raise CoreError(f"grow: {ntokens} tokens is fewer than the {req.tokens} it has")
+        nb = self._nblocks(ntokens)
+        if nb > len(req.blocks):
+            raise CoreError(f"grow: {ntokens} tokens need {nb} blocks, the request has "
+                            f"{len(req.blocks)}")
+        new = nb - len(req.pages)
+        last = req.pages[-1] if req.pages else None
+        cow = (last is not None and ntokens > req.tokens
+               and req.tokens < len(req.pages) * self.tokens_per_block
+               and (last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0))
+        n = new + cow
+        sel = self._select(0, n, None) if n else []
+        if sel is None:
+            return self._refuse(RefusalReason.NO_ROOM, f"{n} GPU pages for a grow")
+        rec = _Rec(PlanKind.GROW, req)
+        batches: list[Batch] = []
+        if n:
+            slots = self._reserve(0, n, sel, rec, batches)
+            base = len(req.pages)
+            needs = self._needs(ntokens, nb)
+            pid = self._next_pid
+            pend = []
+            prio = req.priority
+            for j in range(new):
+                i = base + j
+                pend.append(Page(pid + j, i, 0, slots[cow + j], needs[i], prio, Phase.PENDING))
+            self._next_pid = pid + new
+            rec.pending = pend
+            if cow:
+                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens, prio,
+                            Phase.PENDING)
+                self._next_pid += 1
+                rec.cow = copy
+                self._add_batch(rec, batches, BatchKind.COPY, 0, 0, [last], [slots[0]],
+                                self._taker_stage)
+        rec.target = ntokens
+        req.state = ReqState.GROWING
+        return self._issue(rec, PlanKind.GROW, batches, new)
+
+    def commit(self, req: Request, ntokens: int, final: bool = False) -> Fill:
+        """Pages fully covered by the first ``ntokens`` computed tokens join the prefix tree
+        (and, with ``final``, the partial last page too). Returns the pages whose content the
+        engine must now write."""
+        self._expect(req, ReqState.ACTIVE, "commit")
+        if ntokens > req.tokens:
+            raise CoreError(f"commit: {ntokens} tokens but the request covers {req.tokens}")
+        b = self.tokens_per_block
+        upto = ntokens // b + (1 if final and ntokens % b else 0)
+        pages, blocks, tree = req.pages, req.blocks, self.tree
+        slots: list[int] = []
+        tags: list[int] = []
+        for i in range(req.committed, upto):
+            page = pages[i]
+            if page.key:
+                continue
+            parent_key = pages[i - 1].key if i else req.root
+            parent = tree.get(parent_key) if i else None
+            if i and parent is None:
+                parent = self._reinsert_chain(req, i - 1)
+            key = chain_key(parent_key, blocks[i])
+            if not tree.insert(page, key, parent):
+                page.key = key  # a twin computed it first: ours stays private
+            page.tag = tag_of(key)
+            slots.append(page.slot)
+            tags.append(page.tag)
+        req.committed = max(req.committed, upto)
+        return Fill(Level.GPU, np.array(slots, dtype=np.int64), np.array(tags, dtype=np.uint64))
+
+    def suspend(self, req: Request) -> None:
+        """Locked pages become held: evictable to colder tiers, never dropped."""
+        self._expect(req, ReqState.ACTIVE, "suspend")
+        for p in reversed(req.pages):  # tail first into the LRU: it is evicted first
+            p.locks -= 1
+            p.holds += 1
+            self._settle(p, touch=True)
+        req.state = ReqState.SUSPENDED
+
+    def close(self, req: Request) -> None:
+        """Release the request: its tree pages become droppable, private pages are freed."""
+        if req.state not in (ReqState.ACTIVE, ReqState.SUSPENDED):
+            raise CoreError(f"close: request {req.rid} is {req.state.name}")
+        active = req.state is ReqState.ACTIVE
+        for p in reversed(req.pages):
+            if active:
+                p.locks -= 1
+            else:
+                p.holds -= 1
+            self._settle(p, touch=active)
+        req.pages = []
+        req.state = ReqState.CLOSED
+        del self._requests[req.rid]
+
+    def set_quota(self, level: Level, quota_bytes: int) -> Plan | Refusal:
+        """Change a tier's quota. Growing is immediate; shrinking evicts (held pages move
+        colder, never drop) and refuses, changing nothing, if it cannot make room."""
+        pos = self.tier_pos(level)
+        tier = self.tiers[pos]
+        field = f"{tier.level.name.lower()}.quota_bytes"
+        if not isinstance(quota_bytes, int) or quota_bytes < self.page_bytes:
+            raise ConfigError(field, quota_bytes, f"at least one page ({self.page_bytes} bytes)")
+        cap = quota_bytes // self.page_bytes
+        if cap > tier.max_slots:
+            raise ConfigError(field, quota_bytes,
+                              f"at most the reserved {tier.max_slots * self.page_bytes} bytes")
+        old = tier.capacity
+        excess = tier.used - cap
+        tier.capacity = cap
+        rec = _Rec(PlanKind.QUOTA, None)
+        rec.quota = (pos, old)
+        batches: list[Batch] = []
+        if excess > 0:
+            sel = self._select(pos, excess, None)
+            if sel is None:
+                tier.capacity = old
+                return self._refuse(RefusalReason.NO_ROOM, f"{excess} evictable pages in "
+                                    f"the {tier.level.name} tier")
+            self._reserve(pos, excess, sel, rec, batches, incoming=False)
+        return self._issue(rec, PlanKind.QUOTA, batches)
+
+    # == completion =====================================================================
+    def complete(self, plan: Plan, ok: bool | Sequence[bool] = True) -> None:
+        """Commit or roll back a plan. ``ok`` is one flag for all batches or one per batch.
+        A batch after a failed stage is rolled back whatever its flag (it must not have run
+        on a slot still owned by a page that failed to leave)."""
+        rec = self._plans.pop(plan.pid, None)
+        if rec is None:
+            raise CoreError(f"complete: plan {plan.pid} is not in flight")
+        batches = plan.batches
+        oks = [bool(ok)] * len(batches) if isinstance(ok, (bool, np.bool_)) else [bool(x) for x in ok]
+        if len(oks) != len(batches):
+            raise CoreError(f"complete: {len(oks)} flags for {len(batches)} batches")
+        failed_stage = min((b.stage for b, k in zip(batches, oks) if not k), default=None)
+        if failed_stage is not None:
+            oks = [k and b.stage < failed_stage for b, k in zip(batches, oks)]
+        all_ok = all(oks)
+        c = self.counters
+        tiers = self.tiers
+        for bi, (b, good) in enumerate(zip(batches, oks)):
+            if b.kind is BatchKind.COPY:
+                continue  # handled with the grow's pending pages
+            pages, dsts = rec.moves[bi]
+            src_pos, dst_pos = self._pos[b.src], self._pos[b.dst]
+            src_tier, dst_tier = tiers[src_pos], tiers[dst_pos]
+            if good:
+                handed = src_pos in rec.handed and rec.handed[src_pos] == bi
+                for p, d in zip(pages, dsts):
+                    if not handed:
+                        src_tier.release(p.slot)
+                    p.tier = dst_pos
+                    p.slot = d
+                    p.phase = _RESIDENT
+                c.moved_pages[b.src][b.dst] += b.pages
+                c.moved_bytes[b.src][b.dst] += b.nbytes
+                if b.kind is BatchKind.EVICT:
+                    c.evicted_pages[b.src] += b.pages
+                    for p in pages:
+                        self._settle(p, touch=True)
+            else:
+                c.failed_batches += 1
+                for p, d in zip(pages, dsts):
+                    p.phase = _RESIDENT
+                    self._rollback_slot(rec, batches, oks, dst_pos, d)
+                    self._settle(p, touch=False)
+        if rec.kind is PlanKind.RESUME:
+            self._finish_resume(rec, plan, oks, all_ok)
+        elif rec.kind is PlanKind.GROW:
+            self._finish_grow(rec, batches, oks, all_ok)
+        elif not all_ok and rec.quota is not None:
+            pos, old = rec.quota  # a shrink that could not finish: the old quota stands
+            tiers[pos].capacity = old
+
+    def _finish_resume(self, rec: _Rec, plan: Plan, oks: list[bool], all_ok: bool) -> None:
+        req = rec.req
+        req.plan = -1
+        if all_ok:
+            for bi, b in enumerate(plan.batches):
+                if b.kind is BatchKind.ONBOARD:
+                    for p in rec.moves[bi][0]:
+                        p.holds -= 1
+                        p.locks += 1
+                        self.tiers[0].index_discard(p)
+            req.state = ReqState.ACTIVE
+            return
+        # Not all pages came: the request stays suspended. Pages that arrived stay on GPU,
+        # held; pages that were on GPU already were locked at planning: unlock them.
+        moved: set[int] = set()
+        for bi, b in enumerate(plan.batches):
+            if b.kind is BatchKind.ONBOARD:
+                for p in rec.moves[bi][0]:
+                    moved.add(p.pid)
+                    self._settle(p, touch=True)
+        for p in reversed(req.pages):
+            if p.pid not in moved:
+                p.locks -= 1
+                p.holds += 1
+                self._settle(p, touch=True)
+        req.state = ReqState.SUSPENDED
+
+    def _finish_grow(self, rec: _Rec, batches: tuple[Batch, ...], oks: list[bool],
+                     all_ok: bool) -> None:
+        req = rec.req
+        req.plan = -1
+        req.state = ReqState.ACTIVE
+        ntokens = rec.target
+        taken = rec.pending + ([rec.cow] if rec.cow is not None else [])
+        if not all_ok:
+            for p in taken:
+                p.phase = Phase.FREED
+                self._rollback_slot(rec, batches, oks, 0, p.slot)
+            return
+        pages_by_pid = self._pages
+        for p in taken:
+            p.phase = _RESIDENT
+            p.locks = 1
+            pages_by_pid[p.pid] = p
+        first = max(0, len(req.pages) - 1)
+        if rec.cow is not None:
+            old = req.pages[-1]
+            copy = rec.cow
+            req.pages[-1] = copy
+            old.locks -= 1
+            self._settle(old, touch=True)
+            if req.committed > copy.index:
+                req.committed = copy.index
+        if rec.pending:
+            req.pages.extend(rec.pending)
+        self.counters.created_pages[Level.GPU] += len(taken)
+        b = self.tokens_per_block
+        for i in range(first, len(req.pages)):
+            req.pages[i].ntokens = min(b, ntokens - i * b)
+        req.tokens = ntokens
+
+    # == internals ======================================================================
+    @property
+    def _taker_stage(self) -> int:
+        return len(self.tiers) - 1
+
+    def _expect(self, req: Request, state: ReqState, op: str) -> None:
+        if req.state is not state:
+            raise CoreError(f"{op}: request {req.rid} is {req.state.name}, expected {state.name}")
+
+    def _refuse(self, reason: RefusalReason, detail: str) -> Refusal:
+        self.counters.refusals += 1
+        return Refusal(reason, detail)
+
+    def _issue(self, rec: _Rec, kind: PlanKind, batches: list[Batch], new_pages: int = 0) -> Plan:
+        pid = self._next_plan
+        self._next_plan += 1
+        self._plans[pid] = rec
+        if rec.req is not None:
+            rec.req.plan = pid
+        self.counters.plans += 1
+        return Plan(pid, kind, tuple(batches), new_pages)
+
+    def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
+                   pages: list[Page], dsts: list[int], stage: int) -> int:
+        n = len(pages)
+        batches.append(Batch(
+            kind=kind, src=self.tiers[src].level, dst=self.tiers[dst].level,
+            src_slots=np.fromiter((p.slot for p in pages), np.int64, n),
+            dst_slots=np.array(dsts, dtype=np.int64),
+            tags=np.fromiter((p.tag for p in pages), np.uint64, n),
+            page_bytes=self.page_bytes, stage=stage))
+        rec.moves.append((pages, dsts))
+        return len(batches) - 1
+
+    def _select(self, pos: int, n: int, exclude: set | None) -> list[list[Page]] | None:
+        """Dry run of making ``n`` slots available in tier ``pos``: the victims per tier,
+        or None if impossible. Changes nothing."""
+        sel: list[list[Page]] = [[] for _ in self.tiers]
+        need = n
+        for t in range(pos, len(self.tiers)):
+            tier = self.tiers[t]
+            k = need - min(need, tier.free)
+            if k == 0:
+                return sel
+            victims = sel[t]
+            if tier.is_last:
+                gone: dict[int, int] = {}
+                for p in tier.candidates():
+                    if exclude and p in exclude:
+                        continue
+                    if p.nchildren - gone.get(p.pid, 0) > 0:
+                        continue
+                    victims.append(p)
+                    if p.parent is not None:
+                        gone[p.parent.pid] = gone.get(p.parent.pid, 0) + 1
+                    if len(victims) == k:
+                        return sel
+                return None
+            for p in tier.candidates():
+                if exclude and p in exclude:
+                    continue
+                victims.append(p)
+                if len(victims) == k:
+                    break
+            else:
+                return None
+            need = k
+        return None
+
+    def _reserve(self, pos: int, n: int, sel: list[list[Page]], rec: _Rec,
+                 batches: list[Batch], incoming: bool = True) -> list[int]:
+        """Apply a selection: ``n`` slots of tier ``pos`` for incoming pages (victims' slots
+        handed over after free ones). Evictions are added to ``batches``, deepest first."""
+        tier = self.tiers[pos]
+        victims = sel[pos]
+        slots = tier.alloc_many(n - len(victims)) if incoming else []
+        if not victims:
+            return slots
+        if tier.is_last:
+            for v in victims:
+                self._drop(v)
+            if incoming:
+                slots.extend(tier.alloc_many(len(victims)))
+            return slots
+        dst = self._reserve(pos + 1, len(victims), sel, rec, batches)
+        for v in victims:
+            v.phase = _MOVING
+            tier.index_discard(v)
+        stage = len(self.tiers) - 2 - pos
+        bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, pos + 1, victims, dst, stage)
+        if incoming:
+            rec.handed[pos] = bi
+            slots.extend(v.slot for v in victims)
+        return slots
+
+    def _rollback_slot(self, rec: _Rec, batches: Sequence[Batch], oks: list[bool], pos: int,
+                       slot: int) -> None:
+        """Give back a destination slot of a batch that did not commit."""
+        bi = rec.handed.get(pos)
+        if bi is not None and pos not in rec.handed_sets:
+            rec.handed_sets[pos] = set(batches[bi].src_slots.tolist())
+        if bi is not None and slot in rec.handed_sets[pos]:
+            if oks[bi]:
+                self.tiers[pos].release(slot)  # its old owner left: the slot is free
+            return  # its old owner failed to leave and still owns it
+        self.tiers[pos].release(slot)
+
+    def _drop(self, page: Page) -> None:
+        tier = self.tiers[page.tier]
+        tier.index_discard(page)
+        self.tree.remove(page)
+        tier.release(page.slot)
+        page.phase = Phase.DROPPED
+        del self._pages[page.pid]
+        self.counters.dropped_pages[tier.level] += 1
+
+    def _settle(self, page: Page, touch: bool) -> None:
+        """Put a resident page where its owners say it belongs: out of the index if locked,
+        freed if nobody refers to it, else in its tier's index (moved to the most recent
+        end when ``touch``). Pages in flight are settled when their plan completes."""
+        if page.phase is not _RESIDENT:
+            return
+        tier = self.tiers[page.tier]
+        if page.locks:
+            tier.index_discard(page)
+        elif not page.holds and not page.in_tree:
+            tier.index_discard(page)
+            tier.release(page.slot)
+            page.phase = Phase.FREED
+            del self._pages[page.pid]
+            self.counters.freed_pages[tier.level] += 1
+        elif page.holds and tier.is_last:
+            tier.index_discard(page)
+        elif touch:
+            tier.index_discard(page)
+            tier.index_add(page)
+        elif not tier.index_contains(page):
+            tier.index_add(page)
+
+    def _reinsert_chain(self, req: Request, i: int) -> Page | None:
+        """The tree lost the page for the request's block ``i`` (a twin was dropped): put the
+        request's own copies of the missing blocks back, oldest first. Returns the tree page
+        for block ``i``."""
+        j = i
+        while j >= 0 and self.tree.get(req.pages[j].key) is None:
+            j -= 1
+        parent = self.tree.get(req.pages[j].key) if j >= 0 else None
+        for k in range(j + 1, i + 1):
+            page = req.pages[k]
+            self.tree.insert(page, page.key, parent)
+            parent = page
+        return parent

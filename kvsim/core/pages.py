@@ -1,0 +1,51 @@
+"""A page: one block's KV bytes, its place, its owners and its place in the prefix tree.
+
+Residency is explicit: ``phase`` says whether (tier, slot) holds the bytes at rest, is
+the source of an in-flight move, or is a reservation for a page not yet written. Owners
+are counted: ``locks`` (active requests), ``holds`` (suspended requests); ``in_tree`` says
+the prefix tree refers to it. A live page is in exactly one PageState, derived from those.
+A tree page's ``parent`` is the tree page of the previous block; ``nchildren`` counts tree
+pages whose parent it is, so a parent is never dropped before its children.
+"""
+
+from __future__ import annotations
+
+from kvsim.core.types import PageState, Phase
+
+
+class Page:
+    __slots__ = ("pid", "index", "key", "tag", "ntokens", "tier", "slot", "phase",
+                 "locks", "holds", "in_tree", "parent", "nchildren", "priority")
+
+    def __init__(self, pid: int, index: int, tier: int, slot: int, ntokens: int,
+                 priority: int, phase: Phase):
+        self.pid = pid
+        self.index = index          # block position in its request's sequence
+        self.key = b""              # chain key, set when committed
+        self.tag = 0                # content tag, set when committed (0: no content yet)
+        self.ntokens = ntokens      # tokens of the block this page covers
+        self.tier = tier            # position in the manager's tier list (0: GPU)
+        self.slot = slot
+        self.phase = phase
+        self.locks = 0
+        self.holds = 0
+        self.in_tree = False
+        self.parent: Page | None = None
+        self.nchildren = 0
+        self.priority = priority
+
+    @property
+    def state(self) -> PageState:
+        if self.locks:
+            return PageState.LOCKED
+        if self.holds:
+            return PageState.HELD
+        return PageState.DROPPABLE
+
+    @property
+    def owned(self) -> bool:
+        return bool(self.locks or self.holds)
+
+    def __repr__(self) -> str:
+        return (f"Page({self.pid}, idx={self.index}, T{self.tier}:{self.slot}, "
+                f"{self.phase.name}, locks={self.locks}, holds={self.holds}, tree={self.in_tree})")

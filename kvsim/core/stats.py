@@ -1,0 +1,85 @@
+"""Counters and per-tier statistics.
+
+Counters only grow; they are updated once per batch (not per page). They balance: for
+every tier, the pages resident there equal pages created there + moved in - moved out -
+dropped - freed (a property test checks this after every step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+N_LEVELS = 3
+
+
+def _vec() -> list[int]:
+    return [0] * N_LEVELS
+
+
+def _mat() -> list[list[int]]:
+    return [[0] * N_LEVELS for _ in range(N_LEVELS)]
+
+
+@dataclass
+class Counters:
+    hit_tokens: list[int] = field(default_factory=_vec)      # by tier where the hit was found
+    created_pages: list[int] = field(default_factory=_vec)   # new pages (always GPU)
+    moved_pages: list[list[int]] = field(default_factory=_mat)  # [src][dst], committed moves
+    moved_bytes: list[list[int]] = field(default_factory=_mat)
+    evicted_pages: list[int] = field(default_factory=_vec)   # moved out of a tier to make room
+    dropped_pages: list[int] = field(default_factory=_vec)   # by tier they were dropped from
+    freed_pages: list[int] = field(default_factory=_vec)     # private pages released
+    failed_batches: int = 0
+    plans: int = 0
+    refusals: int = 0
+
+    @property
+    def offloaded_pages(self) -> int:
+        return sum(self.moved_pages[0][1:])
+
+    @property
+    def offloaded_bytes(self) -> int:
+        return sum(self.moved_bytes[0][1:])
+
+    @property
+    def onboarded_pages(self) -> int:
+        return sum(self.moved_pages[s][0] for s in range(1, N_LEVELS))
+
+    @property
+    def onboarded_bytes(self) -> int:
+        return sum(self.moved_bytes[s][0] for s in range(1, N_LEVELS))
+
+    def snapshot(self) -> dict:
+        return {
+            "hit_tokens": list(self.hit_tokens),
+            "created_pages": list(self.created_pages),
+            "moved_pages": [list(r) for r in self.moved_pages],
+            "moved_bytes": [list(r) for r in self.moved_bytes],
+            "evicted_pages": list(self.evicted_pages),
+            "dropped_pages": list(self.dropped_pages),
+            "freed_pages": list(self.freed_pages),
+            "offloaded_pages": self.offloaded_pages,
+            "offloaded_bytes": self.offloaded_bytes,
+            "onboarded_pages": self.onboarded_pages,
+            "onboarded_bytes": self.onboarded_bytes,
+            "failed_batches": self.failed_batches,
+            "plans": self.plans,
+            "refusals": self.refusals,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Slots of one tier. total == used + free (free is 0 while over a shrunk quota);
+    used == locked + held + droppable + reserved."""
+
+    level: int
+    total: int
+    used: int
+    free: int
+    locked: int
+    held: int
+    droppable: int
+    reserved: int   # destinations of in-flight moves and slots of pending new pages
+    moving: int     # pages pinned as sources of in-flight moves (counted in their state)
+    evictable: int  # pages an eviction from this tier may pick now

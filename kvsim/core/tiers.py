@@ -1,0 +1,104 @@
+"""One tier: a quota in slots, a slot allocator and an eviction index.
+
+Slot ids: recycled slots are reused first (last freed, first reused), then fresh ids in
+ascending order from 0, so the Nth fresh allocation touches only the Nth slot of the
+reserved range (progressive host fill relies on this). Invariant: every id below
+``next_fresh`` is either in ``recycled`` or owned by exactly one page or reservation;
+``used == next_fresh - len(recycled)``; ids never reach ``max_slots``.
+
+The eviction index holds the pages an eviction may pick: resident (not moving, not
+pending), unlocked, and, in the last tier, also not held (held pages cannot be dropped).
+It is one insertion-ordered dict per priority; insertion order is recency (oldest first),
+driven by the manager's logical clock, never by a wall clock.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterator
+
+from kvsim.core.spec import Level
+
+if TYPE_CHECKING:
+    from kvsim.core.pages import Page
+
+
+class Tier:
+    __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
+                 "recycled", "next_fresh", "lru", "_prios")
+
+    def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
+                 capacity: int, max_slots: int):
+        self.level = level
+        self.index_pos = index_pos
+        self.is_last = is_last
+        self.slot_bytes = slot_bytes
+        self.capacity = capacity
+        self.max_slots = max_slots
+        self.recycled: list[int] = []
+        self.next_fresh = 0
+        self.lru: dict[int, dict[Page, None]] = {}
+        self._prios: list[int] = []  # sorted keys of lru
+
+    # -- slots ---------------------------------------------------------------------------
+    @property
+    def used(self) -> int:
+        return self.next_fresh - len(self.recycled)
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - self.used)
+
+    def alloc(self) -> int:
+        if self.recycled:
+            return self.recycled.pop()
+        slot = self.next_fresh
+        if slot >= self.max_slots:  # a caller skipped the free-count check
+            raise RuntimeError(f"{self.level.name} tier: no slot left below {self.max_slots}")
+        self.next_fresh = slot + 1
+        return slot
+
+    def alloc_many(self, k: int) -> list[int]:
+        """``k`` slots, in the order ``alloc`` would give them."""
+        r = self.recycled
+        if k <= len(r):
+            out = r[len(r) - k:]
+            del r[len(r) - k:]
+            out.reverse()
+            return out
+        out = r[::-1]
+        r.clear()
+        start = self.next_fresh
+        stop = start + (k - len(out))
+        if stop > self.max_slots:
+            raise RuntimeError(f"{self.level.name} tier: no slot left below {self.max_slots}")
+        self.next_fresh = stop
+        out.extend(range(start, stop))
+        return out
+
+    def release(self, slot: int) -> None:
+        self.recycled.append(slot)
+
+    # -- eviction index ------------------------------------------------------------------
+    def index_add(self, page: Page) -> None:
+        bucket = self.lru.get(page.priority)
+        if bucket is None:
+            bucket = self.lru[page.priority] = {}
+            self._prios = sorted(self.lru)
+        bucket[page] = None
+
+    def index_discard(self, page: Page) -> None:
+        bucket = self.lru.get(page.priority)
+        if bucket is not None:
+            bucket.pop(page, None)
+
+    def index_contains(self, page: Page) -> bool:
+        bucket = self.lru.get(page.priority)
+        return bucket is not None and page in bucket
+
+    def index_size(self) -> int:
+        return sum(len(b) for b in self.lru.values())
+
+    def candidates(self) -> Iterator[Page]:
+        """Eviction candidates: lowest priority first, then least recently used."""
+        for p in self._prios:
+            yield from self.lru[p]

@@ -1,0 +1,69 @@
+"""The prefix tree: chain key -> page, for pages committed by some request.
+
+Match is read-only (probe_reuse relies on it): it walks the request's blocks, hashing
+each onto its parent's key, and stops at the first block not in the tree or whose page
+covers fewer tokens than the request needs from that block (a partial page is reusable
+as a prefix of the block). Insert links a page to its parent; remove requires a leaf.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from kvsim.core.keys import BlockIds, chain_key
+from kvsim.core.pages import Page
+
+
+class PrefixTree:
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, Page] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def get(self, key: bytes) -> Page | None:
+        return self._by_key.get(key)
+
+    def match(self, parent_key: bytes, blocks: Sequence[BlockIds], need_tokens: Sequence[int]
+              ) -> tuple[list[Page], list[bytes]]:
+        """Pages for the longest cached prefix of ``blocks``, and the keys of those blocks.
+
+        ``parent_key`` is the key before blocks[0]; ``need_tokens[i]`` the tokens the
+        caller needs from block i. Changes nothing.
+        """
+        pages: list[Page] = []
+        keys: list[bytes] = []
+        key = parent_key
+        for ids, need in zip(blocks, need_tokens):
+            key = chain_key(key, ids)
+            page = self._by_key.get(key)
+            if page is None or page.ntokens < need:
+                break
+            pages.append(page)
+            keys.append(key)
+        return pages, keys
+
+    def insert(self, page: Page, key: bytes, parent: Page | None) -> bool:
+        """Make ``page`` the tree's page for ``key``; False if the key already has one."""
+        if key in self._by_key:
+            return False
+        self._by_key[key] = page
+        page.key = key
+        page.in_tree = True
+        page.parent = parent
+        if parent is not None:
+            parent.nchildren += 1
+        return True
+
+    def remove(self, page: Page) -> None:
+        assert page.nchildren == 0, "a child never outlives its parent"
+        del self._by_key[page.key]
+        page.in_tree = False
+        if page.parent is not None:
+            page.parent.nchildren -= 1
+            page.parent = None
+
+    def pages(self):
+        return self._by_key.values()

@@ -1,0 +1,61 @@
+"""Sizes and times with units, as YAML and the command line write them.
+
+``parse_size("160GiB") == 160 * 2**30``; ``parse_size("4MB") == 4 * 10**6``;
+``parse_time("10ms") == 0.01``; ``parse_rate("55.5GB/s") == 55.5e9`` (bytes per second).
+Plain numbers pass through (bytes, seconds, bytes per second). Errors say what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+         "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+_TIME = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*$")
+
+
+def _split(value: object, what: str) -> tuple[float, str]:
+    if isinstance(value, bool):
+        raise ValueError(f"expected {what}, got a boolean {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value), ""
+    if not isinstance(value, str):
+        raise ValueError(f"expected {what}, got {type(value).__name__} {value!r}")
+    m = _NUM.match(value)
+    if not m:
+        raise ValueError(f"expected {what} (e.g. '160GiB', '10ms'), got {value!r}")
+    return float(m.group(1)), m.group(2)
+
+
+def parse_size(value: object) -> int:
+    """Bytes, from a number or a string like '4MiB' (binary) or '4MB' (decimal)."""
+    num, unit = _split(value, "a size")
+    factor = _SIZE.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"unknown size unit {unit!r} in {value!r}; use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB")
+    out = num * factor
+    if out != int(out):
+        raise ValueError(f"size {value!r} is not a whole number of bytes")
+    return int(out)
+
+
+def parse_time(value: object) -> float:
+    """Seconds, from a number or a string like '10ms', '2us', '1.5s', '5min'."""
+    num, unit = _split(value, "a duration")
+    factor = _TIME.get(unit.lower())
+    if factor is None:
+        raise ValueError(f"unknown time unit {unit!r} in {value!r}; use ns, us, ms, s, min, h")
+    return num * factor
+
+
+def parse_rate(value: object) -> float:
+    """Bytes per second, from a number or a string like '55.5GB/s' or '40GiB/s'."""
+    num, unit = _split(value, "a bandwidth")
+    if unit and not unit.lower().endswith("/s"):
+        raise ValueError(f"expected a bandwidth like '55GB/s', got {value!r}")
+    factor = _SIZE.get(unit[:-2].lower() if unit else "")
+    if factor is None:
+        raise ValueError(f"unknown bandwidth unit {unit!r} in {value!r}; use GB/s, GiB/s, MB/s")
+    return num * factor
