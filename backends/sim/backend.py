@@ -1,0 +1,225 @@
+"""SimBackend: the Backend protocol over a SimPy model of one GPU's data paths.
+
+What a transfer of one batch costs (all constants from the HardwareProfile):
+
+- host <-> GPU on the **copy engine**: wait for a free engine, spend the batched call's
+  host time ``per_call + pages * per_page``, then move the bytes as a fluid flow over the
+  direction's bandwidth and the both-directions total; the engine is held throughout.
+- host <-> GPU on an **SM copy kernel**: wait for ``ctas`` copy-CTA slots (a pool shared by
+  all copy kernels), launch, then move the bytes at min(fair link share, ctas * per-CTA
+  rate), the per-CTA rate cut to ``busy_cta_efficiency`` while compute runs.
+- disk: one op latency, then a fluid flow at the device's rate for this page size:
+  ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``.
+- GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
+  leg's start cost, then one flow over the disk and the link resources together.
+- GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
+  (every byte read and written).
+
+The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
+``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference.
+
+Content tags: one uint64 array per level; a completed transfer copies the source slots'
+tags to the destination slots, a failed one writes garbage (0xDEAD) there and succeeds
+with False. Stats count bytes and busy seconds per direction. Deterministic, no per-page
+Python loops; O(1) SimPy events per transfer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from kvsim.core.copypath import CopyPath, choose_copy_path, copy_ctas
+from kvsim.core.plan import Batch, Fill
+from kvsim.core.spec import Level
+from kvsim.hardware import HardwareProfile, load_profile
+
+from .fluid import Fluid
+from .runtime import SimRuntime
+
+GARBAGE = np.uint64(0xDEAD)
+DIRECTIONS = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
+
+# (src, dst) -> (link direction or None, disk direction or None, fluid resources)
+_ROUTES: dict[tuple[Level, Level], tuple[str | None, str | None, tuple[str, ...]]] = {
+    (Level.HOST, Level.GPU): ("h2d", None, ("h2d", "link")),
+    (Level.GPU, Level.HOST): ("d2h", None, ("d2h", "link")),
+    (Level.DISK, Level.GPU): ("h2d", "disk_read", ("disk_read", "h2d", "link")),
+    (Level.GPU, Level.DISK): ("d2h", "disk_write", ("d2h", "link", "disk_write")),
+    (Level.DISK, Level.HOST): (None, "disk_read", ("disk_read",)),
+    (Level.HOST, Level.DISK): (None, "disk_write", ("disk_write",)),
+    (Level.GPU, Level.GPU): (None, None, ("hbm",)),
+}
+
+
+class SimBackend:
+    """``slots[level]``: how many slots each tier's tag array has (its reserved range).
+    ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path."""
+
+    name = "sim"
+
+    def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
+                 slots: dict[Level, int], refcheck: bool = True,
+                 copy_path: CopyPath | None = None, chunked_registration: bool = False):
+        if page_bytes <= 0:
+            raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
+        if not isinstance(profile, HardwareProfile):
+            profile = load_profile(profile)
+        self.runtime = runtime
+        self.env: simpy.Environment = runtime.env
+        self.profile = profile
+        self.page_bytes = page_bytes
+        self.refcheck = refcheck
+        self.on_traffic: Callable[[float, str, int], None] | None = None
+        p = profile
+        link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
+        self.paths = {
+            d: choose_copy_path(link.kind, page_bytes, ce.per_page, bw, force=copy_path,
+                                chunked_registration=chunked_registration)
+            for d, bw in (("h2d", link.h2d), ("d2h", link.d2h))}
+        self.ctas = {"h2d": copy_ctas(link.h2d, sm.cta_onboard, sm.copy_cta_slots),
+                     "d2h": copy_ctas(link.d2h, sm.cta_offload, sm.copy_cta_slots)}
+        self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
+        op = min(page_bytes, nv.piece)
+        self.ops_per_page = -(-page_bytes // nv.piece)
+        disk = {d: min(bw, nv.queue_depth * op / (nv.latency + op / bw))
+                for d, bw in (("disk_read", nv.read), ("disk_write", nv.write))}
+        self.fluid = Fluid(self.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
+                                      "hbm": p.gpu.hbm / 2, **disk},
+                           per_cta_slowdown=sm.interference.per_cta_slowdown,
+                           copy_engine_slowdown=sm.interference.copy_engine_slowdown,
+                           busy_cta_efficiency=sm.interference.busy_cta_efficiency)
+        self.copy_engines = simpy.Resource(self.env, capacity=ce.count)
+        self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
+        self.tags = {lv: np.zeros(int(n), dtype=np.uint64) for lv, n in slots.items()}
+        self._fail = 0
+        self._bytes = dict.fromkeys(DIRECTIONS, 0)
+        self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
+                        "sm_kernel_calls": 0, "compute_calls": 0}
+        self._compute_s = 0.0
+        self._compute_nominal_s = 0.0
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    def transfer(self, batch: Batch) -> simpy.Event:
+        route = _ROUTES.get((batch.src, batch.dst))
+        if route is None:
+            raise ValueError(f"sim backend: no data path {batch.src.name} -> {batch.dst.name}")
+        if batch.page_bytes != self.page_bytes:
+            raise ValueError(f"batch page_bytes {batch.page_bytes} != backend page_bytes {self.page_bytes}")
+        fail = self._fail > 0
+        if fail:
+            self._fail -= 1
+        if batch.pages == 0:
+            return self.env.timeout(0, not fail)
+        return self.env.process(self._run(batch, route, fail))
+
+    def compute(self, duration_s: float) -> simpy.Event:
+        self._counts["compute_calls"] += 1
+        done = self.fluid.add_job(duration_s)
+        done.callbacks.append(lambda ev, d=duration_s: self._count_compute(ev.value, d))
+        return done
+
+    def fill(self, fill: Fill) -> None:
+        if self.refcheck:
+            self.tags[fill.level][fill.slots] = fill.tags
+
+    def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
+        if not self.refcheck:
+            raise RuntimeError("sim backend: read_tags needs refcheck=True (tags are not kept)")
+        return self.tags[level][slots]
+
+    def close(self) -> None:
+        pass
+
+    # -- test hooks and statistics ----------------------------------------------------
+
+    def fail_next_transfer(self, n: int = 1) -> None:
+        """The next ``n`` transfers (in submission order) fail: they take their time, leave
+        garbage in their destination slots and succeed with False."""
+        self._fail += n
+
+    def stats(self) -> dict:
+        busy = self.fluid.busy_s
+        out: dict = {f"{d}_bytes": self._bytes[d] for d in DIRECTIONS}
+        for d, r in (("h2d", "h2d"), ("d2h", "d2h"), ("disk_read", "disk_read"),
+                     ("disk_write", "disk_write"), ("gpu_copy", "hbm")):
+            out[f"{d}_busy_s"] = busy[r]
+        # the names the engine's metrics summary reads (bytes)
+        out["host_to_gpu"] = self._bytes["h2d"]
+        out["gpu_to_host"] = self._bytes["d2h"]
+        out["disk_read"] = self._bytes["disk_read"]
+        out["disk_write"] = self._bytes["disk_write"]
+        out.update(self._counts)
+        out["compute_s"] = self._compute_s
+        out["compute_stretch_s"] = self._compute_s - self._compute_nominal_s
+        out["copy_path_h2d"] = self.paths["h2d"].value
+        out["copy_path_d2h"] = self.paths["d2h"].value
+        return out
+
+    # -- mechanics ------------------------------------------------------------------
+
+    def _count_compute(self, took_s: float, nominal_s: float) -> None:
+        self._compute_s += took_s
+        self._compute_nominal_s += nominal_s
+
+    def _run(self, batch: Batch, route, fail: bool):
+        link_dir, disk_dir, res = route
+        env = self.env
+        nbytes = batch.nbytes
+        pages = batch.pages
+        nv = self.profile.nvme
+        start_s = nv.latency if disk_dir else 0.0
+        cap, ctas, ce_flow = 0.0, 0, False
+        held = None
+        if link_dir is not None:
+            path = self.paths[link_dir]
+            if path is CopyPath.COPY_ENGINE:
+                held = self.copy_engines.request()
+                yield held
+                ce = self.profile.copy_engine
+                start_s += ce.per_call + pages * ce.per_page
+                ce_flow = True
+                self._counts["copy_engine_calls"] += 1
+            else:
+                ctas = self.ctas[link_dir]
+                yield self.cta_pool.get(ctas)
+                start_s += self.profile.sm.launch
+                cap = ctas * self._cta_rate[link_dir]
+                self._counts["sm_kernel_calls"] += 1
+        elif res == ("hbm",):
+            start_s += self.profile.sm.launch
+        if start_s > 0:
+            yield env.timeout(start_s)
+        yield self.fluid.add_flow(nbytes, res, cap=cap, ctas=ctas, ce=ce_flow)
+        if held is not None:
+            self.copy_engines.release(held)
+        elif ctas:
+            self.cta_pool.put(ctas)
+        self._finish(batch, link_dir, disk_dir, fail)
+        return not fail
+
+    def _finish(self, batch: Batch, link_dir, disk_dir, fail: bool) -> None:
+        nbytes = batch.nbytes
+        kinds = [k for k in (disk_dir if disk_dir == "disk_read" else None, link_dir,
+                             disk_dir if disk_dir == "disk_write" else None) if k]
+        if not kinds:
+            kinds = ["gpu_copy"]
+        for k in kinds:
+            self._bytes[k] += nbytes
+        self._counts["transfers"] += 1
+        if self.refcheck:
+            dst = self.tags[batch.dst]
+            if fail:
+                dst[batch.dst_slots] = GARBAGE
+            else:
+                dst[batch.dst_slots] = self.tags[batch.src][batch.src_slots]
+        if fail:
+            self._counts["failed_transfers"] += 1
+        cb = self.on_traffic
+        if cb is not None:
+            now = self.env.now
+            for k in kinds:
+                cb(now, k, nbytes)

@@ -1,0 +1,216 @@
+"""A fluid (processor-sharing) model of the data paths and of compute under interference.
+
+Flows are byte streams over one or more named resources (``h2d``, ``d2h``, ``link`` for
+the both-directions total, ``disk_read``, ``disk_write``, ``hbm``), each resource a
+bandwidth. Rates are max-min fair (progressive filling): every flow's rate rises equally
+until a resource it uses is full or it reaches its own cap (an SM copy kernel's CTA rate).
+A flow over several resources (disk -> host -> GPU) moves at one rate through all of them:
+a pipeline in steady state.
+
+Compute jobs progress at ``1 / (1 + slowdown)`` seconds of work per second, where the
+slowdown sums ``per_cta_slowdown`` for every copy-kernel CTA moving bytes and
+``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute job runs,
+copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
+
+Invariants: rates are recomputed whenever a flow or job starts or ends, and only then
+(piecewise constant in between); exactly one pending wake-up is live (older ones carry a
+stale generation and do nothing); a flow or job completes at the wake-up that predicted
+its end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import simpy
+
+_INF = math.inf
+
+
+class Flow:
+    __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes")
+
+    def __init__(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int, ce: bool,
+                 done: simpy.Event):
+        self.nbytes = nbytes
+        self.remaining = float(nbytes)
+        self.res = res
+        self.cap = cap          # idle cap in bytes/s (0: none)
+        self.sm = ctas > 0
+        self.ctas = ctas
+        self.ce = ce
+        self.rate = 0.0
+        self.done = done
+
+
+class Job:
+    __slots__ = ("remaining", "start", "done")
+
+    def __init__(self, work_s: float, start: float, done: simpy.Event):
+        self.remaining = work_s
+        self.start = start
+        self.done = done
+
+
+class Fluid:
+    """Shared bandwidths and SM interference on one SimPy clock."""
+
+    def __init__(self, env: simpy.Environment, capacities: dict[str, float], *,
+                 per_cta_slowdown: float, copy_engine_slowdown: float,
+                 busy_cta_efficiency: float,
+                 on_busy: Callable[[str, float], None] | None = None):
+        self.env = env
+        self.cap = dict(capacities)
+        self.per_cta = per_cta_slowdown
+        self.ce_slow = copy_engine_slowdown
+        self.busy_eff = busy_cta_efficiency
+        self.flows: list[Flow] = []
+        self.jobs: list[Job] = []
+        self.busy_s = {r: 0.0 for r in self.cap}
+        self.compute_busy_s = 0.0
+        self._slow = 0.0
+        self._last = env.now
+        self._gen = 0
+        self._due: tuple = ()
+
+    # -- entry points ---------------------------------------------------------------
+
+    def add_flow(self, nbytes: float, res: tuple[str, ...], cap: float = 0.0, ctas: int = 0,
+                 ce: bool = False) -> simpy.Event:
+        """Start moving ``nbytes``; the event succeeds (value None) when they have moved."""
+        done = self.env.event()
+        if nbytes <= 0:
+            done.succeed()
+            return done
+        self._advance()
+        self.flows.append(Flow(nbytes, res, cap, ctas, ce, done))
+        self._reschedule()
+        return done
+
+    def add_job(self, work_s: float) -> simpy.Event:
+        """Start ``work_s`` seconds of compute; succeeds with the seconds it really took."""
+        done = self.env.event()
+        if work_s <= 0:
+            done.succeed(0.0)
+            return done
+        self._advance()
+        self.jobs.append(Job(work_s, self.env.now, done))
+        self._reschedule()
+        return done
+
+    @property
+    def slowdown(self) -> float:
+        """Current compute stretch beyond 1 (0.17: compute runs at 1/1.17 speed)."""
+        return self._slow
+
+    # -- mechanics ------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last
+        if dt <= 0:
+            return
+        self._last = now
+        busy = self.busy_s
+        seen: set[str] = set()
+        for f in self.flows:
+            f.remaining -= f.rate * dt
+            seen.update(f.res)
+        for r in seen:
+            busy[r] += dt
+        if self.jobs:
+            self.compute_busy_s += dt
+            prog = dt / (1.0 + self._slow)
+            for j in self.jobs:
+                j.remaining -= prog
+
+    def _allocate(self) -> None:
+        flows = self.flows
+        jobs_running = bool(self.jobs)
+        ctas = 0
+        ce = False
+        for f in flows:
+            f.rate = 0.0
+            ctas += f.ctas
+            ce = ce or f.ce
+        self._slow = self.per_cta * ctas + (self.ce_slow if ce else 0.0)
+        if not flows:
+            return
+        caps = [(f.cap * self.busy_eff if (f.sm and jobs_running) else f.cap) for f in flows]
+        if len(flows) == 1:  # the common case: no sharing
+            f = flows[0]
+            rate = min(self.cap[r] for r in f.res)
+            f.rate = min(rate, caps[0]) if caps[0] else rate
+            return
+        rem = dict(self.cap)
+        count = dict.fromkeys(rem, 0)
+        for f in flows:
+            for r in f.res:
+                count[r] += 1
+        active = list(range(len(flows)))
+        while active:
+            inc = _INF
+            for r, n in count.items():
+                if n:
+                    inc = min(inc, rem[r] / n)
+            for i in active:
+                if caps[i]:
+                    inc = min(inc, caps[i] - flows[i].rate)
+            for i in active:
+                flows[i].rate += inc
+            full = set()
+            for r, n in count.items():
+                if n:
+                    rem[r] -= inc * n
+                    if rem[r] <= 1e-12 * self.cap[r]:
+                        full.add(r)
+            still = []
+            for i in active:
+                f = flows[i]
+                if (caps[i] and f.rate >= caps[i] * (1 - 1e-12)) or any(r in full for r in f.res):
+                    for r in f.res:
+                        count[r] -= 1
+                else:
+                    still.append(i)
+            active = still
+
+    def _reschedule(self) -> None:
+        self._allocate()
+        self._gen += 1
+        t_min = _INF
+        for f in self.flows:
+            t_min = min(t_min, f.remaining / f.rate)
+        stretch = 1.0 + self._slow
+        for j in self.jobs:
+            t_min = min(t_min, j.remaining * stretch)
+        if t_min == _INF:
+            self._due = ()
+            return
+        t_min = max(t_min, 0.0)
+        tol = t_min * 1e-9 + 1e-15
+        self._due = tuple([f for f in self.flows if f.remaining / f.rate <= t_min + tol]
+                          + [j for j in self.jobs if j.remaining * stretch <= t_min + tol])
+        ev = self.env.timeout(t_min)
+        gen = self._gen
+        ev.callbacks.append(lambda _ev: self._wake(gen))
+
+    def _wake(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self._advance()
+        due = self._due
+        finished_flows = [x for x in due if isinstance(x, Flow)]
+        finished_jobs = [x for x in due if isinstance(x, Job)]
+        if finished_flows:
+            ids = {id(f) for f in finished_flows}
+            self.flows = [f for f in self.flows if id(f) not in ids]
+        if finished_jobs:
+            ids = {id(j) for j in finished_jobs}
+            self.jobs = [j for j in self.jobs if id(j) not in ids]
+        self._reschedule()
+        now = self.env.now
+        for f in finished_flows:
+            f.done.succeed()
+        for j in finished_jobs:
+            j.done.succeed(now - j.start)

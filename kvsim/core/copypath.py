@@ -1,0 +1,69 @@
+"""Which path moves a batch of pages between GPU and host, and how many CTAs a copy kernel gets.
+
+Pure (standard library only): both backends call these so they decide the same way.
+
+Rules (FIELD.md section 1, plus the page-size rule of issue 4), first match wins:
+
+1. an explicit ``force`` wins; forcing the copy engine while host registration is chunked
+   is refused (a copy-engine copy may not straddle two registrations), a ``ValueError``;
+2. chunked host registration forces the SM kernel (it handles pages that straddle);
+3. small pages go to the SM kernel: a batched copy-engine call costs about
+   ``per_copy_host_s`` of host time per page, so when ``page_bytes / per_copy_host_s`` is
+   below the link bandwidth the host, not the link, bounds the copy engine;
+4. otherwise the copy engine, on PCIe and on a coherent C2C link alike (it uses no SMs).
+
+``copy_ctas`` sizes a copy kernel by Little's law: enough CTAs that their summed
+bandwidth covers the link, rounded up to an even number, at least 2, at most ``max_ctas``
+(rounded down to even when that cap is below the need).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+LINK_KINDS = ("pcie", "c2c")
+
+
+class CopyPath(enum.Enum):
+    COPY_ENGINE = "copy_engine"
+    SM_KERNEL = "sm_kernel"
+
+
+def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
+                     link_bytes_per_s: float, force: CopyPath | None = None,
+                     chunked_registration: bool = False) -> CopyPath:
+    """The copy path for pages of ``page_bytes`` over a link of ``link_kind``."""
+    if link_kind not in LINK_KINDS:
+        raise ValueError(f"link_kind: got {link_kind!r}; expected one of {LINK_KINDS}")
+    if page_bytes <= 0:
+        raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
+    if link_bytes_per_s <= 0:
+        raise ValueError(f"link_bytes_per_s: got {link_bytes_per_s!r}; expected a positive rate")
+    if per_copy_host_s < 0:
+        raise ValueError(f"per_copy_host_s: got {per_copy_host_s!r}; expected >= 0 seconds")
+    if force is not None:
+        force = CopyPath(force)
+        if force is CopyPath.COPY_ENGINE and chunked_registration:
+            raise ValueError("copy path: the copy engine was forced but host registration is "
+                             "chunked (a page may straddle two registrations); use the SM kernel")
+        return force
+    if chunked_registration:
+        return CopyPath.SM_KERNEL
+    if page_bytes < per_copy_host_s * link_bytes_per_s:  # page / host time < link rate
+        return CopyPath.SM_KERNEL
+    return CopyPath.COPY_ENGINE
+
+
+def copy_ctas(link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ctas: int) -> int:
+    """CTAs a copy kernel needs to fill the link (Little's law), even, >= 2, <= max_ctas."""
+    if link_bytes_per_s <= 0 or per_cta_bytes_per_s <= 0:
+        raise ValueError(f"copy_ctas: rates must be positive, got link {link_bytes_per_s!r}, "
+                         f"per CTA {per_cta_bytes_per_s!r}")
+    if max_ctas < 2:
+        raise ValueError(f"max_ctas: got {max_ctas!r}; expected at least 2")
+    # a hair of tolerance so 55.5e9 / 2.775e9 = 20.000000000000004 stays 20
+    need = math.ceil(link_bytes_per_s / per_cta_bytes_per_s * (1 - 1e-12))
+    need = max(2, need + (need & 1))
+    cap = max_ctas - (max_ctas & 1)
+    return min(need, cap)
