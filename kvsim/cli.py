@@ -1,0 +1,108 @@
+"""The command line: ``kvsim run CONFIG [--backend sim|hw] [--trace PATH] [--set k=v] [--out DIR]``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="kvsim: replay LLM request traces through a tiered KV cache.")
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def summary_table(metrics: dict, title: str) -> Table:
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    m = metrics
+    t.add_row("requests completed", _fmt(m["requests_completed"]))
+    t.add_row("requests failed", _fmt(m["requests_failed"]))
+    t.add_row("input tokens", _fmt(m["input_tokens"]))
+    h = m["hit_tokens"]
+    t.add_row("hit tokens gpu / host / disk", f"{h['gpu']} / {h['host']} / {h['disk']}")
+    t.add_row("hit ratio", _fmt(m["hit_ratio"]))
+    t.add_row("computed tokens", _fmt(m["computed_tokens"]))
+    for key, label in (("ttft_s", "TTFT s"), ("tpot_s", "TPOT s"), ("e2e_s", "E2E s")):
+        d = m[key]
+        t.add_row(f"{label} mean / p50 / p90 / p99",
+                  " / ".join(_fmt(d[k]) for k in ("mean", "p50", "p90", "p99")))
+    t.add_row("requests/s", _fmt(m["throughput"]["requests_per_s"]))
+    t.add_row("output tokens/s", _fmt(m["throughput"]["output_tokens_per_s"]))
+    b = m["bytes"]
+    t.add_row("GB host->gpu / gpu->host", f"{b['host_to_gpu'] / 1e9:.3f} / {b['gpu_to_host'] / 1e9:.3f}")
+    t.add_row("GB disk read / write", f"{b['disk_read'] / 1e9:.3f} / {b['disk_write'] / 1e9:.3f}")
+    t.add_row("evicted pages", ", ".join(f"{k} {v}" for k, v in m["evicted_pages"].items()))
+    t.add_row("dropped pages", ", ".join(f"{k} {v}" for k, v in m["dropped_pages"].items()))
+    t.add_row("simulated time s", _fmt(m["sim_time_s"]))
+    t.add_row("wall time s", _fmt(m["wall_time_s"]))
+    return t
+
+
+@app.command()
+def run(
+    config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
+    backend: str = typer.Option("sim", help="sim (SimPy model) or hw (real GPU; CPU mode without one)"),
+    trace: Optional[str] = typer.Option(None, help="trace file or directory (overrides workload.path)"),
+    set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
+    out: Optional[str] = typer.Option(None, help="results folder (default: output.dir)"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+):
+    """Replay a trace through the tier manager and write a results folder."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvsim.config import ConfigFileError, load_config
+    from kvsim.run import output_dir, prepare_run, replay, write_results
+    from kvsim.workload import TraceError
+
+    console = Console(stderr=True)
+    try:
+        cfg = load_config(config, set_)
+        prep = prepare_run(cfg, trace)
+        dest = output_dir(cfg, out)
+    except (ConfigFileError, TraceError, ValueError, OSError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
+    if progress and sys.stderr.isatty():
+        with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.completed:.0f} requests"),
+                      TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("replay", total=n_req, t=0.0)
+            result = replay(prep, backend, progress=lambda t, n: bar.update(task, completed=n, t=t))
+    else:
+        result = replay(prep, backend)
+    try:
+        path = write_results(result, dest, plots=cfg.output.plots)
+    except OSError as e:
+        console.print(f"[red]error:[/red] writing results to {dest}: {e}")
+        raise typer.Exit(1)
+    Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})"))
+    Console().print(f"results: {path}")
+
+
+@app.command()
+def version():
+    """Print the version."""
+    from kvsim import __version__
+
+    print(__version__)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,498 @@
+"""The serving engine: continuous batching with chunked prefill over the tier manager.
+
+One generator process (``Engine.serve``) runs step after step. At each step boundary it
+releases the arrivals that are due, admits waiting turns while KV allows (create/prepare
+the core request, then resume it: a prefix found in host or disk is onboarded by a plan
+that runs in the background, overlapped with the other requests' compute), builds a
+batch (decodes first, then prefill chunks within the token budget), grows each request's
+GPU pages for the tokens it is about to compute, and runs the step on the backend.
+
+Clock: the engine keeps time in integer nanoseconds, read from the runtime after every
+wait (``round(now * 1e9)``) and compared as integers, so a replay is reproducible to the
+last digit. When nothing can change between steps (only decodes, no transfer in flight,
+no block boundary, no arrival), it fast-forwards: it asks the backend for the whole run of
+identical steps at once. Each step's duration is still computed one by one and rounded to
+a nanosecond, so the decisions and every metric equal a step-by-step replay's.
+
+Between the turns of a session its request is suspended: its pages are held (evictable
+to colder tiers, never dropped) and the next turn finds them by prefix match. When KV is
+short, idle sessions' holds are released (least recently suspended first), then the most
+recently admitted running request is preempted (suspended; its pages may move to host).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from itertools import count
+from typing import Callable, Iterable
+
+from kvsim.backend import Backend, Runtime
+from kvsim.core import Level, RefusalReason, TierManager
+from kvsim.core.types import ReqState
+from kvsim.engine.metrics import NS, Metrics, Row
+from kvsim.engine.plans import check_tags, run_plan
+from kvsim.engine.sessions import Cursor, Frame
+from kvsim.workload import Session, Turn, Workload, cache_blocks
+
+WAITING, ONBOARDING, RUNNING, GROWING, DONE = range(5)
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    max_batch_tokens: int = 8192      # token budget of one step (decodes count one each)
+    max_running: int = 256            # requests in the running batch (onboarding included)
+    fast_forward: bool = True         # batch identical decode steps (same results, faster)
+    refcheck: bool = True             # verify every reused, restored and moved page
+    hold_sessions: bool = True        # keep a session's pages held between its turns
+    timeline_interval_s: float = 1.0
+
+
+class Live:
+    """One turn inside the engine."""
+
+    __slots__ = ("row", "turn", "frame", "cursor", "req", "blocks", "prompt", "out",
+                 "prefill_left", "kv", "gen", "state", "seq", "uid")
+
+    def __init__(self, row: Row, turn: Turn, frame: Frame, cursor: Cursor, blocks: list,
+                 uid: int):
+        self.row = row
+        self.turn = turn
+        self.frame = frame
+        self.cursor = cursor
+        self.req = None
+        self.blocks = blocks
+        self.prompt = turn.input_tokens
+        self.out = max(1, turn.output_tokens)  # a prefill always yields one token
+        self.prefill_left = 0
+        self.kv = 0            # tokens whose KV is computed (or found cached)
+        self.gen = 0           # output tokens produced
+        self.state = WAITING
+        self.seq = 0           # admission order (preemption picks the latest)
+        self.uid = uid
+
+
+class Engine:
+    def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, step_time: Callable,
+                 params: EngineParams, *, on_progress: Callable[[int], None] | None = None):
+        """``step_time(prefill: list[(new_tokens, context_before)], decode: list[context])``
+        gives a step's seconds (the compute model)."""
+        self.rt = rt
+        self.backend = backend
+        self.mgr = mgr
+        self.step_time = step_time
+        self.p = params
+        self.B = mgr.tokens_per_block
+        self.metrics = Metrics()
+        self.on_progress = on_progress
+        self.t = 0                                   # engine clock, ns
+        self._arrivals: list = []                    # heap of (ns, seq, cursor, frame, turn)
+        self._seq = count()
+        self._waiting: deque[Live] = deque()
+        self._running: list[Live] = []               # admitted: onboarding/running/growing
+        self._idle: dict[int, Frame] = {}            # suspended sessions between turns
+        self._pending_sessions: deque[Session] = deque()
+        self._live_sessions = 0
+        self._concurrency = 0
+        self._inflight = 0                           # plans running on the backend
+        self._wake = None
+        self._dirty = True
+        self._admit_seq = count()
+        self._uids = count()
+        self._next_sample = 0
+        self._levels = {int(t.level): t.level.name.lower() for t in mgr.tiers}
+
+    # == workload =======================================================================
+    def load(self, workload: Workload, start_times_s: Iterable[float] | None = None) -> None:
+        """Register a workload. Open loop: sessions start at their start_s (or their first
+        turn's arrival_s). Closed loop: at ``start_times_s``, or ``workload.concurrency``
+        sessions at a time when the start policy is 'concurrency'."""
+        self.block_tokens = workload.block_tokens
+        sessions = list(workload.sessions)
+        if workload.closed_loop and workload.start == "concurrency":
+            self._concurrency = max(1, workload.concurrency)
+            self._pending_sessions.extend(sessions)
+            for _ in range(min(self._concurrency, len(sessions))):
+                self._start_session(self._pending_sessions.popleft(), 0)
+            return
+        if workload.closed_loop:
+            times = list(start_times_s or [])
+            if len(times) < len(sessions):
+                raise ValueError(f"{len(sessions)} sessions but {len(times)} start times")
+            for s, t in zip(sessions, times):
+                self._start_session(s, round(t * NS))
+            return
+        for s in sessions:
+            first = s.items[0]
+            at = s.start_s if s.start_s is not None else (first.arrival_s or 0.0)
+            self._start_session(s, round(at * NS))
+
+    def _start_session(self, session: Session, at_ns: int) -> None:
+        self._live_sessions += 1
+        cur = Cursor(session, sid=next(self._seq))
+        self._schedule_next(cur, at_ns, first=True)
+
+    def _schedule_next(self, cur: Cursor, done_ns: int, first: bool = False) -> None:
+        """Queue the session's next turn ``think_s`` after ``done_ns``; close finished
+        (sub-)sessions' requests."""
+        while True:
+            nxt = cur.next_turn()
+            if nxt is not None:
+                frame, turn = nxt
+                at = done_ns if first else done_ns + round(turn.think_s * NS)
+                heapq.heappush(self._arrivals, (at, next(self._seq), cur, frame, turn))
+                return
+            frame = cur.pop()
+            self._release_frame(frame)
+            if not cur.stack:
+                self._live_sessions -= 1
+                if self._pending_sessions:
+                    self._start_session(self._pending_sessions.popleft(), done_ns)
+                return
+
+    def _release_frame(self, frame: Frame) -> None:
+        self._idle.pop(id(frame), None)
+        req = frame.req
+        frame.req = None
+        if req is not None and req.state is not ReqState.CLOSED:
+            self.mgr.close(req)
+            self._dirty = True
+
+    # == the serving loop ===============================================================
+    def serve(self):
+        """Generator process: serve until every session is done."""
+        rt = self.rt
+        while True:
+            self._release_arrivals()
+            if self._dirty:
+                self._dirty = False
+                self._admit()
+            self._sample()
+            batch = self._build_batch()
+            if batch is None:
+                if not self._arrivals and not self._waiting and not self._running:
+                    break
+                if not self._running and not self._inflight and not self._arrivals:
+                    self._fail_stuck()
+                    continue
+                self._wake = rt.event()
+                waits = [self._wake]
+                if self._arrivals:
+                    waits.append(rt.timeout(max(0.0, self._arrivals[0][0] / NS - rt.now)))
+                yield rt.any_of(waits)
+                self._wake = None
+                self._tick()
+                continue
+            prefill, decode = batch
+            steps = self._steps(prefill, decode)
+            total = sum(steps)
+            yield self.backend.compute(total / NS)
+            self._tick()
+            self.metrics.steps += len(steps)
+            if len(steps) > 1:
+                self.metrics.fast_forwarded_steps += len(steps) - 1
+            self._advance(prefill, decode, len(steps))
+        self._sample(force=True)
+
+    def _tick(self) -> None:
+        self.t = max(self.t, round(self.rt.now * NS))
+
+    def _notify(self) -> None:
+        self._dirty = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _release_arrivals(self) -> None:
+        arr = self._arrivals
+        while arr and arr[0][0] <= self.t:
+            at, _, cur, frame, turn = heapq.heappop(arr)
+            uid = next(self._uids)
+            row = Row(rid=uid, session=frame.session.sid, turn=cur.turn_index, arrival_ns=at,
+                      input_tokens=turn.input_tokens, output_tokens=turn.output_tokens)
+            self.metrics.rows.append(row)
+            blocks = cache_blocks(turn.hash_ids, self.block_tokens, self.B, turn.input_tokens)
+            self._waiting.append(Live(row, turn, frame, cur, blocks, uid))
+            self._idle.pop(id(frame), None)
+            self._dirty = True
+
+    # == admission ======================================================================
+    def _admit(self) -> None:
+        mgr = self.mgr
+        gpu = mgr.tiers[0]
+        while self._waiting and len(self._running) < self.p.max_running:
+            lv = self._waiting[0]
+            if lv.req is None:
+                self._prepare(lv)
+            need = -(-lv.prompt // self.B) + 1 - len(lv.req.pages)
+            if need > gpu.capacity:
+                self._waiting.popleft()
+                self._fail(lv, f"needs {need} GPU pages; the GPU tier has {gpu.capacity}")
+                continue
+            if need > gpu.free + gpu.index_size() and not self._release_hold():
+                if self._running:
+                    return  # wait for running requests to finish
+            plan = mgr.resume(lv.req)
+            if not plan:
+                if plan.reason is RefusalReason.NO_ROOM and self._release_hold():
+                    continue
+                return
+            self._waiting.popleft()
+            lv.seq = next(self._admit_seq)
+            if lv.row.admitted_ns < 0:
+                lv.row.admitted_ns = self.t
+            self._running.append(lv)
+            if plan.batches:
+                lv.state = ONBOARDING
+                lv.row.onboard_bytes += plan.nbytes
+                self._start_plan(plan, lv, RUNNING)
+            else:
+                mgr.complete(plan)
+                self._on_resumed(lv)
+
+    def _prepare(self, lv: Live) -> None:
+        """Match the turn's prompt: the session's held request keeps its common prefix."""
+        mgr = self.mgr
+        frame = lv.frame
+        if frame.req is not None and frame.req.state is ReqState.SUSPENDED:
+            req = frame.req
+            mgr.prepare(req, lv.blocks, lv.prompt)
+        else:
+            req = mgr.create(frame.session.scope, lv.blocks, lv.prompt)
+            if self.p.hold_sessions and len(frame.session.items) > 1:
+                frame.req = req
+        lv.req = req
+        hits = req.hit_by_level
+        lv.row.hit_gpu, lv.row.hit_host, lv.row.hit_disk = hits[0], hits[1], hits[2]
+        cached = req.tokens
+        lv.prefill_left = max(1, lv.prompt - cached)
+        lv.kv = lv.prompt - lv.prefill_left
+
+    def _on_resumed(self, lv: Live) -> None:
+        lv.state = RUNNING
+        if self.p.refcheck:
+            exp = self.mgr.expected(lv.req)
+            check_tags(self.backend.read_tags(Level.GPU, exp.slots), exp.tags,
+                       f"request {lv.uid}'s pages on GPU")
+
+    def _release_hold(self) -> bool:
+        """Close the least recently suspended idle session's request (its pages stay in the
+        prefix tree, droppable). False if there is none."""
+        for key, frame in self._idle.items():
+            if frame.req is not None and frame.req.state is ReqState.SUSPENDED:
+                del self._idle[key]
+                self.mgr.close(frame.req)
+                frame.req = None
+                self.metrics.holds_released += 1
+                return True
+        self._idle.clear()
+        return False
+
+    # == plans in the background ========================================================
+    def _start_plan(self, plan, lv: Live, then: int) -> None:
+        self._inflight += 1
+        self.rt.process(self._plan_proc(plan, lv, then))
+
+    def _plan_proc(self, plan, lv: Live, then: int):
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
+        self._inflight -= 1
+        if lv.req.state is ReqState.ACTIVE:
+            if then == RUNNING and lv.state == ONBOARDING:
+                self._on_resumed(lv)
+            else:
+                lv.state = then
+        else:  # the resume did not complete: back to the head of the queue
+            self._running.remove(lv)
+            lv.state = WAITING
+            self._waiting.appendleft(lv)
+        self._notify()
+
+    # == batching =======================================================================
+    def _build_batch(self):
+        """(prefill [(live, tokens)], decode [live]) for the next step, or None."""
+        budget = self.p.max_batch_tokens
+        decode: list[Live] = []
+        prefill: list[tuple[Live, int]] = []
+        for lv in list(self._running):
+            if lv.state != RUNNING or lv.prefill_left or budget <= 0:
+                continue
+            if self._ensure(lv, lv.kv + 1):
+                decode.append(lv)
+                budget -= 1
+        for lv in list(self._running):
+            if lv.state != RUNNING or not lv.prefill_left or budget <= 0:
+                continue
+            chunk = min(lv.prefill_left, budget)
+            if self._ensure(lv, lv.kv + chunk):
+                prefill.append((lv, chunk))
+                budget -= chunk
+        # a request preempted while the batch was built leaves it
+        decode = [lv for lv in decode if lv.state == RUNNING]
+        prefill = [(lv, n) for lv, n in prefill if lv.state == RUNNING]
+        if not decode and not prefill:
+            return None
+        return prefill, decode
+
+    def _ensure(self, lv: Live, tokens: int) -> bool:
+        """Make the request's GPU pages cover ``tokens`` (a block at a time for decode).
+        True if it can compute now; otherwise a grow is running, it waits, or it was
+        preempted."""
+        req = lv.req
+        if tokens <= req.tokens:
+            return True
+        if lv.prefill_left:
+            target = tokens
+        else:
+            target = max(tokens, min(lv.prompt + lv.out - 1, -(-tokens // self.B) * self.B))
+        nb = -(-target // self.B)
+        extra = [(-1, lv.uid, j) for j in range(len(req.blocks), nb)]
+        while True:
+            plan = self.mgr.grow(req, target, extra)
+            if plan:
+                break
+            if self._release_hold():
+                continue
+            victim = self._preempt_victim()
+            if victim is None or (victim is lv and len(self._running) == 1):
+                if len(self._running) == 1:  # alone and still too big: it can never run
+                    self._running.remove(lv)
+                    self._abort(lv, f"cannot grow to {target} tokens: KV tiers are full")
+                return False  # others are moving pages: try again when they are done
+            self._preempt(victim)
+            if victim is lv:
+                return False
+        self._dirty = True
+        if plan.batches:
+            lv.state = GROWING
+            self._start_plan(plan, lv, RUNNING)
+            return False
+        self.mgr.complete(plan)
+        return True
+
+    def _preempt_victim(self) -> Live | None:
+        """The most recently admitted request that is running (not moving pages)."""
+        best = None
+        for lv in self._running:
+            if lv.state == RUNNING and (best is None or lv.seq > best.seq):
+                best = lv
+        return best
+
+    def _preempt(self, lv: Live) -> None:
+        """Suspend a running request: its pages become held and may move colder; it waits
+        at the head of the queue and resumes where it stopped."""
+        fill = self.mgr.commit(lv.req, lv.kv, final=True)
+        if fill.pages:
+            self.backend.fill(fill)
+        self.mgr.suspend(lv.req)
+        self._running.remove(lv)
+        lv.state = WAITING
+        lv.row.preemptions += 1
+        self.metrics.preemptions += 1
+        self._waiting.appendleft(lv)
+        self._dirty = True
+
+    # == stepping =======================================================================
+    def _steps(self, prefill, decode) -> list[int]:
+        """Durations (ns) of the steps to run now: one, or a run of identical decode steps."""
+        st = self.step_time
+        ctx = [lv.kv for lv in decode]
+        first = round(st([(n, lv.kv) for lv, n in prefill], ctx) * NS)
+        if prefill or not self.p.fast_forward or self._inflight or self._waiting_can_change():
+            return [first]
+        k = min(min(lv.out - lv.gen for lv in decode),
+                min(lv.req.tokens - lv.kv for lv in decode))
+        if k <= 1:
+            return [first]
+        steps = [first]
+        t = self.t + first
+        horizon = self._arrivals[0][0] if self._arrivals else None
+        while len(steps) < k and (horizon is None or t < horizon):
+            j = len(steps)
+            d = round(st([], [c + j for c in ctx]) * NS)
+            steps.append(d)
+            t += d
+        return steps
+
+    def _waiting_can_change(self) -> bool:
+        return self._dirty
+
+    def _advance(self, prefill, decode, k: int) -> None:
+        mgr, be = self.mgr, self.backend
+        for lv in decode:
+            lv.kv += k
+            lv.gen += k
+            if lv.gen >= lv.out:
+                self._finish(lv)
+        for lv, n in prefill:
+            lv.kv += n
+            lv.prefill_left -= n
+            lv.row.computed_tokens += n
+            fill = mgr.commit(lv.req, min(lv.kv, lv.prompt))
+            if fill.pages:
+                be.fill(fill)
+            if not lv.prefill_left:
+                lv.gen = 1
+                lv.row.first_token_ns = self.t
+                if lv.gen >= lv.out:
+                    self._finish(lv)
+        if self.on_progress is not None and self.metrics.rows:
+            self.on_progress(self.t)
+
+    def _finish(self, lv: Live) -> None:
+        if lv.row.first_token_ns < 0:
+            lv.row.first_token_ns = self.t
+        lv.row.done_ns = self.t
+        lv.state = DONE
+        self._running.remove(lv)
+        req = lv.req
+        fill = self.mgr.commit(req, lv.kv, final=True)
+        if fill.pages:
+            self.backend.fill(fill)
+        if lv.frame.req is req:
+            self.mgr.suspend(req)
+            self._idle[id(lv.frame)] = lv.frame
+        else:
+            self.mgr.close(req)
+        self._dirty = True
+        self._schedule_next(lv.cursor, self.t)
+
+    def _fail(self, lv: Live, why: str) -> None:
+        lv.row.failed = why
+        lv.state = DONE
+        self.metrics.requests_failed += 1
+        if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
+            self.mgr.close(lv.req)
+        self._dirty = True
+        self._schedule_next(lv.cursor, self.t)
+
+    def _abort(self, lv: Live, why: str) -> None:
+        if lv.req.state is ReqState.ACTIVE:
+            if lv.frame.req is lv.req:
+                lv.frame.req = None
+            self.mgr.close(lv.req)
+        self._fail(lv, why)
+
+    def _fail_stuck(self) -> None:
+        """Nothing runs, nothing is in flight, nothing will arrive, yet turns wait: the head
+        cannot be admitted even with every hold released. Fail it rather than hang."""
+        while self._release_hold():
+            pass
+        self._dirty = True
+        lv = self._waiting.popleft()
+        self._fail(lv, "could not be admitted: KV tiers full of held pages")
+
+    # == timeline =======================================================================
+    def _sample(self, force: bool = False) -> None:
+        interval = round(self.p.timeline_interval_s * NS)
+        if not force and self.t < self._next_sample:
+            return
+        self._next_sample = (self.t // interval + 1) * interval
+        row = {"t_s": self.t / NS, "running": len(self._running), "waiting": len(self._waiting)}
+        for t in self.mgr.tiers:
+            row[f"{t.level.name.lower()}_used_slots"] = t.used
+        stats = getattr(self.backend, "stats", None)
+        if callable(stats):
+            for k, v in stats().items():
+                if isinstance(v, (int, float)):
+                    row[k] = v
+        self.metrics.timeline.append(row)

@@ -1,0 +1,118 @@
+"""What a replay measures: per-request rows, a timeline, and the summary a user tunes by.
+
+Times are kept in integer nanoseconds of simulated (or scaled wall) time, so the same
+run gives the same numbers to the last digit, and a fast-forwarded replay the same as a
+step-by-step one. Summary names are stable (see README); add freely, rename never.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NS = 1_000_000_000
+
+
+@dataclass
+class Row:
+    rid: int
+    session: str
+    turn: int
+    arrival_ns: int
+    input_tokens: int
+    output_tokens: int
+    hit_gpu: int = 0
+    hit_host: int = 0
+    hit_disk: int = 0
+    computed_tokens: int = 0
+    admitted_ns: int = -1
+    first_token_ns: int = -1
+    done_ns: int = -1
+    onboard_bytes: int = 0
+    preemptions: int = 0
+    failed: str = ""
+
+    @property
+    def ttft_s(self) -> float:
+        return (self.first_token_ns - self.arrival_ns) / NS
+
+    @property
+    def e2e_s(self) -> float:
+        return (self.done_ns - self.arrival_ns) / NS
+
+    @property
+    def tpot_s(self) -> float:
+        if self.output_tokens <= 1:
+            return 0.0
+        return (self.done_ns - self.first_token_ns) / NS / (self.output_tokens - 1)
+
+    COLUMNS = ("rid", "session", "turn", "arrival_s", "input_tokens", "output_tokens",
+               "hit_gpu", "hit_host", "hit_disk", "computed_tokens", "queue_s", "ttft_s",
+               "tpot_s", "e2e_s", "onboard_bytes", "preemptions", "failed")
+
+    def csv_values(self) -> tuple:
+        done = self.done_ns >= 0
+        return (self.rid, self.session, self.turn, f"{self.arrival_ns / NS:.9f}",
+                self.input_tokens, self.output_tokens, self.hit_gpu, self.hit_host,
+                self.hit_disk, self.computed_tokens,
+                f"{(self.admitted_ns - self.arrival_ns) / NS:.9f}" if self.admitted_ns >= 0 else "",
+                f"{self.ttft_s:.9f}" if self.first_token_ns >= 0 else "",
+                f"{self.tpot_s:.9f}" if done else "", f"{self.e2e_s:.9f}" if done else "",
+                self.onboard_bytes, self.preemptions, self.failed)
+
+
+def _dist(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    a = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+@dataclass
+class Metrics:
+    rows: list[Row] = field(default_factory=list)
+    timeline: list[dict] = field(default_factory=list)
+    steps: int = 0
+    fast_forwarded_steps: int = 0
+    requests_failed: int = 0
+    holds_released: int = 0
+    preemptions: int = 0
+
+    def summary(self, counters: dict, traffic: dict, end_ns: int, wall_s: float,
+                levels: dict[int, str]) -> dict:
+        done = [r for r in self.rows if r.done_ns >= 0 and not r.failed]
+        inp = sum(r.input_tokens for r in done)
+        out = sum(r.output_tokens for r in done)
+        span = end_ns / NS
+        hit = {"gpu": sum(r.hit_gpu for r in done), "host": sum(r.hit_host for r in done),
+               "disk": sum(r.hit_disk for r in done)}
+        by_level = lambda vec: {levels[i]: int(vec[i]) for i in sorted(levels)}  # noqa: E731
+        return {
+            "requests_completed": len(done),
+            "requests_failed": self.requests_failed,
+            "input_tokens": inp,
+            "output_tokens": out,
+            "hit_tokens": {**hit, "total": sum(hit.values())},
+            "hit_ratio": (sum(hit.values()) / inp) if inp else 0.0,
+            "computed_tokens": sum(r.computed_tokens for r in done),
+            "ttft_s": _dist([r.ttft_s for r in done]),
+            "tpot_s": _dist([r.tpot_s for r in done if r.output_tokens > 1]),
+            "e2e_s": _dist([r.e2e_s for r in done]),
+            "throughput": {
+                "requests_per_s": len(done) / span if span > 0 else 0.0,
+                "output_tokens_per_s": out / span if span > 0 else 0.0,
+            },
+            "bytes": {k: int(traffic.get(k, 0)) for k in
+                      ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write")},
+            "evicted_pages": by_level(counters["evicted_pages"]),
+            "dropped_pages": by_level(counters["dropped_pages"]),
+            "offloaded_pages": counters["offloaded_pages"],
+            "onboarded_pages": counters["onboarded_pages"],
+            "preemptions": self.preemptions,
+            "holds_released": self.holds_released,
+            "engine_steps": self.steps,
+            "sim_time_s": span,
+            "wall_time_s": wall_s,
+        }

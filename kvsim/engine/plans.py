@@ -1,0 +1,54 @@
+"""Running a plan: submit each stage's batches to the backend, wait, complete the plan.
+
+A stage starts only after the previous one succeeded; after a failed batch the later
+stages are not run (the core rolls them back). With the refcheck on, every committed
+batch's destination is read back and compared with the tags the core expects.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from kvsim.backend import Backend, Runtime
+from kvsim.core import Plan, TierManager
+
+
+class RefcheckError(AssertionError):
+    """Bytes found where a page should be do not match the page's block."""
+
+
+def check_tags(found: np.ndarray, expected: np.ndarray, what: str) -> None:
+    written = expected != 0
+    bad = np.flatnonzero(written & (found != expected))
+    if bad.size:
+        i = int(bad[0])
+        raise RefcheckError(f"refcheck failed for {what}: {bad.size} page(s) differ; first at "
+                            f"position {i}: found tag {int(found[i]):#x}, expected {int(expected[i]):#x}")
+
+
+def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool,
+             on_batch: Callable[[object, bool], None] | None = None):
+    """Generator process: execute ``plan`` and complete it. Returns True if all batches ran."""
+    oks = [False] * len(plan.batches)
+    index = {id(b): i for i, b in enumerate(plan.batches)}
+    for stage in plan.stages:
+        events = [backend.transfer(b) for b in stage]
+        yield rt.all_of(events)
+        stage_ok = True
+        for b, ev in zip(stage, events):
+            ok = bool(ev.value)
+            oks[index[id(b)]] = ok
+            if on_batch is not None:
+                on_batch(b, ok)
+            stage_ok &= ok
+        if not stage_ok:
+            break
+    if refcheck:
+        for b, ok in zip(plan.batches, oks):
+            if ok:
+                check_tags(backend.read_tags(b.dst, b.dst_slots), b.tags,
+                           f"a {b.kind.name.lower()} batch {b.src.name}->{b.dst.name}")
+    mgr.complete(plan, oks)
+    return all(oks)

@@ -1,0 +1,51 @@
+"""PNG plots of a replay: tier occupancy and link traffic over time, TTFT distribution."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_plots(result, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    tl = result.timeline
+    if len(tl) >= 2:
+        t = [r["t_s"] for r in tl]
+        fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+        for key in tl[0]:
+            if key.endswith("_used_slots"):
+                ax1.plot(t, [r.get(key, 0) for r in tl], label=key.removesuffix("_used_slots"))
+        ax1.set_ylabel("slots used")
+        ax1.legend(loc="upper left")
+        for key in ("h2d_bytes", "d2h_bytes", "disk_read_bytes", "disk_write_bytes"):
+            if key in tl[0]:
+                vals = [r.get(key, 0) for r in tl]
+                rate = [0.0] + [(b - a) / max(1e-9, t1 - t0) / 1e9
+                                for a, b, t0, t1 in zip(vals, vals[1:], t, t[1:])]
+                ax2.plot(t, rate, label=key.removesuffix("_bytes"))
+        ax2.set_ylabel("GB/s")
+        ax2.set_xlabel("time (s)")
+        ax2.legend(loc="upper left")
+        fig.tight_layout()
+        p = out / "timeline.png"
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        written.append(p)
+    ttft = sorted(r.ttft_s for r in result.rows if r.done_ns >= 0 and not r.failed)
+    if ttft:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))])
+        ax.set_xscale("log")
+        ax.set_xlabel("TTFT (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        p = out / "ttft_cdf.png"
+        fig.savefig(p, dpi=100)
+        plt.close(fig)
+        written.append(p)
+    return written

@@ -1,0 +1,189 @@
+"""One replay, end to end: config -> model, tiers, workload, backend, engine -> results.
+
+``prepare_run`` validates everything and loads the trace before anything is written, so
+a run that fails validation leaves no results folder. ``replay`` runs the engine on the
+chosen backend; ``write_results`` writes the folder atomically (a temporary folder
+renamed into place). Backends are built through a registry: the rest of kvsim never asks
+which backend it has.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kvsim.compute import ComputeModel, ModelShape, load_model
+from kvsim.config import ConfigFileError, RunConfig
+from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
+from kvsim.engine import Engine, EngineParams
+from kvsim.engine.metrics import Row
+from kvsim.hardware import HardwareProfile, load_profile
+from kvsim.workload import Workload, session_start_times
+
+LEVELS = {"gpu": Level.GPU, "host": Level.HOST, "disk": Level.DISK}
+
+
+@dataclass
+class Prepared:
+    cfg: RunConfig
+    shape: ModelShape
+    profile: HardwareProfile
+    spec: ManagerSpec
+    workload: Workload
+    starts: list[float] | None
+    disk_dir: str | None
+
+
+@dataclass
+class Result:
+    cfg: RunConfig
+    backend: str
+    metrics: dict
+    rows: list[Row]
+    timeline: list[dict]
+    core: dict = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"kvsim": "0.1.0", "backend": self.backend, "metrics": self.metrics,
+                "core_counters": self.core, "config": self.cfg.model_dump(mode="json")}
+
+
+def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
+    page = cfg.cache.page_bytes or shape.kv_bytes_per_token * cfg.cache.tokens_per_block
+    tiers = tuple(TierSpec(LEVELS[t.level], t.quota, t.max_quota or 0) for t in cfg.cache.tiers)
+    return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers)
+
+
+def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
+    from kvsim import workload as wl
+
+    w = cfg.workload
+    path = trace or w.path
+    if w.kind == "mooncake":
+        return wl.load_mooncake(path, time_scale=w.time_scale, limit=w.limit)
+    if w.kind == "agentic":
+        return wl.load_agentic(path, shared_prefix=w.shared_prefix, limit=w.limit,
+                               start=w.start, sessions_per_s=w.sessions_per_s,
+                               concurrency=w.concurrency, seed=cfg.seed)
+    seed = w.synthetic.seed if w.synthetic.seed is not None else cfg.seed
+    return wl.synthetic_agentic(w.synthetic.n_sessions, seed=seed, start=w.start,
+                                sessions_per_s=w.sessions_per_s, concurrency=w.concurrency)
+
+
+def prepare_run(cfg: RunConfig, trace: str | None = None) -> Prepared:
+    """Everything a replay needs, validated; no file written."""
+    try:
+        shape = load_model(cfg.model, tp=cfg.tp)
+        profile = load_profile(cfg.hardware)
+    except (ValueError, OSError) as e:
+        raise ConfigFileError(str(e)) from None
+    spec = build_spec(cfg, shape)
+    disk = next((t for t in cfg.cache.tiers if t.level == "disk"), None)
+    workload = load_workload(cfg, trace)
+    starts = None
+    if workload.closed_loop and workload.start == "poisson":
+        starts = session_start_times(workload, seed=cfg.seed)
+    return Prepared(cfg, shape, profile, spec, workload, starts,
+                    os.path.expanduser(disk.path) if disk and disk.path else None)
+
+
+def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
+    from kvsim_backends.sim import SimBackend, SimRuntime
+
+    rt = SimRuntime()
+    slots = {t.level: t.max_slots for t in mgr.tiers}
+    be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck)
+    return rt, be
+
+
+def _build_hw(prep: Prepared, mgr: TierManager, options: dict):
+    from kvsim_backends.hw import build_hw_backend
+
+    return build_hw_backend(prep, mgr, **options)
+
+
+BACKENDS: dict[str, Callable] = {"sim": _build_sim, "hw": _build_hw}
+
+
+def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,
+           backend_options: dict | None = None) -> Result:
+    cfg = prep.cfg
+    if backend not in BACKENDS:
+        raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
+    mgr = TierManager(prep.spec)
+    rt, be = BACKENDS[backend](prep, mgr, backend_options or {})
+    model = ComputeModel(prep.shape, prep.profile)
+    e = cfg.engine
+    params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
+                          fast_forward=e.fast_forward, refcheck=e.refcheck,
+                          hold_sessions=e.hold_sessions,
+                          timeline_interval_s=cfg.output.timeline_interval)
+    engine = Engine(rt, be, mgr, model.step_time, params)
+    engine.load(prep.workload, prep.starts)
+    if progress is not None:
+        engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))
+    wall0 = time.perf_counter()
+    try:
+        done = rt.process(engine.serve())
+        rt.run(until=done)
+    finally:
+        be.close()
+    wall = time.perf_counter() - wall0
+    traffic = be.stats() if hasattr(be, "stats") else {}
+    levels = {int(t.level): t.level.name.lower() for t in mgr.tiers}
+    counters = mgr.counters.snapshot()
+    metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)
+    metrics["page_bytes"] = mgr.page_bytes
+    metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
+    return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters)
+
+
+def output_dir(cfg: RunConfig, out: str | None) -> Path:
+    return Path(out or cfg.output.dir.format(name=cfg.name))
+
+
+def write_results(result: Result, out: Path, plots: bool = True) -> Path:
+    """Write summary.json, requests.csv, timeline.csv (and plots) into ``out``, atomically:
+    into a temporary folder beside it, then renamed into place (replacing an old one)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigFileError(f"--out {out}: exists and is not a directory")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True) + "\n")
+        with open(tmp / "requests.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(Row.COLUMNS)
+            for r in result.rows:
+                w.writerow(r.csv_values())
+        if result.timeline:
+            keys = list(dict.fromkeys(k for row in result.timeline for k in row))
+            with open(tmp / "timeline.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                w.writerows(result.timeline)
+        if plots:
+            from kvsim.plots import write_plots
+
+            write_plots(result, tmp)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
