@@ -1,0 +1,131 @@
+"""Mooncake JSONL traces (FAST'25 release): load as an open-loop Workload, and write them.
+
+Format: one JSON object a line with ``timestamp`` (ms from trace start), ``input_length``,
+``output_length`` and ``hash_ids`` (prefix block ids, 512 tokens a block, global to the
+file). Blank lines are skipped.
+
+The loader validates every line and raises TraceError with ``<path>:<line>: <problem>``:
+malformed JSON, a line that is not an object, a missing field, a wrong type (bools are not
+ints), a negative timestamp or output length, an input length < 1, hash ids that do not
+cover the input (``len(hash_ids) != ceil(input_length / block_tokens)``), and timestamps
+going backwards. Out-of-order timestamps are an error by default (a concatenated or
+corrupted trace should not silently replay in a different order); ``sort=True`` accepts
+them and stable-sorts requests by timestamp instead (sids keep their line numbers).
+
+Each request becomes one Session ``req-<line>`` (1-based physical line) with one Turn,
+scope ``global`` (the ids are global to the file), ``arrival_s = start_s =
+timestamp / 1000 * time_scale``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from .model import Session, TraceError, Turn, Workload
+
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+_INT = frozenset((int,))
+
+
+def _is_int(x) -> bool:
+    return type(x) is int
+
+
+def _is_num(x) -> bool:
+    return type(x) is int or type(x) is float
+
+
+def load_mooncake(path, time_scale: float = 1.0, limit: int | None = None, *,
+                  block_tokens: int = 512, sort: bool = False, name: str | None = None) -> Workload:
+    """Load a Mooncake JSONL trace as an open-loop Workload (see the module docstring)."""
+    if not time_scale > 0:
+        raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit!r}")
+    path = os.fspath(path)
+    sessions = []
+    scale = time_scale / 1000.0
+    prev_ts = None
+    prev_line = 0
+    with open(path, "r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and len(sessions) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}: "
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{where}malformed JSON ({e.msg} at column {e.colno}); "
+                                 f"expected one JSON object a line") from None
+            if type(row) is not dict:
+                raise TraceError(f"{where}expected a JSON object with fields {', '.join(FIELDS)}, "
+                                 f"got {type(row).__name__}")
+            try:
+                ts = row["timestamp"]
+                n_in = row["input_length"]
+                n_out = row["output_length"]
+                ids = row["hash_ids"]
+            except KeyError as e:
+                raise TraceError(f"{where}missing field {e.args[0]!r} (expected fields "
+                                 f"{', '.join(FIELDS)})") from None
+            if not _is_num(ts) or not math.isfinite(ts):
+                raise TraceError(f"{where}field 'timestamp' must be a finite number of ms, got {ts!r}")
+            if not _is_int(n_in):
+                raise TraceError(f"{where}field 'input_length' must be an integer, got {n_in!r}")
+            if not _is_int(n_out):
+                raise TraceError(f"{where}field 'output_length' must be an integer, got {n_out!r}")
+            if type(ids) is not list:
+                raise TraceError(f"{where}field 'hash_ids' must be a list of integers, "
+                                 f"got {type(ids).__name__}")
+            if ts < 0:
+                raise TraceError(f"{where}negative timestamp {ts!r} ms; expected >= 0")
+            if n_in < 1:
+                raise TraceError(f"{where}input_length {n_in} is not positive; expected >= 1")
+            if n_out < 0:
+                raise TraceError(f"{where}negative output_length {n_out}; expected >= 0")
+            if not set(map(type, ids)) <= _INT:
+                bad = next(h for h in ids if type(h) is not int)
+                raise TraceError(f"{where}field 'hash_ids' must hold only integers, found {bad!r}")
+            need = -(-n_in // block_tokens)
+            if len(ids) != need:
+                raise TraceError(f"{where}hash_ids has {len(ids)} blocks but input_length {n_in} at "
+                                 f"{block_tokens} tokens a block needs ceil({n_in}/{block_tokens}) = {need}")
+            if prev_ts is not None and ts < prev_ts and not sort:
+                raise TraceError(f"{where}timestamp {ts} ms goes backwards (line {prev_line} has "
+                                 f"{prev_ts} ms); expected non-decreasing timestamps (or load with sort=True)")
+            prev_ts, prev_line = ts, lineno
+            t = ts * scale
+            turn = Turn(n_in, n_out, tuple(ids), 0.0, t)
+            sessions.append(Session(f"req-{lineno}", "global", (turn,), t))
+    if sort:
+        sessions.sort(key=lambda s: s.start_s)  # stable: ties keep file order
+    if name is None:
+        name = os.path.splitext(os.path.basename(path))[0]
+    return Workload(name=name, block_tokens=block_tokens, closed_loop=False, sessions=tuple(sessions))
+
+
+def write_jsonl_mooncake(workload: Workload, path) -> int:
+    """Write an open-loop workload as Mooncake JSONL, one line per turn in replay order;
+    timestamps are ``round(arrival_s * 1000)`` ms. Returns the number of lines written.
+    Hash ids must be ints (the Mooncake format has no tuples); the block size is not
+    recorded in the format, so load it back with the same ``block_tokens``."""
+    if workload.closed_loop:
+        raise ValueError(f"workload {workload.name!r} is closed loop; Mooncake JSONL needs arrival times")
+    rows = []
+    for s, t in workload.iter_turns():
+        if t.arrival_s is None:
+            raise ValueError(f"session {s.sid!r} has a turn without arrival_s")
+        if not all(type(h) is int for h in t.hash_ids):
+            raise ValueError(f"session {s.sid!r}: Mooncake hash_ids must be ints")
+        rows.append((t.arrival_s, t))
+    rows.sort(key=lambda r: r[0])
+    with open(os.fspath(path), "w", encoding="utf-8") as f:
+        for arr, t in rows:
+            f.write(json.dumps({"timestamp": round(arr * 1000), "input_length": t.input_tokens,
+                                "output_length": t.output_tokens, "hash_ids": list(t.hash_ids)}))
+            f.write("\n")
+    return len(rows)
