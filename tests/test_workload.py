@@ -10,6 +10,8 @@ import copy
 import gzip
 import json
 import math
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -172,6 +174,9 @@ def test_agentic_fixture_turns_subagent_and_think_times():
     assert t4.think_s == 3.0
     for _, t in w.iter_turns():
         assert len(t.hash_ids) == math.ceil(t.input_tokens / 64) and t.arrival_s is None
+    assert w.request_count() == w.n_requests == 6
+    capped = load_agentic(FIX / "agentic_ok.json", max_think_s=3.5)
+    assert [t.think_s for _, t in capped.iter_turns()] == [0.0, 3.5, 0.0, 3.0, 3.5, 3.0]
 
 
 def test_agentic_shared_prefix_remaps_exactly_the_prefix(tmp_path):
@@ -265,7 +270,7 @@ def test_real_agentic_session_with_subagents():
     assert subs[0].sid == "trace_0003/agent_001"
     assert s.n_turns == sum(1 for r in raw["requests"] if r["type"] != "subagent") + sum(
         len(r["requests"]) for r in raw_subs)
-    for (_, t), in zip(w.iter_turns()):
+    for _, t in w.iter_turns():
         assert len(t.hash_ids) == math.ceil(t.input_tokens / 64)
     hit, total = ideal_reuse_tokens(w)
     print(f"trace_0003: {s.n_turns} requests, ideal reuse {hit / total:.4f}")
@@ -275,10 +280,9 @@ def test_real_agentic_session_with_subagents():
 @needs_real
 def test_real_shared_prefix_shares_exactly_the_prefix():
     files = [SESSIONS / "trace_0001.json.gz", SESSIONS / "trace_0003.json.gz"]
-    # load the two files through a directory-free path each, then shared together
+    # each file alone (per-session scope), then both together with the shared prefix
     ws = [load_agentic(f) for f in files]
     raws = [json.load(gzip.open(f)) for f in files]
-    import tempfile, shutil, os
     with tempfile.TemporaryDirectory() as d:
         for f in files:
             os.symlink(f, os.path.join(d, f.name))

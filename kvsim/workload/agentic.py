@@ -70,9 +70,12 @@ def session_files(path_or_dir) -> list[str]:
 
 def load_agentic(path_or_dir, shared_prefix: bool = False, limit: int | None = None,
                  start: str = "poisson", sessions_per_s: float = 0.05, concurrency: int = 16,
-                 seed: int = 0, *, name: str | None = None) -> Workload:
+                 seed: int = 0, *, name: str | None = None, max_think_s: float | None = None) -> Workload:
     """Load agentic coding sessions as a closed-loop Workload (see the module docstring).
-    ``limit`` is a number of session files."""
+    ``limit`` is a number of session files; ``max_think_s`` caps think times (the real
+    data has pauses of up to ~22 hours; None keeps them as recorded)."""
+    if max_think_s is not None and not max_think_s >= 0:
+        raise ValueError(f"max_think_s must be >= 0, got {max_think_s!r}")
     check_start_policy(start, sessions_per_s, concurrency)
     files = session_files(path_or_dir)
     if limit is not None:
@@ -95,7 +98,7 @@ def load_agentic(path_or_dir, shared_prefix: bool = False, limit: int | None = N
         if sid in seen:
             raise TraceError(f"{fp}: session id {sid!r} already used by {seen[sid]}; expected unique ids")
         seen[sid] = fp
-        b = _Builder(fp, bs, shared_prefix, k, prefix_ns)
+        b = _Builder(fp, bs, shared_prefix, k, prefix_ns, max_think_s)
         scope = "shared" if shared_prefix else f"session:{sid}"
         p = (doc["tool_tokens"] + doc["system_tokens"]) // bs
         sessions.append(Session(sid, scope, b.items(doc["requests"], "requests", p, sid, scope)))
@@ -154,8 +157,9 @@ def _top_fields(fp: str, doc) -> int:
 class _Builder:
     """Turns one session's request tree into Session items (one instance per session)."""
 
-    def __init__(self, fp: str, bs: int, shared: bool, k: int, prefix_ns: dict):
+    def __init__(self, fp: str, bs: int, shared: bool, k: int, prefix_ns: dict, max_think_s):
         self.fp, self.bs, self.shared = fp, bs, shared
+        self.max_think_s = max_think_s
         self.prefix_ns = prefix_ns
         self.private_base = PRIVATE_SPAN * (k + 1)
         self.n_tails = 0
@@ -203,7 +207,9 @@ class _Builder:
                     f"tokens a block needs floor = {full} (full blocks) or ceil = {full + (rem > 0)}")
             if self.shared and len(ids) > start and (min(ids[start:]) < 0 or max(ids[start:]) >= TAIL_OFFSET):
                 raise TraceError(f"{where}hash ids must lie in [0, 2**31) for shared_prefix remapping")
-            think = self._think(r, where, i, prev_req, sub_end if after_sub else None)
+            think = self._think(r, where, prev_req, sub_end if after_sub else None)
+            if self.max_think_s is not None and think > self.max_think_s:
+                think = float(self.max_think_s)
             core = (prev_core if extends else ()) + self._map(ids, start, p, prefix)
             prev_raw, prev_core = ids, core
             if len(ids) == full and rem:
@@ -225,7 +231,7 @@ class _Builder:
         cut = min(p, len(ids))
         return prefix[start:cut] + tuple([base + h for h in ids[cut:]])
 
-    def _think(self, r: dict, where: str, i: int, prev: dict | None, sub_end) -> float:
+    def _think(self, r: dict, where: str, prev: dict | None, sub_end) -> float:
         tt = r.get("think_time")
         if tt is not None and (not _num(tt) or tt < 0):
             raise TraceError(f"{where}field 'think_time' must be a number >= 0, got {tt!r}")

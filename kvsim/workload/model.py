@@ -4,7 +4,8 @@ Invariants every loader and generator in this package keeps (the engine may rely
 
 - ``len(turn.hash_ids) == ceil(turn.input_tokens / workload.block_tokens)``: the ids cover
   the whole input, ``block_tokens`` tokens each, the last block possibly partial. Equal ids
-  at equal positions within one reuse scope mean an identical prefix.
+  at equal positions within one reuse scope mean an identical prefix. Ids are ints that
+  fit a signed 64-bit integer (the core encodes them so).
 - ``input_tokens >= 1`` and ``output_tokens >= 0`` (0 happens in the agentic traces: a
   request that was cancelled or produced no text; treat it as prefill only).
 - Open loop: every Turn has ``arrival_s`` (non-decreasing in file order for Mooncake) and
@@ -91,6 +92,10 @@ class Workload:
     @property
     def n_requests(self) -> int:
         return sum(1 for _ in self.iter_turns())
+
+    def request_count(self) -> int:
+        """Number of turns (requests), sub-agents included."""
+        return self.n_requests
 
     @property
     def input_tokens(self) -> int:
