@@ -224,14 +224,13 @@ class Engine:
             lv = self._waiting[0]
             if lv.req is None:
                 self._prepare(lv)
-            need = -(-lv.prompt // self.B) + 1 - len(lv.req.pages)
+            need = self._final_pages(lv)
             if need > gpu.capacity:
                 self._waiting.popleft()
                 self._fail(lv, f"needs {need} GPU pages; the GPU tier has {gpu.capacity}")
                 continue
-            if need > gpu.free + gpu.index_size() and not self._release_hold():
-                if self._running:
-                    return  # wait for running requests to finish
+            if self._committed_pages() + need > gpu.capacity:
+                return  # admitted requests will need that room: wait for one to finish
             plan = mgr.resume(lv.req)
             if not plan:
                 if plan.reason is RefusalReason.NO_ROOM and self._release_hold():
@@ -249,6 +248,15 @@ class Engine:
             else:
                 mgr.complete(plan)
                 self._on_resumed(lv)
+
+    def _final_pages(self, lv: Live) -> int:
+        """GPU pages the turn holds when it ends (one more for a copy-on-write)."""
+        return -(-(lv.prompt + lv.out - 1) // self.B) + 1
+
+    def _committed_pages(self) -> int:
+        """GPU pages the admitted requests will hold at their end: admission keeps their
+        sum within the GPU tier, so running requests grow without preempting each other."""
+        return sum(self._final_pages(lv) for lv in self._running)
 
     def _prepare(self, lv: Live) -> None:
         """Match the turn's prompt: the session's held request keeps its common prefix."""

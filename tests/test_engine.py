@@ -1,0 +1,206 @@
+"""The serving engine on the SimPy backend: exact timelines on tiny cases, fast-forward
+equivalence, determinism, and the Mooncake reuse checks.
+
+Timelines are computed by hand from the hardware profile and the compute model, then
+compared with what the engine measured (integer nanoseconds, so to within rounding).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.compute import ComputeModel, load_model
+from kvsim.config import validate_config
+from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
+from kvsim.engine import Engine, EngineParams
+from kvsim.engine.plans import run_plan
+from kvsim.hardware import load_profile
+from kvsim.run import prepare_run, replay
+from kvsim.workload import Session, Turn, Workload, ideal_reuse_ratio, load_mooncake
+from kvsim_backends.sim import SimBackend, SimRuntime
+
+NS = 1_000_000_000
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+B = 32
+
+
+def _setup(gpu_pages=64, host_pages=256, disk_pages=0, model="llama-3-8b", params=None):
+    shape = load_model(model)
+    profile = load_profile("h200-pcie")
+    page = shape.kv_bytes_per_token * B
+    tiers = [TierSpec(Level.GPU, gpu_pages * page), TierSpec(Level.HOST, host_pages * page)]
+    if disk_pages:
+        tiers.append(TierSpec(Level.DISK, disk_pages * page))
+    mgr = TierManager(ManagerSpec(page_bytes=page, tokens_per_block=B, tiers=tuple(tiers)))
+    rt = SimRuntime()
+    be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers})
+    cm = ComputeModel(shape, profile)
+    eng = Engine(rt, be, mgr, cm.step_time, params or EngineParams())
+    return mgr, rt, be, cm, eng, profile
+
+
+def _open(turns: list[Turn], block_tokens=B) -> Workload:
+    sessions = tuple(Session(f"r{i}", "global", (t,), start_s=t.arrival_s) for i, t in enumerate(turns))
+    return Workload("test", block_tokens, False, sessions)
+
+
+def test_one_cold_request_ttft_is_its_prefill_time():
+    """A lone request with nothing cached: it is admitted on arrival, its whole prompt is
+    one prefill chunk, so TTFT is exactly the compute model's prefill time; each further
+    token is one decode step."""
+    mgr, rt, be, cm, eng, _ = _setup()
+    eng.load(_open([Turn(input_tokens=100, output_tokens=3, hash_ids=(1, 2, 3, 4), arrival_s=1.0)]))
+    rt.run(until=rt.process(eng.serve()))
+    row = eng.metrics.rows[0]
+    prefill_ns = round(cm.step_time([(100, 0)], []) * NS)
+    assert row.first_token_ns - row.arrival_ns == prefill_ns
+    d1 = round(cm.step_time([], [100]) * NS)
+    d2 = round(cm.step_time([], [101]) * NS)
+    assert row.done_ns - row.first_token_ns == d1 + d2
+    assert row.computed_tokens == 100
+    assert (row.hit_gpu, row.hit_host, row.hit_disk) == (0, 0, 0)
+
+
+def test_prefix_on_host_ttft_is_onboard_plus_prefill():
+    """Story: a 128-token prefix (4 pages) was computed earlier, then a quota shrink to one
+    page pushed its 3 least recently used pages (the tail: a request's pages are ranked
+    tail-first) to the host tier. A request arrives whose prompt is that prefix plus 40
+    new tokens. The engine onboards the 3 pages host->GPU (one copy-engine batch: call
+    overhead + 3 x per-page host time + bytes over the link), then runs one prefill chunk
+    of the 40 new tokens over a 128-token context. TTFT = onboard + prefill."""
+    mgr, rt, be, cm, eng, profile = _setup(gpu_pages=8, host_pages=64)
+    prefix = [10, 11, 12, 13]
+
+    def prelude():
+        req = mgr.create("global", prefix, 128)
+        mgr.complete(mgr.resume(req))
+        mgr.complete(mgr.grow(req, 128))
+        be.fill(mgr.commit(req, 128))
+        mgr.close(req)
+        plan = mgr.set_quota(Level.GPU, 1 * mgr.page_bytes)  # evict everything to host
+        yield from run_plan(rt, be, mgr, plan, refcheck=True)
+        mgr.complete(mgr.set_quota(Level.GPU, 8 * mgr.page_bytes))
+
+    rt.run(until=rt.process(prelude()))
+    probe = mgr.probe_reuse("global", prefix + [14, 15], 168)
+    assert (probe[Level.GPU], probe[Level.HOST]) == (32, 96)
+    t_arrive = 10.0
+    eng.load(_open([Turn(input_tokens=168, output_tokens=1, hash_ids=tuple(prefix + [14, 15]),
+                         arrival_s=t_arrive)]))
+    eng.t = round(rt.now * NS)
+    rt.run(until=rt.process(eng.serve()))
+    row = eng.metrics.rows[0]
+    ce, link = profile.copy_engine, profile.link
+    assert be.paths["h2d"].name == "COPY_ENGINE"
+    nbytes = 3 * mgr.page_bytes
+    onboard_s = ce.per_call + 3 * ce.per_page + nbytes / min(link.h2d, link.both)
+    prefill_s = cm.step_time([(40, 128)], [])
+    assert (row.hit_gpu, row.hit_host, row.computed_tokens) == (32, 96, 40)
+    assert row.onboard_bytes == nbytes
+    assert abs((row.first_token_ns - row.arrival_ns) - round((onboard_s + prefill_s) * NS)) <= 2
+
+
+def _mini_mooncake(n=60, seed=3):
+    """A small Mooncake-format workload with shared prefixes (built, not read)."""
+    import random
+
+    rnd = random.Random(seed)
+    turns, t = [], 0.0
+    next_id = 1000
+    prefixes = [list(range(k * 10, k * 10 + 6)) for k in range(4)]
+    for _ in range(n):
+        t += rnd.expovariate(4.0)
+        pre = rnd.choice(prefixes)[: rnd.randint(1, 6)]
+        extra = rnd.randint(0, 6)
+        ids = pre + list(range(next_id, next_id + extra))
+        next_id += extra
+        ntok = (len(ids) - 1) * 512 + rnd.randint(1, 512)
+        turns.append(Turn(input_tokens=ntok, output_tokens=rnd.randint(1, 400), hash_ids=tuple(ids),
+                          arrival_s=round(t, 3)))
+    return _open(turns, block_tokens=512)
+
+
+def _run(workload, fast: bool, gpu_pages=600, host_pages=900, disk_pages=2000, model="llama-3-8b"):
+    mgr, rt, be, cm, eng, _ = _setup(gpu_pages, host_pages, disk_pages, model,
+                                     EngineParams(max_batch_tokens=4096, max_running=16, fast_forward=fast))
+    eng.load(workload)
+    rt.run(until=rt.process(eng.serve()))
+    rows = [(r.rid, r.arrival_ns, r.first_token_ns, r.done_ns, r.hit_gpu, r.hit_host, r.hit_disk,
+             r.computed_tokens, r.preemptions) for r in eng.metrics.rows]
+    return rows, eng.metrics, mgr.counters.snapshot()
+
+
+def test_fast_forward_equals_step_by_step():
+    """Fast-forwarding identical decode steps changes nothing a user can observe: every
+    request's timestamps (to the nanosecond), hits and counters equal a step-by-step
+    replay's, with pressure on all three tiers."""
+    w = _mini_mooncake()
+    slow_rows, slow_m, slow_c = _run(w, fast=False, gpu_pages=300, host_pages=300)
+    fast_rows, fast_m, fast_c = _run(w, fast=True, gpu_pages=300, host_pages=300)
+    assert fast_m.fast_forwarded_steps > 0 and slow_m.fast_forwarded_steps == 0
+    assert slow_c["dropped_pages"][2] > 0 or slow_c["evicted_pages"][1] > 0
+    assert fast_rows == slow_rows
+    assert fast_c == slow_c
+    assert fast_m.steps == slow_m.steps
+
+
+def test_same_seed_and_config_give_identical_metrics(tmp_path):
+    """Two runs of the default config: summary.json metrics identical but for wall time."""
+    from kvsim.config import load_config
+    from kvsim.run import write_results
+
+    outs = []
+    for i in range(2):
+        cfg = load_config("configs/default.yaml", ["workload.synthetic.n_sessions=8"])
+        res = replay(prepare_run(cfg))
+        path = write_results(res, tmp_path / f"r{i}", plots=False)
+        m = json.loads((path / "summary.json").read_text())["metrics"]
+        m.pop("wall_time_s")
+        outs.append(json.dumps(m, sort_keys=True))
+        assert (path / "requests.csv").exists() and (path / "timeline.csv").exists()
+    assert outs[0] == outs[1]
+    assert json.loads(outs[0])["requests_completed"] > 0
+
+
+def _mooncake_cfg(tiers, limit=None, tpb=512):
+    data = {
+        "name": "t", "model": "llama-3-70b", "hardware": "h200-pcie",
+        "cache": {"tokens_per_block": tpb, "tiers": tiers},
+        "engine": {"max_running": 128, "refcheck": False},
+        "workload": {"kind": "mooncake", "path": str(MOONCAKE), "limit": limit},
+        "output": {"plots": False},
+    }
+    return validate_config(data)
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/traces not present")
+@pytest.mark.slow
+def test_mooncake_hit_ratio_matches_ideal_reuse_with_unbounded_tiers():
+    """With tiers so large nothing is ever evicted, the replay's hit ratio equals the
+    ideal reuse computed straight from the trace's hash_ids (within 0.02)."""
+    ideal = ideal_reuse_ratio(load_mooncake(MOONCAKE))
+    cfg = _mooncake_cfg([{"level": "gpu", "quota": "100TiB"}])
+    res = replay(prepare_run(cfg))
+    m = res.metrics
+    assert m["requests_completed"] == 12031
+    assert sum(m["evicted_pages"].values()) == 0 and sum(m["dropped_pages"].values()) == 0
+    ratio = m["hit_tokens"]["total"] / m["input_tokens"]
+    assert abs(ratio - ideal) < 0.02, (ratio, ideal)
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="../shared/traces not present")
+@pytest.mark.slow
+def test_mooncake_hit_ratio_falls_with_gpu_blocks_like_lru():
+    """With only a GPU tier of N blocks, the hit ratio falls as N shrinks, and stays
+    below the unbounded ideal."""
+    page = load_model("llama-3-70b").kv_bytes_per_token * 512
+    ratios = []
+    for n in (20000, 4000, 1000, 300):
+        cfg = _mooncake_cfg([{"level": "gpu", "quota": n * page}], limit=3000)
+        m = replay(prepare_run(cfg)).metrics
+        ratios.append(m["hit_tokens"]["gpu"] / m["input_tokens"])
+    assert all(a >= b for a, b in zip(ratios, ratios[1:])), ratios
+    assert ratios[0] > ratios[-1] + 0.05, ratios
