@@ -1,0 +1,543 @@
+"""HwBackend: kvsim.backend.Backend on real bytes (a GPU with CuPy, or numpy in CPU mode).
+
+Tiers: GPU = one device allocation carved into slots (CPU mode: a numpy array standing
+in for device memory); HOST = pinned host memory (anonymous mmap registered in 512 MiB
+units; CPU mode: plain mmap); DISK = one preallocated private file (``disk.DiskStore``).
+GPU <-> disk goes through pinned staging buffers, two at a time per transfer (one copying
+while the other is read or written).
+
+GPU <-> host batches take one of two paths: the copy engine (one batched
+``cudaMemcpyBatchAsync`` per batch) or the SM kernel (gather/scatter CTAs reading mapped
+host memory zero-copy). The default comes from ``kvsim.core.copypath.choose_copy_path``;
+the kernel's CTA count from ``copy_ctas`` with a per-CTA rate measured at construction.
+
+Invariants:
+- the backend never decides which pages move: it executes Batches as given;
+- a transfer's waitable succeeds with True only when every byte landed; failures (a
+  CUDA error, a failed or short pread/pwrite, ENOSPC, a vanished disk file, a read of a
+  disk slot whose write never completed) succeed it with False and are recorded in
+  ``errors``; nothing is raised into the engine;
+- ``fill`` happens-before every later transfer and ``read_tags``: transfer streams wait
+  on the last fill's event;
+- all CUDA calls and all generator steps run on the runtime's thread; only pread/pwrite
+  (and CPU-mode copies) run on the I/O pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+import numpy as np
+
+from kvsim.core.copypath import CopyPath, choose_copy_path, copy_ctas
+from kvsim.core.plan import Batch, Fill
+from kvsim.core.spec import Level
+
+from . import pattern
+from .disk import DiskStore
+from .memory import DeviceArena, HostRegion, StagingPool
+
+
+def _load_cupy():
+    try:
+        import cupy as cp  # noqa: PLC0415
+        if cp.cuda.runtime.getDeviceCount() > 0:
+            return cp
+    except Exception:
+        pass
+    return None
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}: got {value!r}; expected a positive integer")
+    return int(value)
+
+
+class HwBackend:
+    """See the module docstring. ``runtime`` must be a RealtimeRuntime (or offer its
+    ``watch`` and ``external``)."""
+
+    name = "hw"
+
+    def __init__(self, runtime, page_bytes: int, slots: dict[Level, int], disk_dir=None,
+                 device: str = "auto", io_threads: int = 4, piece_bytes: int = 4 << 20,
+                 copy_path: CopyPath | str | None = None, refcheck: bool = True, *,
+                 profile=None, link_kind: str = "pcie", link_bytes_per_s: float = 55.5e9,
+                 per_copy_host_s: float = 5e-6, per_cta_bytes_per_s: float | None = None,
+                 threads_per_cta: int = 128, sm_ctas: int | None = None,
+                 staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
+                 cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True):
+        for attr in ("watch", "external", "process", "event", "timeout"):
+            if not hasattr(runtime, attr):
+                raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
+                                "HwBackend needs a RealtimeRuntime")
+        self.runtime = runtime
+        self.page_bytes = _positive_int("page_bytes", page_bytes)
+        if self.page_bytes % 16:
+            raise ValueError(f"page_bytes: got {page_bytes!r}; expected a multiple of 16 bytes")
+        if not isinstance(slots, dict) or Level.GPU not in slots:
+            raise ValueError(f"slots: got {slots!r}; expected a dict with at least Level.GPU")
+        self.slots = {Level(k): _positive_int(f"slots[{Level(k).name}]", v) for k, v in slots.items()}
+        io_threads = _positive_int("io_threads", io_threads)
+        self.piece_bytes = _positive_int("piece_bytes", piece_bytes)
+        if device not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"device: got {device!r}; expected 'auto', 'cpu' or 'gpu'")
+        if Level.DISK in self.slots and disk_dir is None:
+            raise ValueError("disk_dir: a disk tier (slots[DISK]) needs a directory")
+        if profile is not None:
+            link_kind = profile.link.kind
+            link_bytes_per_s = min(profile.link.h2d, profile.link.d2h)
+            per_copy_host_s = profile.copy_engine.per_page
+            threads_per_cta = profile.sm.threads_per_cta
+        self.refcheck = bool(refcheck)
+        self.errors: collections.deque[str] = collections.deque(maxlen=100)
+        self.cp = _load_cupy() if device != "cpu" else None
+        if device == "gpu" and self.cp is None:
+            raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
+        self.on_gpu = self.cp is not None
+        self.threads_per_cta = _positive_int("threads_per_cta", threads_per_cta)
+        self.compute_chunk_s = compute_chunk_s
+        if not cta_headroom >= 1:
+            raise ValueError(f"cta_headroom: got {cta_headroom!r}; expected >= 1")
+        self.cta_headroom = float(cta_headroom)
+        self._closed = False
+        self._lock = threading.Lock()
+        self.disk: DiskStore | None = None
+        self.host: HostRegion | None = None
+        self.info: dict[str, Any] = {"device": "gpu" if self.on_gpu else "cpu"}
+        try:
+            self._build(io_threads, disk_dir, io_hook, direct_io, staging_bytes)
+            self._choose_paths(copy_path, link_kind, link_bytes_per_s, per_copy_host_s,
+                               per_cta_bytes_per_s, sm_ctas, profile)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- construction ---------------------------------------------------------------
+
+    def _build(self, io_threads, disk_dir, io_hook, direct_io, staging_bytes) -> None:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+        cp = self.cp
+        cuda_rt = cp.cuda.runtime if cp is not None else None
+        self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-hw")
+        self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
+        if Level.HOST in self.slots:
+            self.host = HostRegion(self.slots[Level.HOST], self.page_bytes, cuda_rt)
+        if Level.DISK in self.slots:
+            self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes, io_threads,
+                                  self.piece_bytes, io_hook, direct=direct_io)
+            self.info["disk_direct_io"] = self.disk.uses_direct
+        staging_pages = max(1, staging_bytes // self.page_bytes)
+        self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)
+        if cp is None:
+            return
+        from .gpu import BatchCopier, Kernels  # noqa: PLC0415
+        self.kernels = Kernels(cp)
+        S = lambda: cp.cuda.Stream(non_blocking=True)  # noqa: E731
+        self.streams = {"h2d": S(), "d2h": S(), "d2d": S(), "misc": S(), "compute": S()}
+        self._fill_event = None
+        self.copier = BatchCopier(cp)
+        probe = self.staging.get()
+        try:
+            self.info["copy_engine_mode"] = self.copier.self_test(probe.ptr, probe.flat) \
+                if probe.nbytes >= 8192 else None
+        finally:
+            self.staging.put(probe)
+        self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
+        self.info["sm_count"] = self.kernels.sm_count
+
+    def _choose_paths(self, force, link_kind, link_bps, per_copy_s, per_cta_bps, sm_ctas, profile) -> None:
+        force = CopyPath(force) if force is not None else None
+        if self.on_gpu and self.host is not None and self.host.dev_ptr is None:
+            if force is CopyPath.SM_KERNEL:
+                raise ValueError("copy_path: the SM kernel needs mapped host memory, not available here")
+            force = CopyPath.COPY_ENGINE
+        self.copy_path = choose_copy_path(link_kind, self.page_bytes, per_copy_s, link_bps, force=force)
+        self.info["copy_path"] = self.copy_path.value
+        max_ctas = self.kernels.sm_count if self.on_gpu else 132
+        if sm_ctas is not None:
+            self.ctas = {"h2d": _positive_int("sm_ctas", sm_ctas), "d2h": int(sm_ctas)}
+            return
+        if per_cta_bps is None and self.on_gpu and self.host is not None and self.host.dev_ptr is not None:
+            per = self.measure_cta_rates()
+        elif per_cta_bps is None and profile is not None:
+            per = {"h2d": profile.sm.cta_onboard, "d2h": profile.sm.cta_offload}
+        else:
+            per = {"h2d": per_cta_bps or 2.3e9, "d2h": per_cta_bps or 2.3e9}
+        # Little's law with headroom: per-CTA rates measured with few CTAs sag as the link fills
+        self.ctas = {k: copy_ctas(link_bps * self.cta_headroom, per[k], max_ctas) for k in ("h2d", "d2h")}
+        self.info["per_cta_bytes_per_s"] = per
+        self.info["sm_ctas"] = dict(self.ctas)
+
+    def measure_cta_rates(self, ctas: int = 4, nbytes: int = 64 << 20) -> dict[str, float]:
+        """Bytes per second one copy CTA moves each way (SM kernel, ``ctas`` CTAs, pages in
+        random order between the host tier and the GPU tier, median of 3)."""
+        cp = self.cp
+        n = max(1, min(nbytes // self.page_bytes, self.host.slots, self.gpu.slots))
+        rng = np.random.default_rng(0)
+        hs = cp.asarray(rng.permutation(self.host.slots)[:n].astype(np.int64))
+        gs = cp.asarray(rng.permutation(self.gpu.slots)[:n].astype(np.int64))
+        out = {}
+        for d, (sp, dp, ss, ds) in {"h2d": (self.host.dev_ptr, self.gpu.ptr, hs, gs),
+                                    "d2h": (self.gpu.ptr, self.host.dev_ptr, gs, hs)}.items():
+            s = self.streams[d]
+            rates = []
+            for _ in range(4):
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record(s)
+                self.kernels.copy_pages(s, sp, dp, ss, ds, self.page_bytes, ctas, self.threads_per_cta)
+                b.record(s)
+                b.synchronize()
+                rates.append(n * self.page_bytes / (cp.cuda.get_elapsed_time(a, b) / 1e3) / ctas)
+            out[d] = float(np.median(rates[1:]))
+        return out
+
+    # -- the Backend protocol ---------------------------------------------------------
+
+    def transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
+        """Move one batch. ``path`` overrides the copy path for GPU <-> host (benchmarks)."""
+        if self._closed:
+            raise RuntimeError("the backend is closed")
+        if batch.page_bytes != self.page_bytes:
+            raise ValueError(f"batch.page_bytes: got {batch.page_bytes}; this backend's pages "
+                             f"are {self.page_bytes} bytes")
+        src = np.asarray(batch.src_slots, dtype=np.int64)
+        dst = np.asarray(batch.dst_slots, dtype=np.int64)
+        if src.shape != dst.shape:
+            raise ValueError(f"batch: {src.shape[0]} source slots but {dst.shape[0]} destination slots")
+        for lv, s in ((batch.src, src), (batch.dst, dst)):
+            n = self.slots.get(lv)
+            if n is None:
+                raise ValueError(f"batch: this backend has no {lv.name} tier")
+            if s.size and (s.min() < 0 or s.max() >= n):
+                raise IndexError(f"batch: a {lv.name} slot is outside 0..{n - 1}")
+        if src.size == 0:
+            return self._done(True)
+        key = (batch.src, batch.dst)
+        if key in ((Level.HOST, Level.GPU), (Level.GPU, Level.HOST)):
+            return self._gpu_host(batch.src, src, dst, path or self.copy_path)
+        if key == (Level.GPU, Level.GPU):
+            return self._gpu_gpu(src, dst)
+        if key == (Level.HOST, Level.DISK):
+            return self.runtime.process(self._host_to_disk(src, dst))
+        if key == (Level.DISK, Level.HOST):
+            return self.runtime.process(self._disk_to_host(src, dst))
+        if key == (Level.GPU, Level.DISK):
+            return self.runtime.process(self._gpu_to_disk(src, dst))
+        if key == (Level.DISK, Level.GPU):
+            return self.runtime.process(self._disk_to_gpu(src, dst))
+        raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
+
+    def compute(self, duration_s: float) -> Any:
+        if duration_s < 0:
+            raise ValueError(f"duration_s: got {duration_s!r}; expected >= 0")
+        rt = self.runtime
+        if not self.on_gpu or duration_s == 0:
+            return rt.timeout(duration_s, duration_s)
+        cp, s = self.cp, self.streams["compute"]
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(s)
+        self.kernels.launch_busy(s, rt.sim_to_wall(duration_s), self.compute_chunk_s)
+        b.record(s)
+        return rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
+                        if b.done else (False, None))
+
+    def fill(self, fill: Fill) -> None:
+        slots = np.asarray(fill.slots, dtype=np.int64)
+        tags = np.asarray(fill.tags, dtype=np.uint64)
+        if slots.size == 0:
+            return
+        lv = Level(fill.level)
+        if lv == Level.GPU and self.on_gpu:
+            cp, s = self.cp, self.streams["misc"]
+            with s:
+                ds, dt = cp.asarray(slots), cp.asarray(tags)
+            self.kernels.fill((min(len(slots), 65535),), (256,),
+                              (self.gpu.flat, ds, dt, np.int64(len(slots)),
+                               np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(s)
+            self._fill_event = ev
+        elif lv == Level.DISK:
+            rows = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
+            pattern.write_pages(rows, np.arange(len(slots)), tags, self.refcheck)
+            for f in self.disk.submit_writes(slots, rows):
+                f.result()
+            self.disk.mark_written(slots)
+        else:
+            pattern.write_pages(self._view(lv), slots, tags, self.refcheck)
+
+    def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
+        slots = np.asarray(slots, dtype=np.int64)
+        lv = Level(level)
+        if slots.size == 0:
+            return np.zeros(0, dtype=np.uint64)
+        if lv == Level.GPU and self.on_gpu:
+            cp, s = self.cp, self.streams["misc"]
+            with s:
+                ds = cp.asarray(slots)
+                out = cp.zeros(len(slots), dtype=cp.uint64)
+            self.kernels.check((min(len(slots), 65535),), (256,),
+                               (self.gpu.flat, ds, out, np.int64(len(slots)),
+                                np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
+            s.synchronize()
+            return cp.asnumpy(out)
+        if lv == Level.DISK:
+            return pattern.verify_rows(self.disk.read_rows(slots), self.refcheck)
+        return pattern.verify_pages(self._view(lv), slots, self.refcheck)
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        if self.on_gpu and hasattr(self, "streams"):
+            for s in self.streams.values():
+                s.synchronize()
+        pool = self.__dict__.pop("pool", None)
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for name in ("disk", "host", "staging", "gpu"):
+            obj = getattr(self, name, None)
+            if obj is not None:
+                obj.close()
+                setattr(self, name, None)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _view(self, lv: Level) -> np.ndarray:
+        if lv == Level.GPU:
+            return self.gpu.view
+        if lv == Level.HOST and self.host is not None:
+            return self.host.view
+        raise ValueError(f"level: this backend has no {lv.name} tier in memory")
+
+    def _done(self, value: Any) -> Any:
+        ev = self.runtime.event()
+        ev.succeed(value)
+        return ev
+
+    def _fail(self, what: str, exc: BaseException) -> Any:
+        self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+        return self._done(False)
+
+    def _on_pool(self, fn, *args) -> Any:
+        """Run ``fn`` on the I/O pool; the waitable succeeds with True, or False if it raised."""
+        ev, trigger = self.runtime.external()
+
+        def done(f):
+            exc = f.exception()
+            if exc is not None:
+                self.errors.append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+            trigger(exc is None)
+
+        self.pool.submit(fn, *args).add_done_callback(done)
+        return ev
+
+    def _futures(self, futures) -> Any:
+        """A waitable for a list of futures: succeeds with None, or the first exception."""
+        ev, trigger = self.runtime.external()
+        if not futures:
+            trigger(None)
+            return ev
+        left = [len(futures)]
+        first: list[BaseException] = []
+
+        def done(f):
+            exc = f.exception()
+            with self._lock:
+                if exc is not None and not first:
+                    first.append(exc)
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                trigger(first[0] if first else None)
+
+        for f in futures:
+            f.add_done_callback(done)
+        return ev
+
+    def _cuda_done(self, stream, keep: tuple) -> Any:
+        """A waitable for the work enqueued on ``stream`` so far (``keep`` holds the
+        arrays it reads until then)."""
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        return self.runtime.watch(lambda: (True, True) if ev.done and keep is not None else (False, None))
+
+    def _wait_fill(self, stream) -> None:
+        if self._fill_event is not None:
+            stream.wait_event(self._fill_event)
+
+    # -- GPU <-> host, GPU <-> GPU --------------------------------------------------------
+
+    def _enqueue_gpu_host(self, src_level: Level, src, dst, path: CopyPath, host: HostRegion):
+        """Enqueue a GPU <-> host copy (``host`` is the host tier or a staging buffer);
+        returns (stream, arrays to keep alive)."""
+        cp, pb = self.cp, self.page_bytes
+        d = "h2d" if src_level == Level.HOST else "d2h"
+        s = self.streams[d]
+        self._wait_fill(s)
+        g_ptr = self.gpu.ptr
+        if path == CopyPath.SM_KERNEL and host.dev_ptr is not None:
+            with s:
+                ds, dd = cp.asarray(src), cp.asarray(dst)
+            sp, dp = (host.dev_ptr, g_ptr) if d == "h2d" else (g_ptr, host.dev_ptr)
+            self.kernels.copy_pages(s, sp, dp, ds, dd, pb, self.ctas[d], self.threads_per_cta)
+            return s, (ds, dd)
+        sb, db = (host.ptr, g_ptr) if d == "h2d" else (g_ptr, host.ptr)
+        srcs = (src.astype(np.uint64) * np.uint64(pb)) + np.uint64(sb)
+        dsts = (dst.astype(np.uint64) * np.uint64(pb)) + np.uint64(db)
+        sizes = np.full(len(src), pb, dtype=np.uint64)
+        self.copier.copy(s, dsts, srcs, sizes)
+        return s, (srcs, dsts, sizes)
+
+    def _gpu_host(self, src_level: Level, src, dst, path: CopyPath) -> Any:
+        if not self.on_gpu:
+            sv, dv = (self.host.view, self.gpu.view) if src_level == Level.HOST else (self.gpu.view, self.host.view)
+            return self._on_pool(_copy_rows, sv, src, dv, dst)
+        try:
+            s, keep = self._enqueue_gpu_host(src_level, src, dst, path, self.host)
+        except Exception as e:
+            return self._fail("gpu<->host copy", e)
+        return self._cuda_done(s, keep)
+
+    def _gpu_gpu(self, src, dst) -> Any:
+        if not self.on_gpu:
+            return self._on_pool(_copy_rows, self.gpu.view, src, self.gpu.view, dst)
+        cp, s = self.cp, self.streams["d2d"]
+        self._wait_fill(s)
+        try:
+            with s:
+                ds, dd = cp.asarray(src), cp.asarray(dst)
+                self.gpu.view[dd] = self.gpu.view[ds]
+        except Exception as e:
+            return self._fail("gpu->gpu copy", e)
+        return self._cuda_done(s, (ds, dd))
+
+    # -- disk (generator processes on the runtime) -----------------------------------------
+
+    def _host_to_disk(self, src, dst):
+        try:
+            futs = self.disk.submit_writes(dst, _rows(self.host.view, src))
+        except OSError as e:
+            self.errors.append(f"host->disk: {e}")
+            return False
+        err = yield self._futures(futs)
+        return self._finish_write(dst, err, "host->disk")
+
+    def _disk_to_host(self, src, dst):
+        try:
+            futs = self.disk.submit_reads(src, _rows(self.host.view, dst))
+        except OSError as e:
+            self.errors.append(f"disk->host: {e}")
+            return False
+        err = yield self._futures(futs)
+        if err is not None:
+            self.errors.append(f"disk->host: {type(err).__name__}: {err}")
+        return err is None
+
+    def _finish_write(self, slots, err, what: str) -> bool:
+        if err is not None:
+            self.errors.append(f"{what}: {type(err).__name__}: {err}")
+            return False
+        self.disk.mark_written(slots)
+        return True
+
+    def _stage_chunks(self, n: int):
+        step = self.staging.slots
+        return [(i, min(n, i + step)) for i in range(0, n, step)]
+
+    def _to_staging(self, buf: HostRegion, g_slots):
+        """Copy GPU slots into staging rows 0..k-1; a waitable."""
+        rows = np.arange(len(g_slots), dtype=np.int64)
+        if not self.on_gpu:
+            return self._on_pool(_copy_rows, self.gpu.view, g_slots, buf.view, rows)
+        s, keep = self._enqueue_gpu_host(Level.GPU, g_slots, rows, self.copy_path, buf)
+        return self._cuda_done(s, keep)
+
+    def _from_staging(self, buf: HostRegion, g_slots):
+        rows = np.arange(len(g_slots), dtype=np.int64)
+        if not self.on_gpu:
+            return self._on_pool(_copy_rows, buf.view, rows, self.gpu.view, g_slots)
+        s, keep = self._enqueue_gpu_host(Level.HOST, rows, g_slots, self.copy_path, buf)
+        return self._cuda_done(s, keep)
+
+    def _gpu_to_disk(self, src, dst):
+        """GPU -> staging (copy) then staging -> disk (pwrite), two buffers in flight."""
+        try:
+            self.disk.check_writable()
+        except OSError as e:
+            self.errors.append(f"gpu->disk: {e}")
+            return False
+        self.disk.valid[dst] = False
+        ok, inflight = True, collections.deque()
+        for a, b in self._stage_chunks(len(src)):
+            if len(inflight) >= 2:
+                ok &= yield from self._retire_write(inflight)
+            if not ok:
+                break
+            buf = self.staging.get()
+            copied = yield self._to_staging(buf, src[a:b])
+            if not copied:
+                self.staging.put(buf)
+                ok = False
+                break
+            try:
+                futs = self.disk.submit_writes(dst[a:b], buf.view[: b - a])
+            except OSError as e:
+                self.errors.append(f"gpu->disk: {e}")
+                self.staging.put(buf)
+                ok = False
+                break
+            inflight.append((buf, dst[a:b], self._futures(futs)))
+        while inflight:  # wait for every write before the staging buffers are reused
+            ok &= yield from self._retire_write(inflight)
+        return bool(ok)
+
+    def _retire_write(self, inflight):
+        buf, slots, ev = inflight.popleft()
+        err = yield ev
+        self.staging.put(buf)
+        return self._finish_write(slots, err, "gpu->disk")
+
+    def _disk_to_gpu(self, src, dst):
+        """disk -> staging (pread) then staging -> GPU (copy), two buffers in flight."""
+        try:
+            self.disk.check_readable(src)
+        except OSError as e:
+            self.errors.append(f"disk->gpu: {e}")
+            return False
+        ok, inflight = True, collections.deque()
+        for a, b in self._stage_chunks(len(src)):
+            buf = self.staging.get()
+            futs = self.disk.submit_reads(src[a:b], buf.view[: b - a])
+            inflight.append((buf, a, b, self._futures(futs)))
+            if len(inflight) >= 2:
+                ok &= yield from self._retire_read(inflight, dst)
+            if not ok:
+                break
+        while inflight:  # let every read finish before the staging buffers are reused
+            ok &= yield from self._retire_read(inflight, dst)
+        return bool(ok)
+
+    def _retire_read(self, inflight, dst):
+        buf, a, b, ev = inflight.popleft()
+        err = yield ev
+        if err is not None:
+            self.errors.append(f"disk->gpu: {type(err).__name__}: {err}")
+            self.staging.put(buf)
+            return False
+        copied = yield self._from_staging(buf, dst[a:b])
+        self.staging.put(buf)
+        return bool(copied)
+
+
+def _rows(view: np.ndarray, slots: np.ndarray) -> list[np.ndarray]:
+    """Row views (no copies) of ``view`` at ``slots``."""
+    return [view[int(s)] for s in slots]
+
+
+def _copy_rows(src_view: np.ndarray, src: np.ndarray, dst_view: np.ndarray, dst: np.ndarray) -> None:
+    dst_view[dst] = src_view[src]

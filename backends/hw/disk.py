@@ -1,0 +1,238 @@
+"""The disk tier: one preallocated file of slots, read and written in pieces by a thread pool.
+
+The file is created in ``disk_dir`` with O_EXCL and mode 0600 (private to the user),
+preallocated with posix_fallocate (a full disk fails construction with the sizes), and
+removed on close. Pages are read and written with pread/pwrite in pieces of at most
+``piece_bytes``; pieces are grouped into jobs of at most ``piece_bytes`` (so small pages
+do not cost one future each) and run on a ThreadPoolExecutor of ``io_threads``. O_DIRECT
+is used where the filesystem takes it and the buffer, offset and length are aligned;
+otherwise, or after the first EINVAL, the buffered descriptor.
+
+Invariants:
+- a slot is *valid* only after a write to it completed in full; a write marks it invalid
+  when submitted, and a failed write leaves it invalid. ``check_readable`` refuses a read
+  of an invalid slot, so no page is ever served from a copy whose write did not complete;
+- ``io_hook(op, offset, nbytes)`` (tests' fault injection) runs before each pread/pwrite
+  on the I/O thread and may raise OSError, exactly as a failing syscall would;
+- the file's removal (its directory deleted) fails later writes with ENOENT; reads of
+  completed writes still work through the open descriptor.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Iterable
+
+import numpy as np
+
+_ALIGN = 4096
+IoHook = Callable[[str, int, int], None]
+
+
+class DiskTierError(OSError):
+    """The disk tier cannot be used as configured (directory, permissions, free space)."""
+
+
+class DiskStore:
+    def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
+                 io_threads: int = 4, piece_bytes: int = 4 << 20, io_hook: IoHook | None = None,
+                 direct: bool = True):
+        self.slots = slots
+        self.page_bytes = page_bytes
+        self.piece_bytes = piece_bytes
+        self.io_hook = io_hook
+        self.nbytes = slots * page_bytes
+        d = os.fspath(disk_dir)
+        if not os.path.exists(d):
+            raise DiskTierError(errno.ENOENT, f"disk_dir: {d!r} does not exist")
+        if not os.path.isdir(d):
+            raise DiskTierError(errno.ENOTDIR, f"disk_dir: {d!r} is not a directory")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise DiskTierError(errno.EACCES, f"disk_dir: {d!r} is not writable by this user")
+        self.path = os.path.join(d, f"kvsim-disk-{os.getpid()}-{secrets.token_hex(6)}.bin")
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.fd = os.open(self.path, flags, 0o600)
+        except OSError as e:
+            raise DiskTierError(e.errno, f"disk_dir: cannot create the disk tier file "
+                                         f"{self.path!r}: {e.strerror}") from None
+        self.direct_fd: int | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self._unlink = weakref.finalize(self, _unlink_quietly, self.path)  # even on a crash
+        try:
+            self._preallocate(d)
+            if direct:
+                self.direct_fd = self._open_direct()
+        except BaseException:
+            self.close()
+            raise
+        self.valid = np.zeros(slots, dtype=bool)
+        self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-disk")
+
+    # -- setup ------------------------------------------------------------------------
+
+    def _preallocate(self, d: str) -> None:
+        try:
+            os.posix_fallocate(self.fd, 0, self.nbytes)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                free = shutil.disk_usage(d).free
+                raise DiskTierError(errno.ENOSPC, f"slots[DISK]: the disk tier needs {self.nbytes} "
+                                                  f"bytes in {d!r}, which has {free} free") from None
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+                raise DiskTierError(e.errno, f"disk_dir: cannot preallocate {self.nbytes} bytes "
+                                             f"in {d!r}: {e.strerror}") from None
+            os.ftruncate(self.fd, self.nbytes)  # no fallocate here: a sparse file
+
+    def _open_direct(self) -> int | None:
+        o_direct = getattr(os, "O_DIRECT", 0)
+        if not o_direct or self.page_bytes % _ALIGN or self.nbytes < _ALIGN:
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDWR | o_direct | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        import mmap  # noqa: PLC0415 - an aligned probe buffer
+        probe = mmap.mmap(-1, _ALIGN)
+        try:
+            os.pwrite(fd, probe, 0)
+            os.preadv(fd, [probe], 0)
+        except OSError:
+            os.close(fd)
+            return None
+        finally:
+            probe.close()
+        return fd
+
+    @property
+    def uses_direct(self) -> bool:
+        return self.direct_fd is not None
+
+    # -- I/O --------------------------------------------------------------------------
+
+    def _fd_for(self, buf: np.ndarray, off: int) -> int:
+        fd = self.direct_fd
+        if fd is not None and not (buf.ctypes.data % _ALIGN or off % _ALIGN or buf.nbytes % _ALIGN):
+            return fd
+        return self.fd
+
+    def _pwrite(self, buf: np.ndarray, off: int) -> None:
+        if self.io_hook is not None:
+            self.io_hook("write", off, buf.nbytes)
+        mv = memoryview(buf).cast("B")
+        done = 0
+        while done < len(mv):
+            fd = self._fd_for(buf[done:], off + done)
+            try:
+                n = os.pwrite(fd, mv[done:], off + done)
+            except OSError as e:
+                if e.errno == errno.EINVAL and fd == self.direct_fd:
+                    self.direct_fd = None  # the filesystem refused O_DIRECT after all
+                    continue
+                raise
+            if n <= 0:
+                raise OSError(errno.EIO, f"pwrite wrote nothing at offset {off + done}")
+            done += n
+
+    def _pread(self, buf: np.ndarray, off: int) -> None:
+        if self.io_hook is not None:
+            self.io_hook("read", off, buf.nbytes)
+        mv = memoryview(buf).cast("B")
+        done = 0
+        while done < len(mv):
+            fd = self._fd_for(buf[done:], off + done)
+            try:
+                n = os.preadv(fd, [mv[done:]], off + done)
+            except OSError as e:
+                if e.errno == errno.EINVAL and fd == self.direct_fd:
+                    self.direct_fd = None
+                    continue
+                raise
+            if n <= 0:
+                raise OSError(errno.EIO, f"pread hit the end of the disk tier at offset {off + done}")
+            done += n
+
+    def _pieces(self, rows: Iterable[tuple[int, np.ndarray]]) -> list[list[tuple[int, np.ndarray]]]:
+        """(slot, row) pairs -> jobs: lists of (file offset, buffer) of <= piece_bytes total."""
+        jobs: list[list[tuple[int, np.ndarray]]] = []
+        cur: list[tuple[int, np.ndarray]] = []
+        cur_bytes = 0
+        pb = self.piece_bytes
+        for slot, row in rows:
+            base = int(slot) * self.page_bytes
+            for a in range(0, self.page_bytes, pb):
+                piece = row[a:a + pb]
+                if cur and cur_bytes + piece.nbytes > pb:
+                    jobs.append(cur)
+                    cur, cur_bytes = [], 0
+                cur.append((base + a, piece))
+                cur_bytes += piece.nbytes
+        if cur:
+            jobs.append(cur)
+        return jobs
+
+    def _run(self, fn, job) -> None:
+        for off, buf in job:
+            fn(buf, off)
+
+    def check_writable(self) -> None:
+        if os.fstat(self.fd).st_nlink == 0:
+            raise OSError(errno.ENOENT, f"the disk tier file {self.path!r} was removed")
+
+    def check_readable(self, slots: np.ndarray) -> None:
+        bad = np.asarray(slots, dtype=np.int64)[~self.valid[slots]]
+        if bad.size:
+            raise OSError(errno.EIO, f"disk slots {bad[:8].tolist()} hold no completed write")
+
+    def submit_writes(self, slots: np.ndarray, rows: np.ndarray) -> list[Future]:
+        """Write ``rows[i]`` into disk slot ``slots[i]``. Marks the slots invalid until
+        ``mark_written`` (call it only when every future succeeded)."""
+        self.check_writable()
+        self.valid[slots] = False
+        return [self.pool.submit(self._run, self._pwrite, job)
+                for job in self._pieces(zip(slots, rows))]
+
+    def mark_written(self, slots: np.ndarray) -> None:
+        self.valid[slots] = True
+
+    def submit_reads(self, slots: np.ndarray, rows: np.ndarray) -> list[Future]:
+        """Read disk slot ``slots[i]`` into ``rows[i]`` (rows must be writable views)."""
+        self.check_readable(slots)
+        return [self.pool.submit(self._run, self._pread, job)
+                for job in self._pieces(zip(slots, rows))]
+
+    def read_rows(self, slots: np.ndarray) -> np.ndarray:
+        """Synchronous read of whole slots (for read_tags); no validity check."""
+        out = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
+        for f in [self.pool.submit(self._run, self._pread, job)
+                  for job in self._pieces(zip(slots, out))]:
+            f.result()
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        for name in ("direct_fd", "fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, None)
+        unlink = getattr(self, "_unlink", None)
+        if unlink is not None:
+            unlink()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

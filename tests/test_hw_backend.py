@@ -1,0 +1,437 @@
+"""The hw backend and its real-time runtime.
+
+CPU mode (numpy standing in for device memory, plain mmap for the host tier, a real file
+for the disk tier) runs everywhere, CI included: transfers between every pair of tiers,
+the refcheck on real bytes, fault injection on the disk path, and the RealtimeRuntime
+driving tiny generator processes as one would on SimPy. Tests marked ``gpu`` run the same
+scenarios on a CUDA GPU with CuPy, and are skipped cleanly where there is none.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+try:
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+    from kvsim_backends.hw import pattern
+except ImportError:  # running from a checkout without the package installed
+    from backends.hw import HwBackend, RealtimeRuntime
+    from backends.hw import pattern
+
+from kvsim.backend import Backend, Runtime
+from kvsim.core.copypath import CopyPath
+from kvsim.core.plan import Batch, BatchKind, Fill
+from kvsim.core.spec import Level
+
+PB = 16 << 10
+
+
+def _have_gpu() -> bool:
+    try:
+        import cupy as cp
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA GPU")
+
+
+def batch(src, dst, ss, ds, pb=PB, kind=BatchKind.EVICT):
+    ss, ds = np.asarray(ss, np.int64), np.asarray(ds, np.int64)
+    return Batch(kind, src, dst, ss, ds, np.zeros(len(ss), np.uint64), pb, 0)
+
+
+def tags_for(n, seed=1):
+    return np.random.default_rng(seed).integers(1, 2**63, n, dtype=np.int64).astype(np.uint64)
+
+
+def run1(rt, waitable):
+    """Run a runtime until one waitable is done; its value."""
+    def proc():
+        return (yield waitable)
+    return rt.run(rt.process(proc()))
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def _make(device="cpu", pb=PB, gpu_slots=64, host_slots=128, disk_slots=128, **kw):
+        rt = RealtimeRuntime()
+        slots = {Level.GPU: gpu_slots}
+        if host_slots:
+            slots[Level.HOST] = host_slots
+        if disk_slots:
+            slots[Level.DISK] = disk_slots
+        be = HwBackend(rt, pb, slots, disk_dir=tmp_path if disk_slots else None, device=device, **kw)
+        made.append(be)
+        return rt, be
+
+    yield _make
+    for be in made:
+        be.close()
+
+
+# -- the RealtimeRuntime, narrated like SimPy tests -------------------------------------
+
+def test_runtime_satisfies_the_protocol():
+    assert isinstance(RealtimeRuntime(), Runtime)
+
+
+def test_timeouts_fire_in_time_order_and_now_reads_their_times():
+    rt = RealtimeRuntime(time_scale=100.0)  # 100 sim seconds a wall second
+    seen = []
+
+    def sleeper(name, delay):
+        yield rt.timeout(delay)
+        seen.append((name, rt.now))
+
+    for name, d in (("c", 0.3), ("a", 0.1), ("b", 0.2), ("a2", 0.1)):
+        rt.process(sleeper(name, d))
+    rt.run()
+    assert [n for n, _ in seen] == ["a", "a2", "b", "c"]
+    assert [t for _, t in seen] == [0.1, 0.1, 0.2, 0.3]
+
+
+def test_time_scale_maps_sim_seconds_onto_the_wall_clock():
+    import time
+    rt = RealtimeRuntime(time_scale=50.0)
+    t0 = time.perf_counter()
+    rt.run(until=1.0)  # one sim second = 20 ms of wall time
+    wall = time.perf_counter() - t0
+    assert rt.now == 1.0 and 0.015 < wall < 0.5
+
+
+def test_process_return_values_and_waiting_on_processes():
+    rt = RealtimeRuntime(time_scale=1000.0)
+
+    def child(x):
+        yield rt.timeout(1.0)
+        return x * 2
+
+    def parent():
+        a = yield rt.process(child(3))
+        b = yield rt.timeout(0.5, value="v")
+        return a, b, rt.now
+
+    assert rt.run(rt.process(parent())) == (6, "v", 1.5)
+
+
+def test_all_of_and_any_of_values():
+    rt = RealtimeRuntime(time_scale=1000.0)
+    out = {}
+
+    def proc():
+        t1, t2 = rt.timeout(1, "one"), rt.timeout(2, "two")
+        got = yield rt.all_of([t1, t2])
+        out["all"] = (dict(got) == {t1: "one", t2: "two"}, rt.now)
+        t3, t4 = rt.timeout(5, "slow"), rt.timeout(1, "fast")
+        got = yield rt.any_of([t3, t4])
+        out["any"] = (list(got.values()), rt.now)
+        e1 = yield rt.all_of([])
+        e2 = yield rt.any_of([])
+        out["empty"] = (e1, e2)
+
+    rt.run(rt.process(proc()))
+    assert out["all"] == (True, 2)
+    assert out["any"] == (["fast"], 3)
+    assert out["empty"] == ({}, {})
+
+
+def test_events_triggered_by_succeed_wake_their_waiters_in_order():
+    rt = RealtimeRuntime(time_scale=1000.0)
+    ev = rt.event()
+    got = []
+
+    def waiter(i):
+        v = yield ev
+        got.append((i, v))
+
+    def trigger():
+        yield rt.timeout(1)
+        ev.succeed("go")
+
+    for i in range(3):
+        rt.process(waiter(i))
+    rt.process(trigger())
+    rt.run()
+    assert got == [(0, "go"), (1, "go"), (2, "go")]
+    with pytest.raises(RuntimeError):
+        ev.succeed("again")
+
+
+def test_a_failure_is_thrown_into_the_waiting_process_and_unhandled_ones_raise():
+    rt = RealtimeRuntime(time_scale=1000.0)
+
+    def boom():
+        yield rt.timeout(1)
+        raise KeyError("x")
+
+    def catcher():
+        try:
+            yield rt.process(boom())
+        except KeyError:
+            return "caught"
+
+    assert rt.run(rt.process(catcher())) == "caught"
+    rt.process(boom())
+    with pytest.raises(KeyError):
+        rt.run()
+
+
+def test_external_completions_from_other_threads_and_polled_watches():
+    import threading
+    rt = RealtimeRuntime()
+    ev, trigger = rt.external()
+    threading.Timer(0.02, trigger, args=("from a thread",)).start()
+    flag = []
+    w = rt.watch(lambda: (True, "polled") if flag else (False, None))
+    threading.Timer(0.01, flag.append, args=(1,)).start()
+    got = rt.run(rt.all_of([ev, w]))
+    assert list(got.values()) == ["from a thread", "polled"]
+    assert rt.now >= 0.02
+
+
+# -- construction and validation -------------------------------------------------------
+
+def test_backend_satisfies_the_protocol(make):
+    _, be = make()
+    assert isinstance(be, Backend)
+    assert be.info["device"] == "cpu"
+
+
+@pytest.mark.parametrize("kw,field", [
+    (dict(page_bytes=0), "page_bytes"),
+    (dict(page_bytes=1000), "page_bytes"),
+    (dict(slots={Level.GPU: 0}), "slots[GPU]"),
+    (dict(slots={Level.HOST: 4}), "slots"),
+    (dict(io_threads=0), "io_threads"),
+    (dict(piece_bytes=-1), "piece_bytes"),
+    (dict(device="tpu"), "device"),
+    (dict(slots={Level.GPU: 4, Level.DISK: 4}), "disk_dir"),
+])
+def test_impossible_sizes_are_rejected_naming_the_parameter(kw, field):
+    args = dict(page_bytes=PB, slots={Level.GPU: 4}, device="cpu")
+    args.update(kw)
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        HwBackend(RealtimeRuntime(), args.pop("page_bytes"), args.pop("slots"), **args)
+
+
+def test_disk_dir_must_be_a_writable_directory(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    for bad, why in ((tmp_path / "missing", "does not exist"), (f, "not a directory")):
+        with pytest.raises(OSError, match=why):
+            HwBackend(RealtimeRuntime(), PB, {Level.GPU: 4, Level.DISK: 4}, disk_dir=bad, device="cpu")
+    if os.geteuid() != 0:  # root may write anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        with pytest.raises(OSError, match="not writable"):
+            HwBackend(RealtimeRuntime(), PB, {Level.GPU: 4, Level.DISK: 4}, disk_dir=ro, device="cpu")
+
+
+def test_the_disk_file_is_private_preallocated_and_removed_on_close(make, tmp_path):
+    _, be = make(disk_slots=32)
+    path = be.disk.path
+    st = os.stat(path)
+    assert st.st_mode & 0o777 == 0o600
+    assert st.st_size == 32 * PB
+    be.close()
+    assert not os.path.exists(path)
+
+
+def test_a_disk_too_small_for_the_tier_fails_construction_with_the_sizes(tmp_path, monkeypatch):
+    def no_space(fd, off, n):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(OSError, match=r"slots\[DISK\].*needs"):
+        HwBackend(RealtimeRuntime(), PB, {Level.GPU: 4, Level.DISK: 8}, disk_dir=tmp_path, device="cpu")
+    assert os.listdir(tmp_path) == []  # nothing left behind
+
+
+# -- the refcheck on real bytes -----------------------------------------------------------
+
+def test_patterns_recover_tags_and_catch_torn_and_misplaced_pages():
+    view = np.zeros((4, 4096), np.uint8)
+    tags = tags_for(4)
+    pattern.write_pages(view, np.arange(4), tags)
+    assert (pattern.verify_pages(view, np.arange(4)) == tags).all()
+    view[1, 2048:] = view[2, 2048:]  # torn: half of another page
+    view[3, 100] ^= 1                # one flipped bit
+    got = pattern.verify_pages(view, np.arange(4))
+    assert got[0] == tags[0] and got[2] == tags[2]
+    assert got[1] == 0 and got[3] == 0
+    assert pattern.verify_pages(np.zeros((1, 4096), np.uint8), [0])[0] == 0  # never written
+
+
+def test_fill_then_read_tags_on_every_tier(make):
+    _, be = make()
+    t = tags_for(8)
+    for lv in (Level.GPU, Level.HOST, Level.DISK):
+        be.fill(Fill(lv, np.arange(8) * 3, t))
+        assert (be.read_tags(lv, np.arange(8) * 3) == t).all(), lv
+        assert (be.read_tags(lv, np.array([1, 2])) == 0).all()
+
+
+# -- transfers in CPU mode ----------------------------------------------------------------
+
+def roundtrip(rt, be, n=24, seed=0):
+    """GPU -> host -> disk -> GPU and GPU -> disk -> host, checking tags at every hop."""
+    rng = np.random.default_rng(seed)
+    t = tags_for(n, seed)
+    g = rng.permutation(be.slots[Level.GPU])[:n]
+    be.fill(Fill(Level.GPU, g, t))
+    h = rng.permutation(be.slots[Level.HOST])[:n]
+    d = rng.permutation(be.slots[Level.DISK])[:n]
+    g2 = rng.permutation(be.slots[Level.GPU])[:n]
+    d2 = np.setdiff1d(np.arange(be.slots[Level.DISK]), d)[:n]
+    h2 = np.setdiff1d(np.arange(be.slots[Level.HOST]), h)[:n]
+    steps = [(Level.GPU, Level.HOST, g, h), (Level.HOST, Level.DISK, h, d),
+             (Level.DISK, Level.GPU, d, g2), (Level.GPU, Level.DISK, g2, d2),
+             (Level.DISK, Level.HOST, d2, h2), (Level.HOST, Level.GPU, h2, g)]
+    for src, dst, ss, ds in steps:
+        assert run1(rt, be.transfer(batch(src, dst, ss, ds, be.page_bytes))) is True, (src, dst, list(be.errors))
+        assert (be.read_tags(dst, ds) == t).all(), (src, dst)
+
+
+def test_pages_round_trip_through_every_tier_in_cpu_mode(make):
+    rt, be = make()
+    roundtrip(rt, be)
+    assert not be.errors
+
+
+def test_large_pages_split_into_pieces_and_staging_chunks(make):
+    # 1 MiB pages, 256 KiB pieces, a staging buffer of 3 pages: every pipeline stage loops
+    rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24,
+                  piece_bytes=256 << 10, staging_bytes=3 << 20)
+    roundtrip(rt, be, n=10)
+
+
+def test_gpu_to_gpu_copy_and_concurrent_batches(make):
+    rt, be = make()
+    t = tags_for(8)
+    be.fill(Fill(Level.GPU, np.arange(8), t))
+    a = be.transfer(batch(Level.GPU, Level.GPU, np.arange(8), np.arange(8) + 40, kind=BatchKind.COPY))
+    b = be.transfer(batch(Level.GPU, Level.HOST, np.arange(8), np.arange(8)))
+    c = be.transfer(batch(Level.GPU, Level.DISK, np.arange(8), np.arange(8)))
+    assert list(rt.run(rt.all_of([a, b, c])).values()) == [True, True, True]
+    for lv, s in ((Level.GPU, np.arange(8) + 40), (Level.HOST, np.arange(8)), (Level.DISK, np.arange(8))):
+        assert (be.read_tags(lv, s) == t).all()
+
+
+def test_a_page_restored_into_the_wrong_slot_is_caught(make):
+    rt, be = make()
+    t = tags_for(4)
+    be.fill(Fill(Level.HOST, np.arange(4), t))
+    run1(rt, be.transfer(batch(Level.HOST, Level.GPU, [0, 1, 2, 3], [10, 11, 13, 12])))
+    assert (be.read_tags(Level.GPU, [10, 11, 12, 13]) != t).sum() == 2
+
+
+def test_compute_takes_about_its_duration_in_cpu_mode(make):
+    rt, be = make(disk_slots=0)
+    assert run1(rt, be.compute(0.02)) == pytest.approx(0.02)
+    assert rt.now == pytest.approx(0.02)
+
+
+# -- fault injection on the disk path ----------------------------------------------------
+
+def test_a_failed_pwrite_fails_the_transfer_and_the_copy_is_never_served(make):
+    calls = []
+
+    def hook(op, off, n):
+        calls.append(op)
+        if op == "write" and off >= 5 * PB:
+            raise OSError(errno.EIO, "injected write failure")
+
+    rt, be = make(io_hook=hook)
+    t = tags_for(8)
+    be.fill(Fill(Level.HOST, np.arange(8), t))
+    assert run1(rt, be.transfer(batch(Level.HOST, Level.DISK, np.arange(8), np.arange(8)))) is False
+    assert any("injected" in e for e in be.errors)
+    # the disk copy is not served: a restore from it fails instead of returning garbage
+    assert run1(rt, be.transfer(batch(Level.DISK, Level.GPU, np.arange(8), np.arange(8)))) is False
+    assert run1(rt, be.transfer(batch(Level.DISK, Level.HOST, [6], [20]))) is False
+    # ... and the torn slots read as no content
+    assert (be.read_tags(Level.DISK, np.arange(5, 8)) != t[5:]).all()
+
+
+def test_enospc_while_writing_fails_the_transfer(make):
+    def hook(op, off, n):
+        if op == "write":
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    rt, be = make(io_hook=hook)
+    be.fill(Fill(Level.GPU, np.arange(4), tags_for(4)))
+    assert run1(rt, be.transfer(batch(Level.GPU, Level.DISK, np.arange(4), np.arange(4)))) is False
+    assert any("No space" in e for e in be.errors)
+    assert run1(rt, be.transfer(batch(Level.DISK, Level.GPU, np.arange(4), np.arange(4)))) is False
+
+
+def test_a_failed_read_fails_the_restore(make):
+    def hook(op, off, n):
+        if op == "read":
+            raise OSError(errno.EIO, "injected read failure")
+
+    rt, be = make(io_hook=hook)
+    be.fill(Fill(Level.GPU, np.arange(4), tags_for(4)))
+    assert run1(rt, be.transfer(batch(Level.GPU, Level.DISK, np.arange(4), np.arange(4)))) is True
+    assert run1(rt, be.transfer(batch(Level.DISK, Level.GPU, np.arange(4), np.arange(4) + 8))) is False
+    assert run1(rt, be.transfer(batch(Level.DISK, Level.HOST, np.arange(4), np.arange(4)))) is False
+
+
+def test_the_disk_directory_removed_under_the_backend(make, tmp_path):
+    rt, be = make()
+    t = tags_for(4)
+    be.fill(Fill(Level.GPU, np.arange(4), t))
+    assert run1(rt, be.transfer(batch(Level.GPU, Level.DISK, np.arange(4), np.arange(4)))) is True
+    shutil.rmtree(tmp_path)
+    # writes fail clearly; completed copies stay readable through the open file
+    assert run1(rt, be.transfer(batch(Level.GPU, Level.DISK, np.arange(4), np.arange(4) + 8))) is False
+    assert any("removed" in e for e in be.errors)
+    assert run1(rt, be.transfer(batch(Level.DISK, Level.HOST, np.arange(4), np.arange(4)))) is True
+    assert (be.read_tags(Level.HOST, np.arange(4)) == t).all()
+
+
+# -- on a GPU ---------------------------------------------------------------------------
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("path", [CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL])
+@pytest.mark.parametrize("pb", [16 << 10, 1 << 20])
+def test_gpu_round_trip_on_each_copy_path(make, path, pb):
+    rt, be = make(device="gpu", pb=pb, gpu_slots=96, host_slots=96, disk_slots=96, copy_path=path)
+    assert be.info["device"] == "gpu" and be.copy_path == path
+    roundtrip(rt, be, n=40)
+    assert not be.errors
+
+
+@gpu
+@needs_gpu
+def test_gpu_both_paths_move_the_same_bytes_and_the_refcheck_catches_misplacement(make):
+    rt, be = make(device="gpu", pb=64 << 10, gpu_slots=256, host_slots=256, disk_slots=0)
+    t = tags_for(128)
+    g = np.random.default_rng(3).permutation(256)[:128]
+    be.fill(Fill(Level.GPU, g, t))
+    for path, base in ((CopyPath.COPY_ENGINE, 0), (CopyPath.SM_KERNEL, 128)):
+        ok = run1(rt, be.transfer(batch(Level.GPU, Level.HOST, g, np.arange(128) + base, 64 << 10), path=path))
+        assert ok is True
+        assert (be.read_tags(Level.HOST, np.arange(128) + base) == t).all(), path
+    assert np.array_equal(be.host.view[:128], be.host.view[128:])
+    run1(rt, be.transfer(batch(Level.HOST, Level.GPU, [0, 1], [g[1], g[0]], 64 << 10)))
+    assert list(be.read_tags(Level.GPU, g[:2])) == [t[1], t[0]]
+
+
+@gpu
+@needs_gpu
+def test_gpu_compute_occupies_about_its_duration(make):
+    rt, be = make(device="gpu", disk_slots=0)
+    took = run1(rt, be.compute(0.05))
+    assert 0.04 < took < 0.08
+    assert be.info["busy_iters_per_s"] > 0
