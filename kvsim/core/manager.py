@@ -258,14 +258,12 @@ class TierManager:
     def grow(self, req: Request, ntokens: int, blocks: Sequence[BlockIds] = ()) -> Plan | Refusal:
         """Plan GPU pages so the request covers ``ntokens`` tokens (appending ``blocks``)."""
         self._expect(req, ReqState.ACTIVE, "grow")
-        if blocks:
-            req.blocks.extend(blocks)
         if ntokens < req.tokens:
             raise CoreError(f"grow: {ntokens} tokens is fewer than the {req.tokens} it has")
         nb = self._nblocks(ntokens)
-        if nb > len(req.blocks):
+        if nb > len(req.blocks) + len(blocks):
             raise CoreError(f"grow: {ntokens} tokens need {nb} blocks, the request has "
-                            f"{len(req.blocks)}")
+                            f"{len(req.blocks) + len(blocks)}")
         new = nb - len(req.pages)
         last = req.pages[-1] if req.pages else None
         cow = (last is not None and ntokens > req.tokens
@@ -273,8 +271,10 @@ class TierManager:
                and (last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0))
         n = new + cow
         sel = self._select(0, n, None) if n else []
-        if sel is None:
+        if sel is None:  # refused: the blocks are not appended, so a retry may pass them again
             return self._refuse(RefusalReason.NO_ROOM, f"{n} GPU pages for a grow")
+        if blocks:
+            req.blocks.extend(blocks)
         rec = _Rec(PlanKind.GROW, req)
         batches: list[Batch] = []
         if n:
@@ -488,9 +488,9 @@ class TierManager:
         if rec.pending:
             req.pages.extend(rec.pending)
         self.counters.created_pages[Level.GPU] += len(taken)
-        b = self.tokens_per_block
-        for i in range(first, len(req.pages)):
-            req.pages[i].ntokens = min(b, ntokens - i * b)
+        if req.pages:  # new pages got their token counts at planning; the old last may grow
+            req.pages[first].ntokens = min(self.tokens_per_block,
+                                           ntokens - first * self.tokens_per_block)
         req.tokens = ntokens
 
     # == internals ======================================================================
@@ -539,17 +539,28 @@ class TierManager:
                 return sel
             victims = sel[t]
             if tier.is_last:
+                # Only leaves drop. A candidate skipped for its children becomes a leaf once
+                # they are picked: it is picked right after its last child (it is older than
+                # the candidate being looked at), so children always drop before parents.
                 gone: dict[int, int] = {}
+                skipped: set[int] = set()
                 for p in tier.candidates():
                     if exclude and p in exclude:
                         continue
                     if p.nchildren - gone.get(p.pid, 0) > 0:
+                        skipped.add(p.pid)
                         continue
-                    victims.append(p)
-                    if p.parent is not None:
-                        gone[p.parent.pid] = gone.get(p.parent.pid, 0) + 1
-                    if len(victims) == k:
-                        return sel
+                    while p is not None:
+                        victims.append(p)
+                        if len(victims) == k:
+                            return sel
+                        q = p.parent
+                        if q is None:
+                            break
+                        gone[q.pid] = gone.get(q.pid, 0) + 1
+                        p = q if q.pid in skipped and q.nchildren == gone[q.pid] else None
+                        if p is not None:
+                            skipped.discard(p.pid)
                 return None
             for p in tier.candidates():
                 if exclude and p in exclude:
@@ -580,7 +591,7 @@ class TierManager:
         dst = self._reserve(pos + 1, len(victims), sel, rec, batches)
         for v in victims:
             v.phase = _MOVING
-            tier.index_discard(v)
+        tier.index_discard_many(victims)
         stage = len(self.tiers) - 2 - pos
         bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, pos + 1, victims, dst, stage)
         if incoming:
@@ -627,8 +638,7 @@ class TierManager:
         elif page.holds and tier.is_last:
             tier.index_discard(page)
         elif touch:
-            tier.index_discard(page)
-            tier.index_add(page)
+            tier.index_touch(page)
         elif not tier.index_contains(page):
             tier.index_add(page)
 

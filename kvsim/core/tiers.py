@@ -91,6 +91,21 @@ class Tier:
         if bucket is not None:
             bucket.pop(page, None)
 
+    def index_discard_many(self, pages: list[Page]) -> None:
+        """Take pages picked by ``candidates`` (so all indexed) out of the index."""
+        lru = self.lru
+        for p in pages:
+            lru[p.priority].pop(p, None)
+
+    def index_touch(self, page: Page) -> None:
+        """Make ``page`` the most recently used of its priority (adding it if absent)."""
+        bucket = self.lru.get(page.priority)
+        if bucket is None:
+            self.index_add(page)
+            return
+        bucket.pop(page, None)
+        bucket[page] = None
+
     def index_contains(self, page: Page) -> bool:
         bucket = self.lru.get(page.priority)
         return bucket is not None and page in bucket

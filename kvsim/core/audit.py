@@ -1,0 +1,262 @@
+"""An invariant checker for a TierManager: ``audit(manager)`` raises AssertionError, with a
+message naming what broke, if the manager's bookkeeping is inconsistent. Pure and
+read-only (it changes nothing), so tests call it after every step and runs may call it
+behind a flag.
+
+What it checks:
+- slots: every resident or moving page owns a distinct (tier, slot); in-flight
+  destination slots are distinct and owned by nobody but a page leaving that slot in the
+  same plan; per tier, every id below ``next_fresh`` is exactly one of recycled, owned,
+  reserved (and ``used`` agrees);
+- pages: every live page is in exactly one PageState and its lock/hold counts equal the
+  requests listing it (locks: ACTIVE/GROWING requests, and RESUMING ones for pages already
+  on GPU; holds: SUSPENDED requests, and RESUMING ones for pages being onboarded); locked
+  pages are resident on GPU; the eviction index holds exactly the pages it should;
+- counters: per tier, resident + moving-from pages == created + moved in - moved out -
+  dropped - freed;
+- the prefix tree: keys map to live pages marked in_tree, parents are live tree pages,
+  ``nchildren`` counts them, non-tree pages have no parent and no children;
+- content (with ``backend_tags``, a ``read_tags(level, slots)`` callable): every committed
+  page whose slot no in-flight batch writes holds the tag ``tag_of(page.key)``. Call it
+  after the engine wrote the Fill of every commit.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from kvsim.core.keys import tag_of
+from kvsim.core.plan import BatchKind, PlanKind
+from kvsim.core.types import PageState, Phase, ReqState
+
+_LIVE = (Phase.RESIDENT, Phase.MOVING)
+
+
+def _fail(msg: str) -> None:
+    raise AssertionError(f"audit: {msg}")
+
+
+def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> None:
+    """Check every invariant of ``manager`` (see the module docstring). Changes nothing."""
+    m = manager
+    tiers = m.tiers
+    pages = m._pages
+
+    # -- live pages and the slots they own ---------------------------------------------
+    owner: dict[tuple[int, int], object] = {}
+    for pid, p in pages.items():
+        if p.pid != pid:
+            _fail(f"page {p!r} filed under pid {pid}")
+        if p.phase not in _LIVE:
+            _fail(f"live page {p!r} has phase {p.phase.name}")
+        if not 0 <= p.tier < len(tiers) or not 0 <= p.slot < tiers[p.tier].next_fresh:
+            _fail(f"page {p!r} is outside its tier's allocated slots")
+        where = (p.tier, p.slot)
+        if where in owner:
+            _fail(f"slot T{p.tier}:{p.slot} owned by both {owner[where]!r} and {p!r}")
+        owner[where] = p
+
+    # -- plans in flight: reservations -------------------------------------------------
+    reserved: dict[tuple[int, int], int] = {}   # (tier, slot) -> plan id
+    leaving: dict[tuple[int, int], int] = {}    # source slots of in-flight moves -> plan id
+    onboarding: dict[int, set[int]] = {}        # plan id -> pids being onboarded
+    moving_pids: set[int] = set()
+    for plan_id, rec in m._plans.items():
+        for (pgs, _), kind, _ in _batches(m, rec):
+            if kind is not BatchKind.COPY:
+                for p in pgs:
+                    leaving[(p.tier, p.slot)] = plan_id
+    for plan_id, rec in m._plans.items():
+        dst_slots: list[tuple[int, int]] = []
+        for (pgs, dsts), kind, dst_pos in _batches(m, rec):
+            if kind is BatchKind.COPY:
+                for p in pgs:
+                    if p.phase is not Phase.RESIDENT or not p.locks:
+                        _fail(f"plan {plan_id}: copy source {p!r} is not a locked resident page")
+                continue  # its destination is the pending copy's slot, reserved below
+            for p in pgs:
+                if p.phase is not Phase.MOVING:
+                    _fail(f"plan {plan_id}: source {p!r} is not MOVING")
+                if p.pid in moving_pids:
+                    _fail(f"page {p!r} is the source of two in-flight moves")
+                moving_pids.add(p.pid)
+                if kind is BatchKind.ONBOARD:
+                    onboarding.setdefault(plan_id, set()).add(p.pid)
+            dst_slots.extend((dst_pos, d) for d in dsts)
+        for p in rec.pending + ([rec.cow] if rec.cow is not None else []):
+            if p.phase is not Phase.PENDING or p.tier != 0:
+                _fail(f"plan {plan_id}: pending page {p!r} is not PENDING on GPU")
+            dst_slots.append((0, p.slot))
+        for where in dst_slots:
+            if where in reserved:
+                _fail(f"slot T{where[0]}:{where[1]} reserved twice (plans {reserved[where]} "
+                      f"and {plan_id})")
+            reserved[where] = plan_id
+            o = owner.get(where)
+            if o is not None and leaving.get(where) != plan_id:
+                _fail(f"plan {plan_id} reserves T{where[0]}:{where[1]}, owned by {o!r} "
+                      "which is not leaving it in that plan")
+    for p in pages.values():
+        if p.phase is Phase.MOVING and p.pid not in moving_pids:
+            _fail(f"page {p!r} is MOVING but no plan in flight moves it")
+
+    # -- slot conservation per tier ----------------------------------------------------
+    for pos, tier in enumerate(tiers):
+        rec_set = set(tier.recycled)
+        if len(rec_set) != len(tier.recycled):
+            _fail(f"tier {tier.level.name}: a slot is recycled twice: {sorted(tier.recycled)}")
+        for s in rec_set:
+            if not 0 <= s < tier.next_fresh:
+                _fail(f"tier {tier.level.name}: recycled slot {s} was never allocated")
+            if (pos, s) in owner or (pos, s) in reserved:
+                _fail(f"tier {tier.level.name}: slot {s} is recycled but owned or reserved")
+        taken = {s for (t, s) in owner if t == pos} | {s for (t, s) in reserved if t == pos}
+        if len(taken) + len(rec_set) != tier.next_fresh:
+            lost = sorted(set(range(tier.next_fresh)) - taken - rec_set)
+            _fail(f"tier {tier.level.name}: slots {lost[:10]} are neither recycled, owned nor "
+                  "reserved")
+        if tier.used != len(taken):
+            _fail(f"tier {tier.level.name}: used {tier.used} != {len(taken)} owned or reserved")
+        if tier.next_fresh > tier.max_slots:
+            _fail(f"tier {tier.level.name}: slot ids reached {tier.next_fresh} > {tier.max_slots}")
+
+    # -- owners: requests' page lists vs lock/hold counts ------------------------------
+    locks: dict[int, int] = {}
+    holds: dict[int, int] = {}
+    for rid, req in m._requests.items():
+        if req.rid != rid:
+            _fail(f"request {req!r} filed under rid {rid}")
+        st = req.state
+        if st is ReqState.CLOSED:
+            _fail(f"closed request {req!r} is still registered")
+        if st in (ReqState.RESUMING, ReqState.GROWING):
+            if req.plan not in m._plans or m._plans[req.plan].req is not req:
+                _fail(f"request {req!r} is {st.name} but its plan {req.plan} is not in flight")
+        elif req.plan != -1:
+            _fail(f"request {req!r} is {st.name} but names plan {req.plan}")
+        if len(set(id(p) for p in req.pages)) != len(req.pages):
+            _fail(f"request {req!r} lists a page twice")
+        if not 0 <= req.committed <= len(req.pages):
+            _fail(f"request {req!r}: committed {req.committed} outside its {len(req.pages)} pages")
+        if len(req.pages) != m._nblocks(req.tokens):
+            _fail(f"request {req!r}: {len(req.pages)} pages for {req.tokens} tokens")
+        if len(req.blocks) < len(req.pages):
+            _fail(f"request {req!r}: fewer blocks ({len(req.blocks)}) than pages")
+        arriving = onboarding.get(req.plan, set()) if st is ReqState.RESUMING else set()
+        for i, p in enumerate(req.pages):
+            if pages.get(p.pid) is not p:
+                _fail(f"request {req!r} lists dead page {p!r}")
+            if p.index != i:
+                _fail(f"request {req!r} lists {p!r} at position {i}")
+            if i < req.committed and not p.key:
+                _fail(f"request {req!r}: page {i} counted committed but has no key")
+            if st in (ReqState.ACTIVE, ReqState.GROWING) or (
+                    st is ReqState.RESUMING and p.pid not in arriving):
+                locks[p.pid] = locks.get(p.pid, 0) + 1
+            else:
+                holds[p.pid] = holds.get(p.pid, 0) + 1
+
+    # -- page states and the eviction index --------------------------------------------
+    indexed: dict[int, int] = {}  # pid -> tier pos
+    for pos, tier in enumerate(tiers):
+        for prio, bucket in tier.lru.items():
+            for p in bucket:
+                if p.priority != prio:
+                    _fail(f"{p!r} indexed under priority {prio}, has {p.priority}")
+                if p.pid in indexed:
+                    _fail(f"{p!r} indexed twice")
+                indexed[p.pid] = pos
+    for p in pages.values():
+        if p.locks != locks.get(p.pid, 0) or p.holds != holds.get(p.pid, 0):
+            _fail(f"{p!r}: requests say locks={locks.get(p.pid, 0)}, holds={holds.get(p.pid, 0)}")
+        state = p.state
+        if state is PageState.LOCKED and (p.tier != 0 or p.phase is not Phase.RESIDENT):
+            _fail(f"locked page {p!r} is not resident on GPU")
+        if state is PageState.DROPPABLE and not p.in_tree and p.phase is Phase.RESIDENT:
+            _fail(f"{p!r} has no owner and is not in the tree: it should have been freed")
+        tier = tiers[p.tier]
+        want = (p.phase is Phase.RESIDENT and state is not PageState.LOCKED
+                and not (state is PageState.HELD and tier.is_last))
+        got = indexed.get(p.pid)
+        if want and got != p.tier:
+            _fail(f"{p!r} ({state.name}) should be in tier {p.tier}'s eviction index")
+        if not want and got is not None:
+            _fail(f"{p!r} ({state.name}) must not be in an eviction index")
+    for pid in indexed:
+        if pid not in pages:
+            _fail(f"dead page {pid} is in an eviction index")
+
+    # -- counters balance --------------------------------------------------------------
+    c = m.counters
+    for pos, tier in enumerate(tiers):
+        lv = int(tier.level)
+        here = sum(1 for p in pages.values() if p.tier == pos)
+        expect = (c.created_pages[lv] + sum(c.moved_pages[s][lv] for s in range(3))
+                  - sum(c.moved_pages[lv][d] for d in range(3))
+                  - c.dropped_pages[lv] - c.freed_pages[lv])
+        if here != expect:
+            _fail(f"tier {tier.level.name}: {here} pages but counters say {expect} "
+                  f"({c.snapshot()})")
+        s = m.tier_stats(tier.level)
+        if s.used != s.locked + s.held + s.droppable + s.reserved or s.reserved < 0:
+            _fail(f"tier {tier.level.name}: stats do not balance: {s}")
+        if s.used <= s.total and s.total != s.used + s.free:
+            _fail(f"tier {tier.level.name}: total != used + free: {s}")
+
+    # -- prefix tree -------------------------------------------------------------------
+    children: dict[int, int] = {}
+    for key, p in m.tree._by_key.items():
+        if pages.get(p.pid) is not p:
+            _fail(f"tree key {key.hex()[:12]} maps to dead page {p!r}")
+        if p.key != key or not p.in_tree:
+            _fail(f"tree key {key.hex()[:12]} maps to {p!r} whose key/in_tree disagree")
+        if p.parent is not None:
+            if not p.parent.in_tree or m.tree.get(p.parent.key) is not p.parent:
+                _fail(f"{p!r} outlives its parent {p.parent!r}")
+            children[p.parent.pid] = children.get(p.parent.pid, 0) + 1
+        elif p.index != 0:
+            _fail(f"tree page {p!r} at block {p.index} has no parent")
+    for p in pages.values():
+        if p.nchildren != children.get(p.pid, 0):
+            _fail(f"{p!r}: nchildren {p.nchildren} but {children.get(p.pid, 0)} tree children")
+        if not p.in_tree and p.parent is not None:
+            _fail(f"{p!r} is not in the tree but has a parent")
+        if p.key and p.tag != tag_of(p.key):
+            _fail(f"{p!r}: tag {p.tag} != tag_of(key) {tag_of(p.key)}")
+
+    # -- content (the refcheck) --------------------------------------------------------
+    if backend_tags is not None:
+        by_tier: dict[int, list] = {}
+        for p in pages.values():
+            if not p.tag or (p.tier, p.slot) in reserved:
+                continue  # uncommitted, or a later stage of a plan may overwrite the slot
+            by_tier.setdefault(p.tier, []).append(p)
+        for pos, ps in by_tier.items():
+            got = backend_tags(tiers[pos].level, np.fromiter((p.slot for p in ps), np.int64, len(ps)))
+            want = np.fromiter((p.tag for p in ps), np.uint64, len(ps))
+            bad = np.nonzero(np.asarray(got, dtype=np.uint64) != want)[0]
+            if bad.size:
+                p = ps[int(bad[0])]
+                _fail(f"refcheck: {p!r} expects tag {p.tag}, the backend has {int(got[bad[0]])} "
+                      f"({bad.size} pages differ in tier {tiers[pos].level.name})")
+
+
+def _batches(m, rec):
+    """(moves, kind, destination tier position) of each batch a plan record remembers.
+
+    The record keeps no batch kinds, so they are inferred: a grow's copy-on-write source
+    is a locked resident page; a resume's own pages are onboarded to GPU; anything else is
+    an eviction one tier colder."""
+    own = {id(p) for p in rec.req.pages} if rec.kind is PlanKind.RESUME else set()
+    out = []
+    for pgs, dsts in rec.moves:
+        p = pgs[0]
+        if rec.cow is not None and len(pgs) == 1 and p.phase is not Phase.MOVING:
+            out.append(((pgs, dsts), BatchKind.COPY, 0))
+        elif id(p) in own:
+            out.append(((pgs, dsts), BatchKind.ONBOARD, 0))
+        else:
+            out.append(((pgs, dsts), BatchKind.EVICT, p.tier + 1))
+    return out

@@ -1,0 +1,103 @@
+"""Shared fixtures: small tier managers and a reference backend whose tag arrays match
+their tiers' reserved ranges, plus helpers that run a plan the way the engine does and
+then check the refcheck and the core's invariants.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+try:  # installed (pip install -e .): kvsim_backends -> backends/
+    import kvsim_backends  # noqa: F401
+except ImportError:  # not installed yet: map the name onto the source folder
+    _spec = importlib.util.spec_from_file_location(
+        "kvsim_backends", _ROOT / "backends" / "__init__.py",
+        submodule_search_locations=[str(_ROOT / "backends")])
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules["kvsim_backends"] = _mod
+    _spec.loader.exec_module(_mod)
+
+from kvsim.core import Level, ManagerSpec, TierManager, TierSpec  # noqa: E402
+from kvsim.core.audit import audit  # noqa: E402
+from kvsim_backends.reference import ReferenceBackend  # noqa: E402
+
+PAGE = 16          # bytes per page: small numbers keep the stories readable
+TPB = 4            # tokens per block
+
+
+def make_manager(gpu: int = 4, host: int | None = 4, disk: int | None = 4,
+                 max_gpu: int = 0, max_host: int = 0, max_disk: int = 0,
+                 page: int = PAGE, tpb: int = TPB) -> TierManager:
+    """A manager whose tiers hold ``gpu``/``host``/``disk`` pages (None: no such tier);
+    ``max_*`` is the reserved range in pages (0: same as the quota)."""
+    tiers = [TierSpec(Level.GPU, gpu * page, max_gpu * page)]
+    if host is not None:
+        tiers.append(TierSpec(Level.HOST, host * page, max_host * page))
+    if disk is not None:
+        tiers.append(TierSpec(Level.DISK, disk * page, max_disk * page))
+    return TierManager(ManagerSpec(page_bytes=page, tokens_per_block=tpb, tiers=tuple(tiers)))
+
+
+def backend_for(m: TierManager) -> ReferenceBackend:
+    """A reference backend with one tag per slot of each tier's reserved range."""
+    return ReferenceBackend({t.level: t.max_slots for t in m.tiers})
+
+
+def run(m: TierManager, be: ReferenceBackend, plan, fail_batches=frozenset()) -> list[bool]:
+    """Execute a plan on the backend stage by stage and complete it; return the flags."""
+    oks = be.run_plan(plan, fail_batches=frozenset(fail_batches))
+    m.complete(plan, oks)
+    return oks
+
+
+def check(m: TierManager, be: ReferenceBackend | None = None) -> None:
+    """The refcheck (every active request's GPU pages and every committed page hold the tag
+    the manager expects) and every invariant of the core."""
+    if be is not None:
+        for req in m.requests():
+            exp = m.expected(req)
+            got = be.read_tags(exp.level, exp.slots)
+            assert np.array_equal(got, exp.tags), f"refcheck failed for {req!r}"
+    audit(m, be.read_tags if be is not None else None)
+
+
+def blocks(n: int, family: int = 0, start: int = 0) -> list[int]:
+    """``n`` trace block ids of a prompt family: equal families share their prefixes."""
+    return [family * 1000 + i for i in range(start, start + n)]
+
+
+def new_active(m: TierManager, be: ReferenceBackend, ntokens: int, family: int = 0,
+               scope="s", priority: int = 0, commit: bool = True):
+    """A request that computed ``ntokens`` tokens of ``family`` and committed them (the
+    partial last block too): create, resume, grow, commit, write the fill."""
+    nb = -(-ntokens // m.tokens_per_block)
+    req = m.create(scope, blocks(nb, family), ntokens, priority=priority)
+    plan = m.resume(req)
+    assert plan, plan
+    run(m, be, plan)
+    if ntokens > req.tokens:
+        plan = m.grow(req, ntokens)
+        assert plan, plan
+        run(m, be, plan)
+    if commit:
+        be.fill(m.commit(req, ntokens, final=True))
+    return req
+
+
+@pytest.fixture
+def mgr() -> TierManager:
+    return make_manager()
+
+
+@pytest.fixture
+def be(mgr) -> ReferenceBackend:
+    return backend_for(mgr)

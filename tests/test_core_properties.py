@@ -1,0 +1,214 @@
+"""Property test: random lifecycles against the reference backend, audited after every step.
+
+A hypothesis state machine creates, prepares, resumes, grows, commits, suspends and
+closes requests and changes quotas on a small three-tier manager. Plans are either run at
+once (stage by stage, sometimes with failed batches) or held in flight across other
+operations and completed later (their transfers run when they complete, as a slow link
+would). After every step ``kvsim.core.audit.audit`` checks slot ownership and
+conservation, page states against the requests' page lists, counter balance, the prefix
+tree, and the refcheck (every committed page's tag in the backend).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from conftest import PAGE, TPB, backend_for, make_manager
+from kvsim.core import CoreError, Level, ReqState
+from kvsim.core.audit import audit
+
+FAMILIES = st.integers(0, 2)  # few prompt families, so prefixes are shared often
+SCOPES = st.sampled_from(["a", "b"])
+
+
+def _ids(family: int, start: int, n: int) -> list[int]:
+    return [family * 1000 + i for i in range(start, start + n)]
+
+
+class CoreMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.m = make_manager(gpu=6, host=5, disk=4, max_gpu=8, max_host=7, max_disk=6)
+        self.be = backend_for(self.m)
+        self.held: list = []  # plans in flight, not yet run
+
+    # -- helpers -----------------------------------------------------------------------
+    def _reqs(self, *states):
+        return [r for r in self.m.requests() if r.state in states]
+
+    def _finish(self, plan, hold: bool, fails: set[int], all_fail: bool) -> None:
+        if hold:
+            self.held.append((plan, fails, all_fail))
+            return
+        self._run(plan, fails, all_fail)
+
+    def _run(self, plan, fails, all_fail) -> None:
+        if all_fail:  # the engine gave up before submitting anything
+            self.m.complete(plan, False)
+            return
+        fails = {i for i in fails if i < len(plan.batches)}
+        oks = self.be.run_plan(plan, fail_batches=frozenset(fails))
+        self.m.complete(plan, oks)
+
+    # -- rules -------------------------------------------------------------------------
+    @precondition(lambda self: len(self.m._requests) < 6)
+    @rule(scope=SCOPES, family=FAMILIES, ntokens=st.integers(0, 6 * TPB),
+          priority=st.integers(0, 1))
+    def create(self, scope, family, ntokens, priority):
+        nb = -(-ntokens // TPB)
+        probe = self.m.probe_reuse(scope, _ids(family, 0, nb), ntokens)
+        req = self.m.create(scope, _ids(family, 0, nb), ntokens, priority=priority)
+        assert sum(probe.values()) == req.cached_tokens
+
+    @precondition(lambda self: len(self.m._requests) < 6)
+    @rule(scope=SCOPES, family=FAMILIES, ntokens=st.integers(1, 6 * TPB),
+          final=st.booleans(), suspend=st.integers(0, 3))
+    def serve(self, scope, family, ntokens, final, suspend):
+        """A whole turn at once: create, resume, grow, commit (and maybe suspend)."""
+        nb = -(-ntokens // TPB)
+        req = self.m.create(scope, _ids(family, 0, nb), ntokens)
+        plan = self.m.resume(req)
+        if not plan:
+            return
+        self._run(plan, set(), False)
+        if req.state is not ReqState.ACTIVE:
+            return
+        if ntokens > req.tokens:
+            plan = self.m.grow(req, ntokens)
+            if not plan:
+                return
+            self._run(plan, set(), False)
+        self.be.fill(self.m.commit(req, ntokens, final=final))
+        if suspend:  # mostly: the turn ends, its pages become evictable
+            self.m.suspend(req)
+
+    @precondition(lambda self: any(r.state in (ReqState.SUSPENDED,) for r in self.m.requests()))
+    @rule(data=st.data(), family=FAMILIES, keep=st.integers(0, 6), extra=st.integers(0, 3),
+          tail=st.integers(0, TPB - 1))
+    def prepare(self, data, family, keep, extra, tail):
+        reqs = self._reqs(ReqState.SUSPENDED)
+        if not reqs:
+            return
+        req = data.draw(st.sampled_from(reqs))
+        old = req.blocks[:keep]
+        blocks = old + _ids(family, len(old), extra + 1)
+        ntokens = max(0, len(blocks) * TPB - tail)
+        self.m.prepare(req, blocks, ntokens)
+
+    @precondition(lambda self: any(r.state in (ReqState.SUSPENDED,) for r in self.m.requests()))
+    @rule(data=st.data(), hold=st.booleans(), fails=st.sets(st.integers(0, 3), max_size=2),
+          all_fail=st.booleans())
+    def resume(self, data, hold, fails, all_fail):
+        reqs = self._reqs(ReqState.SUSPENDED)
+        if not reqs:
+            return
+        req = data.draw(st.sampled_from(reqs))
+        before = [self.m.tier_stats(t.level) for t in self.m.tiers]
+        plan = self.m.resume(req)
+        if not plan:
+            assert req.state is ReqState.SUSPENDED
+            assert before == [self.m.tier_stats(t.level) for t in self.m.tiers]
+            return
+        self._finish(plan, hold, fails if data.draw(st.integers(0, 3)) == 0 else set(),
+                     all_fail and data.draw(st.integers(0, 5)) == 0)
+
+    @precondition(lambda self: any(r.state in (ReqState.ACTIVE,) for r in self.m.requests()))
+    @rule(data=st.data(), more=st.integers(1, 3 * TPB), family=FAMILIES, hold=st.booleans(),
+          fails=st.sets(st.integers(0, 3), max_size=2))
+    def grow(self, data, more, family, hold, fails):
+        reqs = self._reqs(ReqState.ACTIVE)
+        if not reqs:
+            return
+        req = data.draw(st.sampled_from(reqs))
+        ntokens = req.tokens + more
+        nb = -(-ntokens // TPB)
+        new = _ids(family, len(req.blocks), max(0, nb - len(req.blocks)))
+        nblocks = len(req.blocks)
+        plan = self.m.grow(req, ntokens, new)
+        if not plan:
+            assert len(req.blocks) == nblocks, "a refused grow must not append its blocks"
+            assert req.state is ReqState.ACTIVE
+            return
+        self._finish(plan, hold, fails if data.draw(st.integers(0, 3)) == 0 else set(), False)
+
+    @precondition(lambda self: any(r.state in (ReqState.ACTIVE,) for r in self.m.requests()))
+    @rule(data=st.data(), final=st.booleans())
+    def commit(self, data, final):
+        reqs = self._reqs(ReqState.ACTIVE)
+        if not reqs:
+            return
+        req = data.draw(st.sampled_from(reqs))
+        upto = data.draw(st.integers(0, req.tokens))
+        fill = self.m.commit(req, upto, final=final)
+        self.be.fill(fill)  # the engine writes what it computed
+
+    @precondition(lambda self: any(r.state in (ReqState.ACTIVE,) for r in self.m.requests()))
+    @rule(data=st.data())
+    def suspend(self, data):
+        reqs = self._reqs(ReqState.ACTIVE)
+        if reqs:
+            self.m.suspend(data.draw(st.sampled_from(reqs)))
+
+    @precondition(lambda self: any(r.state in (ReqState.ACTIVE, ReqState.SUSPENDED,) for r in self.m.requests()))
+    @rule(data=st.data())
+    def close(self, data):
+        reqs = self._reqs(ReqState.ACTIVE, ReqState.SUSPENDED)
+        if reqs:
+            self.m.close(data.draw(st.sampled_from(reqs)))
+
+    @rule(level=st.sampled_from([Level.GPU, Level.HOST, Level.DISK]), pages=st.integers(1, 8),
+          hold=st.booleans(), fails=st.sets(st.integers(0, 2), max_size=1))
+    def set_quota(self, level, pages, hold, fails):
+        tier = self.m.tiers[self.m.tier_pos(level)]
+        pages = min(pages, tier.max_slots)
+        plan = self.m.set_quota(level, pages * PAGE)
+        if plan:
+            self._finish(plan, hold, fails, False)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def complete_held(self, data):
+        i = data.draw(st.integers(0, len(self.held) - 1))
+        plan, fails, all_fail = self.held.pop(i)
+        self._run(plan, fails, all_fail)
+
+    @precondition(lambda self: any(r.state in (ReqState.RESUMING, ReqState.GROWING,) for r in self.m.requests()))
+    @rule(data=st.data())
+    def misuse_is_refused(self, data):
+        """Contract breaches raise CoreError and change nothing."""
+        reqs = self._reqs(ReqState.RESUMING, ReqState.GROWING)
+        if reqs:
+            req = data.draw(st.sampled_from(reqs))
+            for op in (lambda: self.m.close(req), lambda: self.m.suspend(req),
+                       lambda: self.m.commit(req, 0)):
+                try:
+                    op()
+                except CoreError:
+                    pass
+                else:
+                    raise AssertionError("an operation on a request with a plan in flight passed")
+
+    # -- the invariant -----------------------------------------------------------------
+    @invariant()
+    def audited(self):
+        audit(self.m, self.be.read_tags)
+        for req in self._reqs(ReqState.ACTIVE):
+            exp = self.m.expected(req)
+            assert np.array_equal(self.be.read_tags(exp.level, exp.slots), exp.tags)
+
+    def teardown(self):
+        # everything in flight can still finish cleanly
+        while self.held:
+            plan, fails, all_fail = self.held.pop()
+            self._run(plan, fails, all_fail)
+        audit(self.m, self.be.read_tags)
+        assert self.m.plans_in_flight() == 0
+
+
+CoreMachine.TestCase.settings = settings(
+    max_examples=300, stateful_step_count=50, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+TestCoreMachine = CoreMachine.TestCase
