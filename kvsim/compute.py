@@ -93,6 +93,12 @@ class ComputeModel:
     def step_time(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
         """Seconds for one step: ``prefill`` holds (new_tokens, context_before) per prefill
         chunk; ``decode_contexts`` the context length of each decoding request."""
+        return self.step_time_sum(prefill, len(decode_contexts), sum(decode_contexts))
+
+    def step_time_sum(self, prefill: Sequence[tuple[int, int]], n_decode: int,
+                      decode_context_sum: int) -> float:
+        """``step_time`` with the decodes given as their count and summed context: a step's
+        cost depends on nothing else of them, and the engine keeps both as running sums."""
         tokens = 0
         attn = 0.0
         ctx = 0
@@ -100,13 +106,11 @@ class ComputeModel:
             tokens += new
             attn += new * (before + new * 0.5)
             ctx += before + new
-        n_dec = len(decode_contexts)
-        if not tokens and not n_dec:
+        if not tokens and not n_decode:
             return 0.0
-        dctx = sum(decode_contexts)
-        tokens += n_dec
-        attn += dctx
-        ctx += dctx
+        tokens += n_decode
+        attn += decode_context_sum
+        ctx += decode_context_sum
         flops = self._dense * tokens + self._attn * attn
         nbytes = self._weights + self._kv * ctx
         return max(flops / self._flops, nbytes / self._bw) + self._overhead

@@ -38,7 +38,7 @@ def _setup(gpu_pages=64, host_pages=256, disk_pages=0, model="llama-3-8b", param
     rt = SimRuntime()
     be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers})
     cm = ComputeModel(shape, profile)
-    eng = Engine(rt, be, mgr, cm.step_time, params or EngineParams())
+    eng = Engine(rt, be, mgr, cm, params or EngineParams())
     return mgr, rt, be, cm, eng, profile
 
 

@@ -53,7 +53,7 @@ class Live:
     """One turn inside the engine."""
 
     __slots__ = ("row", "turn", "frame", "cursor", "req", "blocks", "prompt", "out",
-                 "prefill_left", "kv", "gen", "state", "seq", "uid")
+                 "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due")
 
     def __init__(self, row: Row, turn: Turn, frame: Frame, cursor: Cursor, blocks: list,
                  uid: int):
@@ -71,17 +71,19 @@ class Live:
         self.state = WAITING
         self.seq = 0           # admission order (preemption picks the latest)
         self.uid = uid
+        self.s0 = 0            # decoding: engine step at which kv and gen were last synced
+        self.due = -1          # decoding: engine step at which it needs attention again
 
 
 class Engine:
-    def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, step_time: Callable,
+    def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute,
                  params: EngineParams, *, on_progress: Callable[[int], None] | None = None):
-        """``step_time(prefill: list[(new_tokens, context_before)], decode: list[context])``
-        gives a step's seconds (the compute model)."""
+        """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
+        decode_context_sum)`` gives a step's seconds (kvsim.compute.ComputeModel)."""
         self.rt = rt
         self.backend = backend
         self.mgr = mgr
-        self.step_time = step_time
+        self.step_time = compute.step_time_sum
         self.p = params
         self.B = mgr.tokens_per_block
         self.metrics = Metrics()
@@ -91,6 +93,15 @@ class Engine:
         self._seq = count()
         self._waiting: deque[Live] = deque()
         self._running: list[Live] = []               # admitted: onboarding/running/growing
+        # Decoding requests are advanced lazily: a global step counter S, each request's
+        # kv/gen synced at step s0, and a heap of the steps at which one needs attention
+        # (it finishes, or its pages must grow). The summed context is kept as it goes.
+        self.S = 0
+        self._decoding: dict[Live, None] = {}
+        self._dsum = 0
+        self._due: list = []                         # heap of (step, seq, live)
+        self._stalled: list[Live] = []               # decoders that must grow before a step
+        self._prefilling: list[Live] = []            # admitted, prompt not fully computed
         self._idle: dict[int, Frame] = {}            # suspended sessions between turns
         self._pending_sessions: deque[Session] = deque()
         self._live_sessions = 0
@@ -164,6 +175,7 @@ class Engine:
         """Generator process: serve until every session is done."""
         rt = self.rt
         while True:
+            self._process_due()
             self._release_arrivals()
             if self._dirty:
                 self._dirty = False
@@ -184,15 +196,14 @@ class Engine:
                 self._wake = None
                 self._tick()
                 continue
-            prefill, decode = batch
-            steps = self._steps(prefill, decode)
-            total = sum(steps)
-            yield self.backend.compute(total / NS)
+            steps = self._steps(batch)
+            # ask for the time left to an absolute target, so float error never accumulates
+            yield self.backend.compute(max(0.0, (self.t + sum(steps)) / NS - rt.now))
             self._tick()
             self.metrics.steps += len(steps)
             if len(steps) > 1:
                 self.metrics.fast_forwarded_steps += len(steps) - 1
-            self._advance(prefill, decode, len(steps))
+            self._advance(batch, len(steps))
         self._sample(force=True)
 
     def _tick(self) -> None:
@@ -248,6 +259,15 @@ class Engine:
             else:
                 mgr.complete(plan)
                 self._on_resumed(lv)
+                self._route(lv)
+
+    def _route(self, lv: Live) -> None:
+        """A request that just became RUNNING goes where its phase says."""
+        if lv.prefill_left:
+            if lv not in self._prefilling:
+                self._prefilling.append(lv)
+        else:
+            self._stalled.append(lv)
 
     def _final_pages(self, lv: Live) -> int:
         """GPU pages the turn holds when it ends (one more for a copy-on-write)."""
@@ -305,10 +325,11 @@ class Engine:
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
         self._inflight -= 1
         if lv.req.state is ReqState.ACTIVE:
-            if then == RUNNING and lv.state == ONBOARDING:
+            if lv.state == ONBOARDING:
                 self._on_resumed(lv)
             else:
                 lv.state = then
+            self._route(lv)
         else:  # the resume did not complete: back to the head of the queue
             self._running.remove(lv)
             lv.state = WAITING
@@ -317,29 +338,73 @@ class Engine:
 
     # == batching =======================================================================
     def _build_batch(self):
-        """(prefill [(live, tokens)], decode [live]) for the next step, or None."""
-        budget = self.p.max_batch_tokens
-        decode: list[Live] = []
+        """(prefill [(live, tokens)], decoders) for the next step, or None."""
+        if self._stalled:
+            stalled, self._stalled = self._stalled, []
+            for lv in stalled:
+                if lv.state != RUNNING:
+                    continue  # preempted, aborted, or its grow is running
+                if self._ensure(lv, lv.kv + 1):
+                    self._join(lv)
+                elif lv.state == RUNNING:
+                    self._stalled.append(lv)  # waits for other requests' plans
+        budget = self.p.max_batch_tokens - len(self._decoding)
         prefill: list[tuple[Live, int]] = []
-        for lv in list(self._running):
-            if lv.state != RUNNING or lv.prefill_left or budget <= 0:
-                continue
-            if self._ensure(lv, lv.kv + 1):
-                decode.append(lv)
-                budget -= 1
-        for lv in list(self._running):
-            if lv.state != RUNNING or not lv.prefill_left or budget <= 0:
+        for lv in list(self._prefilling):
+            if budget <= 0:
+                break
+            if lv.state != RUNNING:
                 continue
             chunk = min(lv.prefill_left, budget)
             if self._ensure(lv, lv.kv + chunk):
                 prefill.append((lv, chunk))
                 budget -= chunk
         # a request preempted while the batch was built leaves it
-        decode = [lv for lv in decode if lv.state == RUNNING]
         prefill = [(lv, n) for lv, n in prefill if lv.state == RUNNING]
-        if not decode and not prefill:
+        if not self._decoding and not prefill:
             return None
-        return prefill, decode
+        return prefill
+
+    # == decoders, advanced lazily ======================================================
+    def _sync(self, lv: Live) -> None:
+        d = self.S - lv.s0
+        lv.kv += d
+        lv.gen += d
+        lv.s0 = self.S
+
+    def _join(self, lv: Live) -> None:
+        """Start decoding ``lv`` from the next step (its pages cover kv + 1 tokens)."""
+        lv.s0 = self.S
+        lv.due = self.S + min(lv.out - lv.gen, lv.req.tokens - lv.kv)
+        heapq.heappush(self._due, (lv.due, next(self._seq), lv))
+        self._decoding[lv] = None
+        self._dsum += lv.kv
+
+    def _leave(self, lv: Live) -> None:
+        if lv in self._decoding:
+            self._sync(lv)
+            del self._decoding[lv]
+            self._dsum -= lv.kv
+            lv.due = -1
+
+    def _next_due(self) -> int | None:
+        due = self._due
+        while due and due[0][2].due != due[0][0]:
+            heapq.heappop(due)
+        return due[0][0] if due else None
+
+    def _process_due(self) -> None:
+        """Decoders whose turn is over finish; those that filled their pages must grow."""
+        due = self._due
+        while due and due[0][0] <= self.S:
+            step, _, lv = heapq.heappop(due)
+            if lv.due != step:
+                continue
+            self._leave(lv)
+            if lv.gen >= lv.out:
+                self._finish(lv)
+            else:
+                self._stalled.append(lv)
 
     def _ensure(self, lv: Live, tokens: int) -> bool:
         """Make the request's GPU pages cover ``tokens`` (a block at a time for decode).
@@ -388,6 +453,9 @@ class Engine:
     def _preempt(self, lv: Live) -> None:
         """Suspend a running request: its pages become held and may move colder; it waits
         at the head of the queue and resumes where it stopped."""
+        self._leave(lv)
+        if lv in self._prefilling:
+            self._prefilling.remove(lv)
         fill = self.mgr.commit(lv.req, lv.kv, final=True)
         if fill.pages:
             self.backend.fill(fill)
@@ -400,37 +468,32 @@ class Engine:
         self._dirty = True
 
     # == stepping =======================================================================
-    def _steps(self, prefill, decode) -> list[int]:
-        """Durations (ns) of the steps to run now: one, or a run of identical decode steps."""
+    def _steps(self, prefill) -> list[int]:
+        """Durations (ns) of the steps to run now: one, or a run of identical decode steps
+        up to the next step at which anything could change."""
         st = self.step_time
-        ctx = [lv.kv for lv in decode]
-        first = round(st([(n, lv.kv) for lv, n in prefill], ctx) * NS)
-        if prefill or not self.p.fast_forward or self._inflight or self._waiting_can_change():
+        n, dsum = len(self._decoding), self._dsum
+        first = round(st([(c, lv.kv) for lv, c in prefill], n, dsum) * NS)
+        if (prefill or not self.p.fast_forward or self._inflight or self._dirty
+                or self._stalled):
             return [first]
-        k = min(min(lv.out - lv.gen for lv in decode),
-                min(lv.req.tokens - lv.kv for lv in decode))
+        nxt = self._next_due()
+        k = nxt - self.S if nxt is not None else 1
         if k <= 1:
             return [first]
         steps = [first]
         t = self.t + first
         horizon = self._arrivals[0][0] if self._arrivals else None
         while len(steps) < k and (horizon is None or t < horizon):
-            j = len(steps)
-            d = round(st([], [c + j for c in ctx]) * NS)
+            d = round(st((), n, dsum + n * len(steps)) * NS)
             steps.append(d)
             t += d
         return steps
 
-    def _waiting_can_change(self) -> bool:
-        return self._dirty
-
-    def _advance(self, prefill, decode, k: int) -> None:
+    def _advance(self, prefill, k: int) -> None:
+        self.S += k
+        self._dsum += len(self._decoding) * k
         mgr, be = self.mgr, self.backend
-        for lv in decode:
-            lv.kv += k
-            lv.gen += k
-            if lv.gen >= lv.out:
-                self._finish(lv)
         for lv, n in prefill:
             lv.kv += n
             lv.prefill_left -= n
@@ -439,10 +502,13 @@ class Engine:
             if fill.pages:
                 be.fill(fill)
             if not lv.prefill_left:
+                self._prefilling.remove(lv)
                 lv.gen = 1
                 lv.row.first_token_ns = self.t
                 if lv.gen >= lv.out:
                     self._finish(lv)
+                else:
+                    self._stalled.append(lv)  # decodes once its pages cover one more token
         if self.on_progress is not None and self.metrics.rows:
             self.on_progress(self.t)
 
@@ -474,6 +540,9 @@ class Engine:
         self._schedule_next(lv.cursor, self.t)
 
     def _abort(self, lv: Live, why: str) -> None:
+        self._leave(lv)
+        if lv in self._prefilling:
+            self._prefilling.remove(lv)
         if lv.req.state is ReqState.ACTIVE:
             if lv.frame.req is lv.req:
                 lv.frame.req = None

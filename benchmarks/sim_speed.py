@@ -1,0 +1,56 @@
+"""How fast the SimPy replay runs: the whole Mooncake conversation trace (12,031 requests
+over ~59 minutes) on h200-pcie with the Llama 3 70B preset (configs/mooncake-conversation.yaml).
+
+Prints the trace span (first to last arrival, as scaled) divided by the wall time of the
+replay, and the simulated time divided by wall time (larger when the simulated GPU falls
+behind the trace and the replay runs past its last arrival). With --check (the default)
+the same replay also runs step by step (no fast-forward) and every metric but the wall
+time must be equal. Last line: ``sim_speed_x: <trace span / wall>``.
+
+    python benchmarks/sim_speed.py [--trace PATH] [--no-check] [--set key=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvsim.config import load_config  # noqa: E402
+from kvsim.run import prepare_run, replay  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=str(ROOT / "configs" / "mooncake-conversation.yaml"))
+    ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"))
+    ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--no-check", dest="check", action="store_false")
+    a = ap.parse_args()
+    cfg = load_config(a.config, a.sets)
+    prep = prepare_run(cfg, a.trace)
+    arrivals = [t.arrival_s for _, t in prep.workload.iter_turns()]
+    span = max(arrivals) - min(arrivals)
+    res = replay(prep)
+    m = res.metrics
+    wall = m["wall_time_s"]
+    print(f"requests: {m['requests_completed']} completed, {m['requests_failed']} failed")
+    print(f"trace span: {span:.1f} s; simulated: {m['sim_time_s']:.1f} s; wall: {wall:.2f} s")
+    print(f"engine steps: {m['engine_steps']}; TTFT p50 {m['ttft_s']['p50']:.3f} s; "
+          f"hit ratio {m['hit_ratio']:.4f}")
+    print(f"sim_time_over_wall_x: {m['sim_time_s'] / wall:.1f}")
+    if a.check:
+        step_cfg = load_config(a.config, a.sets + ["engine.fast_forward=false"])
+        slow = replay(prepare_run(step_cfg, a.trace)).metrics
+        keep = lambda d: json.dumps({k: v for k, v in d.items() if k != "wall_time_s"}, sort_keys=True)  # noqa: E731
+        print(f"step-by-step replay: wall {slow['wall_time_s']:.2f} s; "
+              f"metrics_equal_step_by_step: {keep(slow) == keep(m)}")
+    print(f"sim_speed_x: {span / wall:.1f}")
+
+
+if __name__ == "__main__":
+    main()
