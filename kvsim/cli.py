@@ -50,6 +50,12 @@ def summary_table(metrics: dict, title: str) -> Table:
     return t
 
 
+def _error(console: Console, msg: str) -> None:
+    """An error exactly as written (no markup, no wrapping: paths and lines stay greppable)."""
+    console.print("error:", style="red", end=" ")
+    console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command()
 def run(
     config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
@@ -58,6 +64,8 @@ def run(
     set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
     out: Optional[str] = typer.Option(None, help="results folder (default: output.dir)"),
     progress: bool = typer.Option(True, help="show a progress bar"),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
+    device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -72,21 +80,23 @@ def run(
         prep = prepare_run(cfg, trace)
         dest = output_dir(cfg, out)
     except (ConfigFileError, TraceError, ValueError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(console, str(e))
         raise typer.Exit(2)
+    opts = {"time_scale": time_scale, "device": device} if backend == "hw" else {}
     n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
     if progress and sys.stderr.isatty():
         with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.completed:.0f} requests"),
                       TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
                       console=console, transient=True) as bar:
             task = bar.add_task("replay", total=n_req, t=0.0)
-            result = replay(prep, backend, progress=lambda t, n: bar.update(task, completed=n, t=t))
+            result = replay(prep, backend, progress=lambda t, n: bar.update(task, completed=n, t=t),
+                            backend_options=opts)
     else:
-        result = replay(prep, backend)
+        result = replay(prep, backend, backend_options=opts)
     try:
         path = write_results(result, dest, plots=cfg.output.plots)
     except OSError as e:
-        console.print(f"[red]error:[/red] writing results to {dest}: {e}")
+        _error(console, f"writing results to {dest}: {e}")
         raise typer.Exit(1)
     Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})"))
     Console().print(f"results: {path}")

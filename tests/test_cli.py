@@ -1,0 +1,130 @@
+"""``kvsim run`` as a user meets it: the default job, overrides, and bad input that fails
+with the file, line or key and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.config import ConfigFileError, load_config
+
+runner = CliRunner()
+SMALL = ["--set", "workload.synthetic.n_sessions=4", "--set", "output.plots=false", "--no-progress"]
+
+
+def test_run_default_writes_results(tmp_path):
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((out / "summary.json").read_text())
+    m = summary["metrics"]
+    for key in ("requests_completed", "input_tokens", "hit_tokens", "computed_tokens", "ttft_s",
+                "tpot_s", "e2e_s", "throughput", "bytes", "evicted_pages", "dropped_pages",
+                "sim_time_s", "wall_time_s"):
+        assert key in m, key
+    assert set(m["hit_tokens"]) >= {"gpu", "host", "disk"}
+    assert set(m["ttft_s"]) == {"mean", "p50", "p90", "p99"}
+    assert m["requests_completed"] > 0
+    assert summary["config"]["workload"]["synthetic"]["n_sessions"] == 4  # fully resolved
+    rows = (out / "requests.csv").read_text().splitlines()
+    assert len(rows) == m["requests_completed"] + 1
+    assert (out / "timeline.csv").exists()
+    assert "requests completed" in r.output
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_malformed_trace_line_fails_with_file_and_line_and_writes_nothing(tmp_path):
+    trace = _write(tmp_path / "t.jsonl",
+                   '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                   '{"timestamp": 5, "input_length": 10, "output_length": 1\n')
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", "configs/mooncake-conversation.yaml", "--trace", str(trace),
+                            "--out", str(out), "--no-progress"])
+    assert r.exit_code == 2
+    assert f"{trace}:2:" in r.output and "malformed JSON" in r.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"timestamp": 0, "input_length": -3, "output_length": 1, "hash_ids": []}', "not positive"),
+    ('{"timestamp": 0, "input_length": 1100, "output_length": 1, "hash_ids": [1, 2]}', "needs ceil"),
+    ('{"timestamp": 0, "output_length": 1, "hash_ids": [1]}', "missing field 'input_length'"),
+])
+def test_bad_trace_rows_name_the_line(tmp_path, line, problem):
+    trace = _write(tmp_path / "t.jsonl", line + "\n")
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", "configs/mooncake-conversation.yaml", "--trace", str(trace),
+                            "--out", str(out), "--no-progress"])
+    assert r.exit_code == 2
+    assert f"{trace}:1:" in r.output and problem in r.output
+    assert not out.exists()
+
+
+def test_unknown_key_wrong_type_and_impossible_size_name_the_key(tmp_path):
+    cfg = _write(tmp_path / "c.yaml", """
+name: x
+cache:
+  tokens_per_block: 32
+  tiers:
+    - {level: gpu, quota: 0GiB}
+    - {level: host, quota: lots}
+engine: {max_batch_tokenz: 5}
+""")
+    with pytest.raises(ConfigFileError) as e:
+        load_config(cfg)
+    msg = str(e.value)
+    assert str(cfg) in msg
+    assert "cache.tiers[0].quota" in msg
+    assert "cache.tiers[1].quota" in msg and "'lots'" in msg
+    assert "engine.max_batch_tokenz" in msg
+
+
+def test_tier_order_and_disk_path_that_is_a_file(tmp_path):
+    f = _write(tmp_path / "file", "x")
+    cfg = _write(tmp_path / "c.yaml", f"""
+cache:
+  tiers:
+    - {{level: host, quota: 1GiB}}
+    - {{level: gpu, quota: 1GiB}}
+""")
+    with pytest.raises(ConfigFileError, match="gpu -> host -> disk"):
+        load_config(cfg)
+    cfg2 = _write(tmp_path / "c2.yaml", f"""
+cache:
+  tiers:
+    - {{level: gpu, quota: 1GiB}}
+    - {{level: disk, quota: 1GiB, path: {f}}}
+""")
+    with pytest.raises(ConfigFileError, match="not a directory"):
+        load_config(cfg2)
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    cfg = _write(tmp_path / "c.yaml", "cache:\n  tiers: [\n    - x\n")
+    with pytest.raises(ConfigFileError, match=r"c\.yaml:\d+:\d+: malformed YAML"):
+        load_config(cfg)
+
+
+def test_set_overrides_are_validated_like_the_file():
+    cfg = load_config("configs/default.yaml", ["engine.max_running=3", "cache.tiers[0].quota=2GiB"])
+    assert cfg.engine.max_running == 3 and cfg.cache.tiers[0].quota == 2 * 2**30
+    with pytest.raises(ConfigFileError, match="engine.max_running"):
+        load_config("configs/default.yaml", ["engine.max_running=-1"])
+    with pytest.raises(ConfigFileError, match="key.path=value"):
+        load_config("configs/default.yaml", ["engine.max_running"])
+
+
+def test_page_bigger_than_tier_is_rejected_with_the_field(tmp_path):
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--set", "cache.tiers[0].quota=1MiB",
+                            "--out", str(tmp_path / "res"), "--no-progress"])
+    assert r.exit_code == 2
+    assert "tiers[0] (gpu).quota_bytes" in r.output
+    assert not (tmp_path / "res").exists()
