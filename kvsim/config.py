@@ -74,6 +74,7 @@ class EngineConfig(_Strict):
     fast_forward: bool = True
     refcheck: bool = True
     hold_sessions: bool = True
+    gpu_free_watermark: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
 
 
 class SyntheticConfig(_Strict):

@@ -99,7 +99,8 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
 
     rt = SimRuntime()
     slots = {t.level: t.max_slots for t in mgr.tiers}
-    be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck)
+    be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck,
+                    timing_log=options.get("timing_log"))
     return rt, be
 
 
@@ -124,8 +125,9 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
                           fast_forward=e.fast_forward, refcheck=e.refcheck,
                           hold_sessions=e.hold_sessions,
+                          gpu_free_watermark=e.gpu_free_watermark,
                           timeline_interval_s=cfg.output.timeline_interval)
-    engine = Engine(rt, be, mgr, model.step_time, params)
+    engine = Engine(rt, be, mgr, model, params)
     engine.load(prep.workload, prep.starts)
     if progress is not None:
         engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))

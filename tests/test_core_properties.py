@@ -168,6 +168,19 @@ class CoreMachine(RuleBasedStateMachine):
         if plan:
             self._finish(plan, hold, fails, False)
 
+    @rule(level=st.sampled_from([Level.GPU, Level.HOST, Level.DISK]), pages=st.integers(1, 4),
+          hold=st.booleans(), fails=st.sets(st.integers(0, 2), max_size=1))
+    def evict(self, level, pages, hold, fails):
+        before = self.m.counters.snapshot()
+        plan = self.m.evict(level, pages)
+        if plan:
+            self._finish(plan, hold, fails, False)
+        else:  # a refusal changes nothing but the refusal count
+            after = self.m.counters.snapshot()
+            assert after["refusals"] == before["refusals"] + 1
+            after["refusals"] = before["refusals"]
+            assert after == before
+
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def complete_held(self, data):

@@ -227,6 +227,37 @@ def test_cascade_gpu_host_disk_dropped():
         {GPU: 0, HOST: 4, DISK: 0}, {GPU: 4, HOST: 0, DISK: 0}]
 
 
+def test_background_evict_frees_gpu_slots_ahead_of_demand():
+    """Story: the GPU is full of cached pages (one locked by an active request). The engine
+    asks the core to move two pages out ahead of demand: the two least recently used
+    unlocked pages go to host in one batch; the locked page never moves. When the plan
+    completes the GPU has two free slots, and a grow that needs two pages moves nothing.
+    Asking for more than can leave is refused and changes nothing."""
+    m = make_manager(gpu=4, host=4, disk=None)
+    be = backend_for(m)
+    old = [new_active(m, be, 4, family=f) for f in (1, 2, 3)]
+    cached = [r.pages[0] for r in old]
+    for r in old:
+        m.close(r)                                  # closed in order: page 1 is the LRU
+    busy = new_active(m, be, 4, family=4)          # locked: active
+    assert m.tiers[0].free == 0
+    before = m.counters.snapshot()
+    refused = m.evict(GPU, 4)                       # only 3 pages are evictable
+    assert not refused and m.counters.snapshot()["moved_pages"] == before["moved_pages"]
+    plan = m.evict(GPU, 2)
+    (b,) = plan.batches
+    assert (b.kind, b.src, b.dst, b.pages) == (BatchKind.EVICT, GPU, HOST, 2)
+    assert b.src_slots.tolist() == [cached[0].slot, cached[1].slot]
+    run(m, be, plan)
+    assert m.tiers[0].free == 2
+    assert [p.tier for p in cached] == [1, 1, 0]
+    check(m, be)
+    grow = m.grow(busy, 12, blocks(3, family=4)[1:])
+    assert grow and grow.batches == ()
+    m.complete(grow)
+    check(m, be)
+
+
 # -- resume ------------------------------------------------------------------------------
 
 def test_resume_onboards_held_pages_and_refcheck_passes():

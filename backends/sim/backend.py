@@ -62,7 +62,8 @@ class SimBackend:
 
     def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
                  slots: dict[Level, int], refcheck: bool = True,
-                 copy_path: CopyPath | None = None, chunked_registration: bool = False):
+                 copy_path: CopyPath | None = None, chunked_registration: bool = False,
+                 timing_log: list | None = None):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -73,6 +74,8 @@ class SimBackend:
         self.page_bytes = page_bytes
         self.refcheck = refcheck
         self.on_traffic: Callable[[float, str, int], None] | None = None
+        # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
+        self.timing_log = timing_log
         p = profile
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         self.paths = {
@@ -114,7 +117,7 @@ class SimBackend:
             self._fail -= 1
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
-        return self.env.process(self._run(batch, route, fail))
+        return self.env.process(self._run(batch, route, fail, self.env.now))
 
     def compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
@@ -165,7 +168,7 @@ class SimBackend:
         self._compute_s += took_s
         self._compute_nominal_s += nominal_s
 
-    def _run(self, batch: Batch, route, fail: bool):
+    def _run(self, batch: Batch, route, fail: bool, t0: float = 0.0):
         link_dir, disk_dir, res = route
         env = self.env
         nbytes = batch.nbytes
@@ -199,7 +202,20 @@ class SimBackend:
         elif ctas:
             self.cta_pool.put(ctas)
         self._finish(batch, link_dir, disk_dir, fail)
+        if self.timing_log is not None:
+            self._log(batch, link_dir, disk_dir, fail, t0)
         return not fail
+
+    def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float) -> None:
+        if link_dir is None:
+            path = "disk" if disk_dir else "gpu_copy"
+        else:
+            path = self.paths[link_dir].value
+            if disk_dir:
+                path = f"disk+{path}"
+        self.timing_log.append({"t_s": t0, "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
+                                "pages": int(batch.pages), "bytes": int(batch.nbytes), "path": path,
+                                "seconds": self.env.now - t0, "ok": not fail})
 
     def _finish(self, batch: Batch, link_dir, disk_dir, fail: bool) -> None:
         nbytes = batch.nbytes

@@ -96,7 +96,7 @@ class Fluid:
             return done
         self._advance()
         self.jobs.append(Job(work_s, self.env.now, done))
-        self._reschedule()
+        self._reschedule(realloc=self._sm_flows())
         return done
 
     @property
@@ -175,8 +175,18 @@ class Fluid:
                     still.append(i)
             active = still
 
-    def _reschedule(self) -> None:
-        self._allocate()
+    def _sm_flows(self) -> bool:
+        """Whether any flow's rate depends on compute running (an SM copy kernel's)."""
+        for f in self.flows:
+            if f.sm:
+                return True
+        return False
+
+    def _reschedule(self, realloc: bool = True) -> None:
+        # Rates depend on the set of flows, and on whether compute runs only through SM
+        # copy kernels' caps: a job starting or ending with no such flow changes no rate.
+        if realloc:
+            self._allocate()
         self._gen += 1
         t_min = _INF
         for f in self.flows:
@@ -208,7 +218,7 @@ class Fluid:
         if finished_jobs:
             ids = {id(j) for j in finished_jobs}
             self.jobs = [j for j in self.jobs if id(j) not in ids]
-        self._reschedule()
+        self._reschedule(realloc=bool(finished_flows) or self._sm_flows())
         now = self.env.now
         for f in finished_flows:
             f.done.succeed()

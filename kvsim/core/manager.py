@@ -380,6 +380,22 @@ class TierManager:
             self._reserve(pos, excess, sel, rec, batches, incoming=False)
         return self._issue(rec, PlanKind.QUOTA, batches)
 
+    def evict(self, level: Level, npages: int) -> Plan | Refusal:
+        """Plan moving ``npages`` evictable pages out of a tier (one tier colder; dropped from
+        the last tier), e.g. to keep free slots ahead of demand. Victims are chosen as for
+        any eviction; refuses, changing nothing, if that many cannot leave."""
+        pos = self.tier_pos(level)
+        if npages <= 0:
+            raise CoreError(f"evict: npages must be positive, got {npages}")
+        sel = self._select(pos, npages, None, use_free=False)
+        if sel is None:
+            return self._refuse(RefusalReason.NO_ROOM, f"{npages} evictable pages in the "
+                                f"{self.tiers[pos].level.name} tier")
+        rec = _Rec(PlanKind.EVICT, None)
+        batches: list[Batch] = []
+        self._reserve(pos, npages, sel, rec, batches, incoming=False)
+        return self._issue(rec, PlanKind.EVICT, batches)
+
     # == completion =====================================================================
     def complete(self, plan: Plan, ok: bool | Sequence[bool] = True) -> None:
         """Commit or roll back a plan. ``ok`` is one flag for all batches or one per batch.
@@ -527,14 +543,16 @@ class TierManager:
         rec.moves.append((pages, dsts))
         return len(batches) - 1
 
-    def _select(self, pos: int, n: int, exclude: set | None) -> list[list[Page]] | None:
-        """Dry run of making ``n`` slots available in tier ``pos``: the victims per tier,
-        or None if impossible. Changes nothing."""
+    def _select(self, pos: int, n: int, exclude: set | None, use_free: bool = True
+                ) -> list[list[Page]] | None:
+        """Dry run of making ``n`` slots available in tier ``pos`` (with ``use_free`` False:
+        of moving ``n`` pages out of it): the victims per tier, or None if impossible.
+        Changes nothing."""
         sel: list[list[Page]] = [[] for _ in self.tiers]
         need = n
         for t in range(pos, len(self.tiers)):
             tier = self.tiers[t]
-            k = need - min(need, tier.free)
+            k = need - min(need, tier.free) if (use_free or t != pos) else need
             if k == 0:
                 return sel
             victims = sel[t]

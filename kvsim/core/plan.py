@@ -49,6 +49,7 @@ class PlanKind(enum.IntEnum):
     GROW = 0
     RESUME = 1
     QUOTA = 2
+    EVICT = 3
 
 
 @dataclass(frozen=True, slots=True, eq=False)

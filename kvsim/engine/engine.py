@@ -46,6 +46,8 @@ class EngineParams:
     fast_forward: bool = True         # batch identical decode steps (same results, faster)
     refcheck: bool = True             # verify every reused, restored and moved page
     hold_sessions: bool = True        # keep a session's pages held between its turns
+    gpu_free_watermark: float = 0.0   # evict in the background when free GPU slots fall
+    #                                   below this share of the tier (refill to twice it)
     timeline_interval_s: float = 1.0
 
 
@@ -107,6 +109,7 @@ class Engine:
         self._live_sessions = 0
         self._concurrency = 0
         self._inflight = 0                           # plans running on the backend
+        self._evicting = False                       # a background eviction is running
         self._wake = None
         self._dirty = True
         self._admit_seq = count()
@@ -181,6 +184,7 @@ class Engine:
                 self._dirty = False
                 self._admit()
             self._sample()
+            self._maybe_evict()
             batch = self._build_batch()
             if batch is None:
                 if not self._arrivals and not self._waiting and not self._running:
@@ -334,6 +338,32 @@ class Engine:
             self._running.remove(lv)
             lv.state = WAITING
             self._waiting.appendleft(lv)
+        self._notify()
+
+    def _maybe_evict(self) -> None:
+        """Background eviction: keep free GPU slots above the watermark, so grows find room
+        without waiting for a copy, and evictions move in few large batches."""
+        w = self.p.gpu_free_watermark
+        if w <= 0 or self._evicting:
+            return
+        gpu = self.mgr.tiers[0]
+        low = max(1, int(w * gpu.capacity))
+        if gpu.free >= low:
+            return
+        n = min(gpu.index_size(), 2 * low - gpu.free)
+        if n <= 0:
+            return
+        plan = self.mgr.evict(Level.GPU, n)
+        if not plan:
+            return
+        self._evicting = True
+        self._inflight += 1
+        self.rt.process(self._evict_proc(plan))
+
+    def _evict_proc(self, plan):
+        yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
+        self._inflight -= 1
+        self._evicting = False
         self._notify()
 
     # == batching =======================================================================
