@@ -88,6 +88,7 @@ class WorkloadConfig(_Strict):
     time_scale: Annotated[float, Field(gt=0)] = 1.0   # mooncake: multiply timestamps
     limit: Optional[Annotated[int, Field(gt=0)]] = None  # first N requests / sessions
     shared_prefix: bool = False         # agentic: tools + system prefix shared by sessions
+    max_think: Optional[Seconds] = None  # agentic: cap think times (the real ones reach 22 h)
     start: Literal["poisson", "concurrency"] = "poisson"
     sessions_per_s: Annotated[float, Field(gt=0)] = 0.5
     concurrency: Annotated[int, Field(gt=0)] = 16

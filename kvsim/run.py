@@ -71,7 +71,8 @@ def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
     if w.kind == "agentic":
         return wl.load_agentic(path, shared_prefix=w.shared_prefix, limit=w.limit,
                                start=w.start, sessions_per_s=w.sessions_per_s,
-                               concurrency=w.concurrency, seed=cfg.seed)
+                               concurrency=w.concurrency, seed=cfg.seed,
+                               max_think_s=w.max_think)
     seed = w.synthetic.seed if w.synthetic.seed is not None else cfg.seed
     return wl.synthetic_agentic(w.synthetic.n_sessions, seed=seed, start=w.start,
                                 sessions_per_s=w.sessions_per_s, concurrency=w.concurrency)
