@@ -280,13 +280,14 @@ class TierManager:
         if n:
             slots = self._reserve(0, n, sel, rec, batches)
             base = len(req.pages)
-            needs = self._needs(ntokens, nb)
+            b = self.tokens_per_block
             pid = self._next_pid
             pend = []
             prio = req.priority
             for j in range(new):
                 i = base + j
-                pend.append(Page(pid + j, i, 0, slots[cow + j], needs[i], prio, Phase.PENDING))
+                pend.append(Page(pid + j, i, 0, slots[cow + j], min(b, ntokens - i * b), prio,
+                                 Phase.PENDING))
             self._next_pid = pid + new
             rec.pending = pend
             if cow:

@@ -9,10 +9,14 @@ GPU pages for the tokens it is about to compute, and runs the step on the backen
 
 Clock: the engine keeps time in integer nanoseconds, read from the runtime after every
 wait (``round(now * 1e9)``) and compared as integers, so a replay is reproducible to the
-last digit. When nothing can change between steps (only decodes, no transfer in flight,
-no block boundary, no arrival), it fast-forwards: it asks the backend for the whole run of
-identical steps at once. Each step's duration is still computed one by one and rounded to
-a nanosecond, so the decisions and every metric equal a step-by-step replay's.
+last digit. With ``fast_forward`` on, the engine saves work a step-by-step replay would
+spend on what nothing can observe: (1) a run of identical decode steps (no block boundary,
+no finish, no arrival before it ends) is one computation; (2) while no transfer is in
+flight, nothing but the engine acts, so it runs steps ahead of the runtime's clock and
+lets the backend compute the whole run at the next catch-up, which comes before any plan
+starts and before any wait. Each step's duration is still computed one by one and rounded
+to a nanosecond, so decisions and metrics equal a step-by-step replay's (a test and
+benchmarks/sim_speed.py check it).
 
 Between the turns of a session its request is suspended: its pages are held (evictable
 to colder tiers, never dropped) and the next turn finds them by prefix match. When KV is
@@ -95,6 +99,7 @@ class Engine:
         self._seq = count()
         self._waiting: deque[Live] = deque()
         self._running: list[Live] = []               # admitted: onboarding/running/growing
+        self._reserved_pages = 0                     # their final GPU pages, summed
         # Decoding requests are advanced lazily: a global step counter S, each request's
         # kv/gen synced at step s0, and a heap of the steps at which one needs attention
         # (it finishes, or its pages must grow). The summed context is kept as it goes.
@@ -110,6 +115,7 @@ class Engine:
         self._concurrency = 0
         self._inflight = 0                           # plans running on the backend
         self._evicting = False                       # a background eviction is running
+        self._deferred: list = []                    # plan processes to start at the boundary
         self._wake = None
         self._dirty = True
         self._admit_seq = count()
@@ -186,6 +192,9 @@ class Engine:
             self._sample()
             self._maybe_evict()
             batch = self._build_batch()
+            if self._deferred or batch is None:
+                yield from self._catch_up()
+                self._start_deferred()
             if batch is None:
                 if not self._arrivals and not self._waiting and not self._running:
                     break
@@ -201,14 +210,38 @@ class Engine:
                 self._tick()
                 continue
             steps = self._steps(batch)
-            # ask for the time left to an absolute target, so float error never accumulates
-            yield self.backend.compute(max(0.0, (self.t + sum(steps)) / NS - rt.now))
-            self._tick()
+            if self.p.fast_forward and not self._inflight:
+                # Nothing else is running, so nothing can observe the step: run ahead of
+                # the runtime's clock; the backend computes the whole run at the next
+                # catch-up (before any plan starts or any wait).
+                self.t += sum(steps)
+            else:
+                # ask for the time left to an absolute target: float error never accumulates
+                yield self.backend.compute(max(0.0, (self.t + sum(steps)) / NS - rt.now))
+                self._tick()
             self.metrics.steps += len(steps)
             if len(steps) > 1:
                 self.metrics.fast_forwarded_steps += len(steps) - 1
             self._advance(batch, len(steps))
+        yield from self._catch_up()
         self._sample(force=True)
+
+    def _catch_up(self):
+        """Let the backend compute the steps the engine ran ahead of the runtime's clock."""
+        if round(self.rt.now * NS) < self.t:
+            yield self.backend.compute(self.t / NS - self.rt.now)
+            self._tick()
+
+    def _launch(self, proc) -> None:
+        """Start a plan's process once the runtime's clock has caught up with the engine's
+        (at this step boundary, before the step's compute)."""
+        self._inflight += 1
+        self._deferred.append(proc)
+
+    def _start_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for proc in deferred:
+            self.rt.process(proc)
 
     def _tick(self) -> None:
         self.t = max(self.t, round(self.rt.now * NS))
@@ -244,7 +277,7 @@ class Engine:
                 self._waiting.popleft()
                 self._fail(lv, f"needs {need} GPU pages; the GPU tier has {gpu.capacity}")
                 continue
-            if self._committed_pages() + need > gpu.capacity:
+            if self._reserved_pages + need > gpu.capacity:
                 return  # admitted requests will need that room: wait for one to finish
             plan = mgr.resume(lv.req)
             if not plan:
@@ -255,7 +288,7 @@ class Engine:
             lv.seq = next(self._admit_seq)
             if lv.row.admitted_ns < 0:
                 lv.row.admitted_ns = self.t
-            self._running.append(lv)
+            self._add_running(lv)
             if plan.batches:
                 lv.state = ONBOARDING
                 lv.row.onboard_bytes += plan.nbytes
@@ -277,10 +310,16 @@ class Engine:
         """GPU pages the turn holds when it ends (one more for a copy-on-write)."""
         return -(-(lv.prompt + lv.out - 1) // self.B) + 1
 
-    def _committed_pages(self) -> int:
-        """GPU pages the admitted requests will hold at their end: admission keeps their
-        sum within the GPU tier, so running requests grow without preempting each other."""
-        return sum(self._final_pages(lv) for lv in self._running)
+    def _add_running(self, lv: Live) -> None:
+        """Admit: the GPU pages the turn will hold at its end are counted against the GPU
+        tier (admission keeps the sum within it, so admitted turns grow without preempting
+        each other)."""
+        self._running.append(lv)
+        self._reserved_pages += self._final_pages(lv)
+
+    def _remove_running(self, lv: Live) -> None:
+        self._running.remove(lv)
+        self._reserved_pages -= self._final_pages(lv)
 
     def _prepare(self, lv: Live) -> None:
         """Match the turn's prompt: the session's held request keeps its common prefix."""
@@ -322,8 +361,7 @@ class Engine:
 
     # == plans in the background ========================================================
     def _start_plan(self, plan, lv: Live, then: int) -> None:
-        self._inflight += 1
-        self.rt.process(self._plan_proc(plan, lv, then))
+        self._launch(self._plan_proc(plan, lv, then))
 
     def _plan_proc(self, plan, lv: Live, then: int):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
@@ -335,7 +373,7 @@ class Engine:
                 lv.state = then
             self._route(lv)
         else:  # the resume did not complete: back to the head of the queue
-            self._running.remove(lv)
+            self._remove_running(lv)
             lv.state = WAITING
             self._waiting.appendleft(lv)
         self._notify()
@@ -357,8 +395,7 @@ class Engine:
         if not plan:
             return
         self._evicting = True
-        self._inflight += 1
-        self.rt.process(self._evict_proc(plan))
+        self._launch(self._evict_proc(plan))
 
     def _evict_proc(self, plan):
         yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
@@ -458,7 +495,7 @@ class Engine:
             victim = self._preempt_victim()
             if victim is None or (victim is lv and len(self._running) == 1):
                 if len(self._running) == 1:  # alone and still too big: it can never run
-                    self._running.remove(lv)
+                    self._remove_running(lv)
                     self._abort(lv, f"cannot grow to {target} tokens: KV tiers are full")
                 return False  # others are moving pages: try again when they are done
             self._preempt(victim)
@@ -490,7 +527,7 @@ class Engine:
         if fill.pages:
             self.backend.fill(fill)
         self.mgr.suspend(lv.req)
-        self._running.remove(lv)
+        self._remove_running(lv)
         lv.state = WAITING
         lv.row.preemptions += 1
         self.metrics.preemptions += 1
@@ -547,7 +584,7 @@ class Engine:
             lv.row.first_token_ns = self.t
         lv.row.done_ns = self.t
         lv.state = DONE
-        self._running.remove(lv)
+        self._remove_running(lv)
         req = lv.req
         fill = self.mgr.commit(req, lv.kv, final=True)
         if fill.pages:
