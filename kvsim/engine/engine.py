@@ -111,8 +111,6 @@ class Engine:
         self._prefilling: list[Live] = []            # admitted, prompt not fully computed
         self._idle: dict[int, Frame] = {}            # suspended sessions between turns
         self._pending_sessions: deque[Session] = deque()
-        self._live_sessions = 0
-        self._concurrency = 0
         self._inflight = 0                           # plans running on the backend
         self._evicting = False                       # a background eviction is running
         self._deferred: list = []                    # plan processes to start at the boundary
@@ -121,7 +119,6 @@ class Engine:
         self._admit_seq = count()
         self._uids = count()
         self._next_sample = 0
-        self._levels = {int(t.level): t.level.name.lower() for t in mgr.tiers}
 
     # == workload =======================================================================
     def load(self, workload: Workload, start_times_s: Iterable[float] | None = None) -> None:
@@ -131,9 +128,8 @@ class Engine:
         self.block_tokens = workload.block_tokens
         sessions = list(workload.sessions)
         if workload.closed_loop and workload.start == "concurrency":
-            self._concurrency = max(1, workload.concurrency)
             self._pending_sessions.extend(sessions)
-            for _ in range(min(self._concurrency, len(sessions))):
+            for _ in range(min(max(1, workload.concurrency), len(sessions))):
                 self._start_session(self._pending_sessions.popleft(), 0)
             return
         if workload.closed_loop:
@@ -149,7 +145,6 @@ class Engine:
             self._start_session(s, round(at * NS))
 
     def _start_session(self, session: Session, at_ns: int) -> None:
-        self._live_sessions += 1
         cur = Cursor(session, sid=next(self._seq))
         self._schedule_next(cur, at_ns, first=True)
 
@@ -166,7 +161,6 @@ class Engine:
             frame = cur.pop()
             self._release_frame(frame)
             if not cur.stack:
-                self._live_sessions -= 1
                 if self._pending_sessions:
                     self._start_session(self._pending_sessions.popleft(), done_ns)
                 return

@@ -7,8 +7,6 @@ batch's destination is read back and compared with the tags the core expects.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from kvsim.backend import Backend, Runtime
@@ -28,8 +26,7 @@ def check_tags(found: np.ndarray, expected: np.ndarray, what: str) -> None:
                             f"position {i}: found tag {int(found[i]):#x}, expected {int(expected[i]):#x}")
 
 
-def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool,
-             on_batch: Callable[[object, bool], None] | None = None):
+def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool):
     """Generator process: execute ``plan`` and complete it. Returns True if all batches ran."""
     oks = [False] * len(plan.batches)
     index = {id(b): i for i, b in enumerate(plan.batches)}
@@ -40,8 +37,6 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
         for b, ev in zip(stage, events):
             ok = bool(ev.value)
             oks[index[id(b)]] = ok
-            if on_batch is not None:
-                on_batch(b, ok)
             stage_ok &= ok
         if not stage_ok:
             break

@@ -17,7 +17,6 @@ class Frame:
     session: Session
     pos: int = 0
     req: object = None   # the core Request that carries this (sub-)session's pages
-    sub: int = 0         # depth: 0 for a top-level session
 
 
 @dataclass
@@ -42,7 +41,7 @@ class Cursor:
             if isinstance(item, Turn):
                 self.turn_index += 1
                 return top, item
-            self.stack.append(Frame(item, sub=len(self.stack)))
+            self.stack.append(Frame(item))
         return None
 
     def pop(self) -> Frame:
