@@ -3,6 +3,7 @@ for device memory; pinned host memory; a private preallocated file for the disk 
 ``RealtimeRuntime``, which runs the engine's generator processes against the wall clock."""
 
 from .backend import HwBackend
+from .build import build_hw_backend
 from .runtime import RealtimeRuntime
 
-__all__ = ["HwBackend", "RealtimeRuntime"]
+__all__ = ["HwBackend", "RealtimeRuntime", "build_hw_backend"]

@@ -69,7 +69,8 @@ class HwBackend:
                  per_copy_host_s: float = 5e-6, per_cta_bytes_per_s: float | None = None,
                  threads_per_cta: int = 128, sm_ctas: int | None = None,
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
-                 cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True):
+                 cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
+                 disk_preallocate: bool = True, timing_log: list | None = None):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -94,6 +95,12 @@ class HwBackend:
             threads_per_cta = profile.sm.threads_per_cta
         self.refcheck = bool(refcheck)
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
+        # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds),
+        # seconds of wall time from transfer() to the runtime seeing the completion
+        self.timing_log = timing_log
+        self._bytes = {"host_to_gpu": 0, "gpu_to_host": 0, "disk_read": 0, "disk_write": 0}
+        self._counts = {"transfers": 0, "failed_transfers": 0}
+        self._fail_next = 0
         self.cp = _load_cupy() if device != "cpu" else None
         if device == "gpu" and self.cp is None:
             raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
@@ -109,7 +116,7 @@ class HwBackend:
         self.host: HostRegion | None = None
         self.info: dict[str, Any] = {"device": "gpu" if self.on_gpu else "cpu"}
         try:
-            self._build(io_threads, disk_dir, io_hook, direct_io, staging_bytes)
+            self._build(io_threads, disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
             self._choose_paths(copy_path, link_kind, link_bytes_per_s, per_copy_host_s,
                                per_cta_bytes_per_s, sm_ctas, profile)
         except BaseException:
@@ -118,7 +125,7 @@ class HwBackend:
 
     # -- construction ---------------------------------------------------------------
 
-    def _build(self, io_threads, disk_dir, io_hook, direct_io, staging_bytes) -> None:
+    def _build(self, io_threads, disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate=True) -> None:
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
         cp = self.cp
         cuda_rt = cp.cuda.runtime if cp is not None else None
@@ -128,7 +135,8 @@ class HwBackend:
             self.host = HostRegion(self.slots[Level.HOST], self.page_bytes, cuda_rt)
         if Level.DISK in self.slots:
             self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes, io_threads,
-                                  self.piece_bytes, io_hook, direct=direct_io)
+                                  self.piece_bytes, io_hook, direct=direct_io,
+                                  preallocate=disk_preallocate)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)
@@ -199,6 +207,70 @@ class HwBackend:
 
     def transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
         """Move one batch. ``path`` overrides the copy path for GPU <-> host (benchmarks)."""
+        if self._fail_next > 0 and batch.pages:
+            self._fail_next -= 1
+            ev = self._injected_failure(batch)
+        else:
+            ev = self._transfer(batch, path)
+        if batch.pages:
+            self._account(batch, ev, path)
+        return ev
+
+    def fail_next_transfer(self, n: int = 1) -> None:
+        """Test hook: the next ``n`` transfers fail: their destination slots get garbage (a
+        disk slot is marked as holding no completed write) and they succeed with False."""
+        self._fail_next += _positive_int("n", n)
+
+    def _injected_failure(self, batch: Batch) -> Any:
+        dst = np.asarray(batch.dst_slots, dtype=np.int64)
+        lv = Level(batch.dst)
+        if lv == Level.DISK:
+            self.disk.valid[dst] = False
+        elif lv == Level.GPU and self.on_gpu:
+            self.gpu.view[self.cp.asarray(dst)] = 0xAD
+            self.cp.cuda.Device().synchronize()
+        else:
+            self._view(lv)[dst] = 0xAD
+        self.errors.append(f"injected failure of a {batch.src.name}->{batch.dst.name} batch")
+        return self._done(False)
+
+    def path_name(self, src: Level, dst: Level, path: CopyPath | None = None) -> str:
+        """The data path a batch from ``src`` to ``dst`` takes (for logs and comparisons)."""
+        return transfer_path_name(src, dst, (path or self.copy_path).value)
+
+    def _account(self, batch: Batch, ev, path) -> None:
+        import time  # noqa: PLC0415
+        t0, sim0 = time.perf_counter(), self.runtime.now
+        log = self.timing_log
+        nbytes = int(batch.pages) * self.page_bytes
+
+        def done(e):
+            ok = bool(e.value) if e.ok else False
+            self._counts["transfers"] += 1
+            if not ok:
+                self._counts["failed_transfers"] += 1
+            else:
+                for k in _TRAFFIC.get((batch.src, batch.dst), ()):
+                    self._bytes[k] += nbytes
+            if log is not None:
+                log.append({"t_s": sim0, "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
+                            "pages": int(batch.pages), "bytes": nbytes,
+                            "path": self.path_name(batch.src, batch.dst, path),
+                            "seconds": time.perf_counter() - t0, "ok": ok})
+
+        if ev.callbacks is None:
+            done(ev)
+        else:
+            ev.callbacks.append(done)
+
+    def stats(self) -> dict:
+        """Bytes moved by completed transfers (the names the engine's summary reads)."""
+        out: dict = dict(self._bytes)
+        out.update(self._counts)
+        out["copy_path"] = self.copy_path.value
+        return out
+
+    def _transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
         if self._closed:
             raise RuntimeError("the backend is closed")
         if batch.page_bytes != self.page_bytes:
@@ -532,6 +604,28 @@ class HwBackend:
         copied = yield self._from_staging(buf, dst[a:b])
         self.staging.put(buf)
         return bool(copied)
+
+
+_TRAFFIC = {
+    (Level.HOST, Level.GPU): ("host_to_gpu",), (Level.GPU, Level.HOST): ("gpu_to_host",),
+    (Level.DISK, Level.HOST): ("disk_read",), (Level.HOST, Level.DISK): ("disk_write",),
+    (Level.DISK, Level.GPU): ("disk_read", "host_to_gpu"),
+    (Level.GPU, Level.DISK): ("gpu_to_host", "disk_write"),
+}
+
+
+def transfer_path_name(src: Level, dst: Level, copy_path: str) -> str:
+    """A batch's data path as both backends name it: ``copy_engine`` / ``sm_kernel`` for
+    GPU <-> host, ``disk`` for host <-> disk, ``disk+<copy path>`` for GPU <-> disk (staged),
+    ``gpu_copy`` for GPU -> GPU."""
+    pair = {Level(src), Level(dst)}
+    if pair == {Level.GPU}:
+        return "gpu_copy"
+    if pair == {Level.GPU, Level.HOST}:
+        return copy_path
+    if pair == {Level.HOST, Level.DISK}:
+        return "disk"
+    return f"disk+{copy_path}"
 
 
 def _rows(view: np.ndarray, slots: np.ndarray) -> list[np.ndarray]:

@@ -1,8 +1,9 @@
 """The disk tier: one preallocated file of slots, read and written in pieces by a thread pool.
 
 The file is created in ``disk_dir`` with O_EXCL and mode 0600 (private to the user),
-preallocated with posix_fallocate (a full disk fails construction with the sizes), and
-removed on close. Pages are read and written with pread/pwrite in pieces of at most
+preallocated with posix_fallocate (a full disk fails construction with the sizes; with
+``preallocate=False`` the file is sparse and a full disk fails later writes with ENOSPC,
+which fail their transfer), and removed on close. Pages are read and written with pread/pwrite in pieces of at most
 ``piece_bytes``; pieces are grouped into jobs of at most ``piece_bytes`` (so small pages
 do not cost one future each) and run on a ThreadPoolExecutor of ``io_threads``. O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
@@ -41,7 +42,7 @@ class DiskTierError(OSError):
 class DiskStore:
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
                  io_threads: int = 4, piece_bytes: int = 4 << 20, io_hook: IoHook | None = None,
-                 direct: bool = True):
+                 direct: bool = True, preallocate: bool = True):
         self.slots = slots
         self.page_bytes = page_bytes
         self.piece_bytes = piece_bytes
@@ -65,7 +66,10 @@ class DiskStore:
         self.pool: ThreadPoolExecutor | None = None
         self._unlink = weakref.finalize(self, _unlink_quietly, self.path)  # even on a crash
         try:
-            self._preallocate(d)
+            if preallocate:
+                self._preallocate(d)
+            else:  # a sparse file: a full disk shows up later as ENOSPC on a write
+                os.ftruncate(self.fd, self.nbytes)
             if direct:
                 self.direct_fd = self._open_direct()
         except BaseException:

@@ -16,6 +16,7 @@ region; ``close`` undoes them in reverse order and is idempotent.
 from __future__ import annotations
 
 import mmap
+import sys
 
 import numpy as np
 
@@ -31,8 +32,13 @@ class DeviceArena:
         self.xp = xp
         self.slots = slots
         self.page_bytes = page_bytes
+        self._mm = None
         try:
-            self.flat = xp.zeros(slots * page_bytes, dtype=xp.uint8)
+            if xp is np:  # CPU mode: a lazily committed mapping (only touched slots cost RAM)
+                self._mm = _lazy_mmap(slots * page_bytes)
+                self.flat = np.frombuffer(self._mm, dtype=np.uint8)[: slots * page_bytes]
+            else:
+                self.flat = xp.zeros(slots * page_bytes, dtype=xp.uint8)
         except Exception as e:  # cupy OutOfMemoryError, numpy MemoryError
             raise MemoryError(f"slots[GPU]: {slots} slots of {page_bytes} bytes "
                               f"({slots * page_bytes} bytes) could not be allocated: {e}") from None
@@ -44,6 +50,24 @@ class DeviceArena:
 
     def close(self) -> None:
         self.flat = self.view = None
+        mm, self._mm = self._mm, None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+
+
+def _lazy_mmap(nbytes: int) -> mmap.mmap:
+    """An anonymous private mapping of ``nbytes`` (rounded up to a page), MAP_NORESERVE
+    where the platform has it: memory is committed page by page on first touch."""
+    size = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+    noreserve = getattr(mmap, "MAP_NORESERVE", 0x4000 if sys.platform.startswith("linux") else 0)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | noreserve
+    try:
+        return mmap.mmap(-1, size, flags=flags)
+    except OSError as e:
+        raise MemoryError(f"{nbytes} bytes could not be mapped: {e}") from None
 
 
 class HostRegion:
@@ -59,11 +83,8 @@ class HostRegion:
         self._cuda = cuda
         self._registered: list[int] = []
         self.dev_ptr: int | None = None
-        size = max(mmap.PAGESIZE, -(-self.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
-        try:
-            self._mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        except OSError as e:
-            raise MemoryError(f"host memory of {self.nbytes} bytes could not be mapped: {e}") from None
+        # CPU mode maps lazily (MAP_NORESERVE); on a GPU every page is pinned anyway
+        self._mm = _lazy_mmap(self.nbytes)
         self.flat = np.frombuffer(self._mm, dtype=np.uint8)[: self.nbytes]
         self.view = self.flat.reshape(slots, page_bytes)
         self.ptr = int(self.flat.ctypes.data)

@@ -1,0 +1,133 @@
+"""``kvsim compare``: one config and trace replayed on both backends, side by side.
+
+Both replays use the same prepared run (config, model, profile, workload, start times);
+each backend keeps a per-batch timing log (src, dst, pages, bytes, path, seconds). The
+report holds, for each metric, the sim value, the hw value and the relative error
+``(sim - hw) / hw`` (hw is the reference):
+
+- transfers, per (src, dst, path): batches, bytes, median seconds a batch, median and
+  aggregate GB/s (bytes over seconds);
+- TTFT p50 / p90, requests and output tokens per second, hit tokens by tier.
+
+Batches are matched by kind, not one to one: admission and eviction can depend on timing,
+so the two replays need not move the same batches (their counts are in the report).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Iterable
+
+from kvsim.config import RunConfig
+from kvsim.run import Result, prepare_run, replay
+
+
+def rel_err(sim: float | None, hw: float | None) -> float | None:
+    """(sim - hw) / hw, or None when either is missing or hw is 0 (0 when both are 0)."""
+    if sim is None or hw is None:
+        return None
+    if hw == 0:
+        return 0.0 if sim == 0 else None
+    return (sim - hw) / hw
+
+
+def transfer_table(log: Iterable[dict]) -> dict[str, dict]:
+    """Per ``src->dst path``: batches, pages, bytes, seconds (sum and median), GB/s."""
+    groups: dict[str, list[dict]] = {}
+    for r in log:
+        if r.get("ok", True) and r["pages"]:
+            groups.setdefault(f"{r['src']}->{r['dst']} {r['path']}", []).append(r)
+    out = {}
+    for key, rows in sorted(groups.items()):
+        secs = [r["seconds"] for r in rows]
+        total_s = sum(secs)
+        nbytes = sum(r["bytes"] for r in rows)
+        out[key] = {"batches": len(rows), "pages": sum(r["pages"] for r in rows), "bytes": nbytes,
+                    "seconds_sum": total_s, "seconds_p50": statistics.median(secs),
+                    "GBps": nbytes / total_s / 1e9 if total_s > 0 else None,
+                    "GBps_p50": statistics.median(r["bytes"] / r["seconds"] / 1e9
+                                                  for r in rows if r["seconds"] > 0)
+                    if any(r["seconds"] > 0 for r in rows) else None,
+                    "page_bytes": rows[0]["bytes"] // max(1, rows[0]["pages"])}
+    return out
+
+
+def headline(result: Result) -> dict[str, float | None]:
+    m = result.metrics
+    out = {"ttft_p50_s": m["ttft_s"]["p50"], "ttft_p90_s": m["ttft_s"]["p90"],
+           "requests_per_s": m["throughput"]["requests_per_s"],
+           "output_tokens_per_s": m["throughput"]["output_tokens_per_s"],
+           "requests_completed": m["requests_completed"], "requests_failed": m["requests_failed"]}
+    for tier, v in m["hit_tokens"].items():
+        out[f"hit_tokens_{tier}"] = v
+    return out
+
+
+def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict]) -> dict:
+    """The side-by-side report of two finished replays and their timing logs."""
+    hs, hh = headline(sim), headline(hw)
+    metrics = {k: {"sim": hs.get(k), "hw": hh.get(k), "rel_err": rel_err(hs.get(k), hh.get(k))}
+               for k in dict.fromkeys([*hs, *hh])}
+    ts, th = transfer_table(sim_log), transfer_table(hw_log)
+    transfers = {}
+    for key in dict.fromkeys([*th, *ts]):
+        a, b = ts.get(key, {}), th.get(key, {})
+        transfers[key] = {
+            "sim": a, "hw": b,
+            "rel_err_seconds_p50": rel_err(a.get("seconds_p50"), b.get("seconds_p50")),
+            "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
+        }
+    return {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
+            "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
+
+
+def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = None) -> tuple[dict, Result, Result]:
+    """Replay ``cfg`` (and ``trace``) on the sim backend, then on the hw backend."""
+    prep = prepare_run(cfg, trace)
+    sim_log: list[dict] = []
+    hw_log: list[dict] = []
+    sim = replay(prep, "sim", backend_options={"timing_log": sim_log})
+    hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log})
+    report = compare_results(sim, hw, sim_log, hw_log)
+    report["hw_options"] = {k: v for k, v in (hw_options or {}).items() if k != "timing_log"}
+    report["logs"] = {"sim": sim_log, "hw": hw_log}
+    return report, sim, hw
+
+
+def write_report(report: dict, out: Path) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return out / "compare.json"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _num(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def report_tables(report: dict):
+    """Two rich tables: headline metrics and transfers."""
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=f"kvsim compare {report['config']}: sim vs hw (rel err = (sim - hw) / hw)")
+    for c in ("metric", "sim", "hw", "rel err"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for k, v in report["metrics"].items():
+        t.add_row(k, _num(v["sim"]), _num(v["hw"]), _pct(v["rel_err"]))
+    x = Table(title="transfers per batch kind")
+    for c in ("src->dst path", "batches sim/hw", "p50 s sim", "p50 s hw", "err", "GB/s sim", "GB/s hw", "err"):
+        x.add_column(c, justify="left" if c.startswith("src") else "right")
+    for k, v in report["transfers"].items():
+        a, b = v["sim"], v["hw"]
+        x.add_row(k, f"{a.get('batches', 0)}/{b.get('batches', 0)}", _num(a.get("seconds_p50")),
+                  _num(b.get("seconds_p50")), _pct(v["rel_err_seconds_p50"]), _num(a.get("GBps")),
+                  _num(b.get("GBps")), _pct(v["rel_err_GBps"]))
+    return t, x

@@ -1,0 +1,61 @@
+"""``kvsim calibrate`` and ``kvsim compare`` in CPU mode, on tiny sizes (CI).
+
+Scenario 1: calibrate writes a profile that loads as a HardwareProfile, with a report
+holding every measured cell and the sim's fit check of each.
+Scenario 2: compare replays a tiny config on both backends and reports TTFT, throughput,
+hit tokens by tier and per-batch transfer times, each with a relative error.
+"""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from kvsim.calibrate import calibrate
+from kvsim.cli import app
+from kvsim.compare import compare, rel_err, transfer_table
+from kvsim.config import load_config
+from kvsim.hardware import load_profile
+
+# 4 KiB pages of 32 tokens: the replay's shape at a tiny byte size (CPU mode stays fast)
+TINY = ["workload.synthetic.n_sessions=2", "model=llama-3-8b", "cache.page_bytes=4KiB",
+        "cache.tiers=[{level: gpu, quota: 4MiB}, {level: host, quota: 2MiB}, {level: disk, quota: 8MiB}]"]
+
+
+def test_calibrate_cpu_writes_a_loadable_profile(tmp_path):
+    out = tmp_path / "hw" / "cpu-cal.yaml"
+    report = calibrate(out, device="cpu")
+    prof = load_profile(out)
+    assert prof.name == "cpu-cal" and prof.link.h2d > 0 and prof.nvme.read > 0
+    assert report["device"] == "cpu" and report["seconds"] < 30
+    assert {c["dir"] for c in report["copies"]} == {"h2d", "d2h", "both"}
+    assert len(report["fit_check"]) == len(report["copies"])
+    assert "base: h200-pcie" in out.read_text()
+    saved = json.loads((tmp_path / "hw" / "cpu-cal.yaml.report.json").read_text())
+    assert saved["profile"] == str(out)
+
+
+def test_calibrate_cli_refuses_a_non_yaml_out(tmp_path):
+    r = CliRunner().invoke(app, ["calibrate", "--out", str(tmp_path / "x.txt"), "--device", "cpu"])
+    assert r.exit_code == 2 and "--out" in r.output
+
+
+def test_compare_tiny_config_cpu(tmp_path):
+    cfg = load_config("default", TINY)
+    report, sim, hw = compare(cfg, hw_options={"device": "cpu", "time_scale": 20.0})
+    m = report["metrics"]
+    for key in ("ttft_p50_s", "ttft_p90_s", "requests_per_s", "hit_tokens_gpu", "hit_tokens_host",
+                "hit_tokens_disk"):
+        assert set(m[key]) == {"sim", "hw", "rel_err"}
+    assert m["requests_completed"]["sim"] == m["requests_completed"]["hw"] > 0
+    assert report["logs"]["sim"] and report["logs"]["hw"]  # both backends logged batches
+    for row in report["logs"]["hw"]:
+        assert set(row) >= {"src", "dst", "pages", "bytes", "path", "seconds"}
+    assert set(report["transfers"]) == set(transfer_table(report["logs"]["sim"])) | \
+        set(transfer_table(report["logs"]["hw"]))
+
+
+def test_rel_err():
+    assert rel_err(1.1, 1.0) == 1.1 / 1.0 - 1
+    assert rel_err(0, 0) == 0.0 and rel_err(1, 0) is None and rel_err(None, 1) is None
