@@ -71,11 +71,13 @@ def run(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvsim.config import ConfigFileError, load_config
-    from kvsim.run import output_dir, prepare_run, replay, write_results
+    from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_results
     from kvsim.workload import TraceError
 
     console = Console(stderr=True)
     try:
+        if backend not in BACKENDS:
+            raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
         cfg = load_config(config, set_)
         prep = prepare_run(cfg, trace)
         dest = output_dir(cfg, out)
@@ -100,6 +102,59 @@ def run(
         raise typer.Exit(1)
     Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})"))
     Console().print(f"results: {path}")
+
+
+@app.command()
+def calibrate(
+    out: str = typer.Option(..., help="profile to write, e.g. configs/hardware/NAME.yaml"),
+    base: str = typer.Option("h200-pcie", help="base profile for what cannot be measured"),
+    device: str = typer.Option("auto", help="auto, cpu or gpu"),
+):
+    """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
+    from kvsim.calibrate import calibrate as run_calibration
+
+    console = Console(stderr=True)
+    try:
+        report = run_calibration(out, base=base, device=device)
+    except (ValueError, OSError, RuntimeError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    t = Table(title=f"calibrate ({report['device']}): fit check, sim vs measured")
+    for c in ("page", "path", "dir", "hw GB/s", "sim GB/s", "rel err"):
+        t.add_column(c, justify="right")
+    for r in report["fit_check"]:
+        t.add_row(f"{r['page'] // 1024} KiB", r["path"], r["dir"], f"{r['hw_GBps']:.2f}",
+                  f"{r['sim_GBps']:.2f}", f"{r['rel_err'] * 100:+.1f}%")
+    Console().print(t)
+    Console().print(f"profile: {out} ({report['seconds']:.1f} s)")
+
+
+@app.command()
+def compare(
+    config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
+    trace: Optional[str] = typer.Option(None, help="trace file or directory (overrides workload.path)"),
+    set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
+    out: Optional[str] = typer.Option(None, help="folder for compare.json (default: output.dir + '-compare')"),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
+    device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
+):
+    """Replay one config and trace on the sim and the hw backends; report both side by side."""
+    from kvsim.compare import compare as run_compare, report_tables, write_report
+    from kvsim.config import ConfigFileError, load_config
+    from kvsim.workload import TraceError
+
+    console = Console(stderr=True)
+    try:
+        cfg = load_config(config, set_)
+        report, _, _ = run_compare(cfg, trace, {"time_scale": time_scale, "device": device})
+    except (ConfigFileError, TraceError, ValueError, OSError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2)
+    dest = Path(out or (cfg.output.dir.format(name=cfg.name) + "-compare"))
+    path = write_report(report, dest)
+    for t in report_tables(report):
+        Console().print(t)
+    Console().print(f"report: {path}")
 
 
 @app.command()
