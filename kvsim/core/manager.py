@@ -27,6 +27,7 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
+from kvsim.core.eviction import Eviction, _Rec
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
@@ -38,7 +39,6 @@ from kvsim.core.types import Phase, ReqState
 
 _RESIDENT = Phase.RESIDENT
 _MOVING = Phase.MOVING
-_EMPTY = np.empty(0, dtype=np.int64)
 
 
 class Request:
@@ -68,25 +68,7 @@ class Request:
         return f"Request({self.rid}, {self.state.name}, pages={len(self.pages)}, tokens={self.tokens})"
 
 
-class _Rec:
-    """What the manager remembers about a plan in flight (never leaves the manager)."""
-
-    __slots__ = ("kind", "req", "moves", "handed", "handed_sets", "pending", "cow", "quota",
-                 "target")
-
-    def __init__(self, kind: PlanKind, req: Request | None):
-        self.kind = kind
-        self.req = req
-        self.moves: list[tuple[list[Page], list[int]]] = []  # per batch: pages, dst slots
-        self.handed: dict[int, int] = {}  # tier pos -> evict batch whose sources it reuses
-        self.pending: list[Page] = []     # grow: new pages, phase PENDING
-        self.cow: Page | None = None      # grow: the private copy of a shared last page
-        self.quota: tuple[int, int] | None = None  # (tier pos, old capacity)
-        self.target = 0                   # grow: tokens the request covers once committed
-        self.handed_sets: dict[int, set[int]] = {}
-
-
-class TierManager:
+class TierManager(Eviction):
     def __init__(self, spec: ManagerSpec):
         self.spec = spec
         self.page_bytes = spec.page_bytes
@@ -420,7 +402,7 @@ class TierManager:
                 continue  # handled with the grow's pending pages
             pages, dsts = rec.moves[bi]
             src_pos, dst_pos = self._pos[b.src], self._pos[b.dst]
-            src_tier, dst_tier = tiers[src_pos], tiers[dst_pos]
+            src_tier = tiers[src_pos]
             if good:
                 handed = src_pos in rec.handed and rec.handed[src_pos] == bi
                 for p, d in zip(pages, dsts):
@@ -531,135 +513,6 @@ class TierManager:
             rec.req.plan = pid
         self.counters.plans += 1
         return Plan(pid, kind, tuple(batches), new_pages)
-
-    def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
-                   pages: list[Page], dsts: list[int], stage: int) -> int:
-        n = len(pages)
-        batches.append(Batch(
-            kind=kind, src=self.tiers[src].level, dst=self.tiers[dst].level,
-            src_slots=np.fromiter((p.slot for p in pages), np.int64, n),
-            dst_slots=np.array(dsts, dtype=np.int64),
-            tags=np.fromiter((p.tag for p in pages), np.uint64, n),
-            page_bytes=self.page_bytes, stage=stage))
-        rec.moves.append((pages, dsts))
-        return len(batches) - 1
-
-    def _select(self, pos: int, n: int, exclude: set | None, use_free: bool = True
-                ) -> list[list[Page]] | None:
-        """Dry run of making ``n`` slots available in tier ``pos`` (with ``use_free`` False:
-        of moving ``n`` pages out of it): the victims per tier, or None if impossible.
-        Changes nothing."""
-        sel: list[list[Page]] = [[] for _ in self.tiers]
-        need = n
-        for t in range(pos, len(self.tiers)):
-            tier = self.tiers[t]
-            k = need - min(need, tier.free) if (use_free or t != pos) else need
-            if k == 0:
-                return sel
-            victims = sel[t]
-            if tier.is_last:
-                # Only leaves drop. A candidate skipped for its children becomes a leaf once
-                # they are picked: it is picked right after its last child (it is older than
-                # the candidate being looked at), so children always drop before parents.
-                gone: dict[int, int] = {}
-                skipped: set[int] = set()
-                for p in tier.candidates():
-                    if exclude and p in exclude:
-                        continue
-                    if p.nchildren - gone.get(p.pid, 0) > 0:
-                        skipped.add(p.pid)
-                        continue
-                    while p is not None:
-                        victims.append(p)
-                        if len(victims) == k:
-                            return sel
-                        q = p.parent
-                        if q is None:
-                            break
-                        gone[q.pid] = gone.get(q.pid, 0) + 1
-                        p = q if q.pid in skipped and q.nchildren == gone[q.pid] else None
-                        if p is not None:
-                            skipped.discard(p.pid)
-                return None
-            for p in tier.candidates():
-                if exclude and p in exclude:
-                    continue
-                victims.append(p)
-                if len(victims) == k:
-                    break
-            else:
-                return None
-            need = k
-        return None
-
-    def _reserve(self, pos: int, n: int, sel: list[list[Page]], rec: _Rec,
-                 batches: list[Batch], incoming: bool = True) -> list[int]:
-        """Apply a selection: ``n`` slots of tier ``pos`` for incoming pages (victims' slots
-        handed over after free ones). Evictions are added to ``batches``, deepest first."""
-        tier = self.tiers[pos]
-        victims = sel[pos]
-        slots = tier.alloc_many(n - len(victims)) if incoming else []
-        if not victims:
-            return slots
-        if tier.is_last:
-            for v in victims:
-                self._drop(v)
-            if incoming:
-                slots.extend(tier.alloc_many(len(victims)))
-            return slots
-        dst = self._reserve(pos + 1, len(victims), sel, rec, batches)
-        for v in victims:
-            v.phase = _MOVING
-        tier.index_discard_many(victims)
-        stage = len(self.tiers) - 2 - pos
-        bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, pos + 1, victims, dst, stage)
-        if incoming:
-            rec.handed[pos] = bi
-            slots.extend(v.slot for v in victims)
-        return slots
-
-    def _rollback_slot(self, rec: _Rec, batches: Sequence[Batch], oks: list[bool], pos: int,
-                       slot: int) -> None:
-        """Give back a destination slot of a batch that did not commit."""
-        bi = rec.handed.get(pos)
-        if bi is not None and pos not in rec.handed_sets:
-            rec.handed_sets[pos] = set(batches[bi].src_slots.tolist())
-        if bi is not None and slot in rec.handed_sets[pos]:
-            if oks[bi]:
-                self.tiers[pos].release(slot)  # its old owner left: the slot is free
-            return  # its old owner failed to leave and still owns it
-        self.tiers[pos].release(slot)
-
-    def _drop(self, page: Page) -> None:
-        tier = self.tiers[page.tier]
-        tier.index_discard(page)
-        self.tree.remove(page)
-        tier.release(page.slot)
-        page.phase = Phase.DROPPED
-        del self._pages[page.pid]
-        self.counters.dropped_pages[tier.level] += 1
-
-    def _settle(self, page: Page, touch: bool) -> None:
-        """Put a resident page where its owners say it belongs: out of the index if locked,
-        freed if nobody refers to it, else in its tier's index (moved to the most recent
-        end when ``touch``). Pages in flight are settled when their plan completes."""
-        if page.phase is not _RESIDENT:
-            return
-        tier = self.tiers[page.tier]
-        if page.locks:
-            tier.index_discard(page)
-        elif not page.holds and not page.in_tree:
-            tier.index_discard(page)
-            tier.release(page.slot)
-            page.phase = Phase.FREED
-            del self._pages[page.pid]
-            self.counters.freed_pages[tier.level] += 1
-        elif page.holds and tier.is_last:
-            tier.index_discard(page)
-        elif touch:
-            tier.index_touch(page)
-        elif not tier.index_contains(page):
-            tier.index_add(page)
 
     def _reinsert_chain(self, req: Request, i: int) -> Page | None:
         """The tree lost the page for the request's block ``i`` (a twin was dropped): put the
