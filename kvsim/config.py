@@ -75,6 +75,7 @@ class EngineConfig(_Strict):
     refcheck: bool = True
     hold_sessions: bool = True
     gpu_free_watermark: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    max_plan_failures: Annotated[int, Field(gt=0)] = 3
 
 
 class SyntheticConfig(_Strict):

@@ -127,6 +127,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                           fast_forward=e.fast_forward, refcheck=e.refcheck,
                           hold_sessions=e.hold_sessions,
                           gpu_free_watermark=e.gpu_free_watermark,
+                          max_plan_failures=e.max_plan_failures,
                           timeline_interval_s=cfg.output.timeline_interval)
     engine = Engine(rt, be, mgr, model, params)
     engine.load(prep.workload, prep.starts)

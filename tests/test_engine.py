@@ -258,3 +258,35 @@ def test_closed_loop_session_think_time_and_held_prefix():
     assert r3.hit_gpu == 96  # turn 2 left blocks 1-3 full; its 4-token block 4 is too short
     assert all(r.done_ns > 0 and not r.failed for r in (r1, r2, rs, r3))
     assert len(list(mgr.requests())) == 0  # every request closed once the session ended
+
+
+def test_transfers_that_keep_failing_fail_the_request_not_the_run():
+    """Story: a prefix sits on host, but every transfer fails (a broken link or a full
+    disk). The engine retries the resume, then gives up after max_plan_failures attempts:
+    the request is reported failed with the reason, the run ends, no page was served."""
+    mgr, rt, be, cm, eng, _ = _setup(gpu_pages=8, host_pages=64,
+                                     params=EngineParams(max_plan_failures=3))
+    prefix = [10, 11, 12, 13]
+
+    def prelude():
+        req = mgr.create("global", prefix, 128)
+        mgr.complete(mgr.resume(req))
+        mgr.complete(mgr.grow(req, 128))
+        be.fill(mgr.commit(req, 128))
+        mgr.close(req)
+        yield from run_plan(rt, be, mgr, mgr.set_quota(Level.GPU, mgr.page_bytes), refcheck=True)
+        mgr.complete(mgr.set_quota(Level.GPU, 8 * mgr.page_bytes))
+
+    rt.run(until=rt.process(prelude()))
+    be.fail_next_transfer(1000)
+    eng.load(_open([Turn(input_tokens=168, output_tokens=4, hash_ids=tuple(prefix + [14, 15]),
+                         arrival_s=10.0),
+                    Turn(input_tokens=40, output_tokens=2, hash_ids=(7, 8), arrival_s=10.0)]))
+    eng.t = round(rt.now * NS)
+    rt.run(until=rt.process(eng.serve()))
+    bad, good = eng.metrics.rows
+    assert bad.failed.startswith("transfers failed 3 times in a row")
+    assert bad.first_token_ns < 0
+    assert not good.failed and good.done_ns > 0      # the rest of the run went on
+    assert mgr.counters.failed_batches == 3
+    assert eng.metrics.requests_failed == 1

@@ -52,6 +52,8 @@ class EngineParams:
     hold_sessions: bool = True        # keep a session's pages held between its turns
     gpu_free_watermark: float = 0.0   # evict in the background when free GPU slots fall
     #                                   below this share of the tier (refill to twice it)
+    max_plan_failures: int = 3        # a request whose transfers fail this often in a row
+    #                                   fails (reason in its row) instead of retrying forever
     timeline_interval_s: float = 1.0
 
 
@@ -59,7 +61,7 @@ class Live:
     """One turn inside the engine."""
 
     __slots__ = ("row", "turn", "frame", "cursor", "req", "blocks", "prompt", "out",
-                 "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due")
+                 "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due", "failures")
 
     def __init__(self, row: Row, turn: Turn, frame: Frame, cursor: Cursor, blocks: list,
                  uid: int):
@@ -79,6 +81,7 @@ class Live:
         self.uid = uid
         self.s0 = 0            # decoding: engine step at which kv and gen were last synced
         self.due = -1          # decoding: engine step at which it needs attention again
+        self.failures = 0      # consecutive plans of this turn whose transfers failed
 
 
 class Engine:
@@ -113,6 +116,8 @@ class Engine:
         self._pending_sessions: deque[Session] = deque()
         self._inflight = 0                           # plans running on the backend
         self._evicting = False                       # a background eviction is running
+        self._evict_failures = 0                     # consecutive failed background evictions
+        self._evict_off = False
         self._deferred: list = []                    # plan processes to start at the boundary
         self._wake = None
         self._dirty = True
@@ -360,23 +365,37 @@ class Engine:
     def _plan_proc(self, plan, lv: Live, then: int):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
         self._inflight -= 1
+        lv.failures = 0 if ok else lv.failures + 1
+        give_up = lv.failures >= self.p.max_plan_failures
         if lv.req.state is ReqState.ACTIVE:
             if lv.state == ONBOARDING:
                 self._on_resumed(lv)
             else:
                 lv.state = then
-            self._route(lv)
-        else:  # the resume did not complete: back to the head of the queue
+            if give_up:  # its grow failed again and again: stop retrying
+                self._remove_running(lv)
+                self._abort(lv, self._failure_reason(lv))
+            else:
+                self._route(lv)
+        else:  # the resume did not complete
             self._remove_running(lv)
-            lv.state = WAITING
-            self._waiting.appendleft(lv)
+            if give_up:
+                self._fail(lv, self._failure_reason(lv))
+            else:  # back to the head of the queue, to retry
+                lv.state = WAITING
+                self._waiting.appendleft(lv)
         self._notify()
+
+    def _failure_reason(self, lv: Live) -> str:
+        errors = getattr(self.backend, "errors", None)
+        last = f": {errors[-1]}" if errors else ""
+        return f"transfers failed {lv.failures} times in a row{last}"
 
     def _maybe_evict(self) -> None:
         """Background eviction: keep free GPU slots above the watermark, so grows find room
         without waiting for a copy, and evictions move in few large batches."""
         w = self.p.gpu_free_watermark
-        if w <= 0 or self._evicting:
+        if w <= 0 or self._evicting or self._evict_off:
             return
         gpu = self.mgr.tiers[0]
         low = max(1, int(w * gpu.capacity))
@@ -392,9 +411,14 @@ class Engine:
         self._launch(self._evict_proc(plan))
 
     def _evict_proc(self, plan):
-        yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
         self._inflight -= 1
         self._evicting = False
+        self._evict_failures = 0 if ok else self._evict_failures + 1
+        if self._evict_failures >= self.p.max_plan_failures:
+            # the tier below keeps failing: stop evicting ahead of demand (grows still
+            # evict for themselves, and give up the same way)
+            self._evict_off = True
         self._notify()
 
     # == batching =======================================================================

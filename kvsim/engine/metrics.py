@@ -110,6 +110,7 @@ class Metrics:
             "dropped_pages": by_level(counters["dropped_pages"]),
             "offloaded_pages": counters["offloaded_pages"],
             "onboarded_pages": counters["onboarded_pages"],
+            "failed_batches": counters["failed_batches"],
             "preemptions": self.preemptions,
             "holds_released": self.holds_released,
             "engine_steps": self.steps,
