@@ -90,6 +90,7 @@ class WorkloadConfig(_Strict):
     limit: Optional[Annotated[int, Field(gt=0)]] = None  # first N requests / sessions
     shared_prefix: bool = False         # agentic: tools + system prefix shared by sessions
     max_think: Optional[Seconds] = None  # agentic: cap think times (the real ones reach 22 h)
+    max_turns: Optional[Annotated[int, Field(gt=0)]] = None  # keep each session's first turns
     start: Literal["poisson", "concurrency"] = "poisson"
     sessions_per_s: Annotated[float, Field(gt=0)] = 0.5
     concurrency: Annotated[int, Field(gt=0)] = 16

@@ -64,6 +64,15 @@ def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
 def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
     from kvsim import workload as wl
 
+    workload = _load_workload(cfg, trace)
+    if cfg.workload.max_turns is not None:
+        workload = wl.first_turns(workload, cfg.workload.max_turns)
+    return workload
+
+
+def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
+    from kvsim import workload as wl
+
     w = cfg.workload
     path = trace or w.path
     if w.kind == "mooncake":

@@ -258,6 +258,29 @@ def test_background_evict_frees_gpu_slots_ahead_of_demand():
     check(m, be)
 
 
+def test_a_full_host_tier_is_skipped_gpu_victims_go_straight_to_disk():
+    """Story: request A's two pages were pushed to the host tier, which they fill. The GPU
+    is full of B's held pages. Resuming A needs two GPU slots; B's pages cannot go to host
+    (its only pages are A's, which are leaving), so they go straight to disk (staged through
+    host by the backend), and A's pages come up. Nothing is dropped: B's pages are held."""
+    m = make_manager(gpu=2, host=2, disk=4)
+    be = backend_for(m)
+    a = new_active(m, be, 8, family=1)
+    m.suspend(a)
+    b = new_active(m, be, 8, family=2)            # evicts A's pages to host
+    m.suspend(b)
+    assert [p.tier for p in a.pages] == [1, 1] and [p.tier for p in b.pages] == [0, 0]
+    assert m.tiers[1].free == 0
+    plan = m.resume(a)
+    assert plan, plan
+    kinds = [(x.kind, x.src, x.dst, x.stage) for x in plan.batches]
+    assert kinds == [(BatchKind.EVICT, GPU, DISK, 1), (BatchKind.ONBOARD, HOST, GPU, 2)]
+    run(m, be, plan)
+    assert [p.tier for p in a.pages] == [0, 0] and [p.tier for p in b.pages] == [2, 2]
+    assert m.counters.moved_pages[0][2] == 2 and m.counters.dropped_pages == [0, 0, 0]
+    check(m, be)
+
+
 # -- resume ------------------------------------------------------------------------------
 
 def test_resume_onboards_held_pages_and_refcheck_passes():

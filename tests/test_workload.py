@@ -373,3 +373,20 @@ def test_session_start_times_poisson_seeded():
     assert len(session_start_times(w)) == 5
     with pytest.raises(ValueError, match="sessions_per_s > 0"):
         session_start_times(Workload("x", 64, True, (), start="concurrency", concurrency=2))
+
+
+def test_first_turns_cuts_sessions_and_subagents_in_replay_order():
+    from kvsim.workload import Session, Turn, first_turns
+
+    t = lambda n: Turn(input_tokens=n, output_tokens=1, hash_ids=tuple(range(-(-n // 64))))  # noqa: E731
+    sub = Session("s/sub", "s", (t(70), t(80), t(90)))
+    s = Session("s", "s", (t(10), sub, t(200)))
+    w = Workload("w", 64, True, (s,), start="poisson", sessions_per_s=1.0)
+    two = first_turns(w, 2)
+    (cut,) = two.sessions
+    assert cut.items[0] == t(10) and isinstance(cut.items[1], Session)
+    assert cut.items[1].items == (t(70),)
+    assert two.n_requests == 2
+    assert first_turns(w, 10) == w
+    with pytest.raises(ValueError, match="positive"):
+        first_turns(w, 0)

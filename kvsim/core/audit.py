@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from kvsim.core.keys import tag_of
-from kvsim.core.plan import BatchKind, PlanKind
+from kvsim.core.plan import BatchKind
 from kvsim.core.types import PageState, Phase, ReqState
 
 _LIVE = (Phase.RESIDENT, Phase.MOVING)
@@ -244,19 +244,5 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
 
 
 def _batches(m, rec):
-    """(moves, kind, destination tier position) of each batch a plan record remembers.
-
-    The record keeps no batch kinds, so they are inferred: a grow's copy-on-write source
-    is a locked resident page; a resume's own pages are onboarded to GPU; anything else is
-    an eviction one tier colder."""
-    own = {id(p) for p in rec.req.pages} if rec.kind is PlanKind.RESUME else set()
-    out = []
-    for pgs, dsts in rec.moves:
-        p = pgs[0]
-        if rec.cow is not None and len(pgs) == 1 and p.phase is not Phase.MOVING:
-            out.append(((pgs, dsts), BatchKind.COPY, 0))
-        elif id(p) in own:
-            out.append(((pgs, dsts), BatchKind.ONBOARD, 0))
-        else:
-            out.append(((pgs, dsts), BatchKind.EVICT, p.tier + 1))
-    return out
+    """(moves, kind, destination tier position) of each batch a plan record remembers."""
+    return [(mv, kind, dst) for mv, (kind, dst) in zip(rec.moves, rec.batch_info)]

@@ -2,9 +2,10 @@
 
 ``_select`` is a dry run: the victims each tier must give up so that ``n`` slots are
 available in a tier (lowest priority, then least recently used, first; in the last tier
-only droppable leaves, children before parents), or None, changing nothing. ``_reserve``
+only droppable leaves, children before parents), and the tier each tier's victims go to
+(the nearest colder one that can take them), or None, changing nothing. ``_reserve``
 applies a selection, deepest tier first: last-tier victims drop; others are pinned
-(MOVING) and get a destination slot one tier colder; the slots they vacate are handed over
+(MOVING) and get a destination slot in their colder tier; the slots they vacate are handed over
 to the pages coming in (``_Rec.handed`` remembers which evict batch each tier's incoming
 pages depend on). ``_settle`` puts a page where its owners say it belongs.
 """
@@ -29,13 +30,14 @@ _MOVING = Phase.MOVING
 class _Rec:
     """What the manager remembers about a plan in flight (never leaves the manager)."""
 
-    __slots__ = ("kind", "req", "moves", "handed", "handed_sets", "pending", "cow", "quota",
-                 "target")
+    __slots__ = ("kind", "req", "moves", "batch_info", "handed", "handed_sets", "pending",
+                 "cow", "quota", "target")
 
     def __init__(self, kind: PlanKind, req: "Request | None"):
         self.kind = kind
         self.req = req
         self.moves: list[tuple[list[Page], list[int]]] = []  # per batch: pages, dst slots
+        self.batch_info: list[tuple[BatchKind, int]] = []     # per batch: kind, dst tier pos
         self.handed: dict[int, int] = {}  # tier pos -> evict batch whose sources it reuses
         self.pending: list[Page] = []     # grow: new pages, phase PENDING
         self.cow: Page | None = None      # grow: the private copy of a shared last page
@@ -43,6 +45,17 @@ class _Rec:
         self.target = 0                   # grow: tokens the request covers once committed
         self.handed_sets: dict[int, set[int]] = {}
 
+
+
+class _Selection:
+    """A dry run's result: ``victims[t]`` leave tier t for tier ``dest[t]`` (dropped from
+    the last tier)."""
+
+    __slots__ = ("victims", "dest")
+
+    def __init__(self, ntiers: int):
+        self.victims: list[list[Page]] = [[] for _ in range(ntiers)]
+        self.dest: list[int] = [0] * ntiers
 
 
 class Eviction:
@@ -58,62 +71,88 @@ class Eviction:
             tags=np.fromiter((p.tag for p in pages), np.uint64, n),
             page_bytes=self.page_bytes, stage=stage))
         rec.moves.append((pages, dsts))
+        rec.batch_info.append((kind, dst))
         return len(batches) - 1
 
     def _select(self, pos: int, n: int, exclude: set | None, use_free: bool = True
-                ) -> list[list[Page]] | None:
+                ) -> "_Selection | None":
         """Dry run of making ``n`` slots available in tier ``pos`` (with ``use_free`` False:
-        of moving ``n`` pages out of it): the victims per tier, or None if impossible.
-        Changes nothing."""
-        sel: list[list[Page]] = [[] for _ in self.tiers]
-        need = n
-        for t in range(pos, len(self.tiers)):
-            tier = self.tiers[t]
-            k = need - min(need, tier.free) if (use_free or t != pos) else need
-            if k == 0:
-                return sel
-            victims = sel[t]
-            if tier.is_last:
-                # Only leaves drop. A candidate skipped for its children becomes a leaf once
-                # they are picked: it is picked right after its last child (it is older than
-                # the candidate being looked at), so children always drop before parents.
-                gone: dict[int, int] = {}
-                skipped: set[int] = set()
-                for p in tier.candidates():
-                    if exclude and p in exclude:
-                        continue
-                    if p.nchildren - gone.get(p.pid, 0) > 0:
-                        skipped.add(p.pid)
-                        continue
-                    while p is not None:
-                        victims.append(p)
-                        if len(victims) == k:
-                            return sel
-                        q = p.parent
-                        if q is None:
-                            break
-                        gone[q.pid] = gone.get(q.pid, 0) + 1
-                        p = q if q.pid in skipped and q.nchildren == gone[q.pid] else None
-                        if p is not None:
-                            skipped.discard(p.pid)
-                return None
-            for p in tier.candidates():
-                if exclude and p in exclude:
-                    continue
-                victims.append(p)
-                if len(victims) == k:
-                    break
-            else:
-                return None
-            need = k
+        of moving ``n`` pages out of it): the victims per tier and where each tier's
+        victims go, or None if impossible. Changes nothing.
+
+        Victims go to the nearest colder tier that can take them (free slots, or room it
+        makes the same way), so a full tier is skipped rather than blocking: e.g. GPU pages
+        go straight to disk while the host tier is full of pages a resume is bringing up."""
+        sel = _Selection(len(self.tiers))
+        return sel if self._select_at(pos, n, exclude, use_free, sel) else None
+
+    def _select_at(self, t: int, n: int, exclude: set | None, use_free: bool,
+                   sel: "_Selection") -> bool:
+        tier = self.tiers[t]
+        k = n - min(n, tier.free) if use_free else n
+        if k == 0:
+            return True
+        victims = self._pick_leaves(tier, k, exclude) if tier.is_last else self._pick(tier, k, exclude)
+        if victims is None:
+            return False
+        if tier.is_last:
+            sel.victims[t] = victims
+            return True
+        for d in range(t + 1, len(self.tiers)):
+            if self._select_at(d, k, exclude, True, sel):
+                sel.victims[t] = victims
+                sel.dest[t] = d
+                return True
+            for j in range(d, len(self.tiers)):  # forget the branch that failed
+                sel.victims[j] = []
+        return False
+
+    @staticmethod
+    def _pick(tier, k: int, exclude: set | None) -> list[Page] | None:
+        """The ``k`` first eviction candidates of a tier (not in ``exclude``), or None."""
+        victims: list[Page] = []
+        for p in tier.candidates():
+            if exclude and p in exclude:
+                continue
+            victims.append(p)
+            if len(victims) == k:
+                return victims
         return None
 
-    def _reserve(self, pos: int, n: int, sel: list[list[Page]], rec: _Rec,
+    @staticmethod
+    def _pick_leaves(tier, k: int, exclude: set | None) -> list[Page] | None:
+        """``k`` droppable pages of the last tier, leaves only. A candidate skipped for its
+        children becomes a leaf once they are picked: it is picked right after its last
+        child (it is older than the candidate being looked at), so children always drop
+        before parents."""
+        victims: list[Page] = []
+        gone: dict[int, int] = {}
+        skipped: set[int] = set()
+        for p in tier.candidates():
+            if exclude and p in exclude:
+                continue
+            if p.nchildren - gone.get(p.pid, 0) > 0:
+                skipped.add(p.pid)
+                continue
+            while p is not None:
+                victims.append(p)
+                if len(victims) == k:
+                    return victims
+                q = p.parent
+                if q is None:
+                    break
+                gone[q.pid] = gone.get(q.pid, 0) + 1
+                p = q if q.pid in skipped and q.nchildren == gone[q.pid] else None
+                if p is not None:
+                    skipped.discard(p.pid)
+        return None
+
+    def _reserve(self, pos: int, n: int, sel: "_Selection", rec: _Rec,
                  batches: list[Batch], incoming: bool = True) -> list[int]:
         """Apply a selection: ``n`` slots of tier ``pos`` for incoming pages (victims' slots
         handed over after free ones). Evictions are added to ``batches``, deepest first."""
         tier = self.tiers[pos]
-        victims = sel[pos]
+        victims = sel.victims[pos]
         slots = tier.alloc_many(n - len(victims)) if incoming else []
         if not victims:
             return slots
@@ -123,12 +162,13 @@ class Eviction:
             if incoming:
                 slots.extend(tier.alloc_many(len(victims)))
             return slots
-        dst = self._reserve(pos + 1, len(victims), sel, rec, batches)
+        d = sel.dest[pos]
+        dst = self._reserve(d, len(victims), sel, rec, batches)
         for v in victims:
             v.phase = _MOVING
         tier.index_discard_many(victims)
-        stage = len(self.tiers) - 2 - pos
-        bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, pos + 1, victims, dst, stage)
+        stage = len(self.tiers) - 2 - pos  # deeper sources first: their slots are reused above
+        bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, d, victims, dst, stage)
         if incoming:
             rec.handed[pos] = bi
             slots.extend(v.slot for v in victims)

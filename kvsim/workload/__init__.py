@@ -4,7 +4,8 @@ The data model (``Turn``, ``Session``, ``Workload``) is in :mod:`.model`; loader
 Mooncake JSONL traces (open loop) and the agentic coding sessions (closed loop) in
 :mod:`.mooncake` and :mod:`.agentic`; a seeded synthetic agentic generator in
 :mod:`.synthetic`; trace-block to cache-block mapping in :mod:`.blocks`; Poisson session
-starts in :mod:`.arrivals`; infinite-cache reuse analysis in :mod:`.analysis`.
+starts in :mod:`.arrivals`; infinite-cache reuse analysis in :mod:`.analysis`; slicing
+(first turns of each session) in :mod:`.transform`.
 """
 
 from .agentic import load_agentic
@@ -14,9 +15,10 @@ from .blocks import cache_blocks
 from .model import START_POLICIES, Session, TraceError, Turn, Workload
 from .mooncake import load_mooncake, write_jsonl_mooncake
 from .synthetic import synthetic_agentic
+from .transform import first_turns
 
 __all__ = [
-    "START_POLICIES", "Session", "TraceError", "Turn", "Workload", "cache_blocks",
+    "START_POLICIES", "Session", "TraceError", "Turn", "Workload", "cache_blocks", "first_turns",
     "ideal_reuse_ratio", "ideal_reuse_tokens", "load_agentic", "load_mooncake",
     "session_start_times", "synthetic_agentic", "write_jsonl_mooncake",
 ]
