@@ -47,6 +47,21 @@ def _open(turns: list[Turn], block_tokens=B) -> Workload:
     return Workload("test", block_tokens, False, sessions)
 
 
+def _cache_then_push_to_host(mgr, rt, be, prefix: list[int]) -> None:
+    """Compute and cache a 4-block prompt, then shrink the GPU tier to one page (its 3
+    least recently used pages go to host) and grow it back to 8 pages."""
+    def prelude():
+        req = mgr.create("global", prefix, 128)
+        mgr.complete(mgr.resume(req))
+        mgr.complete(mgr.grow(req, 128))
+        be.fill(mgr.commit(req, 128))
+        mgr.close(req)
+        yield from run_plan(rt, be, mgr, mgr.set_quota(Level.GPU, mgr.page_bytes), refcheck=True)
+        mgr.complete(mgr.set_quota(Level.GPU, 8 * mgr.page_bytes))
+
+    rt.run(until=rt.process(prelude()))
+
+
 def test_one_cold_request_ttft_is_its_prefill_time():
     """A lone request with nothing cached: it is admitted on arrival, its whole prompt is
     one prefill chunk, so TTFT is exactly the compute model's prefill time; each further
@@ -73,18 +88,7 @@ def test_prefix_on_host_ttft_is_onboard_plus_prefill():
     of the 40 new tokens over a 128-token context. TTFT = onboard + prefill."""
     mgr, rt, be, cm, eng, profile = _setup(gpu_pages=8, host_pages=64)
     prefix = [10, 11, 12, 13]
-
-    def prelude():
-        req = mgr.create("global", prefix, 128)
-        mgr.complete(mgr.resume(req))
-        mgr.complete(mgr.grow(req, 128))
-        be.fill(mgr.commit(req, 128))
-        mgr.close(req)
-        plan = mgr.set_quota(Level.GPU, 1 * mgr.page_bytes)  # evict everything to host
-        yield from run_plan(rt, be, mgr, plan, refcheck=True)
-        mgr.complete(mgr.set_quota(Level.GPU, 8 * mgr.page_bytes))
-
-    rt.run(until=rt.process(prelude()))
+    _cache_then_push_to_host(mgr, rt, be, prefix)
     probe = mgr.probe_reuse("global", prefix + [14, 15], 168)
     assert (probe[Level.GPU], probe[Level.HOST]) == (32, 96)
     t_arrive = 10.0
@@ -267,17 +271,7 @@ def test_transfers_that_keep_failing_fail_the_request_not_the_run():
     mgr, rt, be, cm, eng, _ = _setup(gpu_pages=8, host_pages=64,
                                      params=EngineParams(max_plan_failures=3))
     prefix = [10, 11, 12, 13]
-
-    def prelude():
-        req = mgr.create("global", prefix, 128)
-        mgr.complete(mgr.resume(req))
-        mgr.complete(mgr.grow(req, 128))
-        be.fill(mgr.commit(req, 128))
-        mgr.close(req)
-        yield from run_plan(rt, be, mgr, mgr.set_quota(Level.GPU, mgr.page_bytes), refcheck=True)
-        mgr.complete(mgr.set_quota(Level.GPU, 8 * mgr.page_bytes))
-
-    rt.run(until=rt.process(prelude()))
+    _cache_then_push_to_host(mgr, rt, be, prefix)
     be.fail_next_transfer(1000)
     eng.load(_open([Turn(input_tokens=168, output_tokens=4, hash_ids=tuple(prefix + [14, 15]),
                          arrival_s=10.0),
