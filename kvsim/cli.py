@@ -117,7 +117,7 @@ def calibrate(
     try:
         report = run_calibration(out, base=base, device=device)
     except (ValueError, OSError, RuntimeError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(console, str(e))
         raise typer.Exit(2)
     t = Table(title=f"calibrate ({report['device']}): fit check, sim vs measured")
     for c in ("page", "path", "dir", "hw GB/s", "sim GB/s", "rel err"):
@@ -140,18 +140,21 @@ def compare(
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.compare import compare as run_compare, report_tables, write_report
+    from kvsim.run import write_results
     from kvsim.config import ConfigFileError, load_config
     from kvsim.workload import TraceError
 
     console = Console(stderr=True)
     try:
         cfg = load_config(config, set_)
-        report, _, _ = run_compare(cfg, trace, {"time_scale": time_scale, "device": device})
+        report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device})
     except (ConfigFileError, TraceError, ValueError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(console, str(e))
         raise typer.Exit(2)
     dest = Path(out or (cfg.output.dir.format(name=cfg.name) + "-compare"))
     path = write_report(report, dest)
+    for name, res in (("sim", sim_res), ("hw", hw_res)):  # each replay's own results folder
+        write_results(res, dest / name, plots=False)
     for t in report_tables(report):
         Console().print(t)
     Console().print(f"report: {path}")
