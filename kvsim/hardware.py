@@ -6,12 +6,22 @@ inside the model they are plain bytes, seconds and bytes per second. ``load_prof
 a path or a name (``'h200-pcie'`` -> ``configs/hardware/h200-pcie.yaml`` of the repository)
 and raises ``ProfileError`` naming the file and the key path of every bad value.
 
+Optional terms (absent: the older, simpler model):
+- ``copy_engine.per_page_h2d`` / ``per_page_d2h``: the batched call's host time per page in
+  one direction, a time or a table ``{page size: time}`` (log-linear in the page size
+  between its points, flat beyond its ends); default ``per_page``;
+- ``sm.h2d`` / ``sm.d2h`` / ``sm.both``: the SM copy kernel's own ceilings (zero-copy
+  reads and writes of host memory), per direction and for both directions at once;
+  default the link's. They bound SM-kernel flows only.
+
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
-the larger single direction; at least 2 SMs for copy CTAs; efficiencies in (0, 1].
+the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
+efficiencies in (0, 1].
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,6 +38,44 @@ PosSeconds = Annotated[float, BeforeValidator(parse_time), Field(gt=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Slowdown = Annotated[float, Field(ge=0)]
+
+
+def _page_cost(value):
+    """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise ValueError("expected a time or a non-empty table {page size: time}")
+        out = {}
+        for k, v in value.items():
+            size, t = parse_size(k), parse_time(v)
+            if size <= 0 or t < 0:
+                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and a time >= 0")
+            out[size] = t
+        return dict(sorted(out.items()))
+    t = parse_time(value)
+    if t < 0:
+        raise ValueError(f"expected a time >= 0, got {value!r}")
+    return t
+
+
+PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(_page_cost)]
+
+
+def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:
+    """``cost`` at ``page_bytes``: a scalar as is; a table linear in log2(page size)
+    between its two nearest points, its end value beyond either end."""
+    if not isinstance(cost, dict):
+        return float(cost)
+    pts = list(cost.items())
+    if page_bytes <= pts[0][0]:
+        return pts[0][1]
+    for (p0, t0), (p1, t1) in zip(pts, pts[1:]):
+        if page_bytes <= p1:
+            w = math.log2(page_bytes / p0) / math.log2(p1 / p0)
+            return t0 + w * (t1 - t0)
+    return pts[-1][1]
 
 
 class ProfileError(ValueError):
@@ -55,11 +103,25 @@ class LinkSpec(_Frozen):
 
 
 class CopyEngineSpec(_Frozen):
-    """Async copy engines; one batched call costs per_call + pages * per_page of host time."""
+    """Async copy engines; one batched call costs per_call + pages * per_page of host time,
+    then its bytes move. ``per_page_h2d`` and ``per_page_d2h`` (a time or a table by page
+    size) override ``per_page`` per direction. ``call_threads``: host threads making the
+    calls (the hw backend makes every CUDA call on one), so calls' host times take turns;
+    None: every call's host time runs at once (the older model)."""
 
     count: Annotated[int, Field(gt=0)]
     per_call: Seconds
     per_page: Seconds
+    per_page_h2d: PageCost = None
+    per_page_d2h: PageCost = None
+    call_threads: Annotated[int, Field(gt=0)] | None = None
+
+    def per_page_for(self, direction: str, page_bytes: int) -> float:
+        """Host seconds a page of ``page_bytes`` costs in ``direction`` ('h2d' or 'd2h')."""
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"direction: got {direction!r}; expected 'h2d' or 'd2h'")
+        cost = self.per_page_h2d if direction == "h2d" else self.per_page_d2h
+        return self.per_page if cost is None else page_cost_at(cost, page_bytes)
 
 
 class InterferenceSpec(_Frozen):
@@ -79,7 +141,8 @@ class InterferenceSpec(_Frozen):
 
 
 class SMSpec(_Frozen):
-    """Streaming multiprocessors, as SM copy kernels see them."""
+    """Streaming multiprocessors, as SM copy kernels see them. ``h2d`` / ``d2h`` / ``both``:
+    the copy kernel's own ceilings (None: the link's)."""
 
     count: Annotated[int, Field(ge=2)]
     cta_offload: Rate   # one copy CTA, GPU -> host
@@ -88,6 +151,9 @@ class SMSpec(_Frozen):
     copy_cta_slots: Annotated[int, Field(ge=2)]  # copy CTAs resident at once, all kernels
     launch: Seconds
     interference: InterferenceSpec
+    h2d: Rate | None = None
+    d2h: Rate | None = None
+    both: Rate | None = None
 
 
 class NVMeSpec(_Frozen):
@@ -124,6 +190,30 @@ class HardwareProfile(_Frozen):
     host: HostSpec
     gpu: GPUSpec
     notes: str = ""
+
+    @model_validator(mode="after")
+    def _sm_both_covers_one(self) -> "HardwareProfile":
+        if self.sm.both is not None:
+            one = max(self.sm_ceiling("h2d"), self.sm_ceiling("d2h"))
+            if self.sm.both < one:
+                raise ValueError(f"sm.both ({self.sm.both:g} B/s) must be at least the SM kernel's "
+                                 f"faster direction ({one:g} B/s)")
+        return self
+
+    def copy_path_args(self, direction: str, page_bytes: int) -> dict:
+        """Keyword arguments of ``kvsim.core.copypath.choose_copy_path`` for ``direction``
+        ('h2d' or 'd2h'): the direction's link rate and per-page host cost, and the SM
+        kernel's ceiling where the profile gives one (the time-per-page rule; else the
+        older overlap rule). Both backends call this so they choose alike."""
+        own = getattr(self.sm, direction)
+        return {"link_kind": self.link.kind, "page_bytes": page_bytes,
+                "per_copy_host_s": self.copy_engine.per_page_for(direction, page_bytes),
+                "link_bytes_per_s": getattr(self.link, direction), "sm_bytes_per_s": own}
+
+    def sm_ceiling(self, direction: str) -> float:
+        """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""
+        own = getattr(self.sm, direction)
+        return getattr(self.link, direction) if own is None else own
 
 
 def _resolve(path_or_name: str | Path, kind: str) -> Path:

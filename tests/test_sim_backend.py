@@ -347,3 +347,118 @@ def test_stats_carry_the_names_the_metrics_summary_reads():
     finish(rt, be.transfer(batch(Level.GPU, Level.HOST, 1, page_bytes=MiB, kind=BatchKind.EVICT)))
     s = be.stats()
     assert (s["host_to_gpu"], s["gpu_to_host"], s["disk_read"], s["disk_write"]) == (2 * MiB, MiB, 2 * MiB, 0)
+
+
+# -- the SM kernel's own ceilings, per-direction copy-engine costs, one CUDA-calling thread --
+
+def _sm_wide(**sm_over):
+    """The round profile with 16 copy-CTA slots (both directions' kernels fit at once)."""
+    sm = {**round_profile().sm.model_dump(), "count": 16, "copy_cta_slots": 16, **sm_over}
+    return round_profile(sm=sm)
+
+
+def test_sm_kernel_both_directions_capped_by_its_own_ceiling():
+    # 4 KiB pages -> SM kernel both ways (6 + 4 CTAs, 60 / 40 GB/s caps). sm.both 60 GB/s:
+    # max-min fair, both rise to 30 GB/s where sm_both fills (the link's 80 is not reached):
+    # 1 MiB each way -> launch + 1 MiB / 30 GB/s.
+    rt = SimRuntime()
+    be = SimBackend(rt, _sm_wide(both="60GB/s"), 4 * KiB, {Level.GPU: 512, Level.HOST: 512})
+    assert be.paths == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.SM_KERNEL}
+    up = be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB))
+    down = be.transfer(batch(Level.GPU, Level.HOST, 256, page_bytes=4 * KiB, src0=256, dst0=256,
+                             kind=BatchKind.EVICT))
+    t, _ = finish(rt, rt.all_of([up, down]))
+    assert t == pytest.approx(LAUNCH + MiB / 30e9, rel=1e-12)
+    # without sm.both: the link's 80 GB/s total, D2H's 40 GB/s fills first -> 40 each
+    rt = SimRuntime()
+    be = SimBackend(rt, _sm_wide(), 4 * KiB, {Level.GPU: 512, Level.HOST: 512})
+    up = be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB))
+    down = be.transfer(batch(Level.GPU, Level.HOST, 256, page_bytes=4 * KiB, src0=256, dst0=256,
+                             kind=BatchKind.EVICT))
+    t, _ = finish(rt, rt.all_of([up, down]))
+    assert t == pytest.approx(LAUNCH + MiB / 40e9, rel=1e-12)
+
+
+def test_sm_ceilings_bind_sm_flows_only():
+    # one direction: the SM kernel's own 45 GB/s H2D ceiling, below the link's 50
+    rt = SimRuntime()
+    be = SimBackend(rt, _sm_wide(h2d="45GB/s", both="60GB/s"), 4 * KiB, {Level.GPU: 512, Level.HOST: 512})
+    t, _ = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB)))
+    assert t == pytest.approx(LAUNCH + MiB / 45e9, rel=1e-12)
+    # copy-engine flows both ways (256 KiB pages) ignore sm.both: the link's 40 + 40
+    rt = SimRuntime()
+    be = SimBackend(rt, _sm_wide(both="60GB/s"), 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    assert be.paths["h2d"] is CopyPath.COPY_ENGINE
+    up = be.transfer(batch(Level.HOST, Level.GPU, 4))
+    down = be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8, kind=BatchKind.EVICT))
+    t, _ = finish(rt, rt.all_of([up, down]))
+    assert t == pytest.approx(CALL + 4 * PER_PAGE + MiB / 40e9, rel=1e-12)
+
+
+def test_sm_both_below_a_direction_is_refused():
+    with pytest.raises(ValueError, match="sm.both"):
+        _sm_wide(both="45GB/s")          # below the link's 50 GB/s H2D (the SM default)
+
+
+def _ce_dir(**ce_over):
+    ce = {"count": 2, "per_call": "10us", "per_page": "2us", **ce_over}
+    return round_profile(copy_engine=ce)
+
+
+def test_copy_engine_per_page_cost_per_direction_and_page_size():
+    prof = _ce_dir(per_page_h2d="3us", per_page_d2h={"64KiB": "1us", "256KiB": "0.5us"})
+    ce = prof.copy_engine
+    assert ce.per_page_for("h2d", 4 * KiB) == pytest.approx(3e-6)
+    assert ce.per_page_for("d2h", 16 * KiB) == pytest.approx(1e-6)      # flat below the table
+    assert ce.per_page_for("d2h", 128 * KiB) == pytest.approx(0.75e-6)  # halfway in log2
+    assert ce.per_page_for("d2h", 4 * MiB) == pytest.approx(0.5e-6)     # flat above
+    assert _ce_dir().copy_engine.per_page_for("d2h", MiB) == pytest.approx(PER_PAGE)  # default
+    # 4 pages of 256 KiB each way, one at a time: per_call + 4 x the direction's cost + bytes
+    rt = SimRuntime()
+    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    t, _ = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 4)))
+    assert t == pytest.approx(CALL + 4 * 3e-6 + MiB / H2D, rel=1e-12)
+    t0 = rt.now
+    t, _ = finish(rt, be.transfer(batch(Level.GPU, Level.HOST, 4, kind=BatchKind.EVICT)))
+    assert t - t0 == pytest.approx(CALL + 4 * 0.5e-6 + MiB / D2H, rel=1e-9)
+
+
+def test_one_cuda_thread_serialises_copy_engine_host_time():
+    # call_threads 1: the H2D call's 22 us of host time, then the D2H call's 12 us.
+    # H2D moves alone 22 -> 34 us at 50 GB/s (600,000 B); then both at 40 GB/s (D2H and the
+    # 80 GB/s total fill together) until H2D is done; then D2H alone at 40 GB/s.
+    prof = _ce_dir(per_page_h2d="3us", per_page_d2h="0.5us", call_threads=1)
+    rt = SimRuntime()
+    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    ends = {}
+
+    def watch(name, ev):
+        yield ev
+        ends[name] = rt.now
+    rt.process(watch("up", be.transfer(batch(Level.HOST, Level.GPU, 4))))
+    rt.process(watch("down", be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8,
+                                               kind=BatchKind.EVICT))))
+    rt.run()
+    alone = 12e-6 * H2D
+    t_up = 34e-6 + (MiB - alone) / 40e9
+    assert ends["up"] == pytest.approx(t_up, rel=1e-9)
+    assert ends["down"] == pytest.approx(t_up + alone / D2H, rel=1e-9)
+    # without call_threads the host times overlap: D2H starts at 12 us
+    rt = SimRuntime()
+    be = SimBackend(rt, _ce_dir(per_page_h2d="3us", per_page_d2h="0.5us"), 256 * KiB,
+                    {Level.GPU: 16, Level.HOST: 16})
+    down = be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8, kind=BatchKind.EVICT))
+    t, _ = finish(rt, down)
+    assert t == pytest.approx(12e-6 + MiB / D2H, rel=1e-12)
+
+
+def test_path_per_direction_compares_time_per_page_with_sm_ceilings():
+    # 256 KiB pages. H2D: SM 256 KiB / 45 GB/s = 5.83 us < CE 1 us + 256 KiB / 50 GB/s =
+    # 6.24 us -> SM kernel. D2H: SM 256 KiB / 39 GB/s = 6.72 us > CE 0 + 6.55 us -> copy engine.
+    prof = round_profile(copy_engine={"count": 2, "per_call": "10us", "per_page": "2us",
+                                      "per_page_h2d": "1us", "per_page_d2h": "0us"},
+                         sm={**_sm_wide().sm.model_dump(), "h2d": 45e9, "d2h": 39e9})
+    rt = SimRuntime()
+    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    assert be.paths == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.COPY_ENGINE}
+    assert (be.stats()["copy_path_h2d"], be.stats()["copy_path_d2h"]) == ("sm_kernel", "copy_engine")

@@ -163,8 +163,17 @@ class HwBackend:
             if force is CopyPath.SM_KERNEL:
                 raise ValueError("copy_path: the SM kernel needs mapped host memory, not available here")
             force = CopyPath.COPY_ENGINE
-        self.copy_path = choose_copy_path(link_kind, self.page_bytes, per_copy_s, link_bps, force=force)
+        # per direction, as the sim backend chooses: with a profile, the direction's own
+        # link rate, per-page host cost and SM ceiling (HardwareProfile.copy_path_args)
+        if profile is not None:
+            self.copy_paths = {d: choose_copy_path(**profile.copy_path_args(d, self.page_bytes), force=force)
+                               for d in ("h2d", "d2h")}
+        else:
+            path = choose_copy_path(link_kind, self.page_bytes, per_copy_s, link_bps, force=force)
+            self.copy_paths = {"h2d": path, "d2h": path}
+        self.copy_path = self.copy_paths["h2d"]  # host -> GPU's; copy_paths has both
         self.info["copy_path"] = self.copy_path.value
+        self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
         max_ctas = self.kernels.sm_count if self.on_gpu else 132
         if sm_ctas is not None:
             self.ctas = {"h2d": _positive_int("sm_ctas", sm_ctas), "d2h": int(sm_ctas)}
@@ -236,7 +245,8 @@ class HwBackend:
 
     def path_name(self, src: Level, dst: Level, path: CopyPath | None = None) -> str:
         """The data path a batch from ``src`` to ``dst`` takes (for logs and comparisons)."""
-        return transfer_path_name(src, dst, (path or self.copy_path).value)
+        d = "h2d" if src == Level.DISK or dst == Level.GPU else "d2h"
+        return transfer_path_name(src, dst, (path or self.copy_paths[d]).value)
 
     def _account(self, batch: Batch, ev, path) -> None:
         import time  # noqa: PLC0415
@@ -268,6 +278,8 @@ class HwBackend:
         out: dict = dict(self._bytes)
         out.update(self._counts)
         out["copy_path"] = self.copy_path.value
+        out["copy_path_h2d"] = self.copy_paths["h2d"].value
+        out["copy_path_d2h"] = self.copy_paths["d2h"].value
         return out
 
     def _transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
@@ -290,7 +302,8 @@ class HwBackend:
             return self._done(True)
         key = (batch.src, batch.dst)
         if key in ((Level.HOST, Level.GPU), (Level.GPU, Level.HOST)):
-            return self._gpu_host(batch.src, src, dst, path or self.copy_path)
+            d = "h2d" if batch.src == Level.HOST else "d2h"
+            return self._gpu_host(batch.src, src, dst, path or self.copy_paths[d])
         if key == (Level.GPU, Level.GPU):
             return self._gpu_gpu(src, dst)
         if key == (Level.HOST, Level.DISK):
@@ -526,14 +539,14 @@ class HwBackend:
         rows = np.arange(len(g_slots), dtype=np.int64)
         if not self.on_gpu:
             return self._on_pool(_copy_rows, self.gpu.view, g_slots, buf.view, rows)
-        s, keep = self._enqueue_gpu_host(Level.GPU, g_slots, rows, self.copy_path, buf)
+        s, keep = self._enqueue_gpu_host(Level.GPU, g_slots, rows, self.copy_paths["d2h"], buf)
         return self._cuda_done(s, keep)
 
     def _from_staging(self, buf: HostRegion, g_slots):
         rows = np.arange(len(g_slots), dtype=np.int64)
         if not self.on_gpu:
             return self._on_pool(_copy_rows, buf.view, rows, self.gpu.view, g_slots)
-        s, keep = self._enqueue_gpu_host(Level.HOST, rows, g_slots, self.copy_path, buf)
+        s, keep = self._enqueue_gpu_host(Level.HOST, rows, g_slots, self.copy_paths["h2d"], buf)
         return self._cuda_done(s, keep)
 
     def _gpu_to_disk(self, src, dst):

@@ -3,11 +3,17 @@
 What a transfer of one batch costs (all constants from the HardwareProfile):
 
 - host <-> GPU on the **copy engine**: wait for a free engine, spend the batched call's
-  host time ``per_call + pages * per_page``, then move the bytes as a fluid flow over the
-  direction's bandwidth and the both-directions total; the engine is held throughout.
+  host time ``per_call + pages * per_page`` (the direction's per-page cost at this page
+  size; with ``copy_engine.call_threads`` set, on one of that many host threads, so calls
+  of both directions take turns there as in the hw backend), then move the bytes as a fluid
+  flow over the direction's bandwidth and the both-directions total; the engine is held
+  throughout.
 - host <-> GPU on an **SM copy kernel**: wait for ``ctas`` copy-CTA slots (a pool shared by
-  all copy kernels), launch, then move the bytes at min(fair link share, ctas * per-CTA
-  rate), the per-CTA rate cut to ``busy_cta_efficiency`` while compute runs.
+  all copy kernels), launch, then move the bytes at min(fair share, ctas * per-CTA rate),
+  the per-CTA rate cut to ``busy_cta_efficiency`` while compute runs; the fair share is
+  over the link's resources and the SM kernel's own ceilings (``sm_h2d`` / ``sm_d2h`` /
+  ``sm_both``, used by SM-kernel flows only: zero-copy tops out below the copy engines,
+  most of all with both directions at once).
 - disk: one op latency, then a fluid flow at the device's rate for this page size:
   ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``.
 - GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
@@ -43,6 +49,7 @@ GARBAGE = np.uint64(0xDEAD)
 DIRECTIONS = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
 
 # (src, dst) -> (link direction or None, disk direction or None, fluid resources)
+# (an SM-kernel flow adds the SM ceilings of its direction: _SM_RES)
 _ROUTES: dict[tuple[Level, Level], tuple[str | None, str | None, tuple[str, ...]]] = {
     (Level.HOST, Level.GPU): ("h2d", None, ("h2d", "link")),
     (Level.GPU, Level.HOST): ("d2h", None, ("d2h", "link")),
@@ -52,6 +59,7 @@ _ROUTES: dict[tuple[Level, Level], tuple[str | None, str | None, tuple[str, ...]
     (Level.HOST, Level.DISK): (None, "disk_write", ("disk_write",)),
     (Level.GPU, Level.GPU): (None, None, ("hbm",)),
 }
+_SM_RES = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
 
 
 class SimBackend:
@@ -79,9 +87,10 @@ class SimBackend:
         p = profile
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         self.paths = {
-            d: choose_copy_path(link.kind, page_bytes, ce.per_page, bw, force=copy_path,
+            d: choose_copy_path(**p.copy_path_args(d, page_bytes), force=copy_path,
                                 chunked_registration=chunked_registration)
-            for d, bw in (("h2d", link.h2d), ("d2h", link.d2h))}
+            for d in ("h2d", "d2h")}
+        self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         self.ctas = {"h2d": copy_ctas(link.h2d, sm.cta_onboard, sm.copy_cta_slots),
                      "d2h": copy_ctas(link.d2h, sm.cta_offload, sm.copy_cta_slots)}
         self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
@@ -90,11 +99,15 @@ class SimBackend:
         disk = {d: min(bw, nv.queue_depth * op / (nv.latency + op / bw))
                 for d, bw in (("disk_read", nv.read), ("disk_write", nv.write))}
         self.fluid = Fluid(self.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
+                                      "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
+                                      "sm_both": p.sm_ceiling("both"),
                                       "hbm": p.gpu.hbm / 2, **disk},
                            per_cta_slowdown=sm.interference.per_cta_slowdown,
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.copy_engines = simpy.Resource(self.env, capacity=ce.count)
+        self.call_threads = (simpy.Resource(self.env, capacity=ce.call_threads)
+                             if ce.call_threads else None)  # host side of CE calls
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
         self.tags = {lv: np.zeros(int(n), dtype=np.uint64) for lv, n in slots.items()}
         self._fail = 0
@@ -183,7 +196,16 @@ class SimBackend:
                 held = self.copy_engines.request()
                 yield held
                 ce = self.profile.copy_engine
-                start_s += ce.per_call + pages * ce.per_page
+                if start_s > 0:  # the disk leg's latency first
+                    yield env.timeout(start_s)
+                    start_s = 0.0
+                host_s = ce.per_call + pages * self.per_page[link_dir]
+                if self.call_threads is None:
+                    yield env.timeout(host_s)
+                else:
+                    with self.call_threads.request() as thread:
+                        yield thread
+                        yield env.timeout(host_s)
                 ce_flow = True
                 self._counts["copy_engine_calls"] += 1
             else:
@@ -191,6 +213,7 @@ class SimBackend:
                 yield self.cta_pool.get(ctas)
                 start_s += self.profile.sm.launch
                 cap = ctas * self._cta_rate[link_dir]
+                res = res + _SM_RES[link_dir]
                 self._counts["sm_kernel_calls"] += 1
         elif res == ("hbm",):
             start_s += self.profile.sm.launch

@@ -1,8 +1,9 @@
 """A fluid (processor-sharing) model of the data paths and of compute under interference.
 
 Flows are byte streams over one or more named resources (``h2d``, ``d2h``, ``link`` for
-the both-directions total, ``disk_read``, ``disk_write``, ``hbm``), each resource a
-bandwidth. Rates are max-min fair (progressive filling): every flow's rate rises equally
+the both-directions total, ``sm_h2d`` / ``sm_d2h`` / ``sm_both`` for the SM copy kernel's
+own ceilings, which only SM-kernel flows use, ``disk_read``, ``disk_write``, ``hbm``), each
+resource a bandwidth. Rates are max-min fair (progressive filling): every flow's rate rises equally
 until a resource it uses is full or it reaches its own cap (an SM copy kernel's CTA rate).
 A flow over several resources (disk -> host -> GPU) moves at one rate through all of them:
 a pipeline in steady state.

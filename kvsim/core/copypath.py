@@ -10,7 +10,13 @@ Rules (FIELD.md section 1, plus the page-size rule of issue 4), first match wins
 3. small pages go to the SM kernel: a batched copy-engine call costs about
    ``per_copy_host_s`` of host time per page, so when ``page_bytes / per_copy_host_s`` is
    below the link bandwidth the host, not the link, bounds the copy engine;
+   with ``sm_bytes_per_s`` (the SM kernel's own ceiling in this direction) the rule
+   compares time per page instead, host time then DMA as measured on the H200: the SM
+   kernel when ``page / sm_bytes_per_s < per_copy_host_s + page / link_bytes_per_s``;
 4. otherwise the copy engine, on PCIe and on a coherent C2C link alike (it uses no SMs).
+
+Callers pass the direction's own ``per_copy_host_s`` (it differs host -> GPU and
+GPU -> host), so each direction may get its own path.
 
 ``copy_ctas`` sizes a copy kernel by Little's law: enough CTAs that their summed
 bandwidth covers the link, rounded up to an even number, at least 2, at most ``max_ctas``
@@ -32,7 +38,8 @@ class CopyPath(enum.Enum):
 
 def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
                      link_bytes_per_s: float, force: CopyPath | None = None,
-                     chunked_registration: bool = False) -> CopyPath:
+                     chunked_registration: bool = False, *,
+                     sm_bytes_per_s: float | None = None) -> CopyPath:
     """The copy path for pages of ``page_bytes`` over a link of ``link_kind``."""
     if link_kind not in LINK_KINDS:
         raise ValueError(f"link_kind: got {link_kind!r}; expected one of {LINK_KINDS}")
@@ -42,6 +49,8 @@ def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
         raise ValueError(f"link_bytes_per_s: got {link_bytes_per_s!r}; expected a positive rate")
     if per_copy_host_s < 0:
         raise ValueError(f"per_copy_host_s: got {per_copy_host_s!r}; expected >= 0 seconds")
+    if sm_bytes_per_s is not None and sm_bytes_per_s <= 0:
+        raise ValueError(f"sm_bytes_per_s: got {sm_bytes_per_s!r}; expected a positive rate")
     if force is not None:
         force = CopyPath(force)
         if force is CopyPath.COPY_ENGINE and chunked_registration:
@@ -50,6 +59,10 @@ def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
         return force
     if chunked_registration:
         return CopyPath.SM_KERNEL
+    if sm_bytes_per_s is not None:  # time per page: SM kernel vs host time, then DMA
+        if page_bytes / sm_bytes_per_s < per_copy_host_s + page_bytes / link_bytes_per_s:
+            return CopyPath.SM_KERNEL
+        return CopyPath.COPY_ENGINE
     if page_bytes < per_copy_host_s * link_bytes_per_s:  # page / host time < link rate
         return CopyPath.SM_KERNEL
     return CopyPath.COPY_ENGINE
