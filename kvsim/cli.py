@@ -109,13 +109,18 @@ def calibrate(
     out: str = typer.Option(..., help="profile to write, e.g. configs/hardware/NAME.yaml"),
     base: str = typer.Option("h200-pcie", help="base profile for what cannot be measured"),
     device: str = typer.Option("auto", help="auto, cpu or gpu"),
+    from_report: Optional[str] = typer.Option(
+        None, "--from-report", help="refit offline from a saved NAME.yaml.report.json (no benchmarks)"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
-    from kvsim.calibrate import calibrate as run_calibration
+    from kvsim.calibrate import calibrate as run_calibration, refit
 
     console = Console(stderr=True)
     try:
-        report = run_calibration(out, base=base, device=device)
+        if from_report:
+            report = refit(from_report, out, base=None if base == "h200-pcie" else base)
+        else:
+            report = run_calibration(out, base=base, device=device)
     except (ValueError, OSError, RuntimeError) as e:
         _error(console, str(e))
         raise typer.Exit(2)
@@ -126,7 +131,7 @@ def calibrate(
         t.add_row(f"{r['page'] // 1024} KiB", r["path"], r["dir"], f"{r['hw_GBps']:.2f}",
                   f"{r['sim_GBps']:.2f}", f"{r['rel_err'] * 100:+.1f}%")
     Console().print(t)
-    Console().print(f"profile: {out} ({report['seconds']:.1f} s)")
+    Console().print(f"profile: {out} ({report.get('seconds', 0.0):.1f} s)")
 
 
 @app.command()
