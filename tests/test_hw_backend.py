@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -190,13 +191,16 @@ def test_external_completions_from_other_threads_and_polled_watches():
     import threading
     rt = RealtimeRuntime()
     ev, trigger = rt.external()
+    armed = time.perf_counter()
     threading.Timer(0.02, trigger, args=("from a thread",)).start()
     flag = []
     w = rt.watch(lambda: (True, "polled") if flag else (False, None))
     threading.Timer(0.01, flag.append, args=(1,)).start()
+    started = time.perf_counter()
     got = rt.run(rt.all_of([ev, w]))
     assert list(got.values()) == ["from a thread", "polled"]
-    assert rt.now >= 0.02
+    # the clock starts at run(): the thread fired 0.02 s after it was armed, just before
+    assert rt.now >= 0.02 - (started - armed)
 
 
 # -- construction and validation -------------------------------------------------------
@@ -435,3 +439,20 @@ def test_gpu_compute_occupies_about_its_duration(make):
     took = run1(rt, be.compute(0.05))
     assert 0.04 < took < 0.08
     assert be.info["busy_iters_per_s"] > 0
+
+
+def test_realtime_clock_starts_at_run_not_at_construction():
+    """Building a backend can take seconds; that is not sim time: the first event a run
+    sees happens at the runtime's start time, not at start + setup time."""
+    rt = RealtimeRuntime(time_scale=1.0)
+    time.sleep(0.2)  # a slow setup between construction and run()
+    seen = []
+
+    def proc():
+        seen.append(rt.now)
+        yield rt.timeout(0.01)
+        seen.append(rt.now)
+
+    rt.run(rt.process(proc()))
+    assert seen[0] < 0.05, seen
+    assert 0.01 <= seen[1] < 0.06, seen

@@ -228,6 +228,9 @@ class RealtimeRuntime:
     def run(self, until: Event | float | None = None) -> Any:
         """Run until ``until`` (an event: processed; a number: that sim time) or idle.
         Returns the event's value when ``until`` is an event."""
+        # The clock runs only inside run(): whatever happened since the runtime was made
+        # (building a backend, say) or since the last run() returned is not sim time.
+        self._wall0 = time.perf_counter() - (self._now - self._start) / self.time_scale
         stop_at = None
         if isinstance(until, Event):
             if until.rt is not self:
