@@ -38,17 +38,8 @@ PAGES = TOKENS // TPB  # 6,250
 
 
 def _backend(m: TierManager):
-    try:
-        from kvsim_backends.reference import ReferenceBackend
-    except ImportError:  # not installed: load it from the source folder
-        import importlib.util
-        spec = importlib.util.spec_from_file_location(
-            "kvsim_backends", _ROOT / "backends" / "__init__.py",
-            submodule_search_locations=[str(_ROOT / "backends")])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["kvsim_backends"] = mod
-        spec.loader.exec_module(mod)
-        from kvsim_backends.reference import ReferenceBackend
+    from kvsim_backends.reference import ReferenceBackend  # installed with kvsim (pip install -e .)
+
     return ReferenceBackend({t.level: t.max_slots for t in m.tiers})
 
 

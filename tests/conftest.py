@@ -101,3 +101,26 @@ def mgr() -> TierManager:
 @pytest.fixture
 def be(mgr) -> ReferenceBackend:
     return backend_for(mgr)
+
+
+def round_profile(**over):
+    """A hardware profile of round numbers for hand-computed timings; ``over`` replaces
+    whole top-level sections."""
+    from kvsim.hardware import HardwareProfile
+
+    d = {
+        "name": "round",
+        "link": {"kind": "pcie", "h2d": "50GB/s", "d2h": "40GB/s", "both": "80GB/s"},
+        "copy_engine": {"count": 2, "per_call": "10us", "per_page": "2us"},
+        "sm": {"count": 8, "cta_onboard": "10GB/s", "cta_offload": "10GB/s",
+               "threads_per_cta": 128, "copy_cta_slots": 8, "launch": "5us",
+               "interference": {"sm_kernel_slowdown": 0.2, "sm_kernel_ctas": 4,
+                                "copy_engine_slowdown": 0.1, "busy_cta_efficiency": 0.5}},
+        "nvme": {"read": "2GB/s", "write": "1GB/s", "queue_depth": 4, "latency": "1ms",
+                 "piece": "4MiB"},
+        "host": {"fill_rate": "5GB/s"},
+        "gpu": {"name": "round", "memory": "100GB", "flops_bf16": 100e12, "hbm": "4TB/s",
+                "prefill_efficiency": 0.5, "decode_efficiency": 0.5, "step_overhead": "1ms"},
+    }
+    d.update(over)
+    return HardwareProfile.model_validate(d)

@@ -89,11 +89,11 @@ engine: {max_batch_tokenz: 5}
 
 def test_tier_order_and_disk_path_that_is_a_file(tmp_path):
     f = _write(tmp_path / "file", "x")
-    cfg = _write(tmp_path / "c.yaml", f"""
+    cfg = _write(tmp_path / "c.yaml", """
 cache:
   tiers:
-    - {{level: host, quota: 1GiB}}
-    - {{level: gpu, quota: 1GiB}}
+    - {level: host, quota: 1GiB}
+    - {level: gpu, quota: 1GiB}
 """)
     with pytest.raises(ConfigFileError, match="gpu -> host -> disk"):
         load_config(cfg)

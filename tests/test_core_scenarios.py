@@ -8,10 +8,7 @@ and ``audit`` checks every invariant of the core.
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-
-from conftest import PAGE, TPB, backend_for, blocks, check, make_manager, new_active, run
+from conftest import PAGE, backend_for, blocks, check, make_manager, new_active, run
 from kvsim.core import (Level, PageState, Phase, RefusalReason, ReqState, chain_key,
                         scope_root, tag_of)
 from kvsim.core.plan import BatchKind

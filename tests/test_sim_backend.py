@@ -15,7 +15,8 @@ from kvsim.backend import Backend, Runtime
 from kvsim.core.copypath import CopyPath
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
-from kvsim.hardware import HardwareProfile, ProfileError, load_profile
+from conftest import round_profile  # noqa: E402  (shared with the compute-model tests)
+from kvsim.hardware import ProfileError, load_profile
 
 try:
     from kvsim_backends.sim import SimBackend, SimRuntime
@@ -25,25 +26,6 @@ except ImportError:  # not installed: import from the source tree
 KiB, MiB = 2**10, 2**20
 CALL, PER_PAGE, LAUNCH, DISK_LAT = 10e-6, 2e-6, 5e-6, 1e-3
 H2D, D2H, BOTH = 50e9, 40e9, 80e9
-
-
-def round_profile(**over) -> HardwareProfile:
-    d = {
-        "name": "round",
-        "link": {"kind": "pcie", "h2d": "50GB/s", "d2h": "40GB/s", "both": "80GB/s"},
-        "copy_engine": {"count": 2, "per_call": "10us", "per_page": "2us"},
-        "sm": {"count": 8, "cta_onboard": "10GB/s", "cta_offload": "10GB/s",
-               "threads_per_cta": 128, "copy_cta_slots": 8, "launch": "5us",
-               "interference": {"sm_kernel_slowdown": 0.2, "sm_kernel_ctas": 4,
-                                "copy_engine_slowdown": 0.1, "busy_cta_efficiency": 0.5}},
-        "nvme": {"read": "2GB/s", "write": "1GB/s", "queue_depth": 4, "latency": "1ms",
-                 "piece": "4MiB"},
-        "host": {"fill_rate": "5GB/s"},
-        "gpu": {"name": "round", "memory": "100GB", "flops_bf16": 100e12, "hbm": "4TB/s",
-                "prefill_efficiency": 0.5, "decode_efficiency": 0.5, "step_overhead": "1ms"},
-    }
-    d.update(over)
-    return HardwareProfile.model_validate(d)
 
 
 def make(page_bytes=256 * KiB, slots=1024, **kw):
