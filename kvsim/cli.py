@@ -71,6 +71,7 @@ def run(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvsim.config import ConfigFileError, load_config
+    from kvsim.engine.plans import RefcheckError
     from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_results
     from kvsim.workload import TraceError
 
@@ -86,15 +87,22 @@ def run(
         raise typer.Exit(2)
     opts = {"time_scale": time_scale, "device": device} if backend == "hw" else {}
     n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
-    if progress and sys.stderr.isatty():
-        with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.completed:.0f} requests"),
-                      TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
-            task = bar.add_task("replay", total=n_req, t=0.0)
-            result = replay(prep, backend, progress=lambda t, n: bar.update(task, completed=n, t=t),
-                            backend_options=opts)
-    else:
-        result = replay(prep, backend, backend_options=opts)
+    try:
+        if progress and sys.stderr.isatty():
+            with Progress(TextColumn("[bold]replay"), BarColumn(),
+                          TextColumn("{task.completed:.0f} requests"),
+                          TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
+                          console=console, transient=True) as bar:
+                task = bar.add_task("replay", total=n_req, t=0.0)
+                result = replay(prep, backend, backend_options=opts,
+                                progress=lambda t, n: bar.update(task, completed=n, t=t))
+        else:
+            result = replay(prep, backend, backend_options=opts)
+    except (ValueError, OSError, RuntimeError, RefcheckError) as e:
+        # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
+        # refcheck failure: say what, write nothing
+        _error(console, f"replay on the {backend} backend failed: {type(e).__name__}: {e}")
+        raise typer.Exit(1)
     try:
         path = write_results(result, dest, plots=cfg.output.plots)
     except OSError as e:
