@@ -128,3 +128,19 @@ def test_page_bigger_than_tier_is_rejected_with_the_field(tmp_path):
     assert r.exit_code == 2
     assert "tiers[0] (gpu).quota_bytes" in r.output
     assert not (tmp_path / "res").exists()
+
+
+def test_a_backend_that_cannot_start_fails_cleanly(tmp_path):
+    """Asking for the GPU where there is none: one line saying why, exit 1, nothing written."""
+    pytest.importorskip("numpy")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("a GPU stack is installed here")
+    except ImportError:
+        pass
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--backend", "hw", "--device", "gpu",
+                            "--out", str(out), *SMALL])
+    assert r.exit_code == 1
+    assert "replay on the hw backend failed" in r.output and "GPU" in r.output
+    assert not out.exists()
