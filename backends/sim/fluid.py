@@ -14,8 +14,8 @@ slowdown sums ``per_cta_slowdown`` for every copy-kernel CTA moving bytes and
 copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
 
 Invariants: rates are recomputed whenever a flow or job starts or ends, and only then
-(piecewise constant in between); exactly one pending wake-up is live (older ones carry a
-stale generation and do nothing); a flow or job completes at the wake-up that predicted
+(piecewise constant in between); exactly one pending wake-up is live (older ones are no
+longer ``_pending`` and do nothing); a flow or job completes at the wake-up that predicted
 its end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
 """
 
@@ -72,8 +72,11 @@ class Fluid:
         self.compute_busy_s = 0.0
         self._slow = 0.0
         self._last = env.now
-        self._gen = 0
-        self._due: tuple = ()
+        self._busy_res: set[str] = set()  # resources the current flows use
+        self._n_sm = 0                    # current flows that are SM copy kernels
+        self._pending: simpy.Event | None = None  # the one live wake-up
+        self._due_flows: list[Flow] = []  # what the live wake-up completes
+        self._due_jobs: list[Job] = []
 
     # -- entry points ---------------------------------------------------------------
 
@@ -85,7 +88,10 @@ class Fluid:
             done.succeed()
             return done
         self._advance()
-        self.flows.append(Flow(nbytes, res, cap, ctas, ce, done))
+        f = Flow(nbytes, res, cap, ctas, ce, done)
+        self.flows.append(f)
+        self._busy_res.update(res)
+        self._n_sm += f.sm
         self._reschedule()
         return done
 
@@ -113,13 +119,13 @@ class Fluid:
         if dt <= 0:
             return
         self._last = now
-        busy = self.busy_s
-        seen: set[str] = set()
-        for f in self.flows:
-            f.remaining -= f.rate * dt
-            seen.update(f.res)
-        for r in seen:
-            busy[r] += dt
+        flows = self.flows
+        if flows:
+            for f in flows:
+                f.remaining -= f.rate * dt
+            busy = self.busy_s
+            for r in self._busy_res:
+                busy[r] += dt
         if self.jobs:
             self.compute_busy_s += dt
             prog = dt / (1.0 + self._slow)
@@ -178,47 +184,49 @@ class Fluid:
 
     def _sm_flows(self) -> bool:
         """Whether any flow's rate depends on compute running (an SM copy kernel's)."""
-        for f in self.flows:
-            if f.sm:
-                return True
-        return False
+        return self._n_sm > 0
 
     def _reschedule(self, realloc: bool = True) -> None:
         # Rates depend on the set of flows, and on whether compute runs only through SM
         # copy kernels' caps: a job starting or ending with no such flow changes no rate.
         if realloc:
             self._allocate()
-        self._gen += 1
-        t_min = _INF
-        for f in self.flows:
-            t_min = min(t_min, f.remaining / f.rate)
+        flows, jobs = self.flows, self.jobs
+        if not flows and not jobs:
+            self._pending = None
+            self._due_flows, self._due_jobs = [], []
+            return
+        # each flow's and job's time to its end, computed once (the same expressions as
+        # the completion test below, so the earliest one is always due)
+        f_left = [f.remaining / f.rate for f in flows]
         stretch = 1.0 + self._slow
-        for j in self.jobs:
-            t_min = min(t_min, j.remaining * stretch)
+        j_left = [j.remaining * stretch for j in jobs]
+        t_min = min(f_left + j_left)
         if t_min == _INF:
-            self._due = ()
+            self._pending = None
+            self._due_flows, self._due_jobs = [], []
             return
         t_min = max(t_min, 0.0)
-        tol = t_min * 1e-9 + 1e-15
-        self._due = tuple([f for f in self.flows if f.remaining / f.rate <= t_min + tol]
-                          + [j for j in self.jobs if j.remaining * stretch <= t_min + tol])
+        lim = t_min + (t_min * 1e-9 + 1e-15)
+        self._due_flows = [f for f, t in zip(flows, f_left) if t <= lim]
+        self._due_jobs = [j for j, t in zip(jobs, j_left) if t <= lim]
         ev = self.env.timeout(t_min)
-        gen = self._gen
-        ev.callbacks.append(lambda _ev: self._wake(gen))
+        self._pending = ev
+        ev.callbacks.append(self._wake)
 
-    def _wake(self, gen: int) -> None:
-        if gen != self._gen:
-            return
+    def _wake(self, ev: simpy.Event) -> None:
+        if ev is not self._pending:
+            return  # a later change rescheduled: this wake-up is stale
         self._advance()
-        due = self._due
-        finished_flows = [x for x in due if isinstance(x, Flow)]
-        finished_jobs = [x for x in due if isinstance(x, Job)]
+        finished_flows, finished_jobs = self._due_flows, self._due_jobs
         if finished_flows:
-            ids = {id(f) for f in finished_flows}
-            self.flows = [f for f in self.flows if id(f) not in ids]
+            gone = set(finished_flows)
+            self.flows = [f for f in self.flows if f not in gone]
+            self._busy_res = {r for f in self.flows for r in f.res}
+            self._n_sm -= sum(f.sm for f in finished_flows)
         if finished_jobs:
-            ids = {id(j) for j in finished_jobs}
-            self.jobs = [j for j in self.jobs if id(j) not in ids]
+            gone_j = set(finished_jobs)
+            self.jobs = [j for j in self.jobs if j not in gone_j]
         self._reschedule(realloc=bool(finished_flows) or self._sm_flows())
         now = self.env.now
         for f in finished_flows:
