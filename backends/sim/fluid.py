@@ -150,11 +150,14 @@ class Fluid:
             rate = min(self.cap[r] for r in f.res)
             f.rate = min(rate, caps[0]) if caps[0] else rate
             return
-        rem = dict(self.cap)
-        count = dict.fromkeys(rem, 0)
+        # only the resources some flow uses take part (min and the per-resource updates
+        # do not depend on the order they are visited in)
+        cap = self.cap
+        count: dict[str, int] = {}
         for f in flows:
             for r in f.res:
-                count[r] += 1
+                count[r] = count.get(r, 0) + 1
+        rem = {r: cap[r] for r in count}
         active = list(range(len(flows)))
         while active:
             inc = _INF
@@ -170,12 +173,12 @@ class Fluid:
             for r, n in count.items():
                 if n:
                     rem[r] -= inc * n
-                    if rem[r] <= 1e-12 * self.cap[r]:
+                    if rem[r] <= 1e-12 * cap[r]:
                         full.add(r)
             still = []
             for i in active:
                 f = flows[i]
-                if (caps[i] and f.rate >= caps[i] * (1 - 1e-12)) or any(r in full for r in f.res):
+                if (caps[i] and f.rate >= caps[i] * (1 - 1e-12)) or not full.isdisjoint(f.res):
                     for r in f.res:
                         count[r] -= 1
                 else:
