@@ -391,6 +391,12 @@ class TierManager(Eviction):
         oks = [bool(ok)] * len(batches) if isinstance(ok, (bool, np.bool_)) else [bool(x) for x in ok]
         if len(oks) != len(batches):
             raise CoreError(f"complete: {len(oks)} flags for {len(batches)} batches")
+        if not batches:  # nothing moved (a grow into free slots, a resume of GPU pages)
+            if rec.kind is PlanKind.RESUME:
+                self._finish_resume(rec, plan, oks, True)
+            elif rec.kind is PlanKind.GROW:
+                self._finish_grow(rec, batches, oks, True)
+            return
         failed_stage = min((b.stage for b, k in zip(batches, oks) if not k), default=None)
         if failed_stage is not None:
             oks = [k and b.stage < failed_stage for b, k in zip(batches, oks)]
@@ -405,9 +411,9 @@ class TierManager(Eviction):
             src_tier = tiers[src_pos]
             if good:
                 handed = src_pos in rec.handed and rec.handed[src_pos] == bi
+                if not handed:
+                    src_tier.release_many([p.slot for p in pages])
                 for p, d in zip(pages, dsts):
-                    if not handed:
-                        src_tier.release(p.slot)
                     p.tier = dst_pos
                     p.slot = d
                     p.phase = _RESIDENT

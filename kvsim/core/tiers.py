@@ -78,6 +78,10 @@ class Tier:
     def release(self, slot: int) -> None:
         self.recycled.append(slot)
 
+    def release_many(self, slots: list[int]) -> None:
+        """Release ``slots`` in order (as ``release`` one by one would)."""
+        self.recycled.extend(slots)
+
     # -- eviction index ------------------------------------------------------------------
     def index_add(self, page: Page) -> None:
         bucket = self.lru.get(page.priority)
