@@ -645,9 +645,9 @@ class Engine:
 
     # == timeline =======================================================================
     def _sample(self, force: bool = False) -> None:
-        interval = round(self.p.timeline_interval_s * NS)
         if not force and self.t < self._next_sample:
             return
+        interval = round(self.p.timeline_interval_s * NS)
         self._next_sample = (self.t // interval + 1) * interval
         row = {"t_s": self.t / NS, "running": len(self._running), "waiting": len(self._waiting)}
         for t in self.mgr.tiers:

@@ -18,8 +18,11 @@ class RefcheckError(AssertionError):
 
 
 def check_tags(found: np.ndarray, expected: np.ndarray, what: str) -> None:
+    differ = found != expected
+    if not differ.any():  # the common case: every tag as expected
+        return
     written = expected != 0
-    bad = np.flatnonzero(written & (found != expected))
+    bad = np.flatnonzero(written & differ)
     if bad.size:
         i = int(bad[0])
         raise RefcheckError(f"refcheck failed for {what}: {bad.size} page(s) differ; first at "
