@@ -252,7 +252,9 @@ class TierManager(Eviction):
                and req.tokens < len(req.pages) * self.tokens_per_block
                and (last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0))
         n = new + cow
-        sel = self._select(0, n, None) if n else []
+        gpu = self.tiers[0]
+        room = n <= gpu.free  # free slots suffice: no eviction to plan
+        sel = self._select(0, n, None) if n and not room else []
         if sel is None:  # refused: the blocks are not appended, so a retry may pass them again
             return self._refuse(RefusalReason.NO_ROOM, f"{n} GPU pages for a grow")
         if blocks:
@@ -260,7 +262,7 @@ class TierManager(Eviction):
         rec = _Rec(PlanKind.GROW, req)
         batches: list[Batch] = []
         if n:
-            slots = self._reserve(0, n, sel, rec, batches)
+            slots = gpu.alloc_many(n) if room else self._reserve(0, n, sel, rec, batches)
             base = len(req.pages)
             b = self.tokens_per_block
             pid = self._next_pid
