@@ -195,6 +195,25 @@ class Eviction:
         del self._pages[page.pid]
         self.counters.dropped_pages[tier.level] += 1
 
+    def _settle_arrived(self, pages: list[Page], pos: int) -> None:
+        """``_settle(p, touch=True)`` for resident pages that just arrived in tier ``pos``:
+        the common case (unlocked, and held where holding is allowed or in the tree: the
+        page becomes the tier's most recently used) in one tight loop, the rest through
+        ``_settle``."""
+        tier = self.tiers[pos]
+        last = tier.is_last
+        lru = tier.lru
+        for p in pages:
+            if p.locks or (not p.holds and not p.in_tree) or (last and p.holds):
+                self._settle(p, touch=True)
+                continue
+            bucket = lru.get(p.priority)
+            if bucket is None:
+                tier.index_add(p)
+            else:
+                bucket.pop(p, None)
+                bucket[p] = None
+
     def _settle(self, page: Page, touch: bool) -> None:
         """Put a resident page where its owners say it belongs: out of the index if locked,
         freed if nobody refers to it, else in its tier's index (moved to the most recent

@@ -268,10 +268,11 @@ class TierManager(Eviction):
             pid = self._next_pid
             pend = []
             prio = req.priority
-            for j in range(new):
-                i = base + j
-                pend.append(Page(pid + j, i, 0, slots[cow + j], min(b, ntokens - i * b), prio,
-                                 Phase.PENDING))
+            pending = Phase.PENDING
+            for j in range(new):  # every new page is full but maybe the last
+                pend.append(Page(pid + j, base + j, 0, slots[cow + j], b, prio, pending))
+            if pend:
+                pend[-1].ntokens = min(b, ntokens - (base + new - 1) * b)
             self._next_pid = pid + new
             rec.pending = pend
             if cow:
@@ -423,8 +424,7 @@ class TierManager(Eviction):
                 c.moved_bytes[b.src][b.dst] += b.nbytes
                 if b.kind is BatchKind.EVICT:
                     c.evicted_pages[b.src] += b.pages
-                    for p in pages:
-                        self._settle(p, touch=True)
+                    self._settle_arrived(pages, dst_pos)
             else:
                 c.failed_batches += 1
                 for p, d in zip(pages, dsts):
