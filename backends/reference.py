@@ -33,6 +33,7 @@ class ReferenceBackend:
     runtime: object = None
     tags: dict[Level, np.ndarray] = field(init=False)
     queue: deque = field(default_factory=deque, init=False)
+    errors: list = field(default_factory=list, init=False)
     _fail: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +56,7 @@ class ReferenceBackend:
             # a failed write leaves garbage behind it, as a real one may
             self.tags[b.dst][b.dst_slots] = np.uint64(0xDEAD)
             t.ok = False
+            self.errors.append(f"injected failure of a {b.src.name}->{b.dst.name} batch")
         else:
             self.tags[b.dst][b.dst_slots] = self.tags[b.src][b.src_slots]
             t.ok = True
@@ -87,6 +89,9 @@ class ReferenceBackend:
 
     def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
         return self.tags[level][slots]
+
+    def stats(self) -> dict:
+        return {}
 
     def close(self) -> None:
         self.queue.clear()

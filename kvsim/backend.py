@@ -53,6 +53,7 @@ class Backend(Protocol):
 
     name: str
     runtime: Runtime
+    errors: Any  # a sequence of what failed, newest last (reported, never raised)
 
     def transfer(self, batch: Batch) -> Waitable:
         """Move one batch of pages. Succeeds with True, or False if the batch failed."""
@@ -66,5 +67,9 @@ class Backend(Protocol):
 
     def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
         """Content tags found in the slots (uint64): the refcheck compares them."""
+
+    def stats(self) -> dict:
+        """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,
+        ``gpu_to_host``, ``disk_read`` and ``disk_write``; the timeline samples them."""
 
     def close(self) -> None: ...

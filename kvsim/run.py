@@ -149,7 +149,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     finally:
         be.close()
     wall = time.perf_counter() - wall0
-    traffic = be.stats() if hasattr(be, "stats") else {}
+    traffic = be.stats()
     levels = {int(t.level): t.level.name.lower() for t in mgr.tiers}
     counters = mgr.counters.snapshot()
     metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)

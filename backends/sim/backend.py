@@ -111,6 +111,7 @@ class SimBackend:
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
         self.tags = {lv: np.zeros(int(n), dtype=np.uint64) for lv, n in slots.items()}
         self._fail = 0
+        self.errors: list[str] = []  # what failed, newest last (injected failures here)
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
         self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
                         "sm_kernel_calls": 0, "compute_calls": 0}
@@ -128,6 +129,7 @@ class SimBackend:
         fail = self._fail > 0
         if fail:
             self._fail -= 1
+            self.errors.append(f"injected failure of a {batch.src.name}->{batch.dst.name} batch")
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
         return self.env.process(self._run(batch, route, fail, self.env.now))

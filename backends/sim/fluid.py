@@ -22,7 +22,6 @@ its end, never earlier. Cost: O(1) SimPy events per flow or job plus one per cha
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import simpy
 
@@ -59,8 +58,7 @@ class Fluid:
 
     def __init__(self, env: simpy.Environment, capacities: dict[str, float], *,
                  per_cta_slowdown: float, copy_engine_slowdown: float,
-                 busy_cta_efficiency: float,
-                 on_busy: Callable[[str, float], None] | None = None):
+                 busy_cta_efficiency: float):
         self.env = env
         self.cap = dict(capacities)
         self.per_cta = per_cta_slowdown

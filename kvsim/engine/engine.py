@@ -387,7 +387,7 @@ class Engine:
         self._notify()
 
     def _failure_reason(self, lv: Live) -> str:
-        errors = getattr(self.backend, "errors", None)
+        errors = self.backend.errors
         last = f": {errors[-1]}" if errors else ""
         return f"transfers failed {lv.failures} times in a row{last}"
 
@@ -652,9 +652,7 @@ class Engine:
         row = {"t_s": self.t / NS, "running": len(self._running), "waiting": len(self._waiting)}
         for t in self.mgr.tiers:
             row[f"{t.level.name.lower()}_used_slots"] = t.used
-        stats = getattr(self.backend, "stats", None)
-        if callable(stats):
-            for k, v in stats().items():
-                if isinstance(v, (int, float)):
-                    row[k] = v
+        for k, v in self.backend.stats().items():
+            if isinstance(v, (int, float)):
+                row[k] = v
         self.metrics.timeline.append(row)
