@@ -102,6 +102,9 @@ class HwBackend:
         self._counts = {"transfers": 0, "failed_transfers": 0}
         self._fail_next = 0
         self.cp = _load_cupy() if device != "cpu" else None
+        self.pinned_index = True  # SM kernel slot arrays through pinned memory (_upload_slots)
+        self.sm_first_pages = 1024  # the SM kernel's first piece of a batch (then doubling)
+        self._size_arr: np.ndarray | None = None
         if device == "gpu" and self.cp is None:
             raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
         self.on_gpu = self.cp is not None
@@ -147,6 +150,7 @@ class HwBackend:
         S = lambda: cp.cuda.Stream(non_blocking=True)  # noqa: E731
         self.streams = {"h2d": S(), "d2h": S(), "d2d": S(), "misc": S(), "compute": S()}
         self._fill_event = None
+        self._fill_waited: dict[int, Any] = {}  # stream ptr -> the fill event it last waited on
         self.copier = BatchCopier(cp)
         probe = self.staging.get()
         try:
@@ -292,11 +296,19 @@ class HwBackend:
         dst = np.asarray(batch.dst_slots, dtype=np.int64)
         if src.shape != dst.shape:
             raise ValueError(f"batch: {src.shape[0]} source slots but {dst.shape[0]} destination slots")
+        small = src.size <= _SMALL
         for lv, s in ((batch.src, src), (batch.dst, dst)):
             n = self.slots.get(lv)
             if n is None:
                 raise ValueError(f"batch: this backend has no {lv.name} tier")
-            if s.size and (s.min() < 0 or s.max() >= n):
+            if not s.size:
+                continue
+            if small:
+                v = s.tolist()
+                bad = min(v) < 0 or max(v) >= n
+            else:  # one pass: a negative slot seen as uint64 is >= 2**63 > n
+                bad = int(s.view(np.uint64).max()) >= n
+            if bad:
                 raise IndexError(f"batch: a {lv.name} slot is outside 0..{n - 1}")
         if src.size == 0:
             return self._done(True)
@@ -452,8 +464,10 @@ class HwBackend:
         return self.runtime.watch(lambda: (True, True) if ev.done and keep is not None else (False, None))
 
     def _wait_fill(self, stream) -> None:
-        if self._fill_event is not None:
-            stream.wait_event(self._fill_event)
+        ev = self._fill_event
+        if ev is not None and self._fill_waited.get(stream.ptr) is not ev:
+            stream.wait_event(ev)  # once per stream and fill: stream order keeps it after
+            self._fill_waited[stream.ptr] = ev
 
     # -- GPU <-> host, GPU <-> GPU --------------------------------------------------------
 
@@ -466,17 +480,59 @@ class HwBackend:
         self._wait_fill(s)
         g_ptr = self.gpu.ptr
         if path == CopyPath.SM_KERNEL and host.dev_ptr is not None:
-            with s:
-                ds, dd = cp.asarray(src), cp.asarray(dst)
+            # Pieces of growing size (sm_first_pages, then doubling; the last takes the rest
+            # when it is at most twice the step): the host prepares and uploads piece k+1
+            # while the kernel of piece k runs, so only the first piece's preparation is
+            # outside the copy (65536 slots cost ~0.5 ms of host time before one launch,
+            # 2.3% of a 1 GiB batch of 16 KiB pages; docs/hw-notes.md).
             sp, dp = (host.dev_ptr, g_ptr) if d == "h2d" else (g_ptr, host.dev_ptr)
-            self.kernels.copy_pages(s, sp, dp, ds, dd, pb, self.ctas[d], self.threads_per_cta)
-            return s, (ds, dd)
+            keep, n, a, step = [], len(src), 0, self.sm_first_pages
+            while a < n:
+                b = n if n - a <= 2 * step else a + step
+                ds, dd, k = self._upload_slots(s, src[a:b], dst[a:b])
+                self.kernels.copy_pages(s, sp, dp, ds, dd, pb, self.ctas[d], self.threads_per_cta)
+                keep.append(k)
+                a, step = b, 2 * step
+            return s, keep
         sb, db = (host.ptr, g_ptr) if d == "h2d" else (g_ptr, host.ptr)
-        srcs = (src.astype(np.uint64) * np.uint64(pb)) + np.uint64(sb)
-        dsts = (dst.astype(np.uint64) * np.uint64(pb)) + np.uint64(db)
-        sizes = np.full(len(src), pb, dtype=np.uint64)
-        self.copier.copy(s, dsts, srcs, sizes)
+        pbu = np.uint64(pb)
+        srcs = src.astype(np.uint64)
+        srcs *= pbu
+        srcs += np.uint64(sb)
+        dsts = dst.astype(np.uint64)
+        dsts *= pbu
+        dsts += np.uint64(db)
+        sizes = self._sizes(len(src))
+        self.copier.copy(s, dsts, srcs, sizes, attrs=d)
         return s, (srcs, dsts, sizes)
+
+    def _sizes(self, n: int) -> np.ndarray:
+        """``n`` page sizes (uint64) for a batched copy-engine call: a slice of one array
+        kept for the backend's life (never written after it is made)."""
+        z = self._size_arr
+        if z is None or len(z) < n:
+            z = self._size_arr = np.full(max(n, 1024), self.page_bytes, dtype=np.uint64)
+        return z[:n]
+
+    def _upload_slots(self, stream, src, dst):
+        """The SM kernel's slot arrays on the device: one int64 array [src..., dst...]
+        written into pinned memory from CuPy's pinned pool and copied with one async
+        memcpy on ``stream`` (no pageable staging, no synchronous upload); returns
+        (src view, dst view, what to keep alive until the stream passes the kernel).
+        ``pinned_index = False``: the older path, two ``cupy.asarray`` uploads."""
+        cp = self.cp
+        if not self.pinned_index:
+            with stream:
+                ds, dd = cp.asarray(src), cp.asarray(dst)
+            return ds, dd, (ds, dd)
+        n = len(src)
+        mem = cp.cuda.alloc_pinned_memory(16 * n)
+        h = np.ndarray((2 * n,), dtype=np.int64, buffer=mem)
+        h[:n] = src
+        h[n:] = dst
+        dev = cp.empty(2 * n, dtype=cp.int64)
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, h.ctypes.data, 16 * n, 1, stream.ptr)
+        return dev[:n], dev[n:], (mem, h, dev)
 
     def _gpu_host(self, src_level: Level, src, dst, path: CopyPath) -> Any:
         if not self.on_gpu:
@@ -618,6 +674,8 @@ class HwBackend:
         self.staging.put(buf)
         return bool(copied)
 
+
+_SMALL = 32  # batches of at most this many pages: per-page checks in Python, not numpy
 
 _TRAFFIC = {
     (Level.HOST, Level.GPU): ("host_to_gpu",), (Level.GPU, Level.HOST): ("gpu_to_host",),

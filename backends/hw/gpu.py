@@ -8,7 +8,10 @@ and the copy engine's batched call.
 - ``BatchCopier``: one ``cudaMemcpyBatchAsync`` per batch through ctypes with numpy pointer
   arrays (no per-page Python work); else through cuda-bindings (Python lists); else a
   per-page ``cudaMemcpyAsync`` loop. ``self_test`` picks the first mode that copies
-  correctly on this machine; ``mode`` says which one runs.
+  correctly on this machine; ``mode`` says which one runs. On the H200 the batched call
+  itself is the copy's whole host cost (docs/hw-notes.md, 18:29 UTC: 0.4 ms of pointer
+  arrays against 250 ms inside the call for 65536 pages of 16 KiB host -> GPU); its source
+  access order and the prefer-overlap flag made no difference there.
 
 Nothing here decides which pages move or by which path: callers pass pointers and slots.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from time import perf_counter as _clock
 
 import numpy as np
 
@@ -62,7 +66,11 @@ extern "C" __global__ void kv_busy(float* sink, long long iters) {
 """
 
 CUDA_MEMCPY_DEFAULT = 4
-SRC_ACCESS_ORDER_STREAM = 1
+CUDA_MEMCPY_HOST_TO_DEVICE = 1
+SRC_ACCESS_ORDER_STREAM = 1           # read the source in stream order (the default)
+SRC_ACCESS_ORDER_DURING_API_CALL = 2  # the source may be read during the call itself
+SRC_ACCESS_ORDER_ANY = 3              # the source may be read at any time
+MEMCPY_FLAG_PREFER_OVERLAP = 1        # cudaMemcpyFlagPreferOverlapWithCompute
 
 
 class Kernels:
@@ -159,6 +167,11 @@ class BatchCopier:
         self.mode: str | None = None
         self.lib_name, self._fn = _load_cudart()
         self._attrs = _MemcpyAttributes(SRC_ACCESS_ORDER_STREAM)
+        # per-direction attributes (one for the whole batch); callers pass attrs="h2d"/"d2h".
+        # Stream order both ways by default: a GPU source may still be written by a fill
+        # kernel the stream waits for, so only a host source could take another order.
+        self.attrs = {"h2d": _MemcpyAttributes(SRC_ACCESS_ORDER_STREAM),
+                      "d2h": _MemcpyAttributes(SRC_ACCESS_ORDER_STREAM)}
         self._idx = (ctypes.c_size_t * 1)(0)
         self._rt = None
         try:
@@ -167,9 +180,12 @@ class BatchCopier:
         except Exception:
             pass
         self.errors: dict[str, str] = {}
+        self.last_call_s: float | None = None  # the last ctypes call's own host time (calibrate)
 
-    def copy(self, stream, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, mode: str | None = None) -> None:
-        """Enqueue the copies on ``stream``; raises RuntimeError on a CUDA error."""
+    def copy(self, stream, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, mode: str | None = None,
+             attrs: str | None = None) -> None:
+        """Enqueue the copies on ``stream``; raises RuntimeError on a CUDA error.
+        ``attrs``: 'h2d' / 'd2h' picks that direction's attributes (ctypes mode)."""
         mode = mode or self.mode or "loop"
         n = int(dsts.shape[0])
         if n == 0:
@@ -178,8 +194,11 @@ class BatchCopier:
             d = np.ascontiguousarray(dsts, dtype=np.uint64)
             s = np.ascontiguousarray(srcs, dtype=np.uint64)
             z = np.ascontiguousarray(sizes, dtype=np.uint64)
-            rc = self._fn(d.ctypes.data, s.ctypes.data, z.ctypes.data, n, ctypes.addressof(self._attrs),
+            a = self._attrs if attrs is None else self.attrs[attrs]
+            t0 = _clock()
+            rc = self._fn(d.ctypes.data, s.ctypes.data, z.ctypes.data, n, ctypes.addressof(a),
                           ctypes.addressof(self._idx), 1, stream.ptr)
+            self.last_call_s = _clock() - t0  # host time of the batched call itself
             if rc != 0:
                 raise RuntimeError(f"cudaMemcpyBatchAsync (ctypes) returned error {rc}")
         elif mode == "bindings":
