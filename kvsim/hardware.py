@@ -13,6 +13,14 @@ Optional terms (absent: the older, simpler model):
 - ``sm.h2d`` / ``sm.d2h`` / ``sm.both``: the SM copy kernel's own ceilings (zero-copy
   reads and writes of host memory), per direction and for both directions at once;
   default the link's. They bound SM-kernel flows only.
+- ``transfer.latency`` / ``transfer.latency_sm_kernel``: a fixed time every transfer
+  takes on top of its data path: the backend's own cost, outside the copy engine's
+  ``per_call`` (the DMA call's host time) and the SM kernel's ``launch``. On the hw backend
+  that is the Python ``transfer()`` call, recording the completion event and the runtime
+  seeing it. The sim adds it after the bytes have moved (it delays the completion, holds
+  no engine, CTA or link). ``latency_sm_kernel`` is SM-kernel batches' own (their call
+  uploads slot arrays and launches a kernel); default ``latency``. Default 0 (the older
+  model). ``kvsim calibrate`` fits both from batches of 1-16 pages.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -181,6 +189,21 @@ class GPUSpec(_Frozen):
     step_overhead: Seconds
 
 
+class TransferSpec(_Frozen):
+    """A fixed time per transfer beyond its data path (see the module docstring): the
+    backend's own call, completion event and polling. ``latency`` for every transfer,
+    ``latency_sm_kernel`` for SM-kernel batches (None: ``latency``)."""
+
+    latency: Seconds = 0.0
+    latency_sm_kernel: Seconds | None = None
+
+    def latency_for(self, sm_kernel: bool) -> float:
+        """The fixed time of one transfer (``sm_kernel``: the batch runs on the SM kernel)."""
+        if sm_kernel and self.latency_sm_kernel is not None:
+            return self.latency_sm_kernel
+        return self.latency
+
+
 class HardwareProfile(_Frozen):
     name: str
     link: LinkSpec
@@ -189,6 +212,7 @@ class HardwareProfile(_Frozen):
     nvme: NVMeSpec
     host: HostSpec
     gpu: GPUSpec
+    transfer: TransferSpec = TransferSpec()
     notes: str = ""
 
     @model_validator(mode="after")

@@ -444,3 +444,47 @@ def test_path_per_direction_compares_time_per_page_with_sm_ceilings():
     be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
     assert be.paths == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.COPY_ENGINE}
     assert (be.stats()["copy_path_h2d"], be.stats()["copy_path_d2h"]) == ("sm_kernel", "copy_engine")
+
+
+def test_transfer_latency_defaults_to_zero_and_is_validated():
+    assert round_profile().transfer.latency == 0 and round_profile().transfer.latency_sm_kernel is None
+    assert load_profile("h200-pcie").transfer.latency == 0  # profiles without the section
+    prof = round_profile(transfer={"latency": "60us", "latency_sm_kernel": "80us"})
+    assert prof.transfer.latency_for(False) == pytest.approx(60e-6)
+    assert prof.transfer.latency_for(True) == pytest.approx(80e-6)
+    assert round_profile(transfer={"latency": "60us"}).transfer.latency_for(True) == pytest.approx(60e-6)
+    with pytest.raises(ValueError, match="transfer.latency"):
+        round_profile(transfer={"latency": "-1us"})
+    with pytest.raises(ValueError, match="transfer.colour"):
+        round_profile(transfer={"colour": "blue"})
+
+
+def test_transfer_latency_is_added_to_each_transfer_and_holds_nothing():
+    prof = round_profile(transfer={"latency": "60us", "latency_sm_kernel": "80us"})
+    # copy engine, 4 pages of 256 KiB H2D: per_call + 4 x per_page + bytes, then 60 us
+    rt = SimRuntime()
+    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    t, ok = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 4)))
+    assert ok and t == pytest.approx(CALL + 4 * PER_PAGE + MiB / H2D + 60e-6, rel=1e-12)
+    # SM kernel, 256 pages of 4 KiB H2D: launch + bytes at the link, then 80 us
+    rt = SimRuntime()
+    be = SimBackend(rt, prof, 4 * KiB, {Level.GPU: 256, Level.HOST: 256})
+    assert be.paths["h2d"] is CopyPath.SM_KERNEL
+    t, ok = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB)))
+    assert ok and t == pytest.approx(LAUNCH + MiB / H2D + 80e-6, rel=1e-12)
+    # disk -> host, one 4 MiB piece: latency + bytes at the read rate, then 60 us
+    rt = SimRuntime()
+    be = SimBackend(rt, prof, 4 * MiB, {Level.HOST: 4, Level.DISK: 4})
+    t, ok = finish(rt, be.transfer(batch(Level.DISK, Level.HOST, 1, page_bytes=4 * MiB)))
+    assert ok and t == pytest.approx(DISK_LAT + 4 * MiB / 2e9 + 60e-6, rel=1e-12)
+    # it holds no copy engine: with one engine, a second call starts when the first's bytes
+    # have moved (10 + 8 + 20.97 us), not after its latency
+    one = round_profile(transfer={"latency": "60us"},
+                        copy_engine={"count": 1, "per_call": "10us", "per_page": "2us"})
+    rt = SimRuntime()
+    be = SimBackend(rt, one, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    e1 = be.transfer(batch(Level.HOST, Level.GPU, 4))
+    e2 = be.transfer(batch(Level.HOST, Level.GPU, 4, src0=4, dst0=4))
+    t2, _ = finish(rt, e2)
+    one_s = CALL + 4 * PER_PAGE + MiB / H2D
+    assert e1.processed and t2 == pytest.approx(2 * one_s + 60e-6, rel=1e-12)

@@ -20,6 +20,9 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
   (every byte read and written).
+- every transfer: then ``transfer.latency`` (``latency_sm_kernel`` for an SM-kernel
+  batch), the backend's fixed cost beyond the data path, before it completes; it holds
+  nothing (0 by default: no extra event).
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference.
@@ -226,6 +229,9 @@ class SimBackend:
             self.copy_engines.release(held)
         elif ctas:
             self.cta_pool.put(ctas)
+        fixed = self.profile.transfer.latency_for(ctas > 0)
+        if fixed > 0:  # the backend's own fixed cost: delays the completion, holds nothing
+            yield env.timeout(fixed)
         self._finish(batch, link_dir, disk_dir, fail)
         if self.timing_log is not None:
             self._log(batch, link_dir, disk_dir, fail, t0)
