@@ -12,7 +12,7 @@ Prints a table of GB/s per path and the default path (``choose_copy_path``), the
 compute-interference probe; the LAST line is ``hw_copy_min_GBps: <lowest default cell>``.
 
     python3 benchmarks/hw_copy.py [--reps 3] [--sizes 16KiB,...,4MiB] [--batch-bytes 1GiB]
-                                  [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB]
+                                  [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from kvsim.core.spec import Level  # noqa: E402
 from kvsim.units import parse_size  # noqa: E402
 
 SAMPLE = 64
+CELLS: list[dict] = []  # every measured cell, for --json (the sim's out-of-sample check)
 
 
 def run_wait(rt, waitables):
@@ -90,9 +91,12 @@ def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=()):
         c_d2h = [(Level.HOST, h_out[k], t_d2h)]
         row = {"pages": n, "default": be.copy_path, "ctas": dict(be.ctas), "info": dict(be.info)}
         for path in (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL):
-            row[path, "h2d"] = measure(rt, be, cp, [h2d], path, c_h2d, reps)
-            row[path, "d2h"] = measure(rt, be, cp, [d2h], path, c_d2h, reps)
-            row[path, "both"] = measure(rt, be, cp, [h2d, d2h], path, c_h2d + c_d2h, reps)
+            for d, bs, ch in (("h2d", [h2d], c_h2d), ("d2h", [d2h], c_d2h), ("both", [h2d, d2h], c_h2d + c_d2h)):
+                row[path, d] = gbps = measure(rt, be, cp, bs, path, ch, reps)
+                CELLS.append({"page": pb, "path": path.value, "dir": d, "pages": n * len(bs),
+                              "bytes": n * len(bs) * pb, "seconds": n * len(bs) * pb / (gbps * 1e9),
+                              "batches": [["h2d" if b.src == Level.HOST else "d2h", n] for b in bs],
+                              "ctas": dict(be.ctas) if path is CopyPath.SM_KERNEL else None})
         for c in sweep:
             be.ctas = {"h2d": c, "d2h": c}
             v = [measure(rt, be, cp, bs, CopyPath.SM_KERNEL, ch, 2)
@@ -130,6 +134,8 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep", default="", help="SM kernel CTA counts to sweep (e.g. 16,32,64)")
     ap.add_argument("--sweep-sizes", default="16KiB,256KiB")
     ap.add_argument("--device", default="gpu", help="'cpu' only to smoke-test this script")
+    ap.add_argument("--json", default=None, help="also write every cell (pages, bytes, median seconds) "
+                    "here, in calibrate's report format: `python3 -m kvsim.calibrate --check` replays them")
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
@@ -164,6 +170,12 @@ def main(argv=None) -> None:
             print(f"\ncompute of 20 ms (busy kernel on all SMs) while 64 KiB pages copy both ways: "
                   f"alone {i['alone'] * 1e3:.2f} ms, with copy engine {i['copy_engine'] * 1e3:.2f} ms, "
                   f"with SM kernel {i['sm_kernel'] * 1e3:.2f} ms")
+    if a.json:
+        import json  # noqa: PLC0415
+        with open(a.json, "w") as f:
+            json.dump({"device": a.device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "source": "benchmarks/hw_copy.py", "batch_bytes": parse_size(a.batch_bytes),
+                       "copies": CELLS, "min_default_GBps": min(cells)}, f, indent=1)
     print(f"hw_copy_min_GBps: {min(cells):.1f}")
 
 

@@ -5,12 +5,18 @@ Measured (hw backend, real bytes; on a GPU with CuPy, else CPU mode with tiny si
   engine, SM kernel), host -> GPU, GPU -> host and both at once; an SM-kernel CTA sweep;
 - disk reads and writes per I/O thread count and piece size (the disk tier's file);
 - host-tier fill (map, touch, pin);
-- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy.
+- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy;
+- small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
+  replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
+  copy-engine call's own host time.
 
 Fitted into kvsim.hardware.HardwareProfile (the schema of configs/hardware/h200-pcie.yaml):
 link rates (the copy engine's), the SM kernel's own ceilings (per direction and both at
 once), the copy engine's host time per page per direction and page size, per-CTA rates,
-NVMe rates/latency/queue depth, host fill rate, prefill/decode efficiencies. Everything
+NVMe rates/latency/queue depth, host fill rate, prefill/decode efficiencies, the copy
+engine's ``per_call`` (the batched call's host time for one page) and the backend's fixed
+cost per transfer (``transfer.latency``, ``transfer.latency_sm_kernel``: what small
+batches take beyond everything else the sim models). Everything
 else (interference, launch, step overhead, public peaks) is kept from a base profile and
 marked ``base:`` in the YAML comments. The fit is then checked: each measured batch is
 replayed alone on the sim backend with the fitted profile, and the relative error per
@@ -18,6 +24,9 @@ cell is reported (``fit`` says why each term has the form it has).
 
 ``refit`` (``python3 -m kvsim.calibrate --from-report R --out P``) fits again, offline,
 from the measurements a saved report holds, so a profile is reproducible from its report.
+``check_against`` (``python3 -m kvsim.calibrate --check CELLS.json --profile P``) replays
+cells measured elsewhere (``benchmarks/hw_copy.py --json``) on the sim with a profile: the
+out-of-sample check of a fit.
 """
 
 from __future__ import annotations
@@ -56,13 +65,17 @@ class Plan:
     disk_pieces: tuple[int, ...]
     host_fill_bytes: int
     compute: bool
+    small_page: int = 2 * MiB             # small batches: page size,
+    small_counts: tuple[int, ...] = ()    # pages a batch,
+    small_repeats: int = 25               # batches timed a cell (median; the first 3 dropped)
 
     @staticmethod
     def for_device(on_gpu: bool) -> "Plan":
         if on_gpu:
             return Plan(GPU_PAGES, 512 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
-                        (1 * MiB, 4 * MiB), 2 << 30, True)
-        return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False)
+                        (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25)
+        return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False,
+                    64 * KiB, (1, 4), 6)
 
 
 @dataclass
@@ -73,6 +86,7 @@ class Measured:
     disk: list[dict] = field(default_factory=list)
     host_fill_Bps: float | None = None
     compute: dict = field(default_factory=dict)
+    small: list[dict] = field(default_factory=list)    # page, path, dir, pages, seconds, call_s
 
 
 def _batch(src, dst, ss, ds, pb) -> Batch:
@@ -128,6 +142,45 @@ def measure_copies(plan: Plan, device: str, m: Measured) -> None:
                         m.ctas.append({"ctas": c, "dir": d, "GBps": n * pb / s / 1e9})
         finally:
             be.close()
+
+
+def measure_small(plan: Plan, device: str, m: Measured) -> None:
+    """Batches of ``plan.small_counts`` pages, each path and direction, random slots, timed
+    from ``transfer()`` to the runtime seeing the completion (a replay's runtime: default
+    polling); median of ``small_repeats`` after 3 dropped. Copy-engine cells also keep the
+    median host time of the batched call itself (``call_s``)."""
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: PLC0415
+
+    if not plan.small_counts:
+        return
+    rng = np.random.default_rng(1)
+    pb, slots = plan.small_page, 4 * max(plan.small_counts)
+    rt = RealtimeRuntime()
+    be = HwBackend(rt, pb, {Level.GPU: slots, Level.HOST: slots}, device=device, refcheck=False)
+    try:
+        paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
+        copier = getattr(be, "copier", None)
+        for path in paths:
+            name = path.value if be.on_gpu else "cpu"
+            for d in ("h2d", "d2h"):
+                src, dst = (Level.HOST, Level.GPU) if d == "h2d" else (Level.GPU, Level.HOST)
+                for k in plan.small_counts:
+                    secs, calls = [], []
+                    for i in range(plan.small_repeats + 3):
+                        b = _batch(src, dst, rng.choice(slots, k, replace=False),
+                                   rng.choice(slots, k, replace=False), pb)
+                        if copier is not None:
+                            copier.last_call_s = None
+                        t = _time_batches(rt, be, [b], path)
+                        if i >= 3:
+                            secs.append(t)
+                            if copier is not None and copier.last_call_s is not None:
+                                calls.append(copier.last_call_s)
+                    m.small.append({"page": pb, "path": name, "dir": d, "pages": k, "bytes": k * pb,
+                                    "seconds": statistics.median(secs),
+                                    "call_s": statistics.median(calls) if calls else None})
+    finally:
+        be.close()
 
 
 def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None) -> None:
@@ -240,6 +293,7 @@ def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None
     dev = "gpu" if on_gpu else "cpu"
     m = Measured(device=dev)
     measure_copies(plan, dev, m)
+    measure_small(plan, dev, m)
     measure_disk(plan, m, disk_dir)
     measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
     if on_gpu and plan.compute:
@@ -299,6 +353,11 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     if d["sm"].get("both") is not None:
         d["sm"]["both"] = max(d["sm"]["both"], *(d["sm"][k] or d["link"][k] for k in ("h2d", "d2h")))
     per_call = base.copy_engine.per_call
+    one = [c["call_s"] for c in m.small if c["path"] == ce_path and c["pages"] == 1 and c.get("call_s")]
+    if one:
+        per_call = d["copy_engine"]["per_call"] = statistics.median(one)
+        why["copy_engine.per_call"] = (f"measured: host time of the batched call for one "
+                                       f"{_size_key(m.small[0]['page'])} page, median of {len(one)} cells")
     every = []
     for dr in ("h2d", "d2h"):
         table = {}
@@ -344,33 +403,91 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     if m.device == "gpu":
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"
+    _fit_latency(m, d, why, ce_path)
     return d, why
+
+
+def _fit_latency(m: Measured, d: dict, why: dict[str, str], ce_path: str) -> None:
+    """``transfer.latency`` (copy-engine small batches) and ``latency_sm_kernel`` (SM-kernel
+    ones): the median over a path's small-batch cells of (measured - sim without the
+    term), >= 0; the sim's time already holds per_call, per_page, launch and the bytes."""
+    if not m.small:
+        return
+    d["transfer"] = {"latency": 0.0, "latency_sm_kernel": None}
+    prof = HardwareProfile.model_validate(d)
+    for path, key in ((ce_path, "latency"), ("sm_kernel", "latency_sm_kernel")):
+        cells = [c for c in m.small if c["path"] == path]
+        if not cells:
+            continue
+        resid = [c["seconds"] - _sim_seconds(prof, c) for c in cells]
+        d["transfer"][key] = max(0.0, statistics.median(resid))
+        pages = sorted({c["pages"] for c in cells})
+        why[f"transfer.{key}"] = (f"fitted: {path} batches of {'/'.join(map(str, pages))} pages of "
+                                  f"{_size_key(cells[0]['page'])}, each direction: median of "
+                                  "(measured - sim without it) over the cells")
+
+
+def _cell_batches(c: dict) -> list[tuple[str, int]]:
+    """(direction, pages) of each batch a measured cell ran at once."""
+    if c.get("batches"):
+        return [(str(dr), int(k)) for dr, k in c["batches"]]
+    if c["dir"] == "both":
+        h = c["pages"] // 2
+        return [("h2d", h), ("d2h", c["pages"] - h)]
+    return [(c["dir"], c["pages"])]
+
+
+def _sim_seconds(profile: HardwareProfile, c: dict) -> float:
+    """Seconds the sim backend takes for a measured cell's batches, started together."""
+    from kvsim_backends.sim import SimBackend, SimRuntime  # noqa: PLC0415
+
+    pb = c["page"]
+    batches = _cell_batches(c)
+    path = CopyPath.SM_KERNEL if c["path"] == "sm_kernel" else CopyPath.COPY_ENGINE
+    n = sum(k for _, k in batches)
+    rt = SimRuntime()
+    be = SimBackend(rt, profile, pb, {Level.GPU: n, Level.HOST: n}, refcheck=False, copy_path=path)
+    idx, a, evs = np.arange(n), 0, []
+    for dr, k in batches:
+        src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
+        evs.append(be.transfer(_batch(src, dst, idx[a:a + k], idx[a:a + k], pb)))
+        a += k
+    rt.run(rt.all_of(evs))
+    return rt.now
+
+
+def check_cells(cells: list[dict], profile: HardwareProfile) -> list[dict]:
+    """Each measured cell (page, path, dir, pages, bytes, seconds; optional ``batches``)
+    replayed on the sim backend with ``profile``: rel err = (sim - hw) / hw of the time."""
+    out = []
+    for c in cells:
+        sim_s = _sim_seconds(profile, c)
+        out.append({"page": c["page"], "path": c["path"], "dir": c["dir"], "pages": c["pages"],
+                    "hw_GBps": _rate(c) / 1e9, "sim_GBps": c["bytes"] / sim_s / 1e9,
+                    "hw_s": c["seconds"], "sim_s": sim_s,
+                    "rel_err": (sim_s - c["seconds"]) / c["seconds"]})
+    return out
 
 
 def check_fit(m: Measured, profile: HardwareProfile) -> list[dict]:
     """Each measured copy cell replayed alone on the sim backend with ``profile``."""
-    from kvsim_backends.sim import SimBackend, SimRuntime  # noqa: PLC0415
+    return check_cells(m.copies, profile)
 
-    out = []
-    for c in m.copies:
-        pb, n = c["page"], c["pages"]
-        path = CopyPath.SM_KERNEL if c["path"] == "sm_kernel" else CopyPath.COPY_ENGINE
-        rt = SimRuntime()
-        be = SimBackend(rt, profile, pb, {Level.GPU: n, Level.HOST: n}, refcheck=False, copy_path=path)
-        idx = np.arange(n)
-        if c["dir"] == "both":
-            h = n // 2
-            evs = [be.transfer(_batch(Level.HOST, Level.GPU, idx[:h], idx[:h], pb)),
-                   be.transfer(_batch(Level.GPU, Level.HOST, idx[h:], idx[h:], pb))]
-        else:
-            src, dst = (Level.HOST, Level.GPU) if c["dir"] == "h2d" else (Level.GPU, Level.HOST)
-            evs = [be.transfer(_batch(src, dst, idx, idx, pb))]
-        rt.run(rt.all_of(evs))
-        sim_s = rt.now
-        out.append({"page": pb, "path": c["path"], "dir": c["dir"], "hw_GBps": _rate(c) / 1e9,
-                    "sim_GBps": c["bytes"] / sim_s / 1e9, "hw_s": c["seconds"], "sim_s": sim_s,
-                    "rel_err": (sim_s - c["seconds"]) / c["seconds"]})
-    return out
+
+def check_small(m: Measured, profile: HardwareProfile) -> list[dict]:
+    """Each small-batch cell replayed on the sim backend with ``profile`` (rows marked
+    ``small``)."""
+    return [{**r, "small": True} for r in check_cells(m.small, profile)]
+
+
+def check_against(cells_path: str | Path, profile: str | Path) -> dict:
+    """Replay cells measured elsewhere (a JSON with ``copies``, as ``benchmarks/hw_copy.py
+    --json`` writes) on the sim with ``profile``: the fit's out-of-sample check."""
+    data = json.loads(Path(cells_path).read_text())
+    prof = load_profile(profile)
+    check = check_cells(data["copies"], prof)
+    return {"cells": str(cells_path), "cells_date": data.get("date"), "profile": str(profile),
+            "fit_check": check, "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
 
 
 def _fmt_rate(x: float) -> str:
@@ -404,7 +521,7 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
              f"  h2d: {_fmt_rate(L['h2d'])}{c('link.h2d')}", f"  d2h: {_fmt_rate(L['d2h'])}{c('link.d2h')}",
              f"  both: {_fmt_rate(L['both'])}{c('link.both')}",
              "copy_engine:", f"  count: {E['count']}  # base: {base_name}",
-             f"  per_call: {_fmt_time(E['per_call'])}  # base: {base_name}",
+             f"  per_call: {_fmt_time(E['per_call'])}{c('copy_engine.per_call')}",
              f"  per_page: {_fmt_time(E['per_page'])}{c('copy_engine.per_page')}", *ce_opt,
              "sm:", f"  count: {S['count']}  # base: {base_name}", *sm_opt,
              f"  cta_offload: {_fmt_rate(S['cta_offload'])}{c('sm.cta_offload')}",
@@ -425,8 +542,14 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
              f"  hbm: {_fmt_rate(G['hbm'])}  # base (public peak)",
              f"  prefill_efficiency: {G['prefill_efficiency']:.4g}{c('gpu.prefill_efficiency')}",
              f"  decode_efficiency: {G['decode_efficiency']:.4g}{c('gpu.decode_efficiency')}",
-             f"  step_overhead: {_fmt_time(G['step_overhead'])}  # base: {base_name}",
-             f"notes: {json.dumps(d.get('notes', ''))}"]
+             f"  step_overhead: {_fmt_time(G['step_overhead'])}  # base: {base_name}"]
+    T = d.get("transfer") or {}
+    if T.get("latency") or T.get("latency_sm_kernel") is not None:
+        lines += ["transfer:", f"  latency: {_fmt_time(T['latency'])}{c('transfer.latency')}"]
+        if T.get("latency_sm_kernel") is not None:
+            lines.append(f"  latency_sm_kernel: {_fmt_time(T['latency_sm_kernel'])}"
+                         f"{c('transfer.latency_sm_kernel')}")
+    lines.append(f"notes: {json.dumps(d.get('notes', ''))}")
     return "\n".join(lines) + "\n"
 
 
@@ -446,7 +569,7 @@ def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: s
         tmp.unlink()
         raise
     os.replace(tmp, out)
-    return fitted, check_fit(m, fitted)
+    return fitted, check_fit(m, fitted) + check_small(m, fitted)
 
 
 def _check_yaml(out) -> None:
@@ -474,7 +597,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
-              "compute": m.compute, "fit_check": check,
+              "compute": m.compute, "small": m.small, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
     Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
@@ -484,7 +607,7 @@ def measured_from_report(report: dict) -> Measured:
     """The measurements a saved ``.report.json`` holds (nothing fitted)."""
     return Measured(device=report["device"], copies=list(report["copies"]), ctas=list(report.get("ctas", [])),
                     disk=list(report.get("disk", [])), host_fill_Bps=report.get("host_fill_Bps"),
-                    compute=dict(report.get("compute", {})))
+                    compute=dict(report.get("compute", {})), small=list(report.get("small", [])))
 
 
 def refit(report_path: str | Path, out: str | Path, base: str | None = None,
@@ -521,7 +644,9 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
 
 
 def fit_table(check: list[dict]) -> str:
-    """The fit check as a markdown table: page x (path, direction), rel err of the time."""
+    """The fit check as a markdown table: page x (path, direction), rel err of the time
+    (the large-batch cells; ``small_table`` has the small ones)."""
+    check = [r for r in check if not r.get("small")]
     cols = [(p, d) for p in ("copy_engine", "cpu", "sm_kernel") for d in DIRS
             if any(r["path"] == p and r["dir"] == d for r in check)]
     short = {"copy_engine": "CE", "cpu": "CPU", "sm_kernel": "SM"}
@@ -536,23 +661,63 @@ def fit_table(check: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def small_table(check: list[dict]) -> str:
+    """The small-batch rows of a fit check as a markdown table: pages x (path, direction),
+    measured and sim microseconds a batch and the rel err."""
+    rows = [r for r in check if r.get("small")]
+    if not rows:
+        return ""
+    short = {"copy_engine": "CE", "cpu": "CPU", "sm_kernel": "SM"}
+    cols = [(p, d) for p in ("copy_engine", "cpu", "sm_kernel") for d in ("h2d", "d2h")
+            if any(r["path"] == p and r["dir"] == d for r in rows)]
+    lines = [f"| pages of {_size_key(rows[0]['page'])} | " + " | ".join(f"{short[p]} {d} hw / sim us" for p, d in cols)
+             + " |", "| --- |" + " --- |" * len(cols)]
+    for k in sorted({r["pages"] for r in rows}):
+        cells = []
+        for p, d in cols:
+            r = next((r for r in rows if r["pages"] == k and r["path"] == p and r["dir"] == d), None)
+            cells.append("" if r is None else
+                         f"{r['hw_s'] * 1e6:.0f} / {r['sim_s'] * 1e6:.0f} ({r['rel_err'] * 100:+.1f}%)")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python3 -m kvsim.calibrate --from-report PATH --out PATH [--base NAME]``."""
+    """``python3 -m kvsim.calibrate --from-report PATH --out PATH [--base NAME]`` (refit), or
+    ``python3 -m kvsim.calibrate --check CELLS.json --profile P [--out REPORT.json]``
+    (the sim against cells measured elsewhere)."""
     import argparse  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(prog="python3 -m kvsim.calibrate", description=refit.__doc__)
-    ap.add_argument("--from-report", required=True, help="a saved NAME.yaml.report.json")
-    ap.add_argument("--out", required=True, help="profile to write (.yaml)")
+    ap.add_argument("--from-report", help="a saved NAME.yaml.report.json: fit again from it")
+    ap.add_argument("--out", help="profile to write (.yaml); with --check: the check's JSON")
     ap.add_argument("--base", default=None, help="base profile (default: the report's)")
     ap.add_argument("--name", default=None)
+    ap.add_argument("--check", help="cells measured elsewhere (benchmarks/hw_copy.py --json)")
+    ap.add_argument("--profile", help="with --check: the profile to replay them with")
     a = ap.parse_args(argv)
     try:
-        report = refit(a.from_report, a.out, base=a.base, name=a.name)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}")
+        if a.check:
+            if not a.profile:
+                print("error: --check needs --profile")
+                return 2
+            report = check_against(a.check, a.profile)
+            if a.out:
+                Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
+        elif a.from_report and a.out:
+            report = refit(a.from_report, a.out, base=a.base, name=a.name)
+        else:
+            print("error: give --from-report and --out, or --check and --profile")
+            return 2
+    except (ValueError, OSError, KeyError) as e:
+        print(f"error: {type(e).__name__}: {e}")
         return 2
     print(fit_table(report["fit_check"]))
-    print(f"profile: {a.out}; max |rel err| {report['fit_max_abs_err'] * 100:.1f}%")
+    small = small_table(report["fit_check"])
+    if small:
+        print()
+        print(small)
+    print(f"max |rel err| {report['fit_max_abs_err'] * 100:.1f}%" + (f"; profile: {a.out}" if not a.check else ""))
     return 0
 
 
