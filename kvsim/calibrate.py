@@ -23,7 +23,8 @@ replayed alone on the sim backend with the fitted profile, and the relative erro
 cell is reported (``fit`` says why each term has the form it has).
 
 ``refit`` (``python3 -m kvsim.calibrate --from-report R --out P``) fits again, offline,
-from the measurements a saved report holds, so a profile is reproducible from its report.
+from the measurements a saved report holds, so a profile is reproducible from its report
+(and redoes the check of any ``out_of_sample`` cells the report holds).
 ``check_against`` (``python3 -m kvsim.calibrate --check CELLS.json --profile P``) replays
 cells measured elsewhere (``benchmarks/hw_copy.py --json``) on the sim with a profile: the
 out-of-sample check of a fit.
@@ -404,7 +405,36 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"
     _fit_latency(m, d, why, ce_path)
+    if both is not None:
+        _fit_link_both(both, d, why, ce_path, big)
     return d, why
+
+
+def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: int) -> None:
+    """``link.both``: the total for which the sim reproduces the measured both-directions
+    cell at the largest page (bisection between the faster direction and their sum). The
+    cell's own rate is lower than the link's: the second direction's batched call starts
+    only when the first returns (one calling thread), a start-up the sim models already,
+    so taking the raw rate counted it twice (1 GiB each way measured 97.7-99.7 GB/s where
+    512 MiB in all gave 90.3; docs/hw-notes.md)."""
+    lo = max(d["link"]["h2d"], d["link"]["d2h"])
+    hi = d["link"]["h2d"] + d["link"]["d2h"]
+
+    def sim_s(total):
+        d["link"]["both"] = total
+        return _sim_seconds(HardwareProfile.model_validate(d), cell)
+
+    if sim_s(hi) > cell["seconds"]:  # even the sum of both directions is too slow
+        d["link"]["both"] = hi
+    elif sim_s(lo) <= cell["seconds"]:
+        d["link"]["both"] = lo
+    else:
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if sim_s(mid) > cell["seconds"] else (lo, mid)
+        d["link"]["both"] = hi
+    why["link.both"] = (f"fitted: the total for which the sim reproduces {ce_path} both directions "
+                        f"at {big // KiB} KiB pages (measured {_rate(cell) / 1e9:.2f} GB/s)")
 
 
 def _fit_latency(m: Measured, d: dict, why: dict[str, str], ce_path: str) -> None:
@@ -639,6 +669,14 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
                    "fit_check": check,
                    "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None),
                    "previous_fit_checks": previous})
+    # cells measured elsewhere (benchmarks/hw_copy.py --json), kept in the report: their
+    # out-of-sample check is redone with this fit
+    oos = []
+    for entry in old.get("out_of_sample", []):
+        c = check_cells(entry["copies"], fitted)
+        oos.append({**entry, "fit_check": c, "fit_max_abs_err": max((abs(r["rel_err"]) for r in c), default=None)})
+    if oos:
+        report["out_of_sample"] = oos
     Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
 
