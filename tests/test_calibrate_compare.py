@@ -87,14 +87,21 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     for r, s in zip(new["fit_check"], old["fit_check"]):
         assert (r["page"], r["path"], r["dir"]) == (s["page"], s["path"], s["dir"])
         assert abs(r["rel_err"] - s["rel_err"]) < 1e-9
-    # issue 4: within 5% for every cell but the 16 KiB copy-engine both-directions one
-    misses = [(r["page"], r["path"], r["dir"]) for r in new["fit_check"] if abs(r["rel_err"]) > 0.05]
-    assert misses == [(16384, "copy_engine", "both")]
+    # issue 4 (5% a cell): the large batches miss only the copy engine both ways at 256 KiB
+    # and 1 MiB (+5.6%); small batches of 2 MiB pages miss at 1 page (and 4 pages GPU -> host)
+    misses = [(r["page"], r["path"], r["dir"], r["pages"]) for r in new["fit_check"] if abs(r["rel_err"]) > 0.05]
+    assert misses == [(256 * 1024, "copy_engine", "both", 2048), (1 << 20, "copy_engine", "both", 512),
+                      (2 << 20, "copy_engine", "d2h", 1), (2 << 20, "copy_engine", "d2h", 4),
+                      (2 << 20, "sm_kernel", "h2d", 1), (2 << 20, "sm_kernel", "d2h", 1)]
+    # the out-of-sample cells the report keeps (hw_copy.py in the same device call) are re-checked
+    assert [len(e["fit_check"]) for e in new["out_of_sample"]] == [30, 30]
+    for e, f in zip(new["out_of_sample"], old["out_of_sample"]):
+        assert [r["rel_err"] for r in e["fit_check"]] == pytest.approx([r["rel_err"] for r in f["fit_check"]])
 
 
 def test_hw_and_sim_choose_the_same_path_per_direction():
-    """With the calibrated H200 profile: SM kernel up to 64 KiB, 256 KiB split (H2D copy
-    engine, D2H SM kernel), copy engine from 1 MiB; the hw backend (CPU mode) agrees."""
+    """With the calibrated H200 profile: SM kernel up to 256 KiB, copy engine from 1 MiB,
+    both directions; the hw backend (CPU mode) agrees."""
     try:
         from kvsim_backends.hw import HwBackend, RealtimeRuntime
         from kvsim_backends.sim import SimBackend, SimRuntime
@@ -105,7 +112,7 @@ def test_hw_and_sim_choose_the_same_path_per_direction():
 
     prof = load_profile("h200-pcie-calibrated")
     want = {16: ("sm_kernel", "sm_kernel"), 64: ("sm_kernel", "sm_kernel"),
-            256: ("copy_engine", "sm_kernel"), 1024: ("copy_engine", "copy_engine"),
+            256: ("sm_kernel", "sm_kernel"), 1024: ("copy_engine", "copy_engine"),
             4096: ("copy_engine", "copy_engine")}
     for kib, (h2d, d2h) in want.items():
         pb = kib * 1024
