@@ -590,6 +590,8 @@ class Engine:
         end = self.backend.compute_ahead(v, max(0.0, (self.t + d) / NS - v), not self._inflight)
         if end is None:
             return False
+        if self._inflight:
+            self.metrics.ahead_inflight_steps += 1
         self._vnow = end
         self.t = max(self.t, round(end * NS))
         return True
