@@ -241,6 +241,13 @@ class Fluid:
         for f in flows:
             for r in f.res:
                 count[r] = count.get(r, 0) + 1
+        if len(count) == sum(len(f.res) for f in flows):
+            # no resource shared (e.g. a disk write beside a host -> GPU copy): each flow
+            # alone, as progressive filling would give it
+            for f, c in zip(flows, caps):
+                rate = min(cap[r] for r in f.res)
+                f.rate = min(rate, c) if c else rate
+            return
         rem = {r: cap[r] for r in count}
         active = list(range(len(flows)))
         while active:
