@@ -84,6 +84,12 @@ class ReferenceBackend:
     def compute(self, duration_s: float) -> float:
         return duration_s
 
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        return None  # no clock: the caller always computes step by step
+
+    def catch_up(self, until_s: float) -> float:
+        return until_s
+
     def fill(self, fill: Fill) -> None:
         self.tags[fill.level][fill.slots] = fill.tags
 

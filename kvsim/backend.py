@@ -62,6 +62,19 @@ class Backend(Protocol):
         """Occupy the GPU's SMs with model compute for ``duration_s`` (the compute model's
         estimate; the sim may stretch it under contention). Succeeds with the seconds it took."""
 
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        """Run-ahead: the engine computes steps before the runtime's clock reaches them, and
+        asks when a compute of ``seconds`` started at ``start_s`` (at or after ``now``;
+        nothing submitted since the last run-ahead step) would end. The answer is the end
+        time if the backend can tell for certain that nothing it runs changes before then
+        (the compute is then accounted as if it had run); None if it cannot, and the engine
+        catches up and yields ``compute`` instead. ``quiet``: the engine has nothing in
+        flight on the backend, so no pending event of the backend's can matter."""
+
+    def catch_up(self, until_s: float) -> Waitable:
+        """After a run-ahead: bring the runtime's clock to ``until_s`` (the sim lands on
+        exactly that time; the hw backend spends the span computing on the GPU)."""
+
     def fill(self, fill: Fill) -> None:
         """Write freshly computed pages' content (their tags) into their slots."""
 

@@ -488,3 +488,66 @@ def test_transfer_latency_is_added_to_each_transfer_and_holds_nothing():
     t2, _ = finish(rt, e2)
     one_s = CALL + 4 * PER_PAGE + MiB / H2D
     assert e1.processed and t2 == pytest.approx(2 * one_s + 60e-6, rel=1e-12)
+
+
+# -- run-ahead: compute_ahead predicts compute() to the last bit ---------------------------
+
+def _compute_end(start_flow: bool, at: float, work: float, path=CopyPath.COPY_ENGINE):
+    """Start a long H2D batch at 0 (if ``start_flow``), then at ``at`` a compute of
+    ``work`` seconds; return (the compute_ahead answer at ``at``, the compute's real end)."""
+    rt, be = make(copy_path=path)
+    if start_flow:
+        be.transfer(batch(Level.HOST, Level.GPU, 1000))  # 256 MB: ~5 ms on the link
+    out = {}
+
+    def proc():
+        yield rt.timeout(at)
+        out["ahead"] = be.compute_ahead(rt.now, work, quiet=False)
+        yield be.compute(work)
+        out["end"] = rt.now
+    rt.process(proc())
+    rt.run()
+    return out["ahead"], out["end"]
+
+
+def test_compute_ahead_equals_compute_with_a_copy_engine_flow():
+    """A copy-engine flow stretches compute by 0.1 (round profile): the predicted end is
+    the stretched one and the very float a real compute ends at."""
+    # the batch's host time (10 us + 1000 x 2 us) ends at 2.01 ms; its flow then moves
+    # 256 MB at 50 GB/s until ~7.1 ms
+    ahead, end = _compute_end(True, 0.0025, 0.0013)
+    assert ahead == end
+    assert end == pytest.approx(0.0025 + 0.0013 * 1.1, rel=1e-12)
+    # before the flow starts, its start is an event the compute would cross
+    ahead, _ = _compute_end(True, 0.001, 0.0013)
+    assert ahead is None
+    ahead, end = _compute_end(False, 0.1, 0.2)  # nothing in flight: no stretch
+    assert ahead == end == 0.1 + 0.2
+
+
+def test_compute_ahead_refuses_what_it_cannot_predict():
+    # the flow ends (~5 ms) before the compute would: the rates change mid-compute
+    ahead, end = _compute_end(True, 0.0025, 0.01)
+    assert ahead is None and end > 0.0125
+    # an SM copy kernel's rate depends on compute running
+    ahead, _ = _compute_end(True, 0.0025, 0.0001, path=CopyPath.SM_KERNEL)
+    assert ahead is None
+    # quiet (the caller has nothing in flight): pending events do not bound it
+    rt, be = make()
+    rt.timeout(0.5)
+    assert be.compute_ahead(0.0, 1.0, quiet=True) == 1.0
+    assert be.compute_ahead(0.0, 1.0, quiet=False) is None
+
+
+def test_catch_up_lands_on_the_exact_float():
+    """A relative timeout would land on now + (t - now), which can miss t by a bit."""
+    rt, be = make()
+    now, t = 0.0938595867742349, 2.834747652200631
+    assert now + (t - now) != t
+
+    def proc():
+        yield rt.timeout(now)
+        yield be.catch_up(t)
+    rt.process(proc())
+    rt.run()
+    assert rt.now == t

@@ -344,6 +344,14 @@ class HwBackend:
         return rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
                         if b.done else (False, None))
 
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        # real time cannot be predicted with transfers in flight; with none, the engine
+        # may run ahead and the GPU computes the whole span at catch_up
+        return start_s + seconds if quiet else None
+
+    def catch_up(self, until_s: float) -> Any:
+        return self.compute(max(0.0, until_s - self.runtime.now))
+
     def fill(self, fill: Fill) -> None:
         slots = np.asarray(fill.slots, dtype=np.int64)
         tags = np.asarray(fill.tags, dtype=np.uint64)

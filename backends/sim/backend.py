@@ -26,6 +26,9 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference.
+``compute_ahead`` predicts one exactly (the fluid's own expression) while no event is due
+before it ends and no SM copy kernel runs, so the engine can run ahead of the clock with
+transfers in flight; ``catch_up`` then lands the clock on the very float it reached.
 
 Content tags: one uint64 array per level; a completed transfer copies the source slots'
 tags to the destination slots, a failed one writes garbage (0xDEAD) there and succeeds
@@ -35,6 +38,7 @@ Python loops; O(1) SimPy events per transfer.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import numpy as np
@@ -49,6 +53,7 @@ from .fluid import Fluid
 from .runtime import SimRuntime
 
 GARBAGE = np.uint64(0xDEAD)
+_INF = math.inf
 DIRECTIONS = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
 
 # (src, dst) -> (link direction or None, disk direction or None, fluid resources)
@@ -142,6 +147,17 @@ class SimBackend:
         done = self.fluid.add_job(duration_s)
         done.callbacks.append(lambda ev, d=duration_s: self._count_compute(ev.value, d))
         return done
+
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        horizon = _INF if quiet else self.env.peek()
+        end = self.fluid.ahead(start_s, seconds, horizon)
+        if end is not None:
+            self._counts["compute_calls"] += 1
+            self._count_compute(end - start_s, seconds)
+        return end
+
+    def catch_up(self, until_s: float) -> simpy.Event:
+        return self.runtime.timeout_at(until_s)
 
     def fill(self, fill: Fill) -> None:
         if self.refcheck:

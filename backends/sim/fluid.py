@@ -13,10 +13,15 @@ slowdown sums ``per_cta_slowdown`` for every copy-kernel CTA moving bytes and
 ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute job runs,
 copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
 
-Invariants: rates are recomputed whenever a flow or job starts or ends, and only then
-(piecewise constant in between); exactly one pending wake-up is live (older ones are no
-longer ``_pending`` and do nothing); a flow or job completes at the wake-up that predicted
-its end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
+Invariants: rates (and so the slowdown) change only when the set of flows changes, or when
+compute starts or stops while an SM copy kernel moves bytes; flows are brought up to date
+only then (piecewise constant in between), so a compute job that starts and ends while
+nothing else changes leaves the flows' arithmetic untouched. A job ends at
+``start + work * (1 + slowdown)`` when the slowdown stays constant over it: the same
+expression ``ahead`` evaluates for a compute the engine runs ahead of the clock, so running
+ahead and stepping give the same floats. Exactly one flow wake-up is live (older ones are
+no longer ``_pending`` and do nothing); a flow completes at the wake-up that predicted its
+end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
 """
 
 from __future__ import annotations
@@ -45,12 +50,14 @@ class Flow:
 
 
 class Job:
-    __slots__ = ("remaining", "start", "done")
+    __slots__ = ("remaining", "since", "start", "done", "wake")
 
     def __init__(self, work_s: float, start: float, done: simpy.Event):
-        self.remaining = work_s
+        self.remaining = work_s  # seconds of work left at time ``since``
+        self.since = start
         self.start = start
         self.done = done
+        self.wake: simpy.Event | None = None  # the live timeout of its predicted end
 
 
 class Fluid:
@@ -66,15 +73,15 @@ class Fluid:
         self.busy_eff = busy_cta_efficiency
         self.flows: list[Flow] = []
         self.jobs: list[Job] = []
-        self.busy_s = {r: 0.0 for r in self.cap}
-        self.compute_busy_s = 0.0
+        self.busy_s = {r: 0.0 for r in self.cap}   # up to the last change of the flows
+        self.compute_busy_s = 0.0                   # up to the last job's end
         self._slow = 0.0
-        self._last = env.now
+        self._t_flows = env.now           # when the flows' ``remaining`` were last updated
+        self._jobs_since = env.now        # when compute last went from idle to busy
         self._busy_res: set[str] = set()  # resources the current flows use
         self._n_sm = 0                    # current flows that are SM copy kernels
-        self._pending: simpy.Event | None = None  # the one live wake-up
+        self._pending: simpy.Event | None = None  # the one live flow wake-up
         self._due_flows: list[Flow] = []  # what the live wake-up completes
-        self._due_jobs: list[Job] = []
 
     # -- entry points ---------------------------------------------------------------
 
@@ -85,12 +92,12 @@ class Fluid:
         if nbytes <= 0:
             done.succeed()
             return done
-        self._advance()
+        self._sync_flows()
         f = Flow(nbytes, res, cap, ctas, ce, done)
         self.flows.append(f)
         self._busy_res.update(res)
         self._n_sm += f.sm
-        self._reschedule()
+        self._realloc()
         return done
 
     def add_job(self, work_s: float) -> simpy.Event:
@@ -99,10 +106,30 @@ class Fluid:
         if work_s <= 0:
             done.succeed(0.0)
             return done
-        self._advance()
-        self.jobs.append(Job(work_s, self.env.now, done))
-        self._reschedule(realloc=self._sm_flows())
+        now = self.env.now
+        job = Job(work_s, now, done)
+        if not self.jobs:
+            self._jobs_since = now
+        self.jobs.append(job)
+        if self._n_sm and len(self.jobs) == 1:
+            # compute starts: SM copy kernels drop to their busy rate
+            self._sync_flows()
+            self._realloc()
+        self._time_job(job)
         return done
+
+    def ahead(self, start: float, work_s: float, horizon: float) -> float | None:
+        """Where a compute of ``work_s`` started at ``start`` would end, provided nothing
+        changes before: no job runs, no SM copy kernel moves bytes (their rates depend on
+        compute), and it ends strictly before ``horizon`` (the next event that could change
+        anything). None otherwise. Counted as compute time as a job would be."""
+        if self.jobs or self._n_sm:
+            return None
+        end = start + work_s * (1.0 + self._slow)
+        if not end < horizon:
+            return None
+        self.compute_busy_s += end - start
+        return end
 
     @property
     def slowdown(self) -> float:
@@ -111,12 +138,13 @@ class Fluid:
 
     # -- mechanics ------------------------------------------------------------------
 
-    def _advance(self) -> None:
+    def _sync_flows(self) -> None:
+        """Bring the flows' remaining bytes and the busy seconds up to now."""
         now = self.env.now
-        dt = now - self._last
+        dt = now - self._t_flows
         if dt <= 0:
             return
-        self._last = now
+        self._t_flows = now
         flows = self.flows
         if flows:
             for f in flows:
@@ -124,11 +152,69 @@ class Fluid:
             busy = self.busy_s
             for r in self._busy_res:
                 busy[r] += dt
-        if self.jobs:
-            self.compute_busy_s += dt
-            prog = dt / (1.0 + self._slow)
+
+    def _time_job(self, job: Job) -> None:
+        ev = self.env.timeout(max(0.0, job.remaining * (1.0 + self._slow)))
+        job.wake = ev
+        ev.callbacks.append(self._job_wake)
+
+    def _job_wake(self, ev: simpy.Event) -> None:
+        for i, job in enumerate(self.jobs):
+            if job.wake is ev:
+                break
+        else:
+            return  # re-timed since: this wake-up is stale
+        del self.jobs[i]
+        now = self.env.now
+        if not self.jobs:
+            self.compute_busy_s += now - self._jobs_since
+            if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
+                self._sync_flows()
+                self._realloc()
+        job.done.succeed(now - job.start)
+
+    def _realloc(self) -> None:
+        """New rates for the current flows (already synced to now), the slowdown they
+        cause, jobs re-timed if it changed, and the next flow wake-up."""
+        old_slow = self._slow
+        self._allocate()
+        if self._slow != old_slow and self.jobs:
+            now = self.env.now
+            stretch = 1.0 + old_slow
             for j in self.jobs:
-                j.remaining -= prog
+                j.remaining -= (now - j.since) / stretch
+                j.since = now
+                self._time_job(j)
+        flows = self.flows
+        if not flows:
+            self._pending = None
+            self._due_flows = []
+            return
+        f_left = [f.remaining / f.rate if f.rate > 0 else _INF for f in flows]
+        t_min = min(f_left)
+        if t_min == _INF:
+            self._pending = None
+            self._due_flows = []
+            return
+        t_min = max(t_min, 0.0)
+        lim = t_min + (t_min * 1e-9 + 1e-15)
+        self._due_flows = [f for f, t in zip(flows, f_left) if t <= lim]
+        ev = self.env.timeout(t_min)
+        self._pending = ev
+        ev.callbacks.append(self._flow_wake)
+
+    def _flow_wake(self, ev: simpy.Event) -> None:
+        if ev is not self._pending:
+            return  # a later change rescheduled: this wake-up is stale
+        self._sync_flows()
+        finished = self._due_flows
+        gone = set(finished)
+        self.flows = [f for f in self.flows if f not in gone]
+        self._busy_res = {r for f in self.flows for r in f.res}
+        self._n_sm -= sum(f.sm for f in finished)
+        self._realloc()
+        for f in finished:
+            f.done.succeed()
 
     def _allocate(self) -> None:
         flows = self.flows
@@ -155,6 +241,13 @@ class Fluid:
         for f in flows:
             for r in f.res:
                 count[r] = count.get(r, 0) + 1
+        if len(count) == sum(len(f.res) for f in flows):
+            # no resource shared (e.g. a disk write beside a host -> GPU copy): each flow
+            # alone, as progressive filling would give it
+            for f, c in zip(flows, caps):
+                rate = min(cap[r] for r in f.res)
+                f.rate = min(rate, c) if c else rate
+            return
         rem = {r: cap[r] for r in count}
         active = list(range(len(flows)))
         while active:
@@ -182,55 +275,3 @@ class Fluid:
                 else:
                     still.append(i)
             active = still
-
-    def _sm_flows(self) -> bool:
-        """Whether any flow's rate depends on compute running (an SM copy kernel's)."""
-        return self._n_sm > 0
-
-    def _reschedule(self, realloc: bool = True) -> None:
-        # Rates depend on the set of flows, and on whether compute runs only through SM
-        # copy kernels' caps: a job starting or ending with no such flow changes no rate.
-        if realloc:
-            self._allocate()
-        flows, jobs = self.flows, self.jobs
-        if not flows and not jobs:
-            self._pending = None
-            self._due_flows, self._due_jobs = [], []
-            return
-        # each flow's and job's time to its end, computed once (the same expressions as
-        # the completion test below, so the earliest one is always due)
-        f_left = [f.remaining / f.rate for f in flows]
-        stretch = 1.0 + self._slow
-        j_left = [j.remaining * stretch for j in jobs]
-        t_min = min(f_left + j_left)
-        if t_min == _INF:
-            self._pending = None
-            self._due_flows, self._due_jobs = [], []
-            return
-        t_min = max(t_min, 0.0)
-        lim = t_min + (t_min * 1e-9 + 1e-15)
-        self._due_flows = [f for f, t in zip(flows, f_left) if t <= lim]
-        self._due_jobs = [j for j, t in zip(jobs, j_left) if t <= lim]
-        ev = self.env.timeout(t_min)
-        self._pending = ev
-        ev.callbacks.append(self._wake)
-
-    def _wake(self, ev: simpy.Event) -> None:
-        if ev is not self._pending:
-            return  # a later change rescheduled: this wake-up is stale
-        self._advance()
-        finished_flows, finished_jobs = self._due_flows, self._due_jobs
-        if finished_flows:
-            gone = set(finished_flows)
-            self.flows = [f for f in self.flows if f not in gone]
-            self._busy_res = {r for f in self.flows for r in f.res}
-            self._n_sm -= sum(f.sm for f in finished_flows)
-        if finished_jobs:
-            gone_j = set(finished_jobs)
-            self.jobs = [j for j in self.jobs if j not in gone_j]
-        self._reschedule(realloc=bool(finished_flows) or self._sm_flows())
-        now = self.env.now
-        for f in finished_flows:
-            f.done.succeed()
-        for j in finished_jobs:
-            j.done.succeed(now - j.start)

@@ -6,9 +6,11 @@ state. Waitables are SimPy events: a process yields them and resumes with their 
 
 from __future__ import annotations
 
+from heapq import heappush
 from typing import Any, Iterable
 
 import simpy
+from simpy.events import NORMAL
 
 
 class SimRuntime:
@@ -25,6 +27,21 @@ class SimRuntime:
 
     def timeout(self, delay_s: float, value: Any = None) -> simpy.Event:
         return self.env.timeout(delay_s, value)
+
+    def timeout_at(self, at_s: float, value: Any = None) -> simpy.Event:
+        """A timeout that fires at the absolute time ``at_s`` (now if that has passed).
+        ``timeout(at_s - now)`` would land at ``now + (at_s - now)``, which can differ from
+        ``at_s`` in the last bit; a run-ahead must land on exactly the float the steps it
+        skipped would have reached. (SimPy schedules only relative delays; this pushes
+        onto its queue the way ``Environment.schedule`` does.)"""
+        env = self.env
+        if at_s <= env.now:
+            return env.timeout(0, value)
+        ev = simpy.Event(env)
+        ev._ok = True
+        ev._value = value
+        heappush(env._queue, (at_s, NORMAL, next(env._eid), ev))
+        return ev
 
     def event(self) -> simpy.Event:
         return self.env.event()

@@ -10,13 +10,15 @@ GPU pages for the tokens it is about to compute, and runs the step on the backen
 Clock: the engine keeps time in integer nanoseconds, read from the runtime after every
 wait (``round(now * 1e9)``) and compared as integers, so a replay is reproducible to the
 last digit. With ``fast_forward`` on, the engine saves work a step-by-step replay would
-spend on what nothing can observe: (1) a run of identical decode steps (no block boundary,
-no finish, no arrival before it ends) is one computation; (2) while no transfer is in
-flight, nothing but the engine acts, so it runs steps ahead of the runtime's clock and
-lets the backend compute the whole run at the next catch-up, which comes before any plan
-starts and before any wait. Each step's duration is still computed one by one and rounded
-to a nanosecond, so decisions and metrics equal a step-by-step replay's (a test and
-benchmarks/sim_speed.py check it).
+spend on what nothing can observe: it runs steps ahead of the runtime's clock, asking the
+backend (``compute_ahead``) when each would end, as long as the backend can tell that
+nothing it runs changes before then (no transfer in flight at all, or, on the sim, no
+event due before the step ends and no SM copy kernel whose rate depends on compute); a run
+of identical decode steps (no block boundary, no finish, no arrival before it ends) goes
+ahead in one tight loop. The runtime catches up (``catch_up``) before any plan starts and
+before any wait. Each step's end is the float a ``compute`` from the same start would end
+at, rounded to a nanosecond, so decisions and metrics equal a step-by-step replay's (a test
+and benchmarks/sim_speed.py check it).
 
 Between the turns of a session its request is suspended: its pages are held (evictable
 to colder tiers, never dropped) and the next turn finds them by prefix match. When KV is
@@ -124,6 +126,7 @@ class Engine:
         self._admit_seq = count()
         self._uids = count()
         self._next_sample = 0
+        self._vnow = 0.0                             # the runtime's time the engine ran ahead to
 
     # == workload =======================================================================
     def load(self, workload: Workload, start_times_s: Iterable[float] | None = None) -> None:
@@ -182,6 +185,7 @@ class Engine:
     def serve(self):
         """Generator process: serve until every session is done."""
         rt = self.rt
+        self._vnow = rt.now
         while True:
             self._process_due()
             self._release_arrivals()
@@ -208,27 +212,25 @@ class Engine:
                 self._wake = None
                 self._tick()
                 continue
-            steps = self._steps(batch)
-            if self.p.fast_forward and not self._inflight:
-                # Nothing else is running, so nothing can observe the step: run ahead of
-                # the runtime's clock; the backend computes the whole run at the next
-                # catch-up (before any plan starts or any wait).
-                self.t += sum(steps)
-            else:
+            first = self._step_ns(batch)
+            n = self._run_ahead(batch, first) if self.p.fast_forward else 0
+            if not n:
+                yield from self._catch_up()
                 # ask for the time left to an absolute target: float error never accumulates
-                yield self.backend.compute(max(0.0, (self.t + sum(steps)) / NS - rt.now))
+                yield self.backend.compute(max(0.0, (self.t + first) / NS - rt.now))
                 self._tick()
-            self.metrics.steps += len(steps)
-            if len(steps) > 1:
-                self.metrics.fast_forwarded_steps += len(steps) - 1
-            self._advance(batch, len(steps))
+                n = 1
+            self.metrics.steps += n
+            if n > 1:
+                self.metrics.fast_forwarded_steps += n - 1
+            self._advance(batch, n)
         yield from self._catch_up()
         self._sample(force=True)
 
     def _catch_up(self):
-        """Let the backend compute the steps the engine ran ahead of the runtime's clock."""
-        if round(self.rt.now * NS) < self.t:
-            yield self.backend.compute(self.t / NS - self.rt.now)
+        """Bring the runtime's clock to where the engine ran ahead to."""
+        if self._vnow > self.rt.now:
+            yield self.backend.catch_up(self._vnow)
             self._tick()
 
     def _launch(self, proc) -> None:
@@ -243,7 +245,9 @@ class Engine:
             self.rt.process(proc)
 
     def _tick(self) -> None:
-        self.t = max(self.t, round(self.rt.now * NS))
+        now = self.rt.now
+        self.t = max(self.t, round(now * NS))
+        self._vnow = now
 
     def _notify(self) -> None:
         self._dirty = True
@@ -553,27 +557,44 @@ class Engine:
         self._dirty = True
 
     # == stepping =======================================================================
-    def _steps(self, prefill) -> list[int]:
-        """Durations (ns) of the steps to run now: one, or a run of identical decode steps
-        up to the next step at which anything could change."""
-        st = self.step_time
-        n, dsum = len(self._decoding), self._dsum
-        first = round(st([(c, lv.kv) for lv, c in prefill], n, dsum) * NS)
-        if (prefill or not self.p.fast_forward or self._inflight or self._dirty
-                or self._stalled):
-            return [first]
+    def _step_ns(self, prefill) -> int:
+        """The next step's duration (ns) at nominal speed."""
+        return round(self.step_time([(c, lv.kv) for lv, c in prefill], len(self._decoding),
+                                    self._dsum) * NS)
+
+    def _run_ahead(self, prefill, first: int) -> int:
+        """Run steps ahead of the runtime's clock while the backend can say when each ends
+        and that nothing it runs changes before then: the first step, and after it, when
+        nothing can change between them, the identical decode steps up to the next step at
+        which a decoder finishes or must grow, or an arrival is due. Returns the steps run
+        (0: the first could not be; compute it on the runtime)."""
+        if not self._ahead(first):
+            return 0
+        if prefill or self._dirty or self._stalled:
+            return 1
         nxt = self._next_due()
         k = nxt - self.S if nxt is not None else 1
-        if k <= 1:
-            return [first]
-        steps = [first]
-        t = self.t + first
-        horizon = self._arrivals[0][0] if self._arrivals else None
-        while len(steps) < k and (horizon is None or t < horizon):
-            d = round(st((), n, dsum + n * len(steps)) * NS)
-            steps.append(d)
-            t += d
-        return steps
+        arr = self._arrivals[0][0] if self._arrivals else None
+        st, nd, dsum = self.step_time, len(self._decoding), self._dsum
+        n = 1
+        while n < k and (arr is None or self.t < arr):
+            if not self._ahead(round(st((), nd, dsum + nd * n) * NS)):
+                break
+            n += 1
+        return n
+
+    def _ahead(self, d: int) -> bool:
+        """Run one step of ``d`` ns ahead, asking the backend for its end (the same float a
+        ``compute`` from the same start would end at); False if it cannot tell."""
+        v = self._vnow
+        end = self.backend.compute_ahead(v, max(0.0, (self.t + d) / NS - v), not self._inflight)
+        if end is None:
+            return False
+        if self._inflight:
+            self.metrics.ahead_inflight_steps += 1
+        self._vnow = end
+        self.t = max(self.t, round(end * NS))
+        return True
 
     def _advance(self, prefill, k: int) -> None:
         self.S += k

@@ -76,6 +76,7 @@ class Metrics:
     timeline: list[dict] = field(default_factory=list)
     steps: int = 0
     fast_forwarded_steps: int = 0
+    ahead_inflight_steps: int = 0    # steps run ahead of the clock with transfers in flight
     requests_failed: int = 0
     holds_released: int = 0
     preemptions: int = 0
