@@ -262,6 +262,14 @@ def test_a_disk_too_small_for_the_tier_fails_construction_with_the_sizes(tmp_pat
 
 # -- the refcheck on real bytes -----------------------------------------------------------
 
+def test_splitmix64_is_the_reference_function():
+    # splitmix64's first output for seed 0 (the published reference sequence)
+    assert int(pattern.splitmix64(np.array([0], np.uint64))[0]) == 0xE220A8397B1DCDAF
+    x = np.arange(5, dtype=np.uint64)
+    pattern.splitmix64(x)
+    assert (x == np.arange(5)).all()  # the input is left alone
+
+
 def test_patterns_recover_tags_and_catch_torn_and_misplaced_pages():
     view = np.zeros((4, 4096), np.uint8)
     tags = tags_for(4)
@@ -273,6 +281,26 @@ def test_patterns_recover_tags_and_catch_torn_and_misplaced_pages():
     assert got[0] == tags[0] and got[2] == tags[2]
     assert got[1] == 0 and got[3] == 0
     assert pattern.verify_pages(np.zeros((1, 4096), np.uint8), [0])[0] == 0  # never written
+
+
+@pytest.mark.parametrize("page_bytes", [4096, 1 << 20])  # many pages a tile; two tiles a page
+def test_verify_in_parallel_tiles_equals_serial(page_bytes):
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 40
+    view = np.zeros((n, page_bytes), np.uint8)
+    tags = tags_for(n)
+    pattern.write_pages(view, np.arange(n), tags)
+    view[3, page_bytes - 1] ^= 1        # last word of a page (the last tile of a big page)
+    view[17, 8:16] = view[18, 8:16]     # word 1 from another page
+    view[30, :8] = view[31, :8]         # word 0 says another page's tag
+    slots = np.arange(n)[::-1].copy()
+    want = tags[::-1].copy()
+    want[[n - 1 - 3, n - 1 - 17, n - 1 - 30]] = 0
+    with ThreadPoolExecutor(3) as pool:
+        for got in (pattern.verify_pages(view, slots), pattern.verify_pages(view, slots, pool=pool),
+                    pattern.verify_rows(view[slots], pool=pool)):
+            assert (got == want).all()
 
 
 def test_fill_then_read_tags_on_every_tier(make):

@@ -26,6 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from time import perf_counter as _clock
 from typing import Any
@@ -135,6 +136,10 @@ class HwBackend:
         cp = self.cp
         cuda_rt = cp.cuda.runtime if cp is not None else None
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-hw")
+        # the refcheck's host-side verification (host and disk pages; numpy, which
+        # releases the GIL): tiles of the pages checked on every core
+        self.check_pool = ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1)),
+                                             thread_name_prefix="kvsim-check")
         self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
         if Level.HOST in self.slots:
             self.host = HostRegion(self.slots[Level.HOST], self.page_bytes, cuda_rt)
@@ -393,8 +398,8 @@ class HwBackend:
             s.synchronize()
             return cp.asnumpy(out)
         if lv == Level.DISK:
-            return pattern.verify_rows(self.disk.read_rows(slots), self.refcheck)
-        return pattern.verify_pages(self._view(lv), slots, self.refcheck)
+            return pattern.verify_rows(self.disk.read_rows(slots), self.refcheck, self.check_pool)
+        return pattern.verify_pages(self._view(lv), slots, self.refcheck, self.check_pool)
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
@@ -403,9 +408,10 @@ class HwBackend:
         if self.on_gpu and hasattr(self, "streams"):
             for s in self.streams.values():
                 s.synchronize()
-        pool = self.__dict__.pop("pool", None)
-        if pool is not None:
-            pool.shutdown(wait=True)
+        for name in ("pool", "check_pool"):
+            pool = self.__dict__.pop(name, None)
+            if pool is not None:
+                pool.shutdown(wait=True)
         for name in ("disk", "host", "staging", "gpu"):
             obj = getattr(self, name, None)
             if obj is not None:

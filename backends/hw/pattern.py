@@ -19,16 +19,23 @@ NO_TAG = np.uint64(0)
 _C1 = np.uint64(0x9E3779B97F4A7C15)
 _C2 = np.uint64(0xBF58476D1CE4E5B9)
 _C3 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 # pages checked per numpy chunk: bounds the temporary (rows x words) arrays
 _CHUNK_WORDS = 1 << 22
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    z = np.asarray(x, dtype=np.uint64) + _C1
-    z = (z ^ (z >> np.uint64(30))) * _C2
-    z = (z ^ (z >> np.uint64(27))) * _C3
-    return z ^ (z >> np.uint64(31))
+    z = np.asarray(x, dtype=np.uint64) + _C1  # a new array: the rest works in place
+    t = z >> _S30
+    z ^= t
+    z *= _C2
+    np.right_shift(z, _S27, out=t)
+    z ^= t
+    z *= _C3
+    np.right_shift(z, _S31, out=t)
+    z ^= t
+    return z
 
 
 def patterns(tags: np.ndarray, words: int) -> np.ndarray:
@@ -54,30 +61,53 @@ def write_pages(view: np.ndarray, slots: np.ndarray, tags: np.ndarray, full: boo
         w[slots[i:i + step]] = patterns(tags[i:i + step], words)
 
 
-def verify_rows(rows: np.ndarray, full: bool = True) -> np.ndarray:
+# words per verification tile: a page bigger than this is checked in several tiles, so
+# even a one-page batch spreads over the threads of a pool
+_TILE_WORDS = 1 << 16
+
+
+def verify_rows(rows: np.ndarray, full: bool = True, pool=None) -> np.ndarray:
     """Tags of pages given as rows ((n, page_bytes) uint8): word 0 if the whole page
-    matches its pattern, else NO_TAG. Without ``full``, word 0 unverified."""
+    matches its pattern, else NO_TAG. Without ``full``, word 0 unverified. ``pool`` (an
+    executor) checks tiles of the pages in parallel (numpy releases the GIL)."""
     w = np.ascontiguousarray(rows).view(np.uint64)
-    cand = w[:, 0].copy()
-    if not full or w.shape[0] == 0:
-        return cand
-    words = w.shape[1]
-    step = max(1, _CHUNK_WORDS // words)
-    for i in range(0, w.shape[0], step):
-        good = (w[i:i + step] == patterns(cand[i:i + step], words)).all(axis=1)
-        cand[i:i + step][~good] = NO_TAG
-    return cand
+    return _verify(lambda i0, i1, a, b: w[i0:i1, a:b], w[:, 0].copy(), w.shape[1], full, pool)
 
 
-def verify_pages(view: np.ndarray, slots: np.ndarray, full: bool = True) -> np.ndarray:
-    """``verify_rows`` over rows ``slots`` of ``view``, a chunk at a time."""
+def verify_pages(view: np.ndarray, slots: np.ndarray, full: bool = True, pool=None) -> np.ndarray:
+    """``verify_rows`` over rows ``slots`` of ``view`` ((n_slots, page_bytes) uint8), a
+    tile at a time."""
     slots = np.asarray(slots, dtype=np.int64)
-    words = view.shape[1] // 8
-    step = max(1, _CHUNK_WORDS // words)
-    out = np.empty(len(slots), dtype=np.uint64)
-    for i in range(0, len(slots), step):
-        out[i:i + step] = verify_rows(view[slots[i:i + step]], full)
-    return out
+    w = view.view(np.uint64)
+    return _verify(lambda i0, i1, a, b: w[slots[i0:i1], a:b], w[slots, 0], w.shape[1], full, pool)
+
+
+def _verify(tile, cand: np.ndarray, words: int, full: bool, pool) -> np.ndarray:
+    """Set ``cand[i]`` (word 0 of page i) to NO_TAG where page i differs from its pattern;
+    ``tile(i0, i1, a, b)`` gives words a..b of pages i0..i1 as a (i1-i0, b-a) array."""
+    n = len(cand)
+    if not full or n == 0:
+        return cand
+    if words >= _TILE_WORDS:  # one page a tile row, split by words
+        spans = [(i, i + 1, a, min(words, a + _TILE_WORDS))
+                 for i in range(n) for a in range(0, words, _TILE_WORDS)]
+    else:  # whole pages, several a tile
+        step = _TILE_WORDS // words
+        spans = [(i, min(n, i + step), 0, words) for i in range(0, n, step)]
+
+    def check(span):
+        i0, i1, a, b = span
+        exp = splitmix64(cand[i0:i1].reshape(-1, 1) ^ np.arange(a, b, dtype=np.uint64).reshape(1, -1))
+        if a == 0:
+            exp[:, 0] = cand[i0:i1]
+        return (tile(i0, i1, a, b) == exp).all(axis=1)
+
+    results = pool.map(check, spans) if pool is not None and len(spans) > 1 else map(check, spans)
+    good = np.ones(n, dtype=bool)
+    for (i0, i1, _, _), g in zip(spans, results):
+        good[i0:i1] &= g
+    cand[~good] = NO_TAG
+    return cand
 
 
 CUDA_SOURCE = r"""
