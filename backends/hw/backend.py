@@ -137,9 +137,11 @@ class HwBackend:
         cuda_rt = cp.cuda.runtime if cp is not None else None
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-hw")
         # the refcheck's host-side verification (host and disk pages; numpy, which
-        # releases the GIL): tiles of the pages checked on every core
-        self.check_pool = ThreadPoolExecutor(max_workers=max(1, min(16, os.cpu_count() or 1)),
-                                             thread_name_prefix="kvsim-check")
+        # releases the GIL): tiles of the pages checked on every core, where there are
+        # enough of them (on 2 vCPUs the pool measured no gain: benchmarks/refcheck_verify.py)
+        cores = os.cpu_count() or 1
+        self.check_pool = (ThreadPoolExecutor(max_workers=min(16, cores), thread_name_prefix="kvsim-check")
+                           if cores >= 4 else None)
         self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
         if Level.HOST in self.slots:
             self.host = HostRegion(self.slots[Level.HOST], self.page_bytes, cuda_rt)
