@@ -214,6 +214,24 @@ class Eviction:
                 bucket.pop(p, None)
                 bucket[p] = None
 
+    def _settle_touched(self, pages) -> None:
+        """``_settle(p, touch=True)`` for each page in order, the common case (resident,
+        unlocked, still referred to, and not a held page of the last tier: it becomes its
+        tier's most recently used) inline."""
+        tiers = self.tiers
+        for p in pages:
+            if p.phase is _RESIDENT and not p.locks and (p.holds or p.in_tree):
+                tier = tiers[p.tier]
+                if not (p.holds and tier.is_last):
+                    bucket = tier.lru.get(p.priority)
+                    if bucket is None:
+                        tier.index_add(p)
+                    else:
+                        bucket.pop(p, None)
+                        bucket[p] = None
+                    continue
+            self._settle(p, touch=True)
+
     def _settle(self, page: Page, touch: bool) -> None:
         """Put a resident page where its owners say it belongs: out of the index if locked,
         freed if nobody refers to it, else in its tier's index (moved to the most recent

@@ -80,6 +80,7 @@ class TierManager(Eviction):
             for i, t in enumerate(spec.tiers)
         ]
         self._pos = {t.level: i for i, t in enumerate(self.tiers)}
+        self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
         self.counters = Counters()
         self._pages: dict[int, Page] = {}   # every live page, by pid
@@ -101,7 +102,8 @@ class TierManager(Eviction):
 
     def _needs(self, ntokens: int, nblocks: int) -> list[int]:
         b = self.tokens_per_block
-        return [min(b, ntokens - i * b) for i in range(nblocks)]
+        full = max(0, min(nblocks, ntokens // b))  # blocks the tokens fill
+        return [b] * full + [min(b, ntokens - i * b) for i in range(full, nblocks)]
 
     def _nblocks(self, ntokens: int) -> int:
         return -(-ntokens // self.tokens_per_block)
@@ -194,8 +196,9 @@ class TierManager(Eviction):
             own.extend(found)
             req.committed = len(own)
         hits = [0, 0, 0]
+        level = self._levels
         for p, n in zip(own, need):
-            hits[self.tiers[p.tier].level] += n
+            hits[level[p.tier]] += n
         for lv in range(3):
             self.counters.hit_tokens[lv] += hits[lv]
         req.hit_by_level = tuple(hits)
@@ -214,11 +217,13 @@ class TierManager(Eviction):
         if sel is None:
             return self._refuse(RefusalReason.NO_ROOM, f"{len(away)} GPU slots for a resume")
         gpu = self.tiers[0]
+        here = []
         for p in pages:
             if p.tier == 0:
                 p.holds -= 1
                 p.locks += 1
-                gpu.index_discard(p)
+                here.append(p)
+        gpu.index_discard_each(here)
         rec = _Rec(PlanKind.RESUME, req)
         batches: list[Batch] = []
         if away:
@@ -226,12 +231,14 @@ class TierManager(Eviction):
             by_src: dict[int, tuple[list[Page], list[int]]] = {}
             for p, s in zip(away, slots):
                 p.phase = _MOVING
-                self.tiers[p.tier].index_discard(p)
-                grp = by_src.setdefault(p.tier, ([], []))
+                grp = by_src.get(p.tier)
+                if grp is None:
+                    grp = by_src[p.tier] = ([], [])
                 grp[0].append(p)
                 grp[1].append(s)
             for src in sorted(by_src):
                 ps, ds = by_src[src]
+                self.tiers[src].index_discard_each(ps)
                 self._add_batch(rec, batches, BatchKind.ONBOARD, src, 0, ps, ds,
                                 self._taker_stage)
         req.state = ReqState.RESUMING
@@ -318,23 +325,24 @@ class TierManager(Eviction):
     def suspend(self, req: Request) -> None:
         """Locked pages become held: evictable to colder tiers, never dropped."""
         self._expect(req, ReqState.ACTIVE, "suspend")
-        for p in reversed(req.pages):  # tail first into the LRU: it is evicted first
+        for p in req.pages:
             p.locks -= 1
             p.holds += 1
-            self._settle(p, touch=True)
+        self._settle_touched(reversed(req.pages))  # tail first into the LRU: evicted first
         req.state = ReqState.SUSPENDED
 
     def close(self, req: Request) -> None:
         """Release the request: its tree pages become droppable, private pages are freed."""
         if req.state not in (ReqState.ACTIVE, ReqState.SUSPENDED):
             raise CoreError(f"close: request {req.rid} is {req.state.name}")
-        active = req.state is ReqState.ACTIVE
-        for p in reversed(req.pages):
-            if active:
+        if req.state is ReqState.ACTIVE:
+            for p in req.pages:
                 p.locks -= 1
-            else:
+            self._settle_touched(reversed(req.pages))
+        else:
+            for p in reversed(req.pages):
                 p.holds -= 1
-            self._settle(p, touch=active)
+                self._settle(p, touch=False)
         req.pages = []
         req.state = ReqState.CLOSED
         del self._requests[req.rid]
@@ -445,10 +453,11 @@ class TierManager(Eviction):
         if all_ok:
             for bi, b in enumerate(plan.batches):
                 if b.kind is BatchKind.ONBOARD:
-                    for p in rec.moves[bi][0]:
+                    came = rec.moves[bi][0]
+                    for p in came:
                         p.holds -= 1
                         p.locks += 1
-                        self.tiers[0].index_discard(p)
+                    self.tiers[0].index_discard_each(came)
             req.state = ReqState.ACTIVE
             return
         # Not all pages came: the request stays suspended. Pages that arrived stay on GPU,

@@ -101,6 +101,19 @@ class Tier:
         for p in pages:
             lru[p.priority].pop(p, None)
 
+    def index_discard_each(self, pages: list[Page]) -> None:
+        """``index_discard`` for each page (indexed or not)."""
+        lru = self.lru
+        if len(lru) == 1:  # one priority in use: a page of another is in no bucket
+            pop = next(iter(lru.values())).pop
+            for p in pages:
+                pop(p, None)
+            return
+        for p in pages:
+            bucket = lru.get(p.priority)
+            if bucket is not None:
+                bucket.pop(p, None)
+
     def index_touch(self, page: Page) -> None:
         """Make ``page`` the most recently used of its priority (adding it if absent)."""
         bucket = self.lru.get(page.priority)
