@@ -5,7 +5,8 @@ Measured (hw backend, real bytes; on a GPU with CuPy, else CPU mode with tiny si
   engine, SM kernel), host -> GPU, GPU -> host and both at once; an SM-kernel CTA sweep;
 - disk reads and writes per I/O thread count and piece size (the disk tier's file);
 - host-tier fill (map, touch, pin);
-- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy;
+- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy and the
+  fixed cost of a ``compute()`` call (``compute.latency``);
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
   replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
   copy-engine call's own host time.
@@ -274,10 +275,11 @@ def measure_busy(m: Measured, device: str) -> None:
     try:
         rows = []
         for d in (0.002, 0.01, 0.05):
-            t0 = time.perf_counter()
-            got = _wait(rt, [be.compute(d)])
-            rows.append({"requested_s": d, "wall_s": time.perf_counter() - t0,
-                         "reported_s": list(got.values())[0]})
+            for _ in range(5):  # the call's fixed cost (compute.latency) is a median of these
+                t0 = time.perf_counter()
+                got = _wait(rt, [be.compute(d)])
+                rows.append({"requested_s": d, "wall_s": time.perf_counter() - t0,
+                             "reported_s": list(got.values())[0]})
         m.compute["busy"] = rows
     finally:
         be.close()
@@ -405,6 +407,11 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"
     _fit_latency(m, d, why, ce_path)
+    over = [r["wall_s"] - r["requested_s"] for r in m.compute.get("busy", [])]
+    if over:
+        d["compute"] = {"latency": max(0.0, statistics.median(over))}
+        why["compute.latency"] = (f"measured: the hw backend's compute(d) calls, wall time minus d, "
+                                  f"median of {len(over)} ({min(over) * 1e6:.0f}-{max(over) * 1e6:.0f} us)")
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     return d, why
@@ -581,6 +588,9 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
         if T.get("latency_sm_kernel") is not None:
             lines.append(f"  latency_sm_kernel: {_fmt_time(T['latency_sm_kernel'])}"
                          f"{c('transfer.latency_sm_kernel')}")
+    C = d.get("compute") or {}
+    if C.get("latency"):
+        lines += ["compute:", f"  latency: {_fmt_time(C['latency'])}{c('compute.latency')}"]
     lines.append(f"notes: {json.dumps(d.get('notes', ''))}")
     return "\n".join(lines) + "\n"
 

@@ -21,6 +21,11 @@ Optional terms (absent: the older, simpler model):
   no engine, CTA or link). ``latency_sm_kernel`` is SM-kernel batches' own (their call
   uploads slot arrays and launches a kernel); default ``latency``. Default 0 (the older
   model). ``kvsim calibrate`` fits both from batches of 1-16 pages.
+- ``compute.latency``: a fixed time every compute call takes on top of the step's work: on
+  the hw backend the busy kernel's launch and overshoot, its completion event and the
+  runtime seeing it (each engine step is one call when stepping, so the term adds to every
+  step). The sim adds it after the compute (SMs free, nothing held). Default 0.
+  ``kvsim calibrate`` fits it from its timed ``compute()`` calls.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -204,6 +209,12 @@ class TransferSpec(_Frozen):
         return self.latency
 
 
+class ComputeSpec(_Frozen):
+    """A fixed time per compute call beyond the step's work (see the module docstring)."""
+
+    latency: Seconds = 0.0
+
+
 class HardwareProfile(_Frozen):
     name: str
     link: LinkSpec
@@ -213,6 +224,7 @@ class HardwareProfile(_Frozen):
     host: HostSpec
     gpu: GPUSpec
     transfer: TransferSpec = TransferSpec()
+    compute: ComputeSpec = ComputeSpec()
     notes: str = ""
 
     @model_validator(mode="after")

@@ -551,3 +551,18 @@ def test_catch_up_lands_on_the_exact_float():
     rt.process(proc())
     rt.run()
     assert rt.now == t
+
+
+def test_compute_latency_delays_every_call_and_run_ahead_agrees():
+    """compute.latency (the hw backend's fixed cost a call): a compute of d completes at
+    d + latency, with the SMs free during the latency; compute_ahead says the same float."""
+    rt = SimRuntime()
+    be = SimBackend(rt, round_profile(compute={"latency": "200us"}), 256 * KiB,
+                    {Level.GPU: 8, Level.HOST: 8})
+    t, took = finish(rt, be.compute(0.003))
+    assert t == 0.003 + 200e-6 and took == pytest.approx(0.0032)
+    assert be.fluid.compute_busy_s == pytest.approx(0.003)  # the latency is not SM time
+    start = rt.now
+    ahead = be.compute_ahead(start, 0.003, quiet=True)
+    t2, _ = finish(rt, be.compute(0.003))
+    assert ahead == t2 == start + 0.003 + 200e-6

@@ -25,7 +25,8 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   nothing (0 by default: no extra event).
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
-``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference.
+``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
+then ``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
 ``compute_ahead`` predicts one exactly (the fluid's own expression) while no event is due
 before it ends and no SM copy kernel runs, so the engine can run ahead of the clock with
 transfers in flight; ``catch_up`` then lands the clock on the very float it reached.
@@ -125,6 +126,7 @@ class SimBackend:
                         "sm_kernel_calls": 0, "compute_calls": 0}
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
+        self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -146,15 +148,19 @@ class SimBackend:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s)
         done.callbacks.append(lambda ev, d=duration_s: self._count_compute(ev.value, d))
+        if self.compute_latency > 0:
+            return self.env.process(self._after(done, self.compute_latency))
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
         horizon = _INF if quiet else self.env.peek()
-        end = self.fluid.ahead(start_s, seconds, horizon)
-        if end is not None:
-            self._counts["compute_calls"] += 1
-            self._count_compute(end - start_s, seconds)
-        return end
+        lat = self.compute_latency
+        end = self.fluid.ahead(start_s, seconds, horizon, tail=lat)
+        if end is None:
+            return None
+        self._counts["compute_calls"] += 1
+        self._count_compute(end - start_s, seconds)
+        return end + lat if lat > 0 else end
 
     def catch_up(self, until_s: float) -> simpy.Event:
         return self.runtime.timeout_at(until_s)
@@ -197,6 +203,13 @@ class SimBackend:
         return out
 
     # -- mechanics ------------------------------------------------------------------
+
+    def _after(self, done: simpy.Event, latency: float):
+        """A compute's completion ``latency`` after its work (the profile's
+        ``compute.latency``: the backend's own cost per call)."""
+        took = yield done
+        yield self.env.timeout(latency)
+        return took + latency
 
     def _count_compute(self, took_s: float, nominal_s: float) -> None:
         self._compute_s += took_s

@@ -118,15 +118,16 @@ class Fluid:
         self._time_job(job)
         return done
 
-    def ahead(self, start: float, work_s: float, horizon: float) -> float | None:
+    def ahead(self, start: float, work_s: float, horizon: float, tail: float = 0.0) -> float | None:
         """Where a compute of ``work_s`` started at ``start`` would end, provided nothing
         changes before: no job runs, no SM copy kernel moves bytes (their rates depend on
-        compute), and it ends strictly before ``horizon`` (the next event that could change
-        anything). None otherwise. Counted as compute time as a job would be."""
+        compute), and it ends, ``tail`` seconds later still, strictly before ``horizon``
+        (the next event that could change anything). None otherwise. Counted as compute
+        time as a job would be."""
         if self.jobs or self._n_sm:
             return None
         end = start + work_s * (1.0 + self._slow)
-        if not end < horizon:
+        if not end + tail < horizon:
             return None
         self.compute_busy_s += end - start
         return end
