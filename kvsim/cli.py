@@ -150,9 +150,11 @@ def compare(
     out: Optional[str] = typer.Option(None, help="folder for compare.json (default: output.dir + '-compare')"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
+    hw_from: Optional[str] = typer.Option(None, "--hw-from", help="an earlier compare's folder: "
+                                          "replay the sim only and compare with its hw side"),
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
-    from kvsim.compare import compare as run_compare, report_tables, write_report
+    from kvsim.compare import compare as run_compare, compare_saved, report_tables, write_report
     from kvsim.run import write_results
     from kvsim.config import ConfigFileError, load_config
     from kvsim.workload import TraceError
@@ -160,13 +162,21 @@ def compare(
     console = Console(stderr=True)
     try:
         cfg = load_config(config, set_)
-        report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device})
+        if hw_from:
+            report, sim_res = compare_saved(cfg, hw_from, trace)
+            results = (("sim", sim_res),)
+        else:
+            report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device})
+            results = (("sim", sim_res), ("hw", hw_res))
     except (ConfigFileError, TraceError, ValueError, OSError) as e:
         _error(console, str(e))
         raise typer.Exit(2)
     dest = Path(out or (cfg.output.dir.format(name=cfg.name) + "-compare"))
+    if hw_from and dest.resolve() == Path(hw_from).resolve():
+        _error(console, f"--out {dest}: is the --hw-from folder; write the new report elsewhere")
+        raise typer.Exit(2)
     path = write_report(report, dest)
-    for name, res in (("sim", sim_res), ("hw", hw_res)):  # each replay's own results folder
+    for name, res in results:  # each replay's own results folder
         write_results(res, dest / name, plots=False)
     for t in report_tables(report):
         Console().print(t)

@@ -7,7 +7,11 @@ report holds, for each metric, the sim value, the hw value and the relative erro
 
 - transfers, per (src, dst, path): batches, bytes, median seconds a batch, median and
   aggregate GB/s (bytes over seconds);
-- TTFT p50 / p90, requests and output tokens per second, hit tokens by tier.
+- TTFT p50 / p90, requests and output tokens per second, hit tokens by tier;
+- turns (matched by session and turn) that found the same hit tokens by tier.
+
+``compare_saved`` replays the sim only and compares it with the hw side an earlier compare
+saved (``kvsim compare --hw-from DIR``): a re-fitted profile re-predicts a GPU run offline.
 
 Batches are matched by kind, not one to one: admission and eviction can depend on timing,
 so the two replays need not move the same batches (their counts are in the report).
@@ -65,6 +69,22 @@ def headline(result: Result) -> dict[str, float | None]:
     return out
 
 
+def turn_hits(rows) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """Hit tokens (gpu, host, disk) of each turn, keyed by (session, turn): request ids
+    follow release order, which timing can change, so turns are matched by name."""
+    return {(str(r.session), int(r.turn)): (int(r.hit_gpu), int(r.hit_host), int(r.hit_disk))
+            for r in rows}
+
+
+def hits_agreement(sim_rows, hw_rows) -> dict:
+    """How many turns found the same hit tokens by tier on both backends."""
+    a, b = turn_hits(sim_rows), turn_hits(hw_rows)
+    both = [k for k in a if k in b]
+    same = sum(a[k] == b[k] for k in both)
+    return {"turns": len(both), "same_hits_by_tier": same,
+            "differ": sorted(f"{s} turn {t}" for s, t in both if a[(s, t)] != b[(s, t)])}
+
+
 def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict]) -> dict:
     """The side-by-side report of two finished replays and their timing logs."""
     hs, hh = headline(sim), headline(hw)
@@ -80,6 +100,7 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
         }
     return {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
+            "turns": hits_agreement(sim.rows, hw.rows),
             "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
 
 
@@ -94,6 +115,39 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     report["hw_options"] = {k: v for k, v in (hw_options or {}).items() if k != "timing_log"}
     report["logs"] = {"sim": sim_log, "hw": hw_log}
     return report, sim, hw
+
+
+def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict]:
+    """The hw side of an earlier ``kvsim compare``'s folder (``compare.json`` and
+    ``hw/summary.json`` + ``hw/requests.csv``): its result, timing log and options."""
+    import csv  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    folder = Path(folder)
+    try:
+        old = json.loads((folder / "compare.json").read_text())
+        metrics = json.loads((folder / "hw" / "summary.json").read_text())["metrics"]
+        with open(folder / "hw" / "requests.csv", newline="") as f:
+            rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(f"--hw-from {folder}: expected an earlier compare's folder "
+                         f"(compare.json, hw/summary.json, hw/requests.csv): {e}") from e
+    if old.get("config") != cfg.name:
+        raise ValueError(f"--hw-from {folder}: it compared config {old.get('config')!r}, not {cfg.name!r}")
+    return Result(cfg, "hw", metrics, rows, []), old["logs"]["hw"], old.get("hw_options", {})
+
+
+def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None) -> tuple[dict, Result]:
+    """Replay ``cfg`` on the sim only and compare it with the hw replay an earlier compare
+    saved in ``folder`` (e.g. after re-fitting the profile, without a GPU)."""
+    hw, hw_log, hw_options = saved_hw(folder, cfg)
+    sim_log: list[dict] = []
+    sim = replay(prepare_run(cfg, trace), "sim", backend_options={"timing_log": sim_log})
+    report = compare_results(sim, hw, sim_log, hw_log)
+    report["hw_options"] = hw_options
+    report["hw_from"] = str(folder)
+    report["logs"] = {"sim": sim_log, "hw": hw_log}
+    return report, sim
 
 
 def write_report(report: dict, out: Path) -> Path:
@@ -130,4 +184,8 @@ def report_tables(report: dict):
         x.add_row(k, f"{a.get('batches', 0)}/{b.get('batches', 0)}", _num(a.get("seconds_p50")),
                   _num(b.get("seconds_p50")), _pct(v["rel_err_seconds_p50"]), _num(a.get("GBps")),
                   _num(b.get("GBps")), _pct(v["rel_err_GBps"]))
+    turns = report.get("turns")
+    if turns:
+        t.caption = (f"{turns['same_hits_by_tier']} of {turns['turns']} turns found the same "
+                     f"hit tokens by tier on both backends")
     return t, x

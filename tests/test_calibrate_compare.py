@@ -62,6 +62,22 @@ def test_compare_tiny_config_cpu(tmp_path):
         assert set(row) >= {"src", "dst", "pages", "bytes", "path", "seconds"}
     assert set(report["transfers"]) == set(transfer_table(report["logs"]["sim"])) | \
         set(transfer_table(report["logs"]["hw"]))
+    turns = report["turns"]
+    assert turns["turns"] == len(hw.rows) == len(sim.rows)
+    assert turns["same_hits_by_tier"] == turns["turns"] - len(turns["differ"])
+
+    # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
+    from kvsim.compare import compare_saved, write_report
+    from kvsim.run import write_results
+
+    write_report(report, tmp_path / "cmp")
+    write_results(hw, tmp_path / "cmp" / "hw", plots=False)
+    again, sim2 = compare_saved(cfg, tmp_path / "cmp")
+    assert again["metrics"]["ttft_p50_s"]["hw"] == m["ttft_p50_s"]["hw"]
+    assert again["metrics"]["ttft_p50_s"]["sim"] == m["ttft_p50_s"]["sim"]  # same sim replay
+    assert again["turns"] == turns and again["logs"]["hw"] == report["logs"]["hw"]
+    with pytest.raises(ValueError, match="expected an earlier compare"):
+        compare_saved(cfg, tmp_path / "nothing-here")
 
 
 def test_rel_err():
