@@ -9,6 +9,7 @@ hit tokens by tier and per-batch transfer times, each with a relative error.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -159,3 +160,18 @@ def test_check_against_replays_cells_measured_elsewhere(tmp_path):
     r = json.loads(out.read_text())["fit_check"][0]
     assert r["sim_s"] == pytest.approx(ce, rel=1e-12) and r["rel_err"] == pytest.approx(-0.5, rel=1e-9)
     assert main(["--check", str(src)]) == 2  # needs --profile
+
+
+def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
+    """docs/runs keeps the H200 replay of the agentic slice; --hw-from reads it back."""
+    from kvsim.compare import saved_hw
+
+    folder = Path(__file__).resolve().parents[1] / "docs" / "runs" / "h200-agentic-slice-refcheck-off-2026-11-29"
+    cfg = load_config("agentic-slice")
+    hw, log, options = saved_hw(folder, cfg)
+    assert len(hw.rows) == 90 and hw.metrics["requests_completed"] == 90
+    assert hw.metrics["ttft_s"]["p50"] == pytest.approx(0.1576, abs=1e-4)
+    assert len(log) == sum(v["hw"]["batches"] for v in json.loads((folder / "compare.json").read_text())
+                           ["transfers"].values())
+    with pytest.raises(ValueError, match="not 'default'"):
+        saved_hw(folder, load_config("default"))
