@@ -166,7 +166,7 @@ class Eviction:
         dst = self._reserve(d, len(victims), sel, rec, batches)
         for v in victims:
             v.phase = _MOVING
-        tier.index_discard_many(victims)
+        tier.index_discard_each(victims)
         stage = len(self.tiers) - 2 - pos  # deeper sources first: their slots are reused above
         bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, d, victims, dst, stage)
         if incoming:
@@ -194,25 +194,6 @@ class Eviction:
         page.phase = Phase.DROPPED
         del self._pages[page.pid]
         self.counters.dropped_pages[tier.level] += 1
-
-    def _settle_arrived(self, pages: list[Page], pos: int) -> None:
-        """``_settle(p, touch=True)`` for resident pages that just arrived in tier ``pos``:
-        the common case (unlocked, and held where holding is allowed or in the tree: the
-        page becomes the tier's most recently used) in one tight loop, the rest through
-        ``_settle``."""
-        tier = self.tiers[pos]
-        last = tier.is_last
-        lru = tier.lru
-        for p in pages:
-            if p.locks or (not p.holds and not p.in_tree) or (last and p.holds):
-                self._settle(p, touch=True)
-                continue
-            bucket = lru.get(p.priority)
-            if bucket is None:
-                tier.index_add(p)
-            else:
-                bucket.pop(p, None)
-                bucket[p] = None
 
     def _settle_touched(self, pages) -> None:
         """``_settle(p, touch=True)`` for each page in order, the common case (resident,

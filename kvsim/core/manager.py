@@ -432,7 +432,7 @@ class TierManager(Eviction):
                 c.moved_bytes[b.src][b.dst] += b.nbytes
                 if b.kind is BatchKind.EVICT:
                     c.evicted_pages[b.src] += b.pages
-                    self._settle_arrived(pages, dst_pos)
+                    self._settle_touched(pages)  # just arrived: most recent
             else:
                 c.failed_batches += 1
                 for p, d in zip(pages, dsts):

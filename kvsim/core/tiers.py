@@ -95,12 +95,6 @@ class Tier:
         if bucket is not None:
             bucket.pop(page, None)
 
-    def index_discard_many(self, pages: list[Page]) -> None:
-        """Take pages picked by ``candidates`` (so all indexed) out of the index."""
-        lru = self.lru
-        for p in pages:
-            lru[p.priority].pop(p, None)
-
     def index_discard_each(self, pages: list[Page]) -> None:
         """``index_discard`` for each page (indexed or not)."""
         lru = self.lru
