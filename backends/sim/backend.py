@@ -160,7 +160,7 @@ class SimBackend:
             return None
         self._counts["compute_calls"] += 1
         self._count_compute(end - start_s, seconds)
-        return end + lat if lat > 0 else end
+        return end + lat  # (+ 0.0 when there is none: the same float)
 
     def catch_up(self, until_s: float) -> simpy.Event:
         return self.runtime.timeout_at(until_s)
