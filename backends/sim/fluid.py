@@ -31,10 +31,11 @@ import math
 import simpy
 
 _INF = math.inf
+_ALLOC_CACHE_MAX = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
 
 
 class Flow:
-    __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes")
+    __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes", "sig")
 
     def __init__(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int, ce: bool,
                  done: simpy.Event):
@@ -47,6 +48,7 @@ class Flow:
         self.ce = ce
         self.rate = 0.0
         self.done = done
+        self.sig = (res, cap, ctas, ce)  # all that its rate and the slowdown depend on
 
 
 class Job:
@@ -82,6 +84,9 @@ class Fluid:
         self._n_sm = 0                    # current flows that are SM copy kernels
         self._pending: simpy.Event | None = None  # the one live flow wake-up
         self._due_flows: list[Flow] = []  # what the live wake-up completes
+        # (compute running, flows' signatures in order) -> (slowdown, rates): the same flow
+        # mixes recur all the time, and an allocation is a pure function of its key
+        self._alloc_cache: dict[tuple, tuple[float, tuple[float, ...]]] = {}
 
     # -- entry points ---------------------------------------------------------------
 
@@ -218,39 +223,55 @@ class Fluid:
             f.done.succeed()
 
     def _allocate(self) -> None:
+        """Set each flow's rate and the compute slowdown for the current flows (memoised:
+        the result depends only on the flows' signatures, in order, and on whether compute
+        runs, and recomputing it gives the very same floats)."""
         flows = self.flows
-        jobs_running = bool(self.jobs)
+        key = (bool(self.jobs), *[f.sig for f in flows])
+        cache = self._alloc_cache
+        hit = cache.get(key)
+        if hit is None:
+            if len(cache) >= _ALLOC_CACHE_MAX:
+                cache.clear()
+            hit = cache[key] = self._allocation(key[0], key[1:])
+        self._slow, rates = hit
+        for f, r in zip(flows, rates):
+            f.rate = r
+
+    def _allocation(self, jobs_running: bool, sigs: tuple) -> tuple[float, tuple[float, ...]]:
+        """(slowdown, max-min fair rate of each flow) for flows with signatures ``sigs``
+        (``(res, cap, ctas, ce)`` each), by progressive filling."""
         ctas = 0
         ce = False
-        for f in flows:
-            f.rate = 0.0
-            ctas += f.ctas
-            ce = ce or f.ce
-        self._slow = self.per_cta * ctas + (self.ce_slow if ce else 0.0)
-        if not flows:
-            return
-        caps = [(f.cap * self.busy_eff if (f.sm and jobs_running) else f.cap) for f in flows]
-        if len(flows) == 1:  # the common case: no sharing
-            f = flows[0]
-            rate = min(self.cap[r] for r in f.res)
-            f.rate = min(rate, caps[0]) if caps[0] else rate
-            return
+        for _, _, c, e in sigs:
+            ctas += c
+            ce = ce or e
+        slow = self.per_cta * ctas + (self.ce_slow if ce else 0.0)
+        if not sigs:
+            return slow, ()
+        busy_eff = self.busy_eff
+        caps = [(c * busy_eff if (n and jobs_running) else c) for _, c, n, _ in sigs]
+        cap = self.cap
+        if len(sigs) == 1:  # the common case: no sharing
+            rate = min(cap[r] for r in sigs[0][0])
+            return slow, (min(rate, caps[0]) if caps[0] else rate,)
         # only the resources some flow uses take part (min and the per-resource updates
         # do not depend on the order they are visited in)
-        cap = self.cap
         count: dict[str, int] = {}
-        for f in flows:
-            for r in f.res:
+        for res, _, _, _ in sigs:
+            for r in res:
                 count[r] = count.get(r, 0) + 1
-        if len(count) == sum(len(f.res) for f in flows):
+        if len(count) == sum(len(sg[0]) for sg in sigs):
             # no resource shared (e.g. a disk write beside a host -> GPU copy): each flow
             # alone, as progressive filling would give it
-            for f, c in zip(flows, caps):
-                rate = min(cap[r] for r in f.res)
-                f.rate = min(rate, c) if c else rate
-            return
+            out = []
+            for sg, c in zip(sigs, caps):
+                rate = min(cap[r] for r in sg[0])
+                out.append(min(rate, c) if c else rate)
+            return slow, tuple(out)
+        rates = [0.0] * len(sigs)
         rem = {r: cap[r] for r in count}
-        active = list(range(len(flows)))
+        active = list(range(len(sigs)))
         while active:
             inc = _INF
             for r, n in count.items():
@@ -258,9 +279,9 @@ class Fluid:
                     inc = min(inc, rem[r] / n)
             for i in active:
                 if caps[i]:
-                    inc = min(inc, caps[i] - flows[i].rate)
+                    inc = min(inc, caps[i] - rates[i])
             for i in active:
-                flows[i].rate += inc
+                rates[i] += inc
             full = set()
             for r, n in count.items():
                 if n:
@@ -269,10 +290,11 @@ class Fluid:
                         full.add(r)
             still = []
             for i in active:
-                f = flows[i]
-                if (caps[i] and f.rate >= caps[i] * (1 - 1e-12)) or not full.isdisjoint(f.res):
-                    for r in f.res:
+                res = sigs[i][0]
+                if (caps[i] and rates[i] >= caps[i] * (1 - 1e-12)) or not full.isdisjoint(res):
+                    for r in res:
                         count[r] -= 1
                 else:
                     still.append(i)
             active = still
+        return slow, tuple(rates)
