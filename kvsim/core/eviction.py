@@ -12,6 +12,8 @@ pages depend on). ``_settle`` puts a page where its owners say it belongs.
 
 from __future__ import annotations
 
+from itertools import filterfalse, islice
+from operator import attrgetter
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
 
 _RESIDENT = Phase.RESIDENT
 _MOVING = Phase.MOVING
+_DROPPED = Phase.DROPPED
+_slot = attrgetter("slot")  # per-page reads done by map() in C rather than a Python loop
+_tag = attrgetter("tag")
 
 
 class _Rec:
@@ -66,9 +71,9 @@ class Eviction:
         n = len(pages)
         batches.append(Batch(
             kind=kind, src=self.tiers[src].level, dst=self.tiers[dst].level,
-            src_slots=np.fromiter((p.slot for p in pages), np.int64, n),
+            src_slots=np.fromiter(map(_slot, pages), np.int64, n),
             dst_slots=np.array(dsts, dtype=np.int64),
-            tags=np.fromiter((p.tag for p in pages), np.uint64, n),
+            tags=np.fromiter(map(_tag, pages), np.uint64, n),
             page_bytes=self.page_bytes, stage=stage))
         rec.moves.append((pages, dsts))
         rec.batch_info.append((kind, dst))
@@ -110,14 +115,11 @@ class Eviction:
     @staticmethod
     def _pick(tier, k: int, exclude: set | None) -> list[Page] | None:
         """The ``k`` first eviction candidates of a tier (not in ``exclude``), or None."""
-        victims: list[Page] = []
-        for p in tier.candidates():
-            if exclude and p in exclude:
-                continue
-            victims.append(p)
-            if len(victims) == k:
-                return victims
-        return None
+        cands = tier.candidates()
+        if exclude:
+            cands = filterfalse(exclude.__contains__, cands)
+        victims = list(islice(cands, k))
+        return victims if len(victims) == k else None
 
     @staticmethod
     def _pick_leaves(tier, k: int, exclude: set | None) -> list[Page] | None:
@@ -126,25 +128,27 @@ class Eviction:
         child (it is older than the candidate being looked at), so children always drop
         before parents."""
         victims: list[Page] = []
-        gone: dict[int, int] = {}
+        gone: dict[int, int] = {}  # pid -> its children picked so far
         skipped: set[int] = set()
-        for p in tier.candidates():
-            if exclude and p in exclude:
-                continue
-            if p.nchildren - gone.get(p.pid, 0) > 0:
+        cands = tier.candidates()
+        if exclude:
+            cands = filterfalse(exclude.__contains__, cands)
+        for p in cands:
+            if p.nchildren and p.nchildren - gone.get(p.pid, 0) > 0:
                 skipped.add(p.pid)
                 continue
-            while p is not None:
+            while True:
                 victims.append(p)
                 if len(victims) == k:
                     return victims
                 q = p.parent
                 if q is None:
                     break
-                gone[q.pid] = gone.get(q.pid, 0) + 1
-                p = q if q.pid in skipped and q.nchildren == gone[q.pid] else None
-                if p is not None:
-                    skipped.discard(p.pid)
+                n = gone[q.pid] = gone.get(q.pid, 0) + 1
+                if q.pid not in skipped or q.nchildren != n:
+                    break
+                skipped.discard(q.pid)
+                p = q
         return None
 
     def _reserve(self, pos: int, n: int, sel: "_Selection", rec: _Rec,
@@ -157,8 +161,7 @@ class Eviction:
         if not victims:
             return slots
         if tier.is_last:
-            for v in victims:
-                self._drop(v)
+            self._drop_each(tier, victims)
             if incoming:
                 slots.extend(tier.alloc_many(len(victims)))
             return slots
@@ -171,7 +174,7 @@ class Eviction:
         bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, d, victims, dst, stage)
         if incoming:
             rec.handed[pos] = bi
-            slots.extend(v.slot for v in victims)
+            slots.extend(map(_slot, victims))
         return slots
 
     def _rollback_slot(self, rec: _Rec, batches: Sequence[Batch], oks: list[bool], pos: int,
@@ -186,14 +189,17 @@ class Eviction:
             return  # its old owner failed to leave and still owns it
         self.tiers[pos].release(slot)
 
-    def _drop(self, page: Page) -> None:
-        tier = self.tiers[page.tier]
-        tier.index_discard(page)
-        self.tree.remove(page)
-        tier.release(page.slot)
-        page.phase = Phase.DROPPED
-        del self._pages[page.pid]
-        self.counters.dropped_pages[tier.level] += 1
+    def _drop_each(self, tier, pages: list[Page]) -> None:
+        """``_drop`` for each page of ``tier`` in order (children before parents), with
+        the per-page steps done a list at a time."""
+        tier.index_discard_each(pages)
+        self.tree.remove_each(pages)
+        tier.release_many(list(map(_slot, pages)))
+        live = self._pages
+        for p in pages:
+            p.phase = _DROPPED
+            del live[p.pid]
+        self.counters.dropped_pages[tier.level] += len(pages)
 
     def _settle_touched(self, pages) -> None:
         """``_settle(p, touch=True)`` for each page in order, the common case (resident,

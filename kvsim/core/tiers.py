@@ -14,6 +14,7 @@ driven by the manager's logical clock, never by a wall clock.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import TYPE_CHECKING, Iterator
 
 from kvsim.core.spec import Level
@@ -125,6 +126,9 @@ class Tier:
         return sum(len(b) for b in self.lru.values())
 
     def candidates(self) -> Iterator[Page]:
-        """Eviction candidates: lowest priority first, then least recently used."""
-        for p in self._prios:
-            yield from self.lru[p]
+        """Eviction candidates: lowest priority first, then least recently used. (An
+        iterator in C over the buckets: victim selection walks it page by page.)"""
+        lru = self.lru
+        if len(lru) == 1:
+            return iter(next(iter(lru.values())))
+        return chain.from_iterable([lru[p] for p in self._prios])

@@ -65,5 +65,17 @@ class PrefixTree:
             page.parent.nchildren -= 1
             page.parent = None
 
+    def remove_each(self, pages) -> None:
+        """``remove`` for each page in order (every one in the tree; children first)."""
+        by_key = self._by_key
+        for page in pages:
+            assert page.nchildren == 0, "a child never outlives its parent"
+            del by_key[page.key]
+            page.in_tree = False
+            parent = page.parent
+            if parent is not None:
+                parent.nchildren -= 1
+                page.parent = None
+
     def pages(self):
         return self._by_key.values()
