@@ -33,7 +33,11 @@ def encode_ids(ids: BlockIds) -> bytes:
 
 def chain_key(parent: bytes, ids: BlockIds) -> bytes:
     """Key of a block whose parent key is ``parent`` (a scope root for the first block)."""
-    return hashlib.sha256(parent + encode_ids(ids)).digest()
+    return _sha256(parent + (ids.to_bytes(8, "little", signed=True) if isinstance(ids, int)
+                             else array("q", ids).tobytes())).digest()
+
+
+_sha256 = hashlib.sha256
 
 
 def tag_of(key: bytes) -> int:

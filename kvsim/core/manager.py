@@ -27,8 +27,8 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
-from kvsim.core.eviction import Eviction, _Rec
-from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
+from kvsim.core.eviction import Eviction, _Rec, _slot, _tag
+from kvsim.core.keys import _TAG_MASK, BlockIds, chain_key, scope_root
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.spec import Level, ManagerSpec
@@ -149,9 +149,9 @@ class TierManager(Eviction):
 
     def expected(self, req: Request) -> Fill:
         """Slots and content tags of the request's written pages on GPU (for the refcheck)."""
-        ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase == _RESIDENT]
-        return Fill(Level.GPU, np.fromiter((p.slot for p in ps), np.int64, len(ps)),
-                    np.fromiter((p.tag for p in ps), np.uint64, len(ps)))
+        ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase is _RESIDENT]
+        return Fill(Level.GPU, np.fromiter(map(_slot, ps), np.int64, len(ps)),
+                    np.fromiter(map(_tag, ps), np.uint64, len(ps)))
 
     # == lifecycle ======================================================================
     def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
@@ -303,22 +303,33 @@ class TierManager(Eviction):
         b = self.tokens_per_block
         upto = ntokens // b + (1 if final and ntokens % b else 0)
         pages, blocks, tree = req.pages, req.blocks, self.tree
+        by_key = tree._by_key
         slots: list[int] = []
         tags: list[int] = []
+        parent_key = b""  # the key (and tree page) of block i - 1 once known in the loop
+        parent = None
         for i in range(req.committed, upto):
             page = pages[i]
             if page.key:
+                parent_key = b""
                 continue
-            parent_key = pages[i - 1].key if i else req.root
-            parent = tree.get(parent_key) if i else None
-            if i and parent is None:
-                parent = self._reinsert_chain(req, i - 1)
+            if not parent_key:
+                parent_key = pages[i - 1].key if i else req.root
+                parent = by_key.get(parent_key) if i else None
+                if i and parent is None:
+                    parent = self._reinsert_chain(req, i - 1)
             key = chain_key(parent_key, blocks[i])
-            if not tree.insert(page, key, parent):
+            twin = by_key.get(key)
+            if twin is None:
+                tree.insert(page, key, parent)
+                parent = page
+            else:
                 page.key = key  # a twin computed it first: ours stays private
-            page.tag = tag_of(key)
+                parent = twin
+            parent_key = key
+            page.tag = tag = (int.from_bytes(key[:8], "little") & _TAG_MASK) or 1  # tag_of
             slots.append(page.slot)
-            tags.append(page.tag)
+            tags.append(tag)
         req.committed = max(req.committed, upto)
         return Fill(Level.GPU, np.array(slots, dtype=np.int64), np.array(tags, dtype=np.uint64))
 

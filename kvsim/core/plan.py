@@ -61,8 +61,8 @@ class Plan:
     batches: tuple[Batch, ...]
     new_pages: int = 0  # pages a grow allocates on GPU when the plan commits
 
-    def __bool__(self) -> bool:
-        return True
+    # truthy (no __bool__ needed: an object without __bool__ or __len__ is true, and the
+    # test costs no Python call); a Refusal is falsy
 
     @property
     def pages(self) -> int:

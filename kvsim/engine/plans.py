@@ -18,8 +18,11 @@ class RefcheckError(AssertionError):
 
 
 def check_tags(found: np.ndarray, expected: np.ndarray, what: str) -> None:
+    if (found.dtype == expected.dtype and found.shape == expected.shape
+            and found.tobytes() == expected.tobytes()):
+        return  # the common case, every tag as expected, without numpy's elementwise ops
     differ = found != expected
-    if not differ.any():  # the common case: every tag as expected
+    if not differ.any():  # equal values in another dtype or shape
         return
     written = expected != 0
     bad = np.flatnonzero(written & differ)
@@ -46,7 +49,9 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
     if refcheck:
         for b, ok in zip(plan.batches, oks):
             if ok:
-                check_tags(backend.read_tags(b.dst, b.dst_slots), b.tags,
-                           f"a {b.kind.name.lower()} batch {b.src.name}->{b.dst.name}")
+                found = backend.read_tags(b.dst, b.dst_slots)
+                if found.tobytes() != b.tags.tobytes():  # else equal: skip naming the batch
+                    check_tags(found, b.tags,
+                               f"a {b.kind.name.lower()} batch {b.src.name}->{b.dst.name}")
     mgr.complete(plan, oks)
     return all(oks)
