@@ -10,6 +10,7 @@ check it on every reuse, restore and migration.
 from __future__ import annotations
 
 import hashlib
+import struct
 from array import array
 from typing import Hashable, Sequence, Union
 
@@ -18,6 +19,10 @@ BlockIds = Union[int, Sequence[int]]
 
 _SCOPE_PREFIX = b"kvsim-scope:"
 _TAG_MASK = (1 << 63) - 1
+# bound methods of immutable codecs, hoisted for the per-block hot path
+_sha256 = hashlib.sha256
+_pack_i64 = struct.Struct("<q").pack
+_unpack_u64 = struct.Struct("<Q").unpack_from
 
 
 def scope_root(scope: Hashable) -> bytes:
@@ -27,19 +32,16 @@ def scope_root(scope: Hashable) -> bytes:
 
 def encode_ids(ids: BlockIds) -> bytes:
     if isinstance(ids, int):
-        return ids.to_bytes(8, "little", signed=True)
+        return _pack_i64(ids)  # = ids.to_bytes(8, "little", signed=True), faster
     return array("q", ids).tobytes()
 
 
 def chain_key(parent: bytes, ids: BlockIds) -> bytes:
     """Key of a block whose parent key is ``parent`` (a scope root for the first block)."""
-    return _sha256(parent + (ids.to_bytes(8, "little", signed=True) if isinstance(ids, int)
+    return _sha256(parent + (_pack_i64(ids) if isinstance(ids, int)
                              else array("q", ids).tobytes())).digest()
-
-
-_sha256 = hashlib.sha256
 
 
 def tag_of(key: bytes) -> int:
     """Content tag of the page holding the block ``key`` (never 0: 0 means 'no content')."""
-    return (int.from_bytes(key[:8], "little") & _TAG_MASK) or 1
+    return (_unpack_u64(key)[0] & _TAG_MASK) or 1  # the first 8 bytes, little-endian

@@ -28,7 +28,7 @@ import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
 from kvsim.core.eviction import Eviction, _Rec, _slot, _tag
-from kvsim.core.keys import _TAG_MASK, BlockIds, chain_key, scope_root
+from kvsim.core.keys import _TAG_MASK, BlockIds, _unpack_u64, chain_key, scope_root
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.spec import Level, ManagerSpec
@@ -327,7 +327,7 @@ class TierManager(Eviction):
                 page.key = key  # a twin computed it first: ours stays private
                 parent = twin
             parent_key = key
-            page.tag = tag = (int.from_bytes(key[:8], "little") & _TAG_MASK) or 1  # tag_of
+            page.tag = tag = (_unpack_u64(key)[0] & _TAG_MASK) or 1  # tag_of(key), inline
             slots.append(page.slot)
             tags.append(tag)
         req.committed = max(req.committed, upto)
