@@ -167,9 +167,9 @@ class Eviction:
             return slots
         d = sel.dest[pos]
         dst = self._reserve(d, len(victims), sel, rec, batches)
+        tier.index_discard_each(victims)
         for v in victims:
             v.phase = _MOVING
-        tier.index_discard_each(victims)
         stage = len(self.tiers) - 2 - pos  # deeper sources first: their slots are reused above
         bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, d, victims, dst, stage)
         if incoming:
@@ -190,16 +190,44 @@ class Eviction:
         self.tiers[pos].release(slot)
 
     def _drop_each(self, tier, pages: list[Page]) -> None:
-        """``_drop`` for each page of ``tier`` in order (children before parents), with
-        the per-page steps done a list at a time."""
+        """Drop each page of ``tier`` in order (children before parents): out of the index
+        and the tree, its slot released, dead."""
         tier.index_discard_each(pages)
         self.tree.remove_each(pages)
-        tier.release_many(list(map(_slot, pages)))
+        tier.recycled.extend(map(_slot, pages))  # release_many, in order
         live = self._pages
         for p in pages:
             p.phase = _DROPPED
             del live[p.pid]
         self.counters.dropped_pages[tier.level] += len(pages)
+
+    def _arrive(self, tier, pages: list[Page], dsts: list[int], settle: bool) -> None:
+        """The pages of a committed batch are now resident in ``tier`` at ``dsts``. With
+        ``settle`` (an eviction) each then settles as ``_settle(p, touch=True)`` would, in
+        order, the common case inline: it becomes the tier's most recently used. (A page
+        that was moving is in no index, so none is already in this tier's.)"""
+        pos = tier.index_pos
+        if not settle:
+            for p, d in zip(pages, dsts):
+                p.tier = pos
+                p.slot = d
+                p.phase = _RESIDENT
+            return
+        lru = tier.lru
+        last = tier.is_last
+        for p, d in zip(pages, dsts):
+            p.tier = pos
+            p.slot = d
+            p.phase = _RESIDENT
+            if p.locks or not (p.holds or p.in_tree) or (last and p.holds):
+                self._settle(p, touch=True)
+                continue
+            bucket = lru.get(p.priority)
+            if bucket is None:
+                tier.index_add(p)
+            else:
+                bucket.pop(p, None)
+                bucket[p] = None
 
     def _settle_touched(self, pages) -> None:
         """``_settle(p, touch=True)`` for each page in order, the common case (resident,

@@ -39,6 +39,7 @@ from kvsim.core.types import Phase, ReqState
 
 _RESIDENT = Phase.RESIDENT
 _MOVING = Phase.MOVING
+_EVICT = BatchKind.EVICT
 
 
 class Request:
@@ -432,18 +433,15 @@ class TierManager(Eviction):
             src_pos, dst_pos = self._pos[b.src], self._pos[b.dst]
             src_tier = tiers[src_pos]
             if good:
-                handed = src_pos in rec.handed and rec.handed[src_pos] == bi
-                if not handed:
-                    src_tier.release_many([p.slot for p in pages])
-                for p, d in zip(pages, dsts):
-                    p.tier = dst_pos
-                    p.slot = d
-                    p.phase = _RESIDENT
-                c.moved_pages[b.src][b.dst] += b.pages
-                c.moved_bytes[b.src][b.dst] += b.nbytes
-                if b.kind is BatchKind.EVICT:
-                    c.evicted_pages[b.src] += b.pages
-                    self._settle_touched(pages)  # just arrived: most recent
+                if rec.handed.get(src_pos) != bi:  # else the slots were handed over
+                    src_tier.recycled.extend(map(_slot, pages))  # release_many, in order
+                evict = b.kind is _EVICT
+                n = len(pages)
+                c.moved_pages[b.src][b.dst] += n
+                c.moved_bytes[b.src][b.dst] += n * b.page_bytes
+                if evict:
+                    c.evicted_pages[b.src] += n
+                self._arrive(tiers[dst_pos], pages, dsts, evict)  # evicted: most recent
             else:
                 c.failed_batches += 1
                 for p, d in zip(pages, dsts):
