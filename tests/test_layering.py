@@ -23,7 +23,8 @@ FORBIDDEN = ("simpy", "cupy", "threading", "asyncio", "time", "subprocess", "soc
 
 ALLOWED_IMPORTS = {
     "__future__", "abc", "array", "bisect", "collections", "dataclasses", "enum",
-    "functools", "hashlib", "heapq", "itertools", "math", "numbers", "operator", "typing",
+    "functools", "hashlib", "heapq", "itertools", "math", "numbers", "operator", "struct",
+    "typing",
     "numpy", "kvsim.core",
 }
 
