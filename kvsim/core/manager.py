@@ -27,7 +27,7 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
-from kvsim.core.eviction import Eviction, _Rec, _slot, _tag
+from kvsim.core.eviction import Eviction, _Rec
 from kvsim.core.keys import _TAG_MASK, BlockIds, _unpack_u64, chain_key, scope_root
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
@@ -151,8 +151,8 @@ class TierManager(Eviction):
     def expected(self, req: Request) -> Fill:
         """Slots and content tags of the request's written pages on GPU (for the refcheck)."""
         ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase is _RESIDENT]
-        return Fill(Level.GPU, np.fromiter(map(_slot, ps), np.int64, len(ps)),
-                    np.fromiter(map(_tag, ps), np.uint64, len(ps)))
+        return Fill(Level.GPU, np.array([p.slot for p in ps], dtype=np.int64),
+                    np.array([p.tag for p in ps], dtype=np.uint64))
 
     # == lifecycle ======================================================================
     def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
@@ -434,7 +434,7 @@ class TierManager(Eviction):
             src_tier = tiers[src_pos]
             if good:
                 if rec.handed.get(src_pos) != bi:  # else the slots were handed over
-                    src_tier.recycled.extend(map(_slot, pages))  # release_many, in order
+                    src_tier.release_many([p.slot for p in pages])
                 evict = b.kind is _EVICT
                 n = len(pages)
                 c.moved_pages[b.src][b.dst] += n
