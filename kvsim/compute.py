@@ -115,6 +115,15 @@ class ComputeModel:
         nbytes = self._weights + self._kv * ctx
         return max(flops / self._flops, nbytes / self._bw) + self._overhead
 
+    def decode_step_time(self, n_decode: int, decode_context_sum: int) -> float:
+        """``step_time_sum((), n_decode, decode_context_sum)``, the very same float, for a
+        step of decodes only (the engine runs long stretches of them ahead of the clock)."""
+        if not n_decode:
+            return 0.0
+        flops = self._dense * n_decode + self._attn * (0.0 + decode_context_sum)
+        nbytes = self._weights + self._kv * decode_context_sum
+        return max(flops / self._flops, nbytes / self._bw) + self._overhead
+
     def prefill_time(self, new_tokens: int, context_before: int = 0) -> float:
         return self.step_time(((new_tokens, context_before),), ())
 

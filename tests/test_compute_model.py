@@ -82,6 +82,15 @@ def test_empty_step_costs_nothing():
     assert model().step_time([], []) == 0.0
 
 
+def test_decode_step_time_is_the_same_float_as_step_time_sum():
+    # the engine runs decode-only steps ahead of the clock with decode_step_time; its float
+    # must be the one step_time_sum gives, bit for bit, or a run-ahead replay would drift
+    for m in (model(), ComputeModel(load_model("llama-3-70b"), load_profile("h200-pcie"))):
+        for n, ctx in [(0, 0), (1, 1), (7, 12_345), (128, 1_234_567), (3, 2**40 + 17)]:
+            assert m.decode_step_time(n, ctx) == m.step_time_sum((), n, ctx)
+            assert m.decode_step_time(n, ctx).hex() == m.step_time_sum((), n, ctx).hex()
+
+
 def test_tp_splits_weights_and_flops():
     one = ComputeModel(tiny_shape(tp=1), round_profile()).prefill_time(1000)
     two = ComputeModel(tiny_shape(tp=2), round_profile()).prefill_time(1000)

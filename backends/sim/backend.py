@@ -153,13 +153,15 @@ class SimBackend:
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
-        horizon = _INF if quiet else self.env.peek()
+        queue = self.env._queue  # (what env.peek() reads: the next event's time)
+        horizon = queue[0][0] if queue and not quiet else _INF
         lat = self.compute_latency
-        end = self.fluid.ahead(start_s, seconds, horizon, tail=lat)
+        end = self.fluid.ahead(start_s, seconds, horizon, lat)
         if end is None:
             return None
         self._counts["compute_calls"] += 1
-        self._count_compute(end - start_s, seconds)
+        self._compute_s += end - start_s  # _count_compute, inline (once per engine step)
+        self._compute_nominal_s += seconds
         return end + lat  # (+ 0.0 when there is none: the same float)
 
     def catch_up(self, until_s: float) -> simpy.Event:

@@ -90,11 +90,14 @@ class Engine:
     def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute,
                  params: EngineParams, *, on_progress: Callable[[int], None] | None = None):
         """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
-        decode_context_sum)`` gives a step's seconds (kvsim.compute.ComputeModel)."""
+        decode_context_sum)`` gives a step's seconds, ``compute.decode_step_time(n_decode,
+        decode_context_sum)`` the same for a step without prefill
+        (kvsim.compute.ComputeModel)."""
         self.rt = rt
         self.backend = backend
         self.mgr = mgr
         self.step_time = compute.step_time_sum
+        self.decode_step_time = compute.decode_step_time
         self.p = params
         self.B = mgr.tokens_per_block
         self.metrics = Metrics()
@@ -575,10 +578,10 @@ class Engine:
         nxt = self._next_due()
         k = nxt - self.S if nxt is not None else 1
         arr = self._arrivals[0][0] if self._arrivals else None
-        st, nd, dsum = self.step_time, len(self._decoding), self._dsum
+        st, nd, dsum = self.decode_step_time, len(self._decoding), self._dsum
         n = 1
         while n < k and (arr is None or self.t < arr):
-            if not self._ahead(round(st((), nd, dsum + nd * n) * NS)):
+            if not self._ahead(round(st(nd, dsum + nd * n) * NS)):
                 break
             n += 1
         return n
