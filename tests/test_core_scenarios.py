@@ -175,6 +175,37 @@ def test_slot_allocator_recycled_first_then_fresh_ascending():
     check(m, be)
 
 
+def test_candidates_keep_lru_order_across_bucket_rebuilds():
+    # victims leave an index from the front in bulk; the tier rebuilds its buckets now and
+    # then (a dict iterated from the front steps over every deleted entry until resized):
+    # the order seen by eviction must be the plain LRU order throughout
+    from kvsim.core.pages import Page
+
+    t = Tier(GPU, 0, False, PAGE, capacity=10_000, max_slots=10_000)
+    pages = [Page(i, 0, 0, i, 1, i % 2, Phase.RESIDENT) for i in range(3000)]
+    order = {0: [], 1: []}  # expected LRU order per priority
+    for p in pages[:1000]:
+        t.index_add(p)
+        order[p.priority].append(p)
+    nxt = 1000
+    for step in range(200):
+        front = list(t.candidates())[:7]  # the 7 oldest: lowest priority first
+        assert front == (order[0] + order[1])[:7]
+        t.index_discard_each(front)  # bulk removal, as for victims
+        for p in front:
+            order[p.priority].remove(p)
+        touched = order[1][len(order[1]) // 2]  # touch one from the middle
+        t.index_touch(touched)
+        order[1].remove(touched)
+        order[1].append(touched)
+        for p in pages[nxt:nxt + 5]:  # newcomers
+            t.index_add(p)
+            order[p.priority].append(p)
+        nxt += 5
+    assert list(t.candidates()) == order[0] + order[1]
+    assert t.index_size() == len(order[0]) + len(order[1])
+
+
 def test_eviction_by_priority_then_lru():
     m = make_manager(gpu=4, host=4, disk=None)
     be = backend_for(m)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 class Tier:
     __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
-                 "recycled", "next_fresh", "lru", "_prios")
+                 "recycled", "next_fresh", "lru", "_prios", "_churn")
 
     def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
                  capacity: int, max_slots: int):
@@ -39,6 +39,7 @@ class Tier:
         self.next_fresh = 0
         self.lru: dict[int, dict[Page, None]] = {}
         self._prios: list[int] = []  # sorted keys of lru
+        self._churn = 0  # pages removed in bulk since the buckets were last compacted
 
     # -- slots ---------------------------------------------------------------------------
     @property
@@ -98,6 +99,7 @@ class Tier:
 
     def index_discard_each(self, pages: list[Page]) -> None:
         """``index_discard`` for each page (indexed or not)."""
+        self._churn += len(pages)
         lru = self.lru
         if len(lru) == 1:  # one priority in use: a page of another is in no bucket
             pop = next(iter(lru.values())).pop
@@ -127,8 +129,18 @@ class Tier:
 
     def candidates(self) -> Iterator[Page]:
         """Eviction candidates: lowest priority first, then least recently used. (An
-        iterator in C over the buckets: victim selection walks it page by page.)"""
+        iterator in C over the buckets: victim selection walks it page by page.)
+
+        A dict keeps a deleted entry's place until it is resized, and iterating from the
+        front steps over every such hole: victims leave from the front, so without care
+        each selection would walk past thousands of them. The buckets are rebuilt
+        (``dict(b)`` keeps the order, without holes) once the pages removed since the
+        last rebuild reach half the index."""
         lru = self.lru
+        if self._churn > 64 and self._churn * 2 > self.index_size():
+            self._churn = 0
+            for prio, bucket in lru.items():
+                lru[prio] = dict(bucket)
         if len(lru) == 1:
             return iter(next(iter(lru.values())))
         return chain.from_iterable([lru[p] for p in self._prios])
