@@ -113,7 +113,8 @@ class ComputeModel:
         ctx += decode_context_sum
         flops = self._dense * tokens + self._attn * attn
         nbytes = self._weights + self._kv * ctx
-        return max(flops / self._flops, nbytes / self._bw) + self._overhead
+        compute, memory = flops / self._flops, nbytes / self._bw
+        return (memory if memory > compute else compute) + self._overhead  # max(), inline
 
     def decode_step_time(self, n_decode: int, decode_context_sum: int) -> float:
         """``step_time_sum((), n_decode, decode_context_sum)``, the very same float, for a
@@ -122,7 +123,8 @@ class ComputeModel:
             return 0.0
         flops = self._dense * n_decode + self._attn * (0.0 + decode_context_sum)
         nbytes = self._weights + self._kv * decode_context_sum
-        return max(flops / self._flops, nbytes / self._bw) + self._overhead
+        compute, memory = flops / self._flops, nbytes / self._bw
+        return (memory if memory > compute else compute) + self._overhead  # max(), inline
 
     def prefill_time(self, new_tokens: int, context_before: int = 0) -> float:
         return self.step_time(((new_tokens, context_before),), ())

@@ -160,7 +160,8 @@ class Fluid:
                 busy[r] += dt
 
     def _time_job(self, job: Job) -> None:
-        ev = self.env.timeout(max(0.0, job.remaining * (1.0 + self._slow)))
+        left = job.remaining * (1.0 + self._slow)
+        ev = self.env.timeout(left if left > 0.0 else 0.0)
         job.wake = ev
         ev.callbacks.append(self._job_wake)
 
@@ -202,7 +203,8 @@ class Fluid:
             self._pending = None
             self._due_flows = []
             return
-        t_min = max(t_min, 0.0)
+        if t_min < 0.0:
+            t_min = 0.0
         lim = t_min + (t_min * 1e-9 + 1e-15)
         self._due_flows = [f for f, t in zip(flows, f_left) if t <= lim]
         ev = self.env.timeout(t_min)

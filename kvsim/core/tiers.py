@@ -48,7 +48,8 @@ class Tier:
 
     @property
     def free(self) -> int:
-        return max(0, self.capacity - self.used)
+        free = self.capacity - self.next_fresh + len(self.recycled)  # capacity - used
+        return free if free > 0 else 0
 
     def alloc(self) -> int:
         if self.recycled:

@@ -220,7 +220,8 @@ class Engine:
             if not n:
                 yield from self._catch_up()
                 # ask for the time left to an absolute target: float error never accumulates
-                yield self.backend.compute(max(0.0, (self.t + first) / NS - rt.now))
+                left = (self.t + first) / NS - rt.now
+                yield self.backend.compute(left if left > 0.0 else 0.0)
                 self._tick()
                 n = 1
             self.metrics.steps += n
@@ -249,7 +250,9 @@ class Engine:
 
     def _tick(self) -> None:
         now = self.rt.now
-        self.t = max(self.t, round(now * NS))
+        t = round(now * NS)
+        if t > self.t:  # (max() through the builtin costs more, once per step)
+            self.t = t
         self._vnow = now
 
     def _notify(self) -> None:
@@ -590,13 +593,16 @@ class Engine:
         """Run one step of ``d`` ns ahead, asking the backend for its end (the same float a
         ``compute`` from the same start would end at); False if it cannot tell."""
         v = self._vnow
-        end = self.backend.compute_ahead(v, max(0.0, (self.t + d) / NS - v), not self._inflight)
+        left = (self.t + d) / NS - v
+        end = self.backend.compute_ahead(v, left if left > 0.0 else 0.0, not self._inflight)
         if end is None:
             return False
         if self._inflight:
             self.metrics.ahead_inflight_steps += 1
         self._vnow = end
-        self.t = max(self.t, round(end * NS))
+        t = round(end * NS)
+        if t > self.t:
+            self.t = t
         return True
 
     def _advance(self, prefill, k: int) -> None:
