@@ -11,6 +11,8 @@ tree, and the refcheck (every committed page's tag in the backend).
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -26,6 +28,24 @@ SCOPES = st.sampled_from(["a", "b"])
 
 def _ids(family: int, start: int, n: int) -> list[int]:
     return [family * 1000 + i for i in range(start, start + n)]
+
+
+def _fingerprint(m) -> tuple:
+    """Everything a manager's later decisions can depend on, as plain values."""
+    def pid(p):
+        return None if p is None else p.pid
+
+    pages = tuple((p.pid, p.index, p.key, p.tag, p.ntokens, p.tier, p.slot, int(p.phase),
+                   p.locks, p.holds, p.in_tree, pid(p.parent), p.nchildren, p.priority)
+                  for p in m.pages())
+    tiers = tuple((t.capacity, t.next_fresh, tuple(t.recycled),
+                   tuple((prio, tuple(pid(p) for p in b)) for prio, b in sorted(t.lru.items())))
+                  for t in m.tiers)
+    reqs = tuple((r.rid, int(r.state), r.tokens, r.committed, r.plan, tuple(r.blocks),
+                  tuple(pid(p) for p in r.pages)) for r in m.requests())
+    tree = tuple(sorted((k, pid(p)) for k, p in m.tree._by_key.items()))
+    return (pages, tiers, reqs, tree, repr(m.counters.snapshot()), m._next_pid, m._next_plan,
+            m._next_rid)
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -133,6 +153,28 @@ class CoreMachine(RuleBasedStateMachine):
             assert req.state is ReqState.ACTIVE
             return
         self._finish(plan, hold, fails if data.draw(st.integers(0, 3)) == 0 else set(), False)
+
+    @precondition(lambda self: any(r.state in (ReqState.ACTIVE,) for r in self.m.requests()))
+    @rule(data=st.data(), more=st.integers(0, 3 * TPB), family=FAMILIES)
+    def extend(self, data, more, family):
+        """``extend`` (grow + complete at once when nothing moves) leaves exactly the state a
+        twin manager reaches with ``grow`` and ``complete``, or changes nothing."""
+        reqs = self._reqs(ReqState.ACTIVE)
+        if not reqs:
+            return
+        req = data.draw(st.sampled_from(reqs))
+        ntokens = req.tokens + more
+        nb = -(-ntokens // TPB)
+        new = _ids(family, len(req.blocks), max(0, nb - len(req.blocks)))
+        before = _fingerprint(self.m)
+        twin = copy.deepcopy(self.m)
+        if self.m.extend(req, ntokens, list(new)):
+            plan = twin.grow(twin._requests[req.rid], ntokens, list(new))
+            assert plan and not plan.batches
+            twin.complete(plan)
+            assert _fingerprint(self.m) == _fingerprint(twin)
+        else:
+            assert _fingerprint(self.m) == before
 
     @precondition(lambda self: any(r.state in (ReqState.ACTIVE,) for r in self.m.requests()))
     @rule(data=st.data(), final=st.booleans())

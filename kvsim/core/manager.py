@@ -6,6 +6,7 @@ Lifecycle of a request (one core Request may live across the turns of a session)
     prepare(req, blocks, ntokens)    next turn: keep the common prefix, match more  (SUSPENDED)
     resume(req) -> Plan | Refusal    bring held pages to GPU and lock them          -> ACTIVE
     grow(req, ntokens) -> Plan | ..  allocate GPU pages, evicting others            (ACTIVE)
+    extend(req, ntokens) -> bool     grow + complete at once when nothing must move  (ACTIVE)
     commit(req, ntokens) -> Fill     computed pages join the prefix tree            (ACTIVE)
     suspend(req)                     locked pages become held                       -> SUSPENDED
     close(req)                       pages become droppable or are freed            -> CLOSED
@@ -40,6 +41,7 @@ from kvsim.core.types import Phase, ReqState
 _RESIDENT = Phase.RESIDENT
 _MOVING = Phase.MOVING
 _EVICT = BatchKind.EVICT
+_ACTIVE = ReqState.ACTIVE
 
 
 class Request:
@@ -293,6 +295,51 @@ class TierManager(Eviction):
         rec.target = ntokens
         req.state = ReqState.GROWING
         return self._issue(rec, PlanKind.GROW, batches, new)
+
+    def extend(self, req: Request, ntokens: int, blocks: Sequence[BlockIds] = ()) -> bool:
+        """``grow`` and ``complete`` in one call, for a grow that moves nothing: the new
+        pages fit in free GPU slots and the last page needs no copy-on-write (a prefill
+        chunk or a decode's next block, step after step, mostly). The state after it, the
+        plan counted included, is the one grow + complete leave. False, changing nothing,
+        when the grow needs a plan (or is not valid): call ``grow``."""
+        if req.state is not _ACTIVE or ntokens < req.tokens:
+            return False
+        b = self.tokens_per_block
+        nb = -(-ntokens // b)
+        pages = req.pages
+        base = len(pages)
+        if nb > len(req.blocks) + len(blocks):
+            return False
+        last = pages[-1] if pages else None
+        if (last is not None and ntokens > req.tokens and req.tokens < base * b
+                and (last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0)):
+            return False  # copy-on-write of the shared last page
+        new = nb - base
+        gpu = self.tiers[0]
+        if not 0 <= new <= gpu.free:
+            return False  # evictions first
+        if blocks:
+            req.blocks.extend(blocks)
+        self._next_plan += 1  # as grow's plan would have taken a plan id
+        self.counters.plans += 1
+        if new:
+            slots = gpu.alloc_many(new)
+            pid = self._next_pid
+            prio = req.priority
+            live = self._pages
+            for j in range(new):  # every new page is full but maybe the last
+                p = Page(pid + j, base + j, 0, slots[j], b, prio, _RESIDENT)
+                p.locks = 1
+                live[pid + j] = p
+                pages.append(p)
+            p.ntokens = min(b, ntokens - (base + new - 1) * b)
+            self._next_pid = pid + new
+            self.counters.created_pages[Level.GPU] += new
+        if pages:  # the old last page may grow
+            first = base - 1 if base else 0
+            pages[first].ntokens = min(b, ntokens - first * b)
+        req.tokens = ntokens
+        return True
 
     def commit(self, req: Request, ntokens: int, final: bool = False) -> Fill:
         """Pages fully covered by the first ``ntokens`` computed tokens join the prefix tree

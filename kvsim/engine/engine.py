@@ -514,6 +514,9 @@ class Engine:
             target = max(tokens, min(lv.prompt + lv.out - 1, -(-tokens // self.B) * self.B))
         nb = -(-target // self.B)
         extra = [(-1, lv.uid, j) for j in range(len(req.blocks), nb)]
+        if self.mgr.extend(req, target, extra):  # free slots, nothing to move: done now
+            self._dirty = True
+            return True
         while True:
             plan = self.mgr.grow(req, target, extra)
             if plan:
