@@ -10,11 +10,13 @@ which backend it has.
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -144,8 +146,9 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))
     wall0 = time.perf_counter()
     try:
-        done = rt.process(engine.serve())
-        rt.run(until=done)
+        with _gc_for_replay():
+            done = rt.process(engine.serve())
+            rt.run(until=done)
     finally:
         be.close()
     wall = time.perf_counter() - wall0
@@ -156,6 +159,24 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
     return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters)
+
+
+@contextmanager
+def _gc_for_replay(young: int = 20_000, older: int = 20):
+    """Run a replay with the cyclic garbage collector tuned for it, then restore it. What
+    exists before the replay (the loaded trace, the configuration) lives through it: frozen,
+    full collections skip it. A replay allocates short-lived events, plans and pages by the
+    million: collecting the young generation every ``young`` net allocations rather than
+    every 700 (and each older one after ``older`` collections of the one below, not 10)
+    spends less time finding little. Changes timing only, never results."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(young, older, older)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
 
 
 def output_dir(cfg: RunConfig, out: str | None) -> Path:
