@@ -184,7 +184,7 @@ class Fluid:
         """New rates for the current flows (already synced to now), the slowdown they
         cause, jobs re-timed if it changed, and the next flow wake-up."""
         old_slow = self._slow
-        self._allocate()
+        rates = self._allocate()
         if self._slow != old_slow and self.jobs:
             now = self.env.now
             stretch = 1.0 + old_slow
@@ -197,8 +197,14 @@ class Fluid:
             self._pending = None
             self._due_flows = []
             return
-        f_left = [f.remaining / f.rate if f.rate > 0 else _INF for f in flows]
-        t_min = min(f_left)
+        f_left = []
+        t_min = _INF
+        for f, rate in zip(flows, rates):  # rates set and times left in one pass
+            f.rate = rate
+            t = f.remaining / rate if rate > 0 else _INF
+            f_left.append(t)
+            if t < t_min:
+                t_min = t
         if t_min == _INF:
             self._pending = None
             self._due_flows = []
@@ -224,12 +230,12 @@ class Fluid:
         for f in finished:
             f.done.succeed()
 
-    def _allocate(self) -> None:
-        """Set each flow's rate and the compute slowdown for the current flows (memoised:
-        the result depends only on the flows' signatures, in order, and on whether compute
-        runs, and recomputing it gives the very same floats)."""
-        flows = self.flows
-        key = (bool(self.jobs), *[f.sig for f in flows])
+    def _allocate(self) -> tuple[float, ...]:
+        """Set the compute slowdown for the current flows and return each one's rate, in
+        order (the caller sets them). Memoised: the result depends only on the flows'
+        signatures, in order, and on whether compute runs, and recomputing it gives the
+        very same floats."""
+        key = (bool(self.jobs), *[f.sig for f in self.flows])
         cache = self._alloc_cache
         hit = cache.get(key)
         if hit is None:
@@ -237,8 +243,7 @@ class Fluid:
                 cache.clear()
             hit = cache[key] = self._allocation(key[0], key[1:])
         self._slow, rates = hit
-        for f, r in zip(flows, rates):
-            f.rate = r
+        return rates
 
     def _allocation(self, jobs_running: bool, sigs: tuple) -> tuple[float, tuple[float, ...]]:
         """(slowdown, max-min fair rate of each flow) for flows with signatures ``sigs``
