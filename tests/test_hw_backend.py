@@ -506,6 +506,17 @@ def test_gpu_compute_occupies_about_its_duration(make):
     assert be.info["busy_iters_per_s"] > 0
 
 
+@gpu
+@needs_gpu
+def test_gpu_compute_through_graphs_occupies_about_its_duration(make):
+    rt, be = make(device="gpu", disk_slots=0, compute_graphs=True)
+    assert be.info["compute_graphs"] is True
+    for d in (0.05, 0.0123):
+        took = run1(rt, be.compute(d))
+        assert 0.8 * d < took < 0.8 * d + 0.03, (d, took)
+    assert be.kernels._graphs  # the chunks went as captured graphs
+
+
 def test_realtime_clock_starts_at_run_not_at_construction():
     """Building a backend can take seconds; that is not sim time: the first event a run
     sees happens at the runtime's start time, not at start + setup time."""

@@ -72,7 +72,8 @@ class HwBackend:
                  threads_per_cta: int = 128, sm_ctas: int | None = None,
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
                  cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
-                 disk_preallocate: bool = True, timing_log: list | None = None):
+                 disk_preallocate: bool = True, timing_log: list | None = None,
+                 compute_graphs: bool = False):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -113,6 +114,7 @@ class HwBackend:
         self.on_gpu = self.cp is not None
         self.threads_per_cta = _positive_int("threads_per_cta", threads_per_cta)
         self.compute_chunk_s = compute_chunk_s
+        self._compute_graphs = compute_graphs  # launch_busy through CUDA graphs (gpu.Kernels)
         if not cta_headroom >= 1:
             raise ValueError(f"cta_headroom: got {cta_headroom!r}; expected >= 1")
         self.cta_headroom = float(cta_headroom)
@@ -170,6 +172,7 @@ class HwBackend:
         finally:
             self.staging.put(probe)
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
+        self.kernels.use_graphs = self.info["compute_graphs"] = bool(self._compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
 
     def _choose_paths(self, force, link_kind, link_bps, per_copy_s, per_cta_bps, sm_ctas, profile) -> None:
