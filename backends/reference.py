@@ -96,6 +96,9 @@ class ReferenceBackend:
     def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
         return self.tags[level][slots]
 
+    def read_tags_later(self, level: Level, slots: np.ndarray) -> None:
+        return None
+
     def stats(self) -> dict:
         return {}
 

@@ -81,6 +81,11 @@ class Backend(Protocol):
     def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
         """Content tags found in the slots (uint64): the refcheck compares them."""
 
+    def read_tags_later(self, level: Level, slots: np.ndarray) -> Waitable | None:
+        """``read_tags`` without holding the runtime: a waitable that succeeds with the tags
+        found (the hw backend checks on the GPU or an I/O thread while the loop runs on),
+        or None where ``read_tags`` itself is immediate (the sim: tags, no bytes)."""
+
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,
         ``gpu_to_host``, ``disk_read`` and ``disk_write``; the timeline samples them."""

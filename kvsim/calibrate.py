@@ -74,7 +74,7 @@ class Plan:
     @staticmethod
     def for_device(on_gpu: bool) -> "Plan":
         if on_gpu:
-            return Plan(GPU_PAGES, 512 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
+            return Plan(GPU_PAGES, 1024 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
                         (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25)
         return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False,
                     64 * KiB, (1, 4), 6)
@@ -115,16 +115,17 @@ def measure_copies(plan: Plan, device: str, m: Measured) -> None:
     for pb in plan.page_sizes:
         n = max(2, plan.batch_bytes // pb)
         rt = RealtimeRuntime()
-        be = HwBackend(rt, pb, {Level.GPU: n, Level.HOST: n}, device=device, refcheck=False)
+        # the geometry of benchmarks/hw_copy.py: a batch of n pages a direction, both
+        # directions at once = n each way, 2n slots a tier, random slots
+        be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, refcheck=False)
         try:
             m.device = be.info["device"]
             paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
-            hs, gs = rng.permutation(n), rng.permutation(n)
-            half = n // 2
-            cells = {"h2d": [_batch(Level.HOST, Level.GPU, hs, gs, pb)],
-                     "d2h": [_batch(Level.GPU, Level.HOST, gs, hs, pb)],
-                     "both": [_batch(Level.HOST, Level.GPU, hs[:half], gs[:half], pb),
-                              _batch(Level.GPU, Level.HOST, gs[half:], hs[half:], pb)]}
+            hs, gs = rng.permutation(2 * n), rng.permutation(2 * n)
+            cells = {"h2d": [_batch(Level.HOST, Level.GPU, hs[:n], gs[:n], pb)],
+                     "d2h": [_batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)],
+                     "both": [_batch(Level.HOST, Level.GPU, hs[:n], gs[:n], pb),
+                              _batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)]}
             for path in paths:
                 name = path.value if be.on_gpu else "cpu"
                 for d, batches in cells.items():
@@ -133,6 +134,8 @@ def measure_copies(plan: Plan, device: str, m: Measured) -> None:
                     pages = sum(b.pages for b in batches)
                     m.copies.append({"page": pb, "path": name, "dir": d, "pages": int(pages),
                                      "bytes": int(pages) * pb, "seconds": statistics.median(secs),
+                                     "batches": [["h2d" if b.src == Level.HOST else "d2h", int(b.pages)]
+                                                 for b in batches],
                                      "ctas": dict(be.ctas) if path is CopyPath.SM_KERNEL else None})
             if be.on_gpu and pb == 64 * KiB:
                 for c in plan.cta_counts:

@@ -73,6 +73,7 @@ class EngineConfig(_Strict):
     max_running: Annotated[int, Field(gt=0)] = 256
     fast_forward: bool = True
     refcheck: bool = True
+    refcheck_disk_writes: bool = True
     hold_sessions: bool = True
     gpu_free_watermark: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     max_plan_failures: Annotated[int, Field(gt=0)] = 3

@@ -136,6 +136,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     e = cfg.engine
     params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
                           fast_forward=e.fast_forward, refcheck=e.refcheck,
+                          refcheck_disk_writes=e.refcheck_disk_writes,
                           hold_sessions=e.hold_sessions,
                           gpu_free_watermark=e.gpu_free_watermark,
                           max_plan_failures=e.max_plan_failures,

@@ -312,6 +312,43 @@ def test_fill_then_read_tags_on_every_tier(make):
         assert (be.read_tags(lv, np.array([1, 2])) == 0).all()
 
 
+def _later_checks(make, device):
+    """read_tags_later gives what read_tags gives, on every tier, without the caller's
+    thread doing the check; a corrupted page reads as no tag."""
+    rt, be = make(device=device)
+    t = tags_for(8)
+    slots = np.arange(8) * 3
+    for lv in (Level.GPU, Level.HOST, Level.DISK):
+        be.fill(Fill(lv, slots, t))
+        assert (run1(rt, be.read_tags_later(lv, slots)) == t).all(), lv
+        assert (run1(rt, be.read_tags_later(lv, np.array([1, 2]))) == 0).all(), lv
+    be.host.view[slots[2], 4096] ^= 1  # one flipped bit inside a host page
+    got = run1(rt, be.read_tags_later(Level.HOST, slots))
+    assert got[2] == 0 and (np.delete(got, 2) == np.delete(t, 2)).all()
+    assert run1(rt, be.read_tags_later(Level.GPU, np.zeros(0, np.int64))).size == 0
+    return rt, be, slots
+
+
+def test_read_tags_later_checks_every_tier_off_the_loop(make):
+    rt, be, slots = _later_checks(make, "cpu")
+    shutil.rmtree(be.disk.path, ignore_errors=True)
+    os.close(be.disk.fd)  # the disk tier's file is gone: the read fails
+    be.disk.fd = os.open(os.devnull, os.O_RDONLY)
+    if be.disk.direct_fd is not None:
+        os.close(be.disk.direct_fd)
+        be.disk.direct_fd = None
+    got = run1(rt, be.read_tags_later(Level.DISK, slots))
+    assert (got == 0).all()  # no tags at all: the refcheck fails loudly, never passes
+    assert any("refcheck read" in e for e in be.errors)
+
+
+@gpu
+@needs_gpu
+def test_gpu_read_tags_later_checks_host_pages_through_the_mapped_address(make):
+    _, be, _ = _later_checks(make, "gpu")
+    assert be.host.dev_ptr is not None
+
+
 # -- transfers in CPU mode ----------------------------------------------------------------
 
 def roundtrip(rt, be, n=24, seed=0):
@@ -467,6 +504,17 @@ def test_gpu_compute_occupies_about_its_duration(make):
     took = run1(rt, be.compute(0.05))
     assert 0.04 < took < 0.08
     assert be.info["busy_iters_per_s"] > 0
+
+
+@gpu
+@needs_gpu
+def test_gpu_compute_through_graphs_occupies_about_its_duration(make):
+    rt, be = make(device="gpu", disk_slots=0, compute_graphs=True)
+    assert be.info["compute_graphs"] is True
+    for d in (0.05, 0.0123):
+        took = run1(rt, be.compute(d))
+        assert 0.8 * d < took < 0.8 * d + 0.03, (d, took)
+    assert be.kernels._graphs  # the chunks went as captured graphs
 
 
 def test_realtime_clock_starts_at_run_not_at_construction():

@@ -72,7 +72,8 @@ class HwBackend:
                  threads_per_cta: int = 128, sm_ctas: int | None = None,
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
                  cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
-                 disk_preallocate: bool = True, timing_log: list | None = None):
+                 disk_preallocate: bool = True, timing_log: list | None = None,
+                 compute_graphs: bool = False):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -113,6 +114,7 @@ class HwBackend:
         self.on_gpu = self.cp is not None
         self.threads_per_cta = _positive_int("threads_per_cta", threads_per_cta)
         self.compute_chunk_s = compute_chunk_s
+        self._compute_graphs = compute_graphs  # launch_busy through CUDA graphs (gpu.Kernels)
         if not cta_headroom >= 1:
             raise ValueError(f"cta_headroom: got {cta_headroom!r}; expected >= 1")
         self.cta_headroom = float(cta_headroom)
@@ -160,6 +162,8 @@ class HwBackend:
         self.streams = {"h2d": S(), "d2h": S(), "d2d": S(), "misc": S(), "compute": S()}
         self._fill_event = None
         self._fill_waited: dict[int, Any] = {}  # stream ptr -> the fill event it last waited on
+        self._check_event = None  # the last GPU-page check (a write into GPU slots waits)
+        self._check_waited: dict[int, Any] = {}
         self.copier = BatchCopier(cp)
         probe = self.staging.get()
         try:
@@ -168,6 +172,7 @@ class HwBackend:
         finally:
             self.staging.put(probe)
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
+        self.kernels.use_graphs = self.info["compute_graphs"] = bool(self._compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
 
     def _choose_paths(self, force, link_kind, link_bps, per_copy_s, per_cta_bps, sm_ctas, profile) -> None:
@@ -366,7 +371,13 @@ class HwBackend:
             return
         lv = Level(fill.level)
         if lv == Level.GPU and self.on_gpu:
-            cp, s = self.cp, self.streams["misc"]
+            # on the compute stream: the step that produced these pages wrote them, so they
+            # are written in stream order right after it, before the next step's kernels.
+            # (On the misc stream the fill waited for a free SM behind the next step's busy
+            # chunks, and every GPU -> host copy waits for the last fill: one-page evictions
+            # took a median 247 us under replay load against ~100 us idle; docs/hw-notes.md.)
+            cp, s = self.cp, self.streams["compute"]
+            self._wait_checks(s)
             with s:
                 ds, dt = cp.asarray(slots), cp.asarray(tags)
             self.kernels.fill((min(len(slots), 65535),), (256,),
@@ -402,6 +413,52 @@ class HwBackend:
         if lv == Level.DISK:
             return pattern.verify_rows(self.disk.read_rows(slots), self.refcheck, self.check_pool)
         return pattern.verify_pages(self._view(lv), slots, self.refcheck, self.check_pool)
+
+    def read_tags_later(self, level: Level, slots: np.ndarray) -> Any:
+        """``read_tags`` while the runtime's loop runs on (the refcheck of a replay): GPU
+        pages, and host pages through the host tier's mapped device address, by the
+        ``kv_check`` kernel on the GPU (a CUDA event completes it; host pages cross the
+        link at its speed instead of numpy's ~1.4-1.9 GB/s on one core, which a pool of
+        16 did not speed up on the H200: docs/hw-notes.md); disk pages (and everything
+        in CPU mode) read back and checked on an I/O thread. The waitable succeeds with
+        the tags found; if reading fails, with no tags at all (so the check fails loudly)
+        and the error in ``errors``."""
+        slots = np.asarray(slots, dtype=np.int64)
+        lv = Level(level)
+        if slots.size == 0:
+            return self._done(np.zeros(0, dtype=np.uint64))
+        if self.on_gpu and lv == Level.GPU:
+            return self._check_on_gpu(self.gpu.ptr, slots)
+        if self.on_gpu and lv == Level.HOST and self.host is not None and self.host.dev_ptr is not None:
+            return self._check_on_gpu(self.host.dev_ptr, slots)
+        ev, trigger = self.runtime.external()
+        n = len(slots)
+
+        def done(f):
+            exc = f.exception()
+            if exc is not None:
+                self.errors.append(f"refcheck read of {n} {lv.name} page(s): {type(exc).__name__}: {exc}")
+            trigger(np.zeros(n, dtype=np.uint64) if exc is not None else f.result())
+
+        self.pool.submit(self.read_tags, lv, slots).add_done_callback(done)
+        return ev
+
+    def _check_on_gpu(self, base_ptr: int, slots: np.ndarray) -> Any:
+        """``kv_check`` over pages at ``base_ptr`` (device memory, or host memory through
+        its mapped address) on the misc stream; the waitable succeeds with the tags."""
+        cp, s = self.cp, self.streams["misc"]
+        n = len(slots)
+        with s:
+            ds = cp.asarray(slots)
+            out = cp.zeros(n, dtype=cp.uint64)
+        self.kernels.check((min(n, 65535),), (256,),
+                           (np.uint64(base_ptr), ds, out, np.int64(n),
+                            np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(s)
+        if base_ptr == self.gpu.ptr:
+            self._check_event = ev
+        return self.runtime.watch(lambda: (True, cp.asnumpy(out)) if ev.done and ds is not None else (False, None))
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
@@ -487,6 +544,14 @@ class HwBackend:
             stream.wait_event(ev)  # once per stream and fill: stream order keeps it after
             self._fill_waited[stream.ptr] = ev
 
+    def _wait_checks(self, stream) -> None:
+        """Before ``stream`` writes into GPU slots: wait for the last GPU-page check, so a
+        check the engine does not wait for (a resumed request's pages) reads them first."""
+        ev = self._check_event
+        if ev is not None and self._check_waited.get(stream.ptr) is not ev:
+            stream.wait_event(ev)
+            self._check_waited[stream.ptr] = ev
+
     # -- GPU <-> host, GPU <-> GPU --------------------------------------------------------
 
     def _enqueue_gpu_host(self, src_level: Level, src, dst, path: CopyPath, host: HostRegion):
@@ -496,6 +561,8 @@ class HwBackend:
         d = "h2d" if src_level == Level.HOST else "d2h"
         s = self.streams[d]
         self._wait_fill(s)
+        if d == "h2d":
+            self._wait_checks(s)
         g_ptr = self.gpu.ptr
         if path == CopyPath.SM_KERNEL and host.dev_ptr is not None:
             # Pieces of growing size (sm_first_pages, then doubling; the last takes the rest
@@ -567,6 +634,7 @@ class HwBackend:
             return self._on_pool(_copy_rows, self.gpu.view, src, self.gpu.view, dst)
         cp, s = self.cp, self.streams["d2d"]
         self._wait_fill(s)
+        self._wait_checks(s)
         try:
             with s:
                 ds, dd = cp.asarray(src), cp.asarray(dst)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import math
 from time import perf_counter as _clock
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +89,10 @@ class Kernels:
         self.busy_threads = 256
         self.busy_blocks = self.sm_count * 8  # all resident threads of every SM
         self.busy_iters_per_s = 0.0
+        # launch_busy through captured CUDA graphs (one launch for many chunks); off by default
+        self.use_graphs = False
+        self._graphs: dict[tuple[int, int], Any] = {}
+        self._capture_stream = None
 
     def copy_pages(self, stream, src_ptr: int, dst_ptr: int, src_slots, dst_slots,
                    page_bytes: int, ctas: int, threads: int) -> None:
@@ -119,12 +124,50 @@ class Kernels:
 
     def launch_busy(self, stream, duration_s: float, chunk_s: float) -> None:
         """Occupy all SMs for about ``duration_s``, as kernels of about ``chunk_s`` each
-        (so other kernels' CTAs can interleave, as between inference kernels)."""
-        n = max(1, math.ceil(duration_s / chunk_s))
-        iters = max(1, int(self.busy_iters_per_s * duration_s / n))
-        for _ in range(n):
-            self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(iters)),
+        (so other kernels' CTAs can interleave, as between inference kernels).
+
+        Each launch costs host time on the caller's thread (a RawKernel launch ~5.7 us on
+        the H200 machine; a 9 ms step's 18 chunks held the runtime's loop ~128 us:
+        docs/hw-notes.md). With ``use_graphs`` the chunks are all ``chunk_s`` long and go
+        as captured CUDA graphs of 2^k chunks (cached; one launch each, the binary digits
+        of the count) plus one shorter kernel for the rest: the same kernels in the same
+        stream order, a few launches a step."""
+        if not self.use_graphs:
+            n = max(1, math.ceil(duration_s / chunk_s))
+            iters = max(1, int(self.busy_iters_per_s * duration_s / n))
+            for _ in range(n):
+                self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(iters)),
+                          stream=stream)
+            return
+        per = max(1, int(self.busy_iters_per_s * chunk_s))
+        full, rest = divmod(max(1, int(self.busy_iters_per_s * duration_s)), per)
+        k = 0
+        while full:
+            if full & 1:
+                self._busy_graph(per, 1 << k).launch(stream)
+            full >>= 1
+            k += 1
+        if rest:
+            self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(rest)),
                       stream=stream)
+
+    def _busy_graph(self, iters: int, count: int):
+        """A captured graph of ``count`` busy chunks of ``iters`` iterations, in order."""
+        g = self._graphs.get((iters, count))
+        if g is None:
+            cp = self.cp
+            if self._capture_stream is None:
+                self._capture_stream = cp.cuda.Stream(non_blocking=True)
+            s = self._capture_stream
+            s.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
+            try:
+                for _ in range(count):
+                    self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(iters)),
+                              stream=s)
+            finally:
+                g = s.end_capture()
+            self._graphs[(iters, count)] = g
+        return g
 
 
 class _MemLocation(ctypes.Structure):

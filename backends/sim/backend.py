@@ -176,6 +176,9 @@ class SimBackend:
             raise RuntimeError("sim backend: read_tags needs refcheck=True (tags are not kept)")
         return self.tags[level][slots]
 
+    def read_tags_later(self, level: Level, slots: np.ndarray) -> None:
+        return None  # tags, not bytes: read_tags is immediate and costs no simulated time
+
     def close(self) -> None:
         pass
 

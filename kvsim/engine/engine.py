@@ -51,6 +51,9 @@ class EngineParams:
     max_running: int = 256            # requests in the running batch (onboarding included)
     fast_forward: bool = True         # batch identical decode steps (same results, faster)
     refcheck: bool = True             # verify every reused, restored and moved page
+    refcheck_disk_writes: bool = True  # ... including pages written to disk, read back
+    #                                   (off: they are verified when they come back; on
+    #                                   the hw backend the read-back takes disk bandwidth)
     hold_sessions: bool = True        # keep a session's pages held between its turns
     gpu_free_watermark: float = 0.0   # evict in the background when free GPU slots fall
     #                                   below this share of the tier (refill to twice it)
@@ -120,6 +123,7 @@ class Engine:
         self._idle: dict[int, Frame] = {}            # suspended sessions between turns
         self._pending_sessions: deque[Session] = deque()
         self._inflight = 0                           # plans running on the backend
+        self._checks_open = 0                        # hw: resume refchecks on the GPU
         self._evicting = False                       # a background eviction is running
         self._evict_failures = 0                     # consecutive failed background evictions
         self._evict_off = False
@@ -229,6 +233,12 @@ class Engine:
                 self.metrics.fast_forwarded_steps += n - 1
             self._advance(batch, n)
         yield from self._catch_up()
+        if self._checks_open:  # hw: the last resume checks are still on the GPU
+            self._start_deferred()
+        while self._checks_open:
+            self._wake = rt.event()
+            yield self._wake
+            self._wake = None
         self._sample(force=True)
 
     def _catch_up(self):
@@ -352,8 +362,21 @@ class Engine:
         lv.state = RUNNING
         if self.p.refcheck:
             exp = self.mgr.expected(lv.req)
-            check_tags(self.backend.read_tags(Level.GPU, exp.slots), exp.tags,
-                       f"request {lv.uid}'s pages on GPU")
+            what = f"request {lv.uid}'s pages on GPU"
+            later = self.backend.read_tags_later(Level.GPU, exp.slots)
+            if later is None:
+                check_tags(self.backend.read_tags(Level.GPU, exp.slots), exp.tags, what)
+            else:  # hw: the GPU checks them while the request runs on (they cannot change:
+                #     the backend orders later writes into GPU slots after the check)
+                self._checks_open += 1
+                self._launch(self._check_proc(later, exp.tags, what))
+
+    def _check_proc(self, later, tags, what: str):
+        found = yield later
+        self._inflight -= 1
+        self._checks_open -= 1
+        check_tags(found, tags, what)
+        self._notify()
 
     def _release_hold(self) -> bool:
         """Close the least recently suspended idle session's request (its pages stay in the
@@ -373,7 +396,8 @@ class Engine:
         self._launch(self._plan_proc(plan, lv, then))
 
     def _plan_proc(self, plan, lv: Live, then: int):
-        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                 self.p.refcheck_disk_writes)
         self._inflight -= 1
         lv.failures = 0 if ok else lv.failures + 1
         give_up = lv.failures >= self.p.max_plan_failures
@@ -421,7 +445,8 @@ class Engine:
         self._launch(self._evict_proc(plan))
 
     def _evict_proc(self, plan):
-        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck)
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                 self.p.refcheck_disk_writes)
         self._inflight -= 1
         self._evicting = False
         self._evict_failures = 0 if ok else self._evict_failures + 1
