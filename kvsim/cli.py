@@ -66,6 +66,8 @@ def run(
     progress: bool = typer.Option(True, help="show a progress bar"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
+    compute_graphs: bool = typer.Option(False, "--compute-graphs",
+                                        help="hw backend: launch each step's compute as CUDA graphs"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -85,7 +87,8 @@ def run(
     except (ConfigFileError, TraceError, ValueError, OSError) as e:
         _error(console, str(e))
         raise typer.Exit(2)
-    opts = {"time_scale": time_scale, "device": device} if backend == "hw" else {}
+    opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
+        if backend == "hw" else {}
     n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
     try:
         if progress and sys.stderr.isatty():
@@ -150,6 +153,8 @@ def compare(
     out: Optional[str] = typer.Option(None, help="folder for compare.json (default: output.dir + '-compare')"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
+    compute_graphs: bool = typer.Option(False, "--compute-graphs",
+                                        help="hw backend: launch each step's compute as CUDA graphs"),
     hw_from: Optional[str] = typer.Option(None, "--hw-from", help="an earlier compare's folder: "
                                           "replay the sim only and compare with its hw side"),
 ):
@@ -166,7 +171,8 @@ def compare(
             report, sim_res = compare_saved(cfg, hw_from, trace)
             results = (("sim", sim_res),)
         else:
-            report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device})
+            report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device,
+                                                              "compute_graphs": compute_graphs})
             results = (("sim", sim_res), ("hw", hw_res))
     except (ConfigFileError, TraceError, ValueError, OSError) as e:
         _error(console, str(e))

@@ -144,3 +144,15 @@ def test_a_backend_that_cannot_start_fails_cleanly(tmp_path):
     assert r.exit_code == 1
     assert "replay on the hw backend failed" in r.output and "GPU" in r.output
     assert not out.exists()
+
+
+def test_hw_backend_options_from_the_command_line(tmp_path):
+    """--backend hw in CPU mode takes the hw options (--time-scale, --compute-graphs, which
+    only a GPU uses) and writes the same results folder as the sim."""
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--backend", "hw", "--device", "cpu",
+                            "--time-scale", "50", "--compute-graphs", "--out", str(out), *SMALL,
+                            "--set", "workload.synthetic.n_sessions=1", "--set", "cache.page_bytes=4KiB"])
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "summary.json").read_text())["metrics"]
+    assert m["requests_completed"] > 0
