@@ -135,17 +135,25 @@ class CoreMachine(RuleBasedStateMachine):
         self._finish(plan, hold, fails if data.draw(st.integers(0, 3)) == 0 else set(),
                      all_fail and data.draw(st.integers(0, 5)) == 0)
 
+    def _draw_growth(self, data, more, family):
+        """An active request, its token count after ``more`` tokens and the new blocks' ids
+        (None if no request is active)."""
+        reqs = self._reqs(ReqState.ACTIVE)
+        if not reqs:
+            return None
+        req = data.draw(st.sampled_from(reqs))
+        ntokens = req.tokens + more
+        nb = -(-ntokens // TPB)
+        return req, ntokens, _ids(family, len(req.blocks), max(0, nb - len(req.blocks)))
+
     @precondition(lambda self: any(r.state in (ReqState.ACTIVE,) for r in self.m.requests()))
     @rule(data=st.data(), more=st.integers(1, 3 * TPB), family=FAMILIES, hold=st.booleans(),
           fails=st.sets(st.integers(0, 3), max_size=2))
     def grow(self, data, more, family, hold, fails):
-        reqs = self._reqs(ReqState.ACTIVE)
-        if not reqs:
+        drawn = self._draw_growth(data, more, family)
+        if drawn is None:
             return
-        req = data.draw(st.sampled_from(reqs))
-        ntokens = req.tokens + more
-        nb = -(-ntokens // TPB)
-        new = _ids(family, len(req.blocks), max(0, nb - len(req.blocks)))
+        req, ntokens, new = drawn
         nblocks = len(req.blocks)
         plan = self.m.grow(req, ntokens, new)
         if not plan:
@@ -159,13 +167,10 @@ class CoreMachine(RuleBasedStateMachine):
     def extend(self, data, more, family):
         """``extend`` (grow + complete at once when nothing moves) leaves exactly the state a
         twin manager reaches with ``grow`` and ``complete``, or changes nothing."""
-        reqs = self._reqs(ReqState.ACTIVE)
-        if not reqs:
+        drawn = self._draw_growth(data, more, family)
+        if drawn is None:
             return
-        req = data.draw(st.sampled_from(reqs))
-        ntokens = req.tokens + more
-        nb = -(-ntokens // TPB)
-        new = _ids(family, len(req.blocks), max(0, nb - len(req.blocks)))
+        req, ntokens, new = drawn
         before = _fingerprint(self.m)
         twin = copy.deepcopy(self.m)
         if self.m.extend(req, ntokens, list(new)):
