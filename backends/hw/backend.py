@@ -401,15 +401,9 @@ class HwBackend:
         if slots.size == 0:
             return np.zeros(0, dtype=np.uint64)
         if lv == Level.GPU and self.on_gpu:
-            cp, s = self.cp, self.streams["misc"]
-            with s:
-                ds = cp.asarray(slots)
-                out = cp.zeros(len(slots), dtype=cp.uint64)
-            self.kernels.check((min(len(slots), 65535),), (256,),
-                               (self.gpu.flat, ds, out, np.int64(len(slots)),
-                                np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
-            s.synchronize()
-            return cp.asnumpy(out)
+            out, ev, _ = self._enqueue_check(self.gpu.ptr, slots)
+            ev.synchronize()
+            return self.cp.asnumpy(out)
         if lv == Level.DISK:
             return pattern.verify_rows(self.disk.read_rows(slots), self.refcheck, self.check_pool)
         return pattern.verify_pages(self._view(lv), slots, self.refcheck, self.check_pool)
@@ -427,10 +421,17 @@ class HwBackend:
         lv = Level(level)
         if slots.size == 0:
             return self._done(np.zeros(0, dtype=np.uint64))
+        base = None
         if self.on_gpu and lv == Level.GPU:
-            return self._check_on_gpu(self.gpu.ptr, slots)
-        if self.on_gpu and lv == Level.HOST and self.host is not None and self.host.dev_ptr is not None:
-            return self._check_on_gpu(self.host.dev_ptr, slots)
+            base = self.gpu.ptr
+        elif self.on_gpu and lv == Level.HOST and self.host is not None and self.host.dev_ptr is not None:
+            base = self.host.dev_ptr
+        if base is not None:
+            out, done_ev, keep = self._enqueue_check(base, slots)
+            if lv == Level.GPU:
+                self._check_event = done_ev  # later writes into GPU slots wait for it
+            return self.runtime.watch(lambda: (True, self.cp.asnumpy(out))
+                                      if done_ev.done and keep is not None else (False, None))
         ev, trigger = self.runtime.external()
         n = len(slots)
 
@@ -443,9 +444,10 @@ class HwBackend:
         self.pool.submit(self.read_tags, lv, slots).add_done_callback(done)
         return ev
 
-    def _check_on_gpu(self, base_ptr: int, slots: np.ndarray) -> Any:
+    def _enqueue_check(self, base_ptr: int, slots: np.ndarray):
         """``kv_check`` over pages at ``base_ptr`` (device memory, or host memory through
-        its mapped address) on the misc stream; the waitable succeeds with the tags."""
+        its mapped address) on the misc stream: (tags out on the device, an event after
+        the kernel, the slot array to keep alive until then)."""
         cp, s = self.cp, self.streams["misc"]
         n = len(slots)
         with s:
@@ -456,9 +458,7 @@ class HwBackend:
                             np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(s)
-        if base_ptr == self.gpu.ptr:
-            self._check_event = ev
-        return self.runtime.watch(lambda: (True, cp.asnumpy(out)) if ev.done and ds is not None else (False, None))
+        return out, ev, ds
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
