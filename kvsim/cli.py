@@ -66,8 +66,9 @@ def run(
     progress: bool = typer.Option(True, help="show a progress bar"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
-    compute_graphs: bool = typer.Option(False, "--compute-graphs",
-                                        help="hw backend: launch each step's compute as CUDA graphs"),
+    compute_graphs: bool = typer.Option(True, "--compute-graphs/--no-compute-graphs",
+                                        help="hw backend: launch each step's compute as CUDA graphs "
+                                             "(off: kernel by kernel)"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -153,8 +154,9 @@ def compare(
     out: Optional[str] = typer.Option(None, help="folder for compare.json (default: output.dir + '-compare')"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
-    compute_graphs: bool = typer.Option(False, "--compute-graphs",
-                                        help="hw backend: launch each step's compute as CUDA graphs"),
+    compute_graphs: bool = typer.Option(True, "--compute-graphs/--no-compute-graphs",
+                                        help="hw backend: launch each step's compute as CUDA graphs "
+                                             "(off: kernel by kernel)"),
     hw_from: Optional[str] = typer.Option(None, "--hw-from", help="an earlier compare's folder: "
                                           "replay the sim only and compare with its hw side"),
 ):

@@ -349,6 +349,52 @@ def test_gpu_read_tags_later_checks_host_pages_through_the_mapped_address(make):
     assert be.host.dev_ptr is not None
 
 
+@gpu
+@needs_gpu
+def test_gpu_check_in_parts_finds_a_wrong_word_in_any_part(make):
+    """kv_check splits a page into parts of 64 KiB, a CTA each: a wrong word in the first,
+    a middle or the last part (host pages through the mapped address, and GPU pages) makes
+    that page, and only it, read as no tag."""
+    rt, be = make(device="gpu", pb=1 << 20, gpu_slots=8, host_slots=8, disk_slots=0)
+    t = tags_for(8)
+    slots = np.arange(8)
+    wrong = {1: 8, 3: 5 * 65536 + 800, 6: (1 << 20) - 1}  # page -> byte offset
+    for lv in (Level.GPU, Level.HOST):
+        be.fill(Fill(lv, slots, t))
+        be.streams["compute"].synchronize()
+        for page, off in wrong.items():
+            if lv == Level.HOST:
+                be.host.view[page, off] ^= 4
+            else:
+                be.gpu.view[page, off] ^= 4
+        be.cp.cuda.Device().synchronize()  # (the xor ran on CuPy's current stream)
+        want = t.copy()
+        want[list(wrong)] = 0
+        assert (be.read_tags(lv, slots) == want).all(), lv
+        assert (run1(rt, be.read_tags_later(lv, slots)) == want).all(), lv
+
+
+@gpu
+@needs_gpu
+def test_gpu_write_waits_for_a_pending_check_of_its_slots_only(make):
+    """A GPU check the engine does not wait for (a resumed request's pages) reads its pages
+    before a later write into them; a write into other slots does not wait for it."""
+    rt, be = make(device="gpu", pb=1 << 20, gpu_slots=512, host_slots=0, disk_slots=0)
+    old, new = tags_for(256, 1), tags_for(256, 2)
+    mine, other = np.arange(256), np.arange(256, 512)
+    be.fill(Fill(Level.GPU, mine, old))
+    be.streams["compute"].synchronize()
+    later = be.read_tags_later(Level.GPU, mine)     # 256 MiB to read: still running below
+    compute = be.streams["compute"].ptr
+    be.fill(Fill(Level.GPU, other, new))
+    assert be._check_waited.get(compute) is None    # other slots: no wait
+    be.fill(Fill(Level.GPU, mine, new))             # the same slots: after the check
+    assert be._check_waited.get(compute) is be._check_event
+    assert (run1(rt, later) == old).all()
+    assert not be._checking.any()                   # the loop saw it finish
+    assert (be.read_tags(Level.GPU, mine) == new).all()
+
+
 # -- transfers in CPU mode ----------------------------------------------------------------
 
 def roundtrip(rt, be, n=24, seed=0):
@@ -499,8 +545,9 @@ def test_gpu_both_paths_move_the_same_bytes_and_the_refcheck_catches_misplacemen
 
 @gpu
 @needs_gpu
-def test_gpu_compute_occupies_about_its_duration(make):
-    rt, be = make(device="gpu", disk_slots=0)
+def test_gpu_compute_kernel_by_kernel_occupies_about_its_duration(make):
+    rt, be = make(device="gpu", disk_slots=0, compute_graphs=False)
+    assert be.info["compute_graphs"] is False
     took = run1(rt, be.compute(0.05))
     assert 0.04 < took < 0.08
     assert be.info["busy_iters_per_s"] > 0
@@ -509,8 +556,10 @@ def test_gpu_compute_occupies_about_its_duration(make):
 @gpu
 @needs_gpu
 def test_gpu_compute_through_graphs_occupies_about_its_duration(make):
-    rt, be = make(device="gpu", disk_slots=0, compute_graphs=True)
-    assert be.info["compute_graphs"] is True
+    rt, be = make(device="gpu", disk_slots=0)
+    assert be.info["compute_graphs"] is True  # the default
+    prio = be.info["stream_priorities"]  # copies and checks before compute (lower = higher)
+    assert all(prio[k] < prio["compute"] for k in ("h2d", "d2h", "d2d", "misc")), prio
     for d in (0.05, 0.0123):
         took = run1(rt, be.compute(d))
         assert 0.8 * d < took < 0.8 * d + 0.03, (d, took)

@@ -73,7 +73,7 @@ class HwBackend:
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
                  cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
                  disk_preallocate: bool = True, timing_log: list | None = None,
-                 compute_graphs: bool = False):
+                 compute_graphs: bool = True):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -158,12 +158,22 @@ class HwBackend:
             return
         from .gpu import BatchCopier, Kernels  # noqa: PLC0415
         self.kernels = Kernels(cp)
-        S = lambda: cp.cuda.Stream(non_blocking=True)  # noqa: E731
-        self.streams = {"h2d": S(), "d2h": S(), "d2d": S(), "misc": S(), "compute": S()}
+        # Copies and checks go on streams of the highest priority, compute on the lowest:
+        # when a busy kernel's CTAs retire, a waiting copy or check kernel's CTAs start
+        # before the next busy kernel's (docs/hw-notes.md, 21:46 UTC: a one-page host check
+        # took a median 759 us behind a busy compute, 93 us alone).
+        # (CUDA clamps a priority to the device's range: -1000 is its highest, 0 its lowest.)
+        S = lambda prio: cp.cuda.Stream(non_blocking=True, priority=prio)  # noqa: E731
+        self.streams = {"h2d": S(-1000), "d2h": S(-1000), "d2d": S(-1000), "misc": S(-1000),
+                        "compute": S(0)}
+        self.info["stream_priorities"] = {k: s.priority for k, s in self.streams.items()}
         self._fill_event = None
         self._fill_waited: dict[int, Any] = {}  # stream ptr -> the fill event it last waited on
-        self._check_event = None  # the last GPU-page check (a write into GPU slots waits)
+        self._check_event = None  # the last GPU-page check enqueued (all on the misc stream)
         self._check_waited: dict[int, Any] = {}
+        # GPU slots under a check the loop has not yet seen finish (a count a slot: checks
+        # of a shared prefix overlap). Only a write into one of these waits for the checks.
+        self._checking = np.zeros(self.slots.get(Level.GPU, 0), dtype=np.int32)
         self.copier = BatchCopier(cp)
         probe = self.staging.get()
         try:
@@ -377,7 +387,7 @@ class HwBackend:
             # chunks, and every GPU -> host copy waits for the last fill: one-page evictions
             # took a median 247 us under replay load against ~100 us idle; docs/hw-notes.md.)
             cp, s = self.cp, self.streams["compute"]
-            self._wait_checks(s)
+            self._wait_checks(s, slots)
             with s:
                 ds, dt = cp.asarray(slots), cp.asarray(tags)
             self.kernels.fill((min(len(slots), 65535),), (256,),
@@ -401,9 +411,9 @@ class HwBackend:
         if slots.size == 0:
             return np.zeros(0, dtype=np.uint64)
         if lv == Level.GPU and self.on_gpu:
-            out, ev, _ = self._enqueue_check(self.gpu.ptr, slots)
+            tags, ev, _ = self._enqueue_check(self.gpu.ptr, slots)
             ev.synchronize()
-            return self.cp.asnumpy(out)
+            return tags()
         if lv == Level.DISK:
             return pattern.verify_rows(self.disk.read_rows(slots), self.refcheck, self.check_pool)
         return pattern.verify_pages(self._view(lv), slots, self.refcheck, self.check_pool)
@@ -427,11 +437,23 @@ class HwBackend:
         elif self.on_gpu and lv == Level.HOST and self.host is not None and self.host.dev_ptr is not None:
             base = self.host.dev_ptr
         if base is not None:
-            out, done_ev, keep = self._enqueue_check(base, slots)
-            if lv == Level.GPU:
-                self._check_event = done_ev  # later writes into GPU slots wait for it
-            return self.runtime.watch(lambda: (True, self.cp.asnumpy(out))
-                                      if done_ev.done and keep is not None else (False, None))
+            tags, done_ev, keep = self._enqueue_check(base, slots)
+            if lv != Level.GPU:
+                return self.runtime.watch(lambda: (True, tags())
+                                          if done_ev.done and keep is not None else (False, None))
+            # A write into these slots before the loop sees the check finish waits for it
+            # (a resumed request's check runs on while the request may end and its slots be
+            # reused); writes into other slots do not wait.
+            self._check_event = done_ev
+            checking = self._checking
+            checking[slots] += 1
+
+            def poll():
+                if not done_ev.done or keep is None:  # (keep: alive until the kernel is done)
+                    return False, None
+                checking[slots] -= 1
+                return True, tags()
+            return self.runtime.watch(poll)
         ev, trigger = self.runtime.external()
         n = len(slots)
 
@@ -444,21 +466,31 @@ class HwBackend:
         self.pool.submit(self.read_tags, lv, slots).add_done_callback(done)
         return ev
 
-    def _enqueue_check(self, base_ptr: int, slots: np.ndarray):
+    def _enqueue_check(self, base_ptr: int, slots: np.ndarray, span_words: int = 0):
         """``kv_check`` over pages at ``base_ptr`` (device memory, or host memory through
-        its mapped address) on the misc stream: (tags out on the device, an event after
-        the kernel, the slot array to keep alive until then)."""
+        its mapped address) on the misc stream, a CTA a part of ``span_words`` words of a
+        page (0: CHECK_SPAN_WORDS): (a function giving the tags found once the event has
+        passed, the event after the kernel, the arrays to keep alive until then)."""
         cp, s = self.cp, self.streams["misc"]
         n = len(slots)
+        words = self.page_bytes // 8
+        span = min(words, span_words or CHECK_SPAN_WORDS)
         with s:
             ds = cp.asarray(slots)
             out = cp.zeros(n, dtype=cp.uint64)
-        self.kernels.check((min(n, 65535),), (256,),
-                           (np.uint64(base_ptr), ds, out, np.int64(n),
-                            np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
+            bad = cp.zeros(n, dtype=cp.int32)
+        parts = -(-words // span)
+        self.kernels.check((min(n * parts, 65535),), (256,),
+                           (np.uint64(base_ptr), ds, out, bad, np.int64(n), np.int64(words),
+                            np.int32(self.refcheck), np.int64(span)), stream=s)
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(s)
-        return out, ev, ds
+
+        def tags() -> np.ndarray:
+            found = cp.asnumpy(out)
+            found[cp.asnumpy(bad) != 0] = 0
+            return found
+        return tags, ev, (ds, out, bad)
 
     def close(self) -> None:
         if getattr(self, "_closed", True):
@@ -544,11 +576,12 @@ class HwBackend:
             stream.wait_event(ev)  # once per stream and fill: stream order keeps it after
             self._fill_waited[stream.ptr] = ev
 
-    def _wait_checks(self, stream) -> None:
-        """Before ``stream`` writes into GPU slots: wait for the last GPU-page check, so a
-        check the engine does not wait for (a resumed request's pages) reads them first."""
+    def _wait_checks(self, stream, slots) -> None:
+        """Before ``stream`` writes into GPU ``slots``: if a check the loop has not seen
+        finish covers one of them (a resumed request's pages, which the engine does not
+        wait for), wait for the last check enqueued, so it reads them first."""
         ev = self._check_event
-        if ev is not None and self._check_waited.get(stream.ptr) is not ev:
+        if ev is not None and self._check_waited.get(stream.ptr) is not ev and self._checking[slots].any():
             stream.wait_event(ev)
             self._check_waited[stream.ptr] = ev
 
@@ -562,7 +595,7 @@ class HwBackend:
         s = self.streams[d]
         self._wait_fill(s)
         if d == "h2d":
-            self._wait_checks(s)
+            self._wait_checks(s, dst)
         g_ptr = self.gpu.ptr
         if path == CopyPath.SM_KERNEL and host.dev_ptr is not None:
             # Pieces of growing size (sm_first_pages, then doubling; the last takes the rest
@@ -634,7 +667,7 @@ class HwBackend:
             return self._on_pool(_copy_rows, self.gpu.view, src, self.gpu.view, dst)
         cp, s = self.cp, self.streams["d2d"]
         self._wait_fill(s)
-        self._wait_checks(s)
+        self._wait_checks(s, dst)
         try:
             with s:
                 ds, dd = cp.asarray(src), cp.asarray(dst)
@@ -761,6 +794,7 @@ class HwBackend:
         return bool(copied)
 
 
+CHECK_SPAN_WORDS = 8192  # kv_check: a CTA checks 64 KiB of a page (a 2 MiB page: 32 CTAs)
 _SMALL = 32  # batches of at most this many pages: per-page checks in Python, not numpy
 
 _TRAFFIC = {

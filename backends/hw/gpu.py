@@ -75,7 +75,7 @@ MEMCPY_FLAG_PREFER_OVERLAP = 1        # cudaMemcpyFlagPreferOverlapWithCompute
 
 
 class Kernels:
-    def __init__(self, cp, unroll: int = 8):
+    def __init__(self, cp, unroll: int = 8, busy_waves: int = 10):
         self.cp = cp
         self.module = cp.RawModule(code=COPY_SOURCE + PATTERN_SOURCE,
                                    options=("-std=c++14", f"-DUNROLL={int(unroll)}"))
@@ -87,11 +87,15 @@ class Kernels:
         self.sm_count = int(dev.attributes["MultiProcessorCount"])
         self._sink = cp.zeros(1, dtype=cp.float32)
         self.busy_threads = 256
-        self.busy_blocks = self.sm_count * 8  # all resident threads of every SM
+        self.busy_blocks = self.sm_count * 8  # all resident threads of every SM: one wave
+        # a busy kernel runs as this many waves of CTAs, so CTAs retire every ~50 us of a
+        # 0.5 ms chunk and another stream's kernel (a check, an SM copy) gets SMs within
+        # one wave, as between the short CTAs of an inference step's GEMMs
+        self.busy_waves = busy_waves
         self.busy_iters_per_s = 0.0
-        # launch_busy through captured CUDA graphs (one launch for many chunks); off by default
+        # launch_busy through captured CUDA graphs (one launch for many chunks); HwBackend sets it
         self.use_graphs = False
-        self._graphs: dict[tuple[int, int], Any] = {}
+        self._graphs: dict[tuple[int, int, int], Any] = {}
         self._capture_stream = None
 
     def copy_pages(self, stream, src_ptr: int, dst_ptr: int, src_slots, dst_slots,
@@ -112,7 +116,7 @@ class Kernels:
         for _ in range(6):
             a, b = cp.cuda.Event(), cp.cuda.Event()
             a.record(s)
-            self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(iters)), stream=s)
+            self._busy(s, iters)
             b.record(s)
             b.synchronize()
             dt = cp.cuda.get_elapsed_time(a, b) / 1e3
@@ -136,8 +140,7 @@ class Kernels:
             n = max(1, math.ceil(duration_s / chunk_s))
             iters = max(1, int(self.busy_iters_per_s * duration_s / n))
             for _ in range(n):
-                self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(iters)),
-                          stream=stream)
+                self._busy(stream, iters)
             return
         per = max(1, int(self.busy_iters_per_s * chunk_s))
         full, rest = divmod(max(1, int(self.busy_iters_per_s * duration_s)), per)
@@ -148,12 +151,19 @@ class Kernels:
             full >>= 1
             k += 1
         if rest:
-            self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(rest)),
-                      stream=stream)
+            self._busy(stream, rest)
+
+    def _busy(self, stream, iters: int) -> None:
+        """One busy kernel of ``iters`` iterations a thread of one wave on every SM, run as
+        ``busy_waves`` waves (each CTA a share of the iterations)."""
+        w = self.busy_waves
+        self.busy((self.busy_blocks * w,), (self.busy_threads,), (self._sink, np.int64(max(1, iters // w))),
+                  stream=stream)
 
     def _busy_graph(self, iters: int, count: int):
         """A captured graph of ``count`` busy chunks of ``iters`` iterations, in order."""
-        g = self._graphs.get((iters, count))
+        key = (iters, count, self.busy_waves)
+        g = self._graphs.get(key)
         if g is None:
             cp = self.cp
             if self._capture_stream is None:
@@ -162,11 +172,10 @@ class Kernels:
             s.begin_capture(mode=cp.cuda.runtime.streamCaptureModeRelaxed)
             try:
                 for _ in range(count):
-                    self.busy((self.busy_blocks,), (self.busy_threads,), (self._sink, np.int64(iters)),
-                              stream=s)
+                    self._busy(s, iters)
             finally:
                 g = s.end_capture()
-            self._graphs[(iters, count)] = g
+            self._graphs[key] = g
         return g
 
 

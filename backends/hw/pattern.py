@@ -132,21 +132,33 @@ extern "C" __global__ void kv_fill(u64* base, const long long* slots, const u64*
     }
 }
 
-// out[p] = word 0 of page p when the whole page matches its pattern, else 0
-extern "C" __global__ void kv_check(const u64* base, const long long* slots, u64* out,
-                                    long long pages, long long words, int full) {
-    __shared__ int bad;
-    for (long long p = blockIdx.x; p < pages; p += gridDim.x) {
+// out[p] = word 0 of page p (written by the CTA of its first part); bad[p] = 1 when a word
+// of the page does not match its pattern. A page is checked in parts of ``span`` words, a
+// CTA a part (grid-stride over page x part), with no early exit so that each thread keeps
+// several independent loads in flight: one CTA a 2 MiB page read host memory through its
+// mapped address at a few GB/s, slower than the copy it checks (docs/hw-notes.md).
+extern "C" __global__ void kv_check(const u64* base, const long long* slots, u64* out, int* bad,
+                                    long long pages, long long words, int full, long long span) {
+    __shared__ u64 tag;
+    const long long parts = (words + span - 1) / span;
+    for (long long w = blockIdx.x; w < pages * parts; w += gridDim.x) {
+        const long long p = w / parts, a = (w % parts) * span;
         const u64* page = base + slots[p] * words;
-        u64 tag = page[0];
-        if (threadIdx.x == 0) bad = 0;
+        if (threadIdx.x == 0) {
+            tag = page[0];
+            if (a == 0) out[p] = tag;
+        }
         __syncthreads();
-        if (full)
-            for (long long i = 1 + threadIdx.x; i < words; i += blockDim.x)
-                if (page[i] != splitmix64(tag ^ (u64)i)) { bad = 1; break; }
-        __syncthreads();
-        if (threadIdx.x == 0) out[p] = bad ? 0ull : tag;
-        __syncthreads();
+        if (full) {
+            const u64 t = tag;
+            const long long b = a + span < words ? a + span : words;
+            int wrong = 0;
+            #pragma unroll 8
+            for (long long i = (a ? a : 1) + threadIdx.x; i < b; i += blockDim.x)
+                wrong |= page[i] != splitmix64(t ^ (u64)i);
+            if (wrong) bad[p] = 1;
+        }
+        __syncthreads();  // before thread 0 reads the next part's tag
     }
 }
 """
