@@ -6,7 +6,8 @@ Measured (hw backend, real bytes; on a GPU with CuPy, else CPU mode with tiny si
 - disk reads and writes per I/O thread count and piece size (the disk tier's file);
 - host-tier fill (map, touch, pin);
 - compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy and the
-  fixed cost of a ``compute()`` call (``compute.latency``);
+  fixed cost of a ``compute()`` call (``compute.latency``); the refcheck of one GPU page
+  as a replay waits for it (``read_tags_later``: ``refcheck.latency``);
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
   replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
   copy-engine call's own host time.
@@ -44,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.core.copypath import CopyPath
-from kvsim.core.plan import Batch, BatchKind
+from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
@@ -284,6 +285,16 @@ def measure_busy(m: Measured, device: str) -> None:
                 rows.append({"requested_s": d, "wall_s": time.perf_counter() - t0,
                              "reported_s": list(got.values())[0]})
         m.compute["busy"] = rows
+        # the refcheck of one page, as a replay waits for it (from read_tags_later to the
+        # runtime seeing the tags): refcheck.latency (the bytes of a page are ~0 on a GPU)
+        be.fill(Fill(Level.GPU, np.arange(1), np.ones(1, dtype=np.uint64)))
+        secs = []
+        for _ in range(16):
+            t0 = time.perf_counter()
+            _wait(rt, [be.read_tags_later(Level.GPU, np.arange(1))])
+            secs.append(time.perf_counter() - t0)
+        m.compute["refcheck"] = {"seconds": secs[1:], "how": "one 64 KiB GPU page, read_tags_later "
+                                 "to the runtime seeing the tags (the first call a warm-up)"}
     finally:
         be.close()
 
@@ -415,6 +426,12 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["compute"] = {"latency": max(0.0, statistics.median(over))}
         why["compute.latency"] = (f"measured: the hw backend's compute(d) calls, wall time minus d, "
                                   f"median of {len(over)} ({min(over) * 1e6:.0f}-{max(over) * 1e6:.0f} us)")
+    chk = (m.compute.get("refcheck") or {}).get("seconds")
+    if chk:
+        d["refcheck"] = {"latency": statistics.median(chk), "ctas": base.refcheck.ctas}
+        why["refcheck.latency"] = (f"measured: {m.compute['refcheck'].get('how', 'one-page checks')}, "
+                                   f"median of {len(chk)}")
+        why["refcheck.ctas"] = f"base: {base.name} (not measured: CTAs at once beside compute)"
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     return d, why
@@ -594,6 +611,10 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
     C = d.get("compute") or {}
     if C.get("latency"):
         lines += ["compute:", f"  latency: {_fmt_time(C['latency'])}{c('compute.latency')}"]
+    R = d.get("refcheck") or {}
+    if R.get("latency"):
+        lines += ["refcheck:", f"  latency: {_fmt_time(R['latency'])}{c('refcheck.latency')}",
+                  f"  ctas: {R['ctas']}{c('refcheck.ctas')}"]
     lines.append(f"notes: {json.dumps(d.get('notes', ''))}")
     return "\n".join(lines) + "\n"
 

@@ -109,7 +109,7 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     prep = prepare_run(cfg, trace)
     sim_log: list[dict] = []
     hw_log: list[dict] = []
-    sim = replay(prep, "sim", backend_options={"timing_log": sim_log})
+    sim = replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True})
     hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log})
     report = compare_results(sim, hw, sim_log, hw_log)
     report["hw_options"] = {k: v for k, v in (hw_options or {}).items() if k != "timing_log"}
@@ -142,7 +142,7 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None) 
     saved in ``folder`` (e.g. after re-fitting the profile, without a GPU)."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
     sim_log: list[dict] = []
-    sim = replay(prepare_run(cfg, trace), "sim", backend_options={"timing_log": sim_log})
+    sim = replay(prepare_run(cfg, trace), "sim", backend_options={"timing_log": sim_log, "model_refcheck": True})
     report = compare_results(sim, hw, sim_log, hw_log)
     report["hw_options"] = hw_options
     report["hw_from"] = str(folder)

@@ -26,6 +26,9 @@ Optional terms (absent: the older, simpler model):
   runtime seeing it (each engine step is one call when stepping, so the term adds to every
   step). The sim adds it after the compute (SMs free, nothing held). Default 0.
   ``kvsim calibrate`` fits it from its timed ``compute()`` calls.
+- ``refcheck.latency`` / ``refcheck.ctas``: what the hw backend's refcheck of a batch costs
+  (``RefcheckSpec``), for a sim asked to model it; ``kvsim compare`` does when the config's
+  refcheck is on. Default 0 latency (the check's bytes still take their time).
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -215,6 +218,18 @@ class ComputeSpec(_Frozen):
     latency: Seconds = 0.0
 
 
+class RefcheckSpec(_Frozen):
+    """What the hw backend's refcheck of a batch of pages costs, for a sim that models it
+    (``SimBackend(model_refcheck=True)``; ``kvsim compare`` does when the refcheck is on):
+    ``latency`` a check (the kernel's launch and the completion seen), then the pages'
+    bytes read: GPU pages from HBM, host pages across the link toward the GPU (the check
+    kernel reads them through their mapped address), both by ``ctas`` CTAs at most that
+    slow compute as copy-kernel CTAs do; disk pages read back from the device."""
+
+    latency: Seconds = 0.0
+    ctas: int = Field(132, gt=0)
+
+
 class HardwareProfile(_Frozen):
     name: str
     link: LinkSpec
@@ -225,6 +240,7 @@ class HardwareProfile(_Frozen):
     gpu: GPUSpec
     transfer: TransferSpec = TransferSpec()
     compute: ComputeSpec = ComputeSpec()
+    refcheck: RefcheckSpec = RefcheckSpec()
     notes: str = ""
 
     @model_validator(mode="after")

@@ -112,7 +112,8 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
     rt = SimRuntime()
     slots = {t.level: t.max_slots for t in mgr.tiers}
     be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck,
-                    timing_log=options.get("timing_log"))
+                    timing_log=options.get("timing_log"),
+                    model_refcheck=options.get("model_refcheck", False))
     return rt, be
 
 

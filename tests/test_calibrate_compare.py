@@ -211,3 +211,20 @@ def test_hw_refcheck_off_the_loop_catches_a_wrong_page(monkeypatch):
     monkeypatch.setattr(HwBackend, "read_tags_later", corrupt_resumes)
     with pytest.raises(RefcheckError, match="refcheck failed for (request .* pages on GPU|a .* batch .*->GPU)"):
         replay(prepare_run(cfg), "hw", backend_options={"device": "cpu", "time_scale": 20.0})
+
+
+def test_sim_models_the_hw_refcheck_only_when_asked():
+    """model_refcheck (what kvsim compare asks of its sim side): every check the engine
+    waits for takes the hw check's time, so turns start later on average; the refcheck
+    still passes and the same turns complete. Without it the checks cost nothing."""
+    from kvsim.run import prepare_run, replay
+
+    cfg = load_config("default", [*TINY, "hardware=h200-pcie-calibrated"])
+    free = replay(prepare_run(cfg), "sim")
+    modeled = replay(prepare_run(cfg), "sim", backend_options={"model_refcheck": True})
+    assert free.metrics["requests_completed"] == modeled.metrics["requests_completed"] > 0
+    assert modeled.metrics["ttft_s"]["mean"] > free.metrics["ttft_s"]["mean"]
+    off = load_config("default", [*TINY, "hardware=h200-pcie-calibrated", "engine.refcheck=false"])
+    a = replay(prepare_run(off), "sim").metrics
+    b = replay(prepare_run(off), "sim", backend_options={"model_refcheck": True}).metrics
+    assert {k: v for k, v in a.items() if k != "wall_time_s"} == {k: v for k, v in b.items() if k != "wall_time_s"}

@@ -566,3 +566,51 @@ def test_compute_latency_delays_every_call_and_run_ahead_agrees():
     ahead = be.compute_ahead(start, 0.003, quiet=True)
     t2, _ = finish(rt, be.compute(0.003))
     assert ahead == t2 == start + 0.003 + 200e-6
+
+
+# -- the hw backend's refcheck, modeled (model_refcheck) ---------------------------------
+
+CHECK_LAT = 50e-6
+
+
+def test_refcheck_is_free_and_immediate_unless_modeled():
+    _, be = make()
+    assert be.read_tags_later(Level.HOST, np.arange(4)) is None
+    _, be = make(model_refcheck=True, refcheck=False)  # nothing to check without tags
+    assert be.read_tags_later(Level.HOST, np.arange(4)) is None
+
+
+@pytest.mark.parametrize("level", [Level.GPU, Level.HOST, Level.DISK])
+def test_modeled_refcheck_takes_the_hw_checks_time(level):
+    """refcheck.latency, then 8 pages of 256 KiB read: GPU from HBM (4 TB/s), host across
+    the link toward the GPU (50 GB/s), disk with its latency at its read rate; the value
+    is the tags."""
+    rt = SimRuntime()
+    prof = round_profile(refcheck={"latency": "50us", "ctas": 4})
+    be = SimBackend(rt, prof, 256 * KiB, {lv: 64 for lv in Level}, model_refcheck=True)
+    slots = np.arange(8) * 3
+    tags = np.arange(1, 9, dtype=np.uint64)
+    be.fill(Fill(level, slots, tags))
+    t, got = finish(rt, be.read_tags_later(level, slots))
+    nbytes = 8 * 256 * KiB
+    op = 256 * KiB
+    want = {Level.GPU: nbytes / 4e12, Level.HOST: nbytes / H2D,
+            Level.DISK: DISK_LAT + nbytes / min(2e9, 4 * op / (DISK_LAT + op / 2e9))}[level]
+    assert t == pytest.approx(CHECK_LAT + want, rel=1e-9)
+    assert (got == tags).all()
+    assert be.checks_modeled == 1
+
+
+def test_modeled_host_check_beside_compute_slows_both():
+    """A host-page check's 4 CTAs slow compute by 0.2 while they read (0.05 a CTA) and
+    read at half rate while compute runs: 2 MiB at 25 GB/s after the 50 us latency."""
+    rt = SimRuntime()
+    prof = round_profile(refcheck={"latency": "50us", "ctas": 4})
+    be = SimBackend(rt, prof, 256 * KiB, {lv: 64 for lv in Level}, model_refcheck=True)
+    be.fill(Fill(Level.HOST, np.arange(8), np.arange(1, 9, dtype=np.uint64)))
+    done = be.compute(1e-3)
+    t_check, _ = finish(rt, be.read_tags_later(Level.HOST, np.arange(8)))
+    read = 8 * 256 * KiB / (H2D * 0.5)
+    assert t_check == pytest.approx(CHECK_LAT + read, rel=1e-9)
+    _, took = finish(rt, done)
+    assert took == pytest.approx(1e-3 + read * 0.2 / 1.2, rel=1e-9)

@@ -20,6 +20,12 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
   (every byte read and written).
+- with ``model_refcheck``, a check the engine waits for (``read_tags_later``) costs what
+  the hw backend's does: ``refcheck.latency``, then the pages' bytes read as a fluid flow,
+  GPU pages over HBM, host pages over the link toward the GPU (the hw check kernel reads
+  them through their mapped address), both as an SM kernel of up to ``refcheck.ctas``
+  CTAs (slowed by compute, slowing it); disk pages with the device's latency and read
+  rate. Without it (the default) a check is free and immediate: the tags are not bytes.
 - every transfer: then ``transfer.latency`` (``latency_sm_kernel`` for an SM-kernel
   batch), the backend's fixed cost beyond the data path, before it completes; it holds
   nothing (0 by default: no extra event).
@@ -56,6 +62,7 @@ from .runtime import SimRuntime
 GARBAGE = np.uint64(0xDEAD)
 _INF = math.inf
 DIRECTIONS = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
+CHECK_PART_BYTES = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
 
 # (src, dst) -> (link direction or None, disk direction or None, fluid resources)
 # (an SM-kernel flow adds the SM ceilings of its direction: _SM_RES)
@@ -80,7 +87,7 @@ class SimBackend:
     def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
                  slots: dict[Level, int], refcheck: bool = True,
                  copy_path: CopyPath | None = None, chunked_registration: bool = False,
-                 timing_log: list | None = None):
+                 timing_log: list | None = None, model_refcheck: bool = False):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -90,6 +97,7 @@ class SimBackend:
         self.profile = profile
         self.page_bytes = page_bytes
         self.refcheck = refcheck
+        self.model_refcheck = bool(model_refcheck) and refcheck
         self.on_traffic: Callable[[float, str, int], None] | None = None
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = timing_log
@@ -124,6 +132,7 @@ class SimBackend:
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
         self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
                         "sm_kernel_calls": 0, "compute_calls": 0}
+        self.checks_modeled = 0  # model_refcheck: checks timed (not in stats: no new column)
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
@@ -176,8 +185,13 @@ class SimBackend:
             raise RuntimeError("sim backend: read_tags needs refcheck=True (tags are not kept)")
         return self.tags[level][slots]
 
-    def read_tags_later(self, level: Level, slots: np.ndarray) -> None:
-        return None  # tags, not bytes: read_tags is immediate and costs no simulated time
+    def read_tags_later(self, level: Level, slots: np.ndarray) -> simpy.Event | None:
+        """None (``read_tags`` is immediate and free: tags, not bytes) unless the backend
+        models the hw backend's check: then an event with the tags once the check's time
+        has passed (the module docstring)."""
+        if not self.model_refcheck:
+            return None
+        return self.env.process(self._check(Level(level), np.asarray(slots, dtype=np.int64)))
 
     def close(self) -> None:
         pass
@@ -215,6 +229,27 @@ class SimBackend:
         took = yield done
         yield self.env.timeout(latency)
         return took + latency
+
+    def _check(self, level: Level, slots: np.ndarray):
+        """The hw backend's check of ``slots`` at ``level``, in time; then their tags."""
+        p, env = self.profile, self.env
+        nbytes = len(slots) * self.page_bytes
+        if p.refcheck.latency > 0:
+            yield env.timeout(p.refcheck.latency)
+        if level == Level.DISK:
+            yield env.timeout(p.nvme.latency)
+            yield self.fluid.add_flow(nbytes, ("disk_read",))
+        else:
+            # kv_check: a CTA a 64 KiB part of a page, as many at once as refcheck.ctas;
+            # "hbm" is a copy's rate (each byte read and written): a check only reads
+            parts = -(-self.page_bytes // CHECK_PART_BYTES)
+            ctas = min(len(slots) * parts, p.refcheck.ctas)
+            if level == Level.GPU:
+                yield self.fluid.add_flow(nbytes / 2, ("hbm",), cap=self.fluid.cap["hbm"], ctas=ctas)
+            else:
+                yield self.fluid.add_flow(nbytes, ("h2d", "link"), cap=self.fluid.cap["h2d"], ctas=ctas)
+        self.checks_modeled += 1
+        return self.read_tags(level, slots)
 
     def _count_compute(self, took_s: float, nominal_s: float) -> None:
         self._compute_s += took_s
