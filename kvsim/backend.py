@@ -83,8 +83,9 @@ class Backend(Protocol):
 
     def read_tags_later(self, level: Level, slots: np.ndarray) -> Waitable | None:
         """``read_tags`` without holding the runtime: a waitable that succeeds with the tags
-        found (the hw backend checks on the GPU or an I/O thread while the loop runs on),
-        or None where ``read_tags`` itself is immediate (the sim: tags, no bytes)."""
+        found (the hw backend checks on the GPU or an I/O thread while the loop runs on;
+        the sim, asked to model that, after the time it would take), or None where
+        ``read_tags`` itself is immediate (the sim by default: tags, no bytes)."""
 
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,
