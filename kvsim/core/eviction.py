@@ -204,18 +204,18 @@ class Eviction:
         order, the common case inline: it becomes the tier's most recently used. (A page
         that was moving is in no index, so none is already in this tier's.)"""
         pos = tier.index_pos
-        if not settle:
-            for p, d in zip(pages, dsts):
-                p.tier = pos
-                p.slot = d
-                p.phase = _RESIDENT
-            return
-        lru = tier.lru
-        last = tier.is_last
         for p, d in zip(pages, dsts):
             p.tier = pos
             p.slot = d
             p.phase = _RESIDENT
+        if not settle:
+            return
+        # (settling a page reads and changes only that page and the tier's index and slots,
+        # so it may follow the pass above; in the index a page appends at the recent end:
+        # it was in none, so there is no entry of it to move)
+        lru = tier.lru
+        last = tier.is_last
+        for p in pages:
             if p.locks or not (p.holds or p.in_tree) or (last and p.holds):
                 self._settle(p, touch=True)
                 continue
@@ -223,7 +223,6 @@ class Eviction:
             if bucket is None:
                 tier.index_add(p)
             else:
-                bucket.pop(p, None)
                 bucket[p] = None
 
     def _settle_touched(self, pages) -> None:
