@@ -38,7 +38,7 @@ class Flow:
     __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes", "sig")
 
     def __init__(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int, ce: bool,
-                 done: simpy.Event):
+                 done: simpy.Event, sig: int):
         self.nbytes = nbytes
         self.remaining = float(nbytes)
         self.res = res
@@ -48,7 +48,7 @@ class Flow:
         self.ce = ce
         self.rate = 0.0
         self.done = done
-        self.sig = (res, cap, ctas, ce)  # all that its rate and the slowdown depend on
+        self.sig = sig  # numbers (res, cap, ctas, ce): all its rate and the slowdown depend on
 
 
 class Job:
@@ -85,8 +85,12 @@ class Fluid:
         self._pending: simpy.Event | None = None  # the one live flow wake-up
         self._due_flows: list[Flow] = []  # what the live wake-up completes
         # (compute running, flows' signatures in order) -> (slowdown, rates): the same flow
-        # mixes recur all the time, and an allocation is a pure function of its key
+        # mixes recur all the time, and an allocation is a pure function of its key. A
+        # signature is a small number (its position in ``_sigs``): a key of numbers hashes
+        # fast, where nested tuples of names and floats would be hashed anew each time
         self._alloc_cache: dict[tuple, tuple[float, tuple[float, ...]]] = {}
+        self._sigs: list[tuple] = []        # signature number -> (res, cap, ctas, ce)
+        self._sig_of: dict[tuple, int] = {}  # (res, cap, ctas, ce) -> signature number
 
     # -- entry points ---------------------------------------------------------------
 
@@ -98,7 +102,12 @@ class Fluid:
             done.succeed()
             return done
         self._sync_flows()
-        f = Flow(nbytes, res, cap, ctas, ce, done)
+        sig = (res, cap, ctas, ce)
+        num = self._sig_of.get(sig)
+        if num is None:
+            num = self._sig_of[sig] = len(self._sigs)
+            self._sigs.append(sig)
+        f = Flow(nbytes, res, cap, ctas, ce, done, num)
         self.flows.append(f)
         self._busy_res.update(res)
         self._n_sm += f.sm
@@ -241,7 +250,8 @@ class Fluid:
         if hit is None:
             if len(cache) >= _ALLOC_CACHE_MAX:
                 cache.clear()
-            hit = cache[key] = self._allocation(key[0], key[1:])
+            sigs = self._sigs
+            hit = cache[key] = self._allocation(key[0], tuple([sigs[n] for n in key[1:]]))
         self._slow, rates = hit
         return rates
 
