@@ -64,16 +64,20 @@ _INF = math.inf
 DIRECTIONS = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
 CHECK_PART_BYTES = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
 
-# (src, dst) -> (link direction or None, disk direction or None, fluid resources)
+# (src, dst) -> (link direction or None, disk direction or None, fluid resources, the
+# byte counters a completed batch adds to, in the order the bytes go through them)
 # (an SM-kernel flow adds the SM ceilings of its direction: _SM_RES)
-_ROUTES: dict[tuple[Level, Level], tuple[str | None, str | None, tuple[str, ...]]] = {
-    (Level.HOST, Level.GPU): ("h2d", None, ("h2d", "link")),
-    (Level.GPU, Level.HOST): ("d2h", None, ("d2h", "link")),
-    (Level.DISK, Level.GPU): ("h2d", "disk_read", ("disk_read", "h2d", "link")),
-    (Level.GPU, Level.DISK): ("d2h", "disk_write", ("d2h", "link", "disk_write")),
-    (Level.DISK, Level.HOST): (None, "disk_read", ("disk_read",)),
-    (Level.HOST, Level.DISK): (None, "disk_write", ("disk_write",)),
-    (Level.GPU, Level.GPU): (None, None, ("hbm",)),
+_ROUTES: dict[tuple[Level, Level],
+              tuple[str | None, str | None, tuple[str, ...], tuple[str, ...]]] = {
+    (Level.HOST, Level.GPU): ("h2d", None, ("h2d", "link"), ("h2d",)),
+    (Level.GPU, Level.HOST): ("d2h", None, ("d2h", "link"), ("d2h",)),
+    (Level.DISK, Level.GPU): ("h2d", "disk_read", ("disk_read", "h2d", "link"),
+                              ("disk_read", "h2d")),
+    (Level.GPU, Level.DISK): ("d2h", "disk_write", ("d2h", "link", "disk_write"),
+                              ("d2h", "disk_write")),
+    (Level.DISK, Level.HOST): (None, "disk_read", ("disk_read",), ("disk_read",)),
+    (Level.HOST, Level.DISK): (None, "disk_write", ("disk_write",), ("disk_write",)),
+    (Level.GPU, Level.GPU): (None, None, ("hbm",), ("gpu_copy",)),
 }
 _SM_RES = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
 
@@ -136,6 +140,11 @@ class SimBackend:
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
+        # the profile's per-transfer constants, read once (a transfer reads them all)
+        self._disk_latency = nv.latency
+        self._ce_per_call = ce.per_call
+        self._sm_launch = sm.launch
+        self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -256,12 +265,11 @@ class SimBackend:
         self._compute_nominal_s += nominal_s
 
     def _run(self, batch: Batch, route, fail: bool, t0: float = 0.0):
-        link_dir, disk_dir, res = route
+        link_dir, disk_dir, res, _ = route
         env = self.env
         nbytes = batch.nbytes
         pages = batch.pages
-        nv = self.profile.nvme
-        start_s = nv.latency if disk_dir else 0.0
+        start_s = self._disk_latency if disk_dir else 0.0
         cap, ctas, ce_flow = 0.0, 0, False
         held = None
         if link_dir is not None:
@@ -269,11 +277,10 @@ class SimBackend:
             if path is CopyPath.COPY_ENGINE:
                 held = self.copy_engines.request()
                 yield held
-                ce = self.profile.copy_engine
                 if start_s > 0:  # the disk leg's latency first
                     yield env.timeout(start_s)
                     start_s = 0.0
-                host_s = ce.per_call + pages * self.per_page[link_dir]
+                host_s = self._ce_per_call + pages * self.per_page[link_dir]
                 if self.call_threads is None:
                     yield env.timeout(host_s)
                 else:
@@ -285,12 +292,12 @@ class SimBackend:
             else:
                 ctas = self.ctas[link_dir]
                 yield self.cta_pool.get(ctas)
-                start_s += self.profile.sm.launch
+                start_s += self._sm_launch
                 cap = ctas * self._cta_rate[link_dir]
                 res = res + _SM_RES[link_dir]
                 self._counts["sm_kernel_calls"] += 1
         elif res == ("hbm",):
-            start_s += self.profile.sm.launch
+            start_s += self._sm_launch
         if start_s > 0:
             yield env.timeout(start_s)
         yield self.fluid.add_flow(nbytes, res, cap=cap, ctas=ctas, ce=ce_flow)
@@ -298,10 +305,10 @@ class SimBackend:
             self.copy_engines.release(held)
         elif ctas:
             self.cta_pool.put(ctas)
-        fixed = self.profile.transfer.latency_for(ctas > 0)
+        fixed = self._fixed[ctas > 0]
         if fixed > 0:  # the backend's own fixed cost: delays the completion, holds nothing
             yield env.timeout(fixed)
-        self._finish(batch, link_dir, disk_dir, fail)
+        self._finish(batch, route[3], fail)
         if self.timing_log is not None:
             self._log(batch, link_dir, disk_dir, fail, t0)
         return not fail
@@ -317,12 +324,8 @@ class SimBackend:
                                 "pages": int(batch.pages), "bytes": int(batch.nbytes), "path": path,
                                 "seconds": self.env.now - t0, "ok": not fail})
 
-    def _finish(self, batch: Batch, link_dir, disk_dir, fail: bool) -> None:
+    def _finish(self, batch: Batch, kinds: tuple[str, ...], fail: bool) -> None:
         nbytes = batch.nbytes
-        kinds = [k for k in (disk_dir if disk_dir == "disk_read" else None, link_dir,
-                             disk_dir if disk_dir == "disk_write" else None) if k]
-        if not kinds:
-            kinds = ["gpu_copy"]
         for k in kinds:
             self._bytes[k] += nbytes
         self._counts["transfers"] += 1
