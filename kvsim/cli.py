@@ -69,6 +69,9 @@ def run(
     compute_graphs: bool = typer.Option(True, "--compute-graphs/--no-compute-graphs",
                                         help="hw backend: launch each step's compute as CUDA graphs "
                                              "(off: kernel by kernel)"),
+    model_refcheck: bool = typer.Option(False, "--model-refcheck",
+                                        help="sim backend: turns wait for their refchecks, which take "
+                                             "the hw backend's time (as kvsim compare's sim side does)"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -89,7 +92,7 @@ def run(
         _error(console, str(e))
         raise typer.Exit(2)
     opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
-        if backend == "hw" else {}
+        if backend == "hw" else {"model_refcheck": model_refcheck}
     n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
     try:
         if progress and sys.stderr.isatty():

@@ -146,6 +146,19 @@ def test_a_backend_that_cannot_start_fails_cleanly(tmp_path):
     assert not out.exists()
 
 
+def test_model_refcheck_on_the_sim_from_the_command_line(tmp_path):
+    """--model-refcheck: the sim's turns wait for their refchecks (as kvsim compare's sim
+    side does), so they start later on average; everything completes as without it."""
+    got = {}
+    for flag in ([], ["--model-refcheck"]):
+        out = tmp_path / f"res{len(flag)}"
+        r = runner.invoke(app, ["run", "configs/default.yaml", *flag, "--out", str(out), *SMALL])
+        assert r.exit_code == 0, r.output
+        got[bool(flag)] = json.loads((out / "summary.json").read_text())["metrics"]
+    assert got[True]["requests_completed"] == got[False]["requests_completed"] > 0
+    assert got[True]["ttft_s"]["mean"] > got[False]["ttft_s"]["mean"]
+
+
 def test_hw_backend_options_from_the_command_line(tmp_path):
     """--backend hw in CPU mode takes the hw options (--time-scale, --compute-graphs, which
     only a GPU uses) and writes the same results folder as the sim."""
