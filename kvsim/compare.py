@@ -104,12 +104,18 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
 
 
+def _replay_sim(prep, sim_log: list[dict]) -> Result:
+    """The sim side of a compare: it predicts the hw run, so turns wait for their refchecks
+    and the checks take the hw backend's time (``model_refcheck``)."""
+    return replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True})
+
+
 def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = None) -> tuple[dict, Result, Result]:
     """Replay ``cfg`` (and ``trace``) on the sim backend, then on the hw backend."""
     prep = prepare_run(cfg, trace)
     sim_log: list[dict] = []
     hw_log: list[dict] = []
-    sim = replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True})
+    sim = _replay_sim(prep, sim_log)
     hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log})
     report = compare_results(sim, hw, sim_log, hw_log)
     report["hw_options"] = {k: v for k, v in (hw_options or {}).items() if k != "timing_log"}
@@ -142,7 +148,7 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None) 
     saved in ``folder`` (e.g. after re-fitting the profile, without a GPU)."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
     sim_log: list[dict] = []
-    sim = replay(prepare_run(cfg, trace), "sim", backend_options={"timing_log": sim_log, "model_refcheck": True})
+    sim = _replay_sim(prepare_run(cfg, trace), sim_log)
     report = compare_results(sim, hw, sim_log, hw_log)
     report["hw_options"] = hw_options
     report["hw_from"] = str(folder)

@@ -614,3 +614,18 @@ def test_modeled_host_check_beside_compute_slows_both():
     assert t_check == pytest.approx(CHECK_LAT + read, rel=1e-9)
     _, took = finish(rt, done)
     assert took == pytest.approx(1e-3 + read * 0.2 / 1.2, rel=1e-9)
+
+
+def test_modeled_check_reads_the_tags_as_they_were_when_it_started():
+    """As on hw (a later write into a checked slot waits for the check), a slot rewritten
+    while its modelled check runs does not change what the check found."""
+    rt = SimRuntime()
+    prof = round_profile(refcheck={"latency": "50us", "ctas": 4})
+    be = SimBackend(rt, prof, 256 * KiB, {lv: 64 for lv in Level}, model_refcheck=True)
+    old, new = np.arange(1, 9, dtype=np.uint64), np.arange(11, 19, dtype=np.uint64)
+    be.fill(Fill(Level.GPU, np.arange(8), old))
+    ev = be.read_tags_later(Level.GPU, np.arange(8))
+    be.fill(Fill(Level.GPU, np.arange(8), new))  # before the check's time has passed
+    _, got = finish(rt, ev)
+    assert (got == old).all()
+    assert (be.read_tags(Level.GPU, np.arange(8)) == new).all()

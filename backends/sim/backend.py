@@ -200,7 +200,11 @@ class SimBackend:
         has passed (the module docstring)."""
         if not self.model_refcheck:
             return None
-        return self.env.process(self._check(Level(level), np.asarray(slots, dtype=np.int64)))
+        level = Level(level)
+        # what the check finds is read now: the hw backend orders a later write into a
+        # checked slot after the check (a resumed request's pages may move before it ends)
+        found = self.read_tags(level, slots)  # (fancy indexing: a copy)
+        return self.env.process(self._check(level, len(slots), found))
 
     def close(self) -> None:
         pass
@@ -239,26 +243,27 @@ class SimBackend:
         yield self.env.timeout(latency)
         return took + latency
 
-    def _check(self, level: Level, slots: np.ndarray):
-        """The hw backend's check of ``slots`` at ``level``, in time; then their tags."""
+    def _check(self, level: Level, pages: int, found: np.ndarray):
+        """The time of the hw backend's check of ``pages`` pages at ``level``; then
+        ``found``, the tags read when it was asked for."""
         p, env = self.profile, self.env
-        nbytes = len(slots) * self.page_bytes
+        nbytes = pages * self.page_bytes
         if p.refcheck.latency > 0:
             yield env.timeout(p.refcheck.latency)
         if level == Level.DISK:
-            yield env.timeout(p.nvme.latency)
+            yield env.timeout(self._disk_latency)
             yield self.fluid.add_flow(nbytes, ("disk_read",))
         else:
             # kv_check: a CTA a 64 KiB part of a page, as many at once as refcheck.ctas;
             # "hbm" is a copy's rate (each byte read and written): a check only reads
             parts = -(-self.page_bytes // CHECK_PART_BYTES)
-            ctas = min(len(slots) * parts, p.refcheck.ctas)
+            ctas = min(pages * parts, p.refcheck.ctas)
             if level == Level.GPU:
                 yield self.fluid.add_flow(nbytes / 2, ("hbm",), cap=self.fluid.cap["hbm"], ctas=ctas)
             else:
                 yield self.fluid.add_flow(nbytes, ("h2d", "link"), cap=self.fluid.cap["h2d"], ctas=ctas)
         self.checks_modeled += 1
-        return self.read_tags(level, slots)
+        return found
 
     def _count_compute(self, took_s: float, nominal_s: float) -> None:
         self._compute_s += took_s

@@ -123,7 +123,7 @@ class Engine:
         self._idle: dict[int, Frame] = {}            # suspended sessions between turns
         self._pending_sessions: deque[Session] = deque()
         self._inflight = 0                           # plans running on the backend
-        self._checks_open = 0                        # hw: resume refchecks on the GPU
+        self._checks_open = 0                        # resume refchecks still running (hw)
         self._evicting = False                       # a background eviction is running
         self._evict_failures = 0                     # consecutive failed background evictions
         self._evict_off = False
@@ -233,7 +233,7 @@ class Engine:
                 self.metrics.fast_forwarded_steps += n - 1
             self._advance(batch, n)
         yield from self._catch_up()
-        if self._checks_open:  # hw: the last resume checks are still on the GPU
+        if self._checks_open:  # the last resume checks are still running (hw, or a sim modelling it)
             self._start_deferred()
         while self._checks_open:
             self._wake = rt.event()
@@ -366,8 +366,8 @@ class Engine:
             later = self.backend.read_tags_later(Level.GPU, exp.slots)
             if later is None:
                 check_tags(self.backend.read_tags(Level.GPU, exp.slots), exp.tags, what)
-            else:  # hw: the GPU checks them while the request runs on (they cannot change:
-                #     the backend orders later writes into GPU slots after the check)
+            else:  # checked while the request runs on (the hw backend orders a later
+                #     write into one of these slots after the check, so they read as now)
                 self._checks_open += 1
                 self._launch(self._check_proc(later, exp.tags, what))
 

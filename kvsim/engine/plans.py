@@ -54,7 +54,7 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
         done = [b for b, ok in zip(plan.batches, oks) if ok and (disk_writes or b.dst != Level.DISK)]
         later = [backend.read_tags_later(b.dst, b.dst_slots) for b in done]
         pending = [w for w in later if w is not None]
-        if pending:  # the hw backend verifies off the runtime's thread; the sim never waits
+        if pending:  # the hw backend verifies off the runtime's thread (the sim, if modelling it)
             yield rt.all_of(pending)
         for b, w in zip(done, later):
             found = backend.read_tags(b.dst, b.dst_slots) if w is None else w.value
