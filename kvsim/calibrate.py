@@ -398,8 +398,12 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
             d["sm"][key] = r0["GBps"] * 1e9 / r0["ctas"]
             why[f"sm.{key}"] = f"measured: SM kernel with {r0['ctas']} CTAs, 64 KiB pages, rate / CTAs"
     if m.disk:
-        best_r = max(m.disk, key=lambda r: r["read_Bps"])
-        best_w = max(m.disk, key=lambda r: r["write_Bps"])
+        # the sim predicts the hw backend, so the device is fitted as that backend drives it
+        # (its I/O threads and piece size); the best cell only where those were not measured
+        from kvsim_backends.hw.disk import IO_THREADS, PIECE_BYTES  # noqa: PLC0415
+        own = [r for r in m.disk if r["threads"] == IO_THREADS and r["piece"] == PIECE_BYTES]
+        best_r = own[0] if own else max(m.disk, key=lambda r: r["read_Bps"])
+        best_w = own[0] if own else max(m.disk, key=lambda r: r["write_Bps"])
         d["nvme"]["read"], d["nvme"]["write"] = best_r["read_Bps"], best_w["write_Bps"]
         d["nvme"]["queue_depth"] = int(best_r["threads"])
         d["nvme"]["piece"] = int(best_r["piece"])
@@ -407,7 +411,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         if one:
             p = best_r["piece"]
             d["nvme"]["latency"] = max(0.0, p / one[0]["read_Bps"] - p / best_r["read_Bps"])
-        why["nvme"] = (f"measured: disk-tier file, best read {best_r['threads']} threads x "
+        how = "the hw backend's" if own else "best read"
+        why["nvme"] = (f"measured: disk-tier file, {how} {best_r['threads']} threads x "
                        f"{best_r['piece'] // MiB} MiB pieces; latency from the 1-thread read rate")
     if m.host_fill_Bps:
         d["host"]["fill_rate"] = m.host_fill_Bps

@@ -117,6 +117,29 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
         assert [r["rel_err"] for r in e["fit_check"]] == pytest.approx([r["rel_err"] for r in f["fit_check"]])
 
 
+def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
+    """The nvme terms come from the cell at the hw backend's own I/O threads and piece size
+    (the sim predicts that backend), not from the best cell measured."""
+    from kvsim.calibrate import fit, measured_from_report
+    from kvsim.hardware import CONFIG_DIR
+    from kvsim_backends.hw.disk import IO_THREADS, PIECE_BYTES
+
+    committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
+    m = measured_from_report(json.loads(committed.with_name(committed.name + ".report.json").read_text()))
+    MiB = 1 << 20
+    m.disk = [{"threads": t, "piece": p, "bytes": 1 << 30, "write_Bps": w, "read_Bps": r, "direct": True}
+              for t, p, w, r in ((1, 4 * MiB, 1.0e9, 1.2e9), (IO_THREADS, PIECE_BYTES, 1.4e9, 1.6e9),
+                                 (16, 1 * MiB, 1.9e9, 2.0e9))]
+    d, why = fit(m, load_profile("h200-pcie"))
+    nv = d["nvme"]
+    assert (nv["queue_depth"], nv["piece"], nv["read"], nv["write"]) == (IO_THREADS, PIECE_BYTES, 1.6e9, 1.4e9)
+    assert nv["latency"] == pytest.approx(4 * MiB / 1.2e9 - 4 * MiB / 1.6e9)
+    assert "the hw backend's" in why["nvme"]
+    m.disk = m.disk[2:]  # that cell not measured: the best one
+    d, why = fit(m, load_profile("h200-pcie"))
+    assert (d["nvme"]["queue_depth"], d["nvme"]["read"]) == (16, 2.0e9) and "best read" in why["nvme"]
+
+
 def test_hw_and_sim_choose_the_same_path_per_direction():
     """With the calibrated H200 profile: SM kernel up to 256 KiB, copy engine from 1 MiB,
     both directions; the hw backend (CPU mode) agrees."""

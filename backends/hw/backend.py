@@ -38,7 +38,7 @@ from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 
 from . import pattern
-from .disk import DiskStore
+from .disk import IO_THREADS, PIECE_BYTES, DiskStore
 from .memory import DeviceArena, HostRegion, StagingPool
 
 
@@ -65,7 +65,7 @@ class HwBackend:
     name = "hw"
 
     def __init__(self, runtime, page_bytes: int, slots: dict[Level, int], disk_dir=None,
-                 device: str = "auto", io_threads: int = 4, piece_bytes: int = 4 << 20,
+                 device: str = "auto", io_threads: int = IO_THREADS, piece_bytes: int = PIECE_BYTES,
                  copy_path: CopyPath | str | None = None, refcheck: bool = True, *,
                  profile=None, link_kind: str = "pcie", link_bytes_per_s: float = 55.5e9,
                  per_copy_host_s: float = 5e-6, per_cta_bytes_per_s: float | None = None,

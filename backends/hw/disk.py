@@ -5,7 +5,11 @@ preallocated with posix_fallocate (a full disk fails construction with the sizes
 ``preallocate=False`` the file is sparse and a full disk fails later writes with ENOSPC,
 which fail their transfer), and removed on close. Pages are read and written with pread/pwrite in pieces of at most
 ``piece_bytes``; pieces are grouped into jobs of at most ``piece_bytes`` (so small pages
-do not cost one future each) and run on a ThreadPoolExecutor of ``io_threads``. O_DIRECT
+do not cost one future each) and run on ``io_threads`` threads that serve the batches in
+flight round robin (``FairPool``): a one-page write issued while a 512-page eviction is
+being written shares the threads with it, as the sim's disk shares the device among the
+transfers in flight, instead of waiting behind all its pieces (a FIFO pool made such
+writes wait up to 0.58 s on the H200 machine: docs/hw-notes.md). O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
 otherwise, or after the first EINVAL, the buffered descriptor.
 
@@ -21,17 +25,21 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import secrets
 import shutil
+import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 _ALIGN = 4096
+IO_THREADS = 4          # the hw backend's defaults: I/O threads,
+PIECE_BYTES = 4 << 20   # and the most bytes one pread / pwrite moves
 IoHook = Callable[[str, int, int], None]
 
 
@@ -39,9 +47,65 @@ class DiskTierError(OSError):
     """The disk tier cannot be used as configured (directory, permissions, free space)."""
 
 
+class FairPool:
+    """``workers`` threads that run groups of jobs, the groups round robin: an idle thread
+    takes the next job of the group after the one it last served from. A group is one
+    batch's pieces, so batches in flight share the threads (and the device) instead of
+    each waiting for every piece submitted before it."""
+
+    def __init__(self, workers: int, name: str):
+        self._cv = threading.Condition()
+        self._groups: collections.deque = collections.deque()  # deques of (future, job)
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Future]:
+        """Run ``fn(job)`` for each job; their futures, in order."""
+        futs = [Future() for _ in jobs]
+        if not futs:
+            return futs
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the disk tier's I/O pool is shut down")
+            self._groups.append(collections.deque((f, fn, job) for f, job in zip(futs, jobs)))
+            self._cv.notify(len(futs))
+        return futs
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._groups and not self._closed:
+                    self._cv.wait()
+                if not self._groups:
+                    return  # shut down and drained
+                group = self._groups.popleft()
+                fut, fn, job = group.popleft()
+                if group:
+                    self._groups.append(group)  # its next job after the other groups' turns
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(job))
+            except BaseException as e:  # noqa: BLE001 - delivered through the future
+                fut.set_exception(e)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No new groups; the threads finish the jobs already submitted, then exit."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
 class DiskStore:
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
-                 io_threads: int = 4, piece_bytes: int = 4 << 20, io_hook: IoHook | None = None,
+                 io_threads: int = IO_THREADS, piece_bytes: int = PIECE_BYTES, io_hook: IoHook | None = None,
                  direct: bool = True, preallocate: bool = True):
         self.slots = slots
         self.page_bytes = page_bytes
@@ -63,7 +127,7 @@ class DiskStore:
             raise DiskTierError(e.errno, f"disk_dir: cannot create the disk tier file "
                                          f"{self.path!r}: {e.strerror}") from None
         self.direct_fd: int | None = None
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool: FairPool | None = None
         self._unlink = weakref.finalize(self, _unlink_quietly, self.path)  # even on a crash
         try:
             if preallocate:
@@ -76,7 +140,8 @@ class DiskStore:
             self.close()
             raise
         self.valid = np.zeros(slots, dtype=bool)
-        self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-disk")
+        self.pool = FairPool(io_threads, "kvsim-disk")
+        self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
 
     # -- setup ------------------------------------------------------------------------
 
@@ -180,9 +245,13 @@ class DiskStore:
             jobs.append(cur)
         return jobs
 
-    def _run(self, fn, job) -> None:
+    def _write_job(self, job) -> None:
         for off, buf in job:
-            fn(buf, off)
+            self._pwrite(buf, off)
+
+    def _read_job(self, job) -> None:
+        for off, buf in job:
+            self._pread(buf, off)
 
     def check_writable(self) -> None:
         if os.fstat(self.fd).st_nlink == 0:
@@ -198,8 +267,7 @@ class DiskStore:
         ``mark_written`` (call it only when every future succeeded)."""
         self.check_writable()
         self.valid[slots] = False
-        return [self.pool.submit(self._run, self._pwrite, job)
-                for job in self._pieces(zip(slots, rows))]
+        return self.pool.submit_group(self._write_job, self._pieces(zip(slots, rows)))
 
     def mark_written(self, slots: np.ndarray) -> None:
         self.valid[slots] = True
@@ -207,14 +275,12 @@ class DiskStore:
     def submit_reads(self, slots: np.ndarray, rows: np.ndarray) -> list[Future]:
         """Read disk slot ``slots[i]`` into ``rows[i]`` (rows must be writable views)."""
         self.check_readable(slots)
-        return [self.pool.submit(self._run, self._pread, job)
-                for job in self._pieces(zip(slots, rows))]
+        return self.pool.submit_group(self._read_job, self._pieces(zip(slots, rows)))
 
     def read_rows(self, slots: np.ndarray) -> np.ndarray:
         """Synchronous read of whole slots (for read_tags); no validity check."""
         out = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
-        for f in [self.pool.submit(self._run, self._pread, job)
-                  for job in self._pieces(zip(slots, out))]:
+        for f in self.pool.submit_group(self._read_job, self._pieces(zip(slots, out))):
             f.result()
         return out
 
