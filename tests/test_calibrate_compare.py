@@ -104,15 +104,19 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     for r, s in zip(new["fit_check"], old["fit_check"]):
         assert (r["page"], r["path"], r["dir"]) == (s["page"], s["path"], s["dir"])
         assert abs(r["rel_err"] - s["rel_err"]) < 1e-9
-    # issue 4 (5% a cell), the 19:55 UTC calibration: the large batches miss the copy engine
-    # both ways at 64 KiB (-16.8%) and 256 KiB (+5.1%); small batches of 2 MiB pages miss
-    # the copy engine's one-page batches (+16%) and 16 pages GPU -> host (-5.4%)
+    # issue 4 (5% a cell), the 23:24 UTC calibration: the large batches miss the copy engine
+    # both ways at 64 KiB (-8.7%) and 256 KiB (+6.7%); small batches of 2 MiB pages miss
+    # the copy engine's two-page batches and the SM kernel's one-page batches (7-9%)
     misses = [(r["page"], r["path"], r["dir"], r["pages"]) for r in new["fit_check"] if abs(r["rel_err"]) > 0.05]
     assert misses == [(64 * 1024, "copy_engine", "both", 32768), (256 * 1024, "copy_engine", "both", 8192),
-                      (2 << 20, "copy_engine", "h2d", 1), (2 << 20, "copy_engine", "d2h", 1),
-                      (2 << 20, "copy_engine", "d2h", 16)]
-    # the out-of-sample cells the report keeps (two hw_copy.py runs, 19:55 and 20:06 UTC) are re-checked
-    assert [len(e["fit_check"]) for e in new["out_of_sample"]] == [30, 30]
+                      (2 << 20, "copy_engine", "h2d", 2), (2 << 20, "copy_engine", "d2h", 2),
+                      (2 << 20, "sm_kernel", "h2d", 1), (2 << 20, "sm_kernel", "d2h", 1)]
+    # the out-of-sample cells the report keeps (hw_copy.py right after calibrate, 23:24 UTC)
+    # are re-checked: 24 of 30 within 5%, every SM-kernel cell within 4.2%
+    assert [len(e["fit_check"]) for e in new["out_of_sample"]] == [30]
+    oos = new["out_of_sample"][0]["fit_check"]
+    assert sum(abs(r["rel_err"]) <= 0.05 for r in oos) == 24
+    assert max(abs(r["rel_err"]) for r in oos if r["path"] == "sm_kernel") < 0.043
     for e, f in zip(new["out_of_sample"], old["out_of_sample"]):
         assert [r["rel_err"] for r in e["fit_check"]] == pytest.approx([r["rel_err"] for r in f["fit_check"]])
 
