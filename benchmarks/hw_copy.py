@@ -207,13 +207,12 @@ def main(argv=None) -> None:
         print(f"{label:>8} {r['pages']:>6} | {med[pb, CE, 'h2d']:7.1f} {med[pb, CE, 'd2h']:7.1f} {med[pb, CE, 'both']:7.1f} | "
               f"{med[pb, SM, 'h2d']:7.1f} {med[pb, SM, 'd2h']:7.1f} {med[pb, SM, 'both']:7.1f} | "
               f"{d.value:>11} {dv[0]:6.1f} {dv[1]:6.1f} {dv[2]:6.1f}")
-    for rows in all_rows[:1]:
-        for pb, r in rows.items():
-            if "interference" in r:
-                i = r["interference"]
-                print(f"\ncompute of 20 ms (busy kernel on all SMs) while 64 KiB pages copy both ways: "
-                      f"alone {i['alone'] * 1e3:.2f} ms, with copy engine {i['copy_engine'] * 1e3:.2f} ms, "
-                      f"with SM kernel {i['sm_kernel'] * 1e3:.2f} ms")
+    for pb, r in all_rows[0].items():  # the first round's probe
+        if "interference" in r:
+            i = r["interference"]
+            print(f"\ncompute of 20 ms (busy kernel on all SMs) while 64 KiB pages copy both ways: "
+                  f"alone {i['alone'] * 1e3:.2f} ms, with copy engine {i['copy_engine'] * 1e3:.2f} ms, "
+                  f"with SM kernel {i['sm_kernel'] * 1e3:.2f} ms")
     cells, spread = median_rounds(rounds)
     if a.rounds > 1:
         print(f"\nrun to run: (max - min) / median of each cell's time over {a.rounds} rounds")

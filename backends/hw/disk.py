@@ -55,7 +55,7 @@ class FairPool:
 
     def __init__(self, workers: int, name: str):
         self._cv = threading.Condition()
-        self._groups: collections.deque = collections.deque()  # deques of (future, job)
+        self._groups: collections.deque = collections.deque()  # deques of (future, fn, job)
         self._closed = False
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(workers)]
