@@ -162,29 +162,56 @@ def compare(
                                              "(off: kernel by kernel)"),
     hw_from: Optional[str] = typer.Option(None, "--hw-from", help="an earlier compare's folder: "
                                           "replay the sim only and compare with its hw side"),
+    saved_profile: bool = typer.Option(False, "--saved-profile", help="with --hw-from: the sim uses "
+                                       "the hardware profile that hw run recorded, not the config's"),
+    calibrate_first: bool = typer.Option(False, "--calibrate", help="run `kvsim calibrate` on this "
+                                         "machine first, into OUT/hardware.yaml, and compare with that "
+                                         "profile on both sides"),
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.compare import compare as run_compare, compare_saved, report_tables, write_report
-    from kvsim.run import write_results
+    from kvsim.run import prepare_run, write_results
     from kvsim.config import ConfigFileError, load_config
     from kvsim.workload import TraceError
 
     console = Console(stderr=True)
+    if saved_profile and not hw_from:
+        _error(console, "--saved-profile: only with --hw-from")
+        raise typer.Exit(2)
+    if calibrate_first and hw_from:
+        _error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
+        raise typer.Exit(2)
     try:
         cfg = load_config(config, set_)
-        if hw_from:
-            report, sim_res = compare_saved(cfg, hw_from, trace)
-            results = (("sim", sim_res),)
-        else:
-            report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device,
-                                                              "compute_graphs": compute_graphs})
-            results = (("sim", sim_res), ("hw", hw_res))
-    except (ConfigFileError, TraceError, ValueError, OSError) as e:
+    except (ConfigFileError, ValueError, OSError) as e:
         _error(console, str(e))
         raise typer.Exit(2)
     dest = Path(out or (cfg.output.dir.format(name=cfg.name) + "-compare"))
     if hw_from and dest.resolve() == Path(hw_from).resolve():
         _error(console, f"--out {dest}: is the --hw-from folder; write the new report elsewhere")
+        raise typer.Exit(2)
+    try:
+        if hw_from:
+            report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile)
+            results = (("sim", sim_res),)
+        else:
+            if calibrate_first:
+                from kvsim.calibrate import calibrate as run_calibration
+
+                prepare_run(cfg, trace)  # bad config or trace: fail before measuring or writing
+                if dest.exists() and not dest.is_dir():
+                    raise ConfigFileError(f"--out {dest}: exists and is not a directory")
+                dest.mkdir(parents=True, exist_ok=True)
+                prof = dest / "hardware.yaml"
+                cal = run_calibration(prof, base=cfg.hardware, device=device)
+                console.print(f"calibrated: {prof} ({cal['seconds']:.1f} s; the fit check in "
+                              f"{prof.name}.report.json)")
+                cfg = load_config(config, [*set_, f"hardware={prof}"])
+            report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device,
+                                                              "compute_graphs": compute_graphs})
+            results = (("sim", sim_res), ("hw", hw_res))
+    except (ConfigFileError, TraceError, ValueError, OSError, RuntimeError) as e:
+        _error(console, str(e))
         raise typer.Exit(2)
     path = write_report(report, dest)
     for name, res in results:  # each replay's own results folder

@@ -125,14 +125,16 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
 
 def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict]:
     """The hw side of an earlier ``kvsim compare``'s folder (``compare.json`` and
-    ``hw/summary.json`` + ``hw/requests.csv``): its result, timing log and options."""
+    ``hw/summary.json`` + ``hw/requests.csv``): its result (with the hardware profile it
+    ran with, when its summary records one), timing log and options."""
     import csv  # noqa: PLC0415
     from types import SimpleNamespace  # noqa: PLC0415
 
     folder = Path(folder)
     try:
         old = json.loads((folder / "compare.json").read_text())
-        metrics = json.loads((folder / "hw" / "summary.json").read_text())["metrics"]
+        summary = json.loads((folder / "hw" / "summary.json").read_text())
+        metrics = summary["metrics"]
         with open(folder / "hw" / "requests.csv", newline="") as f:
             rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
     except (OSError, KeyError, ValueError) as e:
@@ -140,15 +142,28 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
                          f"(compare.json, hw/summary.json, hw/requests.csv): {e}") from e
     if old.get("config") != cfg.name:
         raise ValueError(f"--hw-from {folder}: it compared config {old.get('config')!r}, not {cfg.name!r}")
-    return Result(cfg, "hw", metrics, rows, []), old["logs"]["hw"], old.get("hw_options", {})
+    profile = None
+    if "hardware_profile" in summary:
+        from kvsim.hardware import HardwareProfile  # noqa: PLC0415
+        try:
+            profile = HardwareProfile.model_validate(summary["hardware_profile"])
+        except ValueError as e:
+            raise ValueError(f"--hw-from {folder}: hw/summary.json: hardware_profile: {e}") from e
+    return (Result(cfg, "hw", metrics, rows, [], profile=profile), old["logs"]["hw"],
+            old.get("hw_options", {}))
 
 
-def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None) -> tuple[dict, Result]:
+def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
+                  saved_profile: bool = False) -> tuple[dict, Result]:
     """Replay ``cfg`` on the sim only and compare it with the hw replay an earlier compare
-    saved in ``folder`` (e.g. after re-fitting the profile, without a GPU)."""
+    saved in ``folder``: with the current profile (e.g. after re-fitting it, without a
+    GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
+    if saved_profile and hw.profile is None:
+        raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
+                         f"hardware profile (older runs); pass --set hardware=PATH instead")
     sim_log: list[dict] = []
-    sim = _replay_sim(prepare_run(cfg, trace), sim_log)
+    sim = _replay_sim(prepare_run(cfg, trace, hw.profile if saved_profile else None), sim_log)
     report = compare_results(sim, hw, sim_log, hw_log)
     report["hw_options"] = hw_options
     report["hw_from"] = str(folder)

@@ -51,10 +51,14 @@ class Result:
     rows: list[Row]
     timeline: list[dict]
     core: dict = field(default_factory=dict)
+    profile: HardwareProfile | None = None  # the hardware profile the replay used
 
     def summary(self) -> dict:
-        return {"kvsim": "0.1.0", "backend": self.backend, "metrics": self.metrics,
-                "core_counters": self.core, "config": self.cfg.model_dump(mode="json")}
+        out = {"kvsim": "0.1.0", "backend": self.backend, "metrics": self.metrics,
+               "core_counters": self.core, "config": self.cfg.model_dump(mode="json")}
+        if self.profile is not None:  # its content, not only the name the config gives
+            out["hardware_profile"] = self.profile.model_dump(mode="json")
+        return out
 
 
 def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
@@ -89,11 +93,12 @@ def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
                                 sessions_per_s=w.sessions_per_s, concurrency=w.concurrency)
 
 
-def prepare_run(cfg: RunConfig, trace: str | None = None) -> Prepared:
-    """Everything a replay needs, validated; no file written."""
+def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfile | None = None) -> Prepared:
+    """Everything a replay needs, validated; no file written. ``profile`` replaces the
+    one the config names (e.g. the one a saved run recorded)."""
     try:
         shape = load_model(cfg.model, tp=cfg.tp)
-        profile = load_profile(cfg.hardware)
+        profile = profile or load_profile(cfg.hardware)
     except (ValueError, OSError) as e:
         raise ConfigFileError(str(e)) from None
     spec = build_spec(cfg, shape)
@@ -160,7 +165,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
-    return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters)
+    return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters, prep.profile)
 
 
 @contextmanager

@@ -81,6 +81,46 @@ def test_compare_tiny_config_cpu(tmp_path):
         compare_saved(cfg, tmp_path / "nothing-here")
 
 
+def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
+    """``kvsim compare --calibrate``: calibrate on this machine into OUT/hardware.yaml, then
+    both sides run with it; each side's summary records the profile's content, and
+    ``--hw-from OUT --saved-profile`` re-predicts with that profile, whatever the config
+    names (here: another profile given with --set, which it overrides)."""
+    out = tmp_path / "cmp"
+    args = ["compare", "default", *sum((["--set", x] for x in TINY), []), "--device", "cpu",
+            "--time-scale", "20", "--out", str(out)]
+    r = CliRunner().invoke(app, [*args, "--calibrate"])
+    assert r.exit_code == 0, r.output
+    prof = load_profile(out / "hardware.yaml")
+    assert (out / "hardware.yaml.report.json").exists() and "CPU mode" in prof.notes
+    for side in ("sim", "hw"):
+        s = json.loads((out / side / "summary.json").read_text())
+        assert s["config"]["hardware"] == str(out / "hardware.yaml")
+        assert s["hardware_profile"] == prof.model_dump(mode="json")
+    first = json.loads((out / "compare.json").read_text())
+    again = tmp_path / "again"
+    other = ["--set", "hardware=gh200-c2c"]
+    r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []), *other,
+                                 "--hw-from", str(out), "--saved-profile", "--out", str(again)])
+    assert r.exit_code == 0, r.output
+    redo = json.loads((again / "compare.json").read_text())
+    assert redo["metrics"] == first["metrics"] and redo["logs"]["sim"] == first["logs"]["sim"]
+    r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []), *other,
+                                 "--hw-from", str(out), "--out", str(tmp_path / "cur")])
+    assert r.exit_code == 0, r.output  # without the flag: the config's profile, another prediction
+    cur = json.loads((tmp_path / "cur" / "compare.json").read_text())
+    assert cur["logs"]["sim"] != first["logs"]["sim"]
+    # refused: the flags that make no sense together, and a bad config before any measuring
+    r = CliRunner().invoke(app, [*args, "--calibrate", "--hw-from", str(out)])
+    assert r.exit_code == 2 and "--calibrate" in r.output
+    r = CliRunner().invoke(app, ["compare", "default", "--saved-profile"])
+    assert r.exit_code == 2 and "--saved-profile" in r.output
+    bad = tmp_path / "bad"
+    r = CliRunner().invoke(app, ["compare", "default", "--set", "workload.kind=nope", "--calibrate",
+                                 "--device", "cpu", "--out", str(bad)])
+    assert r.exit_code == 2 and not bad.exists()
+
+
 def test_rel_err():
     assert rel_err(1.1, 1.0) == 1.1 / 1.0 - 1
     assert rel_err(0, 0) == 0.0 and rel_err(1, 0) is None and rel_err(None, 1) is None
@@ -203,6 +243,13 @@ def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
                            ["transfers"].values())
     with pytest.raises(ValueError, match="not 'default'"):
         saved_hw(folder, load_config("default"))
+    # runs from before summaries recorded their profile: --saved-profile says what to do
+    # (each such folder keeps the profile it ran with beside it, for --set hardware=PATH)
+    from kvsim.compare import compare_saved
+
+    assert hw.profile is None and (folder / "h200-pcie-calibrated-1955.yaml").exists()
+    with pytest.raises(ValueError, match="records no hardware profile.*--set hardware=PATH"):
+        compare_saved(cfg, folder, saved_profile=True)
 
 
 def test_hw_refcheck_off_the_loop_catches_a_wrong_page(monkeypatch):
