@@ -85,6 +85,39 @@ def hits_agreement(sim_rows, hw_rows) -> dict:
             "differ": sorted(f"{s} turn {t}" for s, t in both if a[(s, t)] != b[(s, t)])}
 
 
+def _turn_times(rows) -> dict[tuple[str, int], tuple[float, float | None]]:
+    """(arrival s, TTFT s or None if it never got a token) of each turn, keyed as
+    ``turn_hits``; rows are a replay's ``Row``s or a saved ``requests.csv``'s."""
+    from kvsim.engine.metrics import Row  # noqa: PLC0415
+
+    out = {}
+    for r in rows:
+        d = dict(zip(Row.COLUMNS, r.csv_values())) if isinstance(r, Row) else vars(r)
+        ttft = d.get("ttft_s") or None
+        out[(str(d["session"]), int(d["turn"]))] = (float(d["arrival_s"]), None if ttft is None else float(ttft))
+    return out
+
+
+def turn_timing(sim_rows, hw_rows) -> dict:
+    """Per-turn timing agreement, steadier than the percentiles of a few dozen turns: the
+    median and the 90th percentile of |.| of each turn's TTFT relative error, and how far
+    the two replays' arrivals parted (closed-loop sessions carry each turn's error into
+    the next turn's arrival)."""
+    a, b = _turn_times(sim_rows), _turn_times(hw_rows)
+    errs, drift = [], 0.0
+    for k, (arr_s, ttft_s) in a.items():
+        if k not in b:
+            continue
+        arr_h, ttft_h = b[k]
+        drift = max(drift, abs(arr_s - arr_h))
+        if ttft_s is not None and ttft_h:
+            errs.append(ttft_s / ttft_h - 1)
+    absd = sorted(abs(e) for e in errs)
+    return {"ttft_rel_err_median": statistics.median(errs) if errs else None,
+            "ttft_abs_rel_err_p90": absd[min(len(absd) - 1, int(0.9 * len(absd)))] if absd else None,
+            "arrival_drift_max_s": drift}
+
+
 def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict]) -> dict:
     """The side-by-side report of two finished replays and their timing logs."""
     hs, hh = headline(sim), headline(hw)
@@ -100,7 +133,7 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
         }
     return {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
-            "turns": hits_agreement(sim.rows, hw.rows),
+            "turns": {**hits_agreement(sim.rows, hw.rows), **turn_timing(sim.rows, hw.rows)},
             "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
 
 
@@ -209,4 +242,8 @@ def report_tables(report: dict):
     if turns:
         t.caption = (f"{turns['same_hits_by_tier']} of {turns['turns']} turns found the same "
                      f"hit tokens by tier on both backends")
+        if turns.get("ttft_rel_err_median") is not None:
+            t.caption += (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, "
+                          f"|rel err| p90 {turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals "
+                          f"parted by up to {turns['arrival_drift_max_s']:.2f} s")
     return t, x

@@ -66,6 +66,8 @@ def test_compare_tiny_config_cpu(tmp_path):
     turns = report["turns"]
     assert turns["turns"] == len(hw.rows) == len(sim.rows)
     assert turns["same_hits_by_tier"] == turns["turns"] - len(turns["differ"])
+    assert turns["arrival_drift_max_s"] >= 0 and turns["ttft_abs_rel_err_p90"] >= 0
+    assert turns["ttft_rel_err_median"] is not None
 
     # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
     from kvsim.compare import compare_saved, write_report
@@ -119,6 +121,27 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
     r = CliRunner().invoke(app, ["compare", "default", "--set", "workload.kind=nope", "--calibrate",
                                  "--device", "cpu", "--out", str(bad)])
     assert r.exit_code == 2 and not bad.exists()
+
+
+def test_turn_timing_by_hand():
+    """Per turn: TTFT relative errors (median, p90 of |.|) and the largest arrival gap,
+    turns matched by (session, turn); a replay's rows and a saved requests.csv's alike."""
+    from types import SimpleNamespace as R
+
+    from kvsim.compare import turn_timing
+
+    hw = [R(session="a", turn="1", arrival_s="0.0", ttft_s="0.100"),
+          R(session="a", turn="2", arrival_s="5.0", ttft_s="0.200"),
+          R(session="b", turn="1", arrival_s="1.0", ttft_s="0.400"),
+          R(session="b", turn="2", arrival_s="9.0", ttft_s="")]          # failed on hw
+    sim = [R(session="a", turn="1", arrival_s="0.0", ttft_s="0.110"),   # +10%
+           R(session="a", turn="2", arrival_s="4.5", ttft_s="0.150"),   # -25%, 0.5 s early
+           R(session="b", turn="1", arrival_s="1.0", ttft_s="0.400"),   # 0%
+           R(session="b", turn="2", arrival_s="9.2", ttft_s="0.300")]
+    t = turn_timing(sim, hw)
+    assert t["ttft_rel_err_median"] == pytest.approx(0.0)
+    assert t["ttft_abs_rel_err_p90"] == pytest.approx(0.25)
+    assert t["arrival_drift_max_s"] == pytest.approx(0.5)
 
 
 def test_rel_err():
