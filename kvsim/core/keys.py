@@ -30,14 +30,10 @@ def scope_root(scope: Hashable) -> bytes:
     return hashlib.sha256(_SCOPE_PREFIX + repr(scope).encode()).digest()
 
 
-def encode_ids(ids: BlockIds) -> bytes:
-    if isinstance(ids, int):
-        return _pack_i64(ids)  # = ids.to_bytes(8, "little", signed=True), faster
-    return array("q", ids).tobytes()
-
-
 def chain_key(parent: bytes, ids: BlockIds) -> bytes:
-    """Key of a block whose parent key is ``parent`` (a scope root for the first block)."""
+    """Key of a block whose parent key is ``parent`` (a scope root for the first block):
+    SHA-256 of the parent key and the block's ids as little-endian int64s (one id:
+    ``ids.to_bytes(8, "little", signed=True)``, packed the faster way)."""
     return _sha256(parent + (_pack_i64(ids) if isinstance(ids, int)
                              else array("q", ids).tobytes())).digest()
 
