@@ -195,6 +195,8 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     if saved_profile and hw.profile is None:
         raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
                          f"hardware profile (older runs); pass --set hardware=PATH instead")
+    if saved_profile:  # the sim's summary says where its profile came from, not the config's name
+        cfg = cfg.model_copy(update={"hardware": f"{Path(folder) / 'hw' / 'summary.json'}: hardware_profile"})
     sim_log: list[dict] = []
     sim = _replay_sim(prepare_run(cfg, trace, hw.profile if saved_profile else None), sim_log)
     report = compare_results(sim, hw, sim_log, hw_log)

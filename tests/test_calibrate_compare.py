@@ -107,6 +107,9 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
     assert r.exit_code == 0, r.output
     redo = json.loads((again / "compare.json").read_text())
     assert redo["metrics"] == first["metrics"] and redo["logs"]["sim"] == first["logs"]["sim"]
+    s = json.loads((again / "sim" / "summary.json").read_text())  # says where its profile came from
+    assert s["config"]["hardware"] == f"{out / 'hw' / 'summary.json'}: hardware_profile"
+    assert s["hardware_profile"] == prof.model_dump(mode="json")
     r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []), *other,
                                  "--hw-from", str(out), "--out", str(tmp_path / "cur")])
     assert r.exit_code == 0, r.output  # without the flag: the config's profile, another prediction
