@@ -210,6 +210,30 @@ def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
     assert (d["nvme"]["queue_depth"], d["nvme"]["read"]) == (16, 2.0e9) and "best read" in why["nvme"]
 
 
+def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp_path):
+    """The hw backend's disk write is done when its pieces return; it never fsyncs. So
+    calibrate's write rate leaves the fsync (made slow here) out; it still runs, after."""
+    import os
+    import time
+
+    from kvsim.calibrate import Measured, Plan, measure_disk
+
+    real, calls = os.fsync, []
+
+    def slow_fsync(fd):
+        calls.append(fd)
+        time.sleep(0.5)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    plan = Plan.for_device(False)
+    m = Measured(device="cpu")
+    measure_disk(plan, m, str(tmp_path))
+    assert len(calls) == len(m.disk) > 0  # one fsync a cell, before its reads
+    for c in m.disk:  # with the 0.5 s inside, the rate could not exceed bytes / 0.5 s
+        assert c["write_Bps"] > 4 * c["bytes"] / 0.5, c
+
+
 def test_hw_and_sim_choose_the_same_path_per_direction():
     """With the calibrated H200 profile: SM kernel up to 256 KiB, copy engine from 1 MiB,
     both directions; the hw backend (CPU mode) agrees."""
