@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -219,6 +220,31 @@ def compare(
     for t in report_tables(report):
         Console().print(t)
     Console().print(f"report: {path}")
+
+
+@app.command()
+def diff(
+    a: str = typer.Argument(..., help="a results folder (kvsim run --out, or a compare's sim/ or hw/)"),
+    b: str = typer.Argument(..., help="the reference results folder"),
+    out: Optional[str] = typer.Option(None, help="also write the report here (JSON)"),
+):
+    """Two finished replays side by side (e.g. two hw runs, or two policies): headline
+    metrics with (a - b) / b, and how many turns found the same hits by tier."""
+    from kvsim.compare import diff_runs, diff_table
+
+    console = Console(stderr=True)
+    try:
+        report = diff_runs(a, b)
+    except ValueError as e:
+        _error(console, str(e))
+        raise typer.Exit(2)
+    if out:
+        dest = Path(out)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        tmp.replace(dest)
+    Console().print(diff_table(report))
 
 
 @app.command()

@@ -12,6 +12,9 @@ report holds, for each metric, the sim value, the hw value and the relative erro
 
 ``compare_saved`` replays the sim only and compares it with the hw side an earlier compare
 saved (``kvsim compare --hw-from DIR``): a re-fitted profile re-predicts a GPU run offline.
+``diff_runs`` (``kvsim diff A B``) puts any two finished replays' folders side by side with
+the same metrics and per-turn agreement: two hw runs of one config give the GPU's own
+run-to-run spread, the floor under any prediction.
 
 Batches are matched by kind, not one to one: admission and eviction can depend on timing,
 so the two replays need not move the same batches (their counts are in the report).
@@ -204,6 +207,67 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     report["hw_from"] = str(folder)
     report["logs"] = {"sim": sim_log, "hw": hw_log}
     return report, sim
+
+
+def load_run(folder: str | Path) -> tuple[dict, list]:
+    """A finished replay's results folder (``kvsim run --out``, or one side of a ``kvsim
+    compare``): its ``summary.json`` and ``requests.csv`` rows."""
+    import csv  # noqa: PLC0415
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: expected a results folder (summary.json, requests.csv)")
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["metrics"]["ttft_s"], summary["metrics"]["hit_tokens"]  # noqa: B018 - required keys
+        with open(folder / "requests.csv", newline="") as f:
+            rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
+        for i, r in enumerate(rows, start=2):
+            for k in ("session", "turn", "arrival_s", "ttft_s", "hit_gpu", "hit_host", "hit_disk"):
+                if not hasattr(r, k):
+                    raise KeyError(f"requests.csv line {i}: no column {k!r}")
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{folder}: expected a results folder (summary.json with metrics, "
+                         f"requests.csv): {e}") from e
+    return summary, rows
+
+
+def diff_runs(a: str | Path, b: str | Path) -> dict:
+    """Two finished replays side by side, ``b`` the reference: the headline metrics with
+    ``(a - b) / b`` and the per-turn agreement (turns matched by session and turn). Any two
+    runs of one workload: hw against hw (how far the GPU repeats itself: the floor under
+    any prediction), sim against hw, one policy against another."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    (sa, ra), (sb, rb) = load_run(a), load_run(b)
+    ha, hb = headline(SimpleNamespace(metrics=sa["metrics"])), headline(SimpleNamespace(metrics=sb["metrics"]))
+    metrics = {k: {"a": ha.get(k), "b": hb.get(k), "rel_err": rel_err(ha.get(k), hb.get(k))}
+               for k in dict.fromkeys([*ha, *hb])}
+    name = lambda s: s.get("config", {}).get("name")  # noqa: E731
+    return {"a": str(a), "b": str(b), "a_backend": sa.get("backend"), "b_backend": sb.get("backend"),
+            "a_config": name(sa), "b_config": name(sb), "metrics": metrics,
+            "turns": {**hits_agreement(ra, rb), **turn_timing(ra, rb)}}
+
+
+def diff_table(report: dict):
+    """The ``kvsim diff`` report as a rich table."""
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=f"kvsim diff: a ({report['a_backend']}) vs b ({report['b_backend']}), "
+                    f"rel err = (a - b) / b")
+    for c in ("metric", "a", "b", "rel err"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for k, v in report["metrics"].items():
+        t.add_row(k, _num(v["a"]), _num(v["b"]), _pct(v["rel_err"]))
+    turns = report["turns"]
+    t.caption = (f"a = {report['a']}, b = {report['b']}. {turns['same_hits_by_tier']} of {turns['turns']} "
+                 f"turns (matched by session and turn) found the same hit tokens by tier")
+    if turns.get("ttft_rel_err_median") is not None:
+        t.caption += (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| "
+                      f"p90 {turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals parted by up to "
+                      f"{turns['arrival_drift_max_s']:.2f} s")
+    return t
 
 
 def write_report(report: dict, out: Path) -> Path:

@@ -352,3 +352,44 @@ def test_sim_models_the_hw_refcheck_only_when_asked():
     a = replay(prepare_run(off), "sim").metrics
     b = replay(prepare_run(off), "sim", backend_options={"model_refcheck": True}).metrics
     assert {k: v for k, v in a.items() if k != "wall_time_s"} == {k: v for k, v in b.items() if k != "wall_time_s"}
+
+
+def test_kvsim_diff_puts_two_finished_runs_side_by_side(tmp_path):
+    """``kvsim diff A B``: any two results folders (here two sim runs of one workload with
+    different GPU tiers, and a run against itself), metrics with (a - b) / b and per-turn
+    agreement; a folder that is not a run is refused by name, nothing written."""
+    from kvsim.compare import diff_runs
+
+    runs = {}
+    for name, gpu in (("small", "1MiB"), ("large", "16MiB")):
+        tiers = f"cache.tiers=[{{level: gpu, quota: {gpu}}}, {{level: host, quota: 2MiB}}, {{level: disk, quota: 8MiB}}]"
+        args = ["run", "default", *sum((["--set", x] for x in TINY), []), "--set", tiers,
+                "--set", "output.plots=false", "--no-progress", "--out", str(tmp_path / name)]
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())["metrics"]
+    rep = diff_runs(tmp_path / "small", tmp_path / "large")
+    a, b = runs["small"], runs["large"]
+    m = rep["metrics"]
+    assert (m["ttft_p90_s"]["a"], m["ttft_p90_s"]["b"]) == (a["ttft_s"]["p90"], b["ttft_s"]["p90"])
+    assert m["hit_tokens_gpu"]["rel_err"] == pytest.approx((a["hit_tokens"]["gpu"] - b["hit_tokens"]["gpu"])
+                                                           / b["hit_tokens"]["gpu"])
+    assert m["hit_tokens_gpu"]["rel_err"] < 0  # the smaller GPU tier finds fewer hits there
+    n_rows = len((tmp_path / "small" / "requests.csv").read_text().splitlines()) - 1
+    assert rep["turns"]["turns"] == n_rows > 0 and rep["a_backend"] == rep["b_backend"] == "sim"
+    same = diff_runs(tmp_path / "small", tmp_path / "small")
+    assert all(v["rel_err"] in (0.0, None) for v in same["metrics"].values())
+    t = same["turns"]
+    assert t["same_hits_by_tier"] == t["turns"] and t["arrival_drift_max_s"] == 0.0 and t["ttft_rel_err_median"] == 0.0
+    out = tmp_path / "d" / "diff.json"
+    r = CliRunner().invoke(app, ["diff", str(tmp_path / "small"), str(tmp_path / "large"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["metrics"] == rep["metrics"]
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "summary.json").write_text((tmp_path / "small" / "summary.json").read_text())
+    (tmp_path / "broken" / "requests.csv").write_text("rid,session\n0,s\n")
+    bad_out = tmp_path / "bad.json"
+    for bad, why in ((tmp_path / "nope", "expected a results folder"), (tmp_path / "broken", "line 2: no column 'turn'")):
+        r = CliRunner().invoke(app, ["diff", str(bad), str(tmp_path / "large"), "--out", str(bad_out)])
+        assert r.exit_code == 2 and str(bad) in r.output and why in r.output, r.output
+    assert not bad_out.exists()
