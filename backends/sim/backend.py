@@ -165,7 +165,7 @@ class SimBackend:
     def compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s)
-        done.callbacks.append(lambda ev, d=duration_s: self._count_compute(ev.value, d))
+        done.callbacks.append(lambda ev, d=duration_s: self._count_compute(ev.value, d))  # type: ignore[misc]
         if self.compute_latency > 0:
             return self.env.process(self._after(done, self.compute_latency))
         return done
@@ -325,7 +325,8 @@ class SimBackend:
             path = self.paths[link_dir].value
             if disk_dir:
                 path = f"disk+{path}"
-        self.timing_log.append({"t_s": t0, "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
+        self.timing_log.append({"t_s": t0,  # type: ignore[union-attr]  # only called when set
+                                "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
                                 "pages": int(batch.pages), "bytes": int(batch.nbytes), "path": path,
                                 "seconds": self.env.now - t0, "ok": not fail})
 

@@ -244,14 +244,15 @@ class Fluid:
         order (the caller sets them). Memoised: the result depends only on the flows'
         signatures, in order, and on whether compute runs, and recomputing it gives the
         very same floats."""
-        key = (bool(self.jobs), *[f.sig for f in self.flows])
+        jobs = bool(self.jobs)
+        key = (jobs, *[f.sig for f in self.flows])
         cache = self._alloc_cache
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _ALLOC_CACHE_MAX:
                 cache.clear()
             sigs = self._sigs
-            hit = cache[key] = self._allocation(key[0], tuple([sigs[n] for n in key[1:]]))
+            hit = cache[key] = self._allocation(jobs, tuple([sigs[n] for n in key[1:]]))
         self._slow, rates = hit
         return rates
 

@@ -23,6 +23,9 @@ from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
     from kvsim.core.manager import Request
+    from kvsim.core.stats import Counters
+    from kvsim.core.tiers import Tier
+    from kvsim.core.tree import PrefixTree
 
 _RESIDENT = Phase.RESIDENT
 _MOVING = Phase.MOVING
@@ -62,6 +65,13 @@ class _Selection:
 
 class Eviction:
     """Mixin of TierManager (uses its tiers, tree, counters, live pages and page size)."""
+
+    # set by TierManager.__init__; declared here for the type checker (and mypyc)
+    tiers: list[Tier]
+    tree: PrefixTree
+    counters: Counters
+    _pages: dict[int, Page]
+    page_bytes: int
 
     def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:

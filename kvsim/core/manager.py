@@ -28,7 +28,7 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
-from kvsim.core.eviction import Eviction, _Rec
+from kvsim.core.eviction import Eviction, _Rec, _Selection
 from kvsim.core.keys import _TAG_MASK, BlockIds, _unpack_u64, chain_key, scope_root
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
@@ -60,7 +60,7 @@ class Request:
         self.tokens = 0           # tokens the pages cover
         self.committed = 0        # leading pages that have a key (committed or matched)
         self.state = ReqState.SUSPENDED
-        self.hit_by_level = (0, 0, 0)  # cached tokens of the last create/prepare, by Level
+        self.hit_by_level: tuple[int, ...] = (0, 0, 0)  # cached tokens of the last create/prepare, by Level
         self.plan = -1            # pid of the plan in flight for this request
 
     @property
@@ -216,7 +216,7 @@ class TierManager(Eviction):
         if any(p.phase is not _RESIDENT for p in pages):
             return self._refuse(RefusalReason.BUSY, "a page is moving for another plan")
         away = [p for p in pages if p.tier != 0]
-        sel = self._select(0, len(away), set(pages)) if away else []
+        sel: _Selection | list[Page] | None = self._select(0, len(away), set(pages)) if away else []
         if sel is None:
             return self._refuse(RefusalReason.NO_ROOM, f"{len(away)} GPU slots for a resume")
         gpu = self.tiers[0]
@@ -230,7 +230,7 @@ class TierManager(Eviction):
         rec = _Rec(PlanKind.RESUME, req)
         batches: list[Batch] = []
         if away:
-            slots = self._reserve(0, len(away), sel, rec, batches)
+            slots = self._reserve(0, len(away), sel, rec, batches)  # type: ignore[arg-type]
             by_src: dict[int, tuple[list[Page], list[int]]] = {}
             for p, s in zip(away, slots):
                 p.phase = _MOVING
@@ -264,7 +264,7 @@ class TierManager(Eviction):
         n = new + cow
         gpu = self.tiers[0]
         room = n <= gpu.free  # free slots suffice: no eviction to plan
-        sel = self._select(0, n, None) if n and not room else []
+        sel: _Selection | list[Page] | None = self._select(0, n, None) if n and not room else []
         if sel is None:  # refused: the blocks are not appended, so a retry may pass them again
             return self._refuse(RefusalReason.NO_ROOM, f"{n} GPU pages for a grow")
         if blocks:
@@ -272,7 +272,7 @@ class TierManager(Eviction):
         rec = _Rec(PlanKind.GROW, req)
         batches: list[Batch] = []
         if n:
-            slots = gpu.alloc_many(n) if room else self._reserve(0, n, sel, rec, batches)
+            slots = gpu.alloc_many(n) if room else self._reserve(0, n, sel, rec, batches)  # type: ignore[arg-type]
             base = len(req.pages)
             b = self.tokens_per_block
             pid = self._next_pid
@@ -286,11 +286,11 @@ class TierManager(Eviction):
             self._next_pid = pid + new
             rec.pending = pend
             if cow:
-                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens, prio,
+                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens, prio,  # type: ignore[union-attr]
                             Phase.PENDING)
                 self._next_pid += 1
                 rec.cow = copy
-                self._add_batch(rec, batches, BatchKind.COPY, 0, 0, [last], [slots[0]],
+                self._add_batch(rec, batches, BatchKind.COPY, 0, 0, [last], [slots[0]],  # type: ignore[list-item]
                                 self._taker_stage)
         rec.target = ntokens
         req.state = ReqState.GROWING
@@ -504,7 +504,7 @@ class TierManager(Eviction):
             tiers[pos].capacity = old
 
     def _finish_resume(self, rec: _Rec, plan: Plan, oks: list[bool], all_ok: bool) -> None:
-        req = rec.req
+        req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
         req.plan = -1
         if all_ok:
             for bi, b in enumerate(plan.batches):
@@ -533,7 +533,7 @@ class TierManager(Eviction):
 
     def _finish_grow(self, rec: _Rec, batches: tuple[Batch, ...], oks: list[bool],
                      all_ok: bool) -> None:
-        req = rec.req
+        req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
         req.plan = -1
         req.state = ReqState.ACTIVE
         ntokens = rec.target

@@ -32,7 +32,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 from itertools import count
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Level, RefusalReason, TierManager
@@ -74,7 +74,7 @@ class Live:
         self.turn = turn
         self.frame = frame
         self.cursor = cursor
-        self.req = None
+        self.req: Any = None  # the core Request, once prepared
         self.blocks = blocks
         self.prompt = turn.input_tokens
         self.out = max(1, turn.output_tokens)  # a prefill always yields one token
@@ -128,7 +128,7 @@ class Engine:
         self._evict_failures = 0                     # consecutive failed background evictions
         self._evict_off = False
         self._deferred: list = []                    # plan processes to start at the boundary
-        self._wake = None
+        self._wake: Any = None  # the event serve() waits on (the runtime's), while it waits
         self._dirty = True
         self._admit_seq = count()
         self._uids = count()
@@ -300,7 +300,7 @@ class Engine:
                 return  # admitted requests will need that room: wait for one to finish
             plan = mgr.resume(lv.req)
             if not plan:
-                if plan.reason is RefusalReason.NO_ROOM and self._release_hold():
+                if plan.reason is RefusalReason.NO_ROOM and self._release_hold():  # type: ignore[union-attr]
                     continue
                 return
             self._waiting.popleft()
@@ -308,12 +308,12 @@ class Engine:
             if lv.row.admitted_ns < 0:
                 lv.row.admitted_ns = self.t
             self._add_running(lv)
-            if plan.batches:
+            if plan.batches:  # type: ignore[union-attr]
                 lv.state = ONBOARDING
-                lv.row.onboard_bytes += plan.nbytes
+                lv.row.onboard_bytes += plan.nbytes  # type: ignore[union-attr]
                 self._start_plan(plan, lv, RUNNING)
             else:
-                mgr.complete(plan)
+                mgr.complete(plan)  # type: ignore[arg-type]
                 self._on_resumed(lv)
                 self._route(lv)
 
@@ -558,11 +558,11 @@ class Engine:
             if victim is lv:
                 return False
         self._dirty = True
-        if plan.batches:
+        if plan.batches:  # type: ignore[union-attr]
             lv.state = GROWING
             self._start_plan(plan, lv, RUNNING)
             return False
-        self.mgr.complete(plan)
+        self.mgr.complete(plan)  # type: ignore[arg-type]
         return True
 
     def _preempt_victim(self) -> Live | None:

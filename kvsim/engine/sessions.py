@@ -8,6 +8,7 @@ previous item of its session completed (closed loop). Pure bookkeeping: no clock
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvsim.workload import Session, Turn
 
@@ -16,7 +17,7 @@ from kvsim.workload import Session, Turn
 class Frame:
     session: Session
     pos: int = 0
-    req: object = None   # the core Request that carries this (sub-)session's pages
+    req: Any = None      # the core Request that carries this (sub-)session's pages
 
 
 @dataclass
