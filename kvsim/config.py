@@ -17,10 +17,8 @@ from typing import Annotated, Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from kvsim.paths import CONFIGS
 from kvsim.units import parse_size, parse_time
-
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]

@@ -44,9 +44,10 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from kvsim.paths import CONFIGS
 from kvsim.units import parse_rate, parse_size, parse_time
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.paths)
 
 Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]

@@ -169,3 +169,39 @@ def test_hw_backend_options_from_the_command_line(tmp_path):
     assert r.exit_code == 0, r.output
     m = json.loads((out / "summary.json").read_text())["metrics"]
     assert m["requests_completed"] > 0
+
+
+def test_configs_are_found_in_a_checkout_or_an_installed_copy(tmp_path, monkeypatch):
+    """The presets (``default``, ``h200-pcie``, ``llama-3-70b``) come from the checkout's
+    configs/ (source tree, editable install), else from the copy a plain ``pip install .``
+    puts in site-packages as ``kvsim_configs`` (the compiled build is such an install)."""
+    from types import SimpleNamespace
+
+    import kvsim.paths as P
+
+    (tmp_path / "co" / "configs").mkdir(parents=True)
+    assert P.find_configs(tmp_path / "co") == tmp_path / "co" / "configs"
+    site = tmp_path / "site" / "kvsim_configs"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(P.importlib.util, "find_spec", lambda name: SimpleNamespace(
+        submodule_search_locations=[str(site)]) if name == "kvsim_configs" else None)
+    assert P.find_configs(tmp_path / "bare") == site
+    monkeypatch.setattr(P.importlib.util, "find_spec", lambda name: None)
+    assert P.find_configs(tmp_path / "bare") == tmp_path / "bare" / "configs"  # what errors then name
+
+
+def test_every_shipped_config_goes_into_the_wheel():
+    """pyproject's package data covers every file under configs/ (as kvsim_configs)."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")
+    root = Path(__file__).resolve().parents[1]
+    st = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert st["package-dir"]["kvsim_configs"] == "configs"
+    data = st["package-data"]
+    files = [p.relative_to(root / "configs") for p in (root / "configs").rglob("*") if p.is_file()]
+    assert len(files) >= 10
+    for f in files:
+        pkg = ".".join(["kvsim_configs", *f.parent.parts])
+        assert pkg in st["packages"], pkg
+        assert any(fnmatch.fnmatch(f.name, g) for g in data.get(pkg, [])), f
