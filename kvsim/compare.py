@@ -7,7 +7,9 @@ report holds, for each metric, the sim value, the hw value and the relative erro
 
 - transfers, per (src, dst, path): batches, bytes, median seconds a batch, median and
   aggregate GB/s (bytes over seconds);
-- TTFT p50 / p90, requests and output tokens per second, hit tokens by tier;
+- TTFT p50 / p90 (with a bootstrap 90% interval over hw's turns: how far a percentile
+  of a few dozen turns moves with the turns near it), requests and output tokens per
+  second, hit tokens by tier;
 - turns (matched by session and turn) that found the same hit tokens by tier.
 
 ``compare_saved`` replays the sim only and compares it with the hw side an earlier compare
@@ -121,11 +123,39 @@ def turn_timing(sim_rows, hw_rows) -> dict:
             "arrival_drift_max_s": drift}
 
 
+def bootstrap_ci(values: Iterable[float], q: float, level: float = 0.9, n: int = 2000,
+                 seed: int = 0) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of the ``q``-th percentile (numpy's, as the metrics
+    use) of ``values``: resample them with replacement ``n`` times (a fixed seed: the same
+    values give the same interval) and take the central ``level`` of the estimates. How far
+    a TTFT percentile of a few dozen turns can move with which turns happen to land near
+    it; turns of one session are not independent, so read it as a lower bound."""
+    import numpy as np  # noqa: PLC0415
+
+    a = np.asarray(list(values), dtype=np.float64)
+    if a.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    est = np.percentile(a[rng.integers(0, a.size, (n, a.size))], q, axis=1)
+    lo, hi = np.percentile(est, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def _ttft_ci(rows, metrics: dict, key: str) -> None:
+    """Adds to ``metrics`` the reference side's bootstrap interval of TTFT p50 and p90."""
+    ttft = [t for _, t in _turn_times(rows).values() if t is not None]
+    for k, q in (("ttft_p50_s", 50), ("ttft_p90_s", 90)):
+        if k in metrics:
+            ci = bootstrap_ci(ttft, q)
+            metrics[k][key] = None if ci is None else list(ci)  # as it reads back from JSON
+
+
 def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict]) -> dict:
     """The side-by-side report of two finished replays and their timing logs."""
     hs, hh = headline(sim), headline(hw)
     metrics = {k: {"sim": hs.get(k), "hw": hh.get(k), "rel_err": rel_err(hs.get(k), hh.get(k))}
                for k in dict.fromkeys([*hs, *hh])}
+    _ttft_ci(hw.rows, metrics, "hw_ci90")
     ts, th = transfer_table(sim_log), transfer_table(hw_log)
     transfers = {}
     for key in dict.fromkeys([*th, *ts]):
@@ -244,6 +274,7 @@ def diff_runs(a: str | Path, b: str | Path) -> dict:
     ha, hb = headline(SimpleNamespace(metrics=sa["metrics"])), headline(SimpleNamespace(metrics=sb["metrics"]))
     metrics = {k: {"a": ha.get(k), "b": hb.get(k), "rel_err": rel_err(ha.get(k), hb.get(k))}
                for k in dict.fromkeys([*ha, *hb])}
+    _ttft_ci(rb, metrics, "b_ci90")
     name = lambda s: s.get("config", {}).get("name")  # noqa: E731
     return {"a": str(a), "b": str(b), "a_backend": sa.get("backend"), "b_backend": sb.get("backend"),
             "a_config": name(sa), "b_config": name(sb), "metrics": metrics,
@@ -256,13 +287,14 @@ def diff_table(report: dict):
 
     t = Table(title=f"kvsim diff: a ({report['a_backend']}) vs b ({report['b_backend']}), "
                     f"rel err = (a - b) / b")
-    for c in ("metric", "a", "b", "rel err"):
+    for c in ("metric", "a", "b", "rel err", "b 90% CI"):
         t.add_column(c, justify="left" if c == "metric" else "right")
     for k, v in report["metrics"].items():
-        t.add_row(k, _num(v["a"]), _num(v["b"]), _pct(v["rel_err"]))
+        t.add_row(k, _num(v["a"]), _num(v["b"]), _pct(v["rel_err"]), _ci(v.get("b_ci90")))
     turns = report["turns"]
     t.caption = (f"a = {report['a']}, b = {report['b']}. {turns['same_hits_by_tier']} of {turns['turns']} "
-                 f"turns (matched by session and turn) found the same hit tokens by tier")
+                 f"turns (matched by session and turn) found the same hit tokens by tier; CI: a "
+                 f"bootstrap over b's turns")
     if turns.get("ttft_rel_err_median") is not None:
         t.caption += (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| "
                       f"p90 {turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals parted by up to "
@@ -281,6 +313,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f}%"
 
 
+def _ci(ci) -> str:
+    return "" if not ci else f"{_num(ci[0])}-{_num(ci[1])}"
+
+
 def _num(x) -> str:
     if x is None:
         return "-"
@@ -292,10 +328,10 @@ def report_tables(report: dict):
     from rich.table import Table  # noqa: PLC0415
 
     t = Table(title=f"kvsim compare {report['config']}: sim vs hw (rel err = (sim - hw) / hw)")
-    for c in ("metric", "sim", "hw", "rel err"):
+    for c in ("metric", "sim", "hw", "rel err", "hw 90% CI"):
         t.add_column(c, justify="left" if c == "metric" else "right")
     for k, v in report["metrics"].items():
-        t.add_row(k, _num(v["sim"]), _num(v["hw"]), _pct(v["rel_err"]))
+        t.add_row(k, _num(v["sim"]), _num(v["hw"]), _pct(v["rel_err"]), _ci(v.get("hw_ci90")))
     x = Table(title="transfers per batch kind")
     for c in ("src->dst path", "batches sim/hw", "p50 s sim", "p50 s hw", "err", "GB/s sim", "GB/s hw", "err"):
         x.add_column(c, justify="left" if c.startswith("src") else "right")
@@ -307,7 +343,7 @@ def report_tables(report: dict):
     turns = report.get("turns")
     if turns:
         t.caption = (f"{turns['same_hits_by_tier']} of {turns['turns']} turns found the same "
-                     f"hit tokens by tier on both backends")
+                     f"hit tokens by tier on both backends; CI: a bootstrap over hw's turns")
         if turns.get("ttft_rel_err_median") is not None:
             t.caption += (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, "
                           f"|rel err| p90 {turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals "

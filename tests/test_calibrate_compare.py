@@ -56,7 +56,7 @@ def test_compare_tiny_config_cpu(tmp_path):
     m = report["metrics"]
     for key in ("ttft_p50_s", "ttft_p90_s", "requests_per_s", "hit_tokens_gpu", "hit_tokens_host",
                 "hit_tokens_disk"):
-        assert set(m[key]) == {"sim", "hw", "rel_err"}
+        assert set(m[key]) == {"sim", "hw", "rel_err"} | ({"hw_ci90"} if key.startswith("ttft") else set())
     assert m["requests_completed"]["sim"] == m["requests_completed"]["hw"] > 0
     assert report["logs"]["sim"] and report["logs"]["hw"]  # both backends logged batches
     for row in report["logs"]["hw"]:
@@ -100,6 +100,9 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
         assert s["config"]["hardware"] == str(out / "hardware.yaml")
         assert s["hardware_profile"] == prof.model_dump(mode="json")
     first = json.loads((out / "compare.json").read_text())
+    for k in ("ttft_p50_s", "ttft_p90_s"):  # hw's bootstrap interval holds hw's own value
+        lo, hi = first["metrics"][k]["hw_ci90"]
+        assert lo <= first["metrics"][k]["hw"] <= hi
     again = tmp_path / "again"
     other = ["--set", "hardware=gh200-c2c"]
     r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []), *other,
@@ -377,6 +380,9 @@ def test_kvsim_diff_puts_two_finished_runs_side_by_side(tmp_path):
     assert m["hit_tokens_gpu"]["rel_err"] < 0  # the smaller GPU tier finds fewer hits there
     n_rows = len((tmp_path / "small" / "requests.csv").read_text().splitlines()) - 1
     assert rep["turns"]["turns"] == n_rows > 0 and rep["a_backend"] == rep["b_backend"] == "sim"
+    for k in ("ttft_p50_s", "ttft_p90_s"):
+        lo, hi = m[k]["b_ci90"]
+        assert lo <= m[k]["b"] <= hi
     same = diff_runs(tmp_path / "small", tmp_path / "small")
     assert all(v["rel_err"] in (0.0, None) for v in same["metrics"].values())
     t = same["turns"]
@@ -393,3 +399,22 @@ def test_kvsim_diff_puts_two_finished_runs_side_by_side(tmp_path):
         r = CliRunner().invoke(app, ["diff", str(bad), str(tmp_path / "large"), "--out", str(bad_out)])
         assert r.exit_code == 2 and str(bad) in r.output and why in r.output, r.output
     assert not bad_out.exists()
+
+
+def test_bootstrap_interval_of_a_percentile():
+    """Seeded (the same values give the same interval), narrow for many alike values, wide
+    where a few large values sit near the percentile; None for no values."""
+    import numpy as np
+
+    from kvsim.compare import bootstrap_ci
+
+    assert bootstrap_ci([2.0] * 50, 90) == (2.0, 2.0)
+    assert bootstrap_ci([], 50) is None
+    rng = np.random.default_rng(1)
+    many = rng.normal(1.0, 0.01, 2000)
+    lo, hi = bootstrap_ci(many, 50)
+    assert lo < float(np.percentile(many, 50)) < hi and hi - lo < 0.002
+    few = [0.1] * 60 + [2.0, 3.0, 9.0, 14.0, 15.0, 36.0] + [0.2] * 8  # 74 turns, a heavy tail
+    lo, hi = bootstrap_ci(few, 90)
+    assert lo <= float(np.percentile(few, 90)) <= hi and hi / max(lo, 1e-9) > 5
+    assert bootstrap_ci(few, 90) == (lo, hi)
