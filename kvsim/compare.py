@@ -189,23 +189,42 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     return report, sim, hw
 
 
-def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict]:
-    """The hw side of an earlier ``kvsim compare``'s folder (``compare.json`` and
-    ``hw/summary.json`` + ``hw/requests.csv``): its result (with the hardware profile it
-    ran with, when its summary records one), timing log and options."""
+def load_run(folder: str | Path) -> tuple[dict, list]:
+    """A finished replay's results folder (``kvsim run --out``, or one side of a ``kvsim
+    compare``): its ``summary.json`` and ``requests.csv`` rows."""
     import csv  # noqa: PLC0415
     from types import SimpleNamespace  # noqa: PLC0415
 
     folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: expected a results folder (summary.json, requests.csv)")
+    try:
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["metrics"]["ttft_s"], summary["metrics"]["hit_tokens"]  # noqa: B018 - required keys
+        with open(folder / "requests.csv", newline="") as f:
+            rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
+        for i, r in enumerate(rows, start=2):
+            for k in ("session", "turn", "arrival_s", "ttft_s", "hit_gpu", "hit_host", "hit_disk"):
+                if not hasattr(r, k):
+                    raise KeyError(f"requests.csv line {i}: no column {k!r}")
+    except (OSError, KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{folder}: expected a results folder (summary.json with metrics, "
+                         f"requests.csv): {e}") from e
+    return summary, rows
+
+
+def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict]:
+    """The hw side of an earlier ``kvsim compare``'s folder (``compare.json`` and
+    ``hw/summary.json`` + ``hw/requests.csv``): its result (with the hardware profile it
+    ran with, when its summary records one), timing log and options."""
+    folder = Path(folder)
     try:
         old = json.loads((folder / "compare.json").read_text())
-        summary = json.loads((folder / "hw" / "summary.json").read_text())
-        metrics = summary["metrics"]
-        with open(folder / "hw" / "requests.csv", newline="") as f:
-            rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
-    except (OSError, KeyError, ValueError) as e:
+        summary, rows = load_run(folder / "hw")
+    except (OSError, ValueError) as e:
         raise ValueError(f"--hw-from {folder}: expected an earlier compare's folder "
                          f"(compare.json, hw/summary.json, hw/requests.csv): {e}") from e
+    metrics = summary["metrics"]
     if old.get("config") != cfg.name:
         raise ValueError(f"--hw-from {folder}: it compared config {old.get('config')!r}, not {cfg.name!r}")
     profile = None
@@ -237,30 +256,6 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     report["hw_from"] = str(folder)
     report["logs"] = {"sim": sim_log, "hw": hw_log}
     return report, sim
-
-
-def load_run(folder: str | Path) -> tuple[dict, list]:
-    """A finished replay's results folder (``kvsim run --out``, or one side of a ``kvsim
-    compare``): its ``summary.json`` and ``requests.csv`` rows."""
-    import csv  # noqa: PLC0415
-    from types import SimpleNamespace  # noqa: PLC0415
-
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ValueError(f"{folder}: expected a results folder (summary.json, requests.csv)")
-    try:
-        summary = json.loads((folder / "summary.json").read_text())
-        summary["metrics"]["ttft_s"], summary["metrics"]["hit_tokens"]  # noqa: B018 - required keys
-        with open(folder / "requests.csv", newline="") as f:
-            rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
-        for i, r in enumerate(rows, start=2):
-            for k in ("session", "turn", "arrival_s", "ttft_s", "hit_gpu", "hit_host", "hit_disk"):
-                if not hasattr(r, k):
-                    raise KeyError(f"requests.csv line {i}: no column {k!r}")
-    except (OSError, KeyError, ValueError, TypeError) as e:
-        raise ValueError(f"{folder}: expected a results folder (summary.json with metrics, "
-                         f"requests.csv): {e}") from e
-    return summary, rows
 
 
 def diff_runs(a: str | Path, b: str | Path) -> dict:
