@@ -290,10 +290,7 @@ def diff_table(report: dict):
     t.caption = (f"a = {report['a']}, b = {report['b']}. {turns['same_hits_by_tier']} of {turns['turns']} "
                  f"turns (matched by session and turn) found the same hit tokens by tier; CI: a "
                  f"bootstrap over b's turns")
-    if turns.get("ttft_rel_err_median") is not None:
-        t.caption += (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| "
-                      f"p90 {turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals parted by up to "
-                      f"{turns['arrival_drift_max_s']:.2f} s")
+    t.caption += _timing_caption(turns)
     return t
 
 
@@ -306,6 +303,15 @@ def write_report(report: dict, out: Path) -> Path:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f}%"
+
+
+def _timing_caption(turns: dict) -> str:
+    """The per-turn timing agreement, as the tables' captions end."""
+    if turns.get("ttft_rel_err_median") is None:
+        return ""
+    return (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| p90 "
+            f"{turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals parted by up to "
+            f"{turns['arrival_drift_max_s']:.2f} s")
 
 
 def _ci(ci) -> str:
@@ -339,8 +345,5 @@ def report_tables(report: dict):
     if turns:
         t.caption = (f"{turns['same_hits_by_tier']} of {turns['turns']} turns found the same "
                      f"hit tokens by tier on both backends; CI: a bootstrap over hw's turns")
-        if turns.get("ttft_rel_err_median") is not None:
-            t.caption += (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, "
-                          f"|rel err| p90 {turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals "
-                          f"parted by up to {turns['arrival_drift_max_s']:.2f} s")
+        t.caption += _timing_caption(turns)
     return t, x
