@@ -165,6 +165,8 @@ def compare(
                                           "replay the sim only and compare with its hw side"),
     saved_profile: bool = typer.Option(False, "--saved-profile", help="with --hw-from: the sim uses "
                                        "the hardware profile that hw run recorded, not the config's"),
+    pin_arrivals: bool = typer.Option(False, "--pin-arrivals", help="with --hw-from: the sim releases "
+                                      "each turn when hw did (closed-loop sessions do not drift apart)"),
     calibrate_first: bool = typer.Option(False, "--calibrate", help="run `kvsim calibrate` on this "
                                          "machine first, into OUT/hardware.yaml, and compare with that "
                                          "profile on both sides"),
@@ -176,9 +178,10 @@ def compare(
     from kvsim.workload import TraceError
 
     console = Console(stderr=True)
-    if saved_profile and not hw_from:
-        _error(console, "--saved-profile: only with --hw-from")
-        raise typer.Exit(2)
+    for flag, on in (("--saved-profile", saved_profile), ("--pin-arrivals", pin_arrivals)):
+        if on and not hw_from:
+            _error(console, f"{flag}: only with --hw-from")
+            raise typer.Exit(2)
     if calibrate_first and hw_from:
         _error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
@@ -193,7 +196,8 @@ def compare(
         raise typer.Exit(2)
     try:
         if hw_from:
-            report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile)
+            report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile,
+                                            pin_arrivals=pin_arrivals)
             results = (("sim", sim_res),)
         else:
             if calibrate_first:

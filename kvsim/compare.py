@@ -170,10 +170,16 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
 
 
-def _replay_sim(prep, sim_log: list[dict]) -> Result:
+def _replay_sim(prep, sim_log: list[dict], pinned: dict | None = None) -> Result:
     """The sim side of a compare: it predicts the hw run, so turns wait for their refchecks
     and the checks take the hw backend's time (``model_refcheck``)."""
-    return replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True})
+    return replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True},
+                  pinned_arrivals=pinned)
+
+
+def arrivals_of(rows) -> dict[tuple[str, int], float]:
+    """(session, turn) -> arrival s of a replay's request rows (or a saved requests.csv's)."""
+    return {k: arr for k, (arr, _) in _turn_times(rows).items()}
 
 
 def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = None) -> tuple[dict, Result, Result]:
@@ -239,10 +245,13 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
 
 
 def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
-                  saved_profile: bool = False) -> tuple[dict, Result]:
+                  saved_profile: bool = False, pin_arrivals: bool = False) -> tuple[dict, Result]:
     """Replay ``cfg`` on the sim only and compare it with the hw replay an earlier compare
     saved in ``folder``: with the current profile (e.g. after re-fitting it, without a
-    GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with."""
+    GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with.
+    ``pin_arrivals``: the sim releases each turn when hw did (or when its previous item
+    completes, if later), so closed-loop sessions do not drift apart and what differs is
+    what the model predicts turn by turn."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
     if saved_profile and hw.profile is None:
         raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
@@ -250,10 +259,12 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     if saved_profile:  # the sim's summary says where its profile came from, not the config's name
         cfg = cfg.model_copy(update={"hardware": f"{Path(folder) / 'hw' / 'summary.json'}: hardware_profile"})
     sim_log: list[dict] = []
-    sim = _replay_sim(prepare_run(cfg, trace, hw.profile if saved_profile else None), sim_log)
+    sim = _replay_sim(prepare_run(cfg, trace, hw.profile if saved_profile else None), sim_log,
+                      arrivals_of(hw.rows) if pin_arrivals else None)
     report = compare_results(sim, hw, sim_log, hw_log)
     report["hw_options"] = hw_options
     report["hw_from"] = str(folder)
+    report["pinned_arrivals"] = pin_arrivals
     report["logs"] = {"sim": sim_log, "hw": hw_log}
     return report, sim
 

@@ -132,7 +132,11 @@ BACKENDS: dict[str, Callable] = {"sim": _build_sim, "hw": _build_hw}
 
 
 def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,
-           backend_options: dict | None = None) -> Result:
+           backend_options: dict | None = None,
+           pinned_arrivals: dict[tuple[str, int], float] | None = None) -> Result:
+    """Replay the prepared run on ``backend``. ``pinned_arrivals`` ((session, turn) ->
+    seconds): release those turns then, not a think time after their previous item
+    (``Engine.pin_arrivals``)."""
     cfg = prep.cfg
     if backend not in BACKENDS:
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -148,6 +152,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                           max_plan_failures=e.max_plan_failures,
                           timeline_interval_s=cfg.output.timeline_interval)
     engine = Engine(rt, be, mgr, model, params)
+    if pinned_arrivals is not None:
+        engine.pin_arrivals(pinned_arrivals)
     engine.load(prep.workload, prep.starts)
     if progress is not None:
         engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))

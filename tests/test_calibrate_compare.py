@@ -123,6 +123,21 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
     assert r.exit_code == 2 and "--calibrate" in r.output
     r = CliRunner().invoke(app, ["compare", "default", "--saved-profile"])
     assert r.exit_code == 2 and "--saved-profile" in r.output
+    r = CliRunner().invoke(app, ["compare", "default", "--pin-arrivals"])
+    assert r.exit_code == 2 and "--pin-arrivals" in r.output
+    # --pin-arrivals: the sim releases each turn when hw did, or later when its session's
+    # previous item completes later in the sim (never earlier)
+    pinned = tmp_path / "pinned"
+    r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []), "--hw-from",
+                                 str(out), "--saved-profile", "--pin-arrivals", "--out", str(pinned)])
+    assert r.exit_code == 0, r.output
+    assert json.loads((pinned / "compare.json").read_text())["pinned_arrivals"] is True
+    import csv
+    hw_arr = {(r["session"], r["turn"]): float(r["arrival_s"]) for r in csv.DictReader(open(out / "hw" / "requests.csv"))}
+    sim_arr = {(r["session"], r["turn"]): float(r["arrival_s"]) for r in csv.DictReader(open(pinned / "sim" / "requests.csv"))}
+    assert sim_arr.keys() == hw_arr.keys()
+    assert all(sim_arr[k] >= hw_arr[k] - 1e-9 for k in hw_arr)
+    assert sum(abs(sim_arr[k] - hw_arr[k]) < 1e-9 for k in hw_arr) > len(hw_arr) // 2
     bad = tmp_path / "bad"
     r = CliRunner().invoke(app, ["compare", "default", "--set", "workload.kind=nope", "--calibrate",
                                  "--device", "cpu", "--out", str(bad)])

@@ -286,3 +286,29 @@ def test_transfers_that_keep_failing_fail_the_request_not_the_run():
     assert not good.failed and good.done_ns > 0      # the rest of the run went on
     assert mgr.counters.failed_batches == 3
     assert eng.metrics.requests_failed == 1
+
+
+def test_pinned_arrivals_replace_think_times():
+    """``Engine.pin_arrivals``: a closed-loop turn is released at its pinned time, or when
+    its session's previous item completes if that is later; pinned to its own arrivals a
+    replay is unchanged (the same rows to the nanosecond)."""
+    def story(pins=None):
+        mgr, rt, be, cm, eng, _ = _setup()
+        t1 = Turn(input_tokens=64, output_tokens=2, hash_ids=(1, 2))
+        t2 = Turn(input_tokens=100, output_tokens=2, hash_ids=(1, 2, 3, 4), think_s=5.0)
+        t3 = Turn(input_tokens=130, output_tokens=1, hash_ids=(1, 2, 3, 4, 5), think_s=1.0)
+        if pins is not None:
+            eng.pin_arrivals(pins)
+        eng.load(Workload("closed", B, True, (Session("sess", "sess", (t1, t2, t3)),)), start_times_s=[0.0])
+        rt.run(until=rt.process(eng.serve()))
+        return eng.metrics.rows
+
+    free = story()
+    assert [r.turn for r in free] == [1, 2, 3]
+    same = story({(r.session, r.turn): r.arrival_ns / NS for r in free})
+    assert [vars(r) for r in same] == [vars(r) for r in free]
+    # turn 2 pinned 2 s later than its think time gives; turn 3 pinned before turn 2 ends
+    late = free[1].arrival_ns / NS + 2.0
+    r1, r2, r3 = story({("sess", 2): late, ("sess", 3): 0.5})
+    assert r2.arrival_ns == round(late * NS)
+    assert r3.arrival_ns == r2.done_ns  # released when its session's previous item completed

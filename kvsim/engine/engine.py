@@ -134,6 +134,15 @@ class Engine:
         self._uids = count()
         self._next_sample = 0
         self._vnow = 0.0                             # the runtime's time the engine ran ahead to
+        self._pinned: dict[tuple[str, int], int] | None = None  # (session, turn) -> arrival ns
+
+    def pin_arrivals(self, arrivals_s: dict[tuple[str, int], float]) -> None:
+        """Release each listed turn (keyed by session and turn, as the request rows) at the
+        given time, or when its session's previous item completes if that is later, instead
+        of ``think_s`` after it: a closed-loop replay on another run's arrivals (``kvsim
+        compare --pin-arrivals``), so that the two differ by what the model predicts, not by
+        how far each turn's error carried into the sessions' later arrivals."""
+        self._pinned = {(str(k[0]), int(k[1])): round(v * NS) for k, v in arrivals_s.items()}
 
     # == workload =======================================================================
     def load(self, workload: Workload, start_times_s: Iterable[float] | None = None) -> None:
@@ -171,6 +180,10 @@ class Engine:
             if nxt is not None:
                 frame, turn = nxt
                 at = done_ns if first else done_ns + round(turn.think_s * NS)
+                if self._pinned is not None:
+                    pin = self._pinned.get((frame.session.sid, cur.turn_index))
+                    if pin is not None:
+                        at = max(done_ns, pin)
                 heapq.heappush(self._arrivals, (at, next(self._seq), cur, frame, turn))
                 return
             frame = cur.pop()
