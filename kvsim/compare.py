@@ -63,8 +63,8 @@ def transfer_table(log: Iterable[dict]) -> dict[str, dict]:
     return out
 
 
-def headline(result: Result) -> dict[str, float | None]:
-    m = result.metrics
+def headline(m: dict) -> dict[str, float | None]:
+    """The compared metrics out of a replay's ``metrics`` (summary.json's)."""
     out = {"ttft_p50_s": m["ttft_s"]["p50"], "ttft_p90_s": m["ttft_s"]["p90"],
            "requests_per_s": m["throughput"]["requests_per_s"],
            "output_tokens_per_s": m["throughput"]["output_tokens_per_s"],
@@ -152,7 +152,7 @@ def _ttft_ci(rows, metrics: dict, key: str) -> None:
 
 def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict]) -> dict:
     """The side-by-side report of two finished replays and their timing logs."""
-    hs, hh = headline(sim), headline(hw)
+    hs, hh = headline(sim.metrics), headline(hw.metrics)
     metrics = {k: {"sim": hs.get(k), "hw": hh.get(k), "rel_err": rel_err(hs.get(k), hh.get(k))}
                for k in dict.fromkeys([*hs, *hh])}
     _ttft_ci(hw.rows, metrics, "hw_ci90")
@@ -206,7 +206,9 @@ def load_run(folder: str | Path) -> tuple[dict, list]:
         raise ValueError(f"{folder}: expected a results folder (summary.json, requests.csv)")
     try:
         summary = json.loads((folder / "summary.json").read_text())
-        summary["metrics"]["ttft_s"], summary["metrics"]["hit_tokens"]  # noqa: B018 - required keys
+        for k in ("ttft_s", "throughput", "hit_tokens", "requests_completed", "requests_failed"):  # headline()
+            if k not in summary["metrics"]:
+                raise KeyError(f"summary.json: metrics has no {k!r}")
         with open(folder / "requests.csv", newline="") as f:
             rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
         for i, r in enumerate(rows, start=2):
@@ -274,10 +276,8 @@ def diff_runs(a: str | Path, b: str | Path) -> dict:
     ``(a - b) / b`` and the per-turn agreement (turns matched by session and turn). Any two
     runs of one workload: hw against hw (how far the GPU repeats itself: the floor under
     any prediction), sim against hw, one policy against another."""
-    from types import SimpleNamespace  # noqa: PLC0415
-
     (sa, ra), (sb, rb) = load_run(a), load_run(b)
-    ha, hb = headline(SimpleNamespace(metrics=sa["metrics"])), headline(SimpleNamespace(metrics=sb["metrics"]))
+    ha, hb = headline(sa["metrics"]), headline(sb["metrics"])
     metrics = {k: {"a": ha.get(k), "b": hb.get(k), "rel_err": rel_err(ha.get(k), hb.get(k))}
                for k in dict.fromkeys([*ha, *hb])}
     _ttft_ci(rb, metrics, "b_ci90")
