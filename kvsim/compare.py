@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from kvsim.config import RunConfig
 from kvsim.run import Result, prepare_run, replay
@@ -150,8 +150,33 @@ def _ttft_ci(rows, metrics: dict, key: str) -> None:
             metrics[k][key] = None if ci is None else list(ci)  # as it reads back from JSON
 
 
-def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict]) -> dict:
-    """The side-by-side report of two finished replays and their timing logs."""
+def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
+    """A compute log's totals (``[start s, nominal s, seconds it took]`` a call): calls, the
+    nominal and the measured seconds, the stretch (measured - nominal) in all and per call
+    (ms, p50 / p90), and measured / nominal per call of at least 1 ms nominal (p50 / p90).
+    Empty for a run without one (saved before compute logs were kept)."""
+    rows = list(log or ())
+    if not rows:
+        return {}
+    import numpy as np  # noqa: PLC0415
+
+    a = np.asarray(rows, dtype=float).reshape(-1, 3)
+    nominal, took = a[:, 1], a[:, 2]
+    stretch = took - nominal
+    big = nominal >= 1e-3
+    ratio = took[big] / nominal[big]
+    return {"calls": int(a.shape[0]), "nominal_s": float(nominal.sum()), "seconds": float(took.sum()),
+            "stretch_s": float(stretch.sum()),
+            "stretch_ms_p50": float(np.percentile(stretch, 50) * 1e3),
+            "stretch_ms_p90": float(np.percentile(stretch, 90) * 1e3),
+            "ratio_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
+            "ratio_p90": float(np.percentile(ratio, 90)) if ratio.size else None}
+
+
+def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict],
+                    sim_compute: list | None = None, hw_compute: list | None = None) -> dict:
+    """The side-by-side report of two finished replays and their timing logs (and compute
+    logs: how much longer than nominal the steps ran on each side)."""
     hs, hh = headline(sim.metrics), headline(hw.metrics)
     metrics = {k: {"sim": hs.get(k), "hw": hh.get(k), "rel_err": rel_err(hs.get(k), hh.get(k))}
                for k in dict.fromkeys([*hs, *hh])}
@@ -166,14 +191,17 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
         }
     return {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
+            "compute": {"sim": compute_summary(sim_compute), "hw": compute_summary(hw_compute)},
             "turns": {**hits_agreement(sim.rows, hw.rows), **turn_timing(sim.rows, hw.rows)},
             "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
 
 
-def _replay_sim(prep, sim_log: list[dict], pinned: dict | None = None) -> Result:
+def _replay_sim(prep, sim_log: list[dict], pinned: dict | None = None,
+                compute_log: list | None = None) -> Result:
     """The sim side of a compare: it predicts the hw run, so turns wait for their refchecks
     and the checks take the hw backend's time (``model_refcheck``)."""
-    return replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True},
+    return replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True,
+                                                "compute_log": compute_log},
                   pinned_arrivals=pinned)
 
 
@@ -187,11 +215,16 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     prep = prepare_run(cfg, trace)
     sim_log: list[dict] = []
     hw_log: list[dict] = []
-    sim = _replay_sim(prep, sim_log)
-    hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log})
-    report = compare_results(sim, hw, sim_log, hw_log)
-    report["hw_options"] = {k: v for k, v in (hw_options or {}).items() if k != "timing_log"}
-    report["logs"] = {"sim": sim_log, "hw": hw_log}
+    sim_compute: list = []
+    hw_compute: list = []
+    sim = _replay_sim(prep, sim_log, compute_log=sim_compute)
+    hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log,
+                                             "compute_log": hw_compute})
+    report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
+    report["hw_options"] = {k: v for k, v in (hw_options or {}).items()
+                            if k not in ("timing_log", "compute_log")}
+    report["logs"] = {"sim": sim_log, "hw": hw_log, "sim_compute": sim_compute,
+                      "hw_compute": hw_compute}
     return report, sim, hw
 
 
@@ -255,19 +288,26 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     completes, if later), so closed-loop sessions do not drift apart and what differs is
     what the model predicts turn by turn."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
+    try:  # (saved_hw read it already; runs saved before compute logs were kept have none)
+        hw_compute = json.loads((Path(folder) / "compare.json").read_text())["logs"].get("hw_compute")
+    except (OSError, ValueError, KeyError, AttributeError):
+        hw_compute = None
     if saved_profile and hw.profile is None:
         raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
                          f"hardware profile (older runs); pass --set hardware=PATH instead")
     if saved_profile:  # the sim's summary says where its profile came from, not the config's name
         cfg = cfg.model_copy(update={"hardware": f"{Path(folder) / 'hw' / 'summary.json'}: hardware_profile"})
     sim_log: list[dict] = []
+    sim_compute: list = []
     sim = _replay_sim(prepare_run(cfg, trace, hw.profile if saved_profile else None), sim_log,
-                      arrivals_of(hw.rows) if pin_arrivals else None)
-    report = compare_results(sim, hw, sim_log, hw_log)
+                      arrivals_of(hw.rows) if pin_arrivals else None, sim_compute)
+    report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = hw_options
     report["hw_from"] = str(folder)
     report["pinned_arrivals"] = pin_arrivals
-    report["logs"] = {"sim": sim_log, "hw": hw_log}
+    report["logs"] = {"sim": sim_log, "hw": hw_log, "sim_compute": sim_compute}
+    if hw_compute is not None:
+        report["logs"]["hw_compute"] = hw_compute
     return report, sim
 
 
@@ -357,4 +397,17 @@ def report_tables(report: dict):
         t.caption = (f"{turns['same_hits_by_tier']} of {turns['turns']} turns found the same "
                      f"hit tokens by tier on both backends; CI: a bootstrap over hw's turns")
         t.caption += _timing_caption(turns)
+    comp = report.get("compute") or {}
+    if comp.get("sim") and comp.get("hw"):
+        x.caption = _compute_caption(comp["sim"], comp["hw"])
     return t, x
+
+
+def _compute_caption(a: dict, b: dict) -> str:
+    """One line: each side's compute, nominal and as it ran (the copies' interference)."""
+    def side(c: dict) -> str:
+        r = c.get("ratio_p50")
+        return (f"{c['seconds']:.2f} s for {c['nominal_s']:.2f} s nominal in {c['calls']} calls "
+                f"(stretch {c['stretch_s']:+.3f} s; per call p50 {c['stretch_ms_p50']:+.3f} ms, "
+                f"p90 {c['stretch_ms_p90']:+.3f} ms" + (f"; x{r:.4f} p50 from 1 ms" if r else "") + ")")
+    return f"compute: sim {side(a)}; hw {side(b)}"

@@ -118,7 +118,8 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
     slots = {t.level: t.max_slots for t in mgr.tiers}
     be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck,
                     timing_log=options.get("timing_log"),
-                    model_refcheck=options.get("model_refcheck", False))
+                    model_refcheck=options.get("model_refcheck", False),
+                    compute_log=options.get("compute_log"))
     return rt, be
 
 

@@ -68,6 +68,15 @@ def test_compare_tiny_config_cpu(tmp_path):
     assert turns["same_hits_by_tier"] == turns["turns"] - len(turns["differ"])
     assert turns["arrival_drift_max_s"] >= 0 and turns["ttft_abs_rel_err_p90"] >= 0
     assert turns["ttft_rel_err_median"] is not None
+    # each side logged its compute calls: the totals equal what the backend counted (in
+    # CPU mode the hw backend's compute is a timer of the nominal time: no stretch)
+    comp = report["compute"]
+    for side, res in (("sim", sim), ("hw", hw)):
+        c, last = comp[side], res.timeline[-1]
+        assert c["calls"] == len(report["logs"][f"{side}_compute"]) == last["compute_calls"] > 0
+        assert c["seconds"] == pytest.approx(last["compute_s"], rel=1e-9)
+        assert c["stretch_s"] == pytest.approx(last["compute_stretch_s"], abs=1e-9)
+    assert comp["hw"]["stretch_s"] == 0.0 and comp["hw"]["seconds"] == comp["hw"]["nominal_s"]
 
     # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
     from kvsim.compare import compare_saved, write_report
@@ -79,6 +88,7 @@ def test_compare_tiny_config_cpu(tmp_path):
     assert again["metrics"]["ttft_p50_s"]["hw"] == m["ttft_p50_s"]["hw"]
     assert again["metrics"]["ttft_p50_s"]["sim"] == m["ttft_p50_s"]["sim"]  # same sim replay
     assert again["turns"] == turns and again["logs"]["hw"] == report["logs"]["hw"]
+    assert again["compute"] == comp  # the hw side's compute log is read back too
     with pytest.raises(ValueError, match="expected an earlier compare"):
         compare_saved(cfg, tmp_path / "nothing-here")
 
@@ -433,3 +443,17 @@ def test_bootstrap_interval_of_a_percentile():
     lo, hi = bootstrap_ci(few, 90)
     assert lo <= float(np.percentile(few, 90)) <= hi and hi / max(lo, 1e-9) > 5
     assert bootstrap_ci(few, 90) == (lo, hi)
+
+
+def test_compute_summary_by_hand():
+    from kvsim.compare import compute_summary
+
+    assert compute_summary(None) == {} and compute_summary([]) == {}
+    # [start, nominal, took]: 2 ms ran 2.5 (x1.25), 4 ms ran 4 (x1), 0.5 ms ran 0.6 (< 1 ms:
+    # not in the ratios)
+    c = compute_summary([[0.0, 2e-3, 2.5e-3], [1.0, 4e-3, 4e-3], [2.0, 0.5e-3, 0.6e-3]])
+    assert c["calls"] == 3
+    assert c["nominal_s"] == pytest.approx(6.5e-3) and c["seconds"] == pytest.approx(7.1e-3)
+    assert c["stretch_s"] == pytest.approx(0.6e-3)
+    assert c["stretch_ms_p50"] == pytest.approx(0.1)   # stretches 0.5, 0, 0.1 ms
+    assert c["ratio_p50"] == pytest.approx(1.125) and c["ratio_p90"] == pytest.approx(1.225)

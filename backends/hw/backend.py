@@ -73,7 +73,7 @@ class HwBackend:
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
                  cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
                  disk_preallocate: bool = True, timing_log: list | None = None,
-                 compute_graphs: bool = True):
+                 compute_graphs: bool = True, compute_log: list | None = None):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -102,6 +102,11 @@ class HwBackend:
         # seconds of wall time from the start of transfer() (its own host time counts: the
         # batched copy call, the slot upload) to the runtime seeing the completion
         self.timing_log = timing_log
+        # optional per-compute log: [start s, nominal s, seconds it took] (on a GPU its
+        # time between two events on the compute stream, in sim seconds; in CPU mode the
+        # nominal time)
+        self.compute_log = compute_log
+        self._compute = {"compute_calls": 0, "compute_s": 0.0, "compute_nominal_s": 0.0}
         self._bytes = {"host_to_gpu": 0, "gpu_to_host": 0, "disk_read": 0, "disk_write": 0}
         self._counts = {"transfers": 0, "failed_transfers": 0}
         self._fail_next = 0
@@ -305,6 +310,10 @@ class HwBackend:
         """Bytes moved by completed transfers (the names the engine's summary reads)."""
         out: dict = dict(self._bytes)
         out.update(self._counts)
+        c = self._compute
+        out["compute_calls"] = c["compute_calls"]
+        out["compute_s"] = c["compute_s"]
+        out["compute_stretch_s"] = c["compute_s"] - c["compute_nominal_s"]
         out["copy_path"] = self.copy_path.value
         out["copy_path_h2d"] = self.copy_paths["h2d"].value
         out["copy_path_d2h"] = self.copy_paths["d2h"].value
@@ -357,14 +366,26 @@ class HwBackend:
             raise ValueError(f"duration_s: got {duration_s!r}; expected >= 0")
         rt = self.runtime
         if not self.on_gpu or duration_s == 0:
-            return rt.timeout(duration_s, duration_s)
-        cp, s = self.cp, self.streams["compute"]
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(s)
-        self.kernels.launch_busy(s, rt.sim_to_wall(duration_s), self.compute_chunk_s)
-        b.record(s)
-        return rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
-                        if b.done else (False, None))
+            ev = rt.timeout(duration_s, duration_s)
+        else:
+            cp, s = self.cp, self.streams["compute"]
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record(s)
+            self.kernels.launch_busy(s, rt.sim_to_wall(duration_s), self.compute_chunk_s)
+            b.record(s)
+            ev = rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
+                          if b.done else (False, None))
+        t0 = rt.now
+        ev.callbacks.append(lambda e: self._count_compute(t0, duration_s, e.value))
+        return ev
+
+    def _count_compute(self, t0: float, nominal_s: float, took_s: float) -> None:
+        c = self._compute
+        c["compute_calls"] += 1
+        c["compute_s"] += took_s
+        c["compute_nominal_s"] += nominal_s
+        if self.compute_log is not None:
+            self.compute_log.append([t0, nominal_s, took_s])
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
         # real time cannot be predicted with transfers in flight; with none, the engine

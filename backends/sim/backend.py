@@ -91,7 +91,8 @@ class SimBackend:
     def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
                  slots: dict[Level, int], refcheck: bool = True,
                  copy_path: CopyPath | None = None, chunked_registration: bool = False,
-                 timing_log: list | None = None, model_refcheck: bool = False):
+                 timing_log: list | None = None, model_refcheck: bool = False,
+                 compute_log: list | None = None):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -105,6 +106,10 @@ class SimBackend:
         self.on_traffic: Callable[[float, str, int], None] | None = None
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = timing_log
+        # optional per-compute log: [start s, nominal s, seconds it took] (the stretch of
+        # copies' interference included, the backend's fixed latency not: the hw backend's
+        # figure is its GPU time between two events)
+        self.compute_log = compute_log
         p = profile
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         self.paths = {
@@ -165,7 +170,8 @@ class SimBackend:
     def compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s)
-        done.callbacks.append(lambda ev, d=duration_s: self._count_compute(ev.value, d))  # type: ignore[misc]
+        done.callbacks.append(lambda ev, d=duration_s, t0=self.env.now:  # type: ignore[misc]
+                              self._count_compute(ev.value, d, t0))
         if self.compute_latency > 0:
             return self.env.process(self._after(done, self.compute_latency))
         return done
@@ -180,6 +186,8 @@ class SimBackend:
         self._counts["compute_calls"] += 1
         self._compute_s += end - start_s  # _count_compute, inline (once per engine step)
         self._compute_nominal_s += seconds
+        if self.compute_log is not None:
+            self.compute_log.append([start_s, seconds, end - start_s])
         return end + lat  # (+ 0.0 when there is none: the same float)
 
     def catch_up(self, until_s: float) -> simpy.Event:
@@ -265,9 +273,11 @@ class SimBackend:
         self.checks_modeled += 1
         return found
 
-    def _count_compute(self, took_s: float, nominal_s: float) -> None:
+    def _count_compute(self, took_s: float, nominal_s: float, t0: float) -> None:
         self._compute_s += took_s
         self._compute_nominal_s += nominal_s
+        if self.compute_log is not None:
+            self.compute_log.append([t0, nominal_s, took_s])
 
     def _run(self, batch: Batch, route, fail: bool, t0: float = 0.0):
         link_dir, disk_dir, res, _ = route
