@@ -151,7 +151,7 @@ def _ttft_ci(rows, metrics: dict, key: str) -> None:
 
 
 def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
-    """A compute log's totals (``[start s, nominal s, seconds it took]`` a call): calls, the
+    """A compute log's totals (``[start s, nominal s, seconds it took, ...]`` a call): calls, the
     nominal and the measured seconds, the stretch (measured - nominal) in all and per call
     (ms, p50 / p90), and measured / nominal per call of at least 1 ms nominal (p50 / p90).
     Empty for a run without one (saved before compute logs were kept)."""
@@ -160,7 +160,7 @@ def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
         return {}
     import numpy as np  # noqa: PLC0415
 
-    a = np.asarray(rows, dtype=float).reshape(-1, 3)
+    a = np.asarray([r[:3] for r in rows], dtype=float).reshape(-1, 3)
     nominal, took = a[:, 1], a[:, 2]
     stretch = took - nominal
     big = nominal >= 1e-3
@@ -218,13 +218,14 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     sim_compute: list = []
     hw_compute: list = []
     sim = _replay_sim(prep, sim_log, compute_log=sim_compute)
+    hw_host: list = []
     hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log,
-                                             "compute_log": hw_compute})
+                                             "compute_log": hw_compute, "host_log": hw_host})
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = {k: v for k, v in (hw_options or {}).items()
-                            if k not in ("timing_log", "compute_log")}
+                            if k not in ("timing_log", "compute_log", "host_log")}
     report["logs"] = {"sim": sim_log, "hw": hw_log, "sim_compute": sim_compute,
-                      "hw_compute": hw_compute}
+                      "hw_compute": hw_compute, "hw_host": hw_host}
     return report, sim, hw
 
 

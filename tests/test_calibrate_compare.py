@@ -77,6 +77,11 @@ def test_compare_tiny_config_cpu(tmp_path):
         assert c["seconds"] == pytest.approx(last["compute_s"], rel=1e-9)
         assert c["stretch_s"] == pytest.approx(last["compute_stretch_s"], abs=1e-9)
     assert comp["hw"]["stretch_s"] == 0.0 and comp["hw"]["seconds"] == comp["hw"]["nominal_s"]
+    # hw also logs when the loop saw each compute end (never before it could have), and
+    # the loop thread's calls that held it 0.5 ms or more
+    from kvsim_backends.hw.backend import HOST_LOG_MIN_S
+    assert all(len(r) == 4 and r[3] >= r[2] - 1e-9 for r in report["logs"]["hw_compute"])
+    assert all(len(r) == 3 and r[2] >= HOST_LOG_MIN_S for r in report["logs"]["hw_host"])
 
     # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
     from kvsim.compare import compare_saved, write_report

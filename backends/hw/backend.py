@@ -73,7 +73,8 @@ class HwBackend:
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
                  cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
                  disk_preallocate: bool = True, timing_log: list | None = None,
-                 compute_graphs: bool = True, compute_log: list | None = None):
+                 compute_graphs: bool = True, compute_log: list | None = None,
+                 host_log: list | None = None):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -102,10 +103,15 @@ class HwBackend:
         # seconds of wall time from the start of transfer() (its own host time counts: the
         # batched copy call, the slot upload) to the runtime seeing the completion
         self.timing_log = timing_log
-        # optional per-compute log: [start s, nominal s, seconds it took] (on a GPU its
-        # time between two events on the compute stream, in sim seconds; in CPU mode the
-        # nominal time)
+        # optional per-compute log: [start s, nominal s, seconds it took, seconds until the
+        # loop saw it done] (took: on a GPU its time between two events on the compute
+        # stream, in sim seconds; in CPU mode the nominal time; seen - took is the time
+        # the stream waited before it started, plus the loop's lateness in seeing it end)
         self.compute_log = compute_log
+        # optional log of the loop thread's own slow calls: [t s, what, seconds] for each
+        # of transfer() (its enqueue), fill(), compute() (its launch) and the reading of a
+        # GPU check's tags that held the loop HOST_LOG_MIN_S or more
+        self.host_log = host_log
         self._compute = {"compute_calls": 0, "compute_s": 0.0, "compute_nominal_s": 0.0}
         self._bytes = {"host_to_gpu": 0, "gpu_to_host": 0, "disk_read": 0, "disk_write": 0}
         self._counts = {"transfers": 0, "failed_transfers": 0}
@@ -255,6 +261,9 @@ class HwBackend:
             ev = self._injected_failure(batch)
         else:
             ev = self._transfer(batch, path)
+        if self.host_log is not None:
+            self._host_time(f"transfer {batch.src.name.lower()}->{batch.dst.name.lower()} "
+                            f"{int(batch.pages)}", t0)
         if batch.pages:
             self._account(batch, ev, path, t0)
         return ev
@@ -365,6 +374,7 @@ class HwBackend:
         if duration_s < 0:
             raise ValueError(f"duration_s: got {duration_s!r}; expected >= 0")
         rt = self.runtime
+        h0 = _clock()
         if not self.on_gpu or duration_s == 0:
             ev = rt.timeout(duration_s, duration_s)
         else:
@@ -377,6 +387,8 @@ class HwBackend:
                           if b.done else (False, None))
         t0 = rt.now
         ev.callbacks.append(lambda e: self._count_compute(t0, duration_s, e.value))
+        if self.host_log is not None:
+            self._host_time("compute", h0)
         return ev
 
     def _count_compute(self, t0: float, nominal_s: float, took_s: float) -> None:
@@ -385,7 +397,12 @@ class HwBackend:
         c["compute_s"] += took_s
         c["compute_nominal_s"] += nominal_s
         if self.compute_log is not None:
-            self.compute_log.append([t0, nominal_s, took_s])
+            self.compute_log.append([t0, nominal_s, took_s, self.runtime.now - t0])
+
+    def _host_time(self, what: str, t0: float) -> None:
+        dt = _clock() - t0
+        if dt >= HOST_LOG_MIN_S:
+            self.host_log.append([self.runtime.now, what, dt])  # type: ignore[union-attr]
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
         # real time cannot be predicted with transfers in flight; with none, the engine
@@ -396,6 +413,12 @@ class HwBackend:
         return self.compute(max(0.0, until_s - self.runtime.now))
 
     def fill(self, fill: Fill) -> None:
+        t0 = _clock()
+        self._fill(fill)
+        if self.host_log is not None:
+            self._host_time(f"fill {Level(fill.level).name.lower()} {len(fill.slots)}", t0)
+
+    def _fill(self, fill: Fill) -> None:
         slots = np.asarray(fill.slots, dtype=np.int64)
         tags = np.asarray(fill.tags, dtype=np.uint64)
         if slots.size == 0:
@@ -448,6 +471,7 @@ class HwBackend:
         in CPU mode) read back and checked on an I/O thread. The waitable succeeds with
         the tags found; if reading fails, with no tags at all (so the check fails loudly)
         and the error in ``errors``."""
+        h0 = _clock()
         slots = np.asarray(slots, dtype=np.int64)
         lv = Level(level)
         if slots.size == 0:
@@ -460,8 +484,15 @@ class HwBackend:
         if base is not None:
             tags, done_ev, keep = self._enqueue_check(base, slots)
             if lv != Level.GPU:
-                return self.runtime.watch(lambda: (True, tags())
-                                          if done_ev.done and keep is not None else (False, None))
+                def poll_host():
+                    if not done_ev.done or keep is None:
+                        return False, None
+                    t0 = _clock()
+                    found = tags()
+                    if self.host_log is not None:
+                        self._host_time(f"check tags host {len(slots)}", t0)
+                    return True, found
+                return self.runtime.watch(poll_host)
             # A write into these slots before the loop sees the check finish waits for it
             # (a resumed request's check runs on while the request may end and its slots be
             # reused); writes into other slots do not wait.
@@ -469,11 +500,20 @@ class HwBackend:
             checking = self._checking
             checking[slots] += 1
 
+            log = self.host_log
+
             def poll():
                 if not done_ev.done or keep is None:  # (keep: alive until the kernel is done)
                     return False, None
                 checking[slots] -= 1
-                return True, tags()
+                if log is None:
+                    return True, tags()
+                t0 = _clock()
+                found = tags()
+                self._host_time(f"check tags gpu {len(slots)}", t0)
+                return True, found
+            if log is not None:
+                self._host_time(f"check enqueue gpu {len(slots)}", h0)
             return self.runtime.watch(poll)
         ev, trigger = self.runtime.external()
         n = len(slots)
@@ -815,6 +855,7 @@ class HwBackend:
         return bool(copied)
 
 
+HOST_LOG_MIN_S = 0.5e-3  # host_log: the loop thread's calls that held it this long or more
 CHECK_SPAN_WORDS = 8192  # kv_check: a CTA checks 64 KiB of a page (a 2 MiB page: 32 CTAs)
 _SMALL = 32  # batches of at most this many pages: per-page checks in Python, not numpy
 
