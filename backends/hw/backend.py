@@ -112,6 +112,7 @@ class HwBackend:
         # of transfer() (its enqueue), fill(), compute() (its launch) and the reading of a
         # GPU check's tags that held the loop HOST_LOG_MIN_S or more
         self.host_log = host_log
+        self._last_b = None  # (compute_log) the last compute's end event
         self._compute = {"compute_calls": 0, "compute_s": 0.0, "compute_nominal_s": 0.0}
         self._bytes = {"host_to_gpu": 0, "gpu_to_host": 0, "disk_read": 0, "disk_write": 0}
         self._counts = {"transfers": 0, "failed_transfers": 0}
@@ -385,8 +386,13 @@ class HwBackend:
             b.record(s)
             ev = rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
                           if b.done else (False, None))
+            if self.compute_log is not None:  # the compute stream's GPU time from the last
+                prev, self._last_b = self._last_b, b  # compute's end to this one's start
+                if prev is not None:
+                    ev.callbacks.append(lambda e: self.compute_log[-1].append(  # type: ignore[union-attr]
+                        rt.wall_to_sim(cp.cuda.get_elapsed_time(prev, a) / 1e3)))
         t0 = rt.now
-        ev.callbacks.append(lambda e: self._count_compute(t0, duration_s, e.value))
+        ev.callbacks.insert(0, lambda e: self._count_compute(t0, duration_s, e.value))
         if self.host_log is not None:
             self._host_time("compute", h0)
         return ev
@@ -645,6 +651,9 @@ class HwBackend:
         if ev is not None and self._check_waited.get(stream.ptr) is not ev and self._checking[slots].any():
             stream.wait_event(ev)
             self._check_waited[stream.ptr] = ev
+            if self.host_log is not None:
+                name = next((k for k, v in self.streams.items() if v is stream), "other")
+                self.host_log.append([self.runtime.now, f"{name} stream waits for a check", 0.0])
 
     # -- GPU <-> host, GPU <-> GPU --------------------------------------------------------
 
