@@ -289,10 +289,7 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     completes, if later), so closed-loop sessions do not drift apart and what differs is
     what the model predicts turn by turn."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
-    try:  # (saved_hw read it already; runs saved before compute logs were kept have none)
-        hw_compute = json.loads((Path(folder) / "compare.json").read_text())["logs"].get("hw_compute")
-    except (OSError, ValueError, KeyError, AttributeError):
-        hw_compute = None
+    hw_compute = saved_calls(folder).get("hw_compute")  # (None for runs saved before)
     if saved_profile and hw.profile is None:
         raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
                          f"hardware profile (older runs); pass --set hardware=PATH instead")
@@ -346,11 +343,51 @@ def diff_table(report: dict):
     return t
 
 
+# per-call logs (a row a compute call; the hw loop's slow calls): written gzipped beside
+# compare.json (some 30K rows a side for a 5-minute slice), not into it
+CALL_LOGS = ("sim_compute", "hw_compute", "hw_host")
+CALL_LOGS_FILE = "compare-calls.json.gz"
+
+
 def write_report(report: dict, out: Path) -> Path:
+    """``compare.json`` (the report and the per-batch timing logs) and, when the report
+    has them, the per-call logs in ``compare-calls.json.gz``; each file written whole or
+    not at all (a temporary file renamed into place)."""
+    import gzip  # noqa: PLC0415
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    logs = report.get("logs") or {}
+    calls = {k: logs[k] for k in CALL_LOGS if k in logs}
+    small = {**report, "logs": {k: v for k, v in logs.items() if k not in calls}} if logs else report
+    if calls:
+        _write_whole(out / CALL_LOGS_FILE, gzip.compress(json.dumps(calls).encode(), mtime=0))
+    _write_whole(out / "compare.json", (json.dumps(small, indent=2, default=str) + "\n").encode())
     return out / "compare.json"
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def saved_calls(folder: str | Path) -> dict:
+    """The per-call logs an earlier compare saved in ``folder`` ({} if none: runs saved
+    before they were kept)."""
+    import gzip  # noqa: PLC0415
+
+    path = Path(folder) / CALL_LOGS_FILE
+    if not path.exists():
+        return {}
+    try:
+        return json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"{path}: expected gzipped JSON of per-call logs: {e}") from e
 
 
 def _pct(x: float | None) -> str:

@@ -94,6 +94,12 @@ def test_compare_tiny_config_cpu(tmp_path):
     assert again["metrics"]["ttft_p50_s"]["sim"] == m["ttft_p50_s"]["sim"]  # same sim replay
     assert again["turns"] == turns and again["logs"]["hw"] == report["logs"]["hw"]
     assert again["compute"] == comp  # the hw side's compute log is read back too
+    # the per-call logs went beside compare.json, gzipped, not into it
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert not {"sim_compute", "hw_compute", "hw_host"} & set(saved["logs"])
+    from kvsim.compare import saved_calls
+    assert saved_calls(tmp_path / "cmp")["hw_compute"] == report["logs"]["hw_compute"]
+    assert saved_calls(tmp_path / "nothing-here") == {}
     with pytest.raises(ValueError, match="expected an earlier compare"):
         compare_saved(cfg, tmp_path / "nothing-here")
 
@@ -462,3 +468,19 @@ def test_compute_summary_by_hand():
     assert c["stretch_s"] == pytest.approx(0.6e-3)
     assert c["stretch_ms_p50"] == pytest.approx(0.1)   # stretches 0.5, 0, 0.1 ms
     assert c["ratio_p50"] == pytest.approx(1.125) and c["ratio_p90"] == pytest.approx(1.225)
+
+
+def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
+    from kvsim.compare import CALL_LOGS_FILE, write_report
+
+    report = {"config": "x", "metrics": {}, "logs": {"sim": [], "hw_compute": [[0.0, 1e-3, 1e-3]]}}
+    write_report(report, tmp_path)
+    before = (tmp_path / "compare.json").read_bytes()
+
+    def broken(self, target):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(Path, "replace", broken)
+    with pytest.raises(OSError, match="No space left"):
+        write_report({**report, "config": "y"}, tmp_path)
+    assert (tmp_path / "compare.json").read_bytes() == before  # the old report stands
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["compare.json", CALL_LOGS_FILE])
