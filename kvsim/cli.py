@@ -234,7 +234,7 @@ def diff(
 ):
     """Two finished replays side by side (e.g. two hw runs, or two policies): headline
     metrics with (a - b) / b, and how many turns found the same hits by tier."""
-    from kvsim.compare import diff_runs, diff_table
+    from kvsim.compare import diff_runs, diff_table, write_whole
 
     console = Console(stderr=True)
     try:
@@ -245,9 +245,7 @@ def diff(
     if out:
         dest = Path(out)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        tmp.replace(dest)
+        write_whole(dest, (json.dumps(report, indent=2) + "\n").encode())
     Console().print(diff_table(report))
 
 

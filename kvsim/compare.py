@@ -361,12 +361,14 @@ def write_report(report: dict, out: Path) -> Path:
     calls = {k: logs[k] for k in CALL_LOGS if k in logs}
     small = {**report, "logs": {k: v for k, v in logs.items() if k not in calls}} if logs else report
     if calls:
-        _write_whole(out / CALL_LOGS_FILE, gzip.compress(json.dumps(calls).encode(), mtime=0))
-    _write_whole(out / "compare.json", (json.dumps(small, indent=2, default=str) + "\n").encode())
+        write_whole(out / CALL_LOGS_FILE, gzip.compress(json.dumps(calls).encode(), mtime=0))
+    write_whole(out / "compare.json", (json.dumps(small, indent=2, default=str) + "\n").encode())
     return out / "compare.json"
 
 
-def _write_whole(path: Path, data: bytes) -> None:
+def write_whole(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: a temporary file beside it, renamed
+    into place (removed if anything fails)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         tmp.write_bytes(data)
