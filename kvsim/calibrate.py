@@ -440,6 +440,12 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         why["refcheck.latency"] = (f"measured: {m.compute['refcheck'].get('how', 'one-page checks')}, "
                                    f"median of {len(chk)}")
         why["refcheck.ctas"] = f"base: {base.name} (not measured: CTAs at once beside compute)"
+    rc = base.refcheck
+    if rc.gpu_stall or rc.gpu_stall_rate:  # fitted from a replay, not measured here: kept
+        d.setdefault("refcheck", {"latency": rc.latency, "ctas": rc.ctas})
+        d["refcheck"].update(gpu_stall=rc.gpu_stall, gpu_stall_rate=rc.gpu_stall_rate)
+        why["refcheck.gpu_stall"] = why["refcheck.gpu_stall_rate"] = (
+            f"base: {base.name} (not measured here: fitted from a replay's compute log)")
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     return d, why
@@ -620,9 +626,13 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
     if C.get("latency"):
         lines += ["compute:", f"  latency: {_fmt_time(C['latency'])}{c('compute.latency')}"]
     R = d.get("refcheck") or {}
-    if R.get("latency"):
+    if R.get("latency") or R.get("gpu_stall") or R.get("gpu_stall_rate"):
         lines += ["refcheck:", f"  latency: {_fmt_time(R['latency'])}{c('refcheck.latency')}",
                   f"  ctas: {R['ctas']}{c('refcheck.ctas')}"]
+        if R.get("gpu_stall"):
+            lines.append(f"  gpu_stall: {_fmt_time(R['gpu_stall'])}{c('refcheck.gpu_stall')}")
+        if R.get("gpu_stall_rate"):
+            lines.append(f"  gpu_stall_rate: {_fmt_rate(R['gpu_stall_rate'])}{c('refcheck.gpu_stall_rate')}")
     lines.append(f"notes: {json.dumps(d.get('notes', ''))}")
     return "\n".join(lines) + "\n"
 

@@ -281,13 +281,15 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
 
 
 def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
-                  saved_profile: bool = False, pin_arrivals: bool = False) -> tuple[dict, Result]:
+                  saved_profile: bool = False, pin_arrivals: bool = False,
+                  profile=None) -> tuple[dict, Result]:
     """Replay ``cfg`` on the sim only and compare it with the hw replay an earlier compare
     saved in ``folder``: with the current profile (e.g. after re-fitting it, without a
     GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with.
     ``pin_arrivals``: the sim releases each turn when hw did (or when its previous item
     completes, if later), so closed-loop sessions do not drift apart and what differs is
-    what the model predicts turn by turn."""
+    what the model predicts turn by turn. ``profile``: a HardwareProfile for the sim
+    instead of either (e.g. the saved one with a term changed)."""
     hw, hw_log, hw_options = saved_hw(folder, cfg)
     hw_compute = saved_calls(folder).get("hw_compute")  # (None for runs saved before)
     if saved_profile and hw.profile is None:
@@ -297,7 +299,8 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
         cfg = cfg.model_copy(update={"hardware": f"{Path(folder) / 'hw' / 'summary.json'}: hardware_profile"})
     sim_log: list[dict] = []
     sim_compute: list = []
-    sim = _replay_sim(prepare_run(cfg, trace, hw.profile if saved_profile else None), sim_log,
+    use = profile if profile is not None else (hw.profile if saved_profile else None)
+    sim = _replay_sim(prepare_run(cfg, trace, use), sim_log,
                       arrivals_of(hw.rows) if pin_arrivals else None, sim_compute)
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = hw_options

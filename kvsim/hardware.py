@@ -29,6 +29,11 @@ Optional terms (absent: the older, simpler model):
 - ``refcheck.latency`` / ``refcheck.ctas``: what the hw backend's refcheck of a batch costs
   (``RefcheckSpec``), for a sim asked to model it; ``kvsim compare`` does when the config's
   refcheck is on. Default 0 latency (the check's bytes still take their time).
+- ``refcheck.gpu_stall`` / ``refcheck.gpu_stall_rate``: on the H200, the engine step that
+  follows a check of GPU pages starts late by ``gpu_stall`` + the pages' bytes /
+  ``gpu_stall_rate`` (its compute stream idle on the GPU, for a reason not yet found).
+  Fitted from a replay's compute log, not measured by ``kvsim calibrate`` (which keeps the
+  base profile's values). Default none (0 and no rate).
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -229,6 +234,14 @@ class RefcheckSpec(_Frozen):
 
     latency: Seconds = 0.0
     ctas: int = Field(132, gt=0)
+    # the next compute's late start after a check of GPU pages (the module docstring)
+    gpu_stall: Seconds = 0.0
+    gpu_stall_rate: Rate | None = None
+
+    def gpu_stall_s(self, nbytes: int) -> float:
+        """How late the next compute starts after a check of ``nbytes`` of GPU pages."""
+        rate = self.gpu_stall_rate
+        return self.gpu_stall + (nbytes / rate if rate else 0.0)
 
 
 class HardwareProfile(_Frozen):

@@ -202,6 +202,10 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
+    # the committed profile adds, by hand, the refcheck stall fitted from a replay's compute
+    # log (not from these cells): the refit has none, and the rest is the same
+    assert a["refcheck"].pop("gpu_stall") > 0 and a["refcheck"].pop("gpu_stall_rate") > 0
+    assert b["refcheck"].pop("gpu_stall") == 0 and b["refcheck"].pop("gpu_stall_rate") is None
     assert a == b
     new = json.loads((tmp_path / "h200-pcie-calibrated.yaml.report.json").read_text())
     old = json.loads(committed.with_name(committed.name + ".report.json").read_text())
@@ -484,3 +488,16 @@ def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
         write_report({**report, "config": "y"}, tmp_path)
     assert (tmp_path / "compare.json").read_bytes() == before  # the old report stands
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["compare.json", CALL_LOGS_FILE])
+
+
+def test_calibrate_keeps_the_base_profiles_gpu_stall(tmp_path):
+    """refcheck.gpu_stall / gpu_stall_rate are fitted from a replay, not measured by
+    calibrate: a profile calibrated on top of a base that has them keeps them."""
+    base = load_profile("h200-pcie-calibrated")
+    assert base.refcheck.gpu_stall > 0 and base.refcheck.gpu_stall_rate
+    out = tmp_path / "cal.yaml"
+    calibrate(out, base="h200-pcie-calibrated", device="cpu")
+    prof = load_profile(out)
+    assert prof.refcheck.gpu_stall == pytest.approx(base.refcheck.gpu_stall)
+    assert prof.refcheck.gpu_stall_rate == pytest.approx(base.refcheck.gpu_stall_rate, rel=1e-3)
+    assert "gpu_stall: " in out.read_text() and "fitted from a replay" in out.read_text()

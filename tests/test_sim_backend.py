@@ -629,3 +629,32 @@ def test_modeled_check_reads_the_tags_as_they_were_when_it_started():
     _, got = finish(rt, ev)
     assert (got == old).all()
     assert (be.read_tags(Level.GPU, np.arange(8)) == new).all()
+
+
+def test_a_check_of_gpu_pages_holds_the_next_compute_start_by_the_profile_stall():
+    """refcheck.gpu_stall + bytes / gpu_stall_rate: with model_refcheck, the compute after a
+    check of GPU pages starts that much later (once: the next compute is not held); host
+    checks and a sim that does not model checks are not held."""
+    stall = {"latency": "0us", "ctas": 4, "gpu_stall": "2ms", "gpu_stall_rate": "1GB/s"}
+    pb = 256 * KiB
+    rt = SimRuntime()
+    be = SimBackend(rt, round_profile(refcheck=stall), pb, {Level.GPU: 64, Level.HOST: 64},
+                    model_refcheck=True)
+    assert be.compute_ahead(0.0, 1e-3, True) == pytest.approx(1e-3)  # nothing held yet
+    be.read_tags_later(Level.GPU, np.arange(4))  # 1 MiB: 2 ms + 1048576 / 1e9 s
+    assert be.compute_ahead(0.0, 1e-3, True) is None  # the held start goes through compute()
+    t, took = finish(rt, be.compute(1e-3))
+    hold = 2e-3 + 4 * pb / 1e9
+    assert took == pytest.approx(1e-3, rel=0.2)  # (the check's bytes may slow it a little)
+    assert t == pytest.approx(hold + took, rel=1e-9)
+    t0 = rt.now
+    t, took = finish(rt, be.compute(1e-3))  # the next one is not held
+    assert t - t0 == pytest.approx(1e-3)
+    be.read_tags_later(Level.HOST, np.arange(4))  # host checks do not hold compute
+    assert be._stall == 0.0
+    # without model_refcheck there are no checks to time, so nothing is held
+    rt2 = SimRuntime()
+    be2 = SimBackend(rt2, round_profile(refcheck=stall), pb, {Level.GPU: 64, Level.HOST: 64})
+    assert be2.read_tags_later(Level.GPU, np.arange(4)) is None
+    t, _ = finish(rt2, be2.compute(1e-3))
+    assert t == pytest.approx(1e-3)

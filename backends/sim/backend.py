@@ -142,6 +142,10 @@ class SimBackend:
         self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
                         "sm_kernel_calls": 0, "compute_calls": 0}
         self.checks_modeled = 0  # model_refcheck: checks timed (not in stats: no new column)
+        # model_refcheck: how late the next compute starts, from checks of GPU pages since
+        # the last one (profile.refcheck.gpu_stall_s; the hw backend's compute stream sits
+        # idle that long on the H200, docs/hw-notes.md)
+        self._stall = 0.0
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
@@ -168,6 +172,17 @@ class SimBackend:
         return self.env.process(self._run(batch, route, fail, self.env.now))
 
     def compute(self, duration_s: float) -> simpy.Event:
+        if self._stall > 0.0:  # a check of GPU pages holds this compute's start (hw)
+            stall, self._stall = self._stall, 0.0
+            return self.env.process(self._stalled(stall, duration_s))
+        return self._compute(duration_s)
+
+    def _stalled(self, stall: float, duration_s: float):
+        yield self.env.timeout(stall)
+        took = yield self._compute(duration_s)
+        return took
+
+    def _compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.env.now:  # type: ignore[misc]
@@ -177,6 +192,8 @@ class SimBackend:
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        if self._stall > 0.0:
+            return None  # (compute() starts it late)
         queue = self.env._queue  # (what env.peek() reads: the next event's time)
         horizon = queue[0][0] if queue and not quiet else _INF
         lat = self.compute_latency
@@ -212,6 +229,8 @@ class SimBackend:
         # what the check finds is read now: the hw backend orders a later write into a
         # checked slot after the check (a resumed request's pages may move before it ends)
         found = self.read_tags(level, slots)  # (fancy indexing: a copy)
+        if level == Level.GPU:
+            self._stall += self.profile.refcheck.gpu_stall_s(len(slots) * self.page_bytes)
         return self.env.process(self._check(level, len(slots), found))
 
     def close(self) -> None:
