@@ -501,3 +501,11 @@ def test_calibrate_keeps_the_base_profiles_gpu_stall(tmp_path):
     assert prof.refcheck.gpu_stall == pytest.approx(base.refcheck.gpu_stall)
     assert prof.refcheck.gpu_stall_rate == pytest.approx(base.refcheck.gpu_stall_rate, rel=1e-3)
     assert "gpu_stall: " in out.read_text() and "fitted from a replay" in out.read_text()
+
+
+def test_a_damaged_call_log_is_refused_by_name(tmp_path):
+    from kvsim.compare import CALL_LOGS_FILE, saved_calls
+
+    (tmp_path / CALL_LOGS_FILE).write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=f"{CALL_LOGS_FILE}: expected gzipped JSON"):
+        saved_calls(tmp_path)
