@@ -27,10 +27,13 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from kvsim.config import RunConfig
 from kvsim.run import Result, prepare_run, replay
+
+if TYPE_CHECKING:
+    from kvsim.hardware import HardwareProfile
 
 
 def rel_err(sim: float | None, hw: float | None) -> float | None:
@@ -160,7 +163,7 @@ def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
         return {}
     import numpy as np  # noqa: PLC0415
 
-    a = np.asarray([r[:3] for r in rows], dtype=float).reshape(-1, 3)
+    a = np.asarray([r[:3] for r in rows], dtype=float)
     nominal, took = a[:, 1], a[:, 2]
     stretch = took - nominal
     big = nominal >= 1e-3
@@ -217,8 +220,8 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     hw_log: list[dict] = []
     sim_compute: list = []
     hw_compute: list = []
-    sim = _replay_sim(prep, sim_log, compute_log=sim_compute)
     hw_host: list = []
+    sim = _replay_sim(prep, sim_log, compute_log=sim_compute)
     hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log,
                                              "compute_log": hw_compute, "host_log": hw_host})
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
@@ -282,7 +285,7 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
 
 def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
                   saved_profile: bool = False, pin_arrivals: bool = False,
-                  profile=None) -> tuple[dict, Result]:
+                  profile: HardwareProfile | None = None) -> tuple[dict, Result]:
     """Replay ``cfg`` on the sim only and compare it with the hw replay an earlier compare
     saved in ``folder``: with the current profile (e.g. after re-fitting it, without a
     GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with.

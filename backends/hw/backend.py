@@ -405,6 +405,15 @@ class HwBackend:
         if self.compute_log is not None:
             self.compute_log.append([t0, nominal_s, took_s, self.runtime.now - t0])
 
+    def _timed(self, fn, what: str):
+        """``fn`` whose calls log their host time in ``host_log`` (as ``_host_time``)."""
+        def timed():
+            t0 = _clock()
+            out = fn()
+            self._host_time(what, t0)
+            return out
+        return timed
+
     def _host_time(self, what: str, t0: float) -> None:
         dt = _clock() - t0
         if dt >= HOST_LOG_MIN_S:
@@ -489,16 +498,13 @@ class HwBackend:
             base = self.host.dev_ptr
         if base is not None:
             tags, done_ev, keep = self._enqueue_check(base, slots)
+            if self.host_log is not None:
+                where = f"{lv.name.lower()} {len(slots)}"
+                self._host_time(f"check enqueue {where}", h0)
+                tags = self._timed(tags, f"check tags {where}")
             if lv != Level.GPU:
-                def poll_host():
-                    if not done_ev.done or keep is None:
-                        return False, None
-                    t0 = _clock()
-                    found = tags()
-                    if self.host_log is not None:
-                        self._host_time(f"check tags host {len(slots)}", t0)
-                    return True, found
-                return self.runtime.watch(poll_host)
+                return self.runtime.watch(lambda: (True, tags())
+                                          if done_ev.done and keep is not None else (False, None))
             # A write into these slots before the loop sees the check finish waits for it
             # (a resumed request's check runs on while the request may end and its slots be
             # reused); writes into other slots do not wait.
@@ -506,20 +512,11 @@ class HwBackend:
             checking = self._checking
             checking[slots] += 1
 
-            log = self.host_log
-
             def poll():
                 if not done_ev.done or keep is None:  # (keep: alive until the kernel is done)
                     return False, None
                 checking[slots] -= 1
-                if log is None:
-                    return True, tags()
-                t0 = _clock()
-                found = tags()
-                self._host_time(f"check tags gpu {len(slots)}", t0)
-                return True, found
-            if log is not None:
-                self._host_time(f"check enqueue gpu {len(slots)}", h0)
+                return True, tags()
             return self.runtime.watch(poll)
         ev, trigger = self.runtime.external()
         n = len(slots)
