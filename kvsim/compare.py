@@ -156,7 +156,9 @@ def _ttft_ci(rows, metrics: dict, key: str) -> None:
 def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
     """A compute log's totals (``[start s, nominal s, seconds it took, ...]`` a call): calls, the
     nominal and the measured seconds, the stretch (measured - nominal) in all and per call
-    (ms, p50 / p90), and measured / nominal per call of at least 1 ms nominal (p50 / p90).
+    (ms, p50 / p90), and measured / nominal per call of at least 1 ms nominal (p50 / p90);
+    from a hw log that has them (6th column), the loop's host lag before the calls (sum,
+    ms p50 / p90 / max).
     Empty for a run without one (saved before compute logs were kept)."""
     rows = list(log or ())
     if not rows:
@@ -168,12 +170,18 @@ def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
     stretch = took - nominal
     big = nominal >= 1e-3
     ratio = took[big] / nominal[big]
-    return {"calls": int(a.shape[0]), "nominal_s": float(nominal.sum()), "seconds": float(took.sum()),
-            "stretch_s": float(stretch.sum()),
-            "stretch_ms_p50": float(np.percentile(stretch, 50) * 1e3),
-            "stretch_ms_p90": float(np.percentile(stretch, 90) * 1e3),
-            "ratio_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
-            "ratio_p90": float(np.percentile(ratio, 90)) if ratio.size else None}
+    out = {"calls": int(a.shape[0]), "nominal_s": float(nominal.sum()), "seconds": float(took.sum()),
+           "stretch_s": float(stretch.sum()),
+           "stretch_ms_p50": float(np.percentile(stretch, 50) * 1e3),
+           "stretch_ms_p90": float(np.percentile(stretch, 90) * 1e3),
+           "ratio_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
+           "ratio_p90": float(np.percentile(ratio, 90)) if ratio.size else None}
+    lag = np.asarray([r[5] for r in rows if len(r) > 5], dtype=float)
+    if lag.size:  # the hw loop's host time before each compute call (HwBackend.compute_log)
+        out.update(host_lag_s=float(lag.sum()), host_lag_ms_p50=float(np.percentile(lag, 50) * 1e3),
+                   host_lag_ms_p90=float(np.percentile(lag, 90) * 1e3),
+                   host_lag_ms_max=float(lag.max() * 1e3))
+    return out
 
 
 def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict],
@@ -456,4 +464,7 @@ def _compute_caption(a: dict, b: dict) -> str:
         return (f"{c['seconds']:.2f} s for {c['nominal_s']:.2f} s nominal in {c['calls']} calls "
                 f"(stretch {c['stretch_s']:+.3f} s; per call p50 {c['stretch_ms_p50']:+.3f} ms, "
                 f"p90 {c['stretch_ms_p90']:+.3f} ms" + (f"; x{r:.4f} p50 from 1 ms" if r else "") + ")")
-    return f"compute: sim {side(a)}; hw {side(b)}"
+    lag = (f"; hw's loop spent {b['host_lag_s']:.3f} s before its compute calls (p50 "
+           f"{b['host_lag_ms_p50']:.3f} ms, p90 {b['host_lag_ms_p90']:.3f} ms, max {b['host_lag_ms_max']:.2f} ms)"
+           if "host_lag_s" in b else "")
+    return f"compute: sim {side(a)}; hw {side(b)}{lag}"

@@ -77,10 +77,16 @@ def test_compare_tiny_config_cpu(tmp_path):
         assert c["seconds"] == pytest.approx(last["compute_s"], rel=1e-9)
         assert c["stretch_s"] == pytest.approx(last["compute_stretch_s"], abs=1e-9)
     assert comp["hw"]["stretch_s"] == 0.0 and comp["hw"]["seconds"] == comp["hw"]["nominal_s"]
-    # hw also logs when the loop saw each compute end (never before it could have), and
-    # the loop thread's calls that held it 0.5 ms or more
+    # hw also logs when the loop saw each compute end (never before it could have), no GPU
+    # gap in CPU mode, the loop's host lag before each call (the engine's own work since
+    # the event that woke it: not negative, and well under the whole replay), and the
+    # loop thread's calls that held it 0.5 ms or more
     from kvsim_backends.hw.backend import HOST_LOG_MIN_S
-    assert all(len(r) == 4 and r[3] >= r[2] - 1e-9 for r in report["logs"]["hw_compute"])
+    rows = report["logs"]["hw_compute"]
+    assert all(len(r) == 6 and r[3] >= r[2] - 1e-9 and r[4] is None and r[5] >= 0 for r in rows)
+    assert 0 < comp["hw"]["host_lag_s"] < hw.metrics["wall_time_s"]
+    assert comp["hw"]["host_lag_ms_max"] >= comp["hw"]["host_lag_ms_p90"] >= comp["hw"]["host_lag_ms_p50"]
+    assert "host_lag_s" not in comp["sim"]
     assert all(len(r) == 3 and r[2] >= HOST_LOG_MIN_S for r in report["logs"]["hw_host"])
 
     # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
@@ -472,6 +478,12 @@ def test_compute_summary_by_hand():
     assert c["stretch_s"] == pytest.approx(0.6e-3)
     assert c["stretch_ms_p50"] == pytest.approx(0.1)   # stretches 0.5, 0, 0.1 ms
     assert c["ratio_p50"] == pytest.approx(1.125) and c["ratio_p90"] == pytest.approx(1.225)
+    assert "host_lag_s" not in c
+    # hw's rows carry [.., seen, gpu gap, host lag]: the lag's sum and percentiles (ms)
+    h = compute_summary([[0.0, 2e-3, 2e-3, 2e-3, None, 1e-3], [1.0, 2e-3, 2e-3, 2e-3, 1e-4, 3e-3],
+                         [2.0, 2e-3, 2e-3, 2e-3, 1e-4, 2e-3]])
+    assert h["host_lag_s"] == pytest.approx(6e-3) and h["host_lag_ms_p50"] == pytest.approx(2.0)
+    assert h["host_lag_ms_max"] == pytest.approx(3.0) and h["host_lag_ms_p90"] == pytest.approx(2.8)
 
 
 def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):

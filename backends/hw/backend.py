@@ -103,10 +103,15 @@ class HwBackend:
         # seconds of wall time from the start of transfer() (its own host time counts: the
         # batched copy call, the slot upload) to the runtime seeing the completion
         self.timing_log = timing_log
-        # optional per-compute log: [start s, nominal s, seconds it took, seconds until the
-        # loop saw it done] (took: on a GPU its time between two events on the compute
-        # stream, in sim seconds; in CPU mode the nominal time; seen - took is the time
-        # the stream waited before it started, plus the loop's lateness in seeing it end)
+        # optional per-compute log, a row a call: [start s, nominal s, seconds it took,
+        # seconds until the loop saw it done, gpu gap s, host lag s]. took: on a GPU its
+        # time between two events on the compute stream, in sim seconds; in CPU mode the
+        # nominal time. seen - took is the time the stream waited before it started, plus
+        # the loop's lateness in seeing it end. gpu gap: the compute stream's GPU time from
+        # the previous compute's end to this one's start (None for the first call and in
+        # CPU mode). host lag: how far the wall clock was past the loop's ``now`` when
+        # compute() was called, i.e. the loop's own time since the event that woke it (the
+        # engine's host work between two steps, and any lateness in seeing that event)
         self.compute_log = compute_log
         # optional log of the loop thread's own slow calls: [t s, what, seconds] for each
         # of transfer() (its enqueue), fill(), compute() (its launch) and the reading of a
@@ -376,6 +381,9 @@ class HwBackend:
             raise ValueError(f"duration_s: got {duration_s!r}; expected >= 0")
         rt = self.runtime
         h0 = _clock()
+        t0 = rt.now
+        lag = rt.wall_now() - t0 if self.compute_log is not None else 0.0
+        gap = None  # (compute_log) the compute stream's idle GPU time before this compute
         if not self.on_gpu or duration_s == 0:
             ev = rt.timeout(duration_s, duration_s)
         else:
@@ -386,24 +394,23 @@ class HwBackend:
             b.record(s)
             ev = rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
                           if b.done else (False, None))
-            if self.compute_log is not None:  # the compute stream's GPU time from the last
-                prev, self._last_b = self._last_b, b  # compute's end to this one's start
-                if prev is not None:
-                    ev.callbacks.append(lambda e: self.compute_log[-1].append(  # type: ignore[union-attr]
-                        rt.wall_to_sim(cp.cuda.get_elapsed_time(prev, a) / 1e3)))
-        t0 = rt.now
-        ev.callbacks.insert(0, lambda e: self._count_compute(t0, duration_s, e.value))
+            if self.compute_log is not None:
+                prev, self._last_b = self._last_b, b
+                if prev is not None:  # read once both have passed (when this one is seen)
+                    gap = lambda: rt.wall_to_sim(cp.cuda.get_elapsed_time(prev, a) / 1e3)  # noqa: E731
+        ev.callbacks.insert(0, lambda e: self._count_compute(t0, duration_s, e.value, gap, lag))
         if self.host_log is not None:
             self._host_time("compute", h0)
         return ev
 
-    def _count_compute(self, t0: float, nominal_s: float, took_s: float) -> None:
+    def _count_compute(self, t0: float, nominal_s: float, took_s: float, gap=None, lag: float = 0.0) -> None:
         c = self._compute
         c["compute_calls"] += 1
         c["compute_s"] += took_s
         c["compute_nominal_s"] += nominal_s
         if self.compute_log is not None:
-            self.compute_log.append([t0, nominal_s, took_s, self.runtime.now - t0])
+            self.compute_log.append([t0, nominal_s, took_s, self.runtime.now - t0,
+                                     gap() if gap is not None else None, lag])
 
     def _timed(self, fn, what: str):
         """``fn`` whose calls log their host time in ``host_log`` (as ``_host_time``)."""
