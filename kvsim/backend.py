@@ -87,6 +87,13 @@ class Backend(Protocol):
         the sim, asked to model that, after the time it would take), or None where
         ``read_tags`` itself is immediate (the sim by default: tags, no bytes)."""
 
+    def resumed(self, pages: int) -> None:
+        """The engine resumed a request that holds ``pages`` pages on the GPU; its host work
+        for that (the core's bookkeeping over the pages, the refcheck's launch) ran on the
+        loop's thread. The hw backend has nothing to do (the time was spent for real); the
+        sim, asked to model the loop, starts the next compute later by the profile's
+        ``loop.resume_s(pages)``."""
+
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,
         ``gpu_to_host``, ``disk_read`` and ``disk_write``; the timeline samples them."""

@@ -440,11 +440,10 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         why["refcheck.latency"] = (f"measured: {m.compute['refcheck'].get('how', 'one-page checks')}, "
                                    f"median of {len(chk)}")
         why["refcheck.ctas"] = f"base: {base.name} (not measured: CTAs at once beside compute)"
-    rc = base.refcheck
-    if rc.gpu_stall or rc.gpu_stall_rate:  # fitted from a replay, not measured here: kept
-        d.setdefault("refcheck", {"latency": rc.latency, "ctas": rc.ctas})
-        d["refcheck"].update(gpu_stall=rc.gpu_stall, gpu_stall_rate=rc.gpu_stall_rate)
-        why["refcheck.gpu_stall"] = why["refcheck.gpu_stall_rate"] = (
+    lp = base.loop
+    if lp.resume or lp.resume_per_page:  # fitted from a replay, not measured here: kept
+        d["loop"] = {"resume": lp.resume, "resume_per_page": lp.resume_per_page}
+        why["loop.resume"] = why["loop.resume_per_page"] = (
             f"base: {base.name} (not measured here: fitted from a replay's compute log)")
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
@@ -626,13 +625,13 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
     if C.get("latency"):
         lines += ["compute:", f"  latency: {_fmt_time(C['latency'])}{c('compute.latency')}"]
     R = d.get("refcheck") or {}
-    if R.get("latency") or R.get("gpu_stall") or R.get("gpu_stall_rate"):
+    if R.get("latency"):
         lines += ["refcheck:", f"  latency: {_fmt_time(R['latency'])}{c('refcheck.latency')}",
                   f"  ctas: {R['ctas']}{c('refcheck.ctas')}"]
-        if R.get("gpu_stall"):
-            lines.append(f"  gpu_stall: {_fmt_time(R['gpu_stall'])}{c('refcheck.gpu_stall')}")
-        if R.get("gpu_stall_rate"):
-            lines.append(f"  gpu_stall_rate: {_fmt_rate(R['gpu_stall_rate'])}{c('refcheck.gpu_stall_rate')}")
+    L = d.get("loop") or {}
+    if L.get("resume") or L.get("resume_per_page"):
+        lines += ["loop:", f"  resume: {_fmt_time(L['resume'])}{c('loop.resume')}",
+                  f"  resume_per_page: {_fmt_time(L['resume_per_page'])}{c('loop.resume_per_page')}"]
     lines.append(f"notes: {json.dumps(d.get('notes', ''))}")
     return "\n".join(lines) + "\n"
 

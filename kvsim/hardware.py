@@ -29,11 +29,15 @@ Optional terms (absent: the older, simpler model):
 - ``refcheck.latency`` / ``refcheck.ctas``: what the hw backend's refcheck of a batch costs
   (``RefcheckSpec``), for a sim asked to model it; ``kvsim compare`` does when the config's
   refcheck is on. Default 0 latency (the check's bytes still take their time).
-- ``refcheck.gpu_stall`` / ``refcheck.gpu_stall_rate``: on the H200, the engine step that
-  follows a check of GPU pages starts late by ``gpu_stall`` + the pages' bytes /
-  ``gpu_stall_rate`` (its compute stream idle on the GPU, for a reason not yet found).
-  Fitted from a replay's compute log, not measured by ``kvsim calibrate`` (which keeps the
-  base profile's values). Default none (0 and no rate).
+- ``loop.resume`` / ``loop.resume_per_page``: the engine loop's own host time when it
+  resumes a request that holds pages on the GPU: the core's bookkeeping over the request's
+  pages and the refcheck's launch run on the loop's thread, so the next engine step starts
+  that much later (``resume`` + ``resume_per_page`` x the request's pages). On the hw
+  backend this time is real: its compute log's host lag measures it (the compute stream
+  sits idle on the GPU meanwhile). A sim asked to model the loop (``SimBackend(
+  model_loop=True)``; ``kvsim compare`` does) charges it. Fitted from a replay's compute
+  log, not measured by ``kvsim calibrate`` (which keeps the base profile's values).
+  Default 0 (the loop costs nothing).
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -234,14 +238,18 @@ class RefcheckSpec(_Frozen):
 
     latency: Seconds = 0.0
     ctas: int = Field(132, gt=0)
-    # the next compute's late start after a check of GPU pages (the module docstring)
-    gpu_stall: Seconds = 0.0
-    gpu_stall_rate: Rate | None = None
 
-    def gpu_stall_s(self, nbytes: int) -> float:
-        """How late the next compute starts after a check of ``nbytes`` of GPU pages."""
-        rate = self.gpu_stall_rate
-        return self.gpu_stall + (nbytes / rate if rate else 0.0)
+
+class LoopSpec(_Frozen):
+    """The engine loop's host time at a resume (see the module docstring)."""
+
+    resume: Seconds = 0.0
+    resume_per_page: Seconds = 0.0
+
+    def resume_s(self, pages: int) -> float:
+        """How late the next engine step starts after resuming a request of ``pages``
+        GPU pages."""
+        return self.resume + pages * self.resume_per_page
 
 
 class HardwareProfile(_Frozen):
@@ -255,6 +263,7 @@ class HardwareProfile(_Frozen):
     transfer: TransferSpec = TransferSpec()
     compute: ComputeSpec = ComputeSpec()
     refcheck: RefcheckSpec = RefcheckSpec()
+    loop: LoopSpec = LoopSpec()
     notes: str = ""
 
     @model_validator(mode="after")

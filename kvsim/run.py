@@ -119,7 +119,8 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
     be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck,
                     timing_log=options.get("timing_log"),
                     model_refcheck=options.get("model_refcheck", False),
-                    compute_log=options.get("compute_log"))
+                    compute_log=options.get("compute_log"),
+                    model_loop=options.get("model_loop", False))
     return rt, be
 
 

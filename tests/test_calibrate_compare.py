@@ -208,10 +208,10 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
-    # the committed profile adds, by hand, the refcheck stall fitted from a replay's compute
-    # log (not from these cells): the refit has none, and the rest is the same
-    assert a["refcheck"].pop("gpu_stall") > 0 and a["refcheck"].pop("gpu_stall_rate") > 0
-    assert b["refcheck"].pop("gpu_stall") == 0 and b["refcheck"].pop("gpu_stall_rate") is None
+    # the committed profile adds, by hand, the loop's host time at a resume, fitted from a
+    # replay's compute log (not from these cells): the refit has none, and the rest is the same
+    assert a.pop("loop") == {"resume": pytest.approx(867.6e-6), "resume_per_page": pytest.approx(0.7487e-6)}
+    assert b.pop("loop") == {"resume": 0.0, "resume_per_page": 0.0}
     assert a == b
     new = json.loads((tmp_path / "h200-pcie-calibrated.yaml.report.json").read_text())
     old = json.loads(committed.with_name(committed.name + ".report.json").read_text())
@@ -502,17 +502,17 @@ def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["compare.json", CALL_LOGS_FILE])
 
 
-def test_calibrate_keeps_the_base_profiles_gpu_stall(tmp_path):
-    """refcheck.gpu_stall / gpu_stall_rate are fitted from a replay, not measured by
-    calibrate: a profile calibrated on top of a base that has them keeps them."""
+def test_calibrate_keeps_the_base_profiles_loop_time(tmp_path):
+    """loop.resume / resume_per_page are fitted from a replay, not measured by calibrate: a
+    profile calibrated on top of a base that has them keeps them."""
     base = load_profile("h200-pcie-calibrated")
-    assert base.refcheck.gpu_stall > 0 and base.refcheck.gpu_stall_rate
+    assert base.loop.resume > 0 and base.loop.resume_per_page > 0
     out = tmp_path / "cal.yaml"
     calibrate(out, base="h200-pcie-calibrated", device="cpu")
     prof = load_profile(out)
-    assert prof.refcheck.gpu_stall == pytest.approx(base.refcheck.gpu_stall)
-    assert prof.refcheck.gpu_stall_rate == pytest.approx(base.refcheck.gpu_stall_rate, rel=1e-3)
-    assert "gpu_stall: " in out.read_text() and "fitted from a replay" in out.read_text()
+    assert prof.loop.resume == pytest.approx(base.loop.resume, rel=1e-3)
+    assert prof.loop.resume_per_page == pytest.approx(base.loop.resume_per_page, rel=1e-3)
+    assert "resume_per_page: " in out.read_text() and "fitted from a replay" in out.read_text()
 
 
 def test_a_damaged_call_log_is_refused_by_name(tmp_path):

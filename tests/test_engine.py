@@ -266,6 +266,35 @@ def test_closed_loop_session_think_time_and_held_prefix():
     assert len(list(mgr.requests())) == 0  # every request closed once the session ended
 
 
+def test_a_modelled_loop_holds_the_step_after_a_resume_of_gpu_pages():
+    """The story above with the loop's host time modelled (``SimBackend(model_loop=True)``,
+    what ``kvsim compare`` does): turn 1 (cold, no pages to walk) is as before; turn 2
+    resumes the session's 2 GPU pages, so its first step starts loop.resume + 2 x
+    loop.resume_per_page later, and its TTFT grows by exactly that."""
+    def story(model_loop: bool):
+        shape = load_model("llama-3-8b")
+        base = load_profile("h200-pcie")
+        profile = base.model_copy(update={"loop": base.loop.model_copy(
+            update={"resume": 1e-3, "resume_per_page": 1e-4})})
+        page = shape.kv_bytes_per_token * B
+        mgr = TierManager(ManagerSpec(page_bytes=page, tokens_per_block=B,
+                                      tiers=(TierSpec(Level.GPU, 64 * page), TierSpec(Level.HOST, 64 * page))))
+        rt = SimRuntime()
+        be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers}, model_loop=model_loop)
+        eng = Engine(rt, be, mgr, ComputeModel(shape, profile), EngineParams())
+        t1 = Turn(input_tokens=64, output_tokens=2, hash_ids=(1, 2))
+        t2 = Turn(input_tokens=100, output_tokens=2, hash_ids=(1, 2, 3, 4), think_s=5.0)
+        eng.load(Workload("closed", B, True, (Session("sess", "sess", (t1, t2)),)), start_times_s=[0.0])
+        rt.run(until=rt.process(eng.serve()))
+        return eng.metrics.rows
+
+    (a1, a2), (b1, b2) = story(False), story(True)
+    assert (b2.hit_gpu, b2.computed_tokens) == (64, 36)
+    assert (b1.first_token_ns, b1.done_ns) == (a1.first_token_ns, a1.done_ns)
+    ttft = lambda r: r.first_token_ns - r.arrival_ns  # noqa: E731
+    assert ttft(b2) - ttft(a2) == round((1e-3 + 2 * 1e-4) * NS)
+
+
 def test_transfers_that_keep_failing_fail_the_request_not_the_run():
     """Story: a prefix sits on host, but every transfer fails (a broken link or a full
     disk). The engine retries the resume, then gives up after max_plan_failures attempts:

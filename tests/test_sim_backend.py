@@ -631,30 +631,31 @@ def test_modeled_check_reads_the_tags_as_they_were_when_it_started():
     assert (be.read_tags(Level.GPU, np.arange(8)) == new).all()
 
 
-def test_a_check_of_gpu_pages_holds_the_next_compute_start_by_the_profile_stall():
-    """refcheck.gpu_stall + bytes / gpu_stall_rate: with model_refcheck, the compute after a
-    check of GPU pages starts that much later (once: the next compute is not held); host
-    checks and a sim that does not model checks are not held."""
-    stall = {"latency": "0us", "ctas": 4, "gpu_stall": "2ms", "gpu_stall_rate": "1GB/s"}
+def test_a_resume_holds_the_next_compute_start_by_the_loops_host_time():
+    """loop.resume + pages x loop.resume_per_page: with model_loop, the compute after a
+    resume starts that much later (once: the next compute is not held; two resumes before
+    one compute add up; a resume of no pages adds nothing); a sim that does not model the
+    loop holds nothing."""
+    loop = {"resume": "1ms", "resume_per_page": "2us"}
     pb = 256 * KiB
     rt = SimRuntime()
-    be = SimBackend(rt, round_profile(refcheck=stall), pb, {Level.GPU: 64, Level.HOST: 64},
-                    model_refcheck=True)
+    be = SimBackend(rt, round_profile(loop=loop), pb, {Level.GPU: 64, Level.HOST: 64}, model_loop=True)
     assert be.compute_ahead(0.0, 1e-3, True) == pytest.approx(1e-3)  # nothing held yet
-    be.read_tags_later(Level.GPU, np.arange(4))  # 1 MiB: 2 ms + 1048576 / 1e9 s
-    assert be.compute_ahead(0.0, 1e-3, True) is None  # the held start goes through compute()
-    t, took = finish(rt, be.compute(1e-3))
-    hold = 2e-3 + 4 * pb / 1e9
-    assert took == pytest.approx(1e-3, rel=0.2)  # (the check's bytes may slow it a little)
-    assert t == pytest.approx(hold + took, rel=1e-9)
     t0 = rt.now
-    t, took = finish(rt, be.compute(1e-3))  # the next one is not held
-    assert t - t0 == pytest.approx(1e-3)
-    be.read_tags_later(Level.HOST, np.arange(4))  # host checks do not hold compute
-    assert be._stall == 0.0
-    # without model_refcheck there are no checks to time, so nothing is held
+    be.resumed(100)  # 1 ms + 100 x 2 us
+    be.resumed(1)    # + 1 ms + 2 us
+    be.resumed(0)    # + nothing
+    assert be.compute_ahead(t0, 1e-3, True) is None  # the held start goes through compute()
+    t, took = finish(rt, be.compute(1e-3))
+    assert took == pytest.approx(1e-3, rel=1e-12)
+    assert t - t0 == pytest.approx(1e-3 + 100 * 2e-6 + 1e-3 + 2e-6 + 1e-3, rel=1e-12)
+    t0 = rt.now
+    t, _ = finish(rt, be.compute(1e-3))  # the next one is not held
+    assert t - t0 == pytest.approx(1e-3, rel=1e-12)
     rt2 = SimRuntime()
-    be2 = SimBackend(rt2, round_profile(refcheck=stall), pb, {Level.GPU: 64, Level.HOST: 64})
-    assert be2.read_tags_later(Level.GPU, np.arange(4)) is None
+    be2 = SimBackend(rt2, round_profile(loop=loop), pb, {Level.GPU: 64, Level.HOST: 64},
+                     model_refcheck=True)
+    be2.resumed(100)
+    assert be2.compute_ahead(0.0, 1e-3, True) == pytest.approx(1e-3)  # not held
     t, _ = finish(rt2, be2.compute(1e-3))
-    assert t == pytest.approx(1e-3)
+    assert t == pytest.approx(1e-3, rel=1e-12)

@@ -537,6 +537,9 @@ class HwBackend:
         self.pool.submit(self.read_tags, lv, slots).add_done_callback(done)
         return ev
 
+    def resumed(self, pages: int) -> None:
+        pass  # the loop's host work for a resume was real time: the compute log's host lag
+
     def _enqueue_check(self, base_ptr: int, slots: np.ndarray, span_words: int = 0):
         """``kv_check`` over pages at ``base_ptr`` (device memory, or host memory through
         its mapped address) on the misc stream, a CTA a part of ``span_words`` words of a

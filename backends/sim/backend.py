@@ -92,7 +92,7 @@ class SimBackend:
                  slots: dict[Level, int], refcheck: bool = True,
                  copy_path: CopyPath | None = None, chunked_registration: bool = False,
                  timing_log: list | None = None, model_refcheck: bool = False,
-                 compute_log: list | None = None):
+                 compute_log: list | None = None, model_loop: bool = False):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -142,10 +142,11 @@ class SimBackend:
         self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
                         "sm_kernel_calls": 0, "compute_calls": 0}
         self.checks_modeled = 0  # model_refcheck: checks timed (not in stats: no new column)
-        # model_refcheck: how late the next compute starts, from checks of GPU pages since
-        # the last one (profile.refcheck.gpu_stall_s; the hw backend's compute stream sits
-        # idle that long on the H200, docs/hw-notes.md)
-        self._stall = 0.0
+        # model_loop: how late the next compute starts, from the engine loop's host time
+        # at the resumes since the last one (profile.loop.resume_s; on the hw backend the
+        # loop's thread is busy that long and the compute stream idle, docs/hw-notes.md)
+        self.model_loop = bool(model_loop)
+        self._hold = 0.0
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
@@ -172,13 +173,13 @@ class SimBackend:
         return self.env.process(self._run(batch, route, fail, self.env.now))
 
     def compute(self, duration_s: float) -> simpy.Event:
-        if self._stall > 0.0:  # a check of GPU pages holds this compute's start (hw)
-            stall, self._stall = self._stall, 0.0
-            return self.env.process(self._stalled(stall, duration_s))
+        if self._hold > 0.0:  # the loop's host time at a resume holds this compute's start
+            hold, self._hold = self._hold, 0.0
+            return self.env.process(self._held(hold, duration_s))
         return self._compute(duration_s)
 
-    def _stalled(self, stall: float, duration_s: float):
-        yield self.env.timeout(stall)
+    def _held(self, hold: float, duration_s: float):
+        yield self.env.timeout(hold)
         took = yield self._compute(duration_s)
         return took
 
@@ -192,7 +193,7 @@ class SimBackend:
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
-        if self._stall > 0.0:
+        if self._hold > 0.0:
             return None  # (compute() starts it late)
         queue = self.env._queue  # (what env.peek() reads: the next event's time)
         horizon = queue[0][0] if queue and not quiet else _INF
@@ -229,9 +230,16 @@ class SimBackend:
         # what the check finds is read now: the hw backend orders a later write into a
         # checked slot after the check (a resumed request's pages may move before it ends)
         found = self.read_tags(level, slots)  # (fancy indexing: a copy)
-        if level == Level.GPU:
-            self._stall += self.profile.refcheck.gpu_stall_s(len(slots) * self.page_bytes)
-        return self.env.process(self._check(level, len(slots), found))
+        # the loop launches the check at the end of its host work for the resume (hw): the
+        # check starts when the held compute would (model_loop), the two then overlap
+        return self.env.process(self._check(level, len(slots), found, self._hold))
+
+    def resumed(self, pages: int) -> None:
+        """With ``model_loop``: the next compute starts later by the loop's host time for
+        this resume (``profile.loop.resume_s``); without, or for a request with no pages
+        (a cold prompt: no match to walk, nothing to check), nothing."""
+        if self.model_loop and pages > 0:
+            self._hold += self.profile.loop.resume_s(pages)
 
     def close(self) -> None:
         pass
@@ -270,13 +278,13 @@ class SimBackend:
         yield self.env.timeout(latency)
         return took + latency
 
-    def _check(self, level: Level, pages: int, found: np.ndarray):
-        """The time of the hw backend's check of ``pages`` pages at ``level``; then
-        ``found``, the tags read when it was asked for."""
+    def _check(self, level: Level, pages: int, found: np.ndarray, after: float = 0.0):
+        """The time of the hw backend's check of ``pages`` pages at ``level``, launched
+        ``after`` seconds from now; then ``found``, the tags read when it was asked for."""
         p, env = self.profile, self.env
         nbytes = pages * self.page_bytes
-        if p.refcheck.latency > 0:
-            yield env.timeout(p.refcheck.latency)
+        if after + p.refcheck.latency > 0:
+            yield env.timeout(after + p.refcheck.latency)
         if level == Level.DISK:
             yield env.timeout(self._disk_latency)
             yield self.fluid.add_flow(nbytes, ("disk_read",))

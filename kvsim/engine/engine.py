@@ -373,6 +373,7 @@ class Engine:
 
     def _on_resumed(self, lv: Live) -> None:
         lv.state = RUNNING
+        self.backend.resumed(len(lv.req.pages))
         if self.p.refcheck:
             exp = self.mgr.expected(lv.req)
             what = f"request {lv.uid}'s pages on GPU"

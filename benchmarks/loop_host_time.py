@@ -1,21 +1,22 @@
-"""The sim's refcheck stall against the saved H200 runs, side by side.
+"""The sim's model of the engine loop's host time against the saved H200 runs, side by side.
 
-On the H200, the engine step that follows a check of GPU pages (a resumed turn's GPU
-hits) starts late. In the instrumented run of 2026-11-30 02:03 UTC
-(``docs/runs/h200-agentic-slice-instrumented-2026-11-30-0203``), the compute stream sat idle
-before that step. Across the turns admitted with only GPU hits, hw's admission step ended
-2.06 ms + 0.46 ms a GiB checked later than the sim's. The committed calibrated profile carries this as
-``refcheck.gpu_stall`` / ``gpu_stall_rate``.
+On the H200 the engine step after a resume of a request with pages on the GPU starts late:
+the loop's thread spends that time on the core's bookkeeping over the request's pages and
+on launching their refcheck, while the compute stream sits idle. The hw compute log's host
+lag measures it (``docs/runs/h200-agentic-slice-host-lag-2026-11-30-0308``: 0.87 ms + 0.75
+us a page beyond the median step's lag, over the 58 steps that admitted a turn with only
+GPU hits). The committed calibrated profile carries this as ``loop.resume`` /
+``loop.resume_per_page``; ``kvsim compare``'s sim side models it (``model_loop``).
 
 This script re-predicts every saved calibrated compare in ``docs/runs`` (no GPU needed)
-with the profile each ran with, once without the stall and once with the committed
+with the profile each ran with, once without the loop's time and once with the committed
 profile's. It prints, per run, what each gives against hw: TTFT p50 / p90, turns with the
 same hits by tier, the per-turn TTFT error (median, |.| p90), and the median error on the
-turns that took under 100 ms on hw. The parameters were fitted on the 02:03 run; the other
-runs were not used to fit them. Last line: ``short_turn_bias_pct: <median without> ->
-<median with>`` over the runs.
+turns that took under 100 ms on hw. The terms were fitted on the 03:08 run; the other runs
+were not used to fit them. Last line: ``short_turn_bias_pct: <median without> -> <median
+with>`` over the runs.
 
-    python3 benchmarks/refcheck_stall.py [--traces ../shared/traces/agentic-coding/sessions]
+    python3 benchmarks/loop_host_time.py [--traces ../shared/traces/agentic-coding/sessions]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ RUNS = [
     ("h200-agentic-slice-sessions-10-12-2026-11-30-0137", (10, 11, 12)),
     ("h200-agentic-slice-compare-calibrate-2026-11-30-0144", (1, 2, 3)),
     ("h200-agentic-slice-instrumented-2026-11-30-0203", (1, 2, 3)),
+    ("h200-agentic-slice-host-lag-2026-11-30-0308", (1, 2, 3)),
 ]
 SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 
@@ -60,11 +62,10 @@ def main() -> None:
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces" / "agentic-coding" / "sessions"))
     a = ap.parse_args()
     committed = load_profile("h200-pcie-calibrated")
-    stall = {"gpu_stall": committed.refcheck.gpu_stall,
-             "gpu_stall_rate": committed.refcheck.gpu_stall_rate}
-    none = {"gpu_stall": 0.0, "gpu_stall_rate": None}
+    loop = {"resume": committed.loop.resume, "resume_per_page": committed.loop.resume_per_page}
+    none = {"resume": 0.0, "resume_per_page": 0.0}
     cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS)
-    print(f"stall: {stall['gpu_stall'] * 1e3:.2f} ms + bytes / {stall['gpu_stall_rate'] / 1e9:.0f} GB/s")
+    print(f"loop: {loop['resume'] * 1e3:.3f} ms + {loop['resume_per_page'] * 1e6:.3f} us a page")
     print("| run | TTFT p50 | TTFT p90 | same turns | per turn median | per turn abs p90 | under 100 ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     bias = {"without": [], "with": []}
@@ -79,8 +80,8 @@ def main() -> None:
             hw = saved_hw(folder, cfg)[0]
             base = hw.profile or committed
             cells = []
-            for label, rc in (("without", none), ("with", stall)):
-                prof = base.model_copy(update={"refcheck": base.refcheck.model_copy(update=rc)})
+            for label, lp in (("without", none), ("with", loop)):
+                prof = base.model_copy(update={"loop": base.loop.model_copy(update=lp)})
                 report, sim = compare_saved(cfg, folder, str(trace), profile=prof)
                 m, t = report["metrics"], report["turns"]
                 short = _short_turn_median(sim.rows, hw.rows)
