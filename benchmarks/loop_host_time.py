@@ -5,15 +5,17 @@ the loop's thread spends that time on the core's bookkeeping over the request's 
 on launching their refcheck, while the compute stream sits idle. The hw compute log's host
 lag measures it (``docs/runs/h200-agentic-slice-host-lag-2026-11-30-0308``: 0.87 ms + 0.75
 us a page beyond the median step's lag, over the 58 steps that admitted a turn with only
-GPU hits). The committed calibrated profile carries this as ``loop.resume`` /
-``loop.resume_per_page``; ``kvsim compare``'s sim side models it (``model_loop``).
+GPU hits; with the refcheck off, ``...-refcheck-off-2026-11-30-0319``, 0.92 ms + 0.56 us a
+page). The committed calibrated profile carries one joint fit of both runs as
+``loop.resume`` / ``loop.resume_per_page`` and ``refcheck.launch_per_page``; ``kvsim
+compare``'s sim side models it (``model_loop``).
 
 This script re-predicts every saved calibrated compare in ``docs/runs`` (no GPU needed)
 with the profile each ran with, once without the loop's time and once with the committed
 profile's. It prints, per run, what each gives against hw: TTFT p50 / p90, turns with the
 same hits by tier, the per-turn TTFT error (median, |.| p90), and the median error on the
-turns that took under 100 ms on hw. The terms were fitted on the 03:08 run; the other runs
-were not used to fit them. Last line: ``short_turn_bias_pct: <median without> -> <median
+turns that took under 100 ms on hw. The terms were fitted on the 03:08 and 03:19 runs; the
+other runs were not used to fit them. Last line: ``short_turn_bias_pct: <median without> -> <median
 with>`` over the runs.
 
     python3 benchmarks/loop_host_time.py [--traces ../shared/traces/agentic-coding/sessions]
@@ -35,16 +37,18 @@ from kvsim.compare import compare_saved, saved_hw  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 
-# (run folder under docs/runs, the session files of its slice); the 23:24 run's summary
-# records no profile: it ran with the committed calibrated profile of the time
+# (run folder under docs/runs, the session files of its slice, extra config overrides);
+# the 23:24 run's summary records no profile: it ran with the committed calibrated profile
+# of the time
 RUNS = [
-    ("h200-agentic-slice-calibrated-2026-11-29-2324", (1, 2, 3)),
-    ("h200-agentic-slice-compare-calibrate-2026-11-30-0018", (1, 2, 3)),
-    ("h200-agentic-slice-sessions-10-12-2026-11-30-0028", (10, 11, 12)),
-    ("h200-agentic-slice-sessions-10-12-2026-11-30-0137", (10, 11, 12)),
-    ("h200-agentic-slice-compare-calibrate-2026-11-30-0144", (1, 2, 3)),
-    ("h200-agentic-slice-instrumented-2026-11-30-0203", (1, 2, 3)),
-    ("h200-agentic-slice-host-lag-2026-11-30-0308", (1, 2, 3)),
+    ("h200-agentic-slice-calibrated-2026-11-29-2324", (1, 2, 3), []),
+    ("h200-agentic-slice-compare-calibrate-2026-11-30-0018", (1, 2, 3), []),
+    ("h200-agentic-slice-sessions-10-12-2026-11-30-0028", (10, 11, 12), []),
+    ("h200-agentic-slice-sessions-10-12-2026-11-30-0137", (10, 11, 12), []),
+    ("h200-agentic-slice-compare-calibrate-2026-11-30-0144", (1, 2, 3), []),
+    ("h200-agentic-slice-instrumented-2026-11-30-0203", (1, 2, 3), []),
+    ("h200-agentic-slice-host-lag-2026-11-30-0308", (1, 2, 3), []),
+    ("h200-agentic-slice-host-lag-refcheck-off-2026-11-30-0319", (1, 2, 3), ["engine.refcheck=false"]),
 ]
 SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 
@@ -62,26 +66,30 @@ def main() -> None:
     ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces" / "agentic-coding" / "sessions"))
     a = ap.parse_args()
     committed = load_profile("h200-pcie-calibrated")
-    loop = {"resume": committed.loop.resume, "resume_per_page": committed.loop.resume_per_page}
-    none = {"resume": 0.0, "resume_per_page": 0.0}
-    cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS)
-    print(f"loop: {loop['resume'] * 1e3:.3f} ms + {loop['resume_per_page'] * 1e6:.3f} us a page")
+    loop = {"resume": committed.loop.resume, "resume_per_page": committed.loop.resume_per_page,
+            "launch_per_page": committed.refcheck.launch_per_page}
+    none = {"resume": 0.0, "resume_per_page": 0.0, "launch_per_page": 0.0}
+    print(f"loop: {loop['resume'] * 1e3:.3f} ms + {loop['resume_per_page'] * 1e6:.3f} us a page "
+          f"(+ {loop['launch_per_page'] * 1e6:.3f} us a page checked)")
     print("| run | TTFT p50 | TTFT p90 | same turns | per turn median | per turn abs p90 | under 100 ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     bias = {"without": [], "with": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for run, sessions in RUNS:
+        for run, sessions, sets in RUNS:
             folder = ROOT / "docs" / "runs" / run
             trace = Path(tmp) / "-".join(map(str, sessions))
             if not trace.exists():
                 trace.mkdir()
                 for n in sessions:
                     shutil.copy(Path(a.traces) / f"trace_{n:04d}.json.gz", trace)
+            cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS + sets)
             hw = saved_hw(folder, cfg)[0]
             base = hw.profile or committed
             cells = []
             for label, lp in (("without", none), ("with", loop)):
-                prof = base.model_copy(update={"loop": base.loop.model_copy(update=lp)})
+                prof = base.model_copy(update={
+                    "loop": base.loop.model_copy(update={k: lp[k] for k in ("resume", "resume_per_page")}),
+                    "refcheck": base.refcheck.model_copy(update={"launch_per_page": lp["launch_per_page"]})})
                 report, sim = compare_saved(cfg, folder, str(trace), profile=prof)
                 m, t = report["metrics"], report["turns"]
                 short = _short_turn_median(sim.rows, hw.rows)

@@ -440,11 +440,14 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         why["refcheck.latency"] = (f"measured: {m.compute['refcheck'].get('how', 'one-page checks')}, "
                                    f"median of {len(chk)}")
         why["refcheck.ctas"] = f"base: {base.name} (not measured: CTAs at once beside compute)"
-    lp = base.loop
+    lp, fitted = base.loop, f"base: {base.name} (not measured here: fitted from a replay's compute log)"
     if lp.resume or lp.resume_per_page:  # fitted from a replay, not measured here: kept
         d["loop"] = {"resume": lp.resume, "resume_per_page": lp.resume_per_page}
-        why["loop.resume"] = why["loop.resume_per_page"] = (
-            f"base: {base.name} (not measured here: fitted from a replay's compute log)")
+        why["loop.resume"] = why["loop.resume_per_page"] = fitted
+    if base.refcheck.launch_per_page:  # (likewise)
+        d.setdefault("refcheck", {"latency": base.refcheck.latency, "ctas": base.refcheck.ctas})
+        d["refcheck"]["launch_per_page"] = base.refcheck.launch_per_page
+        why["refcheck.launch_per_page"] = fitted
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     return d, why
@@ -625,9 +628,11 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
     if C.get("latency"):
         lines += ["compute:", f"  latency: {_fmt_time(C['latency'])}{c('compute.latency')}"]
     R = d.get("refcheck") or {}
-    if R.get("latency"):
+    if R.get("latency") or R.get("launch_per_page"):
         lines += ["refcheck:", f"  latency: {_fmt_time(R['latency'])}{c('refcheck.latency')}",
                   f"  ctas: {R['ctas']}{c('refcheck.ctas')}"]
+        if R.get("launch_per_page"):
+            lines.append(f"  launch_per_page: {_fmt_time(R['launch_per_page'])}{c('refcheck.launch_per_page')}")
     L = d.get("loop") or {}
     if L.get("resume") or L.get("resume_per_page"):
         lines += ["loop:", f"  resume: {_fmt_time(L['resume'])}{c('loop.resume')}",

@@ -37,7 +37,9 @@ Optional terms (absent: the older, simpler model):
   sits idle on the GPU meanwhile). A sim asked to model the loop (``SimBackend(
   model_loop=True)``; ``kvsim compare`` does) charges it. Fitted from a replay's compute
   log, not measured by ``kvsim calibrate`` (which keeps the base profile's values).
-  Default 0 (the loop costs nothing).
+  Default 0 (the loop costs nothing). ``refcheck.launch_per_page`` is the same loop's time a
+  GPU page when it launches a refcheck of them (added to the hold; the check itself starts
+  when the hold ends, beside the held step); also fitted, default 0.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -238,6 +240,9 @@ class RefcheckSpec(_Frozen):
 
     latency: Seconds = 0.0
     ctas: int = Field(132, gt=0)
+    # the loop's host time a GPU page when it launches a check (the pages' expected tags
+    # gathered and uploaded): charged with ``loop`` by a sim that models the loop
+    launch_per_page: Seconds = 0.0
 
 
 class LoopSpec(_Frozen):

@@ -210,8 +210,10 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
         d.pop("notes")
     # the committed profile adds, by hand, the loop's host time at a resume, fitted from a
     # replay's compute log (not from these cells): the refit has none, and the rest is the same
-    assert a.pop("loop") == {"resume": pytest.approx(867.6e-6), "resume_per_page": pytest.approx(0.7487e-6)}
+    assert a.pop("loop") == {"resume": pytest.approx(892.2e-6), "resume_per_page": pytest.approx(0.5624e-6)}
     assert b.pop("loop") == {"resume": 0.0, "resume_per_page": 0.0}
+    assert a["refcheck"].pop("launch_per_page") == pytest.approx(0.1809e-6)
+    assert b["refcheck"].pop("launch_per_page") == 0.0
     assert a == b
     new = json.loads((tmp_path / "h200-pcie-calibrated.yaml.report.json").read_text())
     old = json.loads(committed.with_name(committed.name + ".report.json").read_text())
@@ -512,6 +514,8 @@ def test_calibrate_keeps_the_base_profiles_loop_time(tmp_path):
     prof = load_profile(out)
     assert prof.loop.resume == pytest.approx(base.loop.resume, rel=1e-3)
     assert prof.loop.resume_per_page == pytest.approx(base.loop.resume_per_page, rel=1e-3)
+    assert prof.refcheck.launch_per_page == pytest.approx(base.refcheck.launch_per_page, rel=1e-3)
+    assert base.refcheck.launch_per_page > 0
     assert "resume_per_page: " in out.read_text() and "fitted from a replay" in out.read_text()
 
 

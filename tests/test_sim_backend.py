@@ -652,6 +652,23 @@ def test_a_resume_holds_the_next_compute_start_by_the_loops_host_time():
     t0 = rt.now
     t, _ = finish(rt, be.compute(1e-3))  # the next one is not held
     assert t - t0 == pytest.approx(1e-3, rel=1e-12)
+    # a modelled check of GPU pages adds refcheck.launch_per_page a page to the hold, and
+    # starts when the hold ends (the loop launches it last)
+    rc = {"latency": "10us", "ctas": 4, "launch_per_page": "5us"}
+    rt3 = SimRuntime()
+    be3 = SimBackend(rt3, round_profile(loop=loop, refcheck=rc), pb, {Level.GPU: 64, Level.HOST: 64},
+                     model_loop=True, model_refcheck=True)
+    be3.resumed(4)
+    chk = be3.read_tags_later(Level.GPU, np.arange(4))
+    comp = be3.compute(1e-3)  # the engine's next step, at the same time
+    ends = {}
+    chk.callbacks.append(lambda e: ends.setdefault("check", rt3.now))
+    comp.callbacks.append(lambda e: ends.setdefault("compute", rt3.now))
+    rt3.run()
+    hold = 1e-3 + 4 * 2e-6 + 4 * 5e-6
+    assert hold + 10e-6 < ends["check"] < hold + 1e-3  # launched at the hold's end: beside the step
+    assert ends["compute"] == pytest.approx(hold + 1e-3, rel=0.05)  # (the check slows it a little)
+    assert ends["compute"] > hold + 1e-3
     rt2 = SimRuntime()
     be2 = SimBackend(rt2, round_profile(loop=loop), pb, {Level.GPU: 64, Level.HOST: 64},
                      model_refcheck=True)

@@ -230,6 +230,8 @@ class SimBackend:
         # what the check finds is read now: the hw backend orders a later write into a
         # checked slot after the check (a resumed request's pages may move before it ends)
         found = self.read_tags(level, slots)  # (fancy indexing: a copy)
+        if level == Level.GPU and self.model_loop:  # the loop's time to launch it
+            self._hold += len(slots) * self.profile.refcheck.launch_per_page
         # the loop launches the check at the end of its host work for the resume (hw): the
         # check starts when the held compute would (model_loop), the two then overlap
         return self.env.process(self._check(level, len(slots), found, self._hold))
