@@ -601,6 +601,31 @@ def test_gpu_compute_through_graphs_occupies_about_its_duration(make):
     assert be.kernels._graphs  # the chunks went as captured graphs
 
 
+@gpu
+@needs_gpu
+def test_gpu_compute_log_measures_the_loops_host_lag_and_the_streams_gap(tmp_path):
+    """Two computes; between them the loop's thread is busy 20 ms (a sleep in the process
+    that resumes when the first is seen). The second row's host lag is those 20 ms (and
+    a little), and the compute stream's GPU gap before it at least that; the first row
+    has no gap (nothing before it)."""
+    rt = RealtimeRuntime()
+    log: list = []
+    be = HwBackend(rt, PB, {Level.GPU: 16}, device="gpu", compute_log=log)
+    try:
+        def proc():
+            yield be.compute(0.01)
+            time.sleep(0.02)
+            yield be.compute(0.01)
+        rt.run(rt.process(proc()))
+    finally:
+        be.close()
+    assert [len(r) for r in log] == [6, 6]
+    assert log[0][4] is None and log[0][5] < 0.005
+    assert 0.02 <= log[1][5] < 0.04, log[1]
+    assert 0.02 <= log[1][4] < 0.05, log[1]
+    assert all(0.008 < r[2] < 0.03 and r[3] >= r[2] for r in log), log
+
+
 def test_realtime_clock_starts_at_run_not_at_construction():
     """Building a backend can take seconds; that is not sim time: the first event a run
     sees happens at the runtime's start time, not at start + setup time."""
