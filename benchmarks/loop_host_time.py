@@ -6,7 +6,8 @@ on launching their refcheck, while the compute stream sits idle. The hw compute 
 lag measures it (``docs/runs/h200-agentic-slice-host-lag-2026-11-30-0308``: 0.87 ms + 0.75
 us a page beyond the median step's lag, over the 58 steps that admitted a turn with only
 GPU hits; with the refcheck off, ``...-refcheck-off-2026-11-30-0319``, 0.92 ms + 0.56 us a
-page). The committed calibrated profile carries one joint fit of both runs as
+page). The committed calibrated profile carries one joint fit of four runs (those two,
+``...-sessions-10-12-2026-11-30-0328`` and ``...-loop-model-2026-11-30-0336``) as
 ``loop.resume`` / ``loop.resume_per_page`` and ``refcheck.launch_per_page``; ``kvsim
 compare``'s sim side models it (``model_loop``).
 
@@ -14,8 +15,8 @@ This script re-predicts every saved calibrated compare in ``docs/runs`` (no GPU 
 with the profile each ran with, once without the loop's time and once with the committed
 profile's. It prints, per run, what each gives against hw: TTFT p50 / p90, turns with the
 same hits by tier, the per-turn TTFT error (median, |.| p90), and the median error on the
-turns that took under 100 ms on hw. The terms were fitted on the 03:08 and 03:19 runs; the
-other runs were not used to fit them. Last line: ``short_turn_bias_pct: <median without> -> <median
+turns that took under 100 ms on hw. The terms were fitted on the four runs of 03:08-03:42
+UTC; the six before were not used to fit them. Last line: ``short_turn_bias_pct: <median without> -> <median
 with>`` over the runs.
 
     python3 benchmarks/loop_host_time.py [--traces ../shared/traces/agentic-coding/sessions]
@@ -49,7 +50,10 @@ RUNS = [
     ("h200-agentic-slice-instrumented-2026-11-30-0203", (1, 2, 3), []),
     ("h200-agentic-slice-host-lag-2026-11-30-0308", (1, 2, 3), []),
     ("h200-agentic-slice-host-lag-refcheck-off-2026-11-30-0319", (1, 2, 3), ["engine.refcheck=false"]),
+    ("h200-agentic-slice-sessions-10-12-2026-11-30-0328", (10, 11, 12), []),
+    ("h200-agentic-slice-loop-model-2026-11-30-0336", (1, 2, 3), []),
 ]
+FITTED_ON = 4  # the last four runs: the loop's terms were fitted on their compute logs
 SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 
 
@@ -101,6 +105,9 @@ def main() -> None:
                 (f"{c[i] * 100:+.1f}%" if pct else str(c[i])) for c in cells)
             print(f"| {run.removeprefix('h200-agentic-slice-')} | {fmt(0)} | {fmt(1)} | {fmt(2, False)} | "
                   f"{fmt(3)} | {' -> '.join(f'{c[4] * 100:.1f}%' for c in cells)} | {fmt(5)} |")
+    n_out = len(RUNS) - FITTED_ON
+    w, s = (statistics.median(bias[k][:n_out]) * 100 for k in ("without", "with"))
+    print(f"out of sample ({n_out} runs not fitted on): short_turn_bias_pct {w:+.1f} -> {s:+.1f}")
     w, s = (statistics.median(bias[k]) * 100 for k in ("without", "with"))
     print(f"short_turn_bias_pct: {w:+.1f} -> {s:+.1f}")
 
