@@ -73,6 +73,10 @@ def run(
     model_refcheck: bool = typer.Option(False, "--model-refcheck",
                                         help="sim backend: turns wait for their refchecks, which take "
                                              "the hw backend's time (as kvsim compare's sim side does)"),
+    model_loop: bool = typer.Option(False, "--model-loop",
+                                    help="sim backend: the engine loop's host time at a resume "
+                                         "(the profile's loop terms) holds the next step, as on the hw "
+                                         "backend (as kvsim compare's sim side does)"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -93,7 +97,7 @@ def run(
         _error(console, str(e))
         raise typer.Exit(2)
     opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
-        if backend == "hw" else {"model_refcheck": model_refcheck}
+        if backend == "hw" else {"model_refcheck": model_refcheck, "model_loop": model_loop}
     n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
     try:
         if progress and sys.stderr.isatty():
