@@ -89,10 +89,10 @@ class Backend(Protocol):
 
     def resumed(self, pages: int) -> None:
         """The engine resumed a request that holds ``pages`` pages on the GPU; its host work
-        for that (the core's bookkeeping over the pages, the refcheck's launch) ran on the
-        loop's thread. The hw backend has nothing to do (the time was spent for real); the
-        sim, asked to model the loop, starts the next compute later by the profile's
-        ``loop.resume_s(pages)``."""
+        for that (the core's bookkeeping over the pages) ran on the loop's thread. The hw
+        backend has nothing to do (the time was spent for real); the sim, asked to model
+        the loop, starts the next compute later by the profile's ``loop.resume_s(pages)``
+        (and by ``refcheck.launch_per_page`` a page for a check it then models)."""
 
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,

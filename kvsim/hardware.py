@@ -31,8 +31,8 @@ Optional terms (absent: the older, simpler model):
   refcheck is on. Default 0 latency (the check's bytes still take their time).
 - ``loop.resume`` / ``loop.resume_per_page``: the engine loop's own host time when it
   resumes a request that holds pages on the GPU: the core's bookkeeping over the request's
-  pages and the refcheck's launch run on the loop's thread, so the next engine step starts
-  that much later (``resume`` + ``resume_per_page`` x the request's pages). On the hw
+  pages runs on the loop's thread, so the next engine step starts that much later
+  (``resume`` + ``resume_per_page`` x the request's pages). On the hw
   backend this time is real: its compute log's host lag measures it (the compute stream
   sits idle on the GPU meanwhile). A sim asked to model the loop (``SimBackend(
   model_loop=True)``; ``kvsim compare`` does) charges it. Fitted from a replay's compute
