@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvsim.compare import _replay_sim, hits_agreement  # noqa: E402
+from kvsim.compare import replay_sim_side, hits_agreement  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 from kvsim.run import prepare_run  # noqa: E402
@@ -52,14 +52,14 @@ def main() -> None:
             for n in (1, 2, 3):
                 shutil.copy(SESSIONS / f"trace_{n:04d}.json.gz", tmp)
             trace = tmp
-        ref = _replay_sim(prepare_run(cfg, trace, base), [])
+        ref = replay_sim_side(prepare_run(cfg, trace, base), [])
         fewest, turns = None, len(ref.rows)
         print("| moved | turns the same | turns that differ |")
         print("| --- | --- | --- |")
         for sec, key, f in MOVES:
             part = getattr(base, sec)
             prof = base.model_copy(update={sec: part.model_copy(update={key: getattr(part, key) * f})})
-            h = hits_agreement(_replay_sim(prepare_run(cfg, trace, prof), []).rows, ref.rows)
+            h = hits_agreement(replay_sim_side(prepare_run(cfg, trace, prof), []).rows, ref.rows)
             fewest = h["same_hits_by_tier"] if fewest is None else min(fewest, h["same_hits_by_tier"])
             print(f"| {sec}.{key} x{f:g} | {h['same_hits_by_tier']} of {h['turns']} | "
                   f"{', '.join(sorted(h['differ'])) or '-'} |")

@@ -207,7 +207,7 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
 
 
-def _replay_sim(prep, sim_log: list[dict], pinned: dict | None = None,
+def replay_sim_side(prep, sim_log: list[dict], pinned: dict | None = None,
                 compute_log: list | None = None) -> Result:
     """The sim side of a compare: it predicts the hw run, so turns wait for their refchecks
     and the checks take the hw backend's time (``model_refcheck``), and the engine loop's
@@ -230,7 +230,7 @@ def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = 
     sim_compute: list = []
     hw_compute: list = []
     hw_host: list = []
-    sim = _replay_sim(prep, sim_log, compute_log=sim_compute)
+    sim = replay_sim_side(prep, sim_log, compute_log=sim_compute)
     hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log,
                                              "compute_log": hw_compute, "host_log": hw_host})
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
@@ -319,7 +319,7 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     sim_log: list[dict] = []
     sim_compute: list = []
     use = profile if profile is not None else (hw.profile if saved_profile else None)
-    sim = _replay_sim(prepare_run(cfg, trace, use), sim_log,
+    sim = replay_sim_side(prepare_run(cfg, trace, use), sim_log,
                       arrivals_of(hw.rows) if pin_arrivals else None, sim_compute)
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = hw_options
