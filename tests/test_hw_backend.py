@@ -411,6 +411,28 @@ def test_gpu_check_in_parts_finds_a_wrong_word_in_any_part(make):
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("refcheck", [True, False])
+def test_gpu_fill_in_parts_writes_what_numpy_writes(make, refcheck):
+    """kv_fill writes a page in parts of 64 KiB, a CTA each: every byte of every page (1 MiB
+    pages: 16 parts; slots out of order, one page a part smaller than the span) is what
+    ``pattern.write_pages`` writes; without the refcheck only word 0, the rest untouched."""
+    for pb in (1 << 20, 24 * 1024):
+        rt, be = make(device="gpu", pb=pb, gpu_slots=16, host_slots=0, disk_slots=0, refcheck=refcheck)
+        slots = np.array([9, 2, 15, 0, 7], np.int64)
+        t = tags_for(len(slots), 3)
+        be.gpu.view[:] = 0xAB  # (on CuPy's current stream)
+        be.cp.cuda.Device().synchronize()
+        be.fill(Fill(Level.GPU, slots, t))
+        be.streams["compute"].synchronize()
+        want = np.full((16, pb), 0xAB, np.uint8)
+        pattern.write_pages(want, slots, t, full=refcheck)
+        got = be.cp.asnumpy(be.gpu.view)
+        assert (got == want).all(), (pb, refcheck)
+        be.close()
+
+
+@gpu
+@needs_gpu
 def test_gpu_write_waits_for_a_pending_check_of_its_slots_only(make):
     """A GPU check the engine does not wait for (a resumed request's pages) reads its pages
     before a later write into them; a write into other slots does not wait for it."""

@@ -185,6 +185,7 @@ class HwBackend:
                         "compute": S(0)}
         self.info["stream_priorities"] = {k: s.priority for k, s in self.streams.items()}
         self._fill_event = None
+        self._fill_keep: collections.deque = collections.deque()  # (event, upload buffers) of fills the GPU may not have run
         self._fill_waited: dict[int, Any] = {}  # stream ptr -> the fill event it last waited on
         self._check_event = None  # the last GPU-page check enqueued (all on the misc stream)
         self._check_waited: dict[int, Any] = {}
@@ -452,16 +453,7 @@ class HwBackend:
             # (On the misc stream the fill waited for a free SM behind the next step's busy
             # chunks, and every GPU -> host copy waits for the last fill: one-page evictions
             # took a median 247 us under replay load against ~100 us idle; docs/hw-notes.md.)
-            cp, s = self.cp, self.streams["compute"]
-            self._wait_checks(s, slots)
-            with s:
-                ds, dt = cp.asarray(slots), cp.asarray(tags)
-            self.kernels.fill((min(len(slots), 65535),), (256,),
-                              (self.gpu.flat, ds, dt, np.int64(len(slots)),
-                               np.int64(self.page_bytes // 8), np.int32(self.refcheck)), stream=s)
-            ev = cp.cuda.Event(disable_timing=True)
-            ev.record(s)
-            self._fill_event = ev
+            self._enqueue_fill(slots, tags)
         elif lv == Level.DISK:
             rows = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
             pattern.write_pages(rows, np.arange(len(slots)), tags, self.refcheck)
@@ -539,6 +531,30 @@ class HwBackend:
 
     def resumed(self, pages: int) -> None:
         pass  # the loop's host work for a resume was real time: the compute log's host lag
+
+    def _enqueue_fill(self, slots: np.ndarray, tags: np.ndarray, span_words: int = 0) -> None:
+        """``kv_fill`` of GPU ``slots`` on the compute stream, a CTA a part of ``span_words``
+        words of a page (0: FILL_SPAN_WORDS; without the refcheck only word 0 is written, a
+        CTA a page); later GPU -> host copies wait for it (``_wait_fill``)."""
+        cp, s = self.cp, self.streams["compute"]
+        self._wait_checks(s, slots)
+        # slots and tags in one async upload from pinned memory (two ``cupy.asarray``
+        # uploads held the stream ~50 us before a one-page fill's kernel; 04:18 UTC)
+        ds, dt, keep = self._upload_slots(s, slots, tags.view(np.int64))
+        words = self.page_bytes // 8
+        span = min(words, span_words or FILL_SPAN_WORDS) if self.refcheck else words
+        parts = -(-words // span)
+        self.kernels.fill((min(len(slots) * parts, 65535),), (256,),
+                          (self.gpu.flat, ds, dt, np.int64(len(slots)), np.int64(words),
+                           np.int32(self.refcheck), np.int64(span)), stream=s)
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(s)
+        self._fill_event = ev
+        # the pinned upload buffer lives until the stream has passed the kernel
+        kept = self._fill_keep
+        while kept and kept[0][0].done:
+            kept.popleft()
+        kept.append((ev, keep))
 
     def _enqueue_check(self, base_ptr: int, slots: np.ndarray, span_words: int = 0):
         """``kv_check`` over pages at ``base_ptr`` (device memory, or host memory through
@@ -873,6 +889,7 @@ class HwBackend:
 
 HOST_LOG_MIN_S = 0.5e-3  # host_log: the loop thread's calls that held it this long or more
 CHECK_SPAN_WORDS = 8192  # kv_check: a CTA checks 64 KiB of a page (a 2 MiB page: 32 CTAs)
+FILL_SPAN_WORDS = 8192   # kv_fill: a CTA writes 64 KiB of a page (a 2 MiB page: 32 CTAs)
 _SMALL = 32  # batches of at most this many pages: per-page checks in Python, not numpy
 
 _TRAFFIC = {

@@ -120,14 +120,20 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
     return z ^ (z >> 31);
 }
 
-// one CTA per page (grid-stride over pages): word 0 = tag, word i = splitmix64(tag ^ i)
+// a CTA a part of ``span`` words of a page (grid-stride over page x part): word 0 = tag,
+// word i = splitmix64(tag ^ i). One CTA a whole 2 MiB page took ~140 us of GPU time for any
+// number of pages up to 64, on the compute stream before the next step, and every
+// GPU -> host copy waited for it (docs/hw-notes.md, 2026-11-30 04:16 UTC).
 extern "C" __global__ void kv_fill(u64* base, const long long* slots, const u64* tags,
-                                   long long pages, long long words, int full) {
-    for (long long p = blockIdx.x; p < pages; p += gridDim.x) {
+                                   long long pages, long long words, int full, long long span) {
+    const long long parts = (words + span - 1) / span;
+    for (long long w = blockIdx.x; w < pages * parts; w += gridDim.x) {
+        const long long p = w / parts, a = (w % parts) * span;
         u64* page = base + slots[p] * words;
-        u64 tag = tags[p];
-        if (!full) { if (threadIdx.x == 0) page[0] = tag; continue; }
-        for (long long i = threadIdx.x; i < words; i += blockDim.x)
+        const u64 tag = tags[p];
+        if (!full) { if (a == 0 && threadIdx.x == 0) page[0] = tag; continue; }
+        const long long b = a + span < words ? a + span : words;
+        for (long long i = a + threadIdx.x; i < b; i += blockDim.x)
             page[i] = i == 0 ? tag : splitmix64(tag ^ (u64)i);
     }
 }
