@@ -40,6 +40,14 @@ Optional terms (absent: the older, simpler model):
   Default 0 (the loop costs nothing). ``refcheck.launch_per_page`` is the same loop's time a
   GPU page when it launches a refcheck of them (added to the hold; the check itself starts
   when the hold ends, beside the held step); also fitted, default 0.
+- ``loop.transfer``: what the same loop adds to every transfer with a GPU leg (GPU <->
+  host, GPU <-> disk) in a replay beyond ``transfer.latency``, which ``kvsim calibrate``
+  measures in a tight loop of copies: between two copies a replay's loop runs the engine
+  and the core, and its copy call and its completion's wake-up then take longer (a 2 MiB
+  GPU -> host copy after a 64 MiB numpy pass: 218-228 us against 89-94 us back to back on
+  one machine, 95-112 us on another; docs/hw-notes.md). A sim modelling the loop adds it to
+  such transfers' completion (holds nothing). Fitted from a replay's one-page GPU -> host
+  batches, default 0.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -246,10 +254,12 @@ class RefcheckSpec(_Frozen):
 
 
 class LoopSpec(_Frozen):
-    """The engine loop's host time at a resume (see the module docstring)."""
+    """The engine loop's host time at a resume, and what it adds to a transfer with a GPU
+    leg in a replay (see the module docstring)."""
 
     resume: Seconds = 0.0
     resume_per_page: Seconds = 0.0
+    transfer: Seconds = 0.0
 
     def resume_s(self, pages: int) -> float:
         """How late the next engine step starts after resuming a request of ``pages``

@@ -631,6 +631,29 @@ def test_modeled_check_reads_the_tags_as_they_were_when_it_started():
     assert (be.read_tags(Level.GPU, np.arange(8)) == new).all()
 
 
+@pytest.mark.parametrize("path", [CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL])
+def test_a_modelled_loop_adds_its_transfer_time_to_batches_with_a_gpu_leg(path):
+    """loop.transfer: with model_loop, a batch GPU <-> host or GPU <-> disk completes exactly
+    that much later (on either copy path); a host <-> disk batch (no GPU leg) does not; a
+    sim that does not model the loop adds nothing."""
+    def took(model_loop, src, dst):
+        rt = SimRuntime()
+        prof = round_profile(loop={"transfer": "100us"}, transfer={"latency": "10us"})
+        be = SimBackend(rt, prof, 256 * KiB, {lv: 64 for lv in Level}, model_loop=model_loop,
+                        copy_path=path)
+        t, ok = finish(rt, be.transfer(batch(src, dst, 4)))
+        assert ok
+        return t
+
+    for src, dst in ((Level.GPU, Level.HOST), (Level.HOST, Level.GPU), (Level.GPU, Level.DISK),
+                     (Level.DISK, Level.GPU)):
+        off, on = took(False, src, dst), took(True, src, dst)
+        assert on - off == pytest.approx(100e-6, rel=1e-9), (src, dst)
+        assert off > 10e-6
+    for src, dst in ((Level.HOST, Level.DISK), (Level.DISK, Level.HOST)):
+        assert took(True, src, dst) == took(False, src, dst)
+
+
 def test_a_resume_holds_the_next_compute_start_by_the_loops_host_time():
     """loop.resume + pages x loop.resume_per_page: with model_loop, the compute after a
     resume starts that much later (once: the next compute is not held; two resumes before

@@ -28,7 +28,8 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   rate. Without it (the default) a check is free and immediate: the tags are not bytes.
 - every transfer: then ``transfer.latency`` (``latency_sm_kernel`` for an SM-kernel
   batch), the backend's fixed cost beyond the data path, before it completes; it holds
-  nothing (0 by default: no extra event).
+  nothing (0 by default: no extra event). With ``model_loop``, a transfer with a GPU leg
+  adds ``loop.transfer`` there (the replay loop's cost beyond a tight loop of copies).
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
@@ -155,6 +156,9 @@ class SimBackend:
         self._ce_per_call = ce.per_call
         self._sm_launch = sm.launch
         self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
+        # a transfer with a GPU leg, in a replay whose loop is modelled: + loop.transfer
+        lt = p.loop.transfer if self.model_loop else 0.0
+        self._fixed_gpu = tuple(f + lt for f in self._fixed) if lt > 0 else self._fixed
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -349,7 +353,7 @@ class SimBackend:
             self.copy_engines.release(held)
         elif ctas:
             self.cta_pool.put(ctas)
-        fixed = self._fixed[ctas > 0]
+        fixed = (self._fixed if link_dir is None else self._fixed_gpu)[ctas > 0]
         if fixed > 0:  # the backend's own fixed cost: delays the completion, holds nothing
             yield env.timeout(fixed)
         self._finish(batch, route[3], fail)
