@@ -3,7 +3,8 @@
 Measured (hw backend, real bytes; on a GPU with CuPy, else CPU mode with tiny sizes):
 - GPU <-> host batches per page size (16 KiB .. 4 MiB on a GPU), per copy path (copy
   engine, SM kernel), host -> GPU, GPU -> host and both at once; an SM-kernel CTA sweep;
-- disk reads and writes per I/O thread count and piece size (the disk tier's file);
+- disk reads, writes and rewrites (the same slots again) per I/O thread count and piece size
+  (the disk tier's file);
 - host-tier fill (map, touch, pin);
 - compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy and the
   fixed cost of a ``compute()`` call (``compute.latency``); the refcheck of one GPU page
@@ -211,13 +212,21 @@ def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None) -> None:
                         # (it never fsyncs); the fsync after, untimed, keeps the reads clean
                         tw = time.perf_counter() - t0
                         os.fsync(ds.fd)
+                        # the same slots again: the first pass also converted the file's
+                        # preallocated extents (NVMeSpec.rewrite)
+                        t0 = time.perf_counter()
+                        for f in ds.submit_writes(slots, buf.view):
+                            f.result()
+                        trw = time.perf_counter() - t0
+                        os.fsync(ds.fd)
                         ds.mark_written(slots)
                         t0 = time.perf_counter()
                         for f in ds.submit_reads(slots, buf.view):
                             f.result()
                         tr = time.perf_counter() - t0
                         m.disk.append({"threads": threads, "piece": piece, "bytes": n * page,
-                                       "write_Bps": n * page / tw, "read_Bps": n * page / tr,
+                                       "write_Bps": n * page / tw, "rewrite_Bps": n * page / trw,
+                                       "read_Bps": n * page / tr,
                                        "direct": ds.uses_direct})
                     finally:
                         ds.close()
@@ -408,6 +417,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         best_r = own[0] if own else max(m.disk, key=lambda r: r["read_Bps"])
         best_w = own[0] if own else max(m.disk, key=lambda r: r["write_Bps"])
         d["nvme"]["read"], d["nvme"]["write"] = best_r["read_Bps"], best_w["write_Bps"]
+        # (reports from before the rewrite pass have none: the rate of a first write then)
+        d["nvme"]["rewrite"] = best_w.get("rewrite_Bps")
         d["nvme"]["queue_depth"] = int(best_r["threads"])
         d["nvme"]["piece"] = int(best_r["piece"])
         one = [r for r in m.disk if r["threads"] == 1 and r["piece"] == best_r["piece"]]
@@ -611,6 +622,7 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
              f"nvme:{c('nvme')}", f"  read: {_fmt_rate(N['read'])}", f"  write: {_fmt_rate(N['write'])}",
              f"  queue_depth: {N['queue_depth']}", f"  latency: {_fmt_time(N['latency'])}",
              f"  piece: {N['piece']}",
+             *([f"  rewrite: {_fmt_rate(N['rewrite'])}"] if N.get("rewrite") else []),
              "host:", f"  fill_rate: {_fmt_rate(H['fill_rate'])}{c('host.fill_rate')}",
              "gpu:", f"  name: {G['name']}  # base", f"  memory: {G['memory']}  # base",
              f"  flops_bf16: {G['flops_bf16']:.6g}  # base (public peak)",

@@ -194,13 +194,18 @@ class SMSpec(_Frozen):
 
 class NVMeSpec(_Frozen):
     """The disk tier's device. A transfer is cut into pieces of at most ``piece`` bytes;
-    ``queue_depth`` of them in flight; each costs ``latency`` plus its bytes at the rate."""
+    ``queue_depth`` of them in flight; each costs ``latency`` plus its bytes at the rate.
+    ``write`` is the rate of a first write into the tier's (preallocated) file space,
+    ``rewrite`` that into space written before (None: ``write``): the file system converts
+    a preallocated extent on its first write (on the H200 machine 2.09-2.36 GB/s first,
+    2.84-2.98 GB/s again; docs/hw-notes.md)."""
 
     read: Rate
     write: Rate
     queue_depth: Annotated[int, Field(gt=0)]
     latency: Seconds
     piece: Bytes
+    rewrite: Rate | None = None
 
 
 class HostSpec(_Frozen):

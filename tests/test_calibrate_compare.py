@@ -30,6 +30,10 @@ def test_calibrate_cpu_writes_a_loadable_profile(tmp_path):
     report = calibrate(out, device="cpu")
     prof = load_profile(out)
     assert prof.name == "cpu-cal" and prof.link.h2d > 0 and prof.nvme.read > 0
+    # each disk cell times a second write of the same slots: the profile's rewrite rate
+    assert all(r["rewrite_Bps"] > 0 for r in report["disk"])
+    assert prof.nvme.rewrite is not None and prof.nvme.rewrite > 0
+    assert "  rewrite: " in out.read_text()
     assert report["device"] == "cpu" and report["seconds"] < 30
     assert {c["dir"] for c in report["copies"]} == {"h2d", "d2h", "both"}
     big = [r for r in report["fit_check"] if not r.get("small")]
@@ -208,13 +212,18 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
-    # the committed profile adds, by hand, the loop's host time at a resume, fitted from a
-    # replay's compute log (not from these cells): the refit has none, and the rest is the same
+    # the committed profile adds, by hand, the loop's host time at a resume and a transfer,
+    # fitted from replays' logs (not from these cells): the refit has none, and the rest is
+    # the same
     assert a.pop("loop") == {"resume": pytest.approx(950.6e-6), "resume_per_page": pytest.approx(0.5496e-6),
                              "transfer": pytest.approx(126.8e-6)}
     assert b.pop("loop") == {"resume": 0.0, "resume_per_page": 0.0, "transfer": 0.0}
     assert a["refcheck"].pop("launch_per_page") == pytest.approx(0.312e-6)
     assert b["refcheck"].pop("launch_per_page") == 0.0
+    # and the disk's rewrite rate, from a ratio measured on another machine (the committed
+    # report predates calibrate's rewrite pass)
+    assert a["nvme"].pop("rewrite") == pytest.approx(2.474e9)
+    assert b["nvme"].pop("rewrite") is None
     assert a == b
     new = json.loads((tmp_path / "h200-pcie-calibrated.yaml.report.json").read_text())
     old = json.loads(committed.with_name(committed.name + ".report.json").read_text())
@@ -264,7 +273,8 @@ def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
 
 def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp_path):
     """The hw backend's disk write is done when its pieces return; it never fsyncs. So
-    calibrate's write rate leaves the fsync (made slow here) out; it still runs, after."""
+    calibrate's write and rewrite rates leave the fsync (made slow here) out; it still
+    runs, after each."""
     import os
     import time
 
@@ -281,9 +291,10 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
     plan = Plan.for_device(False)
     m = Measured(device="cpu")
     measure_disk(plan, m, str(tmp_path))
-    assert len(calls) == len(m.disk) > 0  # one fsync a cell, before its reads
+    assert len(calls) == 2 * len(m.disk) > 0  # a cell: after its first writes, its rewrites
     for c in m.disk:  # with the 0.5 s inside, the rate could not exceed bytes / 0.5 s
         assert c["write_Bps"] > 4 * c["bytes"] / 0.5, c
+        assert c["rewrite_Bps"] > 4 * c["bytes"] / 0.5, c
 
 
 def test_hw_and_sim_choose_the_same_path_per_direction():

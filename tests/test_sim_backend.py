@@ -198,6 +198,40 @@ def test_gpu_to_disk_and_host_to_disk_writes():
     assert be.stats()["disk_write_bytes"] == 4 * MiB
 
 
+def test_a_write_into_disk_slots_written_before_moves_at_the_rewrite_rate():
+    """nvme.rewrite 2 GB/s (write 1 GB/s): 2 pages of 1 MiB to fresh disk slots take their
+    bytes at 1 GB/s; the same slots again at 2 GB/s; half old, half new: 1 MiB at each rate.
+    A failed write marks nothing; without the rate every write is a first one."""
+    nv = {"read": "2GB/s", "write": "1GB/s", "rewrite": "2GB/s", "queue_depth": 4,
+          "latency": "1ms", "piece": "4MiB"}
+
+    def sim(nvme):
+        rt = SimRuntime()
+        return rt, SimBackend(rt, round_profile(nvme=nvme), MiB, {lv: 16 for lv in Level})
+
+    def write(rt, be, dst0, n=2):
+        t0 = rt.now
+        t, ok = finish(rt, be.transfer(batch(Level.HOST, Level.DISK, n, page_bytes=MiB, dst0=dst0,
+                                             kind=BatchKind.EVICT)))
+        return t - t0, ok
+
+    rt, be = sim(nv)
+    assert write(rt, be, 0)[0] == pytest.approx(DISK_LAT + 2 * MiB / 1e9, rel=1e-9)
+    assert write(rt, be, 0)[0] == pytest.approx(DISK_LAT + 2 * MiB / 2e9, rel=1e-9)
+    assert write(rt, be, 1)[0] == pytest.approx(DISK_LAT + MiB / 2e9 + MiB / 1e9, rel=1e-9)
+    be.fail_next_transfer(1)
+    t, ok = write(rt, be, 8)
+    assert not ok and t == pytest.approx(DISK_LAT + 2 * MiB / 1e9, rel=1e-9)
+    assert write(rt, be, 8)[0] == pytest.approx(DISK_LAT + 2 * MiB / 1e9, rel=1e-9)  # still new
+    # GPU -> disk, slots written before: the disk leg at the rewrite rate
+    t0 = rt.now
+    t, _ = finish(rt, be.transfer(batch(Level.GPU, Level.DISK, 2, page_bytes=MiB, kind=BatchKind.EVICT)))
+    assert t - t0 == pytest.approx(DISK_LAT + CALL + 2 * PER_PAGE + 2 * MiB / 2e9, rel=1e-9)
+    rt, be = sim({k: v for k, v in nv.items() if k != "rewrite"})
+    for _ in range(2):
+        assert write(rt, be, 0)[0] == pytest.approx(DISK_LAT + 2 * MiB / 1e9, rel=1e-9)
+
+
 def test_small_disk_ops_are_bound_by_queue_depth_and_latency():
     # 64 KiB ops: 4 * 64 KiB / (1 ms + 64 KiB / 2 GB/s) = 254 MB/s, below the 2 GB/s device
     rt, be = make(page_bytes=64 * KiB)

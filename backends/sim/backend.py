@@ -15,7 +15,8 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   ``sm_both``, used by SM-kernel flows only: zero-copy tops out below the copy engines,
   most of all with both directions at once).
 - disk: one op latency, then a fluid flow at the device's rate for this page size:
-  ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``.
+  ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``. With
+  ``nvme.rewrite``, bytes written into disk slots written before move at that rate.
 - GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
@@ -123,8 +124,18 @@ class SimBackend:
         self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
         op = min(page_bytes, nv.piece)
         self.ops_per_page = -(-page_bytes // nv.piece)
-        disk = {d: min(bw, nv.queue_depth * op / (nv.latency + op / bw))
-                for d, bw in (("disk_read", nv.read), ("disk_write", nv.write))}
+        def disk_rate(bw: float) -> float:
+            return min(bw, nv.queue_depth * op / (nv.latency + op / bw))
+        disk = {"disk_read": disk_rate(nv.read), "disk_write": disk_rate(nv.write)}
+        # nvme.rewrite: a write into disk slots written before moves at the rewrite rate; the
+        # flow carries such bytes as write / rewrite of a first write's (its link leg, if
+        # any, far faster than the disk, is shortened alike); which slots were written is
+        # kept only when the profile gives the rate
+        self._rewrite_cost: float | None = None
+        self._disk_written: np.ndarray | None = None
+        if nv.rewrite is not None and Level.DISK in slots:
+            self._rewrite_cost = disk["disk_write"] / disk_rate(nv.rewrite)
+            self._disk_written = np.zeros(int(slots[Level.DISK]), dtype=bool)
         self.fluid = Fluid(self.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
                                       "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
                                       "sm_both": p.sm_ceiling("both"),
@@ -348,6 +359,11 @@ class SimBackend:
             start_s += self._sm_launch
         if start_s > 0:
             yield env.timeout(start_s)
+        written = self._disk_written
+        if written is not None and disk_dir == "disk_write":
+            again = int(np.count_nonzero(written[batch.dst_slots]))
+            if again:
+                nbytes -= again * batch.page_bytes * (1.0 - self._rewrite_cost)  # type: ignore[operator]
         yield self.fluid.add_flow(nbytes, res, cap=cap, ctas=ctas, ce=ce_flow)
         if held is not None:
             self.copy_engines.release(held)
@@ -378,6 +394,8 @@ class SimBackend:
         for k in kinds:
             self._bytes[k] += nbytes
         self._counts["transfers"] += 1
+        if not fail and self._disk_written is not None and batch.dst == Level.DISK:
+            self._disk_written[batch.dst_slots] = True
         if self.refcheck:
             dst = self.tags[batch.dst]
             if fail:
