@@ -86,6 +86,36 @@ def test_runtime_satisfies_the_protocol():
     assert isinstance(RealtimeRuntime(), Runtime)
 
 
+def test_run_sets_the_gil_switch_interval_and_restores_it():
+    """While run() runs, Python's switch interval is the runtime's (so I/O threads get the
+    GIL within it from the loop's Python work); after, whatever it was; None leaves it."""
+    import sys
+
+    before = sys.getswitchinterval()
+    seen = []
+
+    def proc():
+        seen.append(sys.getswitchinterval())
+        yield rt.timeout(0.001)
+        seen.append(sys.getswitchinterval())
+        raise KeyError("boom")  # an error out of run() restores it too
+
+    rt = RealtimeRuntime(switch_interval_s=2e-4)
+    with pytest.raises(KeyError):
+        rt.run(rt.process(proc()))
+    assert seen == [pytest.approx(2e-4)] * 2
+    assert sys.getswitchinterval() == before
+    def untouched():
+        yield rt2.timeout(0)
+        seen.append(sys.getswitchinterval())
+
+    rt2 = RealtimeRuntime(switch_interval_s=None)
+    rt2.run(rt2.process(untouched()))
+    assert seen[-1] == before
+    with pytest.raises(ValueError, match="switch_interval_s"):
+        RealtimeRuntime(switch_interval_s=0)
+
+
 def test_timeouts_fire_in_time_order_and_now_reads_their_times():
     rt = RealtimeRuntime(time_scale=100.0)  # 100 sim seconds a wall second
     seen = []

@@ -201,10 +201,16 @@ class RealtimeRuntime:
     timer slack on the loop's thread while ``run`` runs (``prctl(PR_SET_TIMERSLACK)``);
     with the default 50 us slack a 20 us poll sleeps about 70 us, which every short
     transfer's completion waited for (docs/hw-notes.md). A no-op elsewhere.
+    ``switch_interval_s``: Python's GIL switch interval while ``run`` runs (restored after;
+    None: left alone). The loop runs Python for milliseconds at a time, and an I/O thread
+    that needs the GIL to finish a disk piece waits for it up to the interval: on the H200
+    machine a one-page (2 MiB) disk write beside a thread running Python took 21.6 ms (p50)
+    at CPython's default 5 ms, 2.61 at 0.5 ms and 1.65 at 0.1 ms, against ~1.0 alone
+    (``benchmarks/disk_write_gil.py``).
     """
 
     def __init__(self, time_scale: float = 1.0, start: float = 0.0, poll_interval_s: float = 20e-6,
-                 tight_sleep: bool = True):
+                 tight_sleep: bool = True, switch_interval_s: float | None = 1e-4):
         if not time_scale > 0:
             raise ValueError(f"time_scale: got {time_scale!r}; expected sim seconds per wall second > 0")
         if poll_interval_s < 0:
@@ -212,6 +218,9 @@ class RealtimeRuntime:
         self.time_scale = float(time_scale)
         self.poll_interval_s = float(poll_interval_s)
         self.tight_sleep = bool(tight_sleep)
+        if switch_interval_s is not None and not switch_interval_s > 0:
+            raise ValueError(f"switch_interval_s: got {switch_interval_s!r}; expected seconds > 0 or None")
+        self.switch_interval_s = switch_interval_s
         self._start = float(start)
         self._wall0 = time.perf_counter()
         self._now = float(start)
@@ -251,6 +260,16 @@ class RealtimeRuntime:
     def run(self, until: Event | float | None = None) -> Any:
         """Run until ``until`` (an event: processed; a number: that sim time) or idle.
         Returns the event's value when ``until`` is an event."""
+        if self.switch_interval_s is None:
+            return self._run(until)
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(self.switch_interval_s)
+        try:
+            return self._run(until)
+        finally:
+            sys.setswitchinterval(before)
+
+    def _run(self, until: Event | float | None) -> Any:
         # The clock runs only inside run(): whatever happened since the runtime was made
         # (building a backend, say) or since the last run() returned is not sim time.
         self._wall0 = time.perf_counter() - (self._now - self._start) / self.time_scale
