@@ -201,7 +201,8 @@ def test_gpu_to_disk_and_host_to_disk_writes():
 def test_a_write_into_disk_slots_written_before_moves_at_the_rewrite_rate():
     """nvme.rewrite 2 GB/s (write 1 GB/s): 2 pages of 1 MiB to fresh disk slots take their
     bytes at 1 GB/s; the same slots again at 2 GB/s; half old, half new: 1 MiB at each rate.
-    A failed write marks nothing; without the rate every write is a first one."""
+    A failed write marks nothing, a fill of disk pages marks them; without the rate every
+    write is a first one."""
     nv = {"read": "2GB/s", "write": "1GB/s", "rewrite": "2GB/s", "queue_depth": 4,
           "latency": "1ms", "piece": "4MiB"}
 
@@ -227,6 +228,8 @@ def test_a_write_into_disk_slots_written_before_moves_at_the_rewrite_rate():
     t0 = rt.now
     t, _ = finish(rt, be.transfer(batch(Level.GPU, Level.DISK, 2, page_bytes=MiB, kind=BatchKind.EVICT)))
     assert t - t0 == pytest.approx(DISK_LAT + CALL + 2 * PER_PAGE + 2 * MiB / 2e9, rel=1e-9)
+    be.fill(Fill(Level.DISK, np.array([12, 13]), np.array([1, 2], np.uint64)))  # written too
+    assert write(rt, be, 12)[0] == pytest.approx(DISK_LAT + 2 * MiB / 2e9, rel=1e-9)
     rt, be = sim({k: v for k, v in nv.items() if k != "rewrite"})
     for _ in range(2):
         assert write(rt, be, 0)[0] == pytest.approx(DISK_LAT + 2 * MiB / 1e9, rel=1e-9)

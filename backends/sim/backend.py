@@ -229,6 +229,8 @@ class SimBackend:
     def fill(self, fill: Fill) -> None:
         if self.refcheck:
             self.tags[fill.level][fill.slots] = fill.tags
+        if self._disk_written is not None and fill.level == Level.DISK:
+            self._disk_written[fill.slots] = True  # (written into the file, as on hw)
 
     def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
         if not self.refcheck:
