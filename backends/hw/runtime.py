@@ -204,9 +204,9 @@ class RealtimeRuntime:
     ``switch_interval_s``: Python's GIL switch interval while ``run`` runs (restored after;
     None: left alone). The loop runs Python for milliseconds at a time, and an I/O thread
     that needs the GIL to finish a disk piece waits for it up to the interval: on the H200
-    machine a one-page (2 MiB) disk write beside a thread running Python took 21.6 ms (p50)
-    at CPython's default 5 ms, 2.61 at 0.5 ms and 1.65 at 0.1 ms, against ~1.0 alone
-    (``benchmarks/disk_write_gil.py``).
+    machine a one-page (2 MiB) disk write beside a thread running Python took 21.9 ms (p50)
+    at CPython's default 5 ms, 2.80 at 0.5 ms and 1.55 at 0.1 ms, against ~1.05 alone
+    (``benchmarks/disk_write_gil.py``, 2026-11-30 04:50 UTC).
     """
 
     def __init__(self, time_scale: float = 1.0, start: float = 0.0, poll_interval_s: float = 20e-6,
