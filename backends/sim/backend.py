@@ -131,7 +131,7 @@ class SimBackend:
         # flow carries such bytes as write / rewrite of a first write's (its link leg, if
         # any, far faster than the disk, is shortened alike); which slots were written is
         # kept only when the profile gives the rate
-        self._rewrite_cost: float | None = None
+        self._rewrite_cost = 1.0  # (a rewritten byte's share of a first write's time)
         self._disk_written: np.ndarray | None = None
         if nv.rewrite is not None and Level.DISK in slots:
             self._rewrite_cost = disk["disk_write"] / disk_rate(nv.rewrite)
@@ -361,12 +361,13 @@ class SimBackend:
             start_s += self._sm_launch
         if start_s > 0:
             yield env.timeout(start_s)
+        flow_bytes: float = nbytes
         written = self._disk_written
         if written is not None and disk_dir == "disk_write":
             again = int(np.count_nonzero(written[batch.dst_slots]))
             if again:
-                nbytes -= again * batch.page_bytes * (1.0 - self._rewrite_cost)  # type: ignore[operator]
-        yield self.fluid.add_flow(nbytes, res, cap=cap, ctas=ctas, ce=ce_flow)
+                flow_bytes = nbytes - again * batch.page_bytes * (1.0 - self._rewrite_cost)
+        yield self.fluid.add_flow(flow_bytes, res, cap=cap, ctas=ctas, ce=ce_flow)
         if held is not None:
             self.copy_engines.release(held)
         elif ctas:
