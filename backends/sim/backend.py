@@ -361,7 +361,7 @@ class SimBackend:
             start_s += self._sm_launch
         if start_s > 0:
             yield env.timeout(start_s)
-        flow_bytes: float = nbytes
+        flow_bytes = float(nbytes)
         written = self._disk_written
         if written is not None and disk_dir == "disk_write":
             again = int(np.count_nonzero(written[batch.dst_slots]))
