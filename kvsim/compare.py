@@ -46,7 +46,10 @@ def rel_err(sim: float | None, hw: float | None) -> float | None:
 
 
 def transfer_table(log: Iterable[dict]) -> dict[str, dict]:
-    """Per ``src->dst path``: batches, pages, bytes, seconds (sum and median), GB/s."""
+    """Per ``src->dst path``: batches, pages, bytes, seconds (sum and median), GB/s; for
+    batches whose log rows time their disk I/O (the hw backend's), the medians of the wait
+    before the first piece started, of the pieces' span, and of the time after the last
+    ended until the batch was seen done."""
     groups: dict[str, list[dict]] = {}
     for r in log:
         if r.get("ok", True) and r["pages"]:
@@ -63,6 +66,12 @@ def transfer_table(log: Iterable[dict]) -> dict[str, dict]:
                                                   for r in rows if r["seconds"] > 0)
                     if any(r["seconds"] > 0 for r in rows) else None,
                     "page_bytes": rows[0]["bytes"] // max(1, rows[0]["pages"])}
+        io = [r for r in rows if "io_end_s" in r]
+        if io:  # hw disk batches: the I/O pool's part of their time (medians)
+            out[key].update(
+                io_wait_s_p50=statistics.median(r["io_start_s"] for r in io),
+                io_s_p50=statistics.median(r["io_end_s"] - r["io_start_s"] for r in io),
+                after_io_s_p50=statistics.median(r["seconds"] - r["io_end_s"] for r in io))
     return out
 
 

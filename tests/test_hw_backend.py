@@ -509,6 +509,27 @@ def test_pages_round_trip_through_every_tier_in_cpu_mode(make):
     assert not be.errors
 
 
+def test_the_timing_log_times_a_disk_batchs_io_inside_its_transfer(make):
+    """Every disk batch's log row says when its first piece started on an I/O thread and
+    when its last ended, from the transfer call: 0 <= start <= end <= the batch's seconds;
+    GPU <-> host rows have neither. The compare's transfer table takes their medians."""
+    from kvsim.compare import transfer_table
+
+    log: list = []
+    rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24, piece_bytes=256 << 10,
+                  staging_bytes=3 << 20, timing_log=log)
+    roundtrip(rt, be, n=10)
+    disk = [r for r in log if "disk" in (r["src"], r["dst"])]
+    assert len(disk) == 4 and len(log) == 6
+    for r in disk:
+        assert 0 <= r["io_start_s"] <= r["io_end_s"] <= r["seconds"], r
+    assert not any("io_start_s" in r for r in log if r not in disk)
+    table = transfer_table(log)
+    hd = table["host->disk disk"]
+    assert 0 <= hd["io_wait_s_p50"] and 0 < hd["io_s_p50"] and 0 <= hd["after_io_s_p50"]
+    assert "io_s_p50" not in table["gpu->host " + be.copy_paths["d2h"].value]
+
+
 def test_large_pages_split_into_pieces_and_staging_chunks(make):
     # 1 MiB pages, 256 KiB pieces, a staging buffer of 3 pages: every pipeline stage loops
     rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24,

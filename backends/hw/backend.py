@@ -263,16 +263,17 @@ class HwBackend:
     def transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
         """Move one batch. ``path`` overrides the copy path for GPU <-> host (benchmarks)."""
         t0 = _clock()  # the timing log counts this call's own host time too
+        io: list = []  # a disk batch's I/O: (first piece's start, last piece's end), by chunk
         if self._fail_next > 0 and batch.pages:
             self._fail_next -= 1
             ev = self._injected_failure(batch)
         else:
-            ev = self._transfer(batch, path)
+            ev = self._transfer(batch, path, io)
         if self.host_log is not None:
             self._host_time(f"transfer {batch.src.name.lower()}->{batch.dst.name.lower()} "
                             f"{int(batch.pages)}", t0)
         if batch.pages:
-            self._account(batch, ev, path, t0)
+            self._account(batch, ev, path, t0, io)
         return ev
 
     def fail_next_transfer(self, n: int = 1) -> None:
@@ -298,7 +299,7 @@ class HwBackend:
         d = "h2d" if src == Level.DISK or dst == Level.GPU else "d2h"
         return transfer_path_name(src, dst, (path or self.copy_paths[d]).value)
 
-    def _account(self, batch: Batch, ev, path, t0: float) -> None:
+    def _account(self, batch: Batch, ev, path, t0: float, io: list) -> None:
         sim0 = self.runtime.now
         log = self.timing_log
         nbytes = int(batch.pages) * self.page_bytes
@@ -312,10 +313,14 @@ class HwBackend:
                 for k in _TRAFFIC.get((batch.src, batch.dst), ()):
                     self._bytes[k] += nbytes
             if log is not None:
-                log.append({"t_s": sim0, "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
-                            "pages": int(batch.pages), "bytes": nbytes,
-                            "path": self.path_name(batch.src, batch.dst, path),
-                            "seconds": _clock() - t0, "ok": ok})
+                row = {"t_s": sim0, "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
+                       "pages": int(batch.pages), "bytes": nbytes,
+                       "path": self.path_name(batch.src, batch.dst, path),
+                       "seconds": _clock() - t0, "ok": ok}
+                if io:  # a disk batch: when its first piece started and its last ended
+                    row["io_start_s"] = min(a for a, _ in io) - t0
+                    row["io_end_s"] = max(b for _, b in io) - t0
+                log.append(row)
 
         if ev.callbacks is None:
             done(ev)
@@ -335,7 +340,7 @@ class HwBackend:
         out["copy_path_d2h"] = self.copy_paths["d2h"].value
         return out
 
-    def _transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
+    def _transfer(self, batch: Batch, path: CopyPath | None = None, io: list | None = None) -> Any:
         if self._closed:
             raise RuntimeError("the backend is closed")
         if batch.page_bytes != self.page_bytes:
@@ -367,14 +372,15 @@ class HwBackend:
             return self._gpu_host(batch.src, src, dst, path or self.copy_paths[d])
         if key == (Level.GPU, Level.GPU):
             return self._gpu_gpu(src, dst)
+        io = [] if io is None else io
         if key == (Level.HOST, Level.DISK):
-            return self.runtime.process(self._host_to_disk(src, dst))
+            return self.runtime.process(self._host_to_disk(src, dst, io))
         if key == (Level.DISK, Level.HOST):
-            return self.runtime.process(self._disk_to_host(src, dst))
+            return self.runtime.process(self._disk_to_host(src, dst, io))
         if key == (Level.GPU, Level.DISK):
-            return self.runtime.process(self._gpu_to_disk(src, dst))
+            return self.runtime.process(self._gpu_to_disk(src, dst, io))
         if key == (Level.DISK, Level.GPU):
-            return self.runtime.process(self._disk_to_gpu(src, dst))
+            return self.runtime.process(self._disk_to_gpu(src, dst, io))
         raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
 
     def compute(self, duration_s: float) -> Any:
@@ -630,8 +636,10 @@ class HwBackend:
         self.pool.submit(fn, *args).add_done_callback(done)
         return ev
 
-    def _futures(self, futures) -> Any:
-        """A waitable for a list of futures: succeeds with None, or the first exception."""
+    def _futures(self, futures, io: list | None = None) -> Any:
+        """A waitable for a list of futures: succeeds with None, or the first exception.
+        ``io``: gets (first start, last end) of the futures' jobs (``FairPool``'s
+        ``kv_span``) when the last is done."""
         ev, trigger = self.runtime.external()
         if not futures:
             trigger(None)
@@ -647,6 +655,9 @@ class HwBackend:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
+                spans = [sp for sp in (getattr(g, "kv_span", None) for g in futures) if sp]
+                if io is not None and spans:
+                    io.append((min(a for a, _ in spans), max(b for _, b in spans)))
                 trigger(first[0] if first else None)
 
         for f in futures:
@@ -771,22 +782,22 @@ class HwBackend:
 
     # -- disk (generator processes on the runtime) -----------------------------------------
 
-    def _host_to_disk(self, src, dst):
+    def _host_to_disk(self, src, dst, io: list):
         try:
             futs = self.disk.submit_writes(dst, _rows(self.host.view, src))
         except OSError as e:
             self.errors.append(f"host->disk: {e}")
             return False
-        err = yield self._futures(futs)
+        err = yield self._futures(futs, io)
         return self._finish_write(dst, err, "host->disk")
 
-    def _disk_to_host(self, src, dst):
+    def _disk_to_host(self, src, dst, io: list):
         try:
             futs = self.disk.submit_reads(src, _rows(self.host.view, dst))
         except OSError as e:
             self.errors.append(f"disk->host: {e}")
             return False
-        err = yield self._futures(futs)
+        err = yield self._futures(futs, io)
         if err is not None:
             self.errors.append(f"disk->host: {type(err).__name__}: {err}")
         return err is None
@@ -817,7 +828,7 @@ class HwBackend:
         s, keep = self._enqueue_gpu_host(Level.HOST, rows, g_slots, self.copy_paths["h2d"], buf)
         return self._cuda_done(s, keep)
 
-    def _gpu_to_disk(self, src, dst):
+    def _gpu_to_disk(self, src, dst, io: list):
         """GPU -> staging (copy) then staging -> disk (pwrite), two buffers in flight."""
         try:
             self.disk.check_writable()
@@ -844,7 +855,7 @@ class HwBackend:
                 self.staging.put(buf)
                 ok = False
                 break
-            inflight.append((buf, dst[a:b], self._futures(futs)))
+            inflight.append((buf, dst[a:b], self._futures(futs, io)))
         while inflight:  # wait for every write before the staging buffers are reused
             ok &= yield from self._retire_write(inflight)
         return bool(ok)
@@ -855,7 +866,7 @@ class HwBackend:
         self.staging.put(buf)
         return self._finish_write(slots, err, "gpu->disk")
 
-    def _disk_to_gpu(self, src, dst):
+    def _disk_to_gpu(self, src, dst, io: list):
         """disk -> staging (pread) then staging -> GPU (copy), two buffers in flight."""
         try:
             self.disk.check_readable(src)
@@ -866,7 +877,7 @@ class HwBackend:
         for a, b in self._stage_chunks(len(src)):
             buf = self.staging.get()
             futs = self.disk.submit_reads(src[a:b], buf.view[: b - a])
-            inflight.append((buf, a, b, self._futures(futs)))
+            inflight.append((buf, a, b, self._futures(futs, io)))
             if len(inflight) >= 2:
                 ok &= yield from self._retire_read(inflight, dst)
             if not ok:

@@ -31,6 +31,7 @@ import os
 import secrets
 import shutil
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Sequence
@@ -51,7 +52,8 @@ class FairPool:
     """``workers`` threads that run groups of jobs, the groups round robin: an idle thread
     takes the next job of the group after the one it last served from. A group is one
     batch's pieces, so batches in flight share the threads (and the device) instead of
-    each waiting for every piece submitted before it."""
+    each waiting for every piece submitted before it. A job's future carries ``kv_span``,
+    (start, end) of the job on its thread (``time.perf_counter``), set before it is done."""
 
     def __init__(self, workers: int, name: str):
         self._cv = threading.Condition()
@@ -87,10 +89,15 @@ class FairPool:
                     self._groups.append(group)  # its next job after the other groups' turns
             if not fut.set_running_or_notify_cancel():
                 continue
+            t0 = time.perf_counter()
             try:
-                fut.set_result(fn(job))
+                out = fn(job)
             except BaseException as e:  # noqa: BLE001 - delivered through the future
+                fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
                 fut.set_exception(e)
+            else:
+                fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+                fut.set_result(out)
 
     def shutdown(self, wait: bool = True) -> None:
         """No new groups; the threads finish the jobs already submitted, then exit."""
