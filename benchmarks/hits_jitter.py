@@ -19,7 +19,6 @@ Last line: ``same_hits_under_jitter_min: <fewest turns the same> of <turns>``.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,12 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _slices import session_slice  # noqa: E402  (beside this script)
 from kvsim.compare import replay_sim_side, hits_agreement  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 from kvsim.run import prepare_run  # noqa: E402
 
-SESSIONS = ROOT.parent / "shared" / "traces" / "agentic-coding" / "sessions"
 SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 # (section, key, factor)
 MOVES = [("nvme", "read", 0.95), ("nvme", "read", 1.05), ("nvme", "write", 0.95), ("nvme", "write", 1.05),
@@ -47,11 +46,7 @@ def main() -> None:
     cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS)
     base = load_profile("h200-pcie-calibrated")
     with tempfile.TemporaryDirectory() as tmp:
-        trace = a.trace
-        if trace is None:
-            for n in (1, 2, 3):
-                shutil.copy(SESSIONS / f"trace_{n:04d}.json.gz", tmp)
-            trace = tmp
+        trace = a.trace or str(session_slice(tmp, (1, 2, 3)))
         ref = replay_sim_side(prepare_run(cfg, trace, base), [])
         fewest, turns = None, len(ref.rows)
         print("| moved | turns the same | turns that differ |")

@@ -25,7 +25,6 @@ with>`` over the runs.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _slices import SESSIONS, session_slice  # noqa: E402  (beside this script)
 from kvsim.compare import compare_saved, saved_hw  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
@@ -67,7 +67,7 @@ def _short_turn_median(sim_rows, hw_rows, under_s: float = 0.1) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces" / "agentic-coding" / "sessions"))
+    ap.add_argument("--traces", default=str(SESSIONS))
     a = ap.parse_args()
     committed = load_profile("h200-pcie-calibrated")
     loop = {"resume": committed.loop.resume, "resume_per_page": committed.loop.resume_per_page,
@@ -81,11 +81,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run, sessions, sets in RUNS:
             folder = ROOT / "docs" / "runs" / run
-            trace = Path(tmp) / "-".join(map(str, sessions))
-            if not trace.exists():
-                trace.mkdir()
-                for n in sessions:
-                    shutil.copy(Path(a.traces) / f"trace_{n:04d}.json.gz", trace)
+            trace = session_slice(tmp, sessions, a.traces)
             cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS + sets)
             hw = saved_hw(folder, cfg)[0]
             base = hw.profile or committed

@@ -25,7 +25,6 @@ without> -> <median with>`` over all runs.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from _slices import SESSIONS, session_slice  # noqa: E402  (beside this script)
 from kvsim.compare import compare_saved, saved_hw  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
@@ -81,7 +81,7 @@ def _big_writes_err(sim_log, hw_log):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--traces", default=str(ROOT.parent / "shared" / "traces" / "agentic-coding" / "sessions"))
+    ap.add_argument("--traces", default=str(SESSIONS))
     a = ap.parse_args()
     committed = load_profile("h200-pcie-calibrated")
     if not (committed.loop.transfer > 0 and committed.nvme.rewrite):
@@ -94,11 +94,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for run, sessions, sets, new_fill in RUNS:
             folder = ROOT / "docs" / "runs" / run
-            trace = Path(tmp) / "-".join(map(str, sessions))
-            if not trace.exists():
-                trace.mkdir()
-                for n in sessions:
-                    shutil.copy(Path(a.traces) / f"trace_{n:04d}.json.gz", trace)
+            trace = session_slice(tmp, sessions, a.traces)
             cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS + sets)
             hw, hw_log, _ = saved_hw(folder, cfg)
             base = hw.profile or committed
