@@ -48,6 +48,9 @@ Optional terms (absent: the older, simpler model):
   one machine, 95-112 us on another; docs/hw-notes.md). A sim modelling the loop adds it to
   such transfers' completion (holds nothing). Fitted from a replay's one-page GPU -> host
   batches, default 0.
+- ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
+  the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
+  Default None: every write at ``nvme.write``.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
