@@ -263,7 +263,7 @@ class HwBackend:
     def transfer(self, batch: Batch, path: CopyPath | None = None) -> Any:
         """Move one batch. ``path`` overrides the copy path for GPU <-> host (benchmarks)."""
         t0 = _clock()  # the timing log counts this call's own host time too
-        io: list = []  # a disk batch's I/O: (first piece's start, last piece's end), by chunk
+        io: list = []  # a disk batch's jobs: (start, end) of each on its I/O thread
         if self._fail_next > 0 and batch.pages:
             self._fail_next -= 1
             ev = self._injected_failure(batch)
@@ -340,7 +340,8 @@ class HwBackend:
         out["copy_path_d2h"] = self.copy_paths["d2h"].value
         return out
 
-    def _transfer(self, batch: Batch, path: CopyPath | None = None, io: list | None = None) -> Any:
+    def _transfer(self, batch: Batch, path: CopyPath | None, io: list) -> Any:
+        """``io`` gets a disk batch's jobs' (start, end) on the I/O threads."""
         if self._closed:
             raise RuntimeError("the backend is closed")
         if batch.page_bytes != self.page_bytes:
@@ -372,7 +373,6 @@ class HwBackend:
             return self._gpu_host(batch.src, src, dst, path or self.copy_paths[d])
         if key == (Level.GPU, Level.GPU):
             return self._gpu_gpu(src, dst)
-        io = [] if io is None else io
         if key == (Level.HOST, Level.DISK):
             return self.runtime.process(self._host_to_disk(src, dst, io))
         if key == (Level.DISK, Level.HOST):
@@ -638,8 +638,8 @@ class HwBackend:
 
     def _futures(self, futures, io: list | None = None) -> Any:
         """A waitable for a list of futures: succeeds with None, or the first exception.
-        ``io``: gets (first start, last end) of the futures' jobs (``FairPool``'s
-        ``kv_span``) when the last is done."""
+        ``io``: gets the futures' jobs' (start, end) (``FairPool``'s ``kv_span``) when the
+        last is done."""
         ev, trigger = self.runtime.external()
         if not futures:
             trigger(None)
@@ -655,9 +655,8 @@ class HwBackend:
                 left[0] -= 1
                 last = left[0] == 0
             if last:
-                spans = [sp for sp in (getattr(g, "kv_span", None) for g in futures) if sp]
-                if io is not None and spans:
-                    io.append((min(a for a, _ in spans), max(b for _, b in spans)))
+                if io is not None:
+                    io.extend(sp for sp in (getattr(g, "kv_span", None) for g in futures) if sp)
                 trigger(first[0] if first else None)
 
         for f in futures:

@@ -90,14 +90,16 @@ class FairPool:
             if not fut.set_running_or_notify_cancel():
                 continue
             t0 = time.perf_counter()
+            out, exc = None, None
             try:
                 out = fn(job)
             except BaseException as e:  # noqa: BLE001 - delivered through the future
-                fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
-                fut.set_exception(e)
-            else:
-                fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+                exc = e
+            fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+            if exc is None:
                 fut.set_result(out)
+            else:
+                fut.set_exception(exc)
 
     def shutdown(self, wait: bool = True) -> None:
         """No new groups; the threads finish the jobs already submitted, then exit."""
