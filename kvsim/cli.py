@@ -198,6 +198,9 @@ def compare(
     if hw_from and dest.resolve() == Path(hw_from).resolve():
         _error(console, f"--out {dest}: is the --hw-from folder; write the new report elsewhere")
         raise typer.Exit(2)
+    if dest.exists() and not dest.is_dir():  # before minutes of replay, not after
+        _error(console, f"--out {dest}: exists and is not a directory")
+        raise typer.Exit(2)
     try:
         if hw_from:
             report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile,
@@ -208,8 +211,6 @@ def compare(
                 from kvsim.calibrate import calibrate as run_calibration
 
                 prepare_run(cfg, trace)  # bad config or trace: fail before measuring or writing
-                if dest.exists() and not dest.is_dir():
-                    raise ConfigFileError(f"--out {dest}: exists and is not a directory")
                 dest.mkdir(parents=True, exist_ok=True)
                 prof = dest / "hardware.yaml"
                 cal = run_calibration(prof, base=cfg.hardware, device=device)

@@ -156,6 +156,13 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
     assert r.exit_code == 2 and "--saved-profile" in r.output
     r = CliRunner().invoke(app, ["compare", "default", "--pin-arrivals"])
     assert r.exit_code == 2 and "--pin-arrivals" in r.output
+    a_file = tmp_path / "a-file"  # --out a file: refused by name before any replay, file kept
+    a_file.write_text("keep")
+    for extra in (["--hw-from", str(out)], ["--device", "cpu"]):
+        r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []),
+                                     *extra, "--out", str(a_file)])
+        assert r.exit_code == 2 and "not a directory" in r.output, r.output
+        assert a_file.read_text() == "keep"
     # --pin-arrivals: the sim releases each turn when hw did, or later when its session's
     # previous item completes later in the sim (never earlier)
     pinned = tmp_path / "pinned"
