@@ -1,4 +1,4 @@
-"""The sim's per-batch transfer times against the saved H200 runs, with and without the two
+"""The sim's per-batch transfer times against the saved H200 runs, with and without the three
 transfer terms of the committed calibrated profile, side by side (no GPU needed).
 
 - ``loop.transfer`` (126.8 us): what a replay's engine loop adds to a transfer with a GPU
@@ -7,17 +7,22 @@ transfer terms of the committed calibrated profile, side by side (no GPU needed)
   ``docs/runs/h200-agentic-slice-fill-in-parts-2026-11-30-0420``; the runs before it ran the
   older fill kernel (a CTA a page), which held every GPU -> host copy ~40 us more, so only
   the later runs say how well it predicts.
+- ``loop.disk`` (426.6 us): what a replay adds to a transfer with a disk leg beyond the
+  I/O threads alone. It shows in the one-page host -> disk batches (the host tier's
+  eviction to disk, ~800-1,100 a run). Measured from the hw log of
+  ``docs/runs/h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0539`` (each batch's
+  wait for an I/O thread and its completion's wait for the loop, not a fit to the error).
 - ``nvme.rewrite`` (write x 1.311): a disk write into slots written before. It shows in
-  the big disk writes (500+ pages) and in the one-page host -> disk writes. Applied to
-  each run's own profile as that ratio of its write rate.
+  the big disk writes (500+ pages). Applied to each run's own profile as that ratio of its
+  write rate, or the run's own measured rate where its profile has one.
 
 Every saved compare in ``docs/runs`` with per-batch logs is re-predicted with the profile it
-ran with (``saved_hw``), once with neither term and once with both (the compare's sim side,
-``model_loop`` on). Per run: the one-page GPU -> host p50 error, the big disk writes' median
-error (batch by batch, in order), the one-page host -> disk p50 error, TTFT p50 / p90
-errors. Last two lines: ``one_page_gpu_to_host_err_pct (runs after the fill change, not
-fitted on): <median without> -> <median with>`` and ``big_disk_write_err_pct: <median
-without> -> <median with>`` over all runs.
+ran with (``saved_hw``), once with none of the terms and once with all three (the compare's
+sim side, ``model_loop`` on). Per run: the one-page GPU -> host p50 error, the big disk
+writes' median error (batch by batch, in order), the one-page host -> disk p50 error, TTFT
+p50 / p90 errors. Last three lines, medians over runs: ``one_page_gpu_to_host_err_pct (runs
+after the fill change, not fitted on): <without> -> <with>``, ``one_page_host_to_disk_err_pct
+(not fitted on): <without> -> <with>`` and ``big_disk_write_err_pct: <without> -> <with>``.
 
     python3 benchmarks/replay_transfers.py [--traces ../shared/traces/agentic-coding/sessions]
 """
@@ -55,8 +60,10 @@ RUNS = [
     ("h200-agentic-slice-sessions-10-12-2026-11-30-0429", (10, 11, 12), [], True),
     ("h200-agentic-slice-sessions-1-3-2026-11-30-0438", (1, 2, 3), [], True),
     ("h200-agentic-slice-18-turns-2026-11-30-0450", (1, 2, 3), ["workload.max_turns=18"], True),
+    ("h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0539", (10, 11, 12), [], True),
 ]
 FITTED_ON = "h200-agentic-slice-fill-in-parts-2026-11-30-0420"  # loop.transfer's one run
+DISK_MEASURED_ON = "h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0539"  # loop.disk measured on
 SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 BIG = 500  # pages: a big disk batch
 
@@ -84,13 +91,15 @@ def main() -> None:
     ap.add_argument("--traces", default=str(SESSIONS))
     a = ap.parse_args()
     committed = load_profile("h200-pcie-calibrated")
-    if not (committed.loop.transfer > 0 and committed.nvme.rewrite):
-        raise SystemExit("the committed calibrated profile has no loop.transfer or nvme.rewrite")
+    lp = committed.loop
+    if not (lp.transfer > 0 and lp.disk > 0 and committed.nvme.rewrite):
+        raise SystemExit("the committed calibrated profile lacks loop.transfer, loop.disk or nvme.rewrite")
     ratio = committed.nvme.rewrite / committed.nvme.write
-    print(f"loop.transfer {committed.loop.transfer * 1e6:.1f} us; nvme.rewrite = write x {ratio:.3f}")
+    print(f"loop.transfer {lp.transfer * 1e6:.1f} us; loop.disk {lp.disk * 1e6:.1f} us; "
+          f"nvme.rewrite = write x {ratio:.3f}")
     print("| run | 1-page GPU -> host p50 | big disk writes, median | 1-page host -> disk p50 | TTFT p50 | TTFT p90 |")
     print("| --- | --- | --- | --- | --- | --- |")
-    one, big = {"without": [], "with": []}, {"without": [], "with": []}
+    one, big, disk1 = ({"without": [], "with": []} for _ in range(3))
     with tempfile.TemporaryDirectory() as tmp:
         for run, sessions, sets, new_fill in RUNS:
             folder = ROOT / "docs" / "runs" / run
@@ -99,8 +108,9 @@ def main() -> None:
             hw, hw_log, _ = saved_hw(folder, cfg)
             base = hw.profile or committed
             cols: list[list[float | None]] = []
-            for label, lt, rw in (("without", 0.0, None), ("with", committed.loop.transfer, base.nvme.write * ratio)):
-                prof = base.model_copy(update={"loop": base.loop.model_copy(update={"transfer": lt}),
+            own_rw = base.nvme.rewrite or base.nvme.write * ratio
+            for label, lt, ld, rw in (("without", 0.0, 0.0, None), ("with", lp.transfer, lp.disk, own_rw)):
+                prof = base.model_copy(update={"loop": base.loop.model_copy(update={"transfer": lt, "disk": ld}),
                                                "nvme": base.nvme.model_copy(update={"rewrite": rw})})
                 report, _ = compare_saved(cfg, folder, str(trace), profile=prof)
                 sim_log, m = report["logs"]["sim"], report["metrics"]
@@ -113,14 +123,19 @@ def main() -> None:
                     one[label].append(row[0])
                 if row[1] is not None:
                     big[label].append(row[1])
+                if run != DISK_MEASURED_ON and row[2] is not None:
+                    disk1[label].append(row[2])
             cell = lambda i: " -> ".join("-" if c[i] is None else f"{c[i] * 100:+.1f}%" for c in cols)  # noqa: E731
             tag = "" if new_fill else " (older fill)"
-            tag += " (fitted on)" if run == FITTED_ON else ""
+            tag += " (loop.transfer fitted on)" if run == FITTED_ON else ""
+            tag += " (loop.disk measured on)" if run == DISK_MEASURED_ON else ""
             print(f"| {run.removeprefix('h200-agentic-slice-')}{tag} | {cell(0)} | {cell(1)} | {cell(2)} | "
                   f"{cell(3)} | {cell(4)} |", flush=True)
     med = lambda xs: statistics.median(xs) * 100  # noqa: E731
     print(f"one_page_gpu_to_host_err_pct (runs after the fill change, not fitted on): "
           f"{med(one['without']):+.1f} -> {med(one['with']):+.1f}")
+    print(f"one_page_host_to_disk_err_pct (not fitted on): "
+          f"{med(disk1['without']):+.1f} -> {med(disk1['with']):+.1f}")
     print(f"big_disk_write_err_pct: {med(big['without']):+.1f} -> {med(big['with']):+.1f}")
 
 

@@ -452,9 +452,10 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
                                    f"median of {len(chk)}")
         why["refcheck.ctas"] = f"base: {base.name} (not measured: CTAs at once beside compute)"
     lp, fitted = base.loop, f"base: {base.name} (not measured here: fitted from a replay's logs)"
-    if lp.resume or lp.resume_per_page or lp.transfer:  # fitted from a replay, not measured here: kept
-        d["loop"] = {"resume": lp.resume, "resume_per_page": lp.resume_per_page, "transfer": lp.transfer}
-        why["loop.resume"] = why["loop.resume_per_page"] = why["loop.transfer"] = fitted
+    if lp.resume or lp.resume_per_page or lp.transfer or lp.disk:  # fitted from a replay, not measured here: kept
+        d["loop"] = {"resume": lp.resume, "resume_per_page": lp.resume_per_page, "transfer": lp.transfer,
+                     "disk": lp.disk}
+        why["loop.resume"] = why["loop.resume_per_page"] = why["loop.transfer"] = why["loop.disk"] = fitted
     if base.refcheck.launch_per_page:  # (likewise)
         d.setdefault("refcheck", {"latency": base.refcheck.latency, "ctas": base.refcheck.ctas})
         d["refcheck"]["launch_per_page"] = base.refcheck.launch_per_page
@@ -646,11 +647,12 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
         if R.get("launch_per_page"):
             lines.append(f"  launch_per_page: {_fmt_time(R['launch_per_page'])}{c('refcheck.launch_per_page')}")
     L = d.get("loop") or {}
-    if L.get("resume") or L.get("resume_per_page") or L.get("transfer"):
+    if L.get("resume") or L.get("resume_per_page") or L.get("transfer") or L.get("disk"):
         lines += ["loop:", f"  resume: {_fmt_time(L['resume'])}{c('loop.resume')}",
                   f"  resume_per_page: {_fmt_time(L['resume_per_page'])}{c('loop.resume_per_page')}"]
-        if L.get("transfer"):
-            lines.append(f"  transfer: {_fmt_time(L['transfer'])}{c('loop.transfer')}")
+        for k in ("transfer", "disk"):
+            if L.get(k):
+                lines.append(f"  {k}: {_fmt_time(L[k])}{c('loop.' + k)}")
     lines.append(f"notes: {json.dumps(d.get('notes', ''))}")
     return "\n".join(lines) + "\n"
 

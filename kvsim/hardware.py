@@ -48,6 +48,14 @@ Optional terms (absent: the older, simpler model):
   one machine, 95-112 us on another; docs/hw-notes.md). A sim modelling the loop adds it to
   such transfers' completion (holds nothing). Fitted from a replay's one-page GPU -> host
   batches, default 0.
+- ``loop.disk``: what a replay adds to every transfer with a disk leg (host <-> disk,
+  GPU <-> disk) beyond the disk's own time (``nvme.latency`` and the rates, which
+  ``kvsim calibrate`` measures on the I/O threads alone): on the hw backend the batch waits
+  for an I/O thread, the thread runs its piece beside the replay's loop, and the loop then
+  sees the completion (a one-page host -> disk write in a replay of sessions 10-12, p50:
+  0.27 ms before its piece started, 1.52 ms in it, 0.15 ms after; about 1.05-1.4 ms alone).
+  A sim modelling the loop adds it to such transfers' completion (holds nothing). Fitted
+  from a replay's one-page host -> disk batches, default 0.
 - ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
   the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
   Default None: every write at ``nvme.write``.
@@ -263,11 +271,12 @@ class RefcheckSpec(_Frozen):
 
 class LoopSpec(_Frozen):
     """The engine loop's host time at a resume, and what it adds to a transfer with a GPU
-    leg in a replay (see the module docstring)."""
+    leg and to one with a disk leg in a replay (see the module docstring)."""
 
     resume: Seconds = 0.0
     resume_per_page: Seconds = 0.0
     transfer: Seconds = 0.0
+    disk: Seconds = 0.0
 
     def resume_s(self, pages: int) -> float:
         """How late the next engine step starts after resuming a request of ``pages``

@@ -219,12 +219,12 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
-    # the committed profile adds, by hand, the loop's host time at a resume and a transfer,
-    # fitted from replays' logs (not from these cells): the refit has none, and the rest is
-    # the same
+    # the committed profile adds, by hand, the loop's host time at a resume, a transfer and
+    # a disk batch, from replays' logs (not from these cells): the refit has none, and the
+    # rest is the same
     assert a.pop("loop") == {"resume": pytest.approx(950.6e-6), "resume_per_page": pytest.approx(0.5496e-6),
-                             "transfer": pytest.approx(126.8e-6)}
-    assert b.pop("loop") == {"resume": 0.0, "resume_per_page": 0.0, "transfer": 0.0}
+                             "transfer": pytest.approx(126.8e-6), "disk": pytest.approx(426.6e-6)}
+    assert b.pop("loop") == {"resume": 0.0, "resume_per_page": 0.0, "transfer": 0.0, "disk": 0.0}
     assert a["refcheck"].pop("launch_per_page") == pytest.approx(0.312e-6)
     assert b["refcheck"].pop("launch_per_page") == 0.0
     # and the disk's rewrite rate, from a ratio measured on another machine (the committed
@@ -524,8 +524,8 @@ def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 
 def test_calibrate_keeps_the_base_profiles_loop_time(tmp_path):
-    """loop.resume / resume_per_page / transfer are fitted from a replay, not measured by
-    calibrate: a profile calibrated on top of a base that has them keeps them."""
+    """loop.resume / resume_per_page / transfer / disk are fitted from a replay, not measured
+    by calibrate: a profile calibrated on top of a base that has them keeps them."""
     base = load_profile("h200-pcie-calibrated")
     assert base.loop.resume > 0 and base.loop.resume_per_page > 0
     out = tmp_path / "cal.yaml"
@@ -534,6 +534,7 @@ def test_calibrate_keeps_the_base_profiles_loop_time(tmp_path):
     assert prof.loop.resume == pytest.approx(base.loop.resume, rel=1e-3)
     assert prof.loop.resume_per_page == pytest.approx(base.loop.resume_per_page, rel=1e-3)
     assert prof.loop.transfer == pytest.approx(base.loop.transfer, rel=1e-3) and base.loop.transfer > 0
+    assert prof.loop.disk == pytest.approx(base.loop.disk, rel=1e-3) and base.loop.disk > 0
     assert prof.refcheck.launch_per_page == pytest.approx(base.refcheck.launch_per_page, rel=1e-3)
     assert base.refcheck.launch_per_page > 0
     assert "resume_per_page: " in out.read_text() and "fitted from a replay" in out.read_text()

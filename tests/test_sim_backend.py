@@ -670,25 +670,30 @@ def test_modeled_check_reads_the_tags_as_they_were_when_it_started():
 
 @pytest.mark.parametrize("path", [CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL])
 def test_a_modelled_loop_adds_its_transfer_time_to_batches_with_a_gpu_leg(path):
-    """loop.transfer: with model_loop, a batch GPU <-> host or GPU <-> disk completes exactly
-    that much later (on either copy path); a host <-> disk batch (no GPU leg) does not; a
-    sim that does not model the loop adds nothing."""
-    def took(model_loop, src, dst):
+    """loop.transfer and loop.disk: with model_loop, a batch with a GPU leg completes
+    loop.transfer later (on either copy path), one with a disk leg loop.disk later, GPU <->
+    disk both; a sim that does not model the loop adds nothing."""
+    def took(model_loop, src, dst, loop):
         rt = SimRuntime()
-        prof = round_profile(loop={"transfer": "100us"}, transfer={"latency": "10us"})
+        prof = round_profile(loop=loop, transfer={"latency": "10us"})
         be = SimBackend(rt, prof, 256 * KiB, {lv: 64 for lv in Level}, model_loop=model_loop,
                         copy_path=path)
         t, ok = finish(rt, be.transfer(batch(src, dst, 4)))
         assert ok
         return t
 
-    for src, dst in ((Level.GPU, Level.HOST), (Level.HOST, Level.GPU), (Level.GPU, Level.DISK),
-                     (Level.DISK, Level.GPU)):
-        off, on = took(False, src, dst), took(True, src, dst)
-        assert on - off == pytest.approx(100e-6, rel=1e-9), (src, dst)
-        assert off > 10e-6
-    for src, dst in ((Level.HOST, Level.DISK), (Level.DISK, Level.HOST)):
-        assert took(True, src, dst) == took(False, src, dst)
+    gpu, disk = 100e-6, 700e-6
+    # (src, dst): (has a GPU leg, has a disk leg)
+    legs = {(Level.GPU, Level.HOST): (1, 0), (Level.HOST, Level.GPU): (1, 0),
+            (Level.GPU, Level.DISK): (1, 1), (Level.DISK, Level.GPU): (1, 1),
+            (Level.HOST, Level.DISK): (0, 1), (Level.DISK, Level.HOST): (0, 1)}
+    for (src, dst), (g, d) in legs.items():
+        off = took(False, src, dst, {"transfer": "100us", "disk": "700us"})
+        assert off == took(True, src, dst, {}) and off > 10e-6, (src, dst)  # nothing unasked
+        on = took(True, src, dst, {"transfer": "100us", "disk": "700us"})
+        assert on - off == pytest.approx(g * gpu + d * disk, rel=1e-9), (src, dst)
+        only_gpu = took(True, src, dst, {"transfer": "100us"})
+        assert only_gpu - off == pytest.approx(g * gpu, abs=1e-12), (src, dst)
 
 
 def test_a_resume_holds_the_next_compute_start_by_the_loops_host_time():

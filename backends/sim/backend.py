@@ -30,7 +30,8 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
 - every transfer: then ``transfer.latency`` (``latency_sm_kernel`` for an SM-kernel
   batch), the backend's fixed cost beyond the data path, before it completes; it holds
   nothing (0 by default: no extra event). With ``model_loop``, a transfer with a GPU leg
-  adds ``loop.transfer`` there (the replay loop's cost beyond a tight loop of copies).
+  adds ``loop.transfer`` there (the replay loop's cost beyond a tight loop of copies), and
+  one with a disk leg ``loop.disk`` (the replay's cost beyond the I/O threads alone).
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
@@ -167,9 +168,13 @@ class SimBackend:
         self._ce_per_call = ce.per_call
         self._sm_launch = sm.launch
         self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
-        # a transfer with a GPU leg, in a replay whose loop is modelled: + loop.transfer
+        # in a replay whose loop is modelled, a transfer with a GPU leg: + loop.transfer;
+        # with a disk leg: + loop.disk (GPU <-> disk: both)
         lt = p.loop.transfer if self.model_loop else 0.0
+        ld = p.loop.disk if self.model_loop else 0.0
         self._fixed_gpu = tuple(f + lt for f in self._fixed) if lt > 0 else self._fixed
+        self._fixed_disk = tuple(f + ld for f in self._fixed) if ld > 0 else self._fixed
+        self._fixed_gpu_disk = tuple(f + ld for f in self._fixed_gpu) if ld > 0 else self._fixed_gpu
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -372,7 +377,10 @@ class SimBackend:
             self.copy_engines.release(held)
         elif ctas:
             self.cta_pool.put(ctas)
-        fixed = (self._fixed if link_dir is None else self._fixed_gpu)[ctas > 0]
+        if disk_dir:
+            fixed = (self._fixed_disk if link_dir is None else self._fixed_gpu_disk)[ctas > 0]
+        else:
+            fixed = (self._fixed if link_dir is None else self._fixed_gpu)[ctas > 0]
         if fixed > 0:  # the backend's own fixed cost: delays the completion, holds nothing
             yield env.timeout(fixed)
         self._finish(batch, route[3], fail)
