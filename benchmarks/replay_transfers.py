@@ -61,6 +61,9 @@ RUNS = [
     ("h200-agentic-slice-sessions-1-3-2026-11-30-0438", (1, 2, 3), [], True),
     ("h200-agentic-slice-18-turns-2026-11-30-0450", (1, 2, 3), ["workload.max_turns=18"], True),
     ("h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0539", (10, 11, 12), [], True),
+    ("h200-agentic-slice-sessions-1-3-loop-disk-2026-11-30-0559", (1, 2, 3), [], True),
+    ("h200-agentic-slice-sessions-10-12-loop-disk-2026-11-30-0605", (10, 11, 12), [], True),
+    ("h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0612", (10, 11, 12), [], True),
 ]
 FITTED_ON = "h200-agentic-slice-fill-in-parts-2026-11-30-0420"  # loop.transfer's one run
 DISK_MEASURED_ON = "h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0539"  # loop.disk measured on
