@@ -10,7 +10,8 @@ report holds, for each metric, the sim value, the hw value and the relative erro
 - TTFT p50 / p90 (with a bootstrap 90% interval over hw's turns: how far a percentile
   of a few dozen turns moves with the turns near it), requests and output tokens per
   second, hit tokens by tier;
-- turns (matched by session and turn) that found the same hit tokens by tier.
+- turns (matched by session and turn) that found the same hit tokens by tier, and the
+  turns whose TTFT is far apart with the races behind them (``turn_timing``).
 
 ``compare_saved`` replays the sim only and compares it with the hw side an earlier compare
 saved (``kvsim compare --hw-from DIR``): a re-fitted profile re-predicts a GPU run offline.
@@ -115,13 +116,25 @@ def _turn_times(rows) -> dict[tuple[str, int], tuple[float, float | None]]:
     return out
 
 
+APART_S = 1.0  # a turn's TTFT this far apart (and 2x) between the replays: listed
+RACE_S = 1.0  # another session's turn that came back within this of it: a race candidate
+APART_MAX = 5
+
+
 def turn_timing(sim_rows, hw_rows) -> dict:
     """Per-turn timing agreement, steadier than the percentiles of a few dozen turns: the
     median and the 90th percentile of |.| of each turn's TTFT relative error, and how far
     the two replays' arrivals parted (closed-loop sessions carry each turn's error into
-    the next turn's arrival)."""
+    the next turn's arrival).
+
+    ``apart``: the turns (at most ``APART_MAX``, the largest first) whose TTFT differs by
+    more than ``APART_S`` and by 2x, each with both sides' arrival and TTFT and
+    ``flipped``: the other sessions' turns that came back within ``RACE_S`` of it on both
+    sides, but in the other order. Such a pair is a race: whichever the engine admits first,
+    the other may wait for KV, and which it is can turn on a fraction of a second
+    (docs/hw-notes.md, 2026-11-30 05:38 UTC)."""
     a, b = _turn_times(sim_rows), _turn_times(hw_rows)
-    errs, drift = [], 0.0
+    errs, drift, apart = [], 0.0, []
     for k, (arr_s, ttft_s) in a.items():
         if k not in b:
             continue
@@ -129,10 +142,24 @@ def turn_timing(sim_rows, hw_rows) -> dict:
         drift = max(drift, abs(arr_s - arr_h))
         if ttft_s is not None and ttft_h:
             errs.append(ttft_s / ttft_h - 1)
+            lo, hi = min(ttft_s, ttft_h), max(ttft_s, ttft_h)
+            if hi - lo > APART_S and hi > 2 * lo:
+                apart.append((k, arr_s, arr_h, ttft_s, ttft_h))
+    out = []
+    for k, arr_s, arr_h, ttft_s, ttft_h in sorted(apart, key=lambda x: -abs(x[3] - x[4]))[:APART_MAX]:
+        flipped = []
+        for o, (o_s, _) in a.items():
+            if o[0] == k[0] or o not in b:
+                continue
+            o_h = b[o][0]
+            if abs(o_s - arr_s) <= RACE_S and abs(o_h - arr_h) <= RACE_S and (o_s < arr_s) != (o_h < arr_h):
+                flipped.append(f"{o[0]} turn {o[1]}")
+        out.append({"turn": f"{k[0]} turn {k[1]}", "arrival_s": [arr_s, arr_h], "ttft_s": [ttft_s, ttft_h],
+                    "flipped": sorted(flipped)})
     absd = sorted(abs(e) for e in errs)
     return {"ttft_rel_err_median": statistics.median(errs) if errs else None,
             "ttft_abs_rel_err_p90": absd[min(len(absd) - 1, int(0.9 * len(absd)))] if absd else None,
-            "arrival_drift_max_s": drift}
+            "arrival_drift_max_s": drift, "apart": out}
 
 
 def bootstrap_ci(values: Iterable[float], q: float, level: float = 0.9, n: int = 2000,
@@ -431,9 +458,14 @@ def _timing_caption(turns: dict) -> str:
     """The per-turn timing agreement, as the tables' captions end."""
     if turns.get("ttft_rel_err_median") is None:
         return ""
-    return (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| p90 "
+    text = (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| p90 "
             f"{turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals parted by up to "
             f"{turns['arrival_drift_max_s']:.2f} s")
+    for x in turns.get("apart") or []:  # (older reports have none)
+        text += f"; {x['turn']} TTFT {x['ttft_s'][0]:.2f} s sim / {x['ttft_s'][1]:.2f} s hw"
+        if x["flipped"]:
+            text += f", its order with {', '.join(x['flipped'])} flipped"
+    return text
 
 
 def _ci(ci) -> str:

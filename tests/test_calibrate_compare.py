@@ -203,6 +203,35 @@ def test_turn_timing_by_hand():
     assert t["arrival_drift_max_s"] == pytest.approx(0.5)
 
 
+def test_turn_timing_lists_the_turns_apart_and_the_races_behind_them():
+    """A turn whose TTFT differs by over 1 s and 2x is listed (largest first), with the
+    other sessions' turns that came back within 1 s of it in the other order; a turn of its
+    own session, or one that came back far from it, is not a race; captions say both."""
+    from types import SimpleNamespace as R
+
+    from kvsim.compare import _timing_caption, turn_timing
+
+    def rows(arr):  # (session, turn): (arrival, ttft)
+        return [R(session=s, turn=str(t), arrival_s=str(a), ttft_s=str(f)) for (s, t), (a, f) in arr.items()]
+
+    hw = {("x", 1): (10.0, 1.2), ("y", 1): (10.3, 9.0), ("x", 2): (10.6, 0.1), ("z", 1): (30.0, 0.5),
+          ("w", 1): (40.0, 3.0)}
+    sim = {("x", 1): (10.5, 10.0), ("y", 1): (10.2, 1.1),   # x and y came back in the other order
+           ("x", 2): (10.4, 0.1),                            # own session: not a race
+           ("z", 1): (30.0, 2.2),                            # apart (1.7 s, 4.4x), nobody near
+           ("w", 1): (40.0, 5.0)}                            # 2 s apart but under 2x: not listed
+    t = turn_timing(rows(sim), rows(hw))
+    assert [x["turn"] for x in t["apart"]] == ["x turn 1", "y turn 1", "z turn 1"]
+    x, y, z = t["apart"]
+    assert x["arrival_s"] == [10.5, 10.0] and x["ttft_s"] == [10.0, 1.2] and x["flipped"] == ["y turn 1"]
+    assert y["flipped"] == ["x turn 1"] and z["flipped"] == []
+    cap = _timing_caption(t)
+    assert "x turn 1 TTFT 10.00 s sim / 1.20 s hw, its order with y turn 1 flipped" in cap
+    assert "z turn 1 TTFT 2.20 s sim / 0.50 s hw" in cap and "w turn 1" not in cap
+    same = turn_timing(rows(hw), rows(hw))
+    assert same["apart"] == [] and _timing_caption(same).endswith("arrivals parted by up to 0.00 s")
+
+
 def test_rel_err():
     assert rel_err(1.1, 1.0) == 1.1 / 1.0 - 1
     assert rel_err(0, 0) == 0.0 and rel_err(1, 0) is None and rel_err(None, 1) is None
