@@ -103,7 +103,7 @@ def hits_agreement(sim_rows, hw_rows) -> dict:
             "differ": sorted(f"{s} turn {t}" for s, t in both if a[(s, t)] != b[(s, t)])}
 
 
-def _turn_times(rows) -> dict[tuple[str, int], tuple[float, float | None]]:
+def turn_times(rows) -> dict[tuple[str, int], tuple[float, float | None]]:
     """(arrival s, TTFT s or None if it never got a token) of each turn, keyed as
     ``turn_hits``; rows are a replay's ``Row``s or a saved ``requests.csv``'s."""
     from kvsim.engine.metrics import Row  # noqa: PLC0415
@@ -133,7 +133,7 @@ def turn_timing(sim_rows, hw_rows) -> dict:
     sides, but in the other order. Such a pair is a race: whichever the engine admits first,
     the other may wait for KV, and which it is can turn on a fraction of a second
     (docs/hw-notes.md, 2026-11-30 05:38 UTC)."""
-    a, b = _turn_times(sim_rows), _turn_times(hw_rows)
+    a, b = turn_times(sim_rows), turn_times(hw_rows)
     errs, drift, apart = [], 0.0, []
     for k, (arr_s, ttft_s) in a.items():
         if k not in b:
@@ -182,7 +182,7 @@ def bootstrap_ci(values: Iterable[float], q: float, level: float = 0.9, n: int =
 
 def _ttft_ci(rows, metrics: dict, key: str) -> None:
     """Adds to ``metrics`` the reference side's bootstrap interval of TTFT p50 and p90."""
-    ttft = [t for _, t in _turn_times(rows).values() if t is not None]
+    ttft = [t for _, t in turn_times(rows).values() if t is not None]
     for k, q in (("ttft_p50_s", 50), ("ttft_p90_s", 90)):
         if k in metrics:
             ci = bootstrap_ci(ttft, q)
@@ -255,7 +255,7 @@ def replay_sim_side(prep, sim_log: list[dict], pinned: dict | None = None,
 
 def arrivals_of(rows) -> dict[tuple[str, int], float]:
     """(session, turn) -> arrival s of a replay's request rows (or a saved requests.csv's)."""
-    return {k: arr for k, (arr, _) in _turn_times(rows).items()}
+    return {k: arr for k, (arr, _) in turn_times(rows).items()}
 
 
 def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = None) -> tuple[dict, Result, Result]:
