@@ -54,8 +54,9 @@ Optional terms (absent: the older, simpler model):
   for an I/O thread, the thread runs its piece beside the replay's loop, and the loop then
   sees the completion (a one-page host -> disk write in a replay of sessions 10-12, p50:
   0.27 ms before its piece started, 1.52 ms in it, 0.15 ms after; about 1.05-1.4 ms alone).
-  A sim modelling the loop adds it to such transfers' completion (holds nothing). Fitted
-  from a replay's one-page host -> disk batches, default 0.
+  A sim modelling the loop adds it to such transfers' completion (holds nothing). Measured
+  from a replay's hw log, not fitted to the error: the median over its one-page host ->
+  disk batches of the wait before the piece plus the time after it. Default 0.
 - ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
   the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
   Default None: every write at ``nvme.write``.
