@@ -31,13 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _slices import SESSIONS, session_slice  # noqa: E402  (beside this script)
+from _slices import SESSIONS, comma_list, session_slice, slice_config  # noqa: E402  (beside this script)
 from kvsim.compare import hits_agreement, replay_sim_side, turn_timing  # noqa: E402
-from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 from kvsim.run import prepare_run  # noqa: E402
 
-SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 # (section, key, factor)
 MOVES = [("nvme", "read", 0.95), ("nvme", "read", 1.05), ("nvme", "write", 0.95), ("nvme", "write", 1.05),
          ("compute", "latency", 0.8), ("compute", "latency", 1.2), ("link", "h2d", 0.98),
@@ -50,11 +48,8 @@ def main() -> None:
     ap.add_argument("--traces", default=str(SESSIONS), help="the folder of session files")
     ap.add_argument("--trace", help="a folder holding just the slice's session files (instead of the two above)")
     a = ap.parse_args()
-    try:
-        sessions = tuple(int(x) for x in a.sessions.split(","))
-    except ValueError:
-        ap.error(f"--sessions: got {a.sessions!r}; expected numbers separated by commas, e.g. 10,11,12")
-    cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS)
+    sessions = tuple(comma_list(ap, "--sessions", a.sessions, int))
+    cfg = slice_config()
     base = load_profile("h200-pcie-calibrated")
     with tempfile.TemporaryDirectory() as tmp:
         trace = a.trace or str(session_slice(tmp, sessions, a.traces))

@@ -33,9 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _slices import SESSIONS, session_slice  # noqa: E402  (beside this script)
+from _slices import SESSIONS, session_slice, slice_config  # noqa: E402  (beside this script)
 from kvsim.compare import compare_saved, saved_hw  # noqa: E402
-from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 
 # (run folder under docs/runs, the session files of its slice, extra config overrides);
@@ -54,7 +53,6 @@ RUNS = [
     ("h200-agentic-slice-loop-model-2026-11-30-0336", (1, 2, 3), []),
 ]
 FITTED_ON = 4  # the last four runs: the loop's terms were fitted on their compute logs
-SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 
 
 def _short_turn_median(sim_rows, hw_rows, under_s: float = 0.1) -> float:
@@ -82,7 +80,7 @@ def main() -> None:
         for run, sessions, sets in RUNS:
             folder = ROOT / "docs" / "runs" / run
             trace = session_slice(tmp, sessions, a.traces)
-            cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS + sets)
+            cfg = slice_config(sets)
             hw = saved_hw(folder, cfg)[0]
             base = hw.profile or committed
             cells = []

@@ -24,13 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _slices import SESSIONS, session_slice  # noqa: E402  (beside this script)
+from _slices import SESSIONS, comma_list, session_slice, slice_config  # noqa: E402  (beside this script)
 from kvsim.compare import turn_times, replay_sim_side  # noqa: E402
-from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 from kvsim.run import prepare_run  # noqa: E402
 
-SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 RACE = (("trace_0011", 13), ("trace_0012", 14))
 
 
@@ -39,13 +37,10 @@ def main() -> None:
     ap.add_argument("--traces", default=str(SESSIONS), help="the folder of session files")
     ap.add_argument("--factors", default="0.9,1.0,1.05,1.1,1.15,1.2,1.3")
     a = ap.parse_args()
-    try:
-        factors = sorted(float(x) for x in a.factors.split(","))
-    except ValueError:
-        ap.error(f"--factors: got {a.factors!r}; expected numbers separated by commas")
+    factors = sorted(comma_list(ap, "--factors", a.factors))
     if len(factors) < 2 or factors[0] <= 0:
         ap.error(f"--factors: got {a.factors!r}; expected at least two positive factors")
-    cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS)
+    cfg = slice_config()
     base = load_profile("h200-pcie-calibrated")
     nv = base.nvme
     print(f"committed profile: nvme.write {nv.write / 1e9:.3f} GB/s, nvme.rewrite "

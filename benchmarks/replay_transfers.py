@@ -38,9 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from _slices import SESSIONS, session_slice  # noqa: E402  (beside this script)
+from _slices import SESSIONS, session_slice, slice_config  # noqa: E402  (beside this script)
 from kvsim.compare import compare_saved, saved_hw  # noqa: E402
-from kvsim.config import load_config  # noqa: E402
 from kvsim.hardware import load_profile  # noqa: E402
 
 # (run folder under docs/runs, the session files of its slice, extra config overrides, ran
@@ -67,7 +66,6 @@ RUNS = [
 ]
 FITTED_ON = "h200-agentic-slice-fill-in-parts-2026-11-30-0420"  # loop.transfer's one run
 DISK_MEASURED_ON = "h200-agentic-slice-sessions-10-12-calibrated-2026-11-30-0539"  # loop.disk measured on
-SETS = ["engine.fast_forward=false", "engine.refcheck_disk_writes=false"]
 BIG = 500  # pages: a big disk batch
 
 
@@ -107,7 +105,7 @@ def main() -> None:
         for run, sessions, sets, new_fill in RUNS:
             folder = ROOT / "docs" / "runs" / run
             trace = session_slice(tmp, sessions, a.traces)
-            cfg = load_config(str(ROOT / "configs" / "agentic-slice.yaml"), SETS + sets)
+            cfg = slice_config(sets)
             hw, hw_log, _ = saved_hw(folder, cfg)
             base = hw.profile or committed
             cols: list[list[float | None]] = []
