@@ -397,7 +397,7 @@ def diff_table(report: dict):
     t.caption = (f"a = {report['a']}, b = {report['b']}. {turns['same_hits_by_tier']} of {turns['turns']} "
                  f"turns (matched by session and turn) found the same hit tokens by tier; CI: a "
                  f"bootstrap over b's turns")
-    t.caption += _timing_caption(turns)
+    t.caption += _timing_caption(turns, names=("a", "b"))
     return t
 
 
@@ -454,15 +454,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f}%"
 
 
-def _timing_caption(turns: dict) -> str:
-    """The per-turn timing agreement, as the tables' captions end."""
+def _timing_caption(turns: dict, names: tuple[str, str] = ("sim", "hw")) -> str:
+    """The per-turn timing agreement, as the tables' captions end; ``names``: the two
+    sides (``kvsim diff`` calls them a and b)."""
     if turns.get("ttft_rel_err_median") is None:
         return ""
     text = (f"; per turn, TTFT rel err median {_pct(turns['ttft_rel_err_median'])}, |rel err| p90 "
             f"{turns['ttft_abs_rel_err_p90'] * 100:.1f}%; arrivals parted by up to "
             f"{turns['arrival_drift_max_s']:.2f} s")
     for x in turns.get("apart") or []:  # (older reports have none)
-        text += f"; {x['turn']} TTFT {x['ttft_s'][0]:.2f} s sim / {x['ttft_s'][1]:.2f} s hw"
+        text += f"; {x['turn']} TTFT {x['ttft_s'][0]:.2f} s {names[0]} / {x['ttft_s'][1]:.2f} s {names[1]}"
         if x["flipped"]:
             text += f", its order with {', '.join(x['flipped'])} flipped"
     return text

@@ -228,6 +228,7 @@ def test_turn_timing_lists_the_turns_apart_and_the_races_behind_them():
     cap = _timing_caption(t)
     assert "x turn 1 TTFT 10.00 s sim / 1.20 s hw, its order with y turn 1 flipped" in cap
     assert "z turn 1 TTFT 2.20 s sim / 0.50 s hw" in cap and "w turn 1" not in cap
+    assert "x turn 1 TTFT 10.00 s a / 1.20 s b, its order" in _timing_caption(t, names=("a", "b"))
     same = turn_timing(rows(hw), rows(hw))
     assert same["apart"] == [] and _timing_caption(same).endswith("arrivals parted by up to 0.00 s")
 
