@@ -74,9 +74,10 @@ def run(
                                         help="sim backend: turns wait for their refchecks, which take "
                                              "the hw backend's time (as kvsim compare's sim side does)"),
     model_loop: bool = typer.Option(False, "--model-loop",
-                                    help="sim backend: the engine loop's host time at a resume "
-                                         "(the profile's loop terms) holds the next step, as on the hw "
-                                         "backend (as kvsim compare's sim side does)"),
+                                    help="sim backend: the hw replay loop's own time (the profile's "
+                                         "loop terms): a resume holds the next step, and transfers "
+                                         "with a GPU or disk leg complete later, as on the hw backend "
+                                         "(as kvsim compare's sim side does)"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

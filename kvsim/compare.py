@@ -244,7 +244,7 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
 
 
 def replay_sim_side(prep, sim_log: list[dict], pinned: dict | None = None,
-                compute_log: list | None = None) -> Result:
+                    compute_log: list | None = None) -> Result:
     """The sim side of a compare: it predicts the hw run, so turns wait for their refchecks
     and the checks take the hw backend's time (``model_refcheck``), and the engine loop's
     host time at a resume holds the next step as it does on hw (``model_loop``)."""
@@ -356,7 +356,7 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     sim_compute: list = []
     use = profile if profile is not None else (hw.profile if saved_profile else None)
     sim = replay_sim_side(prepare_run(cfg, trace, use), sim_log,
-                      arrivals_of(hw.rows) if pin_arrivals else None, sim_compute)
+                          arrivals_of(hw.rows) if pin_arrivals else None, sim_compute)
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = hw_options
     report["hw_from"] = str(folder)

@@ -170,11 +170,8 @@ class SimBackend:
         self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
         # in a replay whose loop is modelled, a transfer with a GPU leg: + loop.transfer;
         # with a disk leg: + loop.disk (GPU <-> disk: both)
-        lt = p.loop.transfer if self.model_loop else 0.0
-        ld = p.loop.disk if self.model_loop else 0.0
-        self._fixed_gpu = tuple(f + lt for f in self._fixed) if lt > 0 else self._fixed
-        self._fixed_disk = tuple(f + ld for f in self._fixed) if ld > 0 else self._fixed
-        self._fixed_gpu_disk = tuple(f + ld for f in self._fixed_gpu) if ld > 0 else self._fixed_gpu
+        self._loop_gpu = p.loop.transfer if self.model_loop else 0.0
+        self._loop_disk = p.loop.disk if self.model_loop else 0.0
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -377,10 +374,11 @@ class SimBackend:
             self.copy_engines.release(held)
         elif ctas:
             self.cta_pool.put(ctas)
+        fixed = self._fixed[ctas > 0]
+        if link_dir is not None:
+            fixed += self._loop_gpu
         if disk_dir:
-            fixed = (self._fixed_disk if link_dir is None else self._fixed_gpu_disk)[ctas > 0]
-        else:
-            fixed = (self._fixed if link_dir is None else self._fixed_gpu)[ctas > 0]
+            fixed += self._loop_disk
         if fixed > 0:  # the backend's own fixed cost: delays the completion, holds nothing
             yield env.timeout(fixed)
         self._finish(batch, route[3], fail)
