@@ -33,11 +33,12 @@ def session_slice(parent: str | Path, sessions, traces: str | Path = SESSIONS) -
     shared traces; made once, reused after)."""
     folder = Path(parent) / "-".join(map(str, sessions))
     if not folder.exists():
-        missing = [f for f in (Path(traces) / f"trace_{n:04d}.json.gz" for n in sessions) if not f.is_file()]
+        files = [Path(traces) / f"trace_{n:04d}.json.gz" for n in sessions]
+        missing = [f for f in files if not f.is_file()]
         if missing:
             raise SystemExit(f"session files not found: {', '.join(map(str, missing))} (the shared traces; "
                              f"pass --traces DIR)")
         folder.mkdir(parents=True)
-        for n in sessions:
-            shutil.copy(Path(traces) / f"trace_{n:04d}.json.gz", folder)
+        for f in files:
+            shutil.copy(f, folder)
     return folder
