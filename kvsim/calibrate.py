@@ -190,13 +190,16 @@ def measure_small(plan: Plan, device: str, m: Measured) -> None:
         be.close()
 
 
-def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None) -> None:
+def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None, cuda=None) -> None:
+    """The disk tier's file as the hw backend drives it, per I/O thread count and piece
+    size: writes, rewrites of the same slots, reads. ``cuda`` (on a GPU): the source and
+    destination buffer is pinned, as the backend's host tier and staging buffers are."""
     from kvsim_backends.hw.disk import DiskStore  # noqa: PLC0415
     from kvsim_backends.hw.memory import HostRegion  # noqa: PLC0415
 
     page = 4 * MiB if plan.disk_bytes >= 64 * MiB else 1 * MiB
     n = max(1, plan.disk_bytes // page)
-    buf = HostRegion(n, page)
+    buf = HostRegion(n, page, cuda)
     buf.flat[:] = 7
     with tempfile.TemporaryDirectory(prefix="kvsim-cal-", dir=disk_dir) as d:
         try:
@@ -227,7 +230,7 @@ def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None) -> None:
                         m.disk.append({"threads": threads, "piece": piece, "bytes": n * page,
                                        "write_Bps": n * page / tw, "rewrite_Bps": n * page / trw,
                                        "read_Bps": n * page / tr,
-                                       "direct": ds.uses_direct})
+                                       "direct": ds.uses_direct, "pinned": cuda is not None})
                     finally:
                         ds.close()
         finally:
@@ -323,7 +326,7 @@ def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None
     m = Measured(device=dev)
     measure_copies(plan, dev, m)
     measure_small(plan, dev, m)
-    measure_disk(plan, m, disk_dir)
+    measure_disk(plan, m, disk_dir, cp.cuda.runtime if on_gpu else None)
     measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
     if on_gpu and plan.compute:
         measure_compute(m)
@@ -339,6 +342,27 @@ def _rate(c: dict) -> float:
 
 def _size_key(b: int) -> str:
     return f"{b // MiB}MiB" if b % MiB == 0 else f"{b // KiB}KiB" if b % KiB == 0 else str(b)
+
+
+def fit_compute(busy: list[dict]) -> tuple[dict, str]:
+    """``compute.latency`` and ``compute.scale`` from timed ``compute(d)`` calls (rows of
+    ``requested_s`` and ``wall_s``): wall - d = latency + (scale - 1) x d, least squares over
+    the calls (calibrate times 2, 10 and 50 ms). With one duration only, or a fitted slope
+    below 0 (noise: the busy kernel never runs short), scale 1 and the median of wall - d."""
+    d = [r["requested_s"] for r in busy]
+    over = [r["wall_s"] - r["requested_s"] for r in busy]
+    n = len(d)
+    span = f"{len(over)} calls of {', '.join(f'{x * 1e3:g}' for x in sorted(set(d)))} ms"
+    if len(set(d)) > 1:
+        md, mo = sum(d) / n, sum(over) / n
+        slope = sum((x - md) * (y - mo) for x, y in zip(d, over)) / sum((x - md) ** 2 for x in d)
+        if slope >= 0:
+            lat = max(0.0, mo - slope * md)
+            return ({"latency": lat, "scale": 1.0 + slope},
+                    f"fitted: the hw backend's compute(d) calls, wall - d = {lat * 1e6:.0f} us + "
+                    f"{slope * 100:.2f}% of d (least squares, {span})")
+    return ({"latency": max(0.0, statistics.median(over)), "scale": 1.0},
+            f"measured: the hw backend's compute(d) calls, wall - d, median of {span}")
 
 
 def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
@@ -446,11 +470,10 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"
     _fit_latency(m, d, why, ce_path)
-    over = [r["wall_s"] - r["requested_s"] for r in m.compute.get("busy", [])]
-    if over:
-        d["compute"] = {"latency": max(0.0, statistics.median(over))}
-        why["compute.latency"] = (f"measured: the hw backend's compute(d) calls, wall time minus d, "
-                                  f"median of {len(over)} ({min(over) * 1e6:.0f}-{max(over) * 1e6:.0f} us)")
+    busy = m.compute.get("busy", [])
+    if busy:
+        d["compute"], why["compute.latency"] = fit_compute(busy)
+        why["compute.scale"] = "fitted with compute.latency, above"
     chk = (m.compute.get("refcheck") or {}).get("seconds")
     if chk:
         d["refcheck"] = {"latency": statistics.median(chk), "ctas": base.refcheck.ctas}
@@ -644,8 +667,10 @@ def profile_yaml(d: dict, why: dict[str, str], name: str, base_name: str, header
             lines.append(f"  latency_sm_kernel: {_fmt_time(T['latency_sm_kernel'])}"
                          f"{c('transfer.latency_sm_kernel')}")
     C = d.get("compute") or {}
-    if C.get("latency"):
+    if C.get("latency") or C.get("scale", 1.0) != 1.0:
         lines += ["compute:", f"  latency: {_fmt_time(C['latency'])}{c('compute.latency')}"]
+        if C.get("scale", 1.0) != 1.0:
+            lines.append(f"  scale: {C['scale']:.5f}{c('compute.scale')}")
     R = d.get("refcheck") or {}
     if R.get("latency") or R.get("launch_per_page"):
         lines += ["refcheck:", f"  latency: {_fmt_time(R['latency'])}{c('refcheck.latency')}",

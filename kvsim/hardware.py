@@ -21,11 +21,13 @@ Optional terms (absent: the older, simpler model):
   no engine, CTA or link). ``latency_sm_kernel`` is SM-kernel batches' own (their call
   uploads slot arrays and launches a kernel); default ``latency``. Default 0 (the older
   model). ``kvsim calibrate`` fits both from batches of 1-16 pages.
-- ``compute.latency``: a fixed time every compute call takes on top of the step's work: on
-  the hw backend the busy kernel's launch and overshoot, its completion event and the
-  runtime seeing it (each engine step is one call when stepping, so the term adds to every
-  step). The sim adds it after the compute (SMs free, nothing held). Default 0.
-  ``kvsim calibrate`` fits it from its timed ``compute()`` calls.
+- ``compute.latency`` / ``compute.scale``: a compute call of ``d`` nominal seconds takes
+  ``d x scale`` of work on the SMs, then ``latency`` more: on the hw backend the busy
+  kernel runs ~1% over what it is asked for (``scale``), and the launch, its completion
+  event and the runtime seeing it cost a fixed time (``latency``; each engine step is one
+  call when stepping, so both add to every step). The sim adds the latency after the
+  compute (SMs free, nothing held). Default 0 and 1. ``kvsim calibrate`` fits both from
+  its timed ``compute()`` calls (wall - d = latency + (scale - 1) x d, least squares).
 - ``refcheck.latency`` / ``refcheck.ctas``: what the hw backend's refcheck of a batch costs
   (``RefcheckSpec``), for a sim asked to model it; ``kvsim compare`` does when the config's
   refcheck is on. Default 0 latency (the check's bytes still take their time).
@@ -250,9 +252,11 @@ class TransferSpec(_Frozen):
 
 
 class ComputeSpec(_Frozen):
-    """A fixed time per compute call beyond the step's work (see the module docstring)."""
+    """A fixed time per compute call beyond the step's work, and how much longer than
+    nominal the work itself runs (see the module docstring)."""
 
     latency: Seconds = 0.0
+    scale: float = Field(1.0, gt=0)
 
 
 class RefcheckSpec(_Frozen):

@@ -581,3 +581,31 @@ def test_a_damaged_call_log_is_refused_by_name(tmp_path):
     (tmp_path / CALL_LOGS_FILE).write_bytes(b"not gzip")
     with pytest.raises(ValueError, match=f"{CALL_LOGS_FILE}: expected gzipped JSON"):
         saved_calls(tmp_path)
+
+
+def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
+    """compute(d) calls whose wall time is 100 us + 1% of d over d: latency 100 us, scale
+    1.01; a slope below 0 (noise) or one duration only: scale 1 and the median."""
+    import statistics
+
+    from kvsim.calibrate import fit_compute, profile_yaml
+
+    rows = [{"requested_s": d, "wall_s": d + 100e-6 + 0.01 * d + e}
+            for d in (0.002, 0.01, 0.05) for e in (-3e-6, 0.0, 3e-6)]
+    got, why = fit_compute(rows)
+    assert got["latency"] == pytest.approx(100e-6, rel=1e-6) and got["scale"] == pytest.approx(1.01, rel=1e-9)
+    assert "least squares" in why
+    short = [{"requested_s": d, "wall_s": d + 100e-6 - 0.001 * d} for d in (0.002, 0.05)]
+    got, _ = fit_compute(short)
+    assert got["scale"] == 1.0 and got["latency"] == pytest.approx(statistics.median(
+        [r["wall_s"] - r["requested_s"] for r in short]))
+    one = [{"requested_s": 0.01, "wall_s": 0.01 + x} for x in (1e-4, 2e-4, 9e-4)]
+    assert fit_compute(one)[0] == {"latency": pytest.approx(2e-4), "scale": 1.0}
+    # the profile written says both, and reads back as fitted
+    d = load_profile("h200-pcie").model_dump()
+    d["compute"] = {"latency": 100e-6, "scale": 1.01}
+    text = profile_yaml(d, {"compute.latency": "fitted"}, "x", "h200-pcie", "test")
+    assert "  scale: 1.01000" in text
+    (tmp_path / "x.yaml").write_text(text)
+    back = load_profile(tmp_path / "x.yaml")
+    assert back.compute.latency == pytest.approx(100e-6) and back.compute.scale == pytest.approx(1.01)

@@ -27,9 +27,10 @@ MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake
 B = 32
 
 
-def _setup(gpu_pages=64, host_pages=256, disk_pages=0, model="llama-3-8b", params=None):
+def _setup(gpu_pages=64, host_pages=256, disk_pages=0, model="llama-3-8b", params=None,
+           profile="h200-pcie"):
     shape = load_model(model)
-    profile = load_profile("h200-pcie")
+    profile = load_profile(profile)
     page = shape.kv_bytes_per_token * B
     tiers = [TierSpec(Level.GPU, gpu_pages * page), TierSpec(Level.HOST, host_pages * page)]
     if disk_pages:
@@ -127,9 +128,11 @@ def _mini_mooncake(n=60, seed=3):
     return _open(turns, block_tokens=512)
 
 
-def _run(workload, fast: bool, gpu_pages=600, host_pages=900, disk_pages=2000, model="llama-3-8b"):
+def _run(workload, fast: bool, gpu_pages=600, host_pages=900, disk_pages=2000, model="llama-3-8b",
+         profile="h200-pcie"):
     mgr, rt, be, cm, eng, _ = _setup(gpu_pages, host_pages, disk_pages, model,
-                                     EngineParams(max_batch_tokens=4096, max_running=16, fast_forward=fast))
+                                     EngineParams(max_batch_tokens=4096, max_running=16, fast_forward=fast),
+                                     profile)
     eng.load(workload)
     rt.run(until=rt.process(eng.serve()))
     rows = [(r.rid, r.arrival_ns, r.first_token_ns, r.done_ns, r.hit_gpu, r.hit_host, r.hit_disk,
@@ -137,13 +140,15 @@ def _run(workload, fast: bool, gpu_pages=600, host_pages=900, disk_pages=2000, m
     return rows, eng.metrics, mgr.counters.snapshot()
 
 
-def test_fast_forward_equals_step_by_step():
+@pytest.mark.parametrize("profile", ["h200-pcie", "h200-pcie-calibrated"])
+def test_fast_forward_equals_step_by_step(profile):
     """Fast-forwarding identical decode steps changes nothing a user can observe: every
     request's timestamps (to the nanosecond), hits and counters equal a step-by-step
-    replay's, with pressure on all three tiers."""
+    replay's, with pressure on all three tiers; also with a profile whose compute calls
+    have a fixed cost and run over their nominal time (compute.latency, compute.scale)."""
     w = _mini_mooncake()
-    slow_rows, slow_m, slow_c = _run(w, fast=False, gpu_pages=300, host_pages=300)
-    fast_rows, fast_m, fast_c = _run(w, fast=True, gpu_pages=300, host_pages=300)
+    slow_rows, slow_m, slow_c = _run(w, fast=False, gpu_pages=300, host_pages=300, profile=profile)
+    fast_rows, fast_m, fast_c = _run(w, fast=True, gpu_pages=300, host_pages=300, profile=profile)
     assert fast_m.fast_forwarded_steps > 0 and slow_m.fast_forwarded_steps == 0
     # some steps ran ahead of the clock while transfers were in flight
     assert fast_m.ahead_inflight_steps > 0 and slow_m.ahead_inflight_steps == 0

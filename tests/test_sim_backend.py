@@ -605,6 +605,27 @@ def test_compute_latency_delays_every_call_and_run_ahead_agrees():
     assert ahead == t2 == start + 0.003 + 200e-6
 
 
+def test_compute_scale_stretches_the_work_not_the_latency():
+    """compute.scale (the hw busy kernel's overrun): a compute of d takes d x scale on the
+    SMs, then the latency; compute_ahead says the same float; the stretch counts the
+    overrun against the nominal d (as the hw backend's stats count its GPU time), not the
+    latency (no SM time)."""
+    rt = SimRuntime()
+    be = SimBackend(rt, round_profile(compute={"latency": "200us", "scale": 1.01}), 256 * KiB,
+                    {Level.GPU: 8, Level.HOST: 8})
+    t, took = finish(rt, be.compute(0.003))
+    assert t == 0.003 * 1.01 + 200e-6
+    assert took == pytest.approx(0.003 * 1.01 + 200e-6)
+    assert be.fluid.compute_busy_s == pytest.approx(0.00303)  # the overrun is SM time
+    start = rt.now
+    ahead = be.compute_ahead(start, 0.003, quiet=True)
+    t2, _ = finish(rt, be.compute(0.003))
+    assert ahead == t2 == start + 0.003 * 1.01 + 200e-6
+    s = be.stats()
+    assert s["compute_calls"] == 3
+    assert s["compute_stretch_s"] == pytest.approx(3 * 0.003 * 0.01, rel=1e-9)
+
+
 # -- the hw backend's refcheck, modeled (model_refcheck) ---------------------------------
 
 CHECK_LAT = 50e-6

@@ -35,7 +35,8 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
-then ``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
+its work ``d x compute.scale`` (the hw busy kernel's overrun; 1 by default), then
+``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
 ``compute_ahead`` predicts one exactly (the fluid's own expression) while no event is due
 before it ends and no SM copy kernel runs, so the engine can run ahead of the clock with
 transfers in flight; ``catch_up`` then lands the clock on the very float it reached.
@@ -163,6 +164,7 @@ class SimBackend:
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
+        self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
         # the profile's per-transfer constants, read once (a transfer reads them all)
         self._disk_latency = nv.latency
         self._ce_per_call = ce.per_call
@@ -202,7 +204,7 @@ class SimBackend:
 
     def _compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
-        done = self.fluid.add_job(duration_s)
+        done = self.fluid.add_job(duration_s * self.compute_scale)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.env.now:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0))
         if self.compute_latency > 0:
@@ -215,7 +217,7 @@ class SimBackend:
         queue = self.env._queue  # (what env.peek() reads: the next event's time)
         horizon = queue[0][0] if queue and not quiet else _INF
         lat = self.compute_latency
-        end = self.fluid.ahead(start_s, seconds, horizon, lat)
+        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
         if end is None:
             return None
         self._counts["compute_calls"] += 1
