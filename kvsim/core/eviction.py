@@ -76,12 +76,14 @@ class Eviction:
     def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
         # (list comprehensions over slotted attributes are the fastest way to gather them)
+        # (the fields by position: a dataclass __init__ binds keywords more slowly)
+        tiers = self.tiers
         batches.append(Batch(
-            kind=kind, src=self.tiers[src].level, dst=self.tiers[dst].level,
-            src_slots=np.array([p.slot for p in pages], dtype=np.int64),
-            dst_slots=np.array(dsts, dtype=np.int64),
-            tags=np.array([p.tag for p in pages], dtype=np.uint64),
-            page_bytes=self.page_bytes, stage=stage))
+            kind, tiers[src].level, tiers[dst].level,
+            np.array([p.slot for p in pages], dtype=np.int64),  # src_slots
+            np.array(dsts, dtype=np.int64),                      # dst_slots
+            np.array([p.tag for p in pages], dtype=np.uint64),   # tags
+            self.page_bytes, stage))
         rec.moves.append((pages, dsts))
         rec.batch_info.append((kind, dst))
         return len(batches) - 1
