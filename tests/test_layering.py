@@ -24,7 +24,7 @@ FORBIDDEN = ("simpy", "cupy", "threading", "asyncio", "time", "subprocess", "soc
 ALLOWED_IMPORTS = {
     "__future__", "abc", "array", "bisect", "collections", "dataclasses", "enum",
     "functools", "hashlib", "heapq", "itertools", "math", "numbers", "operator", "struct",
-    "typing",
+    "typing", "_sha256",  # (CPython's own SHA-256, as hashlib's: kvsim.core.keys)
     "numpy", "kvsim.core",
 }
 
