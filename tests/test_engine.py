@@ -129,9 +129,10 @@ def _mini_mooncake(n=60, seed=3):
 
 
 def _run(workload, fast: bool, gpu_pages=600, host_pages=900, disk_pages=2000, model="llama-3-8b",
-         profile="h200-pcie"):
+         profile="h200-pcie", watermark=0.0):
     mgr, rt, be, cm, eng, _ = _setup(gpu_pages, host_pages, disk_pages, model,
-                                     EngineParams(max_batch_tokens=4096, max_running=16, fast_forward=fast),
+                                     EngineParams(max_batch_tokens=4096, max_running=16, fast_forward=fast,
+                                                  gpu_free_watermark=watermark),
                                      profile)
     eng.load(workload)
     rt.run(until=rt.process(eng.serve()))
@@ -140,15 +141,20 @@ def _run(workload, fast: bool, gpu_pages=600, host_pages=900, disk_pages=2000, m
     return rows, eng.metrics, mgr.counters.snapshot()
 
 
-@pytest.mark.parametrize("profile", ["h200-pcie", "h200-pcie-calibrated"])
-def test_fast_forward_equals_step_by_step(profile):
+@pytest.mark.parametrize("profile, watermark", [("h200-pcie", 0.0), ("h200-pcie-calibrated", 0.0),
+                                                ("h200-pcie", 0.05)])
+def test_fast_forward_equals_step_by_step(profile, watermark):
     """Fast-forwarding identical decode steps changes nothing a user can observe: every
     request's timestamps (to the nanosecond), hits and counters equal a step-by-step
     replay's, with pressure on all three tiers; also with a profile whose compute calls
-    have a fixed cost and run over their nominal time (compute.latency, compute.scale)."""
+    have a fixed cost and run over their nominal time (compute.latency, compute.scale),
+    and with background eviction (it starts at the first boundary where free GPU slots
+    are below the watermark: a run ahead must not step over that boundary)."""
     w = _mini_mooncake()
-    slow_rows, slow_m, slow_c = _run(w, fast=False, gpu_pages=300, host_pages=300, profile=profile)
-    fast_rows, fast_m, fast_c = _run(w, fast=True, gpu_pages=300, host_pages=300, profile=profile)
+    slow_rows, slow_m, slow_c = _run(w, fast=False, gpu_pages=300, host_pages=300, profile=profile,
+                                     watermark=watermark)
+    fast_rows, fast_m, fast_c = _run(w, fast=True, gpu_pages=300, host_pages=300, profile=profile,
+                                     watermark=watermark)
     assert fast_m.fast_forwarded_steps > 0 and slow_m.fast_forwarded_steps == 0
     # some steps ran ahead of the clock while transfers were in flight
     assert fast_m.ahead_inflight_steps > 0 and slow_m.ahead_inflight_steps == 0

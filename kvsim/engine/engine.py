@@ -442,13 +442,10 @@ class Engine:
     def _maybe_evict(self) -> None:
         """Background eviction: keep free GPU slots above the watermark, so grows find room
         without waiting for a copy, and evictions move in few large batches."""
-        w = self.p.gpu_free_watermark
-        if w <= 0 or self._evicting or self._evict_off:
+        low = self._evict_low()
+        if not low:
             return
         gpu = self.mgr.tiers[0]
-        low = max(1, int(w * gpu.capacity))
-        if gpu.free >= low:
-            return
         n = min(gpu.index_size(), 2 * low - gpu.free)
         if n <= 0:
             return
@@ -457,6 +454,16 @@ class Engine:
             return
         self._evicting = True
         self._launch(self._evict_proc(plan))
+
+    def _evict_low(self) -> int:
+        """The watermark in GPU slots if a background eviction is due (free slots below it,
+        none running), else 0."""
+        w = self.p.gpu_free_watermark
+        if w <= 0 or self._evicting or self._evict_off:
+            return 0
+        gpu = self.mgr.tiers[0]
+        low = max(1, int(w * gpu.capacity))
+        return low if gpu.free < low else 0
 
     def _evict_proc(self, plan):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
@@ -554,7 +561,8 @@ class Engine:
         nb = -(-target // self.B)
         extra = [(-1, lv.uid, j) for j in range(len(req.blocks), nb)]
         if self.mgr.extend(req, target, extra):  # free slots, nothing to move: done now
-            self._dirty = True
+            # (not dirty: taking free slots cannot let a waiting turn in that could not be
+            # admitted before, so admission need not run again for it)
             return True
         while True:
             plan = self.mgr.grow(req, target, extra)
@@ -618,8 +626,8 @@ class Engine:
         (0: the first could not be; compute it on the runtime)."""
         if not self._ahead(first):
             return 0
-        if prefill or self._dirty or self._stalled:
-            return 1
+        if prefill or self._dirty or self._stalled or self._evict_low():
+            return 1  # (the next boundary admits, grows, or starts a background eviction)
         nxt = self._next_due()
         k = nxt - self.S if nxt is not None else 1
         arr = self._arrivals[0][0] if self._arrivals else None
