@@ -214,8 +214,12 @@ class SimBackend:
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
         if self._hold > 0.0:
             return None  # (compute() starts it late)
-        queue = self.env._queue  # (what env.peek() reads: the next event's time)
-        horizon = queue[0][0] if queue and not quiet else _INF
+        if quiet:
+            horizon = _INF
+        else:
+            self.fluid.drop_stale()  # (a superseded flow wake-up changes nothing)
+            queue = self.env._queue  # (what env.peek() reads: the next event's time)
+            horizon = queue[0][0] if queue else _INF
         lat = self.compute_latency
         end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
         if end is None:

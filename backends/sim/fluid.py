@@ -27,6 +27,7 @@ end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
 from __future__ import annotations
 
 import math
+from heapq import heappop
 
 import simpy
 
@@ -83,6 +84,9 @@ class Fluid:
         self._busy_res: set[str] = set()  # resources the current flows use
         self._n_sm = 0                    # current flows that are SM copy kernels
         self._pending: simpy.Event | None = None  # the one live flow wake-up
+        # superseded wake-ups still in the clock's queue (they will do nothing when they
+        # fire): ``drop_stale`` takes them off its head, so they hide no later event
+        self._stale: set[simpy.Event] = set()
         self._due_flows: list[Flow] = []  # what the live wake-up completes
         # (compute running, flows' signatures in order) -> (slowdown, rates): the same flow
         # mixes recur all the time, and an allocation is a pure function of its key. A
@@ -146,6 +150,17 @@ class Fluid:
         self.compute_busy_s += end - start
         return end
 
+    def drop_stale(self) -> None:
+        """Take superseded flow wake-ups off the head of the clock's queue (each would do
+        nothing when it fired), so that the next event there is one that can change
+        something. Nothing else changes: the clock moves only when events are run."""
+        stale = self._stale
+        if not stale:
+            return
+        queue = self.env._queue
+        while queue and queue[0][3] in stale:
+            stale.discard(heappop(queue)[3])
+
     @property
     def slowdown(self) -> float:
         """Current compute stretch beyond 1 (0.17: compute runs at 1/1.17 speed)."""
@@ -201,6 +216,8 @@ class Fluid:
                 j.remaining -= (now - j.since) / stretch
                 j.since = now
                 self._time_job(j)
+        if self._pending is not None:
+            self._stale.add(self._pending)  # (a new wake-up, or none, replaces it)
         flows = self.flows
         if not flows:
             self._pending = None
@@ -228,7 +245,9 @@ class Fluid:
 
     def _flow_wake(self, ev: simpy.Event) -> None:
         if ev is not self._pending:
+            self._stale.discard(ev)
             return  # a later change rescheduled: this wake-up is stale
+        self._pending = None  # (fired: not stale when the realloc below replaces it)
         self._sync_flows()
         finished = self._due_flows
         gone = set(finished)
