@@ -7,27 +7,34 @@ tier, and the turns that found the same hit tokens by tier. No GPU needed (it re
 hw against hw is the floor under any prediction of a single run: a sim that differs from
 hw by no more than hw differs from itself has nothing left to fit on that measure.
 
-    python3 benchmarks/hw_repeat.py [RUN_DIR ...]
+    python3 benchmarks/hw_repeat.py [RUN_DIR ...] [--resim [--traces DIR]]
 
 Default: the runs of sessions 1-3 on the committed profile with the current hw backend
 (the one of 2026-11-30 04:56 UTC on: the fill kernel in parts, the GIL switch interval),
 three of them on one machine back to back (07:32-07:49 UTC). Each RUN_DIR holds a
-compare's ``sim/`` and ``hw/``. Last two lines: ``hw_vs_hw: ...`` and ``sim_vs_hw: ...``,
-each the range over its pairs of |TTFT p50 diff|, |TTFT p90 diff|, |host hit tokens diff|
-and the turns the same of all.
+compare's ``sim/`` and ``hw/``. ``--resim``: the sim side replayed again with this
+checkout's code and the config's profile (the committed one; session files from
+``--traces``), so that a change to the model is judged against hw's own spread; without
+it, each run's saved ``sim/`` (the model of its day). Last two lines: ``hw_vs_hw: ...``
+and ``sim_vs_hw: ...``, each the range over its pairs of |TTFT p50 diff|, |TTFT p90 diff|,
+|host hit tokens diff| and the turns the same of all.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import itertools
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvsim.compare import diff_runs  # noqa: E402
+from _slices import SESSIONS, session_slice, slice_config  # noqa: E402  (beside this script)
+from kvsim.compare import compare_saved, diff_runs  # noqa: E402
+from kvsim.run import write_results  # noqa: E402
 
 RUNS = ROOT / "docs" / "runs"
 DEFAULT = [RUNS / f"h200-agentic-slice-sessions-1-3-{n}" for n in
@@ -65,10 +72,31 @@ def summary(label: str, ps: list[dict]) -> str:
             f"{min(same)}-{max(same)} of {ps[0]['turns']}")
 
 
+def resimulate(runs: list[Path], tmp: Path, traces: str) -> list[Path]:
+    """Each run's sim side replayed again as ``kvsim compare --hw-from RUN`` would, on the
+    session files its hw side replayed; the results written under ``tmp``."""
+    out = []
+    for i, r in enumerate(runs):
+        with open(r / "hw" / "requests.csv", newline="") as f:
+            names = sorted({row["session"] for row in csv.DictReader(f)})
+        try:
+            sessions = [int(n.rsplit("_", 1)[1]) for n in names]
+        except (IndexError, ValueError):
+            raise SystemExit(f"{r}/hw/requests.csv: sessions {names}; --resim expects the agentic "
+                             f"session files' names (trace_NNNN)") from None
+        trace = session_slice(tmp, sessions, traces)
+        _, sim = compare_saved(slice_config(), r, str(trace))
+        out.append(write_results(sim, tmp / f"run{i}", plots=False))
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", type=Path, default=DEFAULT,
                     help="saved compare folders (each with sim/ and hw/)")
+    ap.add_argument("--resim", action="store_true", help="replay the sim side again with this "
+                    "checkout's code and the config's profile instead of reading each run's sim/")
+    ap.add_argument("--traces", default=str(SESSIONS), help="with --resim: the session files")
     a = ap.parse_args(argv)
     if len(a.runs) < 2:
         ap.error(f"got {len(a.runs)} run folder(s); expected at least 2 (hw against hw needs a pair)")
@@ -77,13 +105,16 @@ def main(argv=None) -> None:
             if not (r / side).is_dir():
                 ap.error(f"{r}: no {side}/ folder; expected a saved `kvsim compare` output")
     head = (f"{'':34s} {'p50':>7s} {'p90':>7s}  {'gpu':>7s} {'host':>7s} {'disk':>7s}  same turns")
-    print("sim against each run's hw (rel diff = (sim - hw) / hw):")
-    print(head)
-    sim_hw = []
-    for r in a.runs:
-        p = pair(r / "sim", r / "hw")
-        sim_hw.append(p)
-        print(row(r.name[-30:], p) + f"   (hw p90 {p['b_p90']:.3f} s)")
+    with tempfile.TemporaryDirectory() as tmp:
+        sims = resimulate(a.runs, Path(tmp), a.traces) if a.resim else [r / "sim" for r in a.runs]
+        print(f"sim ({'replayed now' if a.resim else 'as saved'}) against each run's hw "
+              f"(rel diff = (sim - hw) / hw):")
+        print(head)
+        sim_hw = []
+        for r, s in zip(a.runs, sims):
+            p = pair(s, r / "hw")
+            sim_hw.append(p)
+            print(row(r.name[-30:], p) + f"   (hw p90 {p['b_p90']:.3f} s)")
     print("\nhw against hw (a against b: (a - b) / b):")
     print(head)
     hw_hw = []
