@@ -20,8 +20,9 @@ nothing else changes leaves the flows' arithmetic untouched. A job ends at
 ``start + work * (1 + slowdown)`` when the slowdown stays constant over it: the same
 expression ``ahead`` evaluates for a compute the engine runs ahead of the clock, so running
 ahead and stepping give the same floats. Exactly one flow wake-up is live (older ones are
-no longer ``_pending`` and do nothing); a flow completes at the wake-up that predicted its
-end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
+no longer ``_pending`` and do nothing; ``drop_stale`` takes those at the head of the
+clock's queue off it, so they do not stop a run ahead); a flow completes at the wake-up
+that predicted its end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
 """
 
 from __future__ import annotations

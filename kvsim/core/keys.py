@@ -20,6 +20,7 @@ BlockIds = Union[int, Sequence[int]]
 _SCOPE_PREFIX = b"kvsim-scope:"
 _TAG_MASK = (1 << 63) - 1
 
+
 def _fastest_sha256():
     """SHA-256 as the per-block hot path calls it (``_sha256(data).digest()``): CPython's
     own module ``_sha256`` where the interpreter has it (up to 3.11), else hashlib's. The
