@@ -762,3 +762,36 @@ def test_a_resume_holds_the_next_compute_start_by_the_loops_host_time():
     assert be2.compute_ahead(0.0, 1e-3, True) == pytest.approx(1e-3)  # not held
     t, _ = finish(rt2, be2.compute(1e-3))
     assert t == pytest.approx(1e-3, rel=1e-12)
+
+
+def test_superseded_flow_wake_ups_leave_the_queue_head_and_change_nothing():
+    """Each change to the flows re-times the one live wake-up; the old one would fire and
+    do nothing. ``drop_stale`` takes such wake-ups off the head of the clock's queue (the
+    horizon a run ahead reads), and the flows still end exactly when they would."""
+    import simpy
+
+    from kvsim_backends.sim.fluid import Fluid
+
+    def run(drop: bool):
+        env = simpy.Environment()
+        fl = Fluid(env, {"a": 1e9, "b": 1e9}, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
+                   busy_cta_efficiency=1.0)
+        ends = {}
+
+        def start(name, nbytes, res, at):
+            yield env.timeout(at)
+            yield fl.add_flow(nbytes, (res,))
+            ends[name] = env.now
+
+        for name, nbytes, res, at in (("x", 4e6, "a", 0.0), ("y", 1e6, "a", 0.001), ("z", 1e6, "b", 0.0015)):
+            env.process(start(name, nbytes, res, at))
+        env.run(until=0.002)  # x and y share "a"; z started: x's first wake-up superseded twice
+        assert fl._stale  # superseded wake-ups are still queued
+        if drop:
+            fl.drop_stale()
+            assert env._queue[0][3] not in fl._stale  # the head is an event that does something
+        env.run()
+        return ends
+
+    assert run(drop=True) == run(drop=False) == pytest.approx(
+        {"x": 0.005, "y": 0.003, "z": 0.0025}, rel=1e-12)
