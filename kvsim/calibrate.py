@@ -6,8 +6,9 @@ Measured (hw backend, real bytes; on a GPU with CuPy, else CPU mode with tiny si
 - disk reads, writes and rewrites (the same slots again) per I/O thread count and piece size
   (the disk tier's file);
 - host-tier fill (map, touch, pin);
-- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy and the
-  fixed cost of a ``compute()`` call (``compute.latency``); the refcheck of one GPU page
+- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy, and of a
+  ``compute()`` call the fixed cost and the overrun in proportion to its time
+  (``compute.latency``, ``compute.scale``); the refcheck of one GPU page
   as a replay waits for it (``read_tags_later``: ``refcheck.latency``);
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
   replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched

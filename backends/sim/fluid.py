@@ -22,7 +22,8 @@ expression ``ahead`` evaluates for a compute the engine runs ahead of the clock,
 ahead and stepping give the same floats. Exactly one flow wake-up is live (older ones are
 no longer ``_pending`` and do nothing; ``drop_stale`` takes those at the head of the
 clock's queue off it, so they do not stop a run ahead); a flow completes at the wake-up
-that predicted its end, never earlier. Cost: O(1) SimPy events per flow or job plus one per change.
+that predicted its end, never earlier. Cost: O(1) SimPy events per flow or job plus one
+per change.
 """
 
 from __future__ import annotations
