@@ -118,6 +118,23 @@ def test_a_third_copy_engine_call_waits_for_an_engine():
     assert rt.now == pytest.approx(first + CALL + 4 * PER_PAGE + MiB / H2D, rel=1e-12)
 
 
+def test_waiting_copy_engine_calls_go_first_come_first_served():
+    # one engine: four one-page calls submitted together run one after another, in order
+    rt = SimRuntime()
+    be = SimBackend(rt, round_profile(copy_engine={"count": 1, "per_call": "10us",
+                                                   "per_page": "2us"}),
+                    256 * KiB, {Level.GPU: 8, Level.HOST: 8})
+    ends: list[tuple[int, float]] = []
+    for i in range(4):
+        ev = be.transfer(batch(Level.HOST, Level.GPU, 1, src0=i, dst0=i))
+        ev.callbacks.append(lambda e, i=i: ends.append((i, rt.now)))
+    rt.run()
+    one = CALL + PER_PAGE + 256 * KiB / H2D
+    assert [i for i, _ in ends] == [0, 1, 2, 3]
+    assert [t for _, t in ends] == pytest.approx([one, 2 * one, 3 * one, 4 * one], rel=1e-12)
+    assert be.stats()["copy_engine_calls"] == 4 and be.copy_engines.free == 1
+
+
 def test_small_pages_take_the_sm_kernel():
     # 4 KiB / 2 us = 2 GB/s < 50 GB/s -> SM kernel; H2D CTAs: 50/10 = 5 -> 6; D2H: 4
     rt, be = make(page_bytes=4 * KiB)

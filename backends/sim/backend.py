@@ -44,12 +44,15 @@ transfers in flight; ``catch_up`` then lands the clock on the very float it reac
 Content tags: one uint64 array per level; a completed transfer copies the source slots'
 tags to the destination slots, a failed one writes garbage (0xDEAD) there and succeeds
 with False. Stats count bytes and busy seconds per direction. Deterministic, no per-page
-Python loops; O(1) SimPy events per transfer.
+Python loops; O(1) SimPy events per transfer: a transfer is a chain of callbacks
+(``_Transfer``), each step run by the event it waited for, not a process; copy engines and
+call threads are taken first come, first served without events of their own (``_Units``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import Callable
 
 import numpy as np
@@ -145,9 +148,8 @@ class SimBackend:
                            per_cta_slowdown=sm.interference.per_cta_slowdown,
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
-        self.copy_engines = simpy.Resource(self.env, capacity=ce.count)
-        self.call_threads = (simpy.Resource(self.env, capacity=ce.call_threads)
-                             if ce.call_threads else None)  # host side of CE calls
+        self.copy_engines = _Units(ce.count)
+        self.call_threads = _Units(ce.call_threads) if ce.call_threads else None  # CE calls' host side
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
         self.tags = {lv: np.zeros(int(n), dtype=np.uint64) for lv, n in slots.items()}
         self._fail = 0
@@ -189,7 +191,9 @@ class SimBackend:
             self.errors.append(f"injected failure of a {batch.src.name}->{batch.dst.name} batch")
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
-        return self.env.process(self._run(batch, route, fail, self.env.now))
+        x = _Transfer(self, batch, route, fail)
+        self._start(x)
+        return x.done
 
     def compute(self, duration_s: float) -> simpy.Event:
         if self._hold > 0.0:  # the loop's host time at a resume holds this compute's start
@@ -333,64 +337,84 @@ class SimBackend:
         if self.compute_log is not None:
             self.compute_log.append([t0, nominal_s, took_s])
 
-    def _run(self, batch: Batch, route, fail: bool, t0: float = 0.0):
-        link_dir, disk_dir, res, _ = route
-        env = self.env
-        nbytes = batch.nbytes
-        pages = batch.pages
-        start_s = self._disk_latency if disk_dir else 0.0
-        cap, ctas, ce_flow = 0.0, 0, False
-        held = None
+    def _start(self, x: "_Transfer") -> None:
+        """A transfer's first step: take what its path needs (a copy engine, or copy-CTA
+        slots), or, with no link leg, wait its start cost."""
+        link_dir, disk_dir, res, _ = x.route
+        x.start_s = self._disk_latency if disk_dir else 0.0
         if link_dir is not None:
-            path = self.paths[link_dir]
-            if path is CopyPath.COPY_ENGINE:
-                held = self.copy_engines.request()
-                yield held
-                if start_s > 0:  # the disk leg's latency first
-                    yield env.timeout(start_s)
-                    start_s = 0.0
-                host_s = self._ce_per_call + pages * self.per_page[link_dir]
-                if self.call_threads is None:
-                    yield env.timeout(host_s)
-                else:
-                    with self.call_threads.request() as thread:
-                        yield thread
-                        yield env.timeout(host_s)
-                ce_flow = True
-                self._counts["copy_engine_calls"] += 1
+            if self.paths[link_dir] is CopyPath.COPY_ENGINE:
+                self.copy_engines.take(x.ce_held)
             else:
-                ctas = self.ctas[link_dir]
-                yield self.cta_pool.get(ctas)
-                start_s += self._sm_launch
-                cap = ctas * self._cta_rate[link_dir]
-                res = res + _SM_RES[link_dir]
-                self._counts["sm_kernel_calls"] += 1
-        elif res == ("hbm",):
-            start_s += self._sm_launch
-        if start_s > 0:
-            yield env.timeout(start_s)
+                x.ctas = ctas = self.ctas[link_dir]
+                self.cta_pool.get(ctas).callbacks.append(x.sm_held)
+            return
+        if res == ("hbm",):
+            x.start_s += self._sm_launch
+        x.after(x.start_s, x.flow)
+
+    def _ce_held(self, x: "_Transfer") -> None:
+        """A copy engine is the transfer's: the disk leg's latency first (GPU <-> disk),
+        then the batched call's host time (on a call thread when the profile has them)."""
+        if x.start_s > 0:
+            start, x.start_s = x.start_s, 0.0
+            x.after(start, x.ce_call)
+            return
+        self._ce_call(x)
+
+    def _ce_call(self, x: "_Transfer") -> None:
+        self._counts["copy_engine_calls"] += 1
+        x.ce = True
+        x.host_s = self._ce_per_call + x.batch.pages * self.per_page[x.route[0]]
+        if self.call_threads is None:
+            x.after(x.host_s, x.flow)
+        else:
+            self.call_threads.take(x.thread_held)
+
+    def _sm_held(self, x: "_Transfer") -> None:
+        link_dir = x.route[0]
+        x.start_s += self._sm_launch
+        x.cap = x.ctas * self._cta_rate[link_dir]
+        x.res = x.res + _SM_RES[link_dir]
+        self._counts["sm_kernel_calls"] += 1
+        x.after(x.start_s, x.flow)
+
+    def _flow(self, x: "_Transfer") -> None:
+        """The bytes, as one fluid flow over the route's resources."""
+        batch = x.batch
+        nbytes = batch.nbytes
         flow_bytes = float(nbytes)
         written = self._disk_written
-        if written is not None and disk_dir == "disk_write":
+        if written is not None and x.route[1] == "disk_write":
             again = int(np.count_nonzero(written[batch.dst_slots]))
             if again:
                 flow_bytes = nbytes - again * batch.page_bytes * (1.0 - self._rewrite_cost)
-        yield self.fluid.add_flow(flow_bytes, res, cap=cap, ctas=ctas, ce=ce_flow)
-        if held is not None:
-            self.copy_engines.release(held)
-        elif ctas:
-            self.cta_pool.put(ctas)
-        fixed = self._fixed[ctas > 0]
+        self.fluid.add_flow_then(x.moved, flow_bytes, x.res, x.cap, x.ctas, x.ce)
+
+    def _moved(self, x: "_Transfer") -> None:
+        """The bytes have moved: give back what the path took, then the backend's fixed
+        cost (it holds nothing), then the transfer completes."""
+        if x.ce:
+            self.copy_engines.give()
+        elif x.ctas:
+            self.cta_pool.put(x.ctas)
+        link_dir, disk_dir = x.route[0], x.route[1]
+        fixed = self._fixed[x.ctas > 0]
         if link_dir is not None:
             fixed += self._loop_gpu
         if disk_dir:
             fixed += self._loop_disk
-        if fixed > 0:  # the backend's own fixed cost: delays the completion, holds nothing
-            yield env.timeout(fixed)
-        self._finish(batch, route[3], fail)
+        if fixed > 0:
+            x.after(fixed, x.end)
+            return
+        self._end(x)
+
+    def _end(self, x: "_Transfer") -> None:
+        batch, fail = x.batch, x.fail
+        self._finish(batch, x.route[3], fail)
         if self.timing_log is not None:
-            self._log(batch, link_dir, disk_dir, fail, t0)
-        return not fail
+            self._log(batch, x.route[0], x.route[1], fail, x.t0)
+        x.done.succeed(not fail)
 
     def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float) -> None:
         if link_dir is None:
@@ -424,3 +448,84 @@ class SimBackend:
             now = self.env.now
             for k in kinds:
                 cb(now, k, nbytes)
+
+
+class _Units:
+    """``n`` identical units (copy engines, host threads), taken first come, first served:
+    a ``simpy.Resource`` without its request and release events (a taker goes on at once
+    when one is free, else when one is given back)."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, n: int):
+        self.free = n
+        self.waiting: deque[Callable[[], None]] = deque()
+
+    def take(self, then: Callable[[], None]) -> None:
+        if self.free:
+            self.free -= 1
+            then()
+        else:
+            self.waiting.append(then)
+
+    def give(self) -> None:
+        if self.waiting:
+            self.waiting.popleft()()  # (the unit goes straight to the next taker)
+        else:
+            self.free += 1
+
+
+class _Transfer:
+    """One batch on its way through the model: each step a callback of the event it waited
+    for, the backend's ``_start`` .. ``_end`` (a generator process would cost two more
+    events and a resume each step, a transfer at a time)."""
+
+    __slots__ = ("be", "batch", "route", "fail", "t0", "done", "res", "start_s", "cap",
+                 "ctas", "ce", "host_s")
+
+    def __init__(self, be: SimBackend, batch: Batch, route, fail: bool):
+        self.be = be
+        self.batch = batch
+        self.route = route
+        self.fail = fail
+        self.t0 = be.env.now
+        self.done = simpy.Event(be.env)  # succeeds with True, or False for a failed batch
+        self.res: tuple[str, ...] = route[2]
+        self.start_s = 0.0
+        self.cap = 0.0
+        self.ctas = 0
+        self.ce = False
+        self.host_s = 0.0
+
+    def after(self, delay: float, step: Callable[..., None]) -> None:
+        """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
+        if delay > 0:
+            self.be.env.timeout(delay).callbacks.append(step)
+        else:
+            step()
+
+    # the steps (an event's callback passes the event: unused)
+    def ce_held(self, _: object = None) -> None:
+        self.be._ce_held(self)
+
+    def ce_call(self, _: object = None) -> None:
+        self.be._ce_call(self)
+
+    def thread_held(self) -> None:
+        self.after(self.host_s, self.thread_done)
+
+    def thread_done(self, _: object = None) -> None:
+        self.be.call_threads.give()  # type: ignore[union-attr]  # (only taken when set)
+        self.flow()
+
+    def sm_held(self, _: object = None) -> None:
+        self.be._sm_held(self)
+
+    def flow(self, _: object = None) -> None:
+        self.be._flow(self)
+
+    def moved(self) -> None:
+        self.be._moved(self)
+
+    def end(self, _: object = None) -> None:
+        self.be._end(self)

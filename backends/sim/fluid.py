@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from heapq import heappop
+from typing import Callable
 
 import simpy
 
@@ -41,7 +42,7 @@ class Flow:
     __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes", "sig")
 
     def __init__(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int, ce: bool,
-                 done: simpy.Event, sig: int):
+                 done: simpy.Event | Callable[[], None], sig: int):
         self.nbytes = nbytes
         self.remaining = float(nbytes)
         self.res = res
@@ -50,7 +51,7 @@ class Flow:
         self.ctas = ctas
         self.ce = ce
         self.rate = 0.0
-        self.done = done
+        self.done = done  # an event to succeed, or what to call, when the bytes have moved
         self.sig = sig  # numbers (res, cap, ctas, ce): all its rate and the slowdown depend on
 
 
@@ -106,7 +107,22 @@ class Fluid:
         done = self.env.event()
         if nbytes <= 0:
             done.succeed()
-            return done
+        else:
+            self._start_flow(nbytes, res, cap, ctas, ce, done)
+        return done
+
+    def add_flow_then(self, then: Callable[[], None], nbytes: float, res: tuple[str, ...],
+                      cap: float = 0.0, ctas: int = 0, ce: bool = False) -> None:
+        """``add_flow`` without an event: ``then()`` is called when the bytes have moved
+        (by the flow's wake-up, once the rates of the flows left are set; at once for
+        none)."""
+        if nbytes <= 0:
+            then()
+        else:
+            self._start_flow(nbytes, res, cap, ctas, ce, then)
+
+    def _start_flow(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int,
+                    ce: bool, done: simpy.Event | Callable[[], None]) -> None:
         self._sync_flows()
         sig = (res, cap, ctas, ce)
         num = self._sig_of.get(sig)
@@ -118,7 +134,6 @@ class Fluid:
         self._busy_res.update(res)
         self._n_sm += f.sm
         self._realloc()
-        return done
 
     def add_job(self, work_s: float) -> simpy.Event:
         """Start ``work_s`` seconds of compute; succeeds with the seconds it really took."""
@@ -258,7 +273,11 @@ class Fluid:
         self._n_sm -= sum(f.sm for f in finished)
         self._realloc()
         for f in finished:
-            f.done.succeed()
+            done = f.done
+            if isinstance(done, simpy.Event):
+                done.succeed()
+            else:
+                done()
 
     def _allocate(self) -> tuple[float, ...]:
         """Set the compute slowdown for the current flows and return each one's rate, in

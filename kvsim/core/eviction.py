@@ -13,7 +13,7 @@ pages depend on). ``_settle`` puts a page where its owners say it belongs.
 from __future__ import annotations
 
 from itertools import filterfalse, islice
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -122,16 +122,16 @@ class Eviction:
         return False
 
     @staticmethod
-    def _pick(tier, k: int, exclude: set | None) -> list[Page] | None:
+    def _pick(tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
         """The ``k`` first eviction candidates of a tier (not in ``exclude``), or None."""
-        cands = tier.candidates()
+        cands: Iterator[Page] = tier.candidates()
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         victims = list(islice(cands, k))
         return victims if len(victims) == k else None
 
     @staticmethod
-    def _pick_leaves(tier, k: int, exclude: set | None) -> list[Page] | None:
+    def _pick_leaves(tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
         """``k`` droppable pages of the last tier, leaves only. A candidate skipped for its
         children becomes a leaf once they are picked: it is picked right after its last
         child (it is older than the candidate being looked at), so children always drop
@@ -139,7 +139,7 @@ class Eviction:
         victims: list[Page] = []
         gone: dict[int, int] = {}  # pid -> its children picked so far
         skipped: set[int] = set()
-        cands = tier.candidates()
+        cands: Iterator[Page] = tier.candidates()
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         for p in cands:
@@ -198,7 +198,7 @@ class Eviction:
             return  # its old owner failed to leave and still owns it
         self.tiers[pos].release(slot)
 
-    def _drop_each(self, tier, pages: list[Page]) -> None:
+    def _drop_each(self, tier: "Tier", pages: list[Page]) -> None:
         """Drop each page of ``tier`` in order (children before parents): out of the index
         and the tree, its slot released, dead."""
         tier.index_discard_each(pages)
@@ -210,7 +210,7 @@ class Eviction:
             del live[p.pid]
         self.counters.dropped_pages[tier.level] += len(pages)
 
-    def _arrive(self, tier, pages: list[Page], dsts: list[int], settle: bool) -> None:
+    def _arrive(self, tier: "Tier", pages: list[Page], dsts: list[int], settle: bool) -> None:
         """The pages of a committed batch are now resident in ``tier`` at ``dsts``. With
         ``settle`` (an eviction) each then settles as ``_settle(p, touch=True)`` would, in
         order, the common case inline: it becomes the tier's most recently used. (A page
@@ -237,7 +237,7 @@ class Eviction:
             else:
                 bucket[p] = None
 
-    def _settle_touched(self, pages) -> None:
+    def _settle_touched(self, pages: Iterable[Page]) -> None:
         """``_settle(p, touch=True)`` for each page in order, the common case (resident,
         unlocked, still referred to, and not a held page of the last tier: it becomes its
         tier's most recently used) inline."""

@@ -8,7 +8,7 @@ as a prefix of the block). Insert links a page to its parent; remove requires a 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from kvsim.core.keys import BlockIds, chain_key
 from kvsim.core.pages import Page
@@ -65,7 +65,7 @@ class PrefixTree:
             page.parent.nchildren -= 1
             page.parent = None
 
-    def remove_each(self, pages) -> None:
+    def remove_each(self, pages: Iterable[Page]) -> None:
         """``remove`` for each page in order (every one in the tree; children first)."""
         by_key = self._by_key
         for page in pages:

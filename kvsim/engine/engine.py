@@ -35,7 +35,7 @@ from itertools import count
 from typing import Any, Callable, Iterable
 
 from kvsim.backend import Backend, Runtime
-from kvsim.core import Level, RefusalReason, TierManager
+from kvsim.core import Level, RefusalReason, Request, TierManager
 from kvsim.core.types import ReqState
 from kvsim.engine.metrics import NS, Metrics, Row
 from kvsim.engine.plans import check_tags, run_plan
@@ -117,7 +117,7 @@ class Engine:
         self.S = 0
         self._decoding: dict[Live, None] = {}
         self._dsum = 0
-        self._due: list = []                         # heap of (step, seq, live)
+        self._due: list[tuple[int, int, Live]] = []  # heap of (step, seq, live)
         self._stalled: list[Live] = []               # decoders that must grow before a step
         self._prefilling: list[Live] = []            # admitted, prompt not fully computed
         self._idle: dict[int, Frame] = {}            # suspended sessions between turns
@@ -478,7 +478,7 @@ class Engine:
         self._notify()
 
     # == batching =======================================================================
-    def _build_batch(self):
+    def _build_batch(self) -> list[tuple[Live, int]] | None:
         """(prefill [(live, tokens)], decoders) for the next step, or None."""
         if self._stalled:
             stalled, self._stalled = self._stalled, []
@@ -516,7 +516,8 @@ class Engine:
     def _join(self, lv: Live) -> None:
         """Start decoding ``lv`` from the next step (its pages cover kv + 1 tokens)."""
         lv.s0 = self.S
-        lv.due = self.S + min(lv.out - lv.gen, lv.req.tokens - lv.kv)
+        req: Request = lv.req
+        lv.due = self.S + min(lv.out - lv.gen, req.tokens - lv.kv)
         heapq.heappush(self._due, (lv.due, next(self._seq), lv))
         self._decoding[lv] = None
         self._dsum += lv.kv
@@ -551,7 +552,7 @@ class Engine:
         """Make the request's GPU pages cover ``tokens`` (a block at a time for decode).
         True if it can compute now; otherwise a grow is running, it waits, or it was
         preempted."""
-        req = lv.req
+        req: Request = lv.req
         if tokens <= req.tokens:
             return True
         if lv.prefill_left:
@@ -613,12 +614,12 @@ class Engine:
         self._dirty = True
 
     # == stepping =======================================================================
-    def _step_ns(self, prefill) -> int:
+    def _step_ns(self, prefill: list[tuple[Live, int]]) -> int:
         """The next step's duration (ns) at nominal speed."""
         return round(self.step_time([(c, lv.kv) for lv, c in prefill], len(self._decoding),
                                     self._dsum) * NS)
 
-    def _run_ahead(self, prefill, first: int) -> int:
+    def _run_ahead(self, prefill: list[tuple[Live, int]], first: int) -> int:
         """Run steps ahead of the runtime's clock while the backend can say when each ends
         and that nothing it runs changes before then: the first step, and after it, when
         nothing can change between them, the identical decode steps up to the next step at
@@ -655,7 +656,7 @@ class Engine:
             self.t = t
         return True
 
-    def _advance(self, prefill, k: int) -> None:
+    def _advance(self, prefill: list[tuple[Live, int]], k: int) -> None:
         self.S += k
         self._dsum += len(self._decoding) * k
         mgr, be = self.mgr, self.backend

@@ -42,7 +42,8 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
     index = {id(b): i for i, b in enumerate(plan.batches)}
     for stage in plan.stages:
         events = [backend.transfer(b) for b in stage]
-        yield rt.all_of(events)
+        # (one batch, the common stage: its own event, without a condition over it)
+        yield events[0] if len(events) == 1 else rt.all_of(events)
         stage_ok = True
         for b, ev in zip(stage, events):
             ok = bool(ev.value)
