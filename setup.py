@@ -3,11 +3,11 @@ nothing unless KVSIM_COMPILE=1 is set:
 
     KVSIM_COMPILE=1 pip install .        # not -e: mypyc builds extension modules
 
-compiles the simulator's hot modules (kvsim/core, kvsim/engine/engine.py and sessions.py,
-backends/sim) with mypyc into C extensions that take precedence over the .py files.
-Results are identical; benchmarks/sim_speed.py ran 1.4-1.7x faster (mean 1.57x) on a
-2-core VM (README: "Compiled build (optional)"). mypy is fetched as a build requirement
-only then.
+compiles the simulator's hot modules (kvsim/core, kvsim/engine/engine.py, sessions.py and
+plans.py, backends/sim) with mypyc into C extensions that take precedence over the .py
+files. Results are identical; benchmarks/compiled_speed.py measures the speed-up side by
+side (README: "Compiled build (optional)"). mypy is fetched as a build requirement only
+then.
 """
 
 import os
@@ -18,14 +18,14 @@ from setuptools import setup
 
 COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 
-# Not compiled: kvsim/core/errors.py and kvsim/engine/plans.py (exceptions subclassing
+# Not compiled: kvsim/core/errors.py and kvsim/engine/refcheck.py (exceptions subclassing
 # builtins: unsupported by mypyc native classes), kvsim/core/copypath.py (its public
 # function accepts a str where the annotation says CopyPath; mypyc would enforce it),
 # kvsim/core/audit.py (a checker, not type-clean), kvsim/engine/metrics.py (mypyc turns a
 # dataclass ClassVar into a field: mypyc/mypyc#1122), and the package __init__ files.
 CORE = ["eviction", "keys", "manager", "pages", "plan", "spec", "stats", "tiers", "tree",
         "types"]
-ENGINE = ["engine", "sessions"]
+ENGINE = ["engine", "sessions", "plans"]
 SIM = ["backend", "fluid", "runtime"]
 
 

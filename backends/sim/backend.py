@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable
+from typing import Callable, Final
 
 import numpy as np
 import simpy
@@ -66,16 +66,16 @@ from kvsim.hardware import HardwareProfile, load_profile
 from .fluid import Fluid
 from .runtime import SimRuntime
 
-GARBAGE = np.uint64(0xDEAD)
-_INF = math.inf
-DIRECTIONS = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
-CHECK_PART_BYTES = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
+GARBAGE: Final = np.uint64(0xDEAD)
+_INF: Final = math.inf
+DIRECTIONS: Final = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
+CHECK_PART_BYTES: Final = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
 
 # (src, dst) -> (link direction or None, disk direction or None, fluid resources, the
 # byte counters a completed batch adds to, in the order the bytes go through them)
 # (an SM-kernel flow adds the SM ceilings of its direction: _SM_RES)
-_ROUTES: dict[tuple[Level, Level],
-              tuple[str | None, str | None, tuple[str, ...], tuple[str, ...]]] = {
+_ROUTES: Final[dict[tuple[Level, Level],
+                    tuple[str | None, str | None, tuple[str, ...], tuple[str, ...]]]] = {
     (Level.HOST, Level.GPU): ("h2d", None, ("h2d", "link"), ("h2d",)),
     (Level.GPU, Level.HOST): ("d2h", None, ("d2h", "link"), ("d2h",)),
     (Level.DISK, Level.GPU): ("h2d", "disk_read", ("disk_read", "h2d", "link"),
@@ -86,7 +86,7 @@ _ROUTES: dict[tuple[Level, Level],
     (Level.HOST, Level.DISK): (None, "disk_write", ("disk_write",), ("disk_write",)),
     (Level.GPU, Level.GPU): (None, None, ("hbm",), ("gpu_copy",)),
 }
-_SM_RES = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
+_SM_RES: Final = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
 
 
 class SimBackend:

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import math
 from heapq import heappop
-from typing import Callable
+from typing import Callable, Final
 
 import simpy
 
-_INF = math.inf
-_ALLOC_CACHE_MAX = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
+_INF: Final = math.inf
+_ALLOC_CACHE_MAX: Final = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
 
 
 class Flow:

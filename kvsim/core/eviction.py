@@ -13,7 +13,7 @@ pages depend on). ``_settle`` puts a page where its owners say it belongs.
 from __future__ import annotations
 
 from itertools import filterfalse, islice
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Final, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from kvsim.core.tiers import Tier
     from kvsim.core.tree import PrefixTree
 
-_RESIDENT = Phase.RESIDENT
-_MOVING = Phase.MOVING
-_DROPPED = Phase.DROPPED
+_RESIDENT: Final = Phase.RESIDENT
+_MOVING: Final = Phase.MOVING
+_DROPPED: Final = Phase.DROPPED
 
 
 class _Rec:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import struct
 from array import array
-from typing import Hashable, Sequence, Union
+from typing import Final, Hashable, Sequence, Union
 
 BlockIds = Union[int, Sequence[int]]
 """One block's identity: a trace block id (int) or a sequence of token / sub-block ids."""
 
-_SCOPE_PREFIX = b"kvsim-scope:"
-_TAG_MASK = (1 << 63) - 1
+_SCOPE_PREFIX: Final = b"kvsim-scope:"
+_TAG_MASK: Final = (1 << 63) - 1
 
 
 def _fastest_sha256():
@@ -36,9 +36,9 @@ def _fastest_sha256():
 
 
 # bound methods of immutable codecs, hoisted for the per-block hot path
-_sha256 = _fastest_sha256()
-_pack_i64 = struct.Struct("<q").pack
-_unpack_u64 = struct.Struct("<Q").unpack_from
+_sha256: Final = _fastest_sha256()
+_pack_i64: Final = struct.Struct("<q").pack
+_unpack_u64: Final = struct.Struct("<Q").unpack_from
 
 
 def scope_root(scope: Hashable) -> bytes:

@@ -23,7 +23,7 @@ Held pages never drop. A tree page is never dropped before its children.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Sequence
+from typing import Final, Hashable, Iterable, Sequence
 
 import numpy as np
 
@@ -38,10 +38,10 @@ from kvsim.core.tiers import Tier
 from kvsim.core.tree import PrefixTree
 from kvsim.core.types import Phase, ReqState
 
-_RESIDENT = Phase.RESIDENT
-_MOVING = Phase.MOVING
-_EVICT = BatchKind.EVICT
-_ACTIVE = ReqState.ACTIVE
+_RESIDENT: Final = Phase.RESIDENT
+_MOVING: Final = Phase.MOVING
+_EVICT: Final = BatchKind.EVICT
+_ACTIVE: Final = ReqState.ACTIVE
 
 
 class Request:

@@ -32,7 +32,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Final, Iterable
 
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Level, RefusalReason, Request, TierManager
@@ -42,7 +42,12 @@ from kvsim.engine.plans import check_tags, run_plan
 from kvsim.engine.sessions import Cursor, Frame
 from kvsim.workload import Session, Turn, Workload, cache_blocks
 
-WAITING, ONBOARDING, RUNNING, GROWING, DONE = range(5)
+# a turn's state in the engine
+WAITING: Final = 0
+ONBOARDING: Final = 1
+RUNNING: Final = 2
+GROWING: Final = 3
+DONE: Final = 4
 
 
 @dataclass(frozen=True)

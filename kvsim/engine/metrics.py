@@ -8,10 +8,11 @@ step-by-step one. Summary names are stable (see README); add freely, rename neve
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 
-NS = 1_000_000_000
+NS: Final = 1_000_000_000
 
 
 @dataclass

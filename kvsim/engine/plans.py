@@ -8,30 +8,12 @@ backend off the runtime's thread, so the replay keeps real time while bytes are 
 
 from __future__ import annotations
 
-import numpy as np
-
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Plan, TierManager
 from kvsim.core.spec import Level
+from kvsim.engine.refcheck import RefcheckError, check_tags
 
-
-class RefcheckError(AssertionError):
-    """Bytes found where a page should be do not match the page's block."""
-
-
-def check_tags(found: np.ndarray, expected: np.ndarray, what: str) -> None:
-    if (found.dtype == expected.dtype and found.shape == expected.shape
-            and found.tobytes() == expected.tobytes()):
-        return  # the common case, every tag as expected, without numpy's elementwise ops
-    differ = found != expected
-    if not differ.any():  # equal values in another dtype or shape
-        return
-    written = expected != 0
-    bad = np.flatnonzero(written & differ)
-    if bad.size:
-        i = int(bad[0])
-        raise RefcheckError(f"refcheck failed for {what}: {bad.size} page(s) differ; first at "
-                            f"position {i}: found tag {int(found[i]):#x}, expected {int(expected[i]):#x}")
+__all__ = ["RefcheckError", "check_tags", "run_plan"]  # (the first two live in refcheck.py)
 
 
 def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool,
