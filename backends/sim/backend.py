@@ -149,7 +149,8 @@ class SimBackend:
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.copy_engines = _Units(ce.count)
-        self.call_threads = _Units(ce.call_threads) if ce.call_threads else None  # CE calls' host side
+        # the host side of copy-engine calls, when the profile gives its threads
+        self.call_threads = _Units(ce.call_threads) if ce.call_threads else None
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
         self.tags = {lv: np.zeros(int(n), dtype=np.uint64) for lv, n in slots.items()}
         self._fail = 0

@@ -1,4 +1,4 @@
-"""Plans: the frozen objects the core hands to the engine, and what the engine reports back.
+"""Plans: the read-only objects the core hands to the engine, and what the engine reports back.
 
 A Plan groups page moves into one Batch per (source tier, destination tier) and orders the
 batches in stages: every batch of stage s runs after every batch of stage s-1 completed
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
@@ -23,18 +24,24 @@ class BatchKind(enum.IntEnum):
     COPY = 2     # GPU -> GPU copy-on-write of a shared page a request must append to
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Batch:
-    """Pages moving from one tier to another. Slots are int64 arrays of equal length."""
+    """Pages moving from one tier to another. Slots are int64 arrays of equal length.
+    Read-only, as a Plan and a Fill: the fields are ``Final`` (the type checker refuses an
+    assignment after ``__init__``; a plain ``__init__`` builds one several times faster
+    than a frozen dataclass's, compiled or not, and the core builds one per batch)."""
 
-    kind: BatchKind
-    src: Level
-    dst: Level
-    src_slots: np.ndarray
-    dst_slots: np.ndarray
-    tags: np.ndarray  # expected content tag of each page (0: not yet written), uint64
-    page_bytes: int
-    stage: int
+    __slots__ = ("kind", "src", "dst", "src_slots", "dst_slots", "tags", "page_bytes", "stage")
+
+    def __init__(self, kind: BatchKind, src: Level, dst: Level, src_slots: np.ndarray,
+                 dst_slots: np.ndarray, tags: np.ndarray, page_bytes: int, stage: int):
+        self.kind: Final = kind
+        self.src: Final = src
+        self.dst: Final = dst
+        self.src_slots: Final = src_slots
+        self.dst_slots: Final = dst_slots
+        self.tags: Final = tags  # expected content tag of each page (0: not yet written), uint64
+        self.page_bytes: Final = page_bytes
+        self.stage: Final = stage
 
     @property
     def pages(self) -> int:
@@ -44,6 +51,10 @@ class Batch:
     def nbytes(self) -> int:
         return self.pages * self.page_bytes
 
+    def __repr__(self) -> str:
+        return (f"Batch({self.kind.name}, {self.src.name}->{self.dst.name}, pages={self.pages}, "
+                f"stage={self.stage})")
+
 
 class PlanKind(enum.IntEnum):
     GROW = 0
@@ -52,17 +63,24 @@ class PlanKind(enum.IntEnum):
     EVICT = 3
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Plan:
-    """A two-phase state change. Pass it back to ``TierManager.complete`` exactly once."""
+    """A two-phase state change. Pass it back to ``TierManager.complete`` exactly once.
+    Read-only (``Final`` fields, as a Batch's)."""
 
-    pid: int
-    kind: PlanKind
-    batches: tuple[Batch, ...]
-    new_pages: int = 0  # pages a grow allocates on GPU when the plan commits
+    __slots__ = ("pid", "kind", "batches", "new_pages")
+
+    def __init__(self, pid: int, kind: PlanKind, batches: tuple[Batch, ...], new_pages: int = 0):
+        self.pid: Final = pid
+        self.kind: Final = kind
+        self.batches: Final = batches
+        self.new_pages: Final = new_pages  # pages a grow allocates on GPU when the plan commits
 
     # truthy (no __bool__ needed: an object without __bool__ or __len__ is true, and the
     # test costs no Python call); a Refusal is falsy
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.pid}, {self.kind.name}, batches={len(self.batches)}, "
+                f"new_pages={self.new_pages})")
 
     @property
     def pages(self) -> int:
@@ -97,14 +115,20 @@ class Refusal:
         return False
 
 
-@dataclass(frozen=True, slots=True, eq=False)
 class Fill:
-    """Pages whose content the engine must write (it just computed their KV)."""
+    """Pages whose content the engine must write (it just computed their KV). Read-only
+    (``Final`` fields, as a Batch's)."""
 
-    level: Level
-    slots: np.ndarray
-    tags: np.ndarray
+    __slots__ = ("level", "slots", "tags")
+
+    def __init__(self, level: Level, slots: np.ndarray, tags: np.ndarray):
+        self.level: Final = level
+        self.slots: Final = slots
+        self.tags: Final = tags
 
     @property
     def pages(self) -> int:
         return int(self.slots.shape[0])
+
+    def __repr__(self) -> str:
+        return f"Fill({self.level.name}, pages={self.pages})"
