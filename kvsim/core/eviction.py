@@ -137,14 +137,15 @@ class Eviction:
         child (it is older than the candidate being looked at), so children always drop
         before parents."""
         victims: list[Page] = []
-        gone: dict[int, int] = {}  # pid -> its children picked so far
-        skipped: set[int] = set()
+        # (pages, not pids, as keys: a page hashes by identity, a pid would be boxed anew)
+        gone: dict[Page, int] = {}  # page -> its children picked so far
+        skipped: set[Page] = set()
         cands: Iterator[Page] = tier.candidates()
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         for p in cands:
-            if p.nchildren and p.nchildren - gone.get(p.pid, 0) > 0:
-                skipped.add(p.pid)
+            if p.nchildren and p.nchildren - gone.get(p, 0) > 0:
+                skipped.add(p)
                 continue
             while True:
                 victims.append(p)
@@ -153,10 +154,10 @@ class Eviction:
                 q = p.parent
                 if q is None:
                     break
-                n = gone[q.pid] = gone.get(q.pid, 0) + 1
-                if q.pid not in skipped or q.nchildren != n:
+                n = gone[q] = gone.get(q, 0) + 1
+                if q not in skipped or q.nchildren != n:
                     break
-                skipped.discard(q.pid)
+                skipped.discard(q)
                 p = q
         return None
 
