@@ -7,7 +7,13 @@ behind the trace and the replay runs past its last arrival). With --check (the d
 the same replay also runs step by step (no fast-forward) and every metric but the wall
 time must be equal. Last line: ``sim_speed_x: <trace span / wall>``.
 
-    python benchmarks/sim_speed.py [--trace PATH] [--no-check] [--set key=value ...]
+    python benchmarks/sim_speed.py [--trace PATH] [--no-check] [--set key=value ...] [--installed]
+
+``--installed`` replays with the kvsim this interpreter has installed instead of this
+checkout's source, e.g. the optional compiled build (``KVSIM_COMPILE=1 pip install .``,
+README: "Compiled build (optional)"): ``local/compiled-venv/bin/python
+benchmarks/sim_speed.py --installed``. The ``modules:`` line says which files ran
+(``.so``: compiled).
 """
 
 from __future__ import annotations
@@ -18,14 +24,21 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+INSTALLED = "--installed" in sys.argv[1:]
+if INSTALLED:  # (the script's own folder comes first on the path: nothing of the checkout)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "benchmarks")]
+else:
+    sys.path.insert(0, str(ROOT))
 
+import kvsim.core.manager  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--installed", action="store_true",
+                    help="replay with the installed kvsim (e.g. the compiled build), not this checkout")
     ap.add_argument("--config", default=str(ROOT / "configs" / "mooncake-conversation.yaml"))
     ap.add_argument("--trace", default=str(ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"))
     ap.add_argument("--set", dest="sets", action="append", default=[])
@@ -35,6 +48,8 @@ def main() -> None:
     prep = prepare_run(cfg, a.trace)
     arrivals = [t.arrival_s for _, t in prep.workload.iter_turns()]
     span = max(arrivals) - min(arrivals)
+    import kvsim_backends.sim.fluid  # noqa: PLC0415 (imported by the replay above)
+    print(f"modules: {kvsim.core.manager.__file__}, {kvsim_backends.sim.fluid.__file__}")
     res = replay(prep)
     m = res.metrics
     wall = m["wall_time_s"]
