@@ -607,6 +607,25 @@ def test_catch_up_lands_on_the_exact_float():
     assert rt.now == t
 
 
+def test_catch_up_moves_the_clock_without_an_event_only_when_none_is_due_before():
+    rt, be = make()
+    seen = []
+    rt.timeout(2.0).callbacks.append(lambda ev: seen.append(("timer", rt.now)))
+
+    def proc():
+        ev = be.catch_up(1.5)  # nothing due up to 1.5: the clock moves at once
+        assert ev.processed and rt.now == 1.5
+        yield ev
+        seen.append(("at", rt.now))
+        ev = be.catch_up(2.0)  # the timer is due at 2.0: a real timeout, after it
+        assert not ev.processed
+        yield ev
+        seen.append(("at", rt.now))
+    rt.process(proc())
+    rt.run()
+    assert seen == [("at", 1.5), ("timer", 2.0), ("at", 2.0)]
+
+
 def test_compute_latency_delays_every_call_and_run_ahead_agrees():
     """compute.latency (the hw backend's fixed cost a call): a compute of d completes at
     d + latency, with the SMs free during the latency; compute_ahead says the same float."""

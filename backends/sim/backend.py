@@ -39,7 +39,8 @@ its work ``d x compute.scale`` (the hw busy kernel's overrun; 1 by default), the
 ``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
 ``compute_ahead`` predicts one exactly (the fluid's own expression) while no event is due
 before it ends and no SM copy kernel runs, so the engine can run ahead of the clock with
-transfers in flight; ``catch_up`` then lands the clock on the very float it reached.
+transfers in flight; ``catch_up`` then lands the clock on the very float it reached (moving
+it there without an event when none is due before: ``SimRuntime.advance_to``).
 
 Content tags: one uint64 array per level; a completed transfer copies the source slots'
 tags to the destination slots, a failed one writes garbage (0xDEAD) there and succeeds
@@ -237,7 +238,8 @@ class SimBackend:
         return end + lat  # (+ 0.0 when there is none: the same float)
 
     def catch_up(self, until_s: float) -> simpy.Event:
-        return self.runtime.timeout_at(until_s)
+        self.fluid.drop_stale()  # (a superseded flow wake-up at the head changes nothing)
+        return self.runtime.advance_to(until_s)
 
     def fill(self, fill: Fill) -> None:
         if self.refcheck:

@@ -16,10 +16,16 @@ from simpy.events import NORMAL
 class SimRuntime:
     """Simulated time. ``env`` is exposed for backends built on the same clock."""
 
-    __slots__ = ("env",)
+    __slots__ = ("env", "_passed")
 
     def __init__(self, env: simpy.Environment | None = None, initial_time: float = 0.0):
         self.env = env if env is not None else simpy.Environment(initial_time=initial_time)
+        # an event already processed: a process that yields it goes on at once (SimPy
+        # resumes a process at once for an event whose callbacks are gone)
+        self._passed = simpy.Event(self.env)
+        self._passed._ok = True
+        self._passed._value = None
+        self._passed.callbacks = None  # type: ignore[assignment]
 
     @property
     def now(self) -> float:
@@ -42,6 +48,22 @@ class SimRuntime:
         ev._value = value
         heappush(env._queue, (at_s, NORMAL, next(env._eid), ev))
         return ev
+
+    def advance_to(self, at_s: float) -> simpy.Event:
+        """``timeout_at(at_s)`` for the process that runs now, without an event when none
+        is due up to ``at_s``: the clock then moves to ``at_s`` at once and the returned
+        event is one already processed (the process yielding it goes on). Nothing can tell
+        the two apart: no event fires in between, and nothing is due at ``at_s`` that the
+        timeout would have let run first. (The clock is SimPy's own ``_now``, which its
+        ``step`` sets the same way from the next event's time.) For a process whose resume
+        is the last callback of the event it resumed on (the engine's serve loop: it alone
+        waits on its events), else a later callback of that event would see the new time."""
+        env = self.env
+        queue = env._queue
+        if at_s > env._now and (not queue or queue[0][0] > at_s):
+            env._now = at_s
+            return self._passed
+        return self.timeout_at(at_s)
 
     def event(self) -> simpy.Event:
         return self.env.event()
