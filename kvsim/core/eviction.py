@@ -76,7 +76,7 @@ class Eviction:
     def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
         # (list comprehensions over slotted attributes are the fastest way to gather them)
-        # (the fields by position: a dataclass __init__ binds keywords more slowly)
+        # (the fields by position: keywords bind more slowly)
         tiers = self.tiers
         batches.append(Batch(
             kind, tiers[src].level, tiers[dst].level,
