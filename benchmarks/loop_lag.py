@@ -27,6 +27,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvsim.compare import read_report  # noqa: E402
+
 RUNS = ["fill-in-parts-2026-11-30-0420", "sessions-10-12-2026-11-30-0429", "sessions-1-3-2026-11-30-0438",
         "18-turns-2026-11-30-0450", "sessions-10-12-calibrated-2026-11-30-0539",
         "sessions-1-3-loop-disk-2026-11-30-0559", "sessions-10-12-loop-disk-2026-11-30-0605",
@@ -53,7 +57,7 @@ def main() -> None:
     for run in RUNS:
         folder = ROOT / "docs" / "runs" / f"h200-agentic-slice-{run}"
         try:
-            log = json.loads((folder / "compare.json").read_text())["logs"]["hw"]
+            log = read_report(folder)["logs"]["hw"]
             calls = json.loads(gzip.decompress((folder / "compare-calls.json.gz").read_bytes()))["hw_compute"]
         except (OSError, KeyError, ValueError) as e:
             sys.exit(f"{folder}: expected a saved compare with hw logs: {e}")

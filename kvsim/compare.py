@@ -309,11 +309,12 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
     ran with, when its summary records one), timing log and options."""
     folder = Path(folder)
     try:
-        old = json.loads((folder / "compare.json").read_text())
+        old = read_report(folder)
         summary, rows = load_run(folder / "hw")
     except (OSError, ValueError) as e:
         raise ValueError(f"--hw-from {folder}: expected an earlier compare's folder "
-                         f"(compare.json, hw/summary.json, hw/requests.csv): {e}") from e
+                         f"(compare.json or compare.json.gz, hw/summary.json, hw/requests.csv): "
+                         f"{e}") from e
     metrics = summary["metrics"]
     if old.get("config") != cfg.name:
         raise ValueError(f"--hw-from {folder}: it compared config {old.get('config')!r}, not {cfg.name!r}")
@@ -405,6 +406,19 @@ def diff_table(report: dict):
 # compare.json (some 30K rows a side for a 5-minute slice), not into it
 CALL_LOGS = ("sim_compute", "hw_compute", "hw_host")
 CALL_LOGS_FILE = "compare-calls.json.gz"
+
+
+def read_report(folder: str | Path) -> dict:
+    """The report ``write_report`` left in ``folder``: ``compare.json``, or, where that is
+    absent, ``compare.json.gz`` (the saved runs under docs/runs are kept gzipped: the
+    checkout travels to the GPU machine under a size limit)."""
+    import gzip  # noqa: PLC0415
+
+    folder = Path(folder)
+    plain = folder / "compare.json"
+    if plain.exists() or not (folder / "compare.json.gz").exists():
+        return json.loads(plain.read_text())
+    return json.loads(gzip.decompress((folder / "compare.json.gz").read_bytes()))
 
 
 def write_report(report: dict, out: Path) -> Path:

@@ -387,15 +387,14 @@ def test_check_against_replays_cells_measured_elsewhere(tmp_path):
 
 def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
     """docs/runs keeps the H200 replay of the agentic slice; --hw-from reads it back."""
-    from kvsim.compare import saved_hw
+    from kvsim.compare import read_report, saved_hw
 
     folder = Path(__file__).resolve().parents[1] / "docs" / "runs" / "h200-agentic-slice-refcheck-off-2026-11-29-2013"
     cfg = load_config("agentic-slice")
     hw, log, options = saved_hw(folder, cfg)
     assert len(hw.rows) == 90 and hw.metrics["requests_completed"] == 90
     assert hw.metrics["ttft_s"]["p50"] == pytest.approx(0.1568, abs=1e-4)
-    assert len(log) == sum(v["hw"]["batches"] for v in json.loads((folder / "compare.json").read_text())
-                           ["transfers"].values())
+    assert len(log) == sum(v["hw"]["batches"] for v in read_report(folder)["transfers"].values())
     with pytest.raises(ValueError, match="not 'default'"):
         saved_hw(folder, load_config("default"))
     # runs from before summaries recorded their profile: --saved-profile says what to do
