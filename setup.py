@@ -4,10 +4,10 @@ nothing unless KVSIM_COMPILE=1 is set:
     KVSIM_COMPILE=1 pip install .        # not -e: mypyc builds extension modules
 
 compiles the simulator's hot modules (kvsim/core, kvsim/engine/engine.py, sessions.py and
-plans.py, kvsim/stepcost.py, backends/sim) with mypyc into C extensions that take precedence over the .py
-files. Results are identical; benchmarks/compiled_speed.py measures the speed-up side by
-side (README: "Compiled build (optional)"). mypy is fetched as a build requirement only
-then.
+plans.py, kvsim/stepcost.py, backends/sim) with mypyc into C extensions that take
+precedence over the .py files. Results are identical; benchmarks/compiled_speed.py
+measures the speed-up side by side (README: "Compiled build (optional)"). mypy is fetched
+as a build requirement only then.
 """
 
 import os

@@ -194,7 +194,7 @@ class SimBackend:
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
         x = _Transfer(self, batch, route, fail)
-        self._start(x)
+        x.start()
         return x.done
 
     def compute(self, duration_s: float) -> simpy.Event:
@@ -340,85 +340,6 @@ class SimBackend:
         if self.compute_log is not None:
             self.compute_log.append([t0, nominal_s, took_s])
 
-    def _start(self, x: "_Transfer") -> None:
-        """A transfer's first step: take what its path needs (a copy engine, or copy-CTA
-        slots), or, with no link leg, wait its start cost."""
-        link_dir, disk_dir, res, _ = x.route
-        x.start_s = self._disk_latency if disk_dir else 0.0
-        if link_dir is not None:
-            if self.paths[link_dir] is CopyPath.COPY_ENGINE:
-                self.copy_engines.take(x.ce_held)
-            else:
-                x.ctas = ctas = self.ctas[link_dir]
-                self.cta_pool.get(ctas).callbacks.append(x.sm_held)
-            return
-        if res == ("hbm",):
-            x.start_s += self._sm_launch
-        x.after(x.start_s, x.flow)
-
-    def _ce_held(self, x: "_Transfer") -> None:
-        """A copy engine is the transfer's: the disk leg's latency first (GPU <-> disk),
-        then the batched call's host time (on a call thread when the profile has them)."""
-        if x.start_s > 0:
-            start, x.start_s = x.start_s, 0.0
-            x.after(start, x.ce_call)
-            return
-        self._ce_call(x)
-
-    def _ce_call(self, x: "_Transfer") -> None:
-        self._counts["copy_engine_calls"] += 1
-        x.ce = True
-        x.host_s = self._ce_per_call + x.batch.pages * self.per_page[x.route[0]]
-        if self.call_threads is None:
-            x.after(x.host_s, x.flow)
-        else:
-            self.call_threads.take(x.thread_held)
-
-    def _sm_held(self, x: "_Transfer") -> None:
-        link_dir = x.route[0]
-        x.start_s += self._sm_launch
-        x.cap = x.ctas * self._cta_rate[link_dir]
-        x.res = x.res + _SM_RES[link_dir]
-        self._counts["sm_kernel_calls"] += 1
-        x.after(x.start_s, x.flow)
-
-    def _flow(self, x: "_Transfer") -> None:
-        """The bytes, as one fluid flow over the route's resources."""
-        batch = x.batch
-        nbytes = batch.nbytes
-        flow_bytes = float(nbytes)
-        written = self._disk_written
-        if written is not None and x.route[1] == "disk_write":
-            again = int(np.count_nonzero(written[batch.dst_slots]))
-            if again:
-                flow_bytes = nbytes - again * batch.page_bytes * (1.0 - self._rewrite_cost)
-        self.fluid.add_flow_then(x.moved, flow_bytes, x.res, x.cap, x.ctas, x.ce)
-
-    def _moved(self, x: "_Transfer") -> None:
-        """The bytes have moved: give back what the path took, then the backend's fixed
-        cost (it holds nothing), then the transfer completes."""
-        if x.ce:
-            self.copy_engines.give()
-        elif x.ctas:
-            self.cta_pool.put(x.ctas)
-        link_dir, disk_dir = x.route[0], x.route[1]
-        fixed = self._fixed[x.ctas > 0]
-        if link_dir is not None:
-            fixed += self._loop_gpu
-        if disk_dir:
-            fixed += self._loop_disk
-        if fixed > 0:
-            x.after(fixed, x.end)
-            return
-        self._end(x)
-
-    def _end(self, x: "_Transfer") -> None:
-        batch, fail = x.batch, x.fail
-        self._finish(batch, x.route[3], fail)
-        if self.timing_log is not None:
-            self._log(batch, x.route[0], x.route[1], fail, x.t0)
-        x.done.succeed(not fail)
-
     def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float) -> None:
         if link_dir is None:
             path = "disk" if disk_dir else "gpu_copy"
@@ -479,9 +400,10 @@ class _Units:
 
 
 class _Transfer:
-    """One batch on its way through the model: each step a callback of the event it waited
-    for, the backend's ``_start`` .. ``_end`` (a generator process would cost two more
-    events and a resume each step, a transfer at a time)."""
+    """One batch on its way through the model, a step at a time: each step is the callback
+    of the event it waited for (a generator process would cost two more events and a
+    resume each step, a transfer at a time). The steps read the backend's profile
+    constants and update its counters."""
 
     __slots__ = ("be", "batch", "route", "fail", "t0", "done", "res", "start_s", "cap",
                  "ctas", "ce", "host_s")
@@ -507,12 +429,43 @@ class _Transfer:
         else:
             step()
 
-    # the steps (an event's callback passes the event: unused)
+    # the steps, in order (an event's callback passes the event: unused)
+    def start(self) -> None:
+        """Take what the path needs (a copy engine, or copy-CTA slots), or, with no link
+        leg, wait the start cost."""
+        be = self.be
+        link_dir, disk_dir, res, _ = self.route
+        self.start_s = be._disk_latency if disk_dir else 0.0
+        if link_dir is not None:
+            if be.paths[link_dir] is CopyPath.COPY_ENGINE:
+                be.copy_engines.take(self.ce_held)
+            else:
+                self.ctas = be.ctas[link_dir]
+                be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
+            return
+        if res == ("hbm",):
+            self.start_s += be._sm_launch
+        self.after(self.start_s, self.flow)
+
     def ce_held(self, _: object = None) -> None:
-        self.be._ce_held(self)
+        """A copy engine is this transfer's: the disk leg's latency first (GPU <-> disk),
+        then the batched call's host time."""
+        if self.start_s > 0:
+            start, self.start_s = self.start_s, 0.0
+            self.after(start, self.ce_call)
+            return
+        self.ce_call()
 
     def ce_call(self, _: object = None) -> None:
-        self.be._ce_call(self)
+        """The call's host time, on a call thread when the profile has them."""
+        be = self.be
+        be._counts["copy_engine_calls"] += 1
+        self.ce = True
+        self.host_s = be._ce_per_call + self.batch.pages * be.per_page[self.route[0]]
+        if be.call_threads is None:
+            self.after(self.host_s, self.flow)
+        else:
+            be.call_threads.take(self.thread_held)
 
     def thread_held(self) -> None:
         self.after(self.host_s, self.thread_done)
@@ -522,13 +475,48 @@ class _Transfer:
         self.flow()
 
     def sm_held(self, _: object = None) -> None:
-        self.be._sm_held(self)
+        """Copy-CTA slots are this transfer's: the kernel's launch, then its flow."""
+        be = self.be
+        link_dir = self.route[0]
+        self.start_s += be._sm_launch
+        self.cap = self.ctas * be._cta_rate[link_dir]
+        self.res = self.res + _SM_RES[link_dir]
+        be._counts["sm_kernel_calls"] += 1
+        self.after(self.start_s, self.flow)
 
     def flow(self, _: object = None) -> None:
-        self.be._flow(self)
+        """The bytes, as one fluid flow over the route's resources."""
+        be, batch = self.be, self.batch
+        nbytes = batch.nbytes
+        flow_bytes = float(nbytes)
+        written = be._disk_written
+        if written is not None and self.route[1] == "disk_write":
+            again = int(np.count_nonzero(written[batch.dst_slots]))
+            if again:
+                flow_bytes = nbytes - again * batch.page_bytes * (1.0 - be._rewrite_cost)
+        be.fluid.add_flow_then(self.moved, flow_bytes, self.res, self.cap, self.ctas, self.ce)
 
     def moved(self) -> None:
-        self.be._moved(self)
+        """The bytes have moved: give back what the path took, then the backend's fixed
+        cost (it holds nothing), then the transfer completes."""
+        be = self.be
+        if self.ce:
+            be.copy_engines.give()
+        elif self.ctas:
+            be.cta_pool.put(self.ctas)
+        fixed = be._fixed[self.ctas > 0]
+        if self.route[0] is not None:
+            fixed += be._loop_gpu
+        if self.route[1]:
+            fixed += be._loop_disk
+        if fixed > 0:
+            self.after(fixed, self.end)
+            return
+        self.end()
 
     def end(self, _: object = None) -> None:
-        self.be._end(self)
+        be, batch, fail = self.be, self.batch, self.fail
+        be._finish(batch, self.route[3], fail)
+        if be.timing_log is not None:
+            be._log(batch, self.route[0], self.route[1], fail, self.t0)
+        self.done.succeed(not fail)

@@ -42,7 +42,7 @@ class Flow:
     __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes", "sig")
 
     def __init__(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int, ce: bool,
-                 done: simpy.Event | Callable[[], None], sig: int):
+                 done: Callable[[], object], sig: int):
         self.nbytes = nbytes
         self.remaining = float(nbytes)
         self.res = res
@@ -51,7 +51,7 @@ class Flow:
         self.ctas = ctas
         self.ce = ce
         self.rate = 0.0
-        self.done = done  # an event to succeed, or what to call, when the bytes have moved
+        self.done = done  # what to call when the bytes have moved
         self.sig = sig  # numbers (res, cap, ctas, ce): all its rate and the slowdown depend on
 
 
@@ -105,31 +105,24 @@ class Fluid:
                  ce: bool = False) -> simpy.Event:
         """Start moving ``nbytes``; the event succeeds (value None) when they have moved."""
         done = self.env.event()
-        if nbytes <= 0:
-            done.succeed()
-        else:
-            self._start_flow(nbytes, res, cap, ctas, ce, done)
+        self.add_flow_then(done.succeed, nbytes, res, cap, ctas, ce)
         return done
 
-    def add_flow_then(self, then: Callable[[], None], nbytes: float, res: tuple[str, ...],
+    def add_flow_then(self, then: Callable[[], object], nbytes: float, res: tuple[str, ...],
                       cap: float = 0.0, ctas: int = 0, ce: bool = False) -> None:
         """``add_flow`` without an event: ``then()`` is called when the bytes have moved
         (by the flow's wake-up, once the rates of the flows left are set; at once for
         none)."""
         if nbytes <= 0:
             then()
-        else:
-            self._start_flow(nbytes, res, cap, ctas, ce, then)
-
-    def _start_flow(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int,
-                    ce: bool, done: simpy.Event | Callable[[], None]) -> None:
+            return
         self._sync_flows()
         sig = (res, cap, ctas, ce)
         num = self._sig_of.get(sig)
         if num is None:
             num = self._sig_of[sig] = len(self._sigs)
             self._sigs.append(sig)
-        f = Flow(nbytes, res, cap, ctas, ce, done, num)
+        f = Flow(nbytes, res, cap, ctas, ce, then, num)
         self.flows.append(f)
         self._busy_res.update(res)
         self._n_sm += f.sm
@@ -273,11 +266,7 @@ class Fluid:
         self._n_sm -= sum(f.sm for f in finished)
         self._realloc()
         for f in finished:
-            done = f.done
-            if isinstance(done, simpy.Event):
-                done.succeed()
-            else:
-                done()
+            f.done()
 
     def _allocate(self) -> tuple[float, ...]:
         """Set the compute slowdown for the current flows and return each one's rate, in
