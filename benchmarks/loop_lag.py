@@ -18,8 +18,6 @@ Last line: ``gpu_to_host_vs_loop_lag_r: <correlation over the runs>``.
 
 from __future__ import annotations
 
-import gzip
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvsim.compare import read_report  # noqa: E402
+from kvsim.compare import read_report, saved_calls  # noqa: E402
 
 RUNS = ["fill-in-parts-2026-11-30-0420", "sessions-10-12-2026-11-30-0429", "sessions-1-3-2026-11-30-0438",
         "18-turns-2026-11-30-0450", "sessions-10-12-calibrated-2026-11-30-0539",
@@ -58,7 +56,7 @@ def main() -> None:
         folder = ROOT / "docs" / "runs" / f"h200-agentic-slice-{run}"
         try:
             log = read_report(folder)["logs"]["hw"]
-            calls = json.loads(gzip.decompress((folder / "compare-calls.json.gz").read_bytes()))["hw_compute"]
+            calls = saved_calls(folder)["hw_compute"]
         except (OSError, KeyError, ValueError) as e:
             sys.exit(f"{folder}: expected a saved compare with hw logs: {e}")
         lag = statistics.median(c[5] for c in calls if len(c) > 5 and c[5] is not None)
