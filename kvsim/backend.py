@@ -13,9 +13,7 @@ A transfer's or compute's waitable succeeds with ``True`` when the work complete
 
 from __future__ import annotations
 
-from typing import Any, Generator, Iterable, Protocol, runtime_checkable
-
-import numpy as np
+from typing import Any, Generator, Iterable, Protocol, Sequence, runtime_checkable
 
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
@@ -78,10 +76,11 @@ class Backend(Protocol):
     def fill(self, fill: Fill) -> None:
         """Write freshly computed pages' content (their tags) into their slots."""
 
-    def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
-        """Content tags found in the slots (uint64): the refcheck compares them."""
+    def read_tags(self, level: Level, slots: Sequence[int]) -> Sequence[int]:
+        """Content tags found in the slots (the sim: a list of ints; hw: a uint64 array):
+        the refcheck compares them (``kvsim.engine.refcheck``)."""
 
-    def read_tags_later(self, level: Level, slots: np.ndarray) -> Waitable | None:
+    def read_tags_later(self, level: Level, slots: Sequence[int]) -> Waitable | None:
         """``read_tags`` without holding the runtime: a waitable that succeeds with the tags
         found (the hw backend checks on the GPU or an I/O thread while the loop runs on;
         the sim, asked to model that, after the time it would take), or None where

@@ -65,8 +65,8 @@ def test_commit_inserts_pages_into_the_tree():
     k0 = chain_key(scope_root("s"), 0)
     k1 = chain_key(k0, 1)
     fill = m.commit(a, 8)
-    assert fill.level is GPU and fill.tags.tolist() == [tag_of(k0), tag_of(k1)]
-    assert fill.slots.tolist() == [a.pages[0].slot, a.pages[1].slot]
+    assert fill.level is GPU and fill.tags == [tag_of(k0), tag_of(k1)]
+    assert fill.slots == [a.pages[0].slot, a.pages[1].slot]
     assert m.tree.get(k0) is a.pages[0] and m.tree.get(k1) is a.pages[1]
     assert a.pages[1].parent is a.pages[0] and a.pages[0].nchildren == 1
     be.fill(fill)
@@ -223,7 +223,7 @@ def test_eviction_by_priority_then_lru():
     plan = m.grow(r, 12)
     (b,) = plan.batches
     assert b.kind is BatchKind.EVICT and (b.src, b.dst) == (GPU, HOST)
-    assert b.src_slots.tolist() == [pages[n].slot for n in "ywx"]
+    assert b.src_slots == [pages[n].slot for n in "ywx"]
     run(m, be, plan)
     assert [pages[n].tier for n in "ywxz"] == [1, 1, 1, 0]
     check(m, be)
@@ -275,7 +275,7 @@ def test_background_evict_frees_gpu_slots_ahead_of_demand():
     plan = m.evict(GPU, 2)
     (b,) = plan.batches
     assert (b.kind, b.src, b.dst, b.pages) == (BatchKind.EVICT, GPU, HOST, 2)
-    assert b.src_slots.tolist() == [cached[0].slot, cached[1].slot]
+    assert b.src_slots == [cached[0].slot, cached[1].slot]
     run(m, be, plan)
     assert m.tiers[0].free == 2
     assert [p.tier for p in cached] == [1, 1, 0]
@@ -420,14 +420,14 @@ def test_transfer_in_flight_pins_its_pages():
     plan_b = m.grow(b, 4, blocks(1, family=1))
     (eb,) = plan_b.batches
     ticket_b = be.transfer(eb)
-    assert oldest.phase is Phase.MOVING and eb.src_slots.tolist() == [oldest.slot]
+    assert oldest.phase is Phase.MOVING and eb.src_slots == [oldest.slot]
     check(m, be)
     # C needs one GPU page too: it must pick A's other page, never the moving one.
     c = new_active(m, be, 0, family=2, commit=False)
     plan_c = m.grow(c, 4, blocks(1, family=2))
     (ec,) = plan_c.batches
-    assert ec.src_slots.tolist() != eb.src_slots.tolist()
-    assert set(ec.dst_slots.tolist()).isdisjoint(eb.dst_slots.tolist())
+    assert ec.src_slots != eb.src_slots
+    assert set(ec.dst_slots).isdisjoint(eb.dst_slots)
     ticket_c = be.transfer(ec)
     # D finds nothing evictable: both of A's pages are pinned by transfers in flight.
     d = new_active(m, be, 0, family=3, commit=False)
@@ -525,7 +525,7 @@ def test_copy_on_write_when_growing_into_a_shared_partial_page():
     plan = m.grow(b, 12)
     (cp,) = plan.batches
     assert cp.kind is BatchKind.COPY and (cp.src, cp.dst) == (GPU, GPU)
-    assert cp.src_slots.tolist() == [shared.slot] and plan.new_pages == 0
+    assert cp.src_slots == [shared.slot] and plan.new_pages == 0
     run(m, be, plan)
     mine = b.pages[2]
     assert mine is not shared and mine.slot == cp.dst_slots[0] and mine.locks == 1

@@ -42,21 +42,23 @@ before it ends and no SM copy kernel runs, so the engine can run ahead of the cl
 transfers in flight; ``catch_up`` then lands the clock on the very float it reached (moving
 it there without an event when none is due before: ``SimRuntime.advance_to``).
 
-Content tags: one uint64 array per level; a completed transfer copies the source slots'
-tags to the destination slots, a failed one writes garbage (0xDEAD) there and succeeds
-with False. Stats count bytes and busy seconds per direction. Deterministic, no per-page
-Python loops; O(1) SimPy events per transfer: a transfer is a chain of callbacks
-(``_Transfer``), each step run by the event it waited for, not a process; copy engines and
-call threads are taken first come, first served without events of their own (``_Units``).
+Content tags: one list of ints per level, a slot's tag at its index (the core hands slots
+and tags as lists: indexing lists costs a fraction of building numpy arrays for a batch's
+few pages); a completed transfer copies the source slots' tags to the destination slots,
+a failed one writes garbage (0xDEAD) there and succeeds with False. Stats count bytes and
+busy seconds per direction. Deterministic; the only per-page work is the tags' copy (and,
+with ``nvme.rewrite``, which disk slots were written); O(1) SimPy events per transfer: a
+transfer is a chain of callbacks (``_Transfer``), each step run by the event it waited
+for, not a process; copy engines and call threads are taken first come, first served
+without events of their own (``_Units``).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable, Final
+from typing import Any, Callable, Final, Sequence
 
-import numpy as np
 import simpy
 
 from kvsim.core.copypath import CopyPath, choose_copy_path, copy_ctas
@@ -67,7 +69,7 @@ from kvsim.hardware import HardwareProfile, load_profile
 from .fluid import Fluid
 from .runtime import SimRuntime
 
-GARBAGE: Final = np.uint64(0xDEAD)
+GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
 DIRECTIONS: Final = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
 CHECK_PART_BYTES: Final = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
@@ -138,10 +140,10 @@ class SimBackend:
         # any, far faster than the disk, is shortened alike); which slots were written is
         # kept only when the profile gives the rate
         self._rewrite_cost = 1.0  # (a rewritten byte's share of a first write's time)
-        self._disk_written: np.ndarray | None = None
+        self._disk_written: bytearray | None = None  # 1: the disk slot was written
         if nv.rewrite is not None and Level.DISK in slots:
             self._rewrite_cost = disk["disk_write"] / disk_rate(nv.rewrite)
-            self._disk_written = np.zeros(int(slots[Level.DISK]), dtype=bool)
+            self._disk_written = bytearray(int(slots[Level.DISK]))
         self.fluid = Fluid(self.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
                                       "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
                                       "sm_both": p.sm_ceiling("both"),
@@ -153,7 +155,8 @@ class SimBackend:
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = _Units(ce.call_threads) if ce.call_threads else None
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
-        self.tags = {lv: np.zeros(int(n), dtype=np.uint64) for lv, n in slots.items()}
+        # (0: no content; a list of n references to one int takes 8n bytes, as uint64s would)
+        self.tags: dict[Level, list] = {lv: [0] * int(n) for lv, n in slots.items()}
         self._fail = 0
         self.errors: list[str] = []  # what failed, newest last (injected failures here)
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
@@ -242,17 +245,27 @@ class SimBackend:
         return self.runtime.advance_to(until_s)
 
     def fill(self, fill: Fill) -> None:
+        # (slots and tags typed Any: any ints, numpy's included, where the compiled build
+        # would check that each is a Python int)
+        slots: Any = fill.slots
         if self.refcheck:
-            self.tags[fill.level][fill.slots] = fill.tags
-        if self._disk_written is not None and fill.level == Level.DISK:
-            self._disk_written[fill.slots] = True  # (written into the file, as on hw)
+            store = self.tags[fill.level]
+            tags: Any = fill.tags
+            for s, t in zip(slots, tags):
+                store[s] = t
+        written = self._disk_written
+        if written is not None and fill.level == Level.DISK:
+            for s in slots:
+                written[s] = 1  # (written into the file, as on hw)
 
-    def read_tags(self, level: Level, slots: np.ndarray) -> np.ndarray:
+    def read_tags(self, level: Level, slots: Sequence[Any]) -> list:
+        """The tags in ``slots`` (a list of ints). (``Sequence[Any]``: numpy's ints too.)"""
         if not self.refcheck:
             raise RuntimeError("sim backend: read_tags needs refcheck=True (tags are not kept)")
-        return self.tags[level][slots]
+        store = self.tags[level]
+        return [store[s] for s in slots]
 
-    def read_tags_later(self, level: Level, slots: np.ndarray) -> simpy.Event | None:
+    def read_tags_later(self, level: Level, slots: Sequence[Any]) -> simpy.Event | None:
         """None (``read_tags`` is immediate and free: tags, not bytes) unless the backend
         models the hw backend's check: then an event with the tags once the check's time
         has passed (the module docstring)."""
@@ -261,7 +274,7 @@ class SimBackend:
         level = Level(level)
         # what the check finds is read now: the hw backend orders a later write into a
         # checked slot after the check (a resumed request's pages may move before it ends)
-        found = self.read_tags(level, slots)  # (fancy indexing: a copy)
+        found = self.read_tags(level, slots)  # (a copy)
         if level == Level.GPU and self.model_loop:  # the loop's time to launch it
             self._hold += len(slots) * self.profile.refcheck.launch_per_page
         # the loop launches the check at the end of its host work for the resume (hw): the
@@ -312,7 +325,7 @@ class SimBackend:
         yield self.env.timeout(latency)
         return took + latency
 
-    def _check(self, level: Level, pages: int, found: np.ndarray, after: float = 0.0):
+    def _check(self, level: Level, pages: int, found: list, after: float = 0.0):
         """The time of the hw backend's check of ``pages`` pages at ``level``, launched
         ``after`` seconds from now; then ``found``, the tags read when it was asked for."""
         p, env = self.profile, self.env
@@ -357,14 +370,21 @@ class SimBackend:
         for k in kinds:
             self._bytes[k] += nbytes
         self._counts["transfers"] += 1
-        if not fail and self._disk_written is not None and batch.dst == Level.DISK:
-            self._disk_written[batch.dst_slots] = True
+        written = self._disk_written
+        dsts: Any = batch.dst_slots  # (Any: as in fill)
+        if not fail and written is not None and batch.dst == Level.DISK:
+            for d in dsts:
+                written[d] = 1
         if self.refcheck:
             dst = self.tags[batch.dst]
             if fail:
-                dst[batch.dst_slots] = GARBAGE
-            else:
-                dst[batch.dst_slots] = self.tags[batch.src][batch.src_slots]
+                for d in dsts:
+                    dst[d] = GARBAGE
+            else:  # (read all first: a GPU -> GPU copy reads and writes one list)
+                src = self.tags[batch.src]
+                srcs: Any = batch.src_slots
+                for d, t in zip(dsts, [src[s] for s in srcs]):
+                    dst[d] = t
         if fail:
             self._counts["failed_transfers"] += 1
         cb = self.on_traffic
@@ -491,7 +511,8 @@ class _Transfer:
         flow_bytes = float(nbytes)
         written = be._disk_written
         if written is not None and self.route[1] == "disk_write":
-            again = int(np.count_nonzero(written[batch.dst_slots]))
+            dsts: Any = batch.dst_slots  # (Any: as in fill)
+            again = sum([written[d] for d in dsts])
             if again:
                 flow_bytes = nbytes - again * batch.page_bytes * (1.0 - be._rewrite_cost)
         be.fluid.add_flow_then(self.moved, flow_bytes, self.res, self.cap, self.ctas, self.ce)

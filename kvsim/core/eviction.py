@@ -15,7 +15,6 @@ from __future__ import annotations
 from itertools import filterfalse, islice
 from typing import TYPE_CHECKING, Final, Iterable, Iterator, Sequence
 
-import numpy as np
 
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, PlanKind
@@ -76,14 +75,12 @@ class Eviction:
     def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
         # (list comprehensions over slotted attributes are the fastest way to gather them)
-        # (the fields by position: keywords bind more slowly)
+        # (the fields by position: keywords bind more slowly; ``dsts`` is shared with
+        # rec.moves: neither changes it after)
         tiers = self.tiers
-        batches.append(Batch(
-            kind, tiers[src].level, tiers[dst].level,
-            np.array([p.slot for p in pages], dtype=np.int64),  # src_slots
-            np.array(dsts, dtype=np.int64),                      # dst_slots
-            np.array([p.tag for p in pages], dtype=np.uint64),   # tags
-            self.page_bytes, stage))
+        batches.append(Batch(kind, tiers[src].level, tiers[dst].level,
+                             [p.slot for p in pages], dsts, [p.tag for p in pages],
+                             self.page_bytes, stage))
         rec.moves.append((pages, dsts))
         rec.batch_info.append((kind, dst))
         return len(batches) - 1
@@ -192,7 +189,7 @@ class Eviction:
         """Give back a destination slot of a batch that did not commit."""
         bi = rec.handed.get(pos)
         if bi is not None and pos not in rec.handed_sets:
-            rec.handed_sets[pos] = set(batches[bi].src_slots.tolist())
+            rec.handed_sets[pos] = set(batches[bi].src_slots)
         if bi is not None and slot in rec.handed_sets[pos]:
             if oks[bi]:
                 self.tiers[pos].release(slot)  # its old owner left: the slot is free

@@ -153,8 +153,7 @@ class TierManager(Eviction):
     def expected(self, req: Request) -> Fill:
         """Slots and content tags of the request's written pages on GPU (for the refcheck)."""
         ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase is _RESIDENT]
-        return Fill(Level.GPU, np.array([p.slot for p in ps], dtype=np.int64),
-                    np.array([p.tag for p in ps], dtype=np.uint64))
+        return Fill(Level.GPU, [p.slot for p in ps], [p.tag for p in ps])
 
     # == lifecycle ======================================================================
     def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
@@ -379,7 +378,7 @@ class TierManager(Eviction):
             slots.append(page.slot)
             tags.append(tag)
         req.committed = max(req.committed, upto)
-        return Fill(Level.GPU, np.array(slots, dtype=np.int64), np.array(tags, dtype=np.uint64))
+        return Fill(Level.GPU, slots, tags)
 
     def suspend(self, req: Request) -> None:
         """Locked pages become held: evictable to colder tiers, never dropped."""

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Final
-
-import numpy as np
+from typing import Final, Sequence
 
 from kvsim.core.spec import Level
 
@@ -25,28 +23,35 @@ class BatchKind(enum.IntEnum):
 
 
 class Batch:
-    """Pages moving from one tier to another. Slots are int64 arrays of equal length.
-    Read-only, as a Plan and a Fill: the fields are ``Final`` (the type checker refuses an
-    assignment after ``__init__``). Not a frozen dataclass: its generated ``__init__`` sets
-    each field through ``object.__setattr__``, 2.4x slower in CPython, and the compiled
-    build ran it interpreted; the core builds one per batch."""
+    """Pages moving from one tier to another: source slots, destination slots and the
+    pages' content tags, sequences of ints of equal length (the core hands Python lists;
+    a backend that needs arrays converts them, as the hw backend does with
+    ``np.asarray``). Lists, not numpy arrays: at a batch's usual 1-50 pages building an
+    ndarray from Python ints cost more than everything else the core does for the batch
+    (about 6,000 instructions a call in the compiled build, 9% of a replay).
+
+    Read-only, as a Plan and a Fill (nothing mutates the sequences after ``__init__``): the
+    fields are ``Final`` (the type checker refuses an assignment after ``__init__``). Not a
+    frozen dataclass: its generated ``__init__`` sets each field through
+    ``object.__setattr__``, 2.4x slower in CPython, and the compiled build ran it
+    interpreted; the core builds one per batch."""
 
     __slots__ = ("kind", "src", "dst", "src_slots", "dst_slots", "tags", "page_bytes", "stage")
 
-    def __init__(self, kind: BatchKind, src: Level, dst: Level, src_slots: np.ndarray,
-                 dst_slots: np.ndarray, tags: np.ndarray, page_bytes: int, stage: int):
+    def __init__(self, kind: BatchKind, src: Level, dst: Level, src_slots: Sequence[int],
+                 dst_slots: Sequence[int], tags: Sequence[int], page_bytes: int, stage: int):
         self.kind: Final = kind
         self.src: Final = src
         self.dst: Final = dst
         self.src_slots: Final = src_slots
         self.dst_slots: Final = dst_slots
-        self.tags: Final = tags  # expected content tag of each page (0: not yet written), uint64
+        self.tags: Final = tags  # expected content tag of each page (0: not yet written), < 2**63
         self.page_bytes: Final = page_bytes
         self.stage: Final = stage
 
     @property
     def pages(self) -> int:
-        return int(self.src_slots.shape[0])
+        return len(self.src_slots)
 
     @property
     def nbytes(self) -> int:
@@ -117,19 +122,20 @@ class Refusal:
 
 
 class Fill:
-    """Pages whose content the engine must write (it just computed their KV). Read-only
-    (``Final`` fields, as a Batch's)."""
+    """Pages whose content the engine must write (it just computed their KV): their slots
+    and content tags, sequences of ints as a Batch's. Read-only (``Final`` fields, as a
+    Batch's)."""
 
     __slots__ = ("level", "slots", "tags")
 
-    def __init__(self, level: Level, slots: np.ndarray, tags: np.ndarray):
+    def __init__(self, level: Level, slots: Sequence[int], tags: Sequence[int]):
         self.level: Final = level
         self.slots: Final = slots
         self.tags: Final = tags
 
     @property
     def pages(self) -> int:
-        return int(self.slots.shape[0])
+        return len(self.slots)
 
     def __repr__(self) -> str:
         return f"Fill({self.level.name}, pages={self.pages})"
