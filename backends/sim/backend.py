@@ -67,7 +67,7 @@ from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
 from .fluid import Fluid
-from .runtime import SimRuntime
+from .runtime import SimRuntime, wake_after
 
 GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
@@ -445,7 +445,7 @@ class _Transfer:
     def after(self, delay: float, step: Callable[..., None]) -> None:
         """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
         if delay > 0:
-            self.be.env.timeout(delay).callbacks.append(step)
+            wake_after(self.be.env, delay, step)
         else:
             step()
 

@@ -34,6 +34,8 @@ from typing import Callable, Final
 
 import simpy
 
+from .runtime import Wake, wake_after
+
 _INF: Final = math.inf
 _ALLOC_CACHE_MAX: Final = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
 
@@ -63,7 +65,7 @@ class Job:
         self.since = start
         self.start = start
         self.done = done
-        self.wake: simpy.Event | None = None  # the live timeout of its predicted end
+        self.wake: Wake | None = None  # the live wake-up at its predicted end
 
 
 class Fluid:
@@ -86,10 +88,10 @@ class Fluid:
         self._jobs_since = env.now        # when compute last went from idle to busy
         self._busy_res: set[str] = set()  # resources the current flows use
         self._n_sm = 0                    # current flows that are SM copy kernels
-        self._pending: simpy.Event | None = None  # the one live flow wake-up
+        self._pending: Wake | None = None  # the one live flow wake-up
         # superseded wake-ups still in the clock's queue (they will do nothing when they
         # fire): ``drop_stale`` takes them off its head, so they hide no later event
-        self._stale: set[simpy.Event] = set()
+        self._stale: set[Wake] = set()
         self._due_flows: list[Flow] = []  # what the live wake-up completes
         # (compute running, flows' signatures in order) -> (slowdown, rates): the same flow
         # mixes recur all the time, and an allocation is a pure function of its key. A
@@ -195,11 +197,9 @@ class Fluid:
 
     def _time_job(self, job: Job) -> None:
         left = job.remaining * (1.0 + self._slow)
-        ev = self.env.timeout(left if left > 0.0 else 0.0)
-        job.wake = ev
-        ev.callbacks.append(self._job_wake)
+        job.wake = wake_after(self.env, left if left > 0.0 else 0.0, self._job_wake)
 
-    def _job_wake(self, ev: simpy.Event) -> None:
+    def _job_wake(self, ev: Wake) -> None:
         for i, job in enumerate(self.jobs):
             if job.wake is ev:
                 break
@@ -249,11 +249,9 @@ class Fluid:
             t_min = 0.0
         lim = t_min + (t_min * 1e-9 + 1e-15)
         self._due_flows = [f for f, t in zip(flows, f_left) if t <= lim]
-        ev = self.env.timeout(t_min)
-        self._pending = ev
-        ev.callbacks.append(self._flow_wake)
+        self._pending = wake_after(self.env, t_min, self._flow_wake)
 
-    def _flow_wake(self, ev: simpy.Event) -> None:
+    def _flow_wake(self, ev: Wake) -> None:
         if ev is not self._pending:
             self._stale.discard(ev)
             return  # a later change rescheduled: this wake-up is stale

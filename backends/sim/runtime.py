@@ -2,15 +2,45 @@
 
 Each runtime owns its own ``simpy.Environment``; two runtimes in one process never share
 state. Waitables are SimPy events: a process yields them and resumes with their value.
+
+``run`` steps SimPy's clock with its own loop, the one ``Environment.step`` runs (the same
+order, the same callbacks, a failed event crashes the run the same way), so that the
+compiled build runs it as C; ``wake_after`` puts a bare entry on the clock for a callback
+(``Wake``), what a ``Timeout`` with that callback would be to the loop, without SimPy's
+interpreted constructor. Backends use it for their internal wake-ups, which nothing
+yields on.
 """
 
 from __future__ import annotations
 
-from heapq import heappush
-from typing import Any, Iterable
+from heapq import heappop, heappush
+from typing import Any, Callable, Iterable
 
 import simpy
 from simpy.events import NORMAL
+
+
+class Wake:
+    """A clock entry that calls its callbacks when its time comes, as an event would: what
+    SimPy's step reads of one (``callbacks``, ``_ok``). Not an event: nothing may yield
+    it or wait on it in a condition."""
+
+    __slots__ = ("callbacks", "_ok", "_value")
+
+    def __init__(self, callback: Callable[[Any], object]):
+        self.callbacks: list | None = [callback]
+        self._ok = True
+        self._value: object = None
+
+
+def wake_after(env: simpy.Environment, delay: float, callback: Callable[[Any], object]) -> Wake:
+    """Call ``callback(wake)`` ``delay`` seconds from now, where ``env.timeout(delay)``
+    with that callback would fire: the same entry (time, priority, SimPy's next event id)
+    on the same queue, so the order of everything is unchanged."""
+    w = Wake(callback)
+    queue: list[Any] = env._queue
+    heappush(queue, (env._now + delay, NORMAL, next(env._eid), w))
+    return w
 
 
 class SimRuntime:
@@ -77,5 +107,27 @@ class SimRuntime:
     def process(self, gen) -> simpy.Process:
         return self.env.process(gen)
 
-    def run(self, until: simpy.Event | float | None = None) -> None:
-        self.env.run(until=until)
+    def run(self, until: simpy.Event | float | None = None) -> Any:
+        """Run until ``until`` (an event) has been processed, or until nothing is left;
+        returns its value. A time: SimPy's own ``run``."""
+        env = self.env
+        if until is not None and not isinstance(until, simpy.Event):
+            return env.run(until=until)
+        if until is not None and until.callbacks is None:
+            return until.value  # processed already
+        queue: list[Any] = env._queue
+        while queue:
+            # Environment.step, inline
+            env._now, _, _, event = heappop(queue)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                exc = type(event._value)(*event._value.args)  # (a copy, as SimPy raises)
+                exc.__cause__ = event._value
+                raise exc
+            if event is until:
+                return until.value
+        if until is not None:
+            raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
+        return None
