@@ -626,6 +626,72 @@ def test_catch_up_moves_the_clock_without_an_event_only_when_none_is_due_before(
     assert seen == [("at", 1.5), ("timer", 2.0), ("at", 2.0)]
 
 
+def _scenario(process, timeout, event, wake, log, now):
+    """Processes, timeouts, failures and callbacks at equal times: what the order of a
+    run depends on. ``wake(delay, cb)``: a bare callback entry (or a timeout's)."""
+    def child(name, d):
+        yield timeout(d)
+        log.append((name, now()))
+        return name
+
+    def failing():
+        yield timeout(0.5)
+        raise KeyError("lost")
+
+    def main():
+        a, b = process(child("a", 1.0)), process(child("b", 1.0))
+        wake(1.0, lambda _: log.append(("wake", now())))
+        log.append(("a returned", (yield a)))
+        log.append(("b returned", (yield b)))
+        try:
+            yield process(failing())
+        except KeyError as e:  # a copy of the child's exception, the original its cause
+            log.append(("caught", repr(e), repr(e.__cause__)))
+        ev = event()
+        ev.succeed(7)
+        log.append(("processed", (yield ev)))
+        yield timeout(0.0)
+        return "main done"
+    return process(main())
+
+
+def test_the_runtime_runs_processes_and_callbacks_in_simpys_order():
+    """SimRuntime's own loop, processes (_Proc) and bare wake-ups (wake_after) give the
+    very order and values a plain SimPy environment gives."""
+    import simpy  # noqa: PLC0415
+
+    try:
+        from kvsim_backends.sim.runtime import wake_after
+    except ImportError:
+        from backends.sim.runtime import wake_after
+    env = simpy.Environment()
+    want: list = []
+
+    def timeout_cb(d, cb):
+        env.timeout(d).callbacks.append(cb)
+    main = _scenario(env.process, env.timeout, env.event, timeout_cb, want, lambda: env.now)
+    env.run(until=main)
+    rt = SimRuntime()
+    got: list = []
+    done = _scenario(rt.process, rt.timeout, rt.event,
+                     lambda d, cb: wake_after(rt.env, d, cb), got, lambda: rt.now)
+    assert rt.run(done) == main.value == "main done"
+    assert got == want and ("caught", "KeyError('lost')", "KeyError('lost')") in got
+    assert got[:3] == [("wake", 1.0), ("a", 1.0), ("b", 1.0)]  # (the children start after)
+
+
+def test_a_process_that_fails_with_nothing_waiting_stops_the_run():
+    rt = SimRuntime()
+
+    def bad():
+        yield rt.timeout(1.0)
+        raise ValueError("boom")
+    rt.process(bad())
+    with pytest.raises(ValueError, match="boom"):
+        rt.run()
+    assert rt.now == 1.0
+
+
 def test_compute_latency_delays_every_call_and_run_ahead_agrees():
     """compute.latency (the hw backend's fixed cost a call): a compute of d completes at
     d + latency, with the SMs free during the latency; compute_ahead says the same float."""

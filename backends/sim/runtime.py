@@ -4,11 +4,11 @@ Each runtime owns its own ``simpy.Environment``; two runtimes in one process nev
 state. Waitables are SimPy events: a process yields them and resumes with their value.
 
 ``run`` steps SimPy's clock with its own loop, the one ``Environment.step`` runs (the same
-order, the same callbacks, a failed event crashes the run the same way), so that the
-compiled build runs it as C; ``wake_after`` puts a bare entry on the clock for a callback
-(``Wake``), what a ``Timeout`` with that callback would be to the loop, without SimPy's
-interpreted constructor. Backends use it for their internal wake-ups, which nothing
-yields on.
+order, the same callbacks, a failed event crashes the run the same way), and ``process``
+drives a generator the way ``simpy.Process`` does (``_Proc``), so that the compiled build
+runs both as C; ``wake_after`` puts a bare entry on the clock for a callback (``Wake``),
+what a ``Timeout`` with that callback would be to the loop, without SimPy's interpreted
+constructor. Backends use it for their internal wake-ups, which nothing yields on.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from heapq import heappop, heappush
 from typing import Any, Callable, Iterable
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, URGENT
 
 
 class Wake:
@@ -41,6 +41,46 @@ def wake_after(env: simpy.Environment, delay: float, callback: Callable[[Any], o
     queue: list[Any] = env._queue
     heappush(queue, (env._now + delay, NORMAL, next(env._eid), w))
     return w
+
+
+class _Proc:
+    """A generator process, driven as ``simpy.Process._resume`` drives one: resumed with
+    the value of the event it yielded (or that event's exception thrown into it), on to
+    the next event it yields; its end succeeds ``done`` with its return value, an
+    exception fails ``done`` with it (which crashes the run when nothing waits on it, as
+    a failed SimPy process does). What it leaves out of ``simpy.Process`` nothing here
+    uses: ``interrupt``, ``env.active_process``."""
+
+    __slots__ = ("gen", "done")
+
+    def __init__(self, gen: Any, done: simpy.Event):
+        self.gen = gen
+        self.done = done
+
+    def resume(self, event: Any) -> None:
+        gen = self.gen
+        while True:
+            try:
+                if event._ok:
+                    event = gen.send(event._value)
+                else:  # the process has to handle the failed event (or fail itself)
+                    event._defused = True
+                    exc = type(event._value)(*event._value.args)  # (a copy, as SimPy's)
+                    exc.__cause__ = event._value
+                    event = gen.throw(exc)
+            except StopIteration as stop:
+                self.done.succeed(stop.value)
+                return
+            except BaseException as e:  # (as SimPy's: the process fails with it)
+                self.done.fail(e)  # type: ignore[arg-type]  # (SimPy takes any BaseException)
+                return
+            try:
+                callbacks = event.callbacks
+            except AttributeError:
+                raise RuntimeError(f"a process yielded {event!r}, not an event") from None
+            if callbacks is not None:  # not processed yet: resume when it is
+                callbacks.append(self.resume)
+                return
 
 
 class SimRuntime:
@@ -104,8 +144,14 @@ class SimRuntime:
     def any_of(self, waitables: Iterable[simpy.Event]) -> simpy.Event:
         return self.env.any_of(list(waitables))
 
-    def process(self, gen) -> simpy.Process:
-        return self.env.process(gen)
+    def process(self, gen) -> simpy.Event:
+        """Start a generator process now; the event succeeds with its return value. It
+        starts where ``env.process`` would (an urgent entry at now: the same order)."""
+        env = self.env
+        done = simpy.Event(env)
+        queue: list[Any] = env._queue
+        heappush(queue, (env._now, URGENT, next(env._eid), Wake(_Proc(gen, done).resume)))
+        return done
 
     def run(self, until: simpy.Event | float | None = None) -> Any:
         """Run until ``until`` (an event) has been processed, or until nothing is left;
