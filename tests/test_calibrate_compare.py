@@ -441,6 +441,44 @@ def test_hw_refcheck_off_the_loop_catches_a_wrong_page(monkeypatch):
         replay(prepare_run(cfg), "hw", backend_options={"device": "cpu", "time_scale": 20.0})
 
 
+@pytest.mark.parametrize("where", ["resume", "batch"])
+def test_sim_refcheck_catches_a_wrong_page(monkeypatch, where):
+    """On the sim the refcheck compares the backend's tag lists with the core's: a resumed
+    request's GPU pages (the engine's check) and every moved batch's destination (the
+    plan's). A wrong tag found by either fails the replay, naming what it checked."""
+    try:
+        from kvsim_backends.sim import SimBackend
+    except ImportError:
+        from backends.sim import SimBackend
+
+    from kvsim.core import TierManager
+    from kvsim.core.spec import Level
+    from kvsim.engine.plans import RefcheckError
+    from kvsim.run import prepare_run, replay
+
+    cfg = load_config("default", TINY)
+    res = replay(prepare_run(cfg))  # unchanged: it completes
+    assert res.metrics["requests_completed"] > 0 and res.metrics["bytes"]["gpu_to_host"] > 0
+    if where == "resume":  # the core expects another tag for a resumed request's pages
+        real = TierManager.expected
+
+        def expected(self, req):
+            e = real(self, req)
+            return type(e)(e.level, e.slots, [t ^ 1 for t in e.tags])
+        monkeypatch.setattr(TierManager, "expected", expected)
+        match = "refcheck failed for request .* pages on GPU"
+    else:  # a page moved to host or disk reads back wrong
+        real_read = SimBackend.read_tags
+
+        def read_tags(self, level, slots):
+            tags = real_read(self, level, slots)
+            return tags if Level(level) == Level.GPU else [t ^ 1 for t in tags]
+        monkeypatch.setattr(SimBackend, "read_tags", read_tags)
+        match = "refcheck failed for a (evict|onboard) batch .*->(HOST|DISK)"
+    with pytest.raises(RefcheckError, match=match):
+        replay(prepare_run(cfg))
+
+
 def test_sim_models_the_hw_refcheck_only_when_asked():
     """model_refcheck (what kvsim compare asks of its sim side): every check the engine
     waits for takes the hw check's time, so turns start later on average; the refcheck

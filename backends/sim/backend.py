@@ -67,7 +67,7 @@ from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
 from .fluid import Fluid
-from .runtime import SimRuntime, wake_after
+from .runtime import SimRuntime, new_event, succeed, wake_after
 
 GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
@@ -214,7 +214,7 @@ class SimBackend:
     def _compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s * self.compute_scale)
-        done.callbacks.append(lambda ev, d=duration_s, t0=self.env.now:  # type: ignore[misc]
+        done.callbacks.append(lambda ev, d=duration_s, t0=self.env._now:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0))
         if self.compute_latency > 0:
             return self.env.process(self._after(done, self.compute_latency))
@@ -389,7 +389,7 @@ class SimBackend:
             self._counts["failed_transfers"] += 1
         cb = self.on_traffic
         if cb is not None:
-            now = self.env.now
+            now = self.env._now
             for k in kinds:
                 cb(now, k, nbytes)
 
@@ -433,8 +433,8 @@ class _Transfer:
         self.batch = batch
         self.route = route
         self.fail = fail
-        self.t0 = be.env.now
-        self.done = simpy.Event(be.env)  # succeeds with True, or False for a failed batch
+        self.t0 = be.env._now
+        self.done = new_event(be.env)  # succeeds with True, or False for a failed batch
         self.res: tuple[str, ...] = route[2]
         self.start_s = 0.0
         self.cap = 0.0
@@ -540,4 +540,4 @@ class _Transfer:
         be._finish(batch, self.route[3], fail)
         if be.timing_log is not None:
             be._log(batch, self.route[0], self.route[1], fail, self.t0)
-        self.done.succeed(not fail)
+        succeed(self.done, not fail)

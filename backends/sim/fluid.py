@@ -34,7 +34,7 @@ from typing import Callable, Final
 
 import simpy
 
-from .runtime import Wake, wake_after
+from .runtime import Wake, new_event, succeed, wake_after
 
 _INF: Final = math.inf
 _ALLOC_CACHE_MAX: Final = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
@@ -84,8 +84,8 @@ class Fluid:
         self.busy_s = {r: 0.0 for r in self.cap}   # up to the last change of the flows
         self.compute_busy_s = 0.0                   # up to the last job's end
         self._slow = 0.0
-        self._t_flows = env.now           # when the flows' ``remaining`` were last updated
-        self._jobs_since = env.now        # when compute last went from idle to busy
+        self._t_flows = env._now          # when the flows' ``remaining`` were last updated
+        self._jobs_since = env._now       # when compute last went from idle to busy
         self._busy_res: set[str] = set()  # resources the current flows use
         self._n_sm = 0                    # current flows that are SM copy kernels
         self._pending: Wake | None = None  # the one live flow wake-up
@@ -106,7 +106,7 @@ class Fluid:
     def add_flow(self, nbytes: float, res: tuple[str, ...], cap: float = 0.0, ctas: int = 0,
                  ce: bool = False) -> simpy.Event:
         """Start moving ``nbytes``; the event succeeds (value None) when they have moved."""
-        done = self.env.event()
+        done = new_event(self.env)
         self.add_flow_then(done.succeed, nbytes, res, cap, ctas, ce)
         return done
 
@@ -132,11 +132,11 @@ class Fluid:
 
     def add_job(self, work_s: float) -> simpy.Event:
         """Start ``work_s`` seconds of compute; succeeds with the seconds it really took."""
-        done = self.env.event()
+        done = new_event(self.env)
         if work_s <= 0:
-            done.succeed(0.0)
+            succeed(done, 0.0)
             return done
-        now = self.env.now
+        now = self.env._now
         job = Job(work_s, now, done)
         if not self.jobs:
             self._jobs_since = now
@@ -182,7 +182,7 @@ class Fluid:
 
     def _sync_flows(self) -> None:
         """Bring the flows' remaining bytes and the busy seconds up to now."""
-        now = self.env.now
+        now = self.env._now
         dt = now - self._t_flows
         if dt <= 0:
             return
@@ -206,13 +206,13 @@ class Fluid:
         else:
             return  # re-timed since: this wake-up is stale
         del self.jobs[i]
-        now = self.env.now
+        now = self.env._now
         if not self.jobs:
             self.compute_busy_s += now - self._jobs_since
             if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
                 self._sync_flows()
                 self._realloc()
-        job.done.succeed(now - job.start)
+        succeed(job.done, now - job.start)
 
     def _realloc(self) -> None:
         """New rates for the current flows (already synced to now), the slowdown they
@@ -220,7 +220,7 @@ class Fluid:
         old_slow = self._slow
         rates = self._allocate()
         if self._slow != old_slow and self.jobs:
-            now = self.env.now
+            now = self.env._now
             stretch = 1.0 + old_slow
             for j in self.jobs:
                 j.remaining -= (now - j.since) / stretch

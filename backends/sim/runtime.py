@@ -9,6 +9,10 @@ drives a generator the way ``simpy.Process`` does (``_Proc``), so that the compi
 runs both as C; ``wake_after`` puts a bare entry on the clock for a callback (``Wake``),
 what a ``Timeout`` with that callback would be to the loop, without SimPy's interpreted
 constructor. Backends use it for their internal wake-ups, which nothing yields on.
+``new_event`` and ``succeed`` are ``simpy.Event(env)`` and ``event.succeed(value)``
+without SimPy's interpreted code (the same fields, the same queue entry), and the clock
+is read as ``env._now`` (``env.now`` is an interpreted property): the backend creates,
+triggers and reads these hundreds of thousands of times in a replay.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from heapq import heappop, heappush
 from typing import Any, Callable, Iterable
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import NORMAL, PENDING, URGENT
 
 
 class Wake:
@@ -41,6 +45,29 @@ def wake_after(env: simpy.Environment, delay: float, callback: Callable[[Any], o
     queue: list[Any] = env._queue
     heappush(queue, (env._now + delay, NORMAL, next(env._eid), w))
     return w
+
+
+_new_object = object.__new__
+
+
+def new_event(env: simpy.Environment) -> simpy.Event:
+    """``simpy.Event(env)``: a real SimPy event (processes, conditions, ``value``), its
+    fields set as ``Event.__init__`` sets them (``_value`` is the class's PENDING)."""
+    ev: Any = _new_object(simpy.Event)
+    ev.env = env
+    ev.callbacks = []
+    return ev
+
+
+def succeed(event: Any, value: Any = None) -> None:
+    """``event.succeed(value)``: the event is scheduled now (the same queue entry)."""
+    if event._value is not PENDING:
+        raise RuntimeError(f"{event} has already been triggered")
+    event._ok = True
+    event._value = value
+    env = event.env
+    queue: list[Any] = env._queue
+    heappush(queue, (env._now, NORMAL, next(env._eid), event))
 
 
 class _Proc:
@@ -69,7 +96,7 @@ class _Proc:
                     exc.__cause__ = event._value
                     event = gen.throw(exc)
             except StopIteration as stop:
-                self.done.succeed(stop.value)
+                succeed(self.done, stop.value)
                 return
             except BaseException as e:  # (as SimPy's: the process fails with it)
                 self.done.fail(e)  # type: ignore[arg-type]  # (SimPy takes any BaseException)
@@ -99,7 +126,7 @@ class SimRuntime:
 
     @property
     def now(self) -> float:
-        return self.env.now
+        return self.env._now
 
     def timeout(self, delay_s: float, value: Any = None) -> simpy.Event:
         return self.env.timeout(delay_s, value)
@@ -111,7 +138,7 @@ class SimRuntime:
         skipped would have reached. (SimPy schedules only relative delays; this pushes
         onto its queue the way ``Environment.schedule`` does.)"""
         env = self.env
-        if at_s <= env.now:
+        if at_s <= env._now:
             return env.timeout(0, value)
         ev = simpy.Event(env)
         ev._ok = True
@@ -136,7 +163,7 @@ class SimRuntime:
         return self.timeout_at(at_s)
 
     def event(self) -> simpy.Event:
-        return self.env.event()
+        return new_event(self.env)
 
     def all_of(self, waitables: Iterable[simpy.Event]) -> simpy.Event:
         return self.env.all_of(list(waitables))
@@ -148,7 +175,7 @@ class SimRuntime:
         """Start a generator process now; the event succeeds with its return value. It
         starts where ``env.process`` would (an urgent entry at now: the same order)."""
         env = self.env
-        done = simpy.Event(env)
+        done = new_event(env)
         queue: list[Any] = env._queue
         heappush(queue, (env._now, URGENT, next(env._eid), Wake(_Proc(gen, done).resume)))
         return done

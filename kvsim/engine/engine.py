@@ -381,14 +381,15 @@ class Engine:
         self.backend.resumed(len(lv.req.pages))
         if self.p.refcheck:
             exp = self.mgr.expected(lv.req)
-            what = f"request {lv.uid}'s pages on GPU"
             later = self.backend.read_tags_later(Level.GPU, exp.slots)
             if later is None:
-                check_tags(self.backend.read_tags(Level.GPU, exp.slots), exp.tags, what)
+                found = self.backend.read_tags(Level.GPU, exp.slots)
+                if not (type(found) is list and found == exp.tags):  # (else all as expected)
+                    check_tags(found, exp.tags, f"request {lv.uid}'s pages on GPU")
             else:  # checked while the request runs on (the hw backend orders a later
                 #     write into one of these slots after the check, so they read as now)
                 self._checks_open += 1
-                self._launch(self._check_proc(later, exp.tags, what))
+                self._launch(self._check_proc(later, exp.tags, f"request {lv.uid}'s pages on GPU"))
 
     def _check_proc(self, later, tags, what: str):
         found = yield later
