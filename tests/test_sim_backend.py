@@ -656,14 +656,10 @@ def _scenario(process, timeout, event, wake, log, now):
 
 
 def test_the_runtime_runs_processes_and_callbacks_in_simpys_order():
-    """SimRuntime's own loop, processes (_Proc) and bare wake-ups (wake_after) give the
+    """SimRuntime's own loop, processes (_Proc) and bare wake-ups (Clock.wake_after) give the
     very order and values a plain SimPy environment gives."""
     import simpy  # noqa: PLC0415
 
-    try:
-        from kvsim_backends.sim.runtime import wake_after
-    except ImportError:
-        from backends.sim.runtime import wake_after
     env = simpy.Environment()
     want: list = []
 
@@ -674,7 +670,7 @@ def test_the_runtime_runs_processes_and_callbacks_in_simpys_order():
     rt = SimRuntime()
     got: list = []
     done = _scenario(rt.process, rt.timeout, rt.event,
-                     lambda d, cb: wake_after(rt.env, d, cb), got, lambda: rt.now)
+                     rt.clock.wake_after, got, lambda: rt.now)
     assert rt.run(done) == main.value == "main done"
     assert got == want and ("caught", "KeyError('lost')", "KeyError('lost')") in got
     assert got[:3] == [("wake", 1.0), ("a", 1.0), ("b", 1.0)]  # (the children start after)

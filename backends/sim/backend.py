@@ -67,7 +67,7 @@ from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
 from .fluid import Fluid
-from .runtime import SimRuntime, new_event, succeed, wake_after
+from .runtime import SimRuntime
 
 GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
@@ -227,7 +227,7 @@ class SimBackend:
             horizon = _INF
         else:
             self.fluid.drop_stale()  # (a superseded flow wake-up changes nothing)
-            queue = self.env._queue  # (what env.peek() reads: the next event's time)
+            queue = self.fluid.clock.queue  # (what env.peek() reads: the next event's time)
             horizon = queue[0][0] if queue else _INF
         lat = self.compute_latency
         end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
@@ -434,7 +434,7 @@ class _Transfer:
         self.route = route
         self.fail = fail
         self.t0 = be.env._now
-        self.done = new_event(be.env)  # succeeds with True, or False for a failed batch
+        self.done = be.fluid.clock.new_event()  # succeeds with True, or False for a failed batch
         self.res: tuple[str, ...] = route[2]
         self.start_s = 0.0
         self.cap = 0.0
@@ -445,7 +445,7 @@ class _Transfer:
     def after(self, delay: float, step: Callable[..., None]) -> None:
         """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
         if delay > 0:
-            wake_after(self.be.env, delay, step)
+            self.be.fluid.clock.wake_after(delay, step)
         else:
             step()
 
@@ -540,4 +540,4 @@ class _Transfer:
         be._finish(batch, self.route[3], fail)
         if be.timing_log is not None:
             be._log(batch, self.route[0], self.route[1], fail, self.t0)
-        succeed(self.done, not fail)
+        self.be.fluid.clock.succeed(self.done, not fail)

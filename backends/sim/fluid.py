@@ -34,7 +34,7 @@ from typing import Callable, Final
 
 import simpy
 
-from .runtime import Wake, new_event, succeed, wake_after
+from .runtime import Clock, Wake
 
 _INF: Final = math.inf
 _ALLOC_CACHE_MAX: Final = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
@@ -75,6 +75,7 @@ class Fluid:
                  per_cta_slowdown: float, copy_engine_slowdown: float,
                  busy_cta_efficiency: float):
         self.env = env
+        self.clock = Clock(env)  # (its queue, for the wake-ups and events below)
         self.cap = dict(capacities)
         self.per_cta = per_cta_slowdown
         self.ce_slow = copy_engine_slowdown
@@ -106,7 +107,7 @@ class Fluid:
     def add_flow(self, nbytes: float, res: tuple[str, ...], cap: float = 0.0, ctas: int = 0,
                  ce: bool = False) -> simpy.Event:
         """Start moving ``nbytes``; the event succeeds (value None) when they have moved."""
-        done = new_event(self.env)
+        done = self.clock.new_event()
         self.add_flow_then(done.succeed, nbytes, res, cap, ctas, ce)
         return done
 
@@ -132,9 +133,9 @@ class Fluid:
 
     def add_job(self, work_s: float) -> simpy.Event:
         """Start ``work_s`` seconds of compute; succeeds with the seconds it really took."""
-        done = new_event(self.env)
+        done = self.clock.new_event()
         if work_s <= 0:
-            succeed(done, 0.0)
+            self.clock.succeed(done, 0.0)
             return done
         now = self.env._now
         job = Job(work_s, now, done)
@@ -169,7 +170,7 @@ class Fluid:
         stale = self._stale
         if not stale:
             return
-        queue = self.env._queue
+        queue = self.clock.queue
         while queue and queue[0][3] in stale:
             stale.discard(heappop(queue)[3])
 
@@ -197,7 +198,7 @@ class Fluid:
 
     def _time_job(self, job: Job) -> None:
         left = job.remaining * (1.0 + self._slow)
-        job.wake = wake_after(self.env, left if left > 0.0 else 0.0, self._job_wake)
+        job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
 
     def _job_wake(self, ev: Wake) -> None:
         for i, job in enumerate(self.jobs):
@@ -212,7 +213,7 @@ class Fluid:
             if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
                 self._sync_flows()
                 self._realloc()
-        succeed(job.done, now - job.start)
+        self.clock.succeed(job.done, now - job.start)
 
     def _realloc(self) -> None:
         """New rates for the current flows (already synced to now), the slowdown they
@@ -249,7 +250,7 @@ class Fluid:
             t_min = 0.0
         lim = t_min + (t_min * 1e-9 + 1e-15)
         self._due_flows = [f for f, t in zip(flows, f_left) if t <= lim]
-        self._pending = wake_after(self.env, t_min, self._flow_wake)
+        self._pending = self.clock.wake_after(t_min, self._flow_wake)
 
     def _flow_wake(self, ev: Wake) -> None:
         if ev is not self._pending:

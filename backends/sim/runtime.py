@@ -6,19 +6,18 @@ state. Waitables are SimPy events: a process yields them and resumes with their 
 ``run`` steps SimPy's clock with its own loop, the one ``Environment.step`` runs (the same
 order, the same callbacks, a failed event crashes the run the same way), and ``process``
 drives a generator the way ``simpy.Process`` does (``_Proc``), so that the compiled build
-runs both as C; ``wake_after`` puts a bare entry on the clock for a callback (``Wake``),
-what a ``Timeout`` with that callback would be to the loop, without SimPy's interpreted
-constructor. Backends use it for their internal wake-ups, which nothing yields on.
-``new_event`` and ``succeed`` are ``simpy.Event(env)`` and ``event.succeed(value)``
-without SimPy's interpreted code (the same fields, the same queue entry), and the clock
-is read as ``env._now`` (``env.now`` is an interpreted property): the backend creates,
-triggers and reads these hundreds of thousands of times in a replay.
+runs both as C; a ``Clock`` puts bare entries on SimPy's queue for callbacks (``Wake``:
+what a ``Timeout`` with that callback would be to the loop; backends use them for their
+internal wake-ups, which nothing yields on) and makes and triggers events, without SimPy's
+interpreted code (the same fields, the same queue entries), and the time is read as
+``env._now`` (``env.now`` is an interpreted property): the backend creates, triggers and
+reads these hundreds of thousands of times in a replay.
 """
 
 from __future__ import annotations
 
 from heapq import heappop, heappush
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Final, Iterable
 
 import simpy
 from simpy.events import NORMAL, PENDING, URGENT
@@ -37,37 +36,47 @@ class Wake:
         self._value: object = None
 
 
-def wake_after(env: simpy.Environment, delay: float, callback: Callable[[Any], object]) -> Wake:
-    """Call ``callback(wake)`` ``delay`` seconds from now, where ``env.timeout(delay)``
-    with that callback would fire: the same entry (time, priority, SimPy's next event id)
-    on the same queue, so the order of everything is unchanged."""
-    w = Wake(callback)
-    queue: list[Any] = env._queue
-    heappush(queue, (env._now + delay, NORMAL, next(env._eid), w))
-    return w
-
-
 _new_object = object.__new__
+_EVENT: Final = simpy.Event
 
 
-def new_event(env: simpy.Environment) -> simpy.Event:
-    """``simpy.Event(env)``: a real SimPy event (processes, conditions, ``value``), its
-    fields set as ``Event.__init__`` sets them (``_value`` is the class's PENDING)."""
-    ev: Any = _new_object(simpy.Event)
-    ev.env = env
-    ev.callbacks = []
-    return ev
+class Clock:
+    """The sim's hand on a SimPy environment's event queue, for its hot paths:
+    ``wake_after`` puts a bare entry (``Wake``) on it, where ``env.timeout(delay)`` with
+    that callback would fire; ``new_event`` and ``succeed`` are ``simpy.Event(env)`` and
+    ``event.succeed(value)``. Each makes the very entry SimPy would (time, priority, its
+    next event id), so the order of everything is unchanged, without SimPy's interpreted
+    code. It keeps the environment's queue and event counter, which SimPy creates once and
+    never replaces; the time is read from the environment each time (``env._now``)."""
 
+    __slots__ = ("env", "queue", "eid")
 
-def succeed(event: Any, value: Any = None) -> None:
-    """``event.succeed(value)``: the event is scheduled now (the same queue entry)."""
-    if event._value is not PENDING:
-        raise RuntimeError(f"{event} has already been triggered")
-    event._ok = True
-    event._value = value
-    env = event.env
-    queue: list[Any] = env._queue
-    heappush(queue, (env._now, NORMAL, next(env._eid), event))
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.queue: list[Any] = env._queue
+        self.eid: Any = env._eid
+
+    def wake_after(self, delay: float, callback: Callable[[Any], object]) -> Wake:
+        """Call ``callback(wake)`` ``delay`` seconds from now."""
+        w = Wake(callback)
+        heappush(self.queue, (self.env._now + delay, NORMAL, next(self.eid), w))
+        return w
+
+    def new_event(self) -> simpy.Event:
+        """``simpy.Event(env)``: a real SimPy event (processes, conditions, ``value``), its
+        fields set as ``Event.__init__`` sets them (``_value`` is the class's PENDING)."""
+        ev: Any = _new_object(_EVENT)
+        ev.env = self.env
+        ev.callbacks = []
+        return ev
+
+    def succeed(self, event: Any, value: Any = None) -> None:
+        """``event.succeed(value)`` for an event of this environment: scheduled now."""
+        if event._value is not PENDING:
+            raise RuntimeError(f"{event} has already been triggered")
+        event._ok = True
+        event._value = value
+        heappush(self.queue, (self.env._now, NORMAL, next(self.eid), event))
 
 
 class _Proc:
@@ -78,11 +87,12 @@ class _Proc:
     a failed SimPy process does). What it leaves out of ``simpy.Process`` nothing here
     uses: ``interrupt``, ``env.active_process``."""
 
-    __slots__ = ("gen", "done")
+    __slots__ = ("gen", "done", "clock")
 
-    def __init__(self, gen: Any, done: simpy.Event):
+    def __init__(self, gen: Any, done: simpy.Event, clock: Clock):
         self.gen = gen
         self.done = done
+        self.clock = clock
 
     def resume(self, event: Any) -> None:
         gen = self.gen
@@ -96,7 +106,7 @@ class _Proc:
                     exc.__cause__ = event._value
                     event = gen.throw(exc)
             except StopIteration as stop:
-                succeed(self.done, stop.value)
+                self.clock.succeed(self.done, stop.value)
                 return
             except BaseException as e:  # (as SimPy's: the process fails with it)
                 self.done.fail(e)  # type: ignore[arg-type]  # (SimPy takes any BaseException)
@@ -113,10 +123,11 @@ class _Proc:
 class SimRuntime:
     """Simulated time. ``env`` is exposed for backends built on the same clock."""
 
-    __slots__ = ("env", "_passed")
+    __slots__ = ("env", "clock", "_passed")
 
     def __init__(self, env: simpy.Environment | None = None, initial_time: float = 0.0):
         self.env = env if env is not None else simpy.Environment(initial_time=initial_time)
+        self.clock = Clock(self.env)
         # an event already processed: a process that yields it goes on at once (SimPy
         # resumes a process at once for an event whose callbacks are gone)
         self._passed = simpy.Event(self.env)
@@ -163,7 +174,7 @@ class SimRuntime:
         return self.timeout_at(at_s)
 
     def event(self) -> simpy.Event:
-        return new_event(self.env)
+        return self.clock.new_event()
 
     def all_of(self, waitables: Iterable[simpy.Event]) -> simpy.Event:
         return self.env.all_of(list(waitables))
@@ -174,10 +185,10 @@ class SimRuntime:
     def process(self, gen) -> simpy.Event:
         """Start a generator process now; the event succeeds with its return value. It
         starts where ``env.process`` would (an urgent entry at now: the same order)."""
-        env = self.env
-        done = new_event(env)
-        queue: list[Any] = env._queue
-        heappush(queue, (env._now, URGENT, next(env._eid), Wake(_Proc(gen, done).resume)))
+        clock = self.clock
+        done = clock.new_event()
+        heappush(clock.queue, (self.env._now, URGENT, next(clock.eid),
+                               Wake(_Proc(gen, done, clock).resume)))
         return done
 
     def run(self, until: simpy.Event | float | None = None) -> Any:
