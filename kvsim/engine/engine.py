@@ -40,6 +40,7 @@ from kvsim.core.types import ReqState
 from kvsim.engine.metrics import NS, Metrics, Row
 from kvsim.engine.plans import check_tags, run_plan
 from kvsim.engine.sessions import Cursor, Frame
+from kvsim.stepcost import ComputeModel
 from kvsim.workload import Session, Turn, Workload, cache_blocks
 
 # a turn's state in the engine
@@ -95,17 +96,16 @@ class Live:
 
 
 class Engine:
-    def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute,
+    def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute: ComputeModel,
                  params: EngineParams, *, on_progress: Callable[[int], None] | None = None):
         """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
         decode_context_sum)`` gives a step's seconds, ``compute.decode_step_time(n_decode,
         decode_context_sum)`` the same for a step without prefill
-        (kvsim.compute.ComputeModel)."""
+        (kvsim.compute.ComputeModel; typed, so the compiled build calls it natively)."""
         self.rt = rt
         self.backend = backend
         self.mgr = mgr
-        self.step_time = compute.step_time_sum
-        self.decode_step_time = compute.decode_step_time
+        self.compute = compute
         self.p = params
         self.B = mgr.tokens_per_block
         self.metrics = Metrics()
@@ -622,8 +622,8 @@ class Engine:
     # == stepping =======================================================================
     def _step_ns(self, prefill: list[tuple[Live, int]]) -> int:
         """The next step's duration (ns) at nominal speed."""
-        return round(self.step_time([(c, lv.kv) for lv, c in prefill], len(self._decoding),
-                                    self._dsum) * NS)
+        return round(self.compute.step_time_sum([(c, lv.kv) for lv, c in prefill],
+                                                len(self._decoding), self._dsum) * NS)
 
     def _run_ahead(self, prefill: list[tuple[Live, int]], first: int) -> int:
         """Run steps ahead of the runtime's clock while the backend can say when each ends
@@ -638,10 +638,10 @@ class Engine:
         nxt = self._next_due()
         k = nxt - self.S if nxt is not None else 1
         arr = self._arrivals[0][0] if self._arrivals else None
-        st, nd, dsum = self.decode_step_time, len(self._decoding), self._dsum
+        cm, nd, dsum = self.compute, len(self._decoding), self._dsum
         n = 1
         while n < k and (arr is None or self.t < arr):
-            if not self._ahead(round(st(nd, dsum + nd * n) * NS)):
+            if not self._ahead(round(cm.decode_step_time(nd, dsum + nd * n) * NS)):
                 break
             n += 1
         return n
