@@ -688,6 +688,20 @@ def test_a_process_that_fails_with_nothing_waiting_stops_the_run():
     assert rt.now == 1.0
 
 
+def test_running_until_a_failed_process_raises_its_exception_itself():
+    """As SimPy's run(until=...): the exception object the process raised, not a copy."""
+    rt = SimRuntime()
+    raised = []
+
+    def bad():
+        yield rt.timeout(1.0)
+        raised.append(KeyError("gone"))
+        raise raised[0]
+    with pytest.raises(KeyError) as caught:
+        rt.run(rt.process(bad()))
+    assert caught.value is raised[0] and rt.now == 1.0
+
+
 def test_compute_latency_delays_every_call_and_run_ahead_agrees():
     """compute.latency (the hw backend's fixed cost a call): a compute of d completes at
     d + latency, with the SMs free during the latency; compute_ahead says the same float."""

@@ -206,12 +206,14 @@ class SimRuntime:
             callbacks, event.callbacks = event.callbacks, None
             for callback in callbacks:
                 callback(event)
+            if event is until:  # (SimPy's stop callback: its value, or its exception itself)
+                if until._ok:
+                    return until._value
+                raise until._value
             if not event._ok and not hasattr(event, "_defused"):
                 exc = type(event._value)(*event._value.args)  # (a copy, as SimPy raises)
                 exc.__cause__ = event._value
                 raise exc
-            if event is until:
-                return until.value
         if until is not None:
             raise RuntimeError(f'No scheduled events left but "until" event was not triggered: {until}')
         return None
