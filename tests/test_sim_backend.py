@@ -688,6 +688,21 @@ def test_a_process_that_fails_with_nothing_waiting_stops_the_run():
     assert rt.now == 1.0
 
 
+def test_the_runtime_refuses_a_non_event_yield_and_a_second_trigger():
+    rt = SimRuntime()
+
+    def wrong():
+        yield 42
+    rt.process(wrong())
+    with pytest.raises(RuntimeError, match="a process yielded 42, not an event"):
+        rt.run()
+    ev = rt.event()
+    rt.clock.succeed(ev, 1)
+    with pytest.raises(RuntimeError, match="already been triggered"):
+        rt.clock.succeed(ev, 2)
+    assert rt.run(ev) == 1 and rt.run(5.0) is None and rt.now == 5.0  # (a time: SimPy's run)
+
+
 def test_running_until_a_failed_process_raises_its_exception_itself():
     """As SimPy's run(until=...): the exception object the process raised, not a copy."""
     rt = SimRuntime()
