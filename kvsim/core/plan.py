@@ -26,9 +26,9 @@ class Batch:
     """Pages moving from one tier to another: source slots, destination slots and the
     pages' content tags, sequences of ints of equal length (the core hands Python lists;
     a backend that needs arrays converts them, as the hw backend does with
-    ``np.asarray``). Lists, not numpy arrays: at a batch's usual 1-50 pages building an
-    ndarray from Python ints cost more than everything else the core does for the batch
-    (about 6,000 instructions a call in the compiled build, 9% of a replay).
+    ``np.asarray``). Lists, not numpy arrays: at a batch's usual 1-50 pages, building an
+    ndarray from Python ints cost about 6,300 instructions a call in the compiled build,
+    9% of a Mooncake replay (callgrind); a list comprehension costs a fraction of that.
 
     Read-only, as a Plan and a Fill (nothing mutates the sequences after ``__init__``): the
     fields are ``Final`` (the type checker refuses an assignment after ``__init__``). Not a
