@@ -151,6 +151,7 @@ class SimBackend:
                            per_cta_slowdown=sm.interference.per_cta_slowdown,
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
+        self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
         self.copy_engines = _Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = _Units(ce.call_threads) if ce.call_threads else None
@@ -227,7 +228,7 @@ class SimBackend:
             horizon = _INF
         else:
             self.fluid.drop_stale()  # (a superseded flow wake-up changes nothing)
-            queue = self.fluid.clock.queue  # (what env.peek() reads: the next event's time)
+            queue = self.clock.queue  # (what env.peek() reads: the next event's time)
             horizon = queue[0][0] if queue else _INF
         lat = self.compute_latency
         end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
@@ -434,7 +435,7 @@ class _Transfer:
         self.route = route
         self.fail = fail
         self.t0 = be.env._now
-        self.done = be.fluid.clock.new_event()  # succeeds with True, or False for a failed batch
+        self.done = be.clock.new_event()  # succeeds with True, or False for a failed batch
         self.res: tuple[str, ...] = route[2]
         self.start_s = 0.0
         self.cap = 0.0
@@ -445,7 +446,7 @@ class _Transfer:
     def after(self, delay: float, step: Callable[..., None]) -> None:
         """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
         if delay > 0:
-            self.be.fluid.clock.wake_after(delay, step)
+            self.be.clock.wake_after(delay, step)
         else:
             step()
 
@@ -540,4 +541,4 @@ class _Transfer:
         be._finish(batch, self.route[3], fail)
         if be.timing_log is not None:
             be._log(batch, self.route[0], self.route[1], fail, self.t0)
-        self.be.fluid.clock.succeed(self.done, not fail)
+        self.be.clock.succeed(self.done, not fail)

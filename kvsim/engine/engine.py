@@ -38,7 +38,7 @@ from kvsim.backend import Backend, Runtime
 from kvsim.core import Level, RefusalReason, Request, TierManager
 from kvsim.core.types import ReqState
 from kvsim.engine.metrics import NS, Metrics, Row
-from kvsim.engine.plans import check_tags, run_plan
+from kvsim.engine.plans import check_tags, run_plan, tags_equal
 from kvsim.engine.sessions import Cursor, Frame
 from kvsim.stepcost import ComputeModel
 from kvsim.workload import Session, Turn, Workload, cache_blocks
@@ -384,7 +384,7 @@ class Engine:
             later = self.backend.read_tags_later(Level.GPU, exp.slots)
             if later is None:
                 found = self.backend.read_tags(Level.GPU, exp.slots)
-                if not (type(found) is list and found == exp.tags):  # (else all as expected)
+                if not tags_equal(found, exp.tags):  # (else all as expected)
                     check_tags(found, exp.tags, f"request {lv.uid}'s pages on GPU")
             else:  # checked while the request runs on (the hw backend orders a later
                 #     write into one of these slots after the check, so they read as now)

@@ -8,12 +8,26 @@ backend off the runtime's thread, so the replay keeps real time while bytes are 
 
 from __future__ import annotations
 
+from typing import Sequence
+
+import numpy as np
+
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Plan, TierManager
 from kvsim.core.spec import Level
-from kvsim.engine.refcheck import RefcheckError, check_tags, tags_equal
+from kvsim.engine.refcheck import RefcheckError, check_tags
 
-__all__ = ["RefcheckError", "check_tags", "run_plan"]  # (the first two live in refcheck.py)
+__all__ = ["RefcheckError", "check_tags", "run_plan", "tags_equal"]  # (the first two live in refcheck.py)
+
+
+def tags_equal(found: Sequence[int], expected: Sequence[int]) -> bool:
+    """Every tag as expected (same length, same values): two lists (the core's, the sim's)
+    compared in place, anything else (the hw backend's uint64 arrays) through numpy."""
+    if type(found) is list and type(expected) is list:
+        return found == expected
+    f = np.asarray(found, dtype=np.uint64)
+    e = np.asarray(expected, dtype=np.uint64)
+    return f.shape == e.shape and f.tobytes() == e.tobytes()
 
 
 def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool,
@@ -41,11 +55,7 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
             yield rt.all_of(pending)
         for b, w in zip(done, later):
             found = backend.read_tags(b.dst, b.dst_slots) if w is None else w.value
-            tags = b.tags
-            # (two lists, the sim's: compared in place; else through numpy)
-            same = (found == tags if type(found) is list and type(tags) is list
-                    else tags_equal(found, tags))
-            if not same:  # else equal: skip naming the batch
+            if not tags_equal(found, b.tags):  # else equal: skip naming the batch
                 check_tags(found, b.tags,
                            f"a {b.kind.name.lower()} batch {b.src.name}->{b.dst.name}")
     mgr.complete(plan, oks)

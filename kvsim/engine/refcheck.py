@@ -4,8 +4,9 @@ Its own module, left out of the optional compiled build (an exception subclassin
 builtin one is not a mypyc native class); ``kvsim.engine.plans`` re-exports both names.
 
 Tags come as sequences of ints: the core's lists, the sim backend's lists, the hw
-backend's uint64 arrays. Two lists compare as lists (no numpy on the sim's hot path);
-anything else through numpy.
+backend's uint64 arrays. ``check_tags`` compares them through numpy; the hot paths first
+ask ``kvsim.engine.plans.tags_equal`` (compiled in the optional build), which compares two
+lists in place, and call ``check_tags`` only when it finds a difference.
 """
 
 from __future__ import annotations
@@ -19,19 +20,8 @@ class RefcheckError(AssertionError):
     """Bytes found where a page should be do not match the page's block."""
 
 
-def tags_equal(found: Sequence[int], expected: Sequence[int]) -> bool:
-    """Every tag as expected (same length, same values)."""
-    if type(found) is list and type(expected) is list:
-        return found == expected
-    f = np.asarray(found, dtype=np.uint64)
-    e = np.asarray(expected, dtype=np.uint64)
-    return f.shape == e.shape and f.tobytes() == e.tobytes()
-
-
 def check_tags(found: Sequence[int], expected: Sequence[int], what: str) -> None:
     """Raise RefcheckError if a written page (expected tag not 0) holds another tag."""
-    if tags_equal(found, expected):
-        return  # the common case, every tag as expected, without numpy's elementwise ops
     f = np.asarray(found, dtype=np.uint64)
     e = np.asarray(expected, dtype=np.uint64)
     if f.shape != e.shape:
