@@ -22,6 +22,12 @@ Waitable = Any
 Process = Generator[Waitable, Any, Any]
 
 
+class CapacityError(ValueError):
+    """A backend cannot give what the configuration asks (a tier larger than the free
+    device memory, available host memory or free disk space). Raised before anything is
+    allocated; the message names the tier's config key, the quota and what is available."""
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """Time, as the engine may see it."""

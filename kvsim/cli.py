@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from kvsim.scratch import terminate_raises
+
+LOG_EVERY_S = 10.0  # progress lines off a terminal: at most this far apart (wall seconds)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kvsim: replay LLM request traces through a tiered KV cache.")
@@ -57,6 +64,71 @@ def _error(console: Console, msg: str) -> None:
     console.print(msg, markup=False, highlight=False, soft_wrap=True)
 
 
+def _interrupted(console: Console, e: KeyboardInterrupt) -> typer.Exit:
+    """SIGINT or SIGTERM: everything the run made is removed by now (context managers);
+    say so and exit 130 (SIGINT) or 128 + the signal."""
+    signum = getattr(e, "signum", 2)
+    _error(console, f"interrupted ({'SIGINT' if signum == 2 else getattr(e, 'args', ['signal'])[0]}); "
+                    f"nothing was written")
+    return typer.Exit(128 + signum)
+
+
+def pause_at(phase: str) -> None:
+    """Fault injection for the kill tests: with ``KVSIM_PAUSE_AT=PHASE`` (load: before the
+    trace loads; replay: at the replay's first step; write: results written, not yet in
+    place) the run says so on stderr and waits up to 60 s, so a test can signal it there."""
+    if os.environ.get("KVSIM_PAUSE_AT") == phase:
+        print(f"kvsim: paused at {phase}", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _paused(report: Callable | None) -> Callable:
+    """The progress callback, with ``pause_at("replay")`` on its first call."""
+    first = [True]
+
+    def call(t: float, n: float) -> None:
+        if first[0]:
+            first[0] = False
+            pause_at("replay")
+        if report is not None:
+            report(t, n)
+
+    return call
+
+
+@contextmanager
+def _progress(console: Console, total: int | None, on: bool) -> Iterator[Callable | None]:
+    """A replay's progress: a bar on a terminal; elsewhere (a log, a pipe) a line at most
+    every ``LOG_EVERY_S`` of wall time with requests done and simulated time, so that a
+    long hw replay never sits silent. ``--no-progress``: neither."""
+    if not on:
+        yield None
+        return
+    if console.is_terminal:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.completed:.0f} requests"),
+                      TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("replay", total=total, t=0.0)
+            yield lambda t, n: bar.update(task, completed=n, t=t)
+        return
+    t0 = time.monotonic()
+    last = [t0]
+
+    def log(t: float, n: float) -> None:
+        now = time.monotonic()
+        if now - last[0] >= LOG_EVERY_S:
+            last[0] = now
+            of = f"/{total}" if total else ""
+            print(f"replay: {n:.0f}{of} requests, simulated {t:.1f} s, wall {now - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+
+    yield log
+
+
 @app.command()
 def run(
     config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
@@ -80,47 +152,60 @@ def run(
                                          "(as kvsim compare's sim side does)"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from kvsim.backend import CapacityError
     from kvsim.config import ConfigFileError, load_config
     from kvsim.engine.plans import RefcheckError
-    from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_results
+    from kvsim.results import Staging
+    from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_files
     from kvsim.workload import TraceError
 
     console = Console(stderr=True)
-    try:
-        if backend not in BACKENDS:
-            raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
-        cfg = load_config(config, set_)
-        prep = prepare_run(cfg, trace)
-        dest = output_dir(cfg, out)
-    except (ConfigFileError, TraceError, ValueError, OSError) as e:
-        _error(console, str(e))
-        raise typer.Exit(2)
-    opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
-        if backend == "hw" else {"model_refcheck": model_refcheck, "model_loop": model_loop}
-    n_req = prep.workload.request_count() if hasattr(prep.workload, "request_count") else None
-    try:
-        if progress and sys.stderr.isatty():
-            with Progress(TextColumn("[bold]replay"), BarColumn(),
-                          TextColumn("{task.completed:.0f} requests"),
-                          TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
-                          console=console, transient=True) as bar:
-                task = bar.add_task("replay", total=n_req, t=0.0)
-                result = replay(prep, backend, backend_options=opts,
-                                progress=lambda t, n: bar.update(task, completed=n, t=t))
-        else:
-            result = replay(prep, backend, backend_options=opts)
-    except (ValueError, OSError, RuntimeError, RefcheckError) as e:
-        # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
-        # refcheck failure: say what, write nothing
-        _error(console, f"replay on the {backend} backend failed: {type(e).__name__}: {e}")
-        raise typer.Exit(1)
-    try:
-        path = write_results(result, dest, plots=cfg.output.plots)
-    except OSError as e:
-        _error(console, f"writing results to {dest}: {e}")
-        raise typer.Exit(1)
+    with terminate_raises():
+        try:
+            if backend not in BACKENDS:
+                raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
+            cfg = load_config(config, set_)
+            # the destination first: a path that cannot take the results fails now, not
+            # after minutes of loading and replay
+            stage = Staging.reserve(output_dir(cfg, out), what="--out" if out else "output.dir")
+        except (ConfigFileError, ValueError, OSError) as e:
+            _error(console, str(e))
+            raise typer.Exit(2)
+        except KeyboardInterrupt as e:
+            raise _interrupted(console, e)
+        with stage:
+            try:
+                pause_at("load")
+                prep = prepare_run(cfg, trace)
+            except (ConfigFileError, TraceError, ValueError, OSError) as e:
+                _error(console, str(e))
+                raise typer.Exit(2)
+            except KeyboardInterrupt as e:
+                raise _interrupted(console, e)
+            opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
+                if backend == "hw" else {"model_refcheck": model_refcheck, "model_loop": model_loop}
+            try:
+                with _progress(console, prep.workload.request_count(), progress) as report:
+                    result = replay(prep, backend, backend_options=opts, progress=_paused(report))
+            except (MemoryError, CapacityError) as e:
+                _error(console, f"{backend} backend: {e or 'out of memory'}")
+                raise typer.Exit(2)
+            except (ValueError, OSError, RuntimeError, RefcheckError) as e:
+                # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
+                # refcheck failure: say what, write nothing
+                _error(console, f"replay on the {backend} backend failed: {type(e).__name__}: {e}")
+                raise typer.Exit(1)
+            except KeyboardInterrupt as e:
+                raise _interrupted(console, e)
+            try:
+                write_files(result, stage.path, plots=cfg.output.plots)
+                pause_at("write")
+                path = stage.commit()
+            except (OSError, ValueError) as e:
+                _error(console, f"writing results to {stage.dest}: {e}")
+                raise typer.Exit(1)
+            except KeyboardInterrupt as e:
+                raise _interrupted(console, e)
     Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})"))
     Console().print(f"results: {path}")
 
@@ -178,8 +263,9 @@ def compare(
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.compare import compare as run_compare, compare_saved, report_tables, write_report
-    from kvsim.run import prepare_run, write_results
     from kvsim.config import ConfigFileError, load_config
+    from kvsim.results import Staging
+    from kvsim.run import prepare_run, write_files
     from kvsim.workload import TraceError
 
     console = Console(stderr=True)
@@ -199,37 +285,61 @@ def compare(
     if hw_from and dest.resolve() == Path(hw_from).resolve():
         _error(console, f"--out {dest}: is the --hw-from folder; write the new report elsewhere")
         raise typer.Exit(2)
-    if dest.exists() and not dest.is_dir():  # before minutes of replay, not after
-        _error(console, f"--out {dest}: exists and is not a directory")
-        raise typer.Exit(2)
-    try:
-        if hw_from:
-            report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile,
-                                            pin_arrivals=pin_arrivals)
-            results = (("sim", sim_res),)
-        else:
-            if calibrate_first:
-                from kvsim.calibrate import calibrate as run_calibration
+    with terminate_raises():
+        try:  # before minutes of replay, not after
+            stage = Staging.reserve(dest, kind="compare")
+        except ValueError as e:
+            _error(console, str(e))
+            raise typer.Exit(2)
+        with stage:
+            try:
+                if hw_from:
+                    report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile,
+                                                    pin_arrivals=pin_arrivals)
+                    results = (("sim", sim_res),)
+                else:
+                    if calibrate_first:
+                        from kvsim.calibrate import calibrate as run_calibration
 
-                prepare_run(cfg, trace)  # bad config or trace: fail before measuring or writing
-                dest.mkdir(parents=True, exist_ok=True)
-                prof = dest / "hardware.yaml"
-                cal = run_calibration(prof, base=cfg.hardware, device=device)
-                console.print(f"calibrated: {prof} ({cal['seconds']:.1f} s; the fit check in "
-                              f"{prof.name}.report.json)")
-                cfg = load_config(config, [*set_, f"hardware={prof}"])
-            report, sim_res, hw_res = run_compare(cfg, trace, {"time_scale": time_scale, "device": device,
-                                                              "compute_graphs": compute_graphs})
-            results = (("sim", sim_res), ("hw", hw_res))
-    except (ConfigFileError, TraceError, ValueError, OSError, RuntimeError) as e:
-        _error(console, str(e))
-        raise typer.Exit(2)
-    path = write_report(report, dest)
-    for name, res in results:  # each replay's own results folder
-        write_results(res, dest / name, plots=False)
+                        prepare_run(cfg, trace)  # bad config or trace: fail before measuring
+                        prof = stage.path / "hardware.yaml"
+                        cal = run_calibration(prof, base=cfg.hardware, device=device)
+                        console.print(f"calibrated: {dest / prof.name} ({cal['seconds']:.1f} s; the "
+                                      f"fit check in {prof.name}.report.json)")
+                        cfg = load_config(config, [*set_, f"hardware={prof}"])
+                    report, sim_res, hw_res = run_compare(cfg, trace, {
+                        "time_scale": time_scale, "device": device, "compute_graphs": compute_graphs})
+                    results = (("sim", sim_res), ("hw", hw_res))
+                    if calibrate_first:  # the profile's path once the folder is in place
+                        final = {"hardware": str(dest / "hardware.yaml")}
+                        for _, res in results:
+                            res.cfg = res.cfg.model_copy(update=final)
+            except (ConfigFileError, TraceError, ValueError, OSError, RuntimeError) as e:
+                _error(console, str(e))
+                raise typer.Exit(2)
+            except KeyboardInterrupt as e:
+                raise _interrupted(console, e)
+            write_report(report, stage.path)
+            for name, res in results:  # each replay's own results folder
+                write_files(res, stage.path / name, plots=False)
+            path = stage.commit() / "compare.json"
     for t in report_tables(report):
         Console().print(t)
     Console().print(f"report: {path}")
+
+
+def _check_report_path(dest: Path) -> None:
+    """``kvsim diff --out`` replaces only an earlier diff report, never another file."""
+    if dest.is_dir() or (dest.exists() and not dest.is_file()):
+        raise ValueError(f"--out {dest}: is a folder; expected a JSON file name")
+    if dest.exists():
+        try:
+            ok = json.loads(dest.read_text()).get("kvsim_report") == "diff"
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise ValueError(f"--out {dest}: exists and is not a kvsim diff report; kvsim replaces "
+                             f"only files it wrote: choose another --out")
 
 
 @app.command()
@@ -244,14 +354,20 @@ def diff(
 
     console = Console(stderr=True)
     try:
+        if out:
+            _check_report_path(Path(out))
         report = diff_runs(a, b)
     except ValueError as e:
         _error(console, str(e))
         raise typer.Exit(2)
     if out:
         dest = Path(out)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        write_whole(dest, (json.dumps(report, indent=2) + "\n").encode())
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            write_whole(dest, (json.dumps({"kvsim_report": "diff", **report}, indent=2) + "\n").encode())
+        except OSError as e:
+            _error(console, f"--out {out}: cannot write ({e.strerror})")
+            raise typer.Exit(2)
     Console().print(diff_table(report))
 
 

@@ -2,8 +2,8 @@
 
 ``prepare_run`` validates everything and loads the trace before anything is written, so
 a run that fails validation leaves no results folder. ``replay`` runs the engine on the
-chosen backend; ``write_results`` writes the folder atomically (a temporary folder
-renamed into place). Backends are built through a registry: the rest of kvsim never asks
+chosen backend; ``write_results`` writes the folder through ``kvsim.results`` (which
+folders it may replace, staging, the atomic swap). Backends are built through a registry: the rest of kvsim never asks
 which backend it has.
 """
 
@@ -13,8 +13,6 @@ import csv
 import gc
 import json
 import os
-import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,7 +25,8 @@ from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row
 from kvsim.hardware import HardwareProfile, load_profile
-from kvsim.workload import Workload, session_start_times
+from kvsim.results import Staging, kvsim_version, mark
+from kvsim.workload import TraceError, Workload, session_start_times
 
 LEVELS = {"gpu": Level.GPU, "host": Level.HOST, "disk": Level.DISK}
 
@@ -52,17 +51,29 @@ class Result:
     timeline: list[dict]
     core: dict = field(default_factory=dict)
     profile: HardwareProfile | None = None  # the hardware profile the replay used
+    run_info: dict = field(default_factory=dict)  # how it ran: device, time scale, version
 
     def summary(self) -> dict:
-        out = {"kvsim": "0.1.0", "backend": self.backend, "metrics": self.metrics,
-               "core_counters": self.core, "config": self.cfg.model_dump(mode="json")}
+        out = {"kvsim": kvsim_version(), "backend": self.backend, "run": self.run_info,
+               "metrics": self.metrics, "core_counters": self.core,
+               "config": self.cfg.model_dump(mode="json")}
         if self.profile is not None:  # its content, not only the name the config gives
             out["hardware_profile"] = self.profile.model_dump(mode="json")
         return out
 
 
+MAX_SLOTS = 1 << 28  # slots a tier: the backends keep a word or more per slot
+
+
 def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
     page = cfg.cache.page_bytes or shape.kv_bytes_per_token * cfg.cache.tokens_per_block
+    for i, t in enumerate(cfg.cache.tiers):
+        n = (t.max_quota or t.quota) // page
+        if n > MAX_SLOTS:
+            key = f"cache.tiers[{i}].{'max_quota' if t.max_quota else 'quota'}"
+            raise ConfigFileError(f"{key}: {n:,} pages of {page:,} bytes; kvsim handles at most "
+                                  f"{MAX_SLOTS:,} pages a tier (use larger pages, "
+                                  f"cache.tokens_per_block, or a smaller quota)")
     tiers = tuple(TierSpec(LEVELS[t.level], t.quota, t.max_quota or 0) for t in cfg.cache.tiers)
     return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers)
 
@@ -104,6 +115,9 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
     spec = build_spec(cfg, shape)
     disk = next((t for t in cfg.cache.tiers if t.level == "disk"), None)
     workload = load_workload(cfg, trace)
+    if workload.request_count() == 0:
+        src = trace or cfg.workload.path or "the synthetic workload"
+        raise TraceError(f"{src}: no requests to replay; expected at least one request")
     starts = None
     if workload.closed_loop and workload.start == "poisson":
         starts = session_start_times(workload, seed=cfg.seed)
@@ -173,7 +187,32 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
-    return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters, prep.profile)
+    info = getattr(be, "info", {})
+    run_info = {"backend": backend, "device": info.get("device", "simulated"),
+                "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
+                "git_commit": git_commit()}
+    return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters,
+                  prep.profile, run_info)
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout kvsim runs from (with ``-dirty`` when it has uncommitted
+    changes), or None for an installed copy or where git is absent."""
+    import subprocess  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 @contextmanager
@@ -198,41 +237,34 @@ def output_dir(cfg: RunConfig, out: str | None) -> Path:
     return Path(out or cfg.output.dir.format(name=cfg.name))
 
 
-def write_results(result: Result, out: Path, plots: bool = True) -> Path:
-    """Write summary.json, requests.csv, timeline.csv (and plots) into ``out``, atomically:
-    into a temporary folder beside it, then renamed into place (replacing an old one)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and not out.is_dir():
-        raise ConfigFileError(f"--out {out}: exists and is not a directory")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True) + "\n")
-        with open(tmp / "requests.csv", "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(Row.COLUMNS)
-            for r in result.rows:
-                w.writerow(r.csv_values())
-        if result.timeline:
-            keys = list(dict.fromkeys(k for row in result.timeline for k in row))
-            with open(tmp / "timeline.csv", "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=keys)
-                w.writeheader()
-                w.writerows(result.timeline)
-        if plots:
-            from kvsim.plots import write_plots
+def write_files(result: Result, folder: Path, plots: bool = True) -> None:
+    """summary.json, requests.csv, timeline.csv (and plots) into ``folder`` (created if
+    absent), marked as a results folder."""
+    folder = Path(folder)
+    folder.mkdir(exist_ok=True)
+    mark(folder)
+    (folder / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True,
+                                                    allow_nan=False) + "\n")
+    with open(folder / "requests.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(Row.COLUMNS)
+        for r in result.rows:
+            w.writerow(r.csv_values())
+    if result.timeline:
+        keys = list(dict.fromkeys(k for row in result.timeline for k in row))
+        with open(folder / "timeline.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(result.timeline)
+    if plots:
+        from kvsim.plots import write_plots
 
-            write_plots(result, tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            if old.exists():
-                shutil.rmtree(old)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+        write_plots(result, folder)
+
+
+def write_results(result: Result, out: Path, plots: bool = True) -> Path:
+    """Write the results folder ``out`` (kvsim.results: refused unless ``out`` is absent,
+    empty or an earlier results folder; staged beside it and swapped into place)."""
+    with Staging.reserve(out) as stage:
+        write_files(result, stage.path, plots)
+        return stage.commit()

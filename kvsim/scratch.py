@@ -82,10 +82,11 @@ def is_scratch(path: str | Path) -> bool:
     return _NAME.match(Path(path).name) is not None
 
 
-def make_dir(parent: str | Path, stem: str) -> Path:
-    """A new scratch folder in ``parent`` (which must exist), private to the user."""
+def make_dir(parent: str | Path, stem: str, mode: int = 0o700) -> Path:
+    """A new scratch folder in ``parent`` (which must exist); private to the user unless
+    ``mode`` says otherwise (the umask applies)."""
     p = Path(parent) / scratch_name(stem)
-    p.mkdir(mode=0o700)
+    p.mkdir(mode=mode)
     return p
 
 

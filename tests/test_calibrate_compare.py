@@ -161,7 +161,7 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
     for extra in (["--hw-from", str(out)], ["--device", "cpu"]):
         r = CliRunner().invoke(app, ["compare", "default", *sum((["--set", x] for x in TINY), []),
                                      *extra, "--out", str(a_file)])
-        assert r.exit_code == 2 and "not a directory" in r.output, r.output
+        assert r.exit_code == 2 and "exists and is not a folder" in r.output, r.output
         assert a_file.read_text() == "keep"
     # --pin-arrivals: the sim releases each turn when hw did, or later when its session's
     # previous item completes later in the sim (never earlier)

@@ -1,0 +1,226 @@
+"""A new user's mistakes, one by one: kvsim refuses them before any work, names the file,
+line or key, exits 2, writes nothing, and never deletes what it did not create."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import kvsim.cli
+from kvsim import scratch
+from kvsim.cli import app
+from kvsim.results import MARKER
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--no-progress", "--set", "workload.synthetic.n_sessions=2"]
+MOONCAKE = "configs/mooncake-conversation.yaml"
+
+
+def _run(*args: str):
+    return runner.invoke(app, ["run", "default", *SMALL, *args])
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# -- the results folder: what a run may replace ----------------------------------------------
+def test_a_folder_kvsim_did_not_write_is_refused_before_the_replay(tmp_path):
+    home = tmp_path / "home"
+    (home / "src").mkdir(parents=True)
+    (home / "notes.txt").write_text("precious")
+    (home / "src" / "main.c").write_text("int main;")
+    before = _tree(home)
+    # --trace names a file that does not exist: had the replay started, that would be the error
+    r = _run("--out", str(home), "--trace", str(tmp_path / "nope.jsonl"))
+    assert r.exit_code == 2, r.output
+    assert f"--out {home}: exists and is not a kvsim results folder" in r.output
+    assert _tree(home) == before and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_output_dir_in_a_config_is_held_to_the_same_rule(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep").write_text("x")
+    r = _run("--set", f"output.dir={mine}")
+    assert r.exit_code == 2 and f"output.dir {mine}: exists and is not a kvsim results folder" in r.output
+    assert (mine / "keep").read_text() == "x"
+
+
+def test_a_results_folder_is_marked_and_may_be_replaced(tmp_path):
+    out = tmp_path / "res"
+    assert _run("--out", str(out)).exit_code == 0
+    assert json.loads((out / MARKER).read_text())["kind"] == "run"
+    (out / "stale.txt").write_text("from an older run")
+    r = _run("--out", str(out), "--set", "seed=1")
+    assert r.exit_code == 0, r.output
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]  # no staging left beside it
+
+
+def test_an_empty_folder_may_take_the_results(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert _run("--out", str(tmp_path / "empty")).exit_code == 0
+    assert (tmp_path / "empty" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("case", ["file", "dot", "parent-file", "unwritable", "too-long"])
+def test_path_problems_are_refused_before_the_replay(tmp_path, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("keep")
+    out, expect = {
+        "file": ("a-file", "exists and is not a folder"),
+        "dot": (".", "is the current folder or holds it"),
+        "parent-file": ("a-file/res", "a-file is not a folder"),
+        "unwritable": ("/proc/kvsim-res", "cannot create a folder in /proc"),
+        "too-long": ("x" * 300, "the folder name is 300 bytes long"),
+    }[case]
+    r = _run("--out", out, "--trace", str(tmp_path / "nope.jsonl"))
+    assert r.exit_code == 2 and expect in r.output, r.output
+    assert "Traceback" not in r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    assert (tmp_path / "a-file").read_text() == "keep"
+
+
+def test_a_killed_runs_staging_folder_is_removed_by_the_next_start(tmp_path):
+    dead = tmp_path / f".res.kvsim-{2**22 + 7}-1-{scratch._host()}-abcdefgh"  # no such pid
+    dead.mkdir()
+    (dead / "summary.json").write_text("{half")
+    other = tmp_path / ".res.0123"  # not a name kvsim gives: not touched
+    other.mkdir()
+    assert _run("--out", str(tmp_path / "res")).exit_code == 0
+    assert not dead.exists() and other.exists()
+
+
+def test_diff_out_replaces_only_its_own_report(tmp_path):
+    a = tmp_path / "a"
+    assert _run("--out", str(a)).exit_code == 0
+    precious = tmp_path / "notes.json"
+    precious.write_text('{"mine": 1}')
+    r = runner.invoke(app, ["diff", str(a), str(a), "--out", str(precious)])
+    assert r.exit_code == 2 and "exists and is not a kvsim diff report" in r.output
+    assert precious.read_text() == '{"mine": 1}'
+    rep = tmp_path / "d.json"
+    for _ in range(2):
+        assert runner.invoke(app, ["diff", str(a), str(a), "--out", str(rep)]).exit_code == 0
+    assert json.loads(rep.read_text())["kvsim_report"] == "diff"
+
+
+# -- inputs that crashed or were silently accepted ---------------------------------------------
+def _config(tmp_path, text: bytes | str) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+CONFIG = "cache:\n  tiers:\n    - {level: gpu, quota: 24GiB}\nworkload:\n  synthetic: {n_sessions: 2}\n"
+
+
+@pytest.mark.parametrize("text, expect", [
+    (b"name: x\n\xff\n" + CONFIG.encode(), r"c\.yaml:2: not UTF-8 text \(byte 0xff\)"),
+    ("name: a\n" + CONFIG + "name: b\n", r"c\.yaml:7:1: .*duplicate key 'name' \(first given on line 1\)"),
+    (CONFIG + "engine: {max_batch_tokens: true}\n",
+     r"engine\.max_batch_tokens: expected a whole number, got the boolean True"),
+    (CONFIG + "workload: {sessions_per_s: .inf}\n", r"duplicate key 'workload'"),
+    (CONFIG.replace("n_sessions: 2}", "n_sessions: 2}\n  sessions_per_s: .inf"),
+     r"workload\.sessions_per_s: Input should be a finite number"),
+    (CONFIG + "engine: {gpu_free_watermark: .nan}\n", r"engine\.gpu_free_watermark: .*finite number"),
+    (CONFIG + "output: {timeline_interval: 0}\n", r"output\.timeline_interval: Input should be greater than 0"),
+    (CONFIG.replace("24GiB", ".inf"), r"cache\.tiers\[0\]\.quota: expected a size, got the non-finite inf"),
+    (CONFIG.replace("24GiB", "lots"), r"cache\.tiers\[0\]\.quota: expected a size \(e\.g\. '160GiB'\), got 'lots'$"),
+])
+def test_bad_config_files_name_the_file_and_key(tmp_path, text, expect):
+    cfg = _config(tmp_path, text)
+    r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2, r.output
+    assert re.search(expect, r.output.strip(), re.M), r.output
+    assert "(got" not in r.output.split("got", 1)[-1] or r.output.count("(got") <= 1
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("arg, expect", [
+    ("seed=-5", "--set seed=-5: seed: Input should be greater than or equal to 0"),
+    ("cache.tiers[0].quota=99999999TiB", "--set cache.tiers[0].quota=99999999TiB: cache.tiers[0].quota: "
+                                         "size '99999999TiB' is more than 1 EiB"),
+    ("cache.tiers[0].quota=1e30", "size '1e30' is more than 1 EiB"),
+    ("engine.max_batch_tokens=true", "--set engine.max_batch_tokens=true: engine.max_batch_tokens: "
+                                     "expected a whole number, got the boolean True"),
+    ("output.timeline_interval=0", "--set output.timeline_interval=0: output.timeline_interval"),
+    ("workload.sessions_per_s=.inf", "--set workload.sessions_per_s=.inf: workload.sessions_per_s"),
+    ("cache.tiers[0].quota=2048TiB", "cache.tiers[0].quota: 429,496,729 pages of 5,242,880 bytes; "
+                                    "kvsim handles at most"),
+])
+def test_set_errors_name_the_set_argument(tmp_path, arg, expect):
+    r = _run("--set", arg, "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2 and expect in r.output, r.output
+    assert "invalid configuration" not in r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_size_errors_say_what_was_given_once():
+    from kvsim.config import ConfigFileError, load_config
+
+    with pytest.raises(ConfigFileError) as e:
+        load_config("configs/default.yaml", ["cache.tiers[1].quota=lots"])
+    assert str(e.value).count("'lots'") == 1
+
+
+@pytest.mark.parametrize("line, expect", [
+    (b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [9223372036854775808]}',
+     "t.jsonl:1: hash id 9223372036854775808 is out of range; expected 0 <= id < 2**63"),
+    (b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]}',
+     "t.jsonl:1: hash id -1 is out of range"),
+    (b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n\xff\xfe',
+     "t.jsonl:2: not UTF-8 text (byte 0xff at column 1)"),
+    (b"\n\n", "t.jsonl: no requests to replay"),
+    (b"", "t.jsonl: no requests to replay"),
+])
+def test_bad_traces_name_the_file_and_line(tmp_path, line, expect):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(line + b"\n")
+    r = runner.invoke(app, ["run", MOONCAKE, "--trace", str(trace), "--no-progress",
+                            "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2 and expect in r.output, r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_summary_records_how_the_run_ran(tmp_path):
+    out = tmp_path / "res"
+    assert _run("--out", str(out)).exit_code == 0
+    s = json.loads((out / "summary.json").read_text())
+    run = s["run"]
+    assert run["backend"] == "sim" and run["device"] == "simulated" and run["time_scale"] is None
+    assert run["kvsim_version"] == s["kvsim"] == version("kvsim")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode == 0:
+        assert run["git_commit"].removesuffix("-dirty") == head.stdout.strip()
+    assert "Infinity" not in (out / "summary.json").read_text()
+
+
+def test_hw_summary_names_device_and_time_scale(tmp_path):
+    out = tmp_path / "res"
+    r = _run("--backend", "hw", "--device", "cpu", "--time-scale", "50", "--out", str(out),
+             "--set", "workload.synthetic.n_sessions=1", "--set", "cache.page_bytes=4KiB",
+             "--set", "cache.tiers=[{level: gpu, quota: 4MiB}, {level: host, quota: 2MiB}]")
+    assert r.exit_code == 0, r.output
+    run = json.loads((out / "summary.json").read_text())["run"]
+    assert run["backend"] == "hw" and run["device"] == "cpu" and run["time_scale"] == 50.0
+
+
+def test_off_a_terminal_progress_is_logged(tmp_path, monkeypatch):
+    monkeypatch.setattr(kvsim.cli, "LOG_EVERY_S", 0.0)
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--set", "workload.synthetic.n_sessions=2",
+                            "--out", str(tmp_path / "res")])
+    assert r.exit_code == 0
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("replay: ")]
+    assert lines and re.match(r"replay: \d+/\d+ requests, simulated [\d.]+ s, wall \d+ s", lines[-1])
+    quiet = runner.invoke(app, ["run", "configs/default.yaml", *SMALL, "--out", str(tmp_path / "q")])
+    assert "replay: " not in quiet.output
