@@ -15,13 +15,25 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from kvsim.paths import CONFIGS
 from kvsim.units import parse_size, parse_time
 
-Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+MAX_BYTES = 1 << 60  # 1 EiB: beyond any machine, and far from int64's limits
+
+
+def _size(value: Any) -> int:
+    n = parse_size(value)
+    if n > MAX_BYTES:
+        raise ValueError(f"size {value!r} is more than 1 EiB; expected a size a machine can have")
+    return n
+
+
+Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
 Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
+PositiveSeconds = Annotated[float, BeforeValidator(parse_time), Field(gt=0)]
 
 
 class ConfigFileError(ValueError):
@@ -29,7 +41,26 @@ class ConfigFileError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's ``true`` is not the number 1: only boolean fields take booleans."""
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and field.annotation is not bool:
+            raise ValueError(f"expected {_expected(field)}, got the boolean {value!r}")
+        return value
+
+
+def _expected(field: Any) -> str:
+    funcs = {getattr(getattr(m, "func", None), "__name__", "") for m in field.metadata}
+    if "_size" in funcs:
+        return "a size"
+    if "parse_time" in funcs:
+        return "a duration"
+    return {"int": "a whole number", "float": "a number"}.get(
+        getattr(field.annotation, "__name__", ""), "a value of another type")
 
 
 class TierConfig(_Strict):
@@ -104,13 +135,13 @@ class WorkloadConfig(_Strict):
 
 class OutputConfig(_Strict):
     dir: str = "results/{name}"
-    timeline_interval: Seconds = 1.0
+    timeline_interval: PositiveSeconds = 1.0
     plots: bool = True
 
 
 class RunConfig(_Strict):
     name: str = "run"
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
     model: str = "llama-3-70b"          # preset under configs/models or a YAML path
     tp: Optional[Annotated[int, Field(gt=0)]] = None   # overrides the model's tp
     hardware: str = "h200-pcie"         # preset under configs/hardware or a YAML path
@@ -130,15 +161,34 @@ def _loc(loc: tuple) -> str:
     return out or "(top level)"
 
 
-def _format(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
+def _format(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = ()) -> str:
+    """One line per error: the key path, what is wrong, and what was given. An error in a
+    key that a ``--set`` wrote (or one inside it) names that ``--set`` argument, not the
+    file."""
+    lines, from_file = [], False
     for e in err.errors():
         loc = _loc(tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-        lines.append(f"  {loc}: {msg}{got_s}")
-    return "\n".join(lines)
+        got_s = "" if isinstance(got, (dict, list)) or got is None or repr(got) in msg \
+            else f" (got {got!r})"
+        arg = next((text for key, text in reversed(overrides) if _within(loc, key)), None)
+        if arg is not None:
+            lines.append(f"--set {arg}: {loc}: {msg}{got_s}")
+        else:
+            from_file = True
+            lines.append(f"  {loc}: {msg}{got_s}")
+    head = [f"{source}: invalid configuration"] if from_file else []
+    return "\n".join(head + lines)
+
+
+def _within(loc: str, key: str) -> bool:
+    """Whether config path ``loc`` is ``key`` or inside it (``a.b[1].c`` is inside ``a.b``)."""
+    return loc == key or loc.startswith((key + ".", key + "["))
+
+
+def _normal_key(dotted: str) -> str:
+    return dotted.replace(" ", "")
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:
@@ -196,30 +246,67 @@ def resolve_config_path(path: str | Path) -> Path:
     raise ConfigFileError(f"{path}: no such config file (nor under {CONFIGS})")
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read, override and validate a run configuration."""
-    p = resolve_config_path(path)
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content, strictly: UTF-8 text, no duplicate keys in a mapping. Errors
+    name the file (and the line and column where YAML tells them)."""
+    p = Path(path)
     try:
-        text = p.read_text()
+        raw = p.read_bytes()
     except OSError as e:
         raise ConfigFileError(f"{p}: cannot read ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigFileError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); expected a "
+                              f"YAML file in UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
         raise ConfigFileError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (by
+    default the last one silently wins)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read, override and validate a run configuration."""
+    p = resolve_config_path(path)
+    data = read_yaml(p)
     if not isinstance(data, dict):
         raise ConfigFileError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     data = copy.deepcopy(data)
+    given = []
     for ov in overrides:
         key, value = parse_override(ov)
         set_path(data, key, value)
-    return validate_config(data, str(p))
+        given.append((_normal_key(key), ov))
+    return validate_config(data, str(p), tuple(given))
 
 
-def validate_config(data: dict, source: str = "<config>") -> RunConfig:
+def validate_config(data: dict, source: str = "<config>",
+                    overrides: tuple[tuple[str, str], ...] = ()) -> RunConfig:
+    """``overrides``: (key path, ``--set`` argument) pairs that wrote into ``data``; errors
+    in those keys name the argument."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigFileError(_format(e, source)) from None
+        raise ConfigFileError(_format(e, source, overrides)) from None

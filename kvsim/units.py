@@ -7,6 +7,7 @@ Plain numbers pass through (bytes, seconds, bytes per second). Errors say what w
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -16,17 +17,24 @@ _TIME = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h"
 _NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*$")
 
 
+_EXAMPLE = {"a size": "'160GiB'", "a duration": "'10ms'", "a bandwidth": "'55GB/s'"}
+
+
 def _split(value: object, what: str) -> tuple[float, str]:
     if isinstance(value, bool):
-        raise ValueError(f"expected {what}, got a boolean {value!r}")
+        raise ValueError(f"expected {what}, got the boolean {value!r}")
     if isinstance(value, (int, float)):
-        return float(value), ""
-    if not isinstance(value, str):
+        num, unit = float(value), ""
+    elif isinstance(value, str):
+        m = _NUM.match(value)
+        if not m:
+            raise ValueError(f"expected {what} (e.g. {_EXAMPLE[what]}), got {value!r}")
+        num, unit = float(m.group(1)), m.group(2)
+    else:
         raise ValueError(f"expected {what}, got {type(value).__name__} {value!r}")
-    m = _NUM.match(value)
-    if not m:
-        raise ValueError(f"expected {what} (e.g. '160GiB', '10ms'), got {value!r}")
-    return float(m.group(1)), m.group(2)
+    if not math.isfinite(num):
+        raise ValueError(f"expected {what}, got the non-finite {value!r}")
+    return num, unit
 
 
 def parse_size(value: object) -> int:
@@ -36,6 +44,8 @@ def parse_size(value: object) -> int:
     if factor is None:
         raise ValueError(f"unknown size unit {unit!r} in {value!r}; use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB")
     out = num * factor
+    if not math.isfinite(out):
+        raise ValueError(f"size {value!r} is beyond any machine")
     if out != int(out):
         raise ValueError(f"size {value!r} is not a whole number of bytes")
     return int(out)
@@ -47,6 +57,8 @@ def parse_time(value: object) -> float:
     factor = _TIME.get(unit.lower())
     if factor is None:
         raise ValueError(f"unknown time unit {unit!r} in {value!r}; use ns, us, ms, s, min, h")
+    if not math.isfinite(num * factor):
+        raise ValueError(f"duration {value!r} is beyond any replay")
     return num * factor
 
 

@@ -51,6 +51,7 @@ from .model import Session, TraceError, Turn, Workload, check_start_policy
 PREFIX_NS_BITS = 20
 PRIVATE_SPAN = 1 << 32
 TAIL_OFFSET = 1 << 31
+ID_LIMIT = 1 << 63
 SESSION_SUFFIXES = (".json.gz", ".json")
 _INT = frozenset((int,))
 
@@ -207,6 +208,8 @@ class _Builder:
                     f"tokens a block needs floor = {full} (full blocks) or ceil = {full + (rem > 0)}")
             if self.shared and len(ids) > start and (min(ids[start:]) < 0 or max(ids[start:]) >= TAIL_OFFSET):
                 raise TraceError(f"{where}hash ids must lie in [0, 2**31) for shared_prefix remapping")
+            if len(ids) > start and (min(ids[start:]) < 0 or max(ids[start:]) >= ID_LIMIT):
+                raise TraceError(f"{where}hash ids must lie in [0, 2**63)")
             think = self._think(r, where, prev_req, sub_end if after_sub else None)
             if self.max_think_s is not None and think > self.max_think_s:
                 think = float(self.max_think_s)

@@ -5,10 +5,10 @@ Format: one JSON object a line with ``timestamp`` (ms from trace start), ``input
 file). Blank lines are skipped.
 
 The loader validates every line and raises TraceError with ``<path>:<line>: <problem>``:
-malformed JSON, a line that is not an object, a missing field, a wrong type (bools are not
+text that is not UTF-8, malformed JSON, a line that is not an object, a missing field, a wrong type (bools are not
 ints), a negative timestamp or output length, an input length < 1, hash ids that do not
 cover the input (``len(hash_ids) != ceil(input_length / block_tokens)``), and timestamps
-going backwards. Out-of-order timestamps are an error by default (a concatenated or
+going backwards, hash ids outside ``[0, 2**63)``. Out-of-order timestamps are an error by default (a concatenated or
 corrupted trace should not silently replay in a different order); ``sort=True`` accepts
 them and stable-sorts requests by timestamp instead (sids keep their line numbers).
 
@@ -27,6 +27,7 @@ from .model import Session, TraceError, Turn, Workload
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _INT = frozenset((int,))
+ID_LIMIT = 1 << 63  # block keys hash ids as signed 64-bit integers
 
 
 def _is_int(x) -> bool:
@@ -49,13 +50,18 @@ def load_mooncake(path, time_scale: float = 1.0, limit: int | None = None, *,
     scale = time_scale / 1000.0
     prev_ts = None
     prev_line = 0
-    with open(path, "r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
             if limit is not None and len(sessions) >= limit:
                 break
+            where = f"{path}:{lineno}: "
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{where}not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                                 f"{e.start + 1}); expected JSON lines in UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}: "
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -90,6 +96,9 @@ def load_mooncake(path, time_scale: float = 1.0, limit: int | None = None, *,
             if not set(map(type, ids)) <= _INT:
                 bad = next(h for h in ids if type(h) is not int)
                 raise TraceError(f"{where}field 'hash_ids' must hold only integers, found {bad!r}")
+            if ids and (min(ids) < 0 or max(ids) >= ID_LIMIT):
+                bad = next(h for h in ids if not 0 <= h < ID_LIMIT)
+                raise TraceError(f"{where}hash id {bad} is out of range; expected 0 <= id < 2**63")
             need = -(-n_in // block_tokens)
             if len(ids) != need:
                 raise TraceError(f"{where}hash_ids has {len(ids)} blocks but input_length {n_in} at "
