@@ -386,10 +386,11 @@ def test_check_against_replays_cells_measured_elsewhere(tmp_path):
 
 
 def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
-    """docs/runs keeps the H200 replay of the agentic slice; --hw-from reads it back."""
+    """tests/fixtures keeps an H200 replay of the agentic slice (a ``kvsim compare`` of
+    2026-11-29, refcheck off, trimmed to what --hw-from reads); --hw-from reads it back."""
     from kvsim.compare import read_report, saved_hw
 
-    folder = Path(__file__).resolve().parents[1] / "docs" / "runs" / "h200-agentic-slice-refcheck-off-2026-11-29-2013"
+    folder = Path(__file__).resolve().parent / "fixtures" / "h200-agentic-slice"
     cfg = load_config("agentic-slice")
     hw, log, options = saved_hw(folder, cfg)
     assert len(hw.rows) == 90 and hw.metrics["requests_completed"] == 90
