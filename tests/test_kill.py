@@ -1,0 +1,93 @@
+"""Killing a run at every phase (loading, replay, writing results) with SIGINT, SIGTERM and
+SIGKILL, on the sim and the hw backend (CPU mode, with a disk tier): the user's files are
+never touched, the results folder holds the earlier complete results (never a half-written
+one), SIGINT/SIGTERM leave nothing behind, and what SIGKILL left is gone after the next
+start that uses the same folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvsim.results import MARKER
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--no-progress", "--set", "workload.synthetic.n_sessions=2", "--set", "model=llama-3-8b",
+        "--set", "cache.page_bytes=4KiB", "--set",
+        "cache.tiers=[{level: gpu, quota: 4MiB}, {level: host, quota: 2MiB}, {level: disk, quota: 8MiB}]"]
+BACKEND = {"sim": [], "hw": ["--backend", "hw", "--device", "cpu", "--time-scale", "50"]}
+
+
+def _kvsim(args: list[str], env: dict, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvsim.cli", "run", "default", *args], env=env,
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _wait_for(proc: subprocess.Popen, text: str, timeout: float = 60.0) -> str:
+    seen = ""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while text not in seen:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"no {text!r} from the run; stderr so far: {seen}")
+        if sel.select(timeout=0.5):
+            seen += proc.stderr.readline()
+    return seen
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sim", "hw"])
+@pytest.mark.parametrize("phase", ["load", "replay", "write"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_a_kill_at_any_phase_loses_nothing_and_leaves_nothing(tmp_path, backend, phase, sig):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    (work / "notes.txt").write_text("the user's")
+    (work / "data").mkdir()
+    (work / "data" / "x.bin").write_bytes(b"\0" * 1000)
+    out = work / "res"  # an earlier, complete results folder
+    out.mkdir()
+    (out / MARKER).write_text(json.dumps({"kvsim": "0", "kind": "run"}))
+    (out / "summary.json").write_text('{"earlier": true}')
+    before = _files(work)
+    env = {**os.environ, "TMPDIR": str(tmp), "KVSIM_PAUSE_AT": phase}
+
+    proc = _kvsim([*BACKEND[backend], *TINY, "--out", str(out)], env)
+    _wait_for(proc, f"kvsim: paused at {phase}")
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    if sig == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 128 + sig, err
+        assert "interrupted" in err and "Traceback" not in err, err
+        # a kill the process sees: nothing of it is left, at once
+        assert _files(work) == before and list(tmp.iterdir()) == []
+    after = _files(work)  # the user's files and the earlier results, intact
+    assert {k: after.get(k) for k in before} == before
+
+    # the next start in the same folders: it runs, and only its results and the user's files remain
+    env.pop("KVSIM_PAUSE_AT")
+    nxt = _kvsim([*BACKEND[backend], *TINY, "--out", str(out)], env)
+    err = nxt.communicate(timeout=300)[1]
+    assert nxt.returncode == 0, err
+    assert sorted(p.name for p in work.iterdir()) == ["data", "notes.txt", "res"]
+    assert (work / "notes.txt").read_text() == "the user's"
+    assert (work / "data" / "x.bin").read_bytes() == b"\0" * 1000
+    assert list(tmp.iterdir()) == []
+    assert "metrics" in json.loads((out / "summary.json").read_text())
