@@ -474,11 +474,11 @@ def test_gpu_write_waits_for_a_pending_check_of_its_slots_only(make):
     later = be.read_tags_later(Level.GPU, mine)     # 256 MiB to read: still running below
     compute = be.streams["compute"].ptr
     be.fill(Fill(Level.GPU, other, new))
-    assert be._check_waited.get(compute) is None    # other slots: no wait
+    assert be.order.check_waited.get(compute) is None  # other slots: no wait
     be.fill(Fill(Level.GPU, mine, new))             # the same slots: after the check
-    assert be._check_waited.get(compute) is be._check_event
+    assert be.order.check_waited.get(compute) is be.order.check_event
     assert (run1(rt, later) == old).all()
-    assert not be._checking.any()                   # the loop saw it finish
+    assert not be.order.checking.any()  # the loop saw it finish
     assert (be.read_tags(Level.GPU, mine) == new).all()
 
 
