@@ -41,7 +41,7 @@ import os
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +49,7 @@ import numpy as np
 from kvsim.core.copypath import CopyPath
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
+from kvsim.config import RunConfig
 from kvsim.hardware import HardwareProfile, load_profile
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -92,6 +93,9 @@ class Measured:
     host_fill_Bps: float | None = None
     compute: dict = field(default_factory=dict)
     small: list[dict] = field(default_factory=list)    # page, path, dir, pages, seconds, call_s
+    # the profile's nvme.queue_depth and nvme.piece, which the hw backend runs its disk at:
+    # the fit takes the disk cells measured at them (None: the best cells)
+    disk_setting: dict | None = None
 
 
 def _batch(src, dst, ss, ds, pb) -> Batch:
@@ -111,7 +115,7 @@ def _time_batches(rt, be, batches, path) -> float:
     return time.perf_counter() - t0
 
 
-def measure_copies(plan: Plan, device: str, m: Measured) -> None:
+def measure_copies(plan: Plan, device: str, m: Measured, profile: HardwareProfile | None = None) -> None:
     from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
@@ -120,7 +124,8 @@ def measure_copies(plan: Plan, device: str, m: Measured) -> None:
         rt = RealtimeRuntime()
         # the geometry of benchmarks/hw_copy.py: a batch of n pages a direction, both
         # directions at once = n each way, 2n slots a tier, random slots
-        be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, refcheck=False)
+        be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, refcheck=False,
+                       profile=profile)
         try:
             m.device = be.info["device"]
             paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
@@ -152,7 +157,7 @@ def measure_copies(plan: Plan, device: str, m: Measured) -> None:
             be.close()
 
 
-def measure_small(plan: Plan, device: str, m: Measured) -> None:
+def measure_small(plan: Plan, device: str, m: Measured, profile: HardwareProfile | None = None) -> None:
     """Batches of ``plan.small_counts`` pages, each path and direction, random slots, timed
     from ``transfer()`` to the runtime seeing the completion (a replay's runtime: default
     polling); median of ``small_repeats`` after 3 dropped. Copy-engine cells also keep the
@@ -164,7 +169,8 @@ def measure_small(plan: Plan, device: str, m: Measured) -> None:
     rng = np.random.default_rng(1)
     pb, slots = plan.small_page, 4 * max(plan.small_counts)
     rt = RealtimeRuntime()
-    be = HwBackend(rt, pb, {Level.GPU: slots, Level.HOST: slots}, device=device, refcheck=False)
+    be = HwBackend(rt, pb, {Level.GPU: slots, Level.HOST: slots}, device=device, refcheck=False,
+                   profile=profile)
     try:
         paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
         copier = getattr(be, "copier", None)
@@ -315,7 +321,10 @@ def measure_busy(m: Measured, device: str) -> None:
         be.close()
 
 
-def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None = None) -> tuple[Measured, Plan]:
+def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None = None,
+            profile: HardwareProfile | None = None) -> tuple[Measured, Plan]:
+    """Everything calibrate measures, with the hw backend built on ``profile`` (default
+    the default config's); the disk also at the profile's queue depth and piece size."""
     from kvsim_backends.hw.backend import _load_cupy  # noqa: PLC0415
 
     cp = _load_cupy() if device != "cpu" else None
@@ -323,10 +332,14 @@ def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None
         raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
     on_gpu = cp is not None
     plan = plan or Plan.for_device(on_gpu)
+    profile = profile or load_profile(RunConfig.model_fields["hardware"].default)
+    nv = profile.nvme
+    plan = replace(plan, disk_threads=tuple(sorted({*plan.disk_threads, nv.queue_depth})),
+                   disk_pieces=tuple(sorted({*plan.disk_pieces, nv.piece})))
     dev = "gpu" if on_gpu else "cpu"
-    m = Measured(device=dev)
-    measure_copies(plan, dev, m)
-    measure_small(plan, dev, m)
+    m = Measured(device=dev, disk_setting={"queue_depth": nv.queue_depth, "piece": nv.piece})
+    measure_copies(plan, dev, m, profile)
+    measure_small(plan, dev, m, profile)
     measure_disk(plan, m, disk_dir, cp.cuda.runtime if on_gpu else None)
     measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
     if on_gpu and plan.compute:
@@ -437,8 +450,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     if m.disk:
         # the sim predicts the hw backend, so the device is fitted as that backend drives it
         # (its I/O threads and piece size); the best cell only where those were not measured
-        from kvsim_backends.hw.disk import IO_THREADS, PIECE_BYTES  # noqa: PLC0415
-        own = [r for r in m.disk if r["threads"] == IO_THREADS and r["piece"] == PIECE_BYTES]
+        at = m.disk_setting or {}
+        own = [r for r in m.disk if r["threads"] == at.get("queue_depth") and r["piece"] == at.get("piece")]
         best_r = own[0] if own else max(m.disk, key=lambda r: r["read_Bps"])
         best_w = own[0] if own else max(m.disk, key=lambda r: r["write_Bps"])
         d["nvme"]["read"], d["nvme"]["write"] = best_r["read_Bps"], best_w["write_Bps"]
@@ -721,7 +734,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     out = Path(out)
     base_p = load_profile(base)
     t0 = time.perf_counter()
-    m, plan = measure(device, plan, disk_dir)
+    m, plan = measure(device, plan, disk_dir, base_p)
     name = name or out.stem
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     notes = (f"kvsim calibrate on {m.device} ({stamp}); base {base_p.name} for what was "
@@ -733,7 +746,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
-              "compute": m.compute, "small": m.small, "fit_check": check,
+              "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
     Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report
@@ -743,7 +756,8 @@ def measured_from_report(report: dict) -> Measured:
     """The measurements a saved ``.report.json`` holds (nothing fitted)."""
     return Measured(device=report["device"], copies=list(report["copies"]), ctas=list(report.get("ctas", [])),
                     disk=list(report.get("disk", [])), host_fill_Bps=report.get("host_fill_Bps"),
-                    compute=dict(report.get("compute", {})), small=list(report.get("small", [])))
+                    compute=dict(report.get("compute", {})), small=list(report.get("small", [])),
+                    disk_setting=report.get("disk_setting"))
 
 
 def refit(report_path: str | Path, out: str | Path, base: str | None = None,

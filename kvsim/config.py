@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
@@ -97,6 +97,28 @@ class CacheConfig(_Strict):
         return self
 
 
+CopyPathName = Literal["auto", "copy_engine", "sm_kernel"]
+
+
+def _both_directions(v: Any) -> Any:
+    """``copy_path: sm_kernel`` (one name) sets both directions."""
+    return {"h2d": v, "d2h": v} if isinstance(v, str) else v
+
+
+def _cta_setting(v: Any) -> Any:
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    raise ValueError("expected 'auto' or a positive number of CTAs")
+
+
+class CopyPathConfig(_Strict):
+    """The GPU <-> host copy path of each direction: ``auto`` (kvsim.core.copypath's rule
+    on the hardware profile), or forced (``copy_engine``, ``sm_kernel``). Both backends."""
+
+    h2d: CopyPathName = "auto"
+    d2h: CopyPathName = "auto"
+
+
 class EngineConfig(_Strict):
     max_batch_tokens: Annotated[int, Field(gt=0)] = 8192
     max_running: Annotated[int, Field(gt=0)] = 256
@@ -106,6 +128,9 @@ class EngineConfig(_Strict):
     hold_sessions: bool = True
     gpu_free_watermark: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     max_plan_failures: Annotated[int, Field(gt=0)] = 3
+    copy_path: Annotated[CopyPathConfig, BeforeValidator(_both_directions)] = CopyPathConfig()
+    # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
+    sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
 
 
 class SyntheticConfig(_Strict):

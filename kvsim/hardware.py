@@ -192,7 +192,9 @@ class InterferenceSpec(_Frozen):
 
 class SMSpec(_Frozen):
     """Streaming multiprocessors, as SM copy kernels see them. ``h2d`` / ``d2h`` / ``both``:
-    the copy kernel's own ceilings (None: the link's)."""
+    the copy kernel's own ceilings (None: the link's). ``cta_headroom``: a copy kernel gets
+    CTAs for this many times its link (``kvsim.core.copypath.copy_ctas``), since the per-CTA
+    rates, measured with few CTAs, sag as the link fills; default 1."""
 
     count: Annotated[int, Field(ge=2)]
     cta_offload: Rate   # one copy CTA, GPU -> host
@@ -204,11 +206,14 @@ class SMSpec(_Frozen):
     h2d: Rate | None = None
     d2h: Rate | None = None
     both: Rate | None = None
+    cta_headroom: Annotated[float, Field(ge=1)] = 1.0
 
 
 class NVMeSpec(_Frozen):
     """The disk tier's device. A transfer is cut into pieces of at most ``piece`` bytes;
     ``queue_depth`` of them in flight; each costs ``latency`` plus its bytes at the rate.
+    Both backends read ``queue_depth`` and ``piece``: the sim's queue model, the hw
+    backend's I/O threads and the most bytes one of its pread / pwrite calls moves.
     ``write`` is the rate of a first write into the tier's (preallocated) file space,
     ``rewrite`` that into space written before (None: ``write``): the file system converts
     a preallocated extent on its first write (on the H200 machine 2.09-2.36 GB/s first,
@@ -321,6 +326,13 @@ class HardwareProfile(_Frozen):
         return {"link_kind": self.link.kind, "page_bytes": page_bytes,
                 "per_copy_host_s": self.copy_engine.per_page_for(direction, page_bytes),
                 "link_bytes_per_s": getattr(self.link, direction), "sm_bytes_per_s": own}
+
+    def cta_args(self, direction: str) -> dict:
+        """Keyword arguments of ``kvsim.core.copypath.sm_ctas`` (after the setting) for
+        ``direction`` ('h2d' or 'd2h'). Both backends call this so they size alike."""
+        per = self.sm.cta_onboard if direction == "h2d" else self.sm.cta_offload
+        return {"link_bytes_per_s": getattr(self.link, direction), "per_cta_bytes_per_s": per,
+                "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.cta_headroom}
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

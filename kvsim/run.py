@@ -112,6 +112,10 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
         profile = profile or load_profile(cfg.hardware)
     except (ValueError, OSError) as e:
         raise ConfigFileError(str(e)) from None
+    ctas, slots = cfg.engine.sm_ctas, profile.sm.copy_cta_slots
+    if ctas != "auto" and ctas > slots:
+        raise ConfigFileError(f"engine.sm_ctas: got {ctas}; the hardware profile {profile.name} "
+                              f"has {slots} copy CTA slots (sm.copy_cta_slots)")
     spec = build_spec(cfg, shape)
     disk = next((t for t in cfg.cache.tiers if t.level == "disk"), None)
     workload = load_workload(cfg, trace)
@@ -130,7 +134,9 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
 
     rt = SimRuntime()
     slots = {t.level: t.max_slots for t in mgr.tiers}
-    be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=prep.cfg.engine.refcheck,
+    e = prep.cfg.engine
+    be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=e.refcheck,
+                    copy_path=e.copy_path.model_dump(), sm_ctas=e.sm_ctas,
                     timing_log=options.get("timing_log"),
                     model_refcheck=options.get("model_refcheck", False),
                     compute_log=options.get("compute_log"),

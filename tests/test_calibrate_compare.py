@@ -47,6 +47,12 @@ def test_calibrate_cpu_writes_a_loadable_profile(tmp_path):
     assert "base: h200-pcie" in out.read_text()
     saved = json.loads((tmp_path / "hw" / "cpu-cal.yaml.report.json").read_text())
     assert saved["profile"] == str(out)
+    # the disk is measured and fitted at the base profile's queue depth and piece, which
+    # the hw backend reads as its I/O threads: the profile written keeps them
+    base = load_profile("h200-pcie").nvme
+    assert saved["disk_setting"] == {"queue_depth": base.queue_depth, "piece": base.piece}
+    assert (base.queue_depth, base.piece) in {(r["threads"], r["piece"]) for r in saved["disk"]}
+    assert (prof.nvme.queue_depth, prof.nvme.piece) == (base.queue_depth, base.piece)
 
 
 def test_calibrate_cli_refuses_a_non_yaml_out(tmp_path):
@@ -261,6 +267,8 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     # report predates calibrate's rewrite pass)
     assert a["nvme"].pop("rewrite") == pytest.approx(2.474e9)
     assert b["nvme"].pop("rewrite") is None
+    # and the SM kernel's CTA headroom the hw backend ran with when the cells were measured
+    assert (a["sm"].pop("cta_headroom"), b["sm"].pop("cta_headroom")) == (2.0, 1.0)
     assert a == b
     new = json.loads((tmp_path / "h200-pcie-calibrated.yaml.report.json").read_text())
     old = json.loads(committed.with_name(committed.name + ".report.json").read_text())
@@ -286,25 +294,27 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
 
 
 def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
-    """The nvme terms come from the cell at the hw backend's own I/O threads and piece size
-    (the sim predicts that backend), not from the best cell measured."""
+    """The nvme terms come from the cell at the queue depth and piece size the profile
+    gives the hw backend (its I/O threads: the report's ``disk_setting``, the base
+    profile's ``nvme``), not from the best cell measured; the fitted profile keeps them."""
     from kvsim.calibrate import fit, measured_from_report
     from kvsim.hardware import CONFIG_DIR
-    from kvsim_backends.hw.disk import IO_THREADS, PIECE_BYTES
 
     committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
     m = measured_from_report(json.loads(committed.with_name(committed.name + ".report.json").read_text()))
     MiB = 1 << 20
+    assert m.disk_setting == {"queue_depth": 4, "piece": 4 * MiB}
+    m.disk_setting = {"queue_depth": 6, "piece": 2 * MiB}
     m.disk = [{"threads": t, "piece": p, "bytes": 1 << 30, "write_Bps": w, "read_Bps": r, "direct": True}
-              for t, p, w, r in ((1, 4 * MiB, 1.0e9, 1.2e9), (IO_THREADS, PIECE_BYTES, 1.4e9, 1.6e9),
+              for t, p, w, r in ((1, 2 * MiB, 1.0e9, 1.2e9), (6, 2 * MiB, 1.4e9, 1.6e9),
                                  (16, 1 * MiB, 1.9e9, 2.0e9))]
     d, why = fit(m, load_profile("h200-pcie"))
     nv = d["nvme"]
-    assert (nv["queue_depth"], nv["piece"], nv["read"], nv["write"]) == (IO_THREADS, PIECE_BYTES, 1.6e9, 1.4e9)
+    assert (nv["queue_depth"], nv["piece"], nv["read"], nv["write"]) == (6, 2 * MiB, 1.6e9, 1.4e9)
     # latency: the median of the passes' estimates (here read and write: their mean)
-    assert nv["latency"] == pytest.approx(((4 * MiB / 1.2e9 - 4 * MiB / 1.6e9) + (4 * MiB / 1.0e9 - 4 * MiB / 1.4e9)) / 2)
+    assert nv["latency"] == pytest.approx(((2 * MiB / 1.2e9 - 2 * MiB / 1.6e9) + (2 * MiB / 1.0e9 - 2 * MiB / 1.4e9)) / 2)
     m.disk[0]["rewrite_Bps"], m.disk[1]["rewrite_Bps"] = 1.1e9, 1.5e9  # three passes: the middle one
-    ests = sorted([4 * MiB / a - 4 * MiB / b for a, b in ((1.2e9, 1.6e9), (1.0e9, 1.4e9), (1.1e9, 1.5e9))])
+    ests = sorted([2 * MiB / a - 2 * MiB / b for a, b in ((1.2e9, 1.6e9), (1.0e9, 1.4e9), (1.1e9, 1.5e9))])
     assert fit(m, load_profile("h200-pcie"))[0]["nvme"]["latency"] == pytest.approx(ests[1])
     m.disk[0]["rewrite_Bps"] = m.disk[1]["rewrite_Bps"] = None
     assert "the hw backend's" in why["nvme"]

@@ -94,3 +94,34 @@ def test_copypath_module_is_pure():
     src = open(m.__file__).read()
     for banned in ("simpy", "cupy", "time", "threading", "open(", "pydantic", "yaml"):
         assert f"import {banned}" not in src and not (banned == "open(" and banned in src)
+
+
+def test_copy_ctas_headroom_multiplies_the_link():
+    # 55.5 GB/s at 2.4 GB/s a CTA: 24 CTAs; twice the link: 48; below 1 refused
+    from kvsim.core.copypath import copy_ctas as cc
+    assert cc(PCIE, 2.4e9, 132) == 24 and cc(PCIE, 2.4e9, 132, headroom=2.0) == 48
+    with pytest.raises(ValueError, match="headroom"):
+        cc(PCIE, 2.4e9, 132, headroom=0.5)
+
+
+def test_a_copy_path_setting_per_direction():
+    from kvsim.core.copypath import force_per_direction
+    assert force_per_direction(None) == force_per_direction("auto") == {"h2d": None, "d2h": None}
+    assert force_per_direction("sm_kernel") == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.SM_KERNEL}
+    assert force_per_direction({"h2d": "copy_engine", "d2h": "auto"}) == {"h2d": CopyPath.COPY_ENGINE,
+                                                                          "d2h": None}
+    assert force_per_direction({"d2h": CopyPath.SM_KERNEL}) == {"h2d": None, "d2h": CopyPath.SM_KERNEL}
+    with pytest.raises(ValueError, match=r"copy_path\.d2h: got 'dma'"):
+        force_per_direction({"h2d": "auto", "d2h": "dma"})
+    with pytest.raises(ValueError, match="unknown direction"):
+        force_per_direction({"up": "auto"})
+
+
+def test_sm_ctas_auto_or_a_count_within_the_slots():
+    from kvsim.core.copypath import sm_ctas
+    assert sm_ctas("auto", PCIE, 2.4e9, 132) == copy_ctas(PCIE, 2.4e9, 132) == 24
+    assert sm_ctas(None, PCIE, 2.4e9, 132, headroom=2.0) == 48
+    assert sm_ctas(7, PCIE, 2.4e9, 132) == 7  # a count is taken as it is (odd too)
+    for bad in (0, -2, 133, True, 2.5, "many"):
+        with pytest.raises(ValueError, match="sm_ctas"):
+            sm_ctas(bad, PCIE, 2.4e9, 132)

@@ -60,6 +60,15 @@ def run1(rt, waitable):
     return rt.run(rt.process(proc()))
 
 
+def profile_with(**nvme):
+    """The h200-pcie profile with its ``nvme`` keys replaced."""
+    from kvsim.hardware import HardwareProfile, load_profile
+
+    d = load_profile("h200-pcie").model_dump()
+    d["nvme"].update(nvme)
+    return HardwareProfile.model_validate(d)
+
+
 @pytest.fixture
 def make(tmp_path):
     made = []
@@ -246,8 +255,11 @@ def test_backend_satisfies_the_protocol(make):
     (dict(page_bytes=1000), "page_bytes"),
     (dict(slots={Level.GPU: 0}), "slots[GPU]"),
     (dict(slots={Level.HOST: 4}), "slots"),
-    (dict(io_threads=0), "io_threads"),
-    (dict(piece_bytes=-1), "piece_bytes"),
+    (dict(copy_path="dma"), "copy_path"),
+    (dict(copy_path={"h2d": "sm_kernel", "d2h": "dma"}), "copy_path.d2h"),
+    (dict(copy_path={"up": "sm_kernel"}), "copy_path"),
+    (dict(sm_ctas=0), "sm_ctas"),
+    (dict(sm_ctas=133), "sm_ctas"),
     (dict(device="tpu"), "device"),
     (dict(slots={Level.GPU: 4, Level.DISK: 4}), "disk_dir"),
 ])
@@ -516,7 +528,7 @@ def test_the_timing_log_times_a_disk_batchs_io_inside_its_transfer(make):
     from kvsim.compare import transfer_table
 
     log: list = []
-    rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24, piece_bytes=256 << 10,
+    rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24, profile=profile_with(piece=256 << 10),
                   staging_bytes=3 << 20, timing_log=log)
     roundtrip(rt, be, n=10)
     disk = [r for r in log if "disk" in (r["src"], r["dst"])]
@@ -533,7 +545,8 @@ def test_the_timing_log_times_a_disk_batchs_io_inside_its_transfer(make):
 def test_large_pages_split_into_pieces_and_staging_chunks(make):
     # 1 MiB pages, 256 KiB pieces, a staging buffer of 3 pages: every pipeline stage loops
     rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24,
-                  piece_bytes=256 << 10, staging_bytes=3 << 20)
+                  profile=profile_with(piece=256 << 10), staging_bytes=3 << 20)
+    assert be.disk.piece_bytes == 256 << 10
     roundtrip(rt, be, n=10)
 
 

@@ -32,13 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.core.copypath import CopyPath, choose_copy_path, copy_ctas
+from kvsim.config import RunConfig
+from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_per_direction, sm_ctas
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
+from kvsim.hardware import HardwareProfile, load_profile
 
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
 from .copies import Copies
-from .disk import IO_THREADS, PIECE_BYTES, DiskStore
+from .disk import DiskStore
 from .logs import HOST_LOG_MIN_S, HwLogs  # noqa: F401 (re-exported)
 from .memory import DeviceArena, HostRegion, StagingPool
 from .order import StreamOrder
@@ -72,15 +74,11 @@ class HwBackend:
     name = "hw"
 
     def __init__(self, runtime, page_bytes: int, slots: dict[Level, int], disk_dir=None,
-                 device: str = "auto", io_threads: int = IO_THREADS, piece_bytes: int = PIECE_BYTES,
-                 copy_path: CopyPath | str | None = None, refcheck: bool = True, *,
-                 profile=None, link_kind: str = "pcie", link_bytes_per_s: float = 55.5e9,
-                 per_copy_host_s: float = 5e-6, per_cta_bytes_per_s: float | None = None,
-                 threads_per_cta: int = 128, sm_ctas: int | None = None,
-                 staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3,
-                 cta_headroom: float = 2.0, io_hook=None, direct_io: bool = True,
-                 disk_preallocate: bool = True, timing_log: list | None = None,
-                 compute_graphs: bool = True, compute_log: list | None = None,
+                 device: str = "auto", copy_path=None, refcheck: bool = True, *,
+                 profile: HardwareProfile | str | None = None, sm_ctas="auto",
+                 staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3, io_hook=None,
+                 direct_io: bool = True, disk_preallocate: bool = True, compute_graphs: bool = True,
+                 timing_log: list | None = None, compute_log: list | None = None,
                  host_log: list | None = None):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
@@ -93,17 +91,14 @@ class HwBackend:
         if not isinstance(slots, dict) or Level.GPU not in slots:
             raise ValueError(f"slots: got {slots!r}; expected a dict with at least Level.GPU")
         self.slots = {Level(k): _positive_int(f"slots[{Level(k).name}]", v) for k, v in slots.items()}
-        io_threads = _positive_int("io_threads", io_threads)
-        self.piece_bytes = _positive_int("piece_bytes", piece_bytes)
         if device not in ("auto", "cpu", "gpu"):
             raise ValueError(f"device: got {device!r}; expected 'auto', 'cpu' or 'gpu'")
         if Level.DISK in self.slots and disk_dir is None:
             raise ValueError("disk_dir: a disk tier (slots[DISK]) needs a directory")
-        if profile is not None:
-            link_kind = profile.link.kind
-            link_bytes_per_s = min(profile.link.h2d, profile.link.d2h)
-            per_copy_host_s = profile.copy_engine.per_page
-            threads_per_cta = profile.sm.threads_per_cta
+        if profile is None:
+            profile = RunConfig.model_fields["hardware"].default
+        self.profile = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
+        force = force_per_direction(copy_path)  # (bad values fail here, before any allocation)
         self.refcheck = bool(refcheck)
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.logs = HwLogs(runtime, self.page_bytes, self.path_name, timing_log, compute_log, host_log)
@@ -112,30 +107,27 @@ class HwBackend:
         if device == "gpu" and self.cp is None:
             raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
         self.on_gpu = self.cp is not None
-        self.threads_per_cta = _positive_int("threads_per_cta", threads_per_cta)
+        self.threads_per_cta = self.profile.sm.threads_per_cta
         self.compute_chunk_s = compute_chunk_s
         self._compute_graphs = compute_graphs  # launch_busy through CUDA graphs (gpu.Kernels)
-        if not cta_headroom >= 1:
-            raise ValueError(f"cta_headroom: got {cta_headroom!r}; expected >= 1")
-        self.cta_headroom = float(cta_headroom)
         self._closed = False
         self.disk: DiskStore | None = None
         self.host: HostRegion | None = None
         self.info: dict[str, Any] = {"device": "gpu" if self.on_gpu else "cpu"}
         try:
-            self._build(io_threads, disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
+            self._build(disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
             self._compose()
-            self._choose_paths(copy_path, link_kind, link_bytes_per_s, per_copy_host_s,
-                               per_cta_bytes_per_s, sm_ctas, profile)
+            self._choose_paths(force, sm_ctas)
         except BaseException:
             self.close()
             raise
 
     # -- construction ---------------------------------------------------------------
 
-    def _build(self, io_threads, disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate=True) -> None:
+    def _build(self, disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate=True) -> None:
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
         cp = self.cp
+        io_threads, piece = self.profile.nvme.queue_depth, self.profile.nvme.piece
         cuda_rt = cp.cuda.runtime if cp is not None else None
         self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-hw")
         # the refcheck's host-side verification (host and disk pages; numpy, which
@@ -149,7 +141,7 @@ class HwBackend:
             self.host = HostRegion(self.slots[Level.HOST], self.page_bytes, cuda_rt)
         if Level.DISK in self.slots:
             self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes, io_threads,
-                                  self.piece_bytes, io_hook, direct=direct_io,
+                                  piece, io_hook, direct=direct_io,
                                   preallocate=disk_preallocate)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, staging_bytes // self.page_bytes)
@@ -195,35 +187,22 @@ class HwBackend:
                                cp=cp, streams=self.streams, kernels=self.kernels, order=self.order,
                                copies=self.copies)
 
-    def _choose_paths(self, force, link_kind, link_bps, per_copy_s, per_cta_bps, sm_ctas, profile) -> None:
-        force = CopyPath(force) if force is not None else None
+    def _choose_paths(self, force: dict, ctas_setting) -> None:
+        """The copy path and the SM kernel's CTAs of each direction, by the rules the sim
+        backend applies (``kvsim.core.copypath`` with the profile's arguments)."""
         if self.on_gpu and self.host is not None and self.host.dev_ptr is None:
-            if force is CopyPath.SM_KERNEL:
-                raise ValueError("copy_path: the SM kernel needs mapped host memory, not available here")
-            force = CopyPath.COPY_ENGINE
-        # per direction, as the sim backend chooses: with a profile, the direction's own
-        # link rate, per-page host cost and SM ceiling (HardwareProfile.copy_path_args)
-        if profile is not None:
-            self.copies.paths = {d: choose_copy_path(**profile.copy_path_args(d, self.page_bytes), force=force)
-                                 for d in ("h2d", "d2h")}
-        else:
-            path = choose_copy_path(link_kind, self.page_bytes, per_copy_s, link_bps, force=force)
-            self.copies.paths = {"h2d": path, "d2h": path}
+            # host memory without a mapped device address: the SM kernel cannot reach it
+            for d in DIRECTIONS:
+                if force[d] is CopyPath.SM_KERNEL:
+                    raise ValueError(f"copy_path.{d}: the SM kernel needs mapped host memory, "
+                                     "not available here")
+            force = {d: CopyPath.COPY_ENGINE for d in DIRECTIONS}
+        prof = self.profile
+        self.copies.paths = {d: choose_copy_path(**prof.copy_path_args(d, self.page_bytes), force=force[d])
+                             for d in DIRECTIONS}
+        self.ctas = {d: sm_ctas(ctas_setting, **prof.cta_args(d)) for d in DIRECTIONS}
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
-        max_ctas = self.kernels.sm_count if self.on_gpu else 132
-        if sm_ctas is not None:
-            self.ctas = {"h2d": _positive_int("sm_ctas", sm_ctas), "d2h": int(sm_ctas)}
-            return
-        if per_cta_bps is None and self.on_gpu and self.host is not None and self.host.dev_ptr is not None:
-            per = self.copies.measure_cta_rates()
-        elif per_cta_bps is None and profile is not None:
-            per = {"h2d": profile.sm.cta_onboard, "d2h": profile.sm.cta_offload}
-        else:
-            per = {"h2d": per_cta_bps or 2.3e9, "d2h": per_cta_bps or 2.3e9}
-        # Little's law with headroom: per-CTA rates measured with few CTAs sag as the link fills
-        self.ctas = {k: copy_ctas(link_bps * self.cta_headroom, per[k], max_ctas) for k in ("h2d", "d2h")}
-        self.info["per_cta_bytes_per_s"] = per
         self.info["sm_ctas"] = dict(self.ctas)
 
     @property

@@ -17,7 +17,9 @@ Options (all optional; each error names the option):
   directory has room for the whole tier, else a sparse file whose writes fail with ENOSPC
   once the disk is full: the transfer fails and the engine's plan rolls back).
 - ``timing_log``: a list to append per-batch timing records to.
-- anything else is passed to ``HwBackend`` (``copy_path``, ``io_threads``, ``sm_ctas``...).
+- anything else is passed to ``HwBackend`` (``compute_graphs``, ``staging_bytes``...).
+  The copy path and the SM kernel's CTAs are the config's (``engine.copy_path``,
+  ``engine.sm_ctas``); the I/O threads and piece size the profile's (``nvme``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def build_hw_backend(prep, mgr, *, time_scale: float = 1.0, device: str = "auto"
     try:
         be = HwBackend(rt, page, slots, disk_dir=disk_dir, device=device,
                        refcheck=prep.cfg.engine.refcheck, profile=prep.profile,
+                       copy_path=prep.cfg.engine.copy_path.model_dump(), sm_ctas=prep.cfg.engine.sm_ctas,
                        disk_preallocate=bool(disk_preallocate), timing_log=timing_log, **options)
     except BaseException:
         if tmp is not None:

@@ -151,26 +151,3 @@ class Copies:
         dev = cp.empty(2 * n, dtype=cp.int64)
         cp.cuda.runtime.memcpyAsync(dev.data.ptr, h.ctypes.data, 16 * n, 1, stream.ptr)
         return dev[:n], dev[n:], (mem, h, dev)
-
-    def measure_cta_rates(self, ctas: int = 4, nbytes: int = 64 << 20) -> dict[str, float]:
-        """Bytes per second one copy CTA moves each way (SM kernel, ``ctas`` CTAs, pages in
-        random order between the host tier and the GPU tier, median of 3)."""
-        cp = self.cp
-        n = max(1, min(nbytes // self.page_bytes, self.host.slots, self.gpu.slots))
-        rng = np.random.default_rng(0)
-        hs = cp.asarray(rng.permutation(self.host.slots)[:n].astype(np.int64))
-        gs = cp.asarray(rng.permutation(self.gpu.slots)[:n].astype(np.int64))
-        out = {}
-        for d, (sp, dp, ss, ds) in {"h2d": (self.host.dev_ptr, self.gpu.ptr, hs, gs),
-                                    "d2h": (self.gpu.ptr, self.host.dev_ptr, gs, hs)}.items():
-            s = self.streams[d]
-            rates = []
-            for _ in range(4):
-                a, b = cp.cuda.Event(), cp.cuda.Event()
-                a.record(s)
-                self.kernels.copy_pages(s, sp, dp, ss, ds, self.page_bytes, ctas, self.threads_per_cta)
-                b.record(s)
-                b.synchronize()
-                rates.append(n * self.page_bytes / (cp.cuda.get_elapsed_time(a, b) / 1e3) / ctas)
-            out[d] = float(np.median(rates[1:]))
-        return out

@@ -39,8 +39,6 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 _ALIGN = 4096
-IO_THREADS = 4          # the hw backend's defaults: I/O threads,
-PIECE_BYTES = 4 << 20   # and the most bytes one pread / pwrite moves
 IoHook = Callable[[str, int, int], None]
 
 
@@ -114,7 +112,7 @@ class FairPool:
 
 class DiskStore:
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
-                 io_threads: int = IO_THREADS, piece_bytes: int = PIECE_BYTES, io_hook: IoHook | None = None,
+                 io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
                  direct: bool = True, preallocate: bool = True):
         self.slots = slots
         self.page_bytes = page_bytes

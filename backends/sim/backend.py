@@ -61,7 +61,8 @@ from typing import Any, Callable, Final, Sequence
 
 import simpy
 
-from kvsim.core.copypath import CopyPath, choose_copy_path, copy_ctas
+from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction
+from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
@@ -94,13 +95,14 @@ _SM_RES: Final = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
 
 class SimBackend:
     """``slots[level]``: how many slots each tier's tag array has (its reserved range).
-    ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path."""
+    ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path (one, or
+    one per direction: ``force_per_direction``); ``sm_ctas``: ``auto`` or a CTA count."""
 
     name = "sim"
 
     def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
                  slots: dict[Level, int], refcheck: bool = True,
-                 copy_path: CopyPath | None = None, chunked_registration: bool = False,
+                 copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
                  timing_log: list | None = None, model_refcheck: bool = False,
                  compute_log: list | None = None, model_loop: bool = False):
         if page_bytes <= 0:
@@ -122,13 +124,13 @@ class SimBackend:
         self.compute_log = compute_log
         p = profile
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
+        force = force_per_direction(copy_path)
         self.paths = {
-            d: choose_copy_path(**p.copy_path_args(d, page_bytes), force=copy_path,
+            d: choose_copy_path(**p.copy_path_args(d, page_bytes), force=force[d],
                                 chunked_registration=chunked_registration)
             for d in ("h2d", "d2h")}
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
-        self.ctas = {"h2d": copy_ctas(link.h2d, sm.cta_onboard, sm.copy_cta_slots),
-                     "d2h": copy_ctas(link.d2h, sm.cta_offload, sm.copy_cta_slots)}
+        self.ctas = {d: cta_count(sm_ctas, **p.cta_args(d)) for d in ("h2d", "d2h")}
         self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
         op = min(page_bytes, nv.piece)
         self.ops_per_page = -(-page_bytes // nv.piece)

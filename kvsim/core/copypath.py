@@ -19,8 +19,13 @@ Callers pass the direction's own ``per_copy_host_s`` (it differs host -> GPU and
 GPU -> host), so each direction may get its own path.
 
 ``copy_ctas`` sizes a copy kernel by Little's law: enough CTAs that their summed
-bandwidth covers the link, rounded up to an even number, at least 2, at most ``max_ctas``
+bandwidth covers the link (times a headroom >= 1: per-CTA rates measured with few CTAs
+sag as the link fills), rounded up to an even number, at least 2, at most ``max_ctas``
 (rounded down to even when that cap is below the need).
+
+The run's settings (``engine.copy_path`` per direction, ``engine.sm_ctas``) reach both
+backends as given; ``copy_paths`` and ``sm_ctas`` turn them into the path and the CTA
+count of each direction: ``auto`` applies the rules above, anything else is forced.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import enum
 import math
 
 LINK_KINDS = ("pcie", "c2c")
+DIRECTIONS = ("h2d", "d2h")
+AUTO = "auto"
 
 
 class CopyPath(enum.Enum):
@@ -68,8 +75,13 @@ def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
     return CopyPath.COPY_ENGINE
 
 
-def copy_ctas(link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ctas: int) -> int:
-    """CTAs a copy kernel needs to fill the link (Little's law), even, >= 2, <= max_ctas."""
+def copy_ctas(link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ctas: int,
+              headroom: float = 1.0) -> int:
+    """CTAs a copy kernel needs to fill ``headroom`` times the link (Little's law), even,
+    >= 2, <= max_ctas."""
+    if not headroom >= 1:
+        raise ValueError(f"headroom: got {headroom!r}; expected >= 1")
+    link_bytes_per_s = link_bytes_per_s * headroom
     if link_bytes_per_s <= 0 or per_cta_bytes_per_s <= 0:
         raise ValueError(f"copy_ctas: rates must be positive, got link {link_bytes_per_s!r}, "
                          f"per CTA {per_cta_bytes_per_s!r}")
@@ -80,3 +92,36 @@ def copy_ctas(link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ctas: int
     need = max(2, need + (need & 1))
     cap = max_ctas - (max_ctas & 1)
     return min(need, cap)
+
+
+def force_per_direction(setting) -> dict[str, CopyPath | None]:
+    """A copy-path setting as one forced path (or None: choose) per direction. ``setting``:
+    None or ``'auto'`` (choose both), a path (both directions), or a mapping of
+    direction -> None / ``'auto'`` / path (a direction left out: choose)."""
+    def one(where: str, v) -> CopyPath | None:
+        if v is None or v == AUTO:
+            return None
+        try:
+            return CopyPath(v)
+        except ValueError:
+            names = ", ".join([AUTO, *(p.value for p in CopyPath)])
+            raise ValueError(f"{where}: got {v!r}; expected one of {names}") from None
+
+    if isinstance(setting, dict):
+        extra = set(setting) - set(DIRECTIONS)
+        if extra:
+            raise ValueError(f"copy_path: unknown direction(s) {sorted(extra)}; expected {DIRECTIONS}")
+        return {d: one(f"copy_path.{d}", setting.get(d)) for d in DIRECTIONS}
+    return {d: one("copy_path", setting) for d in DIRECTIONS}
+
+
+def sm_ctas(setting, link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ctas: int,
+            headroom: float = 1.0) -> int:
+    """The SM copy kernel's CTAs in one direction: ``setting`` ``'auto'`` (or None) sizes
+    it by ``copy_ctas``; a positive integer up to ``max_ctas`` is taken as it is."""
+    if setting is None or setting == AUTO:
+        return copy_ctas(link_bytes_per_s, per_cta_bytes_per_s, max_ctas, headroom)
+    if isinstance(setting, bool) or not isinstance(setting, int) or not 0 < setting <= max_ctas:
+        raise ValueError(f"sm_ctas: got {setting!r}; expected 'auto' or a number of CTAs "
+                         f"from 1 to {max_ctas} (the copy CTA slots)")
+    return setting

@@ -1,0 +1,112 @@
+"""The copy path, the SM kernel's CTAs and the disk's queue depth are one setting each,
+read by both backends: ``engine.copy_path`` (per direction) and ``engine.sm_ctas`` in the
+run config, ``nvme.queue_depth`` / ``nvme.piece`` in the hardware profile.
+
+Scenario: a tiny default run whose 160 KiB pages go to the copy engine on their own; the
+config forces the SM kernel host -> GPU; both backends then run that path (the sim's and
+the hw backend's stats, the hw backend's timing log) and size its CTAs alike; bad values
+are refused naming the key.
+"""
+
+import threading
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.config import ConfigFileError, load_config
+from kvsim.core import TierManager
+from kvsim.core.spec import Level
+from kvsim.hardware import HardwareProfile, load_profile
+from kvsim.run import BACKENDS, prepare_run, replay
+
+# 160 KiB pages (the copy engine's on h200-pcie: above 2.5 us x 55.5 GB/s), a GPU tier
+# small enough that the replay offloads
+TINY = ["workload.synthetic.n_sessions=2", "model=llama-3-8b", "cache.page_bytes=160KiB",
+        "cache.tiers=[{level: gpu, quota: 160MiB}, {level: host, quota: 80MiB}, {level: disk, quota: 320MiB}]"]
+
+
+def backends(overrides, tmp_path):
+    """(sim backend, hw backend in CPU mode) built from the default config with ``overrides``."""
+    prep = prepare_run(load_config("default", [*TINY, *overrides]))
+    _, sim = BACKENDS["sim"](prep, TierManager(prep.spec), {})
+    _, hw = BACKENDS["hw"](prep, TierManager(prep.spec), {"device": "cpu", "disk_dir": str(tmp_path)})
+    return prep, sim, hw
+
+
+def test_by_default_both_backends_choose_alike(tmp_path):
+    prep, sim, hw = backends([], tmp_path)
+    try:
+        assert sim.paths == hw.copy_paths == {"h2d": sim.paths["h2d"], "d2h": sim.paths["d2h"]}
+        assert sim.paths["h2d"].value == "copy_engine"
+        assert sim.ctas == hw.ctas == {"h2d": 24, "d2h": 26}
+    finally:
+        hw.close()
+
+
+def test_forcing_the_copy_path_in_the_config_changes_both_backends(tmp_path):
+    prep, sim, hw = backends(["engine.copy_path.h2d=sm_kernel", "engine.sm_ctas=6"], tmp_path)
+    try:
+        assert {d: p.value for d, p in sim.paths.items()} == {"h2d": "sm_kernel", "d2h": "copy_engine"}
+        assert hw.copy_paths == sim.paths
+        assert sim.ctas == hw.ctas == {"h2d": 6, "d2h": 6}
+    finally:
+        hw.close()
+
+
+def test_a_forced_path_is_the_one_a_replay_runs_on_each_backend():
+    cfg = load_config("default", [*TINY, "engine.copy_path=sm_kernel"])  # one name: both ways
+    assert (cfg.engine.copy_path.h2d, cfg.engine.copy_path.d2h) == ("sm_kernel", "sm_kernel")
+    prep = prepare_run(cfg)
+    sim_log: list = []
+    hw_log: list = []
+    sim = replay(prep, "sim", backend_options={"timing_log": sim_log})
+    hw = replay(prep, "hw", backend_options={"device": "cpu", "time_scale": 50.0, "timing_log": hw_log})
+    for log in (sim_log, hw_log):
+        gpu_host = [r["path"] for r in log if {r["src"], r["dst"]} == {"gpu", "host"}]
+        assert gpu_host and set(gpu_host) == {"sm_kernel"}
+    assert sim.metrics["requests_completed"] == hw.metrics["requests_completed"] > 0
+    default_log: list = []
+    replay(prepare_run(load_config("default", TINY)), "sim", backend_options={"timing_log": default_log})
+    assert {r["path"] for r in default_log if {r["src"], r["dst"]} == {"gpu", "host"}} == {"copy_engine"}
+
+
+@pytest.mark.parametrize("override, key", [
+    ("engine.copy_path.h2d=dma", "engine.copy_path.h2d"),
+    ("engine.copy_path=fast", "engine.copy_path.h2d"),
+    ("engine.copy_path.sideways=auto", "engine.copy_path.sideways"),
+    ("engine.sm_ctas=0", "engine.sm_ctas"),
+    ("engine.sm_ctas=many", "engine.sm_ctas"),
+    ("engine.sm_ctas=true", "engine.sm_ctas"),
+])
+def test_bad_copy_settings_are_refused_naming_the_key(override, key):
+    with pytest.raises(ConfigFileError, match=key.replace(".", r"\.")):
+        load_config("default", [override])
+
+
+def test_more_ctas_than_the_profile_has_slots_is_refused_naming_the_key():
+    with pytest.raises(ConfigFileError, match=r"engine\.sm_ctas: got 200.*132 copy CTA slots"):
+        prepare_run(load_config("default", [*TINY, "engine.sm_ctas=200"]))
+    r = CliRunner().invoke(app, ["run", "default", "--set", "engine.sm_ctas=200", "--no-progress"])
+    assert r.exit_code == 2 and "engine.sm_ctas" in r.output and "Traceback" not in r.output
+
+
+def profile_with(**nvme) -> HardwareProfile:
+    d = load_profile("h200-pcie").model_dump()
+    d["nvme"].update(nvme)
+    return HardwareProfile.model_validate(d)
+
+
+def test_the_hw_backends_io_threads_are_the_profiles_queue_depth(tmp_path):
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+
+    def disk_threads():
+        return sum(t.name.startswith("kvsim-disk") for t in threading.enumerate())
+
+    before = disk_threads()
+    be = HwBackend(RealtimeRuntime(), 1 << 16, {Level.GPU: 4, Level.DISK: 4}, disk_dir=tmp_path,
+                   device="cpu", profile=profile_with(queue_depth=3, piece=1 << 15))
+    try:
+        assert disk_threads() - before == 3 and be.disk.piece_bytes == 1 << 15
+    finally:
+        be.close()
