@@ -162,7 +162,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep-sizes", default="16KiB,256KiB")
     ap.add_argument("--device", default="gpu", help="'cpu' only to smoke-test this script")
     ap.add_argument("--json", default=None, help="also write every cell (pages, bytes, median seconds) "
-                    "here, in calibrate's report format: `python3 -m kvsim.calibrate --check` replays them")
+                    "here, in calibrate's report format: `kvsim calibrate --check CELLS --profile P` replays them")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error(f"--rounds: got {a.rounds}; expected >= 1")

@@ -212,32 +212,50 @@ def run(
 
 @app.command()
 def calibrate(
-    out: str = typer.Option(..., help="profile to write, e.g. configs/hardware/NAME.yaml"),
+    out: Optional[str] = typer.Option(None, help="profile to write, e.g. configs/hardware/NAME.yaml "
+                                      "(with --check: the check's JSON, optional)"),
     base: str = typer.Option("h200-pcie", help="base profile for what cannot be measured"),
     device: str = typer.Option("auto", help="auto, cpu or gpu"),
     from_report: Optional[str] = typer.Option(
         None, "--from-report", help="refit offline from a saved NAME.yaml.report.json (no benchmarks)"),
+    check: Optional[str] = typer.Option(
+        None, "--check", help="replay cells measured elsewhere (benchmarks/hw_copy.py --json) on the "
+                              "sim with --profile"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
-    from kvsim.calibrate import calibrate as run_calibration, refit
+    from kvsim.calibrate import calibrate as run_calibration, check_against, refit
 
     console = Console(stderr=True)
+    if check and not profile:
+        _error(console, "--check: needs --profile")
+        raise typer.Exit(2)
+    if not check and not out:
+        _error(console, "--out: give the profile to write")
+        raise typer.Exit(2)
     try:
-        if from_report:
+        if check:
+            report = check_against(check, profile)
+            if out:
+                Path(out).write_text(json.dumps(report, indent=2) + "\n")
+        elif from_report:
             report = refit(from_report, out, base=None if base == "h200-pcie" else base)
         else:
             report = run_calibration(out, base=base, device=device)
-    except (ValueError, OSError, RuntimeError) as e:
-        _error(console, str(e))
+    except (ValueError, OSError, RuntimeError, KeyError) as e:
+        _error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
         raise typer.Exit(2)
-    t = Table(title=f"calibrate ({report['device']}): fit check, sim vs measured")
-    for c in ("page", "path", "dir", "hw GB/s", "sim GB/s", "rel err"):
+    t = Table(title=f"calibrate ({report.get('device', 'sim')}): fit check, sim vs measured")
+    for c in ("page", "path", "dir", "pages", "hw GB/s", "sim GB/s", "rel err"):
         t.add_column(c, justify="right")
     for r in report["fit_check"]:
-        t.add_row(f"{r['page'] // 1024} KiB", r["path"], r["dir"], f"{r['hw_GBps']:.2f}",
+        t.add_row(f"{r['page'] // 1024} KiB", r["path"], r["dir"], str(r["pages"]), f"{r['hw_GBps']:.2f}",
                   f"{r['sim_GBps']:.2f}", f"{r['rel_err'] * 100:+.1f}%")
     Console().print(t)
-    Console().print(f"profile: {out} ({report.get('seconds', 0.0):.1f} s)")
+    worst = report.get("fit_max_abs_err")
+    Console().print(f"max |rel err| {worst * 100:.1f}%" if worst is not None else "no cells")
+    if not check:
+        Console().print(f"profile: {out} ({report.get('seconds', 0.0):.1f} s)")
 
 
 @app.command()

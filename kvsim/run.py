@@ -3,8 +3,9 @@
 ``prepare_run`` validates everything and loads the trace before anything is written, so
 a run that fails validation leaves no results folder. ``replay`` runs the engine on the
 chosen backend; ``write_results`` writes the folder through ``kvsim.results`` (which
-folders it may replace, staging, the atomic swap). Backends are built through a registry: the rest of kvsim never asks
-which backend it has.
+folders it may replace, staging, the atomic swap). Backends are built through a registry
+(``BACKENDS``; ``sim_backend`` and ``measure_hardware`` for calibrate): the one module of
+kvsim that imports ``kvsim_backends``; the rest of kvsim never asks which backend it has.
 """
 
 from __future__ import annotations
@@ -151,6 +152,23 @@ def _build_hw(prep: Prepared, mgr: TierManager, options: dict):
 
 
 BACKENDS: dict[str, Callable] = {"sim": _build_sim, "hw": _build_hw}
+
+
+def sim_backend(profile: HardwareProfile, page_bytes: int, slots: dict, **options):
+    """(runtime, sim backend) on ``profile`` outside a replay (calibrate's fit check)."""
+    from kvsim_backends.sim import SimBackend, SimRuntime
+
+    rt = SimRuntime()
+    return rt, SimBackend(rt, profile, page_bytes, slots, **options)
+
+
+def measure_hardware(device: str = "auto", plan=None, disk_dir: str | None = None,
+                     profile: HardwareProfile | None = None):
+    """``kvsim calibrate``'s measurements of this machine on the hw backend:
+    (``kvsim.fit.Measured``, the plan measured); see ``kvsim_backends.hw.calibrate``."""
+    from kvsim_backends.hw.calibrate import measure
+
+    return measure(device, plan, disk_dir, profile)
 
 
 def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,

@@ -244,14 +244,26 @@ def test_rel_err():
     assert rel_err(0, 0) == 0.0 and rel_err(1, 0) is None and rel_err(None, 1) is None
 
 
+def flat(d: dict, at: str = "") -> dict:
+    """A nested profile dict as {dotted key: value}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{at}{k}."))
+        else:
+            out[f"{at}{k}"] = v
+    return out
+
+
 def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_path):
-    """python3 -m kvsim.calibrate --from-report: the fit is a function of the saved cells."""
-    from kvsim.calibrate import main
+    """kvsim calibrate --from-report: the fit is a function of the saved cells. (The committed
+    profile was written with 4 significant digits a value, the refit writes them whole.)"""
     from kvsim.hardware import CONFIG_DIR
 
     committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
     out = tmp_path / "h200-pcie-calibrated.yaml"
-    assert main(["--from-report", str(committed) + ".report.json", "--out", str(out)]) == 0
+    r = CliRunner().invoke(app, ["calibrate", "--from-report", str(committed) + ".report.json", "--out", str(out)])
+    assert r.exit_code == 0, r.output
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
@@ -269,13 +281,13 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     assert b["nvme"].pop("rewrite") is None
     # and the SM kernel's CTA headroom the hw backend ran with when the cells were measured
     assert (a["sm"].pop("cta_headroom"), b["sm"].pop("cta_headroom")) == (2.0, 1.0)
-    assert a == b
+    assert flat(a) == pytest.approx(flat(b), rel=5e-4, abs=1e-12)
     new = json.loads((tmp_path / "h200-pcie-calibrated.yaml.report.json").read_text())
     old = json.loads(committed.with_name(committed.name + ".report.json").read_text())
     assert new["copies"] == old["copies"]
     for r, s in zip(new["fit_check"], old["fit_check"]):
         assert (r["page"], r["path"], r["dir"]) == (s["page"], s["path"], s["dir"])
-        assert abs(r["rel_err"] - s["rel_err"]) < 1e-9
+        assert abs(r["rel_err"] - s["rel_err"]) < 1e-3
     # issue 4 (5% a cell), the 23:24 UTC calibration: the large batches miss the copy engine
     # both ways at 64 KiB (-8.7%) and 256 KiB (+6.7%); small batches of 2 MiB pages miss
     # the copy engine's two-page batches and the SM kernel's one-page batches (7-9%)
@@ -290,14 +302,15 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     assert sum(abs(r["rel_err"]) <= 0.05 for r in oos) == 24
     assert max(abs(r["rel_err"]) for r in oos if r["path"] == "sm_kernel") < 0.043
     for e, f in zip(new["out_of_sample"], old["out_of_sample"]):
-        assert [r["rel_err"] for r in e["fit_check"]] == pytest.approx([r["rel_err"] for r in f["fit_check"]])
+        assert [r["rel_err"] for r in e["fit_check"]] == pytest.approx([r["rel_err"] for r in f["fit_check"]],
+                                                                       abs=1e-3)
 
 
 def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
     """The nvme terms come from the cell at the queue depth and piece size the profile
     gives the hw backend (its I/O threads: the report's ``disk_setting``, the base
     profile's ``nvme``), not from the best cell measured; the fitted profile keeps them."""
-    from kvsim.calibrate import fit, measured_from_report
+    from kvsim.fit import fit, measured_from_report
     from kvsim.hardware import CONFIG_DIR
 
     committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
@@ -330,7 +343,8 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
     import os
     import time
 
-    from kvsim.calibrate import Measured, Plan, measure_disk
+    from kvsim.fit import Measured
+    from kvsim_backends.hw.calibrate import Plan, measure_disk
 
     real, calls = os.fsync, []
 
@@ -377,9 +391,8 @@ def test_hw_and_sim_choose_the_same_path_per_direction():
 
 
 def test_check_against_replays_cells_measured_elsewhere(tmp_path):
-    """python3 -m kvsim.calibrate --check CELLS --profile P: the sim's time for each cell
+    """kvsim calibrate --check CELLS --profile P: the sim's time for each cell
     (hand-computed here on h200-pcie: per_call + pages x per_page + bytes / link)."""
-    from kvsim.calibrate import main
 
     p = load_profile("h200-pcie")
     kib = 1024
@@ -389,10 +402,12 @@ def test_check_against_replays_cells_measured_elsewhere(tmp_path):
     src = tmp_path / "cells.json"
     src.write_text(json.dumps(cells))
     out = tmp_path / "check.json"
-    assert main(["--check", str(src), "--profile", "h200-pcie", "--out", str(out)]) == 0
+    r = CliRunner().invoke(app, ["calibrate", "--check", str(src), "--profile", "h200-pcie", "--out", str(out)])
+    assert r.exit_code == 0, r.output
     r = json.loads(out.read_text())["fit_check"][0]
     assert r["sim_s"] == pytest.approx(ce, rel=1e-12) and r["rel_err"] == pytest.approx(-0.5, rel=1e-9)
-    assert main(["--check", str(src)]) == 2  # needs --profile
+    r = CliRunner().invoke(app, ["calibrate", "--check", str(src)])
+    assert r.exit_code == 2 and "--profile" in r.output  # needs --profile
 
 
 def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
@@ -641,7 +656,8 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     1.01; a slope below 0 (noise) or one duration only: scale 1 and the median."""
     import statistics
 
-    from kvsim.calibrate import fit_compute, profile_yaml
+    from kvsim.calibrate import profile_text
+    from kvsim.fit import fit_compute
 
     rows = [{"requested_s": d, "wall_s": d + 100e-6 + 0.01 * d + e}
             for d in (0.002, 0.01, 0.05) for e in (-3e-6, 0.0, 3e-6)]
@@ -657,8 +673,15 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     # the profile written says both, and reads back as fitted
     d = load_profile("h200-pcie").model_dump()
     d["compute"] = {"latency": 100e-6, "scale": 1.01}
-    text = profile_yaml(d, {"compute.latency": "fitted"}, "x", "h200-pcie", "test")
-    assert "  scale: 1.01000" in text
+    text = profile_text(d, {"compute.latency": "fitted"}, "h200-pcie", "test")
+    assert "compute:\n  latency: 0.0001\n  scale: 1.01\n" in text and "# test\n" in text
+    assert "#   compute.latency: fitted\n" in text and "#   every other key: base: h200-pcie\n" in text
+    import yaml
+
+    from kvsim.hardware import HardwareProfile
+    back = HardwareProfile.model_validate(yaml.safe_load(text))
+    assert (back.compute.latency, back.compute.scale) == (100e-6, 1.01)
+    assert back.model_dump() == HardwareProfile.model_validate(d).model_dump()
     (tmp_path / "x.yaml").write_text(text)
     back = load_profile(tmp_path / "x.yaml")
     assert back.compute.latency == pytest.approx(100e-6) and back.compute.scale == pytest.approx(1.01)
