@@ -18,6 +18,7 @@ rounds of one cell part: ``(max - min) / median`` of its time, a cell by cell ta
 floor under any prediction of a single run.
 
     python3 benchmarks/hw_copy.py [--reps 3] [--rounds 1] [--sizes 16KiB,...,4MiB] [--batch-bytes 1GiB]
+                                  [--profile h200-pcie-calibrated]
                                   [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB] [--json PATH]
 """
 
@@ -40,6 +41,7 @@ from kvsim.core.spec import Level  # noqa: E402
 from kvsim.units import parse_size  # noqa: E402
 
 SAMPLE = 64
+PROFILE = "h200-pcie-calibrated"  # the H200's own: its copy-path rule, CTAs and threads a CTA
 
 
 def run_wait(rt, waitables):
@@ -73,12 +75,13 @@ def measure(rt, be, cp, batches, path, checks, reps):
     return nbytes / float(np.median(times)) / 1e9
 
 
-def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None):
+def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, profile=PROFILE):
     """One page size: a row of GB/s per (path, direction); appends each cell to ``cells``
-    (calibrate's report format)."""
+    (calibrate's report format). ``profile``: the hardware profile the backend decides the
+    default path, the SM kernel's CTAs and threads a CTA from."""
     n = max(512, batch_bytes // pb)
     rt = RealtimeRuntime(poll_interval_s=5e-6)
-    be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device)
+    be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, profile=profile)
     cp = be.cp
     try:
         host = rng.permutation(2 * n)
@@ -161,6 +164,7 @@ def main(argv=None) -> None:
     ap.add_argument("--sweep", default="", help="SM kernel CTA counts to sweep (e.g. 16,32,64)")
     ap.add_argument("--sweep-sizes", default="16KiB,256KiB")
     ap.add_argument("--device", default="gpu", help="'cpu' only to smoke-test this script")
+    ap.add_argument("--profile", default=PROFILE, help="hardware profile the backend decides from")
     ap.add_argument("--json", default=None, help="also write every cell (pages, bytes, median seconds) "
                     "here, in calibrate's report format: `kvsim calibrate --check CELLS --profile P` replays them")
     a = ap.parse_args(argv)
@@ -177,7 +181,8 @@ def main(argv=None) -> None:
         for pb in sizes:
             t0 = time.perf_counter()
             sweep = [int(c) for c in a.sweep.split(",") if c] if pb in sweep_sizes and i == 0 else []
-            rows[pb] = bench_size(pb, parse_size(a.batch_bytes), a.reps, rng, a.device, sweep, cells)
+            rows[pb] = bench_size(pb, parse_size(a.batch_bytes), a.reps, rng, a.device, sweep, cells,
+                                  a.profile)
             r = rows[pb]
             print(f"# {'round %d, ' % (i + 1) if a.rounds > 1 else ''}{pb >> 10} KiB: {r['pages']} pages a batch, "
                   f"default {r['default'].value}, SM CTAs {r['ctas']}, {time.perf_counter() - t0:.1f} s; "
