@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from kvsim.config import RunConfig
-from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_per_direction, sm_ctas
+from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_per_direction
+from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
@@ -41,7 +42,7 @@ from kvsim.hardware import HardwareProfile, load_profile
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
 from .copies import Copies
 from .disk import DiskStore
-from .logs import HOST_LOG_MIN_S, HwLogs  # noqa: F401 (re-exported)
+from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
 from .memory import DeviceArena, HostRegion, StagingPool
 from .order import StreamOrder
 from .staged import StagedDisk
@@ -69,7 +70,12 @@ _SMALL = 32  # batches of at most this many pages: slot bounds checked in Python
 
 class HwBackend:
     """See the module docstring. ``runtime`` must be a RealtimeRuntime (or offer its
-    ``watch`` and ``external``)."""
+    ``watch`` and ``external``). ``profile`` (a HardwareProfile or a preset name; default
+    the default config's) gives what the sim backend reads too: the copy-path and CTA
+    rules' inputs, the SM kernel's threads a CTA, and the disk tier's I/O threads and
+    piece size (``nvme.queue_depth``, ``nvme.piece``). ``copy_path``: ``auto``, one path,
+    or one a direction (``kvsim.core.copypath.force_per_direction``); ``sm_ctas``: ``auto``
+    or a CTA count (``kvsim.core.copypath.sm_ctas``)."""
 
     name = "hw"
 
@@ -98,7 +104,9 @@ class HwBackend:
         if profile is None:
             profile = RunConfig.model_fields["hardware"].default
         self.profile = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
-        force = force_per_direction(copy_path)  # (bad values fail here, before any allocation)
+        # bad settings fail here, before any allocation
+        force = force_per_direction(copy_path)
+        ctas = {d: cta_count(sm_ctas, **self.profile.cta_args(d)) for d in DIRECTIONS}
         self.refcheck = bool(refcheck)
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.logs = HwLogs(runtime, self.page_bytes, self.path_name, timing_log, compute_log, host_log)
@@ -117,7 +125,7 @@ class HwBackend:
         try:
             self._build(disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
             self._compose()
-            self._choose_paths(force, sm_ctas)
+            self._choose_paths(force, ctas)
         except BaseException:
             self.close()
             raise
@@ -187,9 +195,9 @@ class HwBackend:
                                cp=cp, streams=self.streams, kernels=self.kernels, order=self.order,
                                copies=self.copies)
 
-    def _choose_paths(self, force: dict, ctas_setting) -> None:
-        """The copy path and the SM kernel's CTAs of each direction, by the rules the sim
-        backend applies (``kvsim.core.copypath`` with the profile's arguments)."""
+    def _choose_paths(self, force: dict, ctas: dict[str, int]) -> None:
+        """The copy path of each direction, by the rule the sim backend applies
+        (``kvsim.core.copypath`` with the profile's arguments), and the SM kernel's CTAs."""
         if self.on_gpu and self.host is not None and self.host.dev_ptr is None:
             # host memory without a mapped device address: the SM kernel cannot reach it
             for d in DIRECTIONS:
@@ -200,7 +208,7 @@ class HwBackend:
         prof = self.profile
         self.copies.paths = {d: choose_copy_path(**prof.copy_path_args(d, self.page_bytes), force=force[d])
                              for d in DIRECTIONS}
-        self.ctas = {d: sm_ctas(ctas_setting, **prof.cta_args(d)) for d in DIRECTIONS}
+        self.ctas = ctas
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
         self.info["sm_ctas"] = dict(self.ctas)
@@ -385,17 +393,3 @@ class HwBackend:
             if obj is not None:
                 obj.close()
                 setattr(self, name, None)
-
-
-def transfer_path_name(src: Level, dst: Level, copy_path: str) -> str:
-    """A batch's data path as both backends name it: ``copy_engine`` / ``sm_kernel`` for
-    GPU <-> host, ``disk`` for host <-> disk, ``disk+<copy path>`` for GPU <-> disk (staged),
-    ``gpu_copy`` for GPU -> GPU."""
-    pair = {Level(src), Level(dst)}
-    if pair == {Level.GPU}:
-        return "gpu_copy"
-    if pair == {Level.GPU, Level.HOST}:
-        return copy_path
-    if pair == {Level.HOST, Level.DISK}:
-        return "disk"
-    return f"disk+{copy_path}"

@@ -118,3 +118,17 @@ class HwLogs:
         out["compute_s"] = c["compute_s"]
         out["compute_stretch_s"] = c["compute_s"] - c["compute_nominal_s"]
         return out
+
+
+def transfer_path_name(src: Level, dst: Level, copy_path: str) -> str:
+    """A batch's data path as both backends name it: ``copy_engine`` / ``sm_kernel`` for
+    GPU <-> host, ``disk`` for host <-> disk, ``disk+<copy path>`` for GPU <-> disk (staged),
+    ``gpu_copy`` for GPU -> GPU."""
+    pair = {Level(src), Level(dst)}
+    if pair == {Level.GPU}:
+        return "gpu_copy"
+    if pair == {Level.GPU, Level.HOST}:
+        return copy_path
+    if pair == {Level.HOST, Level.DISK}:
+        return "disk"
+    return f"disk+{copy_path}"
