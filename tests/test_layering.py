@@ -88,9 +88,7 @@ def test_core_sources_import_only_pure_modules_and_call_no_io():
     assert not problems, "kvsim.core must stay pure:\n" + "\n".join(problems)
 
 
-# kvsim.compare's imports of kvsim_backends are being removed on another branch; until
-# then it is the one other module allowed to import them
-BACKEND_IMPORTERS = {"run.py", "compare.py"}
+BACKEND_IMPORTERS = {"run.py"}
 
 
 def test_only_the_backend_registry_imports_the_backends():
@@ -103,5 +101,4 @@ def test_only_the_backend_registry_imports_the_backends():
         for _, mod in _imports(ast.parse(f.read_text(), filename=str(f))):
             if mod.split(".")[0] in ("kvsim_backends", "backends"):
                 found.add(str(f.relative_to(root)))
-    assert "run.py" in found  # the test can fail: it sees the registry's imports
-    assert found <= BACKEND_IMPORTERS, f"kvsim modules importing kvsim_backends: {sorted(found - BACKEND_IMPORTERS)}"
+    assert found == BACKEND_IMPORTERS, f"kvsim modules importing kvsim_backends: {sorted(found)}"
