@@ -26,7 +26,7 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 CORE = ["eviction", "keys", "manager", "pages", "plan", "spec", "stats", "tiers", "tree",
         "types"]
 ENGINE = ["engine", "sessions", "plans"]
-SIM = ["backend", "fluid", "runtime"]
+SIM = ["backend", "fluid", "runtime", "units"]
 
 
 def _compiled():

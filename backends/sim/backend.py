@@ -50,13 +50,12 @@ busy seconds per direction. Deterministic; the only per-page work is the tags' c
 with ``nvme.rewrite``, which disk slots were written); O(1) SimPy events per transfer: a
 transfer is a chain of callbacks (``_Transfer``), each step run by the event it waited
 for, not a process; copy engines and call threads are taken first come, first served
-without events of their own (``_Units``).
+without events of their own (``Units``).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from typing import Any, Callable, Final, Sequence
 
 import simpy
@@ -69,6 +68,7 @@ from kvsim.hardware import HardwareProfile, load_profile
 
 from .fluid import Fluid
 from .runtime import SimRuntime
+from .units import Units
 
 GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
@@ -154,9 +154,9 @@ class SimBackend:
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
-        self.copy_engines = _Units(ce.count)
+        self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
-        self.call_threads = _Units(ce.call_threads) if ce.call_threads else None
+        self.call_threads = Units(ce.call_threads) if ce.call_threads else None
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
         # (0: no content; a list of n references to one int takes 8n bytes, as uint64s would)
         self.tags: dict[Level, list] = {lv: [0] * int(n) for lv, n in slots.items()}
@@ -395,31 +395,6 @@ class SimBackend:
             now = self.env._now
             for k in kinds:
                 cb(now, k, nbytes)
-
-
-class _Units:
-    """``n`` identical units (copy engines, host threads), taken first come, first served:
-    a ``simpy.Resource`` without its request and release events (a taker goes on at once
-    when one is free, else when one is given back)."""
-
-    __slots__ = ("free", "waiting")
-
-    def __init__(self, n: int):
-        self.free = n
-        self.waiting: deque[Callable[[], None]] = deque()
-
-    def take(self, then: Callable[[], None]) -> None:
-        if self.free:
-            self.free -= 1
-            then()
-        else:
-            self.waiting.append(then)
-
-    def give(self) -> None:
-        if self.waiting:
-            self.waiting.popleft()()  # (the unit goes straight to the next taker)
-        else:
-            self.free += 1
 
 
 class _Transfer:
