@@ -99,9 +99,6 @@ class ReferenceBackend:
     def read_tags_later(self, level: Level, slots: np.ndarray) -> None:
         return None
 
-    def resumed(self, pages: int) -> None:
-        pass
-
     def stats(self) -> dict:
         return {}
 

@@ -88,16 +88,8 @@ class Backend(Protocol):
 
     def read_tags_later(self, level: Level, slots: Sequence[int]) -> Waitable | None:
         """``read_tags`` without holding the runtime: a waitable that succeeds with the tags
-        found (the hw backend checks on the GPU or an I/O thread while the loop runs on;
-        the sim, asked to model that, after the time it would take), or None where
-        ``read_tags`` itself is immediate (the sim by default: tags, no bytes)."""
-
-    def resumed(self, pages: int) -> None:
-        """The engine resumed a request that holds ``pages`` pages on the GPU; its host work
-        for that (the core's bookkeeping over the pages) ran on the loop's thread. The hw
-        backend has nothing to do (the time was spent for real); the sim, asked to model
-        the loop, starts the next compute later by the profile's ``loop.resume_s(pages)``
-        (and by ``refcheck.launch_per_page`` a page for a check it then models)."""
+        found (the hw backend checks on the GPU or an I/O thread while the loop runs on),
+        or None where ``read_tags`` itself is immediate (the sim: tags, no bytes)."""
 
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,

@@ -142,14 +142,6 @@ def run(
     compute_graphs: bool = typer.Option(True, "--compute-graphs/--no-compute-graphs",
                                         help="hw backend: launch each step's compute as CUDA graphs "
                                              "(off: kernel by kernel)"),
-    model_refcheck: bool = typer.Option(False, "--model-refcheck",
-                                        help="sim backend: turns wait for their refchecks, which take "
-                                             "the hw backend's time (as kvsim compare's sim side does)"),
-    model_loop: bool = typer.Option(False, "--model-loop",
-                                    help="sim backend: the hw replay loop's own time (the profile's "
-                                         "loop terms): a resume holds the next step, and transfers "
-                                         "with a GPU or disk leg complete later, as on the hw backend "
-                                         "(as kvsim compare's sim side does)"),
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from kvsim.backend import CapacityError
@@ -183,7 +175,7 @@ def run(
             except KeyboardInterrupt as e:
                 raise _interrupted(console, e)
             opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
-                if backend == "hw" else {"model_refcheck": model_refcheck, "model_loop": model_loop}
+                if backend == "hw" else {}
             try:
                 with _progress(console, prep.workload.request_count(), progress) as report:
                     result = replay(prep, backend, backend_options=opts, progress=_paused(report))

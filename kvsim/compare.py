@@ -1,9 +1,11 @@
 """``kvsim compare``: one config and trace replayed on both backends, side by side.
 
 Both replays use the same prepared run (config, model, profile, workload, start times);
-each backend keeps a per-batch timing log (src, dst, pages, bytes, path, seconds). The
-report holds, for each metric, the sim value, the hw value and the relative error
-``(sim - hw) / hw`` (hw is the reference):
+each backend keeps a per-batch timing log (src, dst, pages, bytes, path, seconds). The sim
+side predicts the hw replay, so it adds the hw backend's own host costs to the hardware
+profile's times: a ``kvsim.hwloop.HwLoopModel`` (``configs/hwloop/h200.yaml`` unless told
+otherwise; the report names it). The report holds, for each metric, the sim value, the hw
+value and the relative error ``(sim - hw) / hw`` (hw is the reference):
 
 - transfers, per (src, dst, path): batches, bytes, median seconds a batch, median and
   aggregate GB/s (bytes over seconds);
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from kvsim.config import RunConfig
+from kvsim.hwloop import DEFAULT as DEFAULT_HW_LOOP, HwLoop, HwLoopModel, load_hw_loop
 from kvsim.run import Result, prepare_run, replay
 
 if TYPE_CHECKING:
@@ -131,8 +134,7 @@ def turn_timing(sim_rows, hw_rows) -> dict:
     more than ``APART_S`` and by 2x, each with both sides' arrival and TTFT and
     ``flipped``: the other sessions' turns that came back within ``RACE_S`` of it on both
     sides, but in the other order. Such a pair is a race: whichever the engine admits first,
-    the other may wait for KV, and which it is can turn on a fraction of a second
-    (docs/hw-notes.md, 2026-11-30 05:38 UTC)."""
+    the other may wait for KV, and which it is can turn on a fraction of a second."""
     a, b = turn_times(sim_rows), turn_times(hw_rows)
     errs, drift, apart = [], 0.0, []
     for k, (arr_s, ttft_s) in a.items():
@@ -244,13 +246,15 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
 
 
 def replay_sim_side(prep, sim_log: list[dict], pinned: dict | None = None,
-                    compute_log: list | None = None) -> Result:
-    """The sim side of a compare: it predicts the hw run, so turns wait for their refchecks
-    and the checks take the hw backend's time (``model_refcheck``), and the engine loop's
-    host time at a resume holds the next step as it does on hw (``model_loop``)."""
-    return replay(prep, "sim", backend_options={"timing_log": sim_log, "model_refcheck": True,
-                                                "compute_log": compute_log, "model_loop": True},
-                  pinned_arrivals=pinned)
+                    compute_log: list | None = None, hw_loop: HwLoopModel | None = None) -> Result:
+    """The sim side of a compare: it predicts the hw run, so the sim backend carries the hw
+    backend's own host costs (``hw_loop``; None: the default model): turns wait for their
+    refchecks, which take the hw check's time, the engine loop's host time at a resume
+    holds the next step, and transfers complete as late as the hw loop sees them."""
+    loop = HwLoop(hw_loop if hw_loop is not None else load_hw_loop(DEFAULT_HW_LOOP))
+    return replay(prep, "sim", backend_options={"timing_log": sim_log, "compute_log": compute_log,
+                                                "hw_loop": loop},
+                  pinned_arrivals=pinned, on_resume=loop.resumed)
 
 
 def arrivals_of(rows) -> dict[tuple[str, int], float]:
@@ -258,20 +262,24 @@ def arrivals_of(rows) -> dict[tuple[str, int], float]:
     return {k: arr for k, (arr, _) in turn_times(rows).items()}
 
 
-def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = None) -> tuple[dict, Result, Result]:
-    """Replay ``cfg`` (and ``trace``) on the sim backend, then on the hw backend."""
+def compare(cfg: RunConfig, trace: str | None = None, hw_options: dict | None = None,
+            hw_loop: HwLoopModel | None = None) -> tuple[dict, Result, Result]:
+    """Replay ``cfg`` (and ``trace``) on the sim backend, then on the hw backend;
+    ``hw_loop``: the sim side's model of the hw backend's host costs (None: the default)."""
     prep = prepare_run(cfg, trace)
+    hw_loop = hw_loop if hw_loop is not None else load_hw_loop(DEFAULT_HW_LOOP)
     sim_log: list[dict] = []
     hw_log: list[dict] = []
     sim_compute: list = []
     hw_compute: list = []
     hw_host: list = []
-    sim = replay_sim_side(prep, sim_log, compute_log=sim_compute)
+    sim = replay_sim_side(prep, sim_log, compute_log=sim_compute, hw_loop=hw_loop)
     hw = replay(prep, "hw", backend_options={**(hw_options or {}), "timing_log": hw_log,
                                              "compute_log": hw_compute, "host_log": hw_host})
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = {k: v for k, v in (hw_options or {}).items()
                             if k not in ("timing_log", "compute_log", "host_log")}
+    report["hw_loop"] = hw_loop.model_dump(mode="json")
     report["logs"] = {"sim": sim_log, "hw": hw_log, "sim_compute": sim_compute,
                       "hw_compute": hw_compute, "hw_host": hw_host}
     return report, sim, hw
@@ -303,10 +311,13 @@ def load_run(folder: str | Path) -> tuple[dict, list]:
     return summary, rows
 
 
-def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict]:
+def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict, HwLoopModel | None]:
     """The hw side of an earlier ``kvsim compare``'s folder (``compare.json`` and
     ``hw/summary.json`` + ``hw/requests.csv``): its result (with the hardware profile it
-    ran with, when its summary records one), timing log and options."""
+    ran with, when its summary records one), timing log, options, and the hw-loop model
+    its sim side used (None if it records none): the report's ``hw_loop``, or, in runs
+    saved while those terms were part of the hardware profile, the recorded profile's
+    ``loop`` and ``refcheck``, split off into a ``HwLoopModel``."""
     folder = Path(folder)
     try:
         old = read_report(folder)
@@ -318,48 +329,64 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
     metrics = summary["metrics"]
     if old.get("config") != cfg.name:
         raise ValueError(f"--hw-from {folder}: it compared config {old.get('config')!r}, not {cfg.name!r}")
-    profile = None
+    profile, loop = None, None
+    if "hw_loop" in old:
+        try:
+            loop = HwLoopModel.model_validate(old["hw_loop"])
+        except ValueError as e:
+            raise ValueError(f"--hw-from {folder}: compare.json: hw_loop: {e}") from e
     if "hardware_profile" in summary:
-        from kvsim.hardware import HardwareProfile  # noqa: PLC0415
+        from kvsim.hardware import MOVED_KEYS, HardwareProfile  # noqa: PLC0415
         saved = summary["hardware_profile"]
-        if isinstance(saved, dict) and isinstance(saved.get("refcheck"), dict):
-            # retired keys (runs of 2026-11-30 02:30-03:30 UTC): a fitted delay after checks
-            # of GPU pages, since found to be the loop's host time (``loop``); the hw side
-            # never read them, so its results do not depend on them
-            saved = {**saved, "refcheck": {k: v for k, v in saved["refcheck"].items()
-                                           if k not in ("gpu_stall", "gpu_stall_rate")}}
+        where = f"--hw-from {folder}: hw/summary.json: hardware_profile"
+        if isinstance(saved, dict) and any(k in saved for k in MOVED_KEYS):
+            moved = {k: saved[k] for k in MOVED_KEYS if isinstance(saved.get(k), dict)}
+            saved = {k: v for k, v in saved.items() if k not in MOVED_KEYS}
+            try:
+                loop = loop or HwLoopModel.model_validate(
+                    {**moved.get("loop", {}), "refcheck": moved.get("refcheck", {}),
+                     "name": f"{saved.get('name')} (recorded in its hardware profile)"})
+            except ValueError as e:
+                raise ValueError(f"{where}: loop/refcheck: {e}") from e
         try:
             profile = HardwareProfile.model_validate(saved)
         except ValueError as e:
-            raise ValueError(f"--hw-from {folder}: hw/summary.json: hardware_profile: {e}") from e
+            raise ValueError(f"{where}: {e}") from e
     return (Result(cfg, "hw", metrics, rows, [], profile=profile), old["logs"]["hw"],
-            old.get("hw_options", {}))
+            old.get("hw_options", {}), loop)
 
 
 def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
                   saved_profile: bool = False, pin_arrivals: bool = False,
-                  profile: HardwareProfile | None = None) -> tuple[dict, Result]:
+                  profile: HardwareProfile | None = None,
+                  hw_loop: HwLoopModel | None = None) -> tuple[dict, Result]:
     """Replay ``cfg`` on the sim only and compare it with the hw replay an earlier compare
     saved in ``folder``: with the current profile (e.g. after re-fitting it, without a
-    GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with.
+    GPU) or, ``saved_profile``, with the one the hw replay recorded that it ran with (and,
+    unless ``hw_loop`` is given, the hw-loop model recorded with it, if any).
     ``pin_arrivals``: the sim releases each turn when hw did (or when its previous item
     completes, if later), so closed-loop sessions do not drift apart and what differs is
     what the model predicts turn by turn. ``profile``: a HardwareProfile for the sim
-    instead of either (e.g. the saved one with a term changed)."""
-    hw, hw_log, hw_options = saved_hw(folder, cfg)
-    hw_compute = saved_calls(folder).get("hw_compute")  # (None for runs saved before)
+    instead of either (e.g. the saved one with a term changed). ``hw_loop``: the sim's
+    model of the hw backend's host costs (None: the default, or the recorded one)."""
+    hw, hw_log, hw_options, saved_loop = saved_hw(folder, cfg)
+    hw_compute = _saved_call_logs(folder).get("hw_compute")  # (None for runs saved before)
     if saved_profile and hw.profile is None:
         raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
                          f"hardware profile (older runs); pass --set hardware=PATH instead")
     if saved_profile:  # the sim's summary says where its profile came from, not the config's name
         cfg = cfg.model_copy(update={"hardware": f"{Path(folder) / 'hw' / 'summary.json'}: hardware_profile"})
+        if hw_loop is None and saved_loop is not None:
+            hw_loop = saved_loop
+    hw_loop = hw_loop if hw_loop is not None else load_hw_loop(DEFAULT_HW_LOOP)
     sim_log: list[dict] = []
     sim_compute: list = []
     use = profile if profile is not None else (hw.profile if saved_profile else None)
     sim = replay_sim_side(prepare_run(cfg, trace, use), sim_log,
-                          arrivals_of(hw.rows) if pin_arrivals else None, sim_compute)
+                          arrivals_of(hw.rows) if pin_arrivals else None, sim_compute, hw_loop)
     report = compare_results(sim, hw, sim_log, hw_log, sim_compute, hw_compute)
     report["hw_options"] = hw_options
+    report["hw_loop"] = hw_loop.model_dump(mode="json")
     report["hw_from"] = str(folder)
     report["pinned_arrivals"] = pin_arrivals
     report["logs"] = {"sim": sim_log, "hw": hw_log, "sim_compute": sim_compute}
@@ -450,7 +477,7 @@ def write_whole(path: Path, data: bytes) -> None:
         raise
 
 
-def saved_calls(folder: str | Path) -> dict:
+def _saved_call_logs(folder: str | Path) -> dict:
     """The per-call logs an earlier compare saved in ``folder`` ({} if none: runs saved
     before they were kept)."""
     import gzip  # noqa: PLC0415

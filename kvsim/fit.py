@@ -199,21 +199,6 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     if busy:
         d["compute"], why["compute.latency"] = fit_compute(busy)
         why["compute.scale"] = "fitted with compute.latency, above"
-    chk = (m.compute.get("refcheck") or {}).get("seconds")
-    if chk:
-        d["refcheck"] = {"latency": statistics.median(chk), "ctas": base.refcheck.ctas}
-        why["refcheck.latency"] = (f"measured: {m.compute['refcheck'].get('how', 'one-page checks')}, "
-                                   f"median of {len(chk)}")
-        why["refcheck.ctas"] = f"base: {base.name} (not measured: CTAs at once beside compute)"
-    lp, fitted = base.loop, f"base: {base.name} (not measured here: fitted from a replay's logs)"
-    if lp.resume or lp.resume_per_page or lp.transfer or lp.disk:  # fitted from a replay, not measured here: kept
-        d["loop"] = {"resume": lp.resume, "resume_per_page": lp.resume_per_page, "transfer": lp.transfer,
-                     "disk": lp.disk}
-        why["loop.resume"] = why["loop.resume_per_page"] = why["loop.transfer"] = why["loop.disk"] = fitted
-    if base.refcheck.launch_per_page:  # (likewise)
-        d.setdefault("refcheck", {"latency": base.refcheck.latency, "ctas": base.refcheck.ctas})
-        d["refcheck"]["launch_per_page"] = base.refcheck.launch_per_page
-        why["refcheck.launch_per_page"] = fitted
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     return d, why

@@ -4,7 +4,10 @@ A ``HardwareProfile`` is a frozen pydantic model (unknown keys are refused). Siz
 rates accept unit strings (``'4MiB'``, ``'2.5us'``, ``'55.5GB/s'``) through ``kvsim.units``;
 inside the model they are plain bytes, seconds and bytes per second. ``load_profile`` takes
 a path or a name (``'h200-pcie'`` -> ``configs/hardware/h200-pcie.yaml`` of the repository)
-and raises ``ProfileError`` naming the file and the key path of every bad value.
+and raises ``ProfileError`` naming the file and the key path of every bad value. A profile
+describes hardware: the hw backend's own software costs, which ``kvsim compare`` adds to
+predict a hw replay, are ``kvsim.hwloop``'s; a profile with their older keys (``loop``,
+``refcheck``) is refused, naming the key.
 
 Optional terms (absent: the older, simpler model):
 - ``copy_engine.per_page_h2d`` / ``per_page_d2h``: the batched call's host time per page in
@@ -28,37 +31,6 @@ Optional terms (absent: the older, simpler model):
   call when stepping, so both add to every step). The sim adds the latency after the
   compute (SMs free, nothing held). Default 0 and 1. ``kvsim calibrate`` fits both from
   its timed ``compute()`` calls (wall - d = latency + (scale - 1) x d, least squares).
-- ``refcheck.latency`` / ``refcheck.ctas``: what the hw backend's refcheck of a batch costs
-  (``RefcheckSpec``), for a sim asked to model it; ``kvsim compare`` does when the config's
-  refcheck is on. Default 0 latency (the check's bytes still take their time).
-- ``loop.resume`` / ``loop.resume_per_page``: the engine loop's own host time when it
-  resumes a request that holds pages on the GPU: the core's bookkeeping over the request's
-  pages runs on the loop's thread, so the next engine step starts that much later
-  (``resume`` + ``resume_per_page`` x the request's pages). On the hw
-  backend this time is real: its compute log's host lag measures it (the compute stream
-  sits idle on the GPU meanwhile). A sim asked to model the loop (``SimBackend(
-  model_loop=True)``; ``kvsim compare`` does) charges it. Fitted from a replay's compute
-  log, not measured by ``kvsim calibrate`` (which keeps the base profile's values).
-  Default 0 (the loop costs nothing). ``refcheck.launch_per_page`` is the same loop's time a
-  GPU page when it launches a refcheck of them (added to the hold; the check itself starts
-  when the hold ends, beside the held step); also fitted, default 0.
-- ``loop.transfer``: what the same loop adds to every transfer with a GPU leg (GPU <->
-  host, GPU <-> disk) in a replay beyond ``transfer.latency``, which ``kvsim calibrate``
-  measures in a tight loop of copies: between two copies a replay's loop runs the engine
-  and the core, and its copy call and its completion's wake-up then take longer (a 2 MiB
-  GPU -> host copy after a 64 MiB numpy pass: 218-228 us against 89-94 us back to back on
-  one machine, 95-112 us on another; docs/hw-notes.md). A sim modelling the loop adds it to
-  such transfers' completion (holds nothing). Fitted from a replay's one-page GPU -> host
-  batches, default 0.
-- ``loop.disk``: what a replay adds to every transfer with a disk leg (host <-> disk,
-  GPU <-> disk) beyond the disk's own time (``nvme.latency`` and the rates, which
-  ``kvsim calibrate`` measures on the I/O threads alone): on the hw backend the batch waits
-  for an I/O thread, the thread runs its piece beside the replay's loop, and the loop then
-  sees the completion (a one-page host -> disk write in a replay of sessions 10-12, p50:
-  0.27 ms before its piece started, 1.52 ms in it, 0.15 ms after; about 1.05-1.4 ms alone).
-  A sim modelling the loop adds it to such transfers' completion (holds nothing). Measured
-  from a replay's hw log, not fitted to the error: the median over its one-page host ->
-  disk batches of the wait before the piece plus the time after it. Default 0.
 - ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
   the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
   Default None: every write at ``nvme.write``.
@@ -76,6 +48,7 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from kvsim.paths import CONFIGS
 from kvsim.units import parse_rate, parse_size, parse_time
@@ -88,6 +61,7 @@ PosSeconds = Annotated[float, BeforeValidator(parse_time), Field(gt=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Slowdown = Annotated[float, Field(ge=0)]
+MOVED_KEYS = ("loop", "refcheck")  # older profiles' software terms: kvsim.hwloop has them
 
 
 def _page_cost(value):
@@ -264,36 +238,6 @@ class ComputeSpec(_Frozen):
     scale: float = Field(1.0, gt=0)
 
 
-class RefcheckSpec(_Frozen):
-    """What the hw backend's refcheck of a batch of pages costs, for a sim that models it
-    (``SimBackend(model_refcheck=True)``; ``kvsim compare`` does when the refcheck is on):
-    ``latency`` a check (the kernel's launch and the completion seen), then the pages'
-    bytes read: GPU pages from HBM, host pages across the link toward the GPU (the check
-    kernel reads them through their mapped address), both by ``ctas`` CTAs at most that
-    slow compute as copy-kernel CTAs do; disk pages read back from the device."""
-
-    latency: Seconds = 0.0
-    ctas: int = Field(132, gt=0)
-    # the loop's host time a GPU page when it launches a check (the pages' expected tags
-    # gathered and uploaded): charged with ``loop`` by a sim that models the loop
-    launch_per_page: Seconds = 0.0
-
-
-class LoopSpec(_Frozen):
-    """The engine loop's host time at a resume, and what it adds to a transfer with a GPU
-    leg and to one with a disk leg in a replay (see the module docstring)."""
-
-    resume: Seconds = 0.0
-    resume_per_page: Seconds = 0.0
-    transfer: Seconds = 0.0
-    disk: Seconds = 0.0
-
-    def resume_s(self, pages: int) -> float:
-        """How late the next engine step starts after resuming a request of ``pages``
-        GPU pages."""
-        return self.resume + pages * self.resume_per_page
-
-
 class HardwareProfile(_Frozen):
     name: str
     link: LinkSpec
@@ -304,9 +248,18 @@ class HardwareProfile(_Frozen):
     gpu: GPUSpec
     transfer: TransferSpec = TransferSpec()
     compute: ComputeSpec = ComputeSpec()
-    refcheck: RefcheckSpec = RefcheckSpec()
-    loop: LoopSpec = LoopSpec()
     notes: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_software_terms(cls, data):
+        for key in MOVED_KEYS:
+            if isinstance(data, dict) and key in data:
+                raise PydanticCustomError(
+                    "moved_key", "{key}: not a hardware term: the hw backend's own loop and refcheck "
+                    "costs are kvsim compare's hw-loop model (kvsim.hwloop, configs/hwloop/*.yaml); "
+                    "move the numbers there and delete the key here", {"key": key})
+        return data
 
     @model_validator(mode="after")
     def _sm_both_covers_one(self) -> "HardwareProfile":
@@ -364,9 +317,9 @@ def load_yaml_model(model: type[BaseModel], path_or_name: str | Path, kind: str)
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            where = ".".join(str(x) for x in err["loc"]) or "(top)"
-            got = err.get("input")
-            lines.append(f"{path}: {where}: {err['msg']} (got {got!r})")
+            where = ".".join(str(x) for x in err["loc"])
+            got = "" if not where else f" (got {err.get('input')!r})"  # (not the whole file)
+            lines.append(f"{path}: {where or '(top)'}: {err['msg']}{got}")
         raise ProfileError("\n".join(lines)) from None
 
 

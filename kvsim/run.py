@@ -131,6 +131,8 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
 
 
 def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
+    """The sim backend; with ``hw_loop`` (a ``kvsim.hwloop.HwLoop``: kvsim compare's),
+    wrapped in the hw backend's own host costs."""
     from kvsim_backends.sim import SimBackend, SimRuntime
 
     rt = SimRuntime()
@@ -138,10 +140,11 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
     e = prep.cfg.engine
     be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=e.refcheck,
                     copy_path=e.copy_path.model_dump(), sm_ctas=e.sm_ctas,
-                    timing_log=options.get("timing_log"),
-                    model_refcheck=options.get("model_refcheck", False),
-                    compute_log=options.get("compute_log"),
-                    model_loop=options.get("model_loop", False))
+                    timing_log=options.get("timing_log"), compute_log=options.get("compute_log"))
+    if options.get("hw_loop") is not None:
+        from kvsim_backends.sim.hwloop import HwLoopSim
+
+        return rt, HwLoopSim(be, options["hw_loop"])
     return rt, be
 
 
@@ -173,10 +176,12 @@ def measure_hardware(device: str = "auto", plan=None, disk_dir: str | None = Non
 
 def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,
            backend_options: dict | None = None,
-           pinned_arrivals: dict[tuple[str, int], float] | None = None) -> Result:
+           pinned_arrivals: dict[tuple[str, int], float] | None = None,
+           on_resume: Callable[[int], None] | None = None) -> Result:
     """Replay the prepared run on ``backend``. ``pinned_arrivals`` ((session, turn) ->
     seconds): release those turns then, not a think time after their previous item
-    (``Engine.pin_arrivals``)."""
+    (``Engine.pin_arrivals``). ``on_resume``: the engine's (told the GPU pages of each
+    resumed request)."""
     cfg = prep.cfg
     if backend not in BACKENDS:
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -191,7 +196,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                           gpu_free_watermark=e.gpu_free_watermark,
                           max_plan_failures=e.max_plan_failures,
                           timeline_interval_s=cfg.output.timeline_interval)
-    engine = Engine(rt, be, mgr, model, params)
+    engine = Engine(rt, be, mgr, model, params, on_resume=on_resume)
     if pinned_arrivals is not None:
         engine.pin_arrivals(pinned_arrivals)
     engine.load(prep.workload, prep.starts)

@@ -113,11 +113,15 @@ def test_compare_tiny_config_cpu(tmp_path):
     # the per-call logs went beside compare.json, gzipped, not into it
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert not {"sim_compute", "hw_compute", "hw_host"} & set(saved["logs"])
-    from kvsim.compare import saved_calls
-    assert saved_calls(tmp_path / "cmp")["hw_compute"] == report["logs"]["hw_compute"]
-    assert saved_calls(tmp_path / "nothing-here") == {}
+    assert saved["hw_loop"]["name"] == "h200"  # the sim side's model of hw's own costs
     with pytest.raises(ValueError, match="expected an earlier compare"):
         compare_saved(cfg, tmp_path / "nothing-here")
+    # a damaged per-call log is refused by name
+    from kvsim.compare import CALL_LOGS_FILE
+
+    (tmp_path / "cmp" / CALL_LOGS_FILE).write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=f"{CALL_LOGS_FILE}: expected gzipped JSON"):
+        compare_saved(cfg, tmp_path / "cmp")
 
 
 def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
@@ -267,16 +271,8 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
-    # the committed profile adds, by hand, the loop's host time at a resume, a transfer and
-    # a disk batch, from replays' logs (not from these cells): the refit has none, and the
-    # rest is the same
-    assert a.pop("loop") == {"resume": pytest.approx(950.6e-6), "resume_per_page": pytest.approx(0.5496e-6),
-                             "transfer": pytest.approx(126.8e-6), "disk": pytest.approx(426.6e-6)}
-    assert b.pop("loop") == {"resume": 0.0, "resume_per_page": 0.0, "transfer": 0.0, "disk": 0.0}
-    assert a["refcheck"].pop("launch_per_page") == pytest.approx(0.312e-6)
-    assert b["refcheck"].pop("launch_per_page") == 0.0
-    # and the disk's rewrite rate, from a ratio measured on another machine (the committed
-    # report predates calibrate's rewrite pass)
+    # the committed profile adds, by hand, the disk's rewrite rate, from a ratio measured
+    # on another machine (the committed report predates calibrate's rewrite pass)
     assert a["nvme"].pop("rewrite") == pytest.approx(2.474e9)
     assert b["nvme"].pop("rewrite") is None
     # and the SM kernel's CTA headroom the hw backend ran with when the cells were measured
@@ -417,7 +413,8 @@ def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
 
     folder = Path(__file__).resolve().parent / "fixtures" / "h200-agentic-slice"
     cfg = load_config("agentic-slice")
-    hw, log, options = saved_hw(folder, cfg)
+    hw, log, options, hw_loop = saved_hw(folder, cfg)
+    assert hw_loop is None  # (its compare recorded no hw-loop model, its summary no profile)
     assert len(hw.rows) == 90 and hw.metrics["requests_completed"] == 90
     assert hw.metrics["ttft_s"]["p50"] == pytest.approx(0.1568, abs=1e-4)
     assert len(log) == sum(v["hw"]["batches"] for v in read_report(folder)["transfers"].values())
@@ -510,20 +507,23 @@ def test_sim_refcheck_catches_a_wrong_page(monkeypatch, where):
         replay(prepare_run(cfg))
 
 
-def test_sim_models_the_hw_refcheck_only_when_asked():
-    """model_refcheck (what kvsim compare asks of its sim side): every check the engine
-    waits for takes the hw check's time, so turns start later on average; the refcheck
-    still passes and the same turns complete. Without it the checks cost nothing."""
+def test_the_hw_loop_model_times_the_sims_refchecks_only_with_the_refcheck_on():
+    """The hw-loop model's check terms (what kvsim compare's sim side carries): every check
+    the engine waits for takes the hw check's time, so turns start later on average; the
+    refcheck still passes and the same turns complete. With the refcheck off they change
+    nothing."""
+    from kvsim.hwloop import HwLoop, HwLoopModel, load_hw_loop
     from kvsim.run import prepare_run, replay
 
+    checks = HwLoopModel(refcheck=load_hw_loop("h200").refcheck)
     cfg = load_config("default", [*TINY, "hardware=h200-pcie-calibrated"])
     free = replay(prepare_run(cfg), "sim")
-    modeled = replay(prepare_run(cfg), "sim", backend_options={"model_refcheck": True})
+    modeled = replay(prepare_run(cfg), "sim", backend_options={"hw_loop": HwLoop(checks)})
     assert free.metrics["requests_completed"] == modeled.metrics["requests_completed"] > 0
     assert modeled.metrics["ttft_s"]["mean"] > free.metrics["ttft_s"]["mean"]
     off = load_config("default", [*TINY, "hardware=h200-pcie-calibrated", "engine.refcheck=false"])
     a = replay(prepare_run(off), "sim").metrics
-    b = replay(prepare_run(off), "sim", backend_options={"model_refcheck": True}).metrics
+    b = replay(prepare_run(off), "sim", backend_options={"hw_loop": HwLoop(checks)}).metrics
     assert {k: v for k, v in a.items() if k != "wall_time_s"} == {k: v for k, v in b.items() if k != "wall_time_s"}
 
 
@@ -624,31 +624,6 @@ def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
         write_report({**report, "config": "y"}, tmp_path)
     assert (tmp_path / "compare.json").read_bytes() == before  # the old report stands
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["compare.json", CALL_LOGS_FILE])
-
-
-def test_calibrate_keeps_the_base_profiles_loop_time(tmp_path):
-    """loop.resume / resume_per_page / transfer / disk are fitted from a replay, not measured
-    by calibrate: a profile calibrated on top of a base that has them keeps them."""
-    base = load_profile("h200-pcie-calibrated")
-    assert base.loop.resume > 0 and base.loop.resume_per_page > 0
-    out = tmp_path / "cal.yaml"
-    calibrate(out, base="h200-pcie-calibrated", device="cpu")
-    prof = load_profile(out)
-    assert prof.loop.resume == pytest.approx(base.loop.resume, rel=1e-3)
-    assert prof.loop.resume_per_page == pytest.approx(base.loop.resume_per_page, rel=1e-3)
-    assert prof.loop.transfer == pytest.approx(base.loop.transfer, rel=1e-3) and base.loop.transfer > 0
-    assert prof.loop.disk == pytest.approx(base.loop.disk, rel=1e-3) and base.loop.disk > 0
-    assert prof.refcheck.launch_per_page == pytest.approx(base.refcheck.launch_per_page, rel=1e-3)
-    assert base.refcheck.launch_per_page > 0
-    assert "resume_per_page: " in out.read_text() and "fitted from a replay" in out.read_text()
-
-
-def test_a_damaged_call_log_is_refused_by_name(tmp_path):
-    from kvsim.compare import CALL_LOGS_FILE, saved_calls
-
-    (tmp_path / CALL_LOGS_FILE).write_bytes(b"not gzip")
-    with pytest.raises(ValueError, match=f"{CALL_LOGS_FILE}: expected gzipped JSON"):
-        saved_calls(tmp_path)
 
 
 def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):

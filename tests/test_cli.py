@@ -146,38 +146,6 @@ def test_a_backend_that_cannot_start_fails_cleanly(tmp_path):
     assert not out.exists()
 
 
-def test_model_refcheck_on_the_sim_from_the_command_line(tmp_path):
-    """--model-refcheck: the sim's turns wait for their refchecks (as kvsim compare's sim
-    side does), so they start later on average; everything completes as without it."""
-    got = {}
-    for flag in ([], ["--model-refcheck"]):
-        out = tmp_path / f"res{len(flag)}"
-        r = runner.invoke(app, ["run", "configs/default.yaml", *flag, "--out", str(out), *SMALL])
-        assert r.exit_code == 0, r.output
-        got[bool(flag)] = json.loads((out / "summary.json").read_text())["metrics"]
-    assert got[True]["requests_completed"] == got[False]["requests_completed"] > 0
-    assert got[True]["ttft_s"]["mean"] > got[False]["ttft_s"]["mean"]
-
-
-def test_model_loop_on_the_sim_from_the_command_line(tmp_path):
-    """--model-loop: with a profile that has loop terms, the step after a resume of GPU
-    pages starts later, so turns with GPU hits take longer; with the default profile (no
-    loop terms) it changes nothing."""
-    got = {}
-    for prof in ("h200-pcie", "h200-pcie-calibrated"):
-        for flag in ([], ["--model-loop"]):
-            out = tmp_path / f"{prof}{len(flag)}"
-            r = runner.invoke(app, ["run", "configs/default.yaml", *flag, "--out", str(out), *SMALL,
-                                    "--set", f"hardware={prof}"])
-            assert r.exit_code == 0, r.output
-            got[prof, bool(flag)] = json.loads((out / "summary.json").read_text())["metrics"]
-    keep = lambda m: {k: v for k, v in m.items() if k != "wall_time_s"}  # noqa: E731
-    assert keep(got["h200-pcie", True]) == keep(got["h200-pcie", False])
-    on, off = got["h200-pcie-calibrated", True], got["h200-pcie-calibrated", False]
-    assert on["requests_completed"] == off["requests_completed"] > 0 and on["hit_tokens"]["gpu"] > 0
-    assert on["ttft_s"]["mean"] > off["ttft_s"]["mean"]
-
-
 def test_hw_backend_options_from_the_command_line(tmp_path):
     """--backend hw in CPU mode takes the hw options (--time-scale, --compute-graphs, which
     only a GPU uses) and writes the same results folder as the sim."""

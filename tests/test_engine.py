@@ -277,29 +277,36 @@ def test_closed_loop_session_think_time_and_held_prefix():
     assert len(list(mgr.requests())) == 0  # every request closed once the session ended
 
 
-def test_a_modelled_loop_holds_the_step_after_a_resume_of_gpu_pages():
-    """The story above with the loop's host time modelled (``SimBackend(model_loop=True)``,
-    what ``kvsim compare`` does): turn 1 (cold, no pages to walk) is as before; turn 2
-    resumes the session's 2 GPU pages, so its first step starts loop.resume + 2 x
-    loop.resume_per_page later, and its TTFT grows by exactly that."""
-    def story(model_loop: bool):
+def test_the_engine_tells_its_listener_of_resumes_and_a_modelled_loop_holds_the_step():
+    """The story above with the hw loop's host time modelled (``kvsim.hwloop``, what
+    ``kvsim compare`` does): the engine tells ``on_resume`` of each resumed request's GPU
+    pages, turn 1 (cold, no pages to walk) as 0 and is as before; turn 2 resumes the
+    session's 2 GPU pages, so its first step starts resume + 2 x resume_per_page later,
+    and its TTFT grows by exactly that."""
+    from kvsim.hwloop import HwLoop, HwLoopModel
+    from kvsim_backends.sim.hwloop import HwLoopSim
+
+    def story(model: bool):
         shape = load_model("llama-3-8b")
-        base = load_profile("h200-pcie")
-        profile = base.model_copy(update={"loop": base.loop.model_copy(
-            update={"resume": 1e-3, "resume_per_page": 1e-4})})
+        profile = load_profile("h200-pcie")
         page = shape.kv_bytes_per_token * B
         mgr = TierManager(ManagerSpec(page_bytes=page, tokens_per_block=B,
                                       tiers=(TierSpec(Level.GPU, 64 * page), TierSpec(Level.HOST, 64 * page))))
         rt = SimRuntime()
-        be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers}, model_loop=model_loop)
-        eng = Engine(rt, be, mgr, ComputeModel(shape, profile), EngineParams())
+        be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers})
+        loop = HwLoop(HwLoopModel(resume=1e-3, resume_per_page=1e-4))
+        told: list[int] = []
+        eng = Engine(rt, HwLoopSim(be, loop) if model else be, mgr, ComputeModel(shape, profile),
+                     EngineParams(refcheck=False),  # (no check to model: the hold alone)
+                     on_resume=lambda n: (told.append(n), loop.resumed(n)))
         t1 = Turn(input_tokens=64, output_tokens=2, hash_ids=(1, 2))
         t2 = Turn(input_tokens=100, output_tokens=2, hash_ids=(1, 2, 3, 4), think_s=5.0)
         eng.load(Workload("closed", B, True, (Session("sess", "sess", (t1, t2)),)), start_times_s=[0.0])
         rt.run(until=rt.process(eng.serve()))
-        return eng.metrics.rows
+        return eng.metrics.rows, told
 
-    (a1, a2), (b1, b2) = story(False), story(True)
+    ((a1, a2), told_a), ((b1, b2), told_b) = story(False), story(True)
+    assert told_a == told_b == [0, 2]
     assert (b2.hit_gpu, b2.computed_tokens) == (64, 36)
     assert (b1.first_token_ns, b1.done_ns) == (a1.first_token_ns, a1.done_ns)
     ttft = lambda r: r.first_token_ns - r.arrival_ns  # noqa: E731

@@ -374,9 +374,6 @@ class HwBackend:
         (``Checker.read_tags_later``)."""
         return self.checker.read_tags_later(level, slots)
 
-    def resumed(self, pages: int) -> None:
-        pass  # the loop's host work for a resume was real time: the compute log's host lag
-
     def close(self) -> None:
         if getattr(self, "_closed", True):
             return

@@ -11,7 +11,8 @@ Measured:
 - host-tier fill (map, touch, pin);
 - compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy, and of a
   ``compute()`` call the fixed cost and the overrun in proportion to its time; the
-  refcheck of one GPU page as a replay waits for it (``read_tags_later``);
+  refcheck of one GPU page as a replay waits for it (``read_tags_later``; in the report
+  only: ``kvsim.hwloop``'s ``refcheck.latency``);
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
   replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
   copy-engine call's own host time.
@@ -266,7 +267,7 @@ def measure_busy(m: Measured, device: str) -> None:
                                  "reported_s": list(got.values())[0]})
         m.compute["busy"] = rows
         # the refcheck of one page, as a replay waits for it (from read_tags_later to the
-        # runtime seeing the tags): refcheck.latency (the bytes of a page are ~0 on a GPU)
+        # runtime seeing the tags): kvsim.hwloop's refcheck.latency (a page's bytes are ~0 on a GPU)
         be.fill(Fill(Level.GPU, np.arange(1), np.ones(1, dtype=np.uint64)))
         secs = []
         for _ in range(16):

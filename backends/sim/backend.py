@@ -21,17 +21,11 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
   (every byte read and written).
-- with ``model_refcheck``, a check the engine waits for (``read_tags_later``) costs what
-  the hw backend's does: ``refcheck.latency``, then the pages' bytes read as a fluid flow,
-  GPU pages over HBM, host pages over the link toward the GPU (the hw check kernel reads
-  them through their mapped address), both as an SM kernel of up to ``refcheck.ctas``
-  CTAs (slowed by compute, slowing it); disk pages with the device's latency and read
-  rate. Without it (the default) a check is free and immediate: the tags are not bytes.
 - every transfer: then ``transfer.latency`` (``latency_sm_kernel`` for an SM-kernel
   batch), the backend's fixed cost beyond the data path, before it completes; it holds
-  nothing (0 by default: no extra event). With ``model_loop``, a transfer with a GPU leg
-  adds ``loop.transfer`` there (the replay loop's cost beyond a tight loop of copies), and
-  one with a disk leg ``loop.disk`` (the replay's cost beyond the I/O threads alone).
+  nothing (0 by default: no extra event). A caller may add to it per leg: ``link_leg_s``
+  to a transfer with a GPU-link leg, ``disk_leg_s`` to one with a disk leg (0 by default).
+- a refcheck is free and immediate: the tags are not bytes (``read_tags_later`` is None).
 
 The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
@@ -73,7 +67,6 @@ from .units import Units
 GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
 DIRECTIONS: Final = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
-CHECK_PART_BYTES: Final = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
 
 # (src, dst) -> (link direction or None, disk direction or None, fluid resources, the
 # byte counters a completed batch adds to, in the order the bytes go through them)
@@ -103,8 +96,7 @@ class SimBackend:
     def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
                  slots: dict[Level, int], refcheck: bool = True,
                  copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
-                 timing_log: list | None = None, model_refcheck: bool = False,
-                 compute_log: list | None = None, model_loop: bool = False):
+                 timing_log: list | None = None, compute_log: list | None = None):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -114,7 +106,6 @@ class SimBackend:
         self.profile = profile
         self.page_bytes = page_bytes
         self.refcheck = refcheck
-        self.model_refcheck = bool(model_refcheck) and refcheck
         self.on_traffic: Callable[[float, str, int], None] | None = None
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = timing_log
@@ -165,12 +156,6 @@ class SimBackend:
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
         self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
                         "sm_kernel_calls": 0, "compute_calls": 0}
-        self.checks_modeled = 0  # model_refcheck: checks timed (not in stats: no new column)
-        # model_loop: how late the next compute starts, from the engine loop's host time
-        # at the resumes since the last one (profile.loop.resume_s; on the hw backend the
-        # loop's thread is busy that long and the compute stream idle, docs/hw-notes.md)
-        self.model_loop = bool(model_loop)
-        self._hold = 0.0
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
@@ -180,10 +165,10 @@ class SimBackend:
         self._ce_per_call = ce.per_call
         self._sm_launch = sm.launch
         self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
-        # in a replay whose loop is modelled, a transfer with a GPU leg: + loop.transfer;
-        # with a disk leg: + loop.disk (GPU <-> disk: both)
-        self._loop_gpu = p.loop.transfer if self.model_loop else 0.0
-        self._loop_disk = p.loop.disk if self.model_loop else 0.0
+        # a caller's addition to the fixed cost: a transfer with a GPU-link leg, one with a
+        # disk leg (GPU <-> disk: both)
+        self.link_leg_s = 0.0
+        self.disk_leg_s = 0.0
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -204,17 +189,6 @@ class SimBackend:
         return x.done
 
     def compute(self, duration_s: float) -> simpy.Event:
-        if self._hold > 0.0:  # the loop's host time at a resume holds this compute's start
-            hold, self._hold = self._hold, 0.0
-            return self.env.process(self._held(hold, duration_s))
-        return self._compute(duration_s)
-
-    def _held(self, hold: float, duration_s: float):
-        yield self.env.timeout(hold)
-        took = yield self._compute(duration_s)
-        return took
-
-    def _compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s * self.compute_scale)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.env._now:  # type: ignore[misc]
@@ -224,8 +198,6 @@ class SimBackend:
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
-        if self._hold > 0.0:
-            return None  # (compute() starts it late)
         if quiet:
             horizon = _INF
         else:
@@ -269,27 +241,8 @@ class SimBackend:
         return [store[s] for s in slots]
 
     def read_tags_later(self, level: Level, slots: Sequence[Any]) -> simpy.Event | None:
-        """None (``read_tags`` is immediate and free: tags, not bytes) unless the backend
-        models the hw backend's check: then an event with the tags once the check's time
-        has passed (the module docstring)."""
-        if not self.model_refcheck:
-            return None
-        level = Level(level)
-        # what the check finds is read now: the hw backend orders a later write into a
-        # checked slot after the check (a resumed request's pages may move before it ends)
-        found = self.read_tags(level, slots)  # (a copy)
-        if level == Level.GPU and self.model_loop:  # the loop's time to launch it
-            self._hold += len(slots) * self.profile.refcheck.launch_per_page
-        # the loop launches the check at the end of its host work for the resume (hw): the
-        # check starts when the held compute would (model_loop), the two then overlap
-        return self.env.process(self._check(level, len(slots), found, self._hold))
-
-    def resumed(self, pages: int) -> None:
-        """With ``model_loop``: the next compute starts later by the loop's host time for
-        this resume (``profile.loop.resume_s``); without, or for a request with no pages
-        (a cold prompt: no match to walk, nothing to check), nothing."""
-        if self.model_loop and pages > 0:
-            self._hold += self.profile.loop.resume_s(pages)
+        """None: ``read_tags`` is immediate and free (tags, not bytes)."""
+        return None
 
     def close(self) -> None:
         pass
@@ -327,28 +280,6 @@ class SimBackend:
         took = yield done
         yield self.env.timeout(latency)
         return took + latency
-
-    def _check(self, level: Level, pages: int, found: list, after: float = 0.0):
-        """The time of the hw backend's check of ``pages`` pages at ``level``, launched
-        ``after`` seconds from now; then ``found``, the tags read when it was asked for."""
-        p, env = self.profile, self.env
-        nbytes = pages * self.page_bytes
-        if after + p.refcheck.latency > 0:
-            yield env.timeout(after + p.refcheck.latency)
-        if level == Level.DISK:
-            yield env.timeout(self._disk_latency)
-            yield self.fluid.add_flow(nbytes, ("disk_read",))
-        else:
-            # kv_check: a CTA a 64 KiB part of a page, as many at once as refcheck.ctas;
-            # "hbm" is a copy's rate (each byte read and written): a check only reads
-            parts = -(-self.page_bytes // CHECK_PART_BYTES)
-            ctas = min(pages * parts, p.refcheck.ctas)
-            if level == Level.GPU:
-                yield self.fluid.add_flow(nbytes / 2, ("hbm",), cap=self.fluid.cap["hbm"], ctas=ctas)
-            else:
-                yield self.fluid.add_flow(nbytes, ("h2d", "link"), cap=self.fluid.cap["h2d"], ctas=ctas)
-        self.checks_modeled += 1
-        return found
 
     def _count_compute(self, took_s: float, nominal_s: float, t0: float) -> None:
         self._compute_s += took_s
@@ -505,9 +436,9 @@ class _Transfer:
             be.cta_pool.put(self.ctas)
         fixed = be._fixed[self.ctas > 0]
         if self.route[0] is not None:
-            fixed += be._loop_gpu
+            fixed += be.link_leg_s
         if self.route[1]:
-            fixed += be._loop_disk
+            fixed += be.disk_leg_s
         if fixed > 0:
             self.after(fixed, self.end)
             return

@@ -97,11 +97,14 @@ class Live:
 
 class Engine:
     def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute: ComputeModel,
-                 params: EngineParams, *, on_progress: Callable[[int], None] | None = None):
+                 params: EngineParams, *, on_progress: Callable[[int], None] | None = None,
+                 on_resume: Callable[[int], None] | None = None):
         """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
         decode_context_sum)`` gives a step's seconds, ``compute.decode_step_time(n_decode,
         decode_context_sum)`` the same for a step without prefill
-        (kvsim.compute.ComputeModel; typed, so the compiled build calls it natively)."""
+        (kvsim.compute.ComputeModel; typed, so the compiled build calls it natively).
+        ``on_resume(pages)``: told of every resumed request, with the GPU pages it holds
+        (before its pages are checked)."""
         self.rt = rt
         self.backend = backend
         self.mgr = mgr
@@ -110,6 +113,7 @@ class Engine:
         self.B = mgr.tokens_per_block
         self.metrics = Metrics()
         self.on_progress = on_progress
+        self.on_resume = on_resume
         self.t = 0                                   # engine clock, ns
         self._arrivals: list = []                    # heap of (ns, seq, cursor, frame, turn)
         self._seq = count()
@@ -378,7 +382,8 @@ class Engine:
 
     def _on_resumed(self, lv: Live) -> None:
         lv.state = RUNNING
-        self.backend.resumed(len(lv.req.pages))
+        if self.on_resume is not None:
+            self.on_resume(len(lv.req.pages))
         if self.p.refcheck:
             exp = self.mgr.expected(lv.req)
             later = self.backend.read_tags_later(Level.GPU, exp.slots)
