@@ -270,10 +270,15 @@ def compare(
     calibrate_first: bool = typer.Option(False, "--calibrate", help="run `kvsim calibrate` on this "
                                          "machine first, into OUT/hardware.yaml, and compare with that "
                                          "profile on both sides"),
+    hw_loop: Optional[str] = typer.Option(None, "--hw-loop", help="the sim side's model of the hw "
+                                          "backend's own host costs: a YAML or a name under "
+                                          "configs/hwloop/, or none (default: h200; with "
+                                          "--saved-profile, the one that run's compare used)"),
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.compare import compare as run_compare, compare_saved, report_tables, write_report
     from kvsim.config import ConfigFileError, load_config
+    from kvsim.hwloop import load_hw_loop
     from kvsim.results import Staging
     from kvsim.run import prepare_run, write_files
     from kvsim.workload import TraceError
@@ -288,6 +293,7 @@ def compare(
         raise typer.Exit(2)
     try:
         cfg = load_config(config, set_)
+        loop = load_hw_loop(hw_loop) if hw_loop else None
     except (ConfigFileError, ValueError, OSError) as e:
         _error(console, str(e))
         raise typer.Exit(2)
@@ -305,7 +311,7 @@ def compare(
             try:
                 if hw_from:
                     report, sim_res = compare_saved(cfg, hw_from, trace, saved_profile=saved_profile,
-                                                    pin_arrivals=pin_arrivals)
+                                                    pin_arrivals=pin_arrivals, hw_loop=loop)
                     results = (("sim", sim_res),)
                 else:
                     if calibrate_first:
@@ -318,7 +324,8 @@ def compare(
                                       f"fit check in {prof.name}.report.json)")
                         cfg = load_config(config, [*set_, f"hardware={prof}"])
                     report, sim_res, hw_res = run_compare(cfg, trace, {
-                        "time_scale": time_scale, "device": device, "compute_graphs": compute_graphs})
+                        "time_scale": time_scale, "device": device, "compute_graphs": compute_graphs},
+                        hw_loop=loop)
                     results = (("sim", sim_res), ("hw", hw_res))
                     if calibrate_first:  # the profile's path once the folder is in place
                         final = {"hardware": str(dest / "hardware.yaml")}

@@ -274,3 +274,35 @@ def test_the_saved_h200_slice_run_is_predicted_as_before_the_move(tmp_path, refc
     if refcheck:
         bare, _ = compare_saved(cfg, FIXTURE, str(trace), hw_loop=HwLoopModel())
         assert bare["metrics"]["ttft_p50_s"]["sim"] != pytest.approx(BEFORE[True]["ttft_p50_s"], rel=1e-3)
+
+
+@pytest.mark.skipif(not all(p.exists() for p in SLICE), reason="../shared/traces not present")
+def test_the_saved_run_with_the_profile_it_ran_with_from_the_command_line(tmp_path):
+    """The README's re-prediction of the saved run, with the profile it ran with and the
+    hw-loop terms that went with it (``--hw-loop``: a file beside the profile): the same
+    sim side as before the terms left the profile; the old profile itself is refused by
+    name, nothing written."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+
+    trace = tmp_path / "slice"
+    trace.mkdir()
+    for p in SLICE:
+        shutil.copy(p, trace / p.name)
+    args = ["compare", "agentic-slice", "--trace", str(trace), "--set", "engine.fast_forward=false",
+            "--set", "engine.refcheck=false", "--hw-from", str(FIXTURE)]
+    prof = FIXTURE / "h200-pcie-calibrated-1955.yaml"
+    out = tmp_path / "cmp"
+    r = CliRunner().invoke(app, [*args, "--set", f"hardware={prof}", "--hw-loop",
+                                 str(FIXTURE / "hwloop-1955.yaml"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    m = json.loads((out / "compare.json").read_text())["metrics"]
+    before = {"ttft_p50_s": 0.1434631025, "ttft_p90_s": 1.7931464368000007,
+              "hit_tokens_gpu": 5134992, "hit_tokens_host": 153168, "hit_tokens_disk": 55392}
+    assert {k: m[k]["sim"] for k in before} == pytest.approx(before, rel=1e-12)
+    old = tmp_path / "old.yaml"
+    old.write_text(prof.read_text() + "refcheck: {latency: 46.8us, ctas: 132}\n")
+    r = CliRunner().invoke(app, [*args, "--set", f"hardware={old}", "--out", str(tmp_path / "no")])
+    assert r.exit_code == 2 and "refcheck: not a hardware term" in r.output
+    assert not (tmp_path / "no").exists()
