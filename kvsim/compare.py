@@ -437,8 +437,7 @@ CALL_LOGS_FILE = "compare-calls.json.gz"
 
 def read_report(folder: str | Path) -> dict:
     """The report ``write_report`` left in ``folder``: ``compare.json``, or, where that is
-    absent, ``compare.json.gz`` (the saved runs under docs/runs are kept gzipped: the
-    checkout travels to the GPU machine under a size limit)."""
+    absent, ``compare.json.gz`` (saved runs may be kept gzipped, as the test fixture is)."""
     import gzip  # noqa: PLC0415
 
     folder = Path(folder)

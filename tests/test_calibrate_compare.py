@@ -284,14 +284,14 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     for r, s in zip(new["fit_check"], old["fit_check"]):
         assert (r["page"], r["path"], r["dir"]) == (s["page"], s["path"], s["dir"])
         assert abs(r["rel_err"] - s["rel_err"]) < 1e-3
-    # issue 4 (5% a cell), the 23:24 UTC calibration: the large batches miss the copy engine
+    # issue 4 (5% a cell), the committed calibration: the large batches miss the copy engine
     # both ways at 64 KiB (-8.7%) and 256 KiB (+6.7%); small batches of 2 MiB pages miss
     # the copy engine's two-page batches and the SM kernel's one-page batches (7-9%)
     misses = [(r["page"], r["path"], r["dir"], r["pages"]) for r in new["fit_check"] if abs(r["rel_err"]) > 0.05]
     assert misses == [(64 * 1024, "copy_engine", "both", 32768), (256 * 1024, "copy_engine", "both", 8192),
                       (2 << 20, "copy_engine", "h2d", 2), (2 << 20, "copy_engine", "d2h", 2),
                       (2 << 20, "sm_kernel", "h2d", 1), (2 << 20, "sm_kernel", "d2h", 1)]
-    # the out-of-sample cells the report keeps (hw_copy.py right after calibrate, 23:24 UTC)
+    # the out-of-sample cells the report keeps (hw_copy.py right after calibrate)
     # are re-checked: 24 of 30 within 5%, every SM-kernel cell within 4.2%
     assert [len(e["fit_check"]) for e in new["out_of_sample"]] == [30]
     oos = new["out_of_sample"][0]["fit_check"]
