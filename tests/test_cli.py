@@ -152,7 +152,10 @@ def test_hw_backend_options_from_the_command_line(tmp_path):
     out = tmp_path / "res"
     r = runner.invoke(app, ["run", "configs/default.yaml", "--backend", "hw", "--device", "cpu",
                             "--time-scale", "50", "--compute-graphs", "--out", str(out), *SMALL,
-                            "--set", "workload.synthetic.n_sessions=1", "--set", "cache.page_bytes=4KiB"])
+                            "--set", "workload.synthetic.n_sessions=1", "--set", "cache.page_bytes=4KiB",
+                            # (the default tiers exceed a small machine's memory and disk: refused)
+                            "--set", "cache.tiers=[{level: gpu, quota: 64MiB}, {level: host, quota: 64MiB}, "
+                                     "{level: disk, quota: 256MiB}]"])
     assert r.exit_code == 0, r.output
     m = json.loads((out / "summary.json").read_text())["metrics"]
     assert m["requests_completed"] > 0

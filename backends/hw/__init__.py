@@ -4,6 +4,7 @@ for device memory; pinned host memory; a private preallocated file for the disk 
 
 from .backend import HwBackend
 from .build import build_hw_backend
+from .resources import CapacityError
 from .runtime import RealtimeRuntime
 
-__all__ = ["HwBackend", "RealtimeRuntime", "build_hw_backend"]
+__all__ = ["CapacityError", "HwBackend", "RealtimeRuntime", "build_hw_backend"]
