@@ -1,7 +1,8 @@
 """The disk tier: one preallocated file of slots, read and written in pieces by a thread pool.
 
-The file is created in ``disk_dir`` with O_EXCL and mode 0600 (private to the user),
-preallocated with posix_fallocate (a full disk fails construction with the sizes; with
+The file is a scratch file (``kvsim.scratch.make_file``: O_EXCL, mode 0600, private to the
+user, its name carrying its owner's pid and start time, so the next run's sweep of the
+folder removes it if this process is killed before ``close``), preallocated with posix_fallocate (a full disk fails construction with the sizes; with
 ``preallocate=False`` the file is sparse and a full disk fails later writes with ENOSPC,
 which fail their transfer), and removed on close. Pages are read and written with pread/pwrite in pieces of at most
 ``piece_bytes``; pieces are grouped into jobs of at most ``piece_bytes`` (so small pages
@@ -17,8 +18,13 @@ Invariants:
 - a slot is *valid* only after a write to it completed in full; a write marks it invalid
   when submitted, and a failed write leaves it invalid. ``check_readable`` refuses a read
   of an invalid slot, so no page is ever served from a copy whose write did not complete;
-- ``io_hook(op, offset, nbytes)`` (tests' fault injection) runs before each pread/pwrite
-  on the I/O thread and may raise OSError, exactly as a failing syscall would;
+- ``io_hook(op, offset, nbytes)`` (tests' fault injection) runs before each system call
+  that touches the file and may raise OSError, exactly as a failing call would: ``open``
+  (creating the file; the O_DIRECT descriptor), ``allocate`` (posix_fallocate or
+  ftruncate), and, on the I/O thread, ``write`` (pwrite) and ``read`` (pread). There is
+  no fsync: the tier is scratch, never read after the process ends, so a write is done
+  when its pwrite returned (a later writeback error on the buffered path would show as
+  a page whose tags the refcheck does not find);
 - the file's removal (its directory deleted) fails later writes with ENOENT; reads of
   completed writes still work through the open descriptor.
 """
@@ -28,7 +34,6 @@ from __future__ import annotations
 import collections
 import errno
 import os
-import secrets
 import shutil
 import threading
 import time
@@ -37,6 +42,8 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+
+from kvsim import scratch
 
 _ALIGN = 4096
 IoHook = Callable[[str, int, int], None]
@@ -126,17 +133,25 @@ class DiskStore:
             raise DiskTierError(errno.ENOTDIR, f"disk_dir: {d!r} is not a directory")
         if not os.access(d, os.W_OK | os.X_OK):
             raise DiskTierError(errno.EACCES, f"disk_dir: {d!r} is not writable by this user")
-        self.path = os.path.join(d, f"kvsim-disk-{os.getpid()}-{secrets.token_hex(6)}.bin")
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            self.fd = os.open(self.path, flags, 0o600)
+            if io_hook is not None:
+                io_hook("open", 0, 0)
+            path, self.fd = scratch.make_file(d, "kvsim-disk", ".bin")
         except OSError as e:
             raise DiskTierError(e.errno, f"disk_dir: cannot create the disk tier file "
-                                         f"{self.path!r}: {e.strerror}") from None
+                                         f"in {d!r}: {e.strerror or e}") from None
+        self.path = os.fspath(path)
         self.direct_fd: int | None = None
         self.pool: FairPool | None = None
-        self._unlink = weakref.finalize(self, _unlink_quietly, self.path)  # even on a crash
+        # removed by close(), else when collected or at interpreter exit
+        self._unlink = weakref.finalize(self, _unlink_quietly, self.path)
         try:
+            if io_hook is not None:
+                try:
+                    io_hook("allocate", 0, self.nbytes)
+                except OSError as e:
+                    raise DiskTierError(e.errno, f"disk_dir: cannot allocate the disk tier's "
+                                                 f"{self.nbytes} bytes in {d!r}: {e.strerror or e}") from None
             if preallocate:
                 self._preallocate(d)
             else:  # a sparse file: a full disk shows up later as ENOSPC on a write
@@ -170,9 +185,11 @@ class DiskStore:
         if not o_direct or self.page_bytes % _ALIGN or self.nbytes < _ALIGN:
             return None
         try:
+            if self.io_hook is not None:
+                self.io_hook("open", 0, 0)
             fd = os.open(self.path, os.O_RDWR | o_direct | getattr(os, "O_CLOEXEC", 0))
         except OSError:
-            return None
+            return None  # buffered I/O on the first descriptor
         import mmap  # noqa: PLC0415 - an aligned probe buffer
         probe = mmap.mmap(-1, _ALIGN)
         try:
