@@ -9,11 +9,13 @@ through their mapped device address) are filled and checked by the ``kv_fill`` /
 Invariants: a GPU fill is enqueued on the compute stream (in stream order after the step
 that produced the pages) and later copies wait for it (``StreamOrder``); a write into GPU
 slots under a check the loop has not seen finish waits for that check; a failed read
-yields no tags at all (the check then fails loudly) and the error goes to ``errors``.
+fails the refcheck's waitable with an OSError that says the pages could not be read (the
+run stops: pages it cannot verify are not taken as good), and the error goes to ``errors``.
 """
 
 from __future__ import annotations
 
+import errno
 from time import perf_counter as _clock
 from typing import Any
 
@@ -99,7 +101,7 @@ class Checker:
         link at its speed instead of numpy's ~1.4-1.9 GB/s on one core, which a pool of
         16 did not speed up on the H200); disk pages (and everything in CPU mode) read
         back and checked on an I/O thread. The waitable succeeds with the tags found; if
-        reading fails, with no tags at all (so the check fails loudly) and the error in
+        reading fails, it fails with an OSError that says so, and the error is in
         ``errors``."""
         h0 = _clock()
         slots = np.asarray(slots, dtype=np.int64)
@@ -140,10 +142,13 @@ class Checker:
             exc = f.exception()
             if exc is not None:
                 self.errors.append(f"refcheck read of {n} {lv.name} page(s): {type(exc).__name__}: {exc}")
-            trigger(np.zeros(n, dtype=np.uint64) if exc is not None else f.result())
+                exc = OSError(getattr(exc, "errno", None) or errno.EIO,
+                              f"the refcheck could not read back {n} {lv.name} page(s), so their "
+                              f"contents are unverified: {type(exc).__name__}: {exc}")
+            trigger(exc if exc is not None else f.result())
 
         self.pool.submit(self.read_tags, lv, slots).add_done_callback(done)
-        return ev
+        return self.runtime.process(_raise_error(ev))
 
     def enqueue_fill(self, slots: np.ndarray, tags: np.ndarray, span_words: int = 0) -> None:
         """``kv_fill`` of GPU ``slots`` on the compute stream, a CTA a part of ``span_words``
@@ -189,3 +194,11 @@ class Checker:
             found[cp.asnumpy(bad) != 0] = 0
             return found
         return tags, ev, (ds, out, bad)
+
+
+def _raise_error(ev):
+    """Process: the value of ``ev``, or raise it if it is an exception."""
+    got = yield ev
+    if isinstance(got, BaseException):
+        raise got
+    return got
