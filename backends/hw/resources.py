@@ -161,11 +161,12 @@ def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None,
     if ram:
         avail = host_available()
         seen["host_available_bytes"] = avail
-        need = sum(t.nbytes for t in ram)
-        if avail is not None and need > avail - _headroom_host(avail):
-            keys, parts = _sum(ram, why)
-            room = _headroom_host(avail)
-            verb = "exceed" if len(ram) > 1 else "exceeds"
+        room = _headroom_host(avail) if avail is not None else 0
+        if avail is not None and sum(t.nbytes for t in ram) > avail - room:
+            # the tiers too large alone, each by name; else all of them, as a sum
+            alone = [t for t in ram if t.nbytes > avail - room]
+            keys, parts = _sum(alone or ram, why)
+            verb = "exceed" if len(alone or ram) > 1 else "exceeds"
             problems.append(
                 f"{keys}: {parts} {verb} the {fmt_bytes(max(0, avail - room))} of host memory "
                 f"the tiers may use ({fmt_bytes(avail)} available less {fmt_bytes(room)} kept "
