@@ -2,8 +2,8 @@
 
 ``check_capacity`` compares each tier with what it will occupy and refuses the whole
 backend, naming every tier that does not fit, its config key, its size and what is
-available (``CapacityError``: a ``ConfigFileError``, so a ValueError, whose message names
-the config keys). It only reads figures; it allocates nothing.
+available (``kvsim.backend.CapacityError``, a ValueError, which the CLI reports as bad
+input, exit code 2). It only reads figures; it allocates nothing.
 
 Where each tier lives and what it is checked against:
 - GPU tier on a GPU: device memory. Free device memory (``cudaMemGetInfo``) less
@@ -25,7 +25,7 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from kvsim.config import ConfigFileError
+from kvsim.backend import CapacityError
 from kvsim.core.spec import Level
 
 GIB = 1 << 30
@@ -35,9 +35,7 @@ HOST_HEADROOM_MIN = GIB         # and at least this much
 DISK_HEADROOM = GIB             # disk space kept free beside the tier's file
 RAM_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
-
-class CapacityError(ConfigFileError):
-    """A tier is larger than what the machine can give it; nothing was allocated."""
+__all__ = ["CapacityError", "Tier", "check_capacity", "fmt_bytes"]
 
 
 @dataclass(frozen=True)
@@ -163,14 +161,15 @@ def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None,
         seen["host_available_bytes"] = avail
         room = _headroom_host(avail) if avail is not None else 0
         if avail is not None and sum(t.nbytes for t in ram) > avail - room:
-            # the tiers too large alone, each by name; else all of them, as a sum
+            # each tier too large alone, by its name; else all of them, as a sum
             alone = [t for t in ram if t.nbytes > avail - room]
-            keys, parts = _sum(alone or ram, why)
-            verb = "exceed" if len(alone or ram) > 1 else "exceeds"
-            problems.append(
-                f"{keys}: {parts} {verb} the {fmt_bytes(max(0, avail - room))} of host memory "
-                f"the tiers may use ({fmt_bytes(avail)} available less {fmt_bytes(room)} kept "
-                f"free: {HOST_HEADROOM_FRACTION:.0%} of it, at least {fmt_bytes(HOST_HEADROOM_MIN)})")
+            for group in ([[t] for t in alone] or [ram]):
+                keys, parts = _sum(group, why)
+                problems.append(
+                    f"{keys}: {parts} {'exceed' if len(group) > 1 else 'exceeds'} the "
+                    f"{fmt_bytes(max(0, avail - room))} of host memory the tiers may use "
+                    f"({fmt_bytes(avail)} available less {fmt_bytes(room)} kept free: "
+                    f"{HOST_HEADROOM_FRACTION:.0%} of it, at least {fmt_bytes(HOST_HEADROOM_MIN)})")
     if problems:
         raise CapacityError("; ".join(problems) + "; nothing was allocated: lower the quota "
                             "(--set KEY=SIZE) or free the memory or space")
