@@ -30,9 +30,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+import kvsim.backend
 from kvsim import scratch
 from kvsim.cli import app
-from kvsim.config import ConfigFileError, load_config
+from kvsim.config import load_config
 from kvsim.core import TierManager
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
@@ -81,12 +82,14 @@ def _build(sets, **kw):
     return build_hw_backend(prep, TierManager(prep.spec), device="cpu", **kw)
 
 
-@pytest.mark.parametrize("key,size,label", [("cache.tiers[0].quota", "1TiB", "gpu tier"),
-                                            ("cache.tiers[1].quota", "1TiB", "host tier"),
-                                            ("cache.tiers[2].quota", "512TiB", "disk tier")])
+@pytest.mark.parametrize("key,size,label,page", [("cache.tiers[0].quota", "1TiB", "gpu tier", "4KiB"),
+                                                 ("cache.tiers[1].quota", "1TiB", "host tier", "4KiB"),
+                                                 ("cache.tiers[2].quota", "1000TiB", "disk tier", "4MiB")])
 def test_a_tier_larger_than_the_machine_is_refused_before_anything_is_allocated(
-        tmp_path, no_allocation, key, size, label):
-    sets = [*BASE, tiers(path=tmp_path), f"{key}={size}"]
+        tmp_path, no_allocation, key, size, label, page):
+    # (a 1000 TiB tier in pages of 4 MiB: within kvsim's page count a tier, beyond any disk)
+    sets = [*BASE, f"cache.page_bytes={page}", tiers("8MiB", "4MiB", "8MiB", path=tmp_path),
+            f"{key}={size}"]
     t0 = time.perf_counter()
     with pytest.raises(CapacityError) as e:
         _build(sets)
@@ -94,7 +97,7 @@ def test_a_tier_larger_than_the_machine_is_refused_before_anything_is_allocated(
     msg = str(e.value)
     assert key in msg and label in msg and ("host memory" in msg or "disk space" in msg), msg
     assert f"{float(size[:-3]):.1f} TiB" in msg, msg  # the size, as a person reads it
-    assert isinstance(e.value, ConfigFileError)  # the CLI's "bad input" family
+    assert isinstance(e.value, kvsim.backend.CapacityError)  # the CLI's "bad input": exit 2
     assert no_allocation == [] and list(tmp_path.iterdir()) == []
 
 
@@ -120,6 +123,11 @@ def test_in_cpu_mode_the_tiers_in_host_memory_are_checked_together(tmp_path, mon
     assert "1.5 GiB (gpu tier, in host memory in CPU mode) + 1.0 GiB (host tier) = 2.5 GiB" in msg
     assert "2.0 GiB of host memory" in msg and "3.0 GiB available" in msg, msg
     assert list(tmp_path.iterdir()) == []
+    with pytest.raises(CapacityError) as e:  # each too large alone: each named alone
+        _build([*BASE, tiers(gpu="2560MiB", host="3GiB", path=tmp_path)])
+    msg = str(e.value)
+    assert "cache.tiers[0].quota: 2.5 GiB (gpu tier" in msg and "+" not in msg, msg
+    assert "cache.tiers[1].quota: 3.0 GiB (host tier) exceeds" in msg, msg
     rt, be = _build([*BASE, tiers(gpu="1GiB", host="512MiB", path=tmp_path)])  # 1.5 GiB: fits
     be.close()
 
@@ -166,23 +174,14 @@ def test_host_available_reads_memavailable(tmp_path):
     assert resources.host_available(str(f)) is None  # not told: not checked
 
 
-def test_the_cli_refuses_an_oversized_quota_at_once_naming_the_key():
+def test_the_cli_refuses_an_oversized_quota_at_once_with_exit_2_naming_the_key():
     t0 = time.perf_counter()
     r = CliRunner().invoke(app, ["run", "default", "--backend", "hw", "--device", "cpu",
                                  "--no-progress", *sum((["--set", x] for x in BASE), []),
                                  "--set", tiers(), "--set", "cache.tiers[0].quota=1TiB"])
     assert time.perf_counter() - t0 < 20
-    assert r.exit_code != 0 and "cache.tiers[0].quota: 1.0 TiB (gpu tier" in r.output, r.output
+    assert r.exit_code == 2 and "cache.tiers[0].quota: 1.0 TiB (gpu tier" in r.output, r.output
     assert "Traceback" not in r.output
-
-
-@pytest.mark.xfail(strict=True, reason="kvsim/cli.py maps errors from replay() to exit 1; "
-                                       "a CapacityError (a ConfigFileError) is bad input: 2")
-def test_the_cli_exits_2_for_an_oversized_quota():
-    r = CliRunner().invoke(app, ["run", "default", "--backend", "hw", "--device", "cpu",
-                                 "--no-progress", *sum((["--set", x] for x in BASE), []),
-                                 "--set", tiers(), "--set", "cache.tiers[0].quota=1TiB"])
-    assert r.exit_code == 2, r.output
 
 
 # -- leftovers: the disk tier's file on every exit ----------------------------------------
@@ -414,3 +413,49 @@ def test_a_failing_o_direct_open_falls_back_to_buffered_io(tmp_path):
     finally:
         be.close()
     assert list(tmp_path.iterdir()) == []
+
+
+# -- the command line, stopped mid-replay ---------------------------------------------------
+
+CLI = "import sys; from kvsim.cli import app; sys.argv[0] = 'kvsim'; app()"
+
+
+def _cli_hw(d: Path, out: Path, pause: str | None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "KVSIM_PAUSE_AT"}
+    if pause:
+        env["KVSIM_PAUSE_AT"] = pause
+    args = ["run", "default", "--backend", "hw", "--device", "cpu", "--time-scale", "50",
+            "--no-progress", "--out", str(out), *sum((["--set", x] for x in BASE), []),
+            "--set", tiers(path=d)]
+    return subprocess.Popen([sys.executable, "-c", CLI, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_kvsim_run_on_hw_killed_mid_replay_leaves_nothing_after_the_next_start(tmp_path, sig):
+    """``kvsim run --backend hw`` paused at its replay's first step and signalled: after
+    SIGINT or SIGTERM its disk tier file is gone at once; after SIGKILL the next run's start
+    removes it. The user's files in the folder stay, and no results folder is left."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    mine = _user_files(d)
+    proc = _cli_hw(d, tmp_path / "res", "replay")
+    for line in proc.stderr:  # (it says so before it waits)
+        if "paused at replay" in line:
+            break
+    else:
+        raise AssertionError(f"the run ended before its replay: {proc.communicate()}")
+    f, = d.glob(f"kvsim-disk.kvsim-{proc.pid}-*.bin")
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode in (128 + sig, -sig), (proc.returncode, err)
+    assert not (tmp_path / "res").exists()
+    if sig == signal.SIGKILL:
+        assert f.exists()
+        nxt = _cli_hw(d, tmp_path / "res2", None)
+        out, err = nxt.communicate(timeout=300)
+        assert nxt.returncode == 0, err
+        assert (tmp_path / "res2" / "summary.json").exists()
+    assert not f.exists() and scratch_files(d) == [], err
+    _assert_user_files(d, mine)
+    assert sorted(p.name for p in d.iterdir()) == sorted(mine)
