@@ -294,9 +294,19 @@ def test_a_replay_that_raises_or_ends_removes_its_disk_tier_file(tmp_path):
     assert res.metrics["bytes"]["disk_write"] > 0 and scratch_files(tmp_path) == []
 
 
-def test_a_backend_that_fails_after_creating_its_disk_file_removes_it(tmp_path):
-    with pytest.raises(ValueError):
-        _build([*BASE, tiers(path=tmp_path)], copy_path="no-such-path")
+def test_a_backend_that_fails_after_creating_its_disk_file_removes_it(tmp_path, monkeypatch):
+    from kvsim_backends.hw import backend as hw_backend
+
+    seen = []
+
+    def no_staging(*a, **k):  # (allocated after the disk tier's file)
+        seen.append(scratch_files(tmp_path))
+        raise MemoryError("staging buffers could not be allocated")
+
+    monkeypatch.setattr(hw_backend, "StagingPool", no_staging)
+    with pytest.raises(MemoryError, match="staging"):
+        _build([*BASE, tiers(path=tmp_path)])
+    assert len(seen) == 1 and len(seen[0]) == 1  # the file was there when it failed
     assert list(tmp_path.iterdir()) == []
 
 
