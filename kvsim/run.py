@@ -187,23 +187,23 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
     mgr = TierManager(prep.spec)
     rt, be = BACKENDS[backend](prep, mgr, backend_options or {})
-    model = ComputeModel(prep.shape, prep.profile)
-    e = cfg.engine
-    params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
-                          fast_forward=e.fast_forward, refcheck=e.refcheck,
-                          refcheck_disk_writes=e.refcheck_disk_writes,
-                          hold_sessions=e.hold_sessions,
-                          gpu_free_watermark=e.gpu_free_watermark,
-                          max_plan_failures=e.max_plan_failures,
-                          timeline_interval_s=cfg.output.timeline_interval)
-    engine = Engine(rt, be, mgr, model, params, on_resume=on_resume)
-    if pinned_arrivals is not None:
-        engine.pin_arrivals(pinned_arrivals)
-    engine.load(prep.workload, prep.starts)
-    if progress is not None:
-        engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))
-    wall0 = time.perf_counter()
-    try:
+    try:  # from here on the backend holds memory and files: close it on every exit
+        model = ComputeModel(prep.shape, prep.profile)
+        e = cfg.engine
+        params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
+                              fast_forward=e.fast_forward, refcheck=e.refcheck,
+                              refcheck_disk_writes=e.refcheck_disk_writes,
+                              hold_sessions=e.hold_sessions,
+                              gpu_free_watermark=e.gpu_free_watermark,
+                              max_plan_failures=e.max_plan_failures,
+                              timeline_interval_s=cfg.output.timeline_interval)
+        engine = Engine(rt, be, mgr, model, params, on_resume=on_resume)
+        if pinned_arrivals is not None:
+            engine.pin_arrivals(pinned_arrivals)
+        engine.load(prep.workload, prep.starts)
+        if progress is not None:
+            engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))
+        wall0 = time.perf_counter()
         with _gc_for_replay():
             done = rt.process(engine.serve())
             rt.run(until=done)
