@@ -61,9 +61,28 @@ def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: s
 
 
 def _check_yaml(out) -> None:
+    """``out`` must be a .yaml name, and kvsim replaces only a profile (and report) that
+    calibrate wrote: never another file."""
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
         raise ValueError(f"--out: got {str(out)!r}; expected a .yaml file")
+    if out.exists():
+        try:
+            first = out.read_text(errors="replace").split("\n", 1)[0]
+        except OSError as e:
+            raise ValueError(f"--out {out}: cannot be read ({e.strerror})") from None
+        if not first.startswith(("# Written by `kvsim calibrate`", "# Re-fitted by `kvsim calibrate")):
+            raise ValueError(f"--out {out}: exists and was not written by kvsim calibrate; kvsim "
+                             f"replaces only profiles it wrote: choose another --out")
+    report = Path(str(out) + ".report.json")
+    if report.exists():
+        try:
+            ours = "fit_check" in json.loads(report.read_text())
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise ValueError(f"--out {out}: {report} exists and is not a calibrate report; kvsim "
+                             f"replaces only files it wrote: choose another --out")
 
 
 def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",

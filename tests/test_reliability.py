@@ -224,3 +224,17 @@ def test_off_a_terminal_progress_is_logged(tmp_path, monkeypatch):
     assert lines and re.match(r"replay: \d+/\d+ requests, simulated [\d.]+ s, wall \d+ s", lines[-1])
     quiet = runner.invoke(app, ["run", "configs/default.yaml", *SMALL, "--out", str(tmp_path / "q")])
     assert "replay: " not in quiet.output
+
+
+def test_calibrate_replaces_only_a_profile_it_wrote(tmp_path):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("link: {h2d: 1}\n")
+    r = runner.invoke(app, ["calibrate", "--out", str(mine), "--from-report",
+                            str(ROOT / "configs/hardware/h200-pcie-calibrated.yaml.report.json")])
+    assert r.exit_code == 2 and "exists and was not written by kvsim calibrate" in r.output, r.output
+    assert mine.read_text() == "link: {h2d: 1}\n" and not Path(str(mine) + ".report.json").exists()
+    ours = tmp_path / "p.yaml"
+    for _ in range(2):  # a profile it wrote may be written again
+        r = runner.invoke(app, ["calibrate", "--out", str(ours), "--from-report",
+                                str(ROOT / "configs/hardware/h200-pcie-calibrated.yaml.report.json")])
+        assert r.exit_code == 0, r.output

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kvsim import scratch
 from kvsim.config import RunConfig
 from kvsim.core.copypath import CopyPath
 from kvsim.core.plan import Fill
@@ -171,40 +172,43 @@ def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None, cuda=None
     n = max(1, plan.disk_bytes // page)
     buf = HostRegion(n, page, cuda)
     buf.flat[:] = 7
-    with tempfile.TemporaryDirectory(prefix="kvsim-cal-", dir=disk_dir) as d:
-        try:
-            for threads in plan.disk_threads:
-                for piece in plan.disk_pieces:
-                    ds = DiskStore(d, n, page, io_threads=threads, piece_bytes=piece)
-                    try:
-                        slots = np.arange(n)
-                        t0 = time.perf_counter()
-                        for f in ds.submit_writes(slots, buf.view):
-                            f.result()
-                        # timed as the hw backend completes a write: when its pieces return
-                        # (it never fsyncs); the fsync after, untimed, keeps the reads clean
-                        tw = time.perf_counter() - t0
-                        os.fsync(ds.fd)
-                        # the same slots again: the first pass also converted the file's
-                        # preallocated extents (NVMeSpec.rewrite)
-                        t0 = time.perf_counter()
-                        for f in ds.submit_writes(slots, buf.view):
-                            f.result()
-                        trw = time.perf_counter() - t0
-                        os.fsync(ds.fd)
-                        ds.mark_written(slots)
-                        t0 = time.perf_counter()
-                        for f in ds.submit_reads(slots, buf.view):
-                            f.result()
-                        tr = time.perf_counter() - t0
-                        m.disk.append({"threads": threads, "piece": piece, "bytes": n * page,
-                                       "write_Bps": n * page / tw, "rewrite_Bps": n * page / trw,
-                                       "read_Bps": n * page / tr,
-                                       "direct": ds.uses_direct, "pinned": cuda is not None})
-                    finally:
-                        ds.close()
-        finally:
-            buf.close()
+    # each DiskStore is an owned scratch file, removed on close; a killed calibration's
+    # file is swept by the next start that uses the folder (kvsim.scratch)
+    d = disk_dir or tempfile.gettempdir()
+    scratch.sweep(d)
+    try:
+        for threads in plan.disk_threads:
+            for piece in plan.disk_pieces:
+                ds = DiskStore(d, n, page, io_threads=threads, piece_bytes=piece)
+                try:
+                    slots = np.arange(n)
+                    t0 = time.perf_counter()
+                    for f in ds.submit_writes(slots, buf.view):
+                        f.result()
+                    # timed as the hw backend completes a write: when its pieces return
+                    # (it never fsyncs); the fsync after, untimed, keeps the reads clean
+                    tw = time.perf_counter() - t0
+                    os.fsync(ds.fd)
+                    # the same slots again: the first pass also converted the file's
+                    # preallocated extents (NVMeSpec.rewrite)
+                    t0 = time.perf_counter()
+                    for f in ds.submit_writes(slots, buf.view):
+                        f.result()
+                    trw = time.perf_counter() - t0
+                    os.fsync(ds.fd)
+                    ds.mark_written(slots)
+                    t0 = time.perf_counter()
+                    for f in ds.submit_reads(slots, buf.view):
+                        f.result()
+                    tr = time.perf_counter() - t0
+                    m.disk.append({"threads": threads, "piece": piece, "bytes": n * page,
+                                   "write_Bps": n * page / tw, "rewrite_Bps": n * page / trw,
+                                   "read_Bps": n * page / tr,
+                                   "direct": ds.uses_direct, "pinned": cuda is not None})
+                finally:
+                    ds.close()
+    finally:
+        buf.close()
 
 
 def measure_host_fill(plan: Plan, m: Measured, cuda) -> None:
