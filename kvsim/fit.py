@@ -209,10 +209,9 @@ def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: 
     cell at the largest page (bisection between the faster direction and their sum). The
     cell's own rate is a little lower than the link's: the second direction's batched call
     starts only when the first returns (one calling thread), a start-up the sim models
-    already, so the raw rate counted it twice. On the H200 (18:35 UTC) that moved link.both
+    already, so the raw rate counted it twice. On the H200 that moved link.both
     from 90.32 to 91.45 GB/s only; hw_copy.py's 1 GiB each way measured 97.7-99.7 GB/s in
-    the same call, a difference with the batch size this model does not explain
-    (docs/hw-notes.md)."""
+    the same call, a difference with the batch size this model does not explain."""
     lo = max(d["link"]["h2d"], d["link"]["d2h"])
     hi = d["link"]["h2d"] + d["link"]["d2h"]
 

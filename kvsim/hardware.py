@@ -191,7 +191,7 @@ class NVMeSpec(_Frozen):
     ``write`` is the rate of a first write into the tier's (preallocated) file space,
     ``rewrite`` that into space written before (None: ``write``): the file system converts
     a preallocated extent on its first write (on the H200 machine 2.09-2.36 GB/s first,
-    2.84-2.98 GB/s again; docs/hw-notes.md)."""
+    2.84-2.98 GB/s again)."""
 
     read: Rate
     write: Rate

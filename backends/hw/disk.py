@@ -10,7 +10,7 @@ do not cost one future each) and run on ``io_threads`` threads that serve the ba
 flight round robin (``FairPool``): a one-page write issued while a 512-page eviction is
 being written shares the threads with it, as the sim's disk shares the device among the
 transfers in flight, instead of waiting behind all its pieces (a FIFO pool made such
-writes wait up to 0.58 s on the H200 machine: docs/hw-notes.md). O_DIRECT
+writes wait up to 0.58 s on the H200 machine). O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
 otherwise, or after the first EINVAL, the buffered descriptor.
 

@@ -123,7 +123,7 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
 // a CTA a part of ``span`` words of a page (grid-stride over page x part): word 0 = tag,
 // word i = splitmix64(tag ^ i). One CTA a whole 2 MiB page took ~140 us of GPU time for any
 // number of pages up to 64, on the compute stream before the next step, and every
-// GPU -> host copy waited for it (docs/hw-notes.md, 2026-11-30 04:16 UTC).
+// GPU -> host copy waited for it.
 extern "C" __global__ void kv_fill(u64* base, const long long* slots, const u64* tags,
                                    long long pages, long long words, int full, long long span) {
     const long long parts = (words + span - 1) / span;
@@ -142,7 +142,7 @@ extern "C" __global__ void kv_fill(u64* base, const long long* slots, const u64*
 // of the page does not match its pattern. A page is checked in parts of ``span`` words, a
 // CTA a part (grid-stride over page x part), with no early exit so that each thread keeps
 // several independent loads in flight: one CTA a 2 MiB page read host memory through its
-// mapped address at a few GB/s, slower than the copy it checks (docs/hw-notes.md).
+// mapped address at a few GB/s, slower than the copy it checks.
 extern "C" __global__ void kv_check(const u64* base, const long long* slots, u64* out, int* bad,
                                     long long pages, long long words, int full, long long span) {
     __shared__ u64 tag;

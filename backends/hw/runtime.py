@@ -200,13 +200,12 @@ class RealtimeRuntime:
     completion queue until the next timer is due. ``tight_sleep``: ask Linux for 1 ns of
     timer slack on the loop's thread while ``run`` runs (``prctl(PR_SET_TIMERSLACK)``);
     with the default 50 us slack a 20 us poll sleeps about 70 us, which every short
-    transfer's completion waited for (docs/hw-notes.md). A no-op elsewhere.
+    transfer's completion waited for. A no-op elsewhere.
     ``switch_interval_s``: Python's GIL switch interval while ``run`` runs (restored after;
     None: left alone). The loop runs Python for milliseconds at a time, and an I/O thread
     that needs the GIL to finish a disk piece waits for it up to the interval: on the H200
     machine a one-page (2 MiB) disk write beside a thread running Python took 21.9 ms (p50)
-    at CPython's default 5 ms, 2.80 at 0.5 ms and 1.55 at 0.1 ms, against ~1.05 alone
-    (``benchmarks/disk_write_gil.py``, 2026-11-30 04:50 UTC).
+    at CPython's default 5 ms, 2.80 at 0.5 ms and 1.55 at 0.1 ms, against ~1.05 alone.
     """
 
     def __init__(self, time_scale: float = 1.0, start: float = 0.0, poll_interval_s: float = 20e-6,
