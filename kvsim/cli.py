@@ -276,7 +276,8 @@ def compare(
                                           "--saved-profile, the one that run's compare used)"),
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
-    from kvsim.compare import compare as run_compare, compare_saved, report_tables, write_report
+    from kvsim.compare import compare as run_compare, compare_saved
+    from kvsim.reports import report_tables, write_report
     from kvsim.config import ConfigFileError, load_config
     from kvsim.hwloop import load_hw_loop
     from kvsim.results import Staging
@@ -367,7 +368,8 @@ def diff(
 ):
     """Two finished replays side by side (e.g. two hw runs, or two policies): headline
     metrics with (a - b) / b, and how many turns found the same hits by tier."""
-    from kvsim.compare import diff_runs, diff_table, write_whole
+    from kvsim.compare import diff_runs
+    from kvsim.reports import diff_table, write_whole
 
     console = Console(stderr=True)
     try:

@@ -100,7 +100,8 @@ def test_compare_tiny_config_cpu(tmp_path):
     assert all(len(r) == 3 and r[2] >= HOST_LOG_MIN_S for r in report["logs"]["hw_host"])
 
     # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
-    from kvsim.compare import compare_saved, write_report
+    from kvsim.compare import compare_saved
+    from kvsim.reports import write_report
     from kvsim.run import write_results
 
     write_report(report, tmp_path / "cmp")
@@ -117,7 +118,7 @@ def test_compare_tiny_config_cpu(tmp_path):
     with pytest.raises(ValueError, match="expected an earlier compare"):
         compare_saved(cfg, tmp_path / "nothing-here")
     # a damaged per-call log is refused by name
-    from kvsim.compare import CALL_LOGS_FILE
+    from kvsim.reports import CALL_LOGS_FILE
 
     (tmp_path / "cmp" / CALL_LOGS_FILE).write_bytes(b"not gzip")
     with pytest.raises(ValueError, match=f"{CALL_LOGS_FILE}: expected gzipped JSON"):
@@ -219,7 +220,8 @@ def test_turn_timing_lists_the_turns_apart_and_the_races_behind_them():
     own session, or one that came back far from it, is not a race; captions say both."""
     from types import SimpleNamespace as R
 
-    from kvsim.compare import _timing_caption, turn_timing
+    from kvsim.compare import turn_timing
+    from kvsim.reports import _timing_caption
 
     def rows(arr):  # (session, turn): (arrival, ttft)
         return [R(session=s, turn=str(t), arrival_s=str(a), ttft_s=str(f)) for (s, t), (a, f) in arr.items()]
@@ -409,7 +411,8 @@ def test_check_against_replays_cells_measured_elsewhere(tmp_path):
 def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
     """tests/fixtures keeps an H200 replay of the agentic slice (a ``kvsim compare`` of
     2026-11-29, refcheck off, trimmed to what --hw-from reads); --hw-from reads it back."""
-    from kvsim.compare import read_report, saved_hw
+    from kvsim.compare import saved_hw
+    from kvsim.reports import read_report
 
     folder = Path(__file__).resolve().parent / "fixtures" / "h200-agentic-slice"
     cfg = load_config("agentic-slice")
@@ -611,7 +614,7 @@ def test_compute_summary_by_hand():
 
 
 def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
-    from kvsim.compare import CALL_LOGS_FILE, write_report
+    from kvsim.reports import CALL_LOGS_FILE, write_report
 
     report = {"config": "x", "metrics": {}, "logs": {"sim": [], "hw_compute": [[0.0, 1e-3, 1e-3]]}}
     write_report(report, tmp_path)

@@ -208,7 +208,8 @@ def test_a_saved_runs_recorded_profile_gives_up_its_loop_terms(tmp_path):
     there: --hw-from reads its profile without them and its hw-loop model from them (which
     --saved-profile then uses, unless told otherwise); one that records its compare's model
     gives that."""
-    from kvsim.compare import read_report, saved_hw
+    from kvsim.compare import saved_hw
+    from kvsim.reports import read_report
 
     folder = tmp_path / "run"
     shutil.copytree(FIXTURE, folder)
