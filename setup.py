@@ -4,7 +4,7 @@ nothing unless KVSIM_COMPILE=1 is set:
     KVSIM_COMPILE=1 pip install .        # not -e: mypyc builds extension modules
 
 compiles the simulator's hot modules (kvsim/core, kvsim/engine/engine.py, sessions.py and
-plans.py, kvsim/stepcost.py, backends/sim) with mypyc into C extensions that take
+plans.py, kvsim/compute.py, backends/sim) with mypyc into C extensions that take
 precedence over the .py files. Results are identical; benchmarks/compiled_speed.py
 measures the speed-up side by side (README: "Compiled build (optional)"). mypy is fetched
 as a build requirement only then.
@@ -41,7 +41,7 @@ def _compiled():
     if not link.exists():
         link.symlink_to(root / "backends", target_is_directory=True)
     paths = ([f"kvsim/core/{m}.py" for m in CORE] + [f"kvsim/engine/{m}.py" for m in ENGINE]
-             + ["kvsim/stepcost.py"] + [f"build/mypyc-src/kvsim_backends/sim/{m}.py" for m in SIM])
+             + ["kvsim/compute.py"] + [f"build/mypyc-src/kvsim_backends/sim/{m}.py" for m in SIM])
     return mypycify(paths, opt_level="3")
 
 

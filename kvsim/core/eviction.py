@@ -6,7 +6,7 @@ only droppable leaves, children before parents), and the tier each tier's victim
 (the nearest colder one that can take them), or None, changing nothing. ``_reserve``
 applies a selection, deepest tier first: last-tier victims drop; others are pinned
 (MOVING) and get a destination slot in their colder tier; the slots they vacate are handed over
-to the pages coming in (``_Rec.handed`` remembers which evict batch each tier's incoming
+to the pages coming in (``PlanRecord.handed`` remembers which evict batch each tier's incoming
 pages depend on). ``_settle`` puts a page where its owners say it belongs.
 """
 
@@ -15,13 +15,12 @@ from __future__ import annotations
 from itertools import filterfalse, islice
 from typing import TYPE_CHECKING, Final, Iterable, Iterator, Sequence
 
-
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, PlanKind
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
-    from kvsim.core.manager import Request
+    from kvsim.core.request import Request
     from kvsim.core.stats import Counters
     from kvsim.core.tiers import Tier
     from kvsim.core.tree import PrefixTree
@@ -31,8 +30,9 @@ _MOVING: Final = Phase.MOVING
 _DROPPED: Final = Phase.DROPPED
 
 
-class _Rec:
-    """What the manager remembers about a plan in flight (never leaves the manager)."""
+class PlanRecord:
+    """What the manager remembers about a plan in flight, from planning to ``complete``
+    (internal to the core: the engine sees only the Plan)."""
 
     __slots__ = ("kind", "req", "moves", "batch_info", "handed", "handed_sets", "pending",
                  "cow", "quota", "target")
@@ -50,8 +50,7 @@ class _Rec:
         self.handed_sets: dict[int, set[int]] = {}
 
 
-
-class _Selection:
+class Selection:
     """A dry run's result: ``victims[t]`` leave tier t for tier ``dest[t]`` (dropped from
     the last tier)."""
 
@@ -72,7 +71,7 @@ class Eviction:
     _pages: dict[int, Page]
     page_bytes: int
 
-    def _add_batch(self, rec: _Rec, batches: list[Batch], kind: BatchKind, src: int, dst: int,
+    def _add_batch(self, rec: PlanRecord, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
         # (list comprehensions over slotted attributes are the fastest way to gather them)
         # (the fields by position: keywords bind more slowly; ``dsts`` is shared with
@@ -86,7 +85,7 @@ class Eviction:
         return len(batches) - 1
 
     def _select(self, pos: int, n: int, exclude: set | None, use_free: bool = True
-                ) -> "_Selection | None":
+                ) -> "Selection | None":
         """Dry run of making ``n`` slots available in tier ``pos`` (with ``use_free`` False:
         of moving ``n`` pages out of it): the victims per tier and where each tier's
         victims go, or None if impossible. Changes nothing.
@@ -94,11 +93,11 @@ class Eviction:
         Victims go to the nearest colder tier that can take them (free slots, or room it
         makes the same way), so a full tier is skipped rather than blocking: e.g. GPU pages
         go straight to disk while the host tier is full of pages a resume is bringing up."""
-        sel = _Selection(len(self.tiers))
+        sel = Selection(len(self.tiers))
         return sel if self._select_at(pos, n, exclude, use_free, sel) else None
 
     def _select_at(self, t: int, n: int, exclude: set | None, use_free: bool,
-                   sel: "_Selection") -> bool:
+                   sel: "Selection") -> bool:
         tier = self.tiers[t]
         k = n - min(n, tier.free) if use_free else n
         if k == 0:
@@ -158,7 +157,7 @@ class Eviction:
                 p = q
         return None
 
-    def _reserve(self, pos: int, n: int, sel: "_Selection", rec: _Rec,
+    def _reserve(self, pos: int, n: int, sel: "Selection", rec: PlanRecord,
                  batches: list[Batch], incoming: bool = True) -> list[int]:
         """Apply a selection: ``n`` slots of tier ``pos`` for incoming pages (victims' slots
         handed over after free ones). Evictions are added to ``batches``, deepest first."""
@@ -184,7 +183,7 @@ class Eviction:
             slots.extend([v.slot for v in victims])
         return slots
 
-    def _rollback_slot(self, rec: _Rec, batches: Sequence[Batch], oks: list[bool], pos: int,
+    def _rollback_slot(self, rec: PlanRecord, batches: Sequence[Batch], oks: list[bool], pos: int,
                        slot: int) -> None:
         """Give back a destination slot of a batch that did not commit."""
         bi = rec.handed.get(pos)

@@ -28,10 +28,11 @@ from typing import Final, Hashable, Iterable, Sequence
 import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
-from kvsim.core.eviction import Eviction, _Rec, _Selection
+from kvsim.core.eviction import Eviction, PlanRecord, Selection
 from kvsim.core.keys import _TAG_MASK, BlockIds, _unpack_u64, chain_key, scope_root
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
+from kvsim.core.request import Request
 from kvsim.core.spec import Level, ManagerSpec
 from kvsim.core.stats import Counters, TierStats
 from kvsim.core.tiers import Tier
@@ -42,33 +43,6 @@ _RESIDENT: Final = Phase.RESIDENT
 _MOVING: Final = Phase.MOVING
 _EVICT: Final = BatchKind.EVICT
 _ACTIVE: Final = ReqState.ACTIVE
-
-
-class Request:
-    """A sequence of blocks whose pages one client owns (a request, or a whole session)."""
-
-    __slots__ = ("rid", "scope", "root", "priority", "blocks", "pages", "tokens",
-                 "committed", "state", "hit_by_level", "plan")
-
-    def __init__(self, rid: int, scope: Hashable, priority: int):
-        self.rid = rid
-        self.scope = scope
-        self.root = scope_root(scope)
-        self.priority = priority
-        self.blocks: list[BlockIds] = []
-        self.pages: list[Page] = []
-        self.tokens = 0           # tokens the pages cover
-        self.committed = 0        # leading pages that have a key (committed or matched)
-        self.state = ReqState.SUSPENDED
-        self.hit_by_level: tuple[int, ...] = (0, 0, 0)  # cached tokens of the last create/prepare, by Level
-        self.plan = -1            # pid of the plan in flight for this request
-
-    @property
-    def cached_tokens(self) -> int:
-        return sum(self.hit_by_level)
-
-    def __repr__(self) -> str:
-        return f"Request({self.rid}, {self.state.name}, pages={len(self.pages)}, tokens={self.tokens})"
 
 
 class TierManager(Eviction):
@@ -88,7 +62,7 @@ class TierManager(Eviction):
         self.counters = Counters()
         self._pages: dict[int, Page] = {}   # every live page, by pid
         self._requests: dict[int, Request] = {}
-        self._plans: dict[int, _Rec] = {}
+        self._plans: dict[int, PlanRecord] = {}
         self._next_pid = 0
         self._next_rid = 0
         self._next_plan = 0
@@ -215,7 +189,7 @@ class TierManager(Eviction):
         if any(p.phase is not _RESIDENT for p in pages):
             return self._refuse(RefusalReason.BUSY, "a page is moving for another plan")
         away = [p for p in pages if p.tier != 0]
-        sel: _Selection | list[Page] | None = self._select(0, len(away), set(pages)) if away else []
+        sel: Selection | list[Page] | None = self._select(0, len(away), set(pages)) if away else []
         if sel is None:
             return self._refuse(RefusalReason.NO_ROOM, f"{len(away)} GPU slots for a resume")
         gpu = self.tiers[0]
@@ -226,7 +200,7 @@ class TierManager(Eviction):
                 p.locks += 1
                 here.append(p)
         gpu.index_discard_each(here)
-        rec = _Rec(PlanKind.RESUME, req)
+        rec = PlanRecord(PlanKind.RESUME, req)
         batches: list[Batch] = []
         if away:
             slots = self._reserve(0, len(away), sel, rec, batches)  # type: ignore[arg-type]
@@ -263,12 +237,12 @@ class TierManager(Eviction):
         n = new + cow
         gpu = self.tiers[0]
         room = n <= gpu.free  # free slots suffice: no eviction to plan
-        sel: _Selection | list[Page] | None = self._select(0, n, None) if n and not room else []
+        sel: Selection | list[Page] | None = self._select(0, n, None) if n and not room else []
         if sel is None:  # refused: the blocks are not appended, so a retry may pass them again
             return self._refuse(RefusalReason.NO_ROOM, f"{n} GPU pages for a grow")
         if blocks:
             req.blocks.extend(blocks)
-        rec = _Rec(PlanKind.GROW, req)
+        rec = PlanRecord(PlanKind.GROW, req)
         batches: list[Batch] = []
         if n:
             slots = gpu.alloc_many(n) if room else self._reserve(0, n, sel, rec, batches)  # type: ignore[arg-type]
@@ -420,7 +394,7 @@ class TierManager(Eviction):
         old = tier.capacity
         excess = tier.used - cap
         tier.capacity = cap
-        rec = _Rec(PlanKind.QUOTA, None)
+        rec = PlanRecord(PlanKind.QUOTA, None)
         rec.quota = (pos, old)
         batches: list[Batch] = []
         if excess > 0:
@@ -443,7 +417,7 @@ class TierManager(Eviction):
         if sel is None:
             return self._refuse(RefusalReason.NO_ROOM, f"{npages} evictable pages in the "
                                 f"{self.tiers[pos].level.name} tier")
-        rec = _Rec(PlanKind.EVICT, None)
+        rec = PlanRecord(PlanKind.EVICT, None)
         batches: list[Batch] = []
         self._reserve(pos, npages, sel, rec, batches, incoming=False)
         return self._issue(rec, PlanKind.EVICT, batches)
@@ -502,7 +476,7 @@ class TierManager(Eviction):
             pos, old = rec.quota  # a shrink that could not finish: the old quota stands
             tiers[pos].capacity = old
 
-    def _finish_resume(self, rec: _Rec, plan: Plan, oks: list[bool], all_ok: bool) -> None:
+    def _finish_resume(self, rec: PlanRecord, plan: Plan, oks: list[bool], all_ok: bool) -> None:
         req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
         req.plan = -1
         if all_ok:
@@ -530,7 +504,7 @@ class TierManager(Eviction):
                 self._settle(p, touch=True)
         req.state = ReqState.SUSPENDED
 
-    def _finish_grow(self, rec: _Rec, batches: tuple[Batch, ...], oks: list[bool],
+    def _finish_grow(self, rec: PlanRecord, batches: tuple[Batch, ...], oks: list[bool],
                      all_ok: bool) -> None:
         req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
         req.plan = -1
@@ -577,7 +551,7 @@ class TierManager(Eviction):
         self.counters.refusals += 1
         return Refusal(reason, detail)
 
-    def _issue(self, rec: _Rec, kind: PlanKind, batches: list[Batch], new_pages: int = 0) -> Plan:
+    def _issue(self, rec: PlanRecord, kind: PlanKind, batches: list[Batch], new_pages: int = 0) -> Plan:
         pid = self._next_plan
         self._next_plan += 1
         self._plans[pid] = rec

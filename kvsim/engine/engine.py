@@ -40,7 +40,7 @@ from kvsim.core.types import ReqState
 from kvsim.engine.metrics import NS, Metrics, Row
 from kvsim.engine.plans import check_tags, run_plan, tags_equal
 from kvsim.engine.sessions import Cursor, Frame
-from kvsim.stepcost import ComputeModel
+from kvsim.compute import ComputeModel
 from kvsim.workload import Session, Turn, Workload, cache_blocks
 
 # a turn's state in the engine
