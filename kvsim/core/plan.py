@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Final, Sequence
+from typing import Sequence
 
 from kvsim.core.spec import Level
 
@@ -22,32 +22,24 @@ class BatchKind(enum.IntEnum):
     COPY = 2     # GPU -> GPU copy-on-write of a shared page a request must append to
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class Batch:
     """Pages moving from one tier to another: source slots, destination slots and the
     pages' content tags, sequences of ints of equal length (the core hands Python lists;
     a backend that needs arrays converts them, as the hw backend does with
-    ``np.asarray``). Lists, not numpy arrays: at a batch's usual 1-50 pages, building an
-    ndarray from Python ints cost about 6,300 instructions a call in the compiled build,
-    9% of a Mooncake replay (callgrind); a list comprehension costs a fraction of that.
+    ``np.asarray``). Nothing changes the sequences once the batch is built.
 
-    Read-only, as a Plan and a Fill (nothing mutates the sequences after ``__init__``): the
-    fields are ``Final`` (the type checker refuses an assignment after ``__init__``). Not a
-    frozen dataclass: its generated ``__init__`` sets each field through
-    ``object.__setattr__``, 2.4x slower in CPython, and the compiled build ran it
-    interpreted; the core builds one per batch."""
+    Like Plan and Fill: compared and hashed by identity (``eq=False``): the sequences may
+    be numpy arrays, whose ``==`` is elementwise, and a plan is handed back exactly once."""
 
-    __slots__ = ("kind", "src", "dst", "src_slots", "dst_slots", "tags", "page_bytes", "stage")
-
-    def __init__(self, kind: BatchKind, src: Level, dst: Level, src_slots: Sequence[int],
-                 dst_slots: Sequence[int], tags: Sequence[int], page_bytes: int, stage: int):
-        self.kind: Final = kind
-        self.src: Final = src
-        self.dst: Final = dst
-        self.src_slots: Final = src_slots
-        self.dst_slots: Final = dst_slots
-        self.tags: Final = tags  # expected content tag of each page (0: not yet written), < 2**63
-        self.page_bytes: Final = page_bytes
-        self.stage: Final = stage
+    kind: BatchKind
+    src: Level
+    dst: Level
+    src_slots: Sequence[int]
+    dst_slots: Sequence[int]
+    tags: Sequence[int]  # expected content tag of each page (0: not yet written), < 2**63
+    page_bytes: int
+    stage: int
 
     @property
     def pages(self) -> int:
@@ -69,20 +61,15 @@ class PlanKind(enum.IntEnum):
     EVICT = 3
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class Plan:
     """A two-phase state change. Pass it back to ``TierManager.complete`` exactly once.
-    Read-only (``Final`` fields, as a Batch's)."""
+    Truthy (a Refusal is falsy)."""
 
-    __slots__ = ("pid", "kind", "batches", "new_pages")
-
-    def __init__(self, pid: int, kind: PlanKind, batches: tuple[Batch, ...], new_pages: int = 0):
-        self.pid: Final = pid
-        self.kind: Final = kind
-        self.batches: Final = batches
-        self.new_pages: Final = new_pages  # pages a grow allocates on GPU when the plan commits
-
-    # truthy (no __bool__ needed: an object without __bool__ or __len__ is true, and the
-    # test costs no Python call); a Refusal is falsy
+    pid: int
+    kind: PlanKind
+    batches: tuple[Batch, ...]
+    new_pages: int = 0  # pages a grow allocates on GPU when the plan commits
 
     def __repr__(self) -> str:
         return (f"Plan({self.pid}, {self.kind.name}, batches={len(self.batches)}, "
@@ -121,17 +108,14 @@ class Refusal:
         return False
 
 
+@dataclass(frozen=True, slots=True, eq=False)
 class Fill:
     """Pages whose content the engine must write (it just computed their KV): their slots
-    and content tags, sequences of ints as a Batch's. Read-only (``Final`` fields, as a
-    Batch's)."""
+    and content tags, sequences of ints as a Batch's."""
 
-    __slots__ = ("level", "slots", "tags")
-
-    def __init__(self, level: Level, slots: Sequence[int], tags: Sequence[int]):
-        self.level: Final = level
-        self.slots: Final = slots
-        self.tags: Final = tags
+    level: Level
+    slots: Sequence[int]
+    tags: Sequence[int]
 
     @property
     def pages(self) -> int:
