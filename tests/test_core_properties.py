@@ -43,7 +43,7 @@ def _fingerprint(m) -> tuple:
                   for t in m.tiers)
     reqs = tuple((r.rid, int(r.state), r.tokens, r.committed, r.plan, tuple(r.blocks),
                   tuple(pid(p) for p in r.pages)) for r in m.requests())
-    tree = tuple(sorted((k, pid(p)) for k, p in m.tree._by_key.items()))
+    tree = tuple(sorted((k, pid(p)) for k, p in m.tree.items()))
     return (pages, tiers, reqs, tree, repr(m.counters.snapshot()), m._next_pid, m._next_plan,
             m._next_rid)
 

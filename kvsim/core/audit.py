@@ -207,7 +207,7 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
 
     # -- prefix tree -------------------------------------------------------------------
     children: dict[int, int] = {}
-    for key, p in m.tree._by_key.items():
+    for key, p in m.tree.items():
         if pages.get(p.pid) is not p:
             _fail(f"tree key {key.hex()[:12]} maps to dead page {p!r}")
         if p.key != key or not p.in_tree:

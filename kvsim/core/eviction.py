@@ -13,7 +13,7 @@ pages depend on). ``_settle`` puts a page where its owners say it belongs.
 from __future__ import annotations
 
 from itertools import filterfalse, islice
-from typing import TYPE_CHECKING, Final, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, PlanKind
@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from kvsim.core.stats import Counters
     from kvsim.core.tiers import Tier
     from kvsim.core.tree import PrefixTree
-
-_RESIDENT: Final = Phase.RESIDENT
-_MOVING: Final = Phase.MOVING
-_DROPPED: Final = Phase.DROPPED
 
 
 class PlanRecord:
@@ -174,8 +170,9 @@ class Eviction:
         d = sel.dest[pos]
         dst = self._reserve(d, len(victims), sel, rec, batches)
         tier.index_discard_each(victims)
+        moving = Phase.MOVING
         for v in victims:
-            v.phase = _MOVING
+            v.phase = moving
         stage = len(self.tiers) - 2 - pos  # deeper sources first: their slots are reused above
         bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, d, victims, dst, stage)
         if incoming:
@@ -202,8 +199,9 @@ class Eviction:
         self.tree.remove_each(pages)
         tier.release_many([p.slot for p in pages])
         live = self._pages
+        dropped = Phase.DROPPED
         for p in pages:
-            p.phase = _DROPPED
+            p.phase = dropped
             del live[p.pid]
         self.counters.dropped_pages[tier.level] += len(pages)
 
@@ -213,10 +211,11 @@ class Eviction:
         order, the common case inline: it becomes the tier's most recently used. (A page
         that was moving is in no index, so none is already in this tier's.)"""
         pos = tier.index_pos
+        resident = Phase.RESIDENT
         for p, d in zip(pages, dsts):
             p.tier = pos
             p.slot = d
-            p.phase = _RESIDENT
+            p.phase = resident
         if not settle:
             return
         # (settling a page reads and changes only that page and the tier's index and slots,
@@ -239,8 +238,9 @@ class Eviction:
         unlocked, still referred to, and not a held page of the last tier: it becomes its
         tier's most recently used) inline."""
         tiers = self.tiers
+        resident = Phase.RESIDENT
         for p in pages:
-            if p.phase is _RESIDENT and not p.locks and (p.holds or p.in_tree):
+            if p.phase is resident and not p.locks and (p.holds or p.in_tree):
                 tier = tiers[p.tier]
                 if not (p.holds and tier.is_last):
                     bucket = tier.lru.get(p.priority)
@@ -256,7 +256,7 @@ class Eviction:
         """Put a resident page where its owners say it belongs: out of the index if locked,
         freed if nobody refers to it, else in its tier's index (moved to the most recent
         end when ``touch``). Pages in flight are settled when their plan completes."""
-        if page.phase is not _RESIDENT:
+        if page.phase is not Phase.RESIDENT:
             return
         tier = self.tiers[page.tier]
         if page.locks:

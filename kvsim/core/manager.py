@@ -23,13 +23,13 @@ Held pages never drop. A tree page is never dropped before its children.
 
 from __future__ import annotations
 
-from typing import Final, Hashable, Iterable, Sequence
+from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
 from kvsim.core.eviction import Eviction, PlanRecord, Selection
-from kvsim.core.keys import _TAG_MASK, BlockIds, _unpack_u64, chain_key, scope_root
+from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
@@ -38,11 +38,6 @@ from kvsim.core.stats import Counters, TierStats
 from kvsim.core.tiers import Tier
 from kvsim.core.tree import PrefixTree
 from kvsim.core.types import Phase, ReqState
-
-_RESIDENT: Final = Phase.RESIDENT
-_MOVING: Final = Phase.MOVING
-_EVICT: Final = BatchKind.EVICT
-_ACTIVE: Final = ReqState.ACTIVE
 
 
 class TierManager(Eviction):
@@ -100,9 +95,9 @@ class TierManager(Eviction):
         tier = self.tiers[pos]
         locked = held = droppable = moving = 0
         for p in self._pages.values():
-            if p.tier != pos or p.phase not in (_RESIDENT, _MOVING):
+            if p.tier != pos or p.phase not in (Phase.RESIDENT, Phase.MOVING):
                 continue
-            moving += p.phase == _MOVING
+            moving += p.phase is Phase.MOVING
             if p.locks:
                 locked += 1
             elif p.holds:
@@ -126,7 +121,7 @@ class TierManager(Eviction):
 
     def expected(self, req: Request) -> Fill:
         """Slots and content tags of the request's written pages on GPU (for the refcheck)."""
-        ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase is _RESIDENT]
+        ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase is Phase.RESIDENT]
         return Fill(Level.GPU, [p.slot for p in ps], [p.tag for p in ps])
 
     # == lifecycle ======================================================================
@@ -186,7 +181,8 @@ class TierManager(Eviction):
         """Plan to bring the request's pages to GPU and lock them. On refusal nothing changed."""
         self._expect(req, ReqState.SUSPENDED, "resume")
         pages = req.pages
-        if any(p.phase is not _RESIDENT for p in pages):
+        resident = Phase.RESIDENT
+        if any(p.phase is not resident for p in pages):
             return self._refuse(RefusalReason.BUSY, "a page is moving for another plan")
         away = [p for p in pages if p.tier != 0]
         sel: Selection | list[Page] | None = self._select(0, len(away), set(pages)) if away else []
@@ -205,8 +201,9 @@ class TierManager(Eviction):
         if away:
             slots = self._reserve(0, len(away), sel, rec, batches)  # type: ignore[arg-type]
             by_src: dict[int, tuple[list[Page], list[int]]] = {}
+            moving = Phase.MOVING
             for p, s in zip(away, slots):
-                p.phase = _MOVING
+                p.phase = moving
                 grp = by_src.get(p.tier)
                 if grp is None:
                     grp = by_src[p.tier] = ([], [])
@@ -231,9 +228,7 @@ class TierManager(Eviction):
                             f"{len(req.blocks) + len(blocks)}")
         new = nb - len(req.pages)
         last = req.pages[-1] if req.pages else None
-        cow = (last is not None and ntokens > req.tokens
-               and req.tokens < len(req.pages) * self.tokens_per_block
-               and (last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0))
+        cow = self._needs_copy(req, ntokens)
         n = new + cow
         gpu = self.tiers[0]
         room = n <= gpu.free  # free slots suffice: no eviction to plan
@@ -275,7 +270,7 @@ class TierManager(Eviction):
         chunk or a decode's next block, step after step, mostly). The state after it, the
         plan counted included, is the one grow + complete leave. False, changing nothing,
         when the grow needs a plan (or is not valid): call ``grow``."""
-        if req.state is not _ACTIVE or ntokens < req.tokens:
+        if req.state is not ReqState.ACTIVE or ntokens < req.tokens:
             return False
         b = self.tokens_per_block
         nb = -(-ntokens // b)
@@ -283,9 +278,7 @@ class TierManager(Eviction):
         base = len(pages)
         if nb > len(req.blocks) + len(blocks):
             return False
-        last = pages[-1] if pages else None
-        if (last is not None and ntokens > req.tokens and req.tokens < base * b
-                and (last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0)):
+        if self._needs_copy(req, ntokens):
             return False  # copy-on-write of the shared last page
         new = nb - base
         gpu = self.tiers[0]
@@ -300,8 +293,9 @@ class TierManager(Eviction):
             pid = self._next_pid
             prio = req.priority
             live = self._pages
+            resident = Phase.RESIDENT
             for j in range(new):  # every new page is full but maybe the last
-                p = Page(pid + j, base + j, 0, slots[j], b, prio, _RESIDENT)
+                p = Page(pid + j, base + j, 0, slots[j], b, prio, resident)
                 p.locks = 1
                 live[pid + j] = p
                 pages.append(p)
@@ -324,7 +318,6 @@ class TierManager(Eviction):
         b = self.tokens_per_block
         upto = ntokens // b + (1 if final and ntokens % b else 0)
         pages, blocks, tree = req.pages, req.blocks, self.tree
-        by_key = tree._by_key
         slots: list[int] = []
         tags: list[int] = []
         parent_key = b""  # the key (and tree page) of block i - 1 once known in the loop
@@ -336,19 +329,17 @@ class TierManager(Eviction):
                 continue
             if not parent_key:
                 parent_key = pages[i - 1].key if i else req.root
-                parent = by_key.get(parent_key) if i else None
+                parent = tree.get(parent_key) if i else None
                 if i and parent is None:
                     parent = self._reinsert_chain(req, i - 1)
             key = chain_key(parent_key, blocks[i])
-            twin = by_key.get(key)
-            if twin is None:
-                tree.insert(page, key, parent)
+            if tree.insert(page, key, parent):
                 parent = page
             else:
                 page.key = key  # a twin computed it first: ours stays private
-                parent = twin
+                parent = tree.get(key)
             parent_key = key
-            page.tag = tag = (_unpack_u64(key)[0] & _TAG_MASK) or 1  # tag_of(key), inline
+            page.tag = tag = tag_of(key)
             slots.append(page.slot)
             tags.append(tag)
         req.committed = max(req.committed, upto)
@@ -455,7 +446,7 @@ class TierManager(Eviction):
             if good:
                 if rec.handed.get(src_pos) != bi:  # else the slots were handed over
                     src_tier.release_many([p.slot for p in pages])
-                evict = b.kind is _EVICT
+                evict = b.kind is BatchKind.EVICT
                 n = len(pages)
                 c.moved_pages[b.src][b.dst] += n
                 c.moved_bytes[b.src][b.dst] += n * b.page_bytes
@@ -465,7 +456,7 @@ class TierManager(Eviction):
             else:
                 c.failed_batches += 1
                 for p, d in zip(pages, dsts):
-                    p.phase = _RESIDENT
+                    p.phase = Phase.RESIDENT
                     self._rollback_slot(rec, batches, oks, dst_pos, d)
                     self._settle(p, touch=False)
         if rec.kind is PlanKind.RESUME:
@@ -517,8 +508,9 @@ class TierManager(Eviction):
                 self._rollback_slot(rec, batches, oks, 0, p.slot)
             return
         pages_by_pid = self._pages
+        resident = Phase.RESIDENT
         for p in taken:
-            p.phase = _RESIDENT
+            p.phase = resident
             p.locks = 1
             pages_by_pid[p.pid] = p
         first = max(0, len(req.pages) - 1)
@@ -542,6 +534,16 @@ class TierManager(Eviction):
     @property
     def _taker_stage(self) -> int:
         return len(self.tiers) - 1
+
+    def _needs_copy(self, req: Request, ntokens: int) -> bool:
+        """Whether growing ``req`` to ``ntokens`` tokens first copies its last page (copy
+        on write): the page is partial, gains tokens, and is shared (in the tree, locked
+        or held by another request) or already written."""
+        pages = req.pages
+        if not pages or ntokens <= req.tokens or req.tokens >= len(pages) * self.tokens_per_block:
+            return False
+        last = pages[-1]
+        return last.in_tree or last.locks > 1 or last.holds > 0 or last.tag != 0
 
     def _expect(self, req: Request, state: ReqState, op: str) -> None:
         if req.state is not state:

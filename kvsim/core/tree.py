@@ -77,5 +77,9 @@ class PrefixTree:
                 parent.nchildren -= 1
                 page.parent = None
 
-    def pages(self):
+    def pages(self) -> Iterable[Page]:
         return self._by_key.values()
+
+    def items(self) -> Iterable[tuple[bytes, Page]]:
+        """(key, page) for every page in the tree."""
+        return self._by_key.items()

@@ -28,11 +28,12 @@ recently admitted running request is preempted (suspended; its pages may move to
 
 from __future__ import annotations
 
+import enum
 import heapq
 from collections import deque
 from dataclasses import dataclass
 from itertools import count
-from typing import Any, Callable, Final, Iterable
+from typing import Any, Callable, Iterable
 
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Level, RefusalReason, Request, TierManager
@@ -43,12 +44,15 @@ from kvsim.engine.sessions import Cursor, Frame
 from kvsim.compute import ComputeModel
 from kvsim.workload import Session, Turn, Workload, cache_blocks
 
-# a turn's state in the engine
-WAITING: Final = 0
-ONBOARDING: Final = 1
-RUNNING: Final = 2
-GROWING: Final = 3
-DONE: Final = 4
+
+class TurnState(enum.IntEnum):
+    """Where a turn is in the engine."""
+
+    WAITING = 0     # queued for admission (or preempted, back at the head of the queue)
+    ONBOARDING = 1  # admitted; a resume plan brings its pages to GPU
+    RUNNING = 2     # computing: prefill chunks, then decode steps
+    GROWING = 3     # a grow plan that moves pages is running for it
+    DONE = 4        # finished or failed
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ class Live:
         self.prefill_left = 0
         self.kv = 0            # tokens whose KV is computed (or found cached)
         self.gen = 0           # output tokens produced
-        self.state = WAITING
+        self.state = TurnState.WAITING
         self.seq = 0           # admission order (preemption picks the latest)
         self.uid = uid
         self.s0 = 0            # decoding: engine step at which kv and gen were last synced
@@ -331,9 +335,9 @@ class Engine:
                 lv.row.admitted_ns = self.t
             self._add_running(lv)
             if plan.batches:  # type: ignore[union-attr]
-                lv.state = ONBOARDING
+                lv.state = TurnState.ONBOARDING
                 lv.row.onboard_bytes += plan.nbytes  # type: ignore[union-attr]
-                self._start_plan(plan, lv, RUNNING)
+                self._start_plan(plan, lv, TurnState.RUNNING)
             else:
                 mgr.complete(plan)  # type: ignore[arg-type]
                 self._on_resumed(lv)
@@ -381,7 +385,7 @@ class Engine:
         lv.kv = lv.prompt - lv.prefill_left
 
     def _on_resumed(self, lv: Live) -> None:
-        lv.state = RUNNING
+        lv.state = TurnState.RUNNING
         if self.on_resume is not None:
             self.on_resume(len(lv.req.pages))
         if self.p.refcheck:
@@ -417,17 +421,17 @@ class Engine:
         return False
 
     # == plans in the background ========================================================
-    def _start_plan(self, plan, lv: Live, then: int) -> None:
+    def _start_plan(self, plan, lv: Live, then: TurnState) -> None:
         self._launch(self._plan_proc(plan, lv, then))
 
-    def _plan_proc(self, plan, lv: Live, then: int):
+    def _plan_proc(self, plan, lv: Live, then: TurnState):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
                                  self.p.refcheck_disk_writes)
         self._inflight -= 1
         lv.failures = 0 if ok else lv.failures + 1
         give_up = lv.failures >= self.p.max_plan_failures
         if lv.req.state is ReqState.ACTIVE:
-            if lv.state == ONBOARDING:
+            if lv.state is TurnState.ONBOARDING:
                 self._on_resumed(lv)
             else:
                 lv.state = then
@@ -441,7 +445,7 @@ class Engine:
             if give_up:
                 self._fail(lv, self._failure_reason(lv))
             else:  # back to the head of the queue, to retry
-                lv.state = WAITING
+                lv.state = TurnState.WAITING
                 self._waiting.appendleft(lv)
         self._notify()
 
@@ -491,28 +495,29 @@ class Engine:
     # == batching =======================================================================
     def _build_batch(self) -> list[tuple[Live, int]] | None:
         """(prefill [(live, tokens)], decoders) for the next step, or None."""
+        running = TurnState.RUNNING
         if self._stalled:
             stalled, self._stalled = self._stalled, []
             for lv in stalled:
-                if lv.state != RUNNING:
+                if lv.state is not running:
                     continue  # preempted, aborted, or its grow is running
                 if self._ensure(lv, lv.kv + 1):
                     self._join(lv)
-                elif lv.state == RUNNING:
+                elif lv.state is running:
                     self._stalled.append(lv)  # waits for other requests' plans
         budget = self.p.max_batch_tokens - len(self._decoding)
         prefill: list[tuple[Live, int]] = []
         for lv in list(self._prefilling):
             if budget <= 0:
                 break
-            if lv.state != RUNNING:
+            if lv.state is not running:
                 continue
             chunk = min(lv.prefill_left, budget)
             if self._ensure(lv, lv.kv + chunk):
                 prefill.append((lv, chunk))
                 budget -= chunk
         # a request preempted while the batch was built leaves it
-        prefill = [(lv, n) for lv, n in prefill if lv.state == RUNNING]
+        prefill = [(lv, n) for lv, n in prefill if lv.state is running]
         if not self._decoding and not prefill:
             return None
         return prefill
@@ -593,8 +598,8 @@ class Engine:
                 return False
         self._dirty = True
         if plan.batches:  # type: ignore[union-attr]
-            lv.state = GROWING
-            self._start_plan(plan, lv, RUNNING)
+            lv.state = TurnState.GROWING
+            self._start_plan(plan, lv, TurnState.RUNNING)
             return False
         self.mgr.complete(plan)  # type: ignore[arg-type]
         return True
@@ -603,7 +608,7 @@ class Engine:
         """The most recently admitted request that is running (not moving pages)."""
         best = None
         for lv in self._running:
-            if lv.state == RUNNING and (best is None or lv.seq > best.seq):
+            if lv.state is TurnState.RUNNING and (best is None or lv.seq > best.seq):
                 best = lv
         return best
 
@@ -618,7 +623,7 @@ class Engine:
             self.backend.fill(fill)
         self.mgr.suspend(lv.req)
         self._remove_running(lv)
-        lv.state = WAITING
+        lv.state = TurnState.WAITING
         lv.row.preemptions += 1
         self.metrics.preemptions += 1
         self._waiting.appendleft(lv)
@@ -693,7 +698,7 @@ class Engine:
         if lv.row.first_token_ns < 0:
             lv.row.first_token_ns = self.t
         lv.row.done_ns = self.t
-        lv.state = DONE
+        lv.state = TurnState.DONE
         self._remove_running(lv)
         req = lv.req
         fill = self.mgr.commit(req, lv.kv, final=True)
@@ -709,7 +714,7 @@ class Engine:
 
     def _fail(self, lv: Live, why: str) -> None:
         lv.row.failed = why
-        lv.state = DONE
+        lv.state = TurnState.DONE
         self.metrics.requests_failed += 1
         if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
             self.mgr.close(lv.req)
