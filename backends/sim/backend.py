@@ -191,7 +191,7 @@ class SimBackend:
     def compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s * self.compute_scale)
-        done.callbacks.append(lambda ev, d=duration_s, t0=self.env._now:  # type: ignore[misc]
+        done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0))
         if self.compute_latency > 0:
             return self.env.process(self._after(done, self.compute_latency))
@@ -323,7 +323,7 @@ class SimBackend:
             self._counts["failed_transfers"] += 1
         cb = self.on_traffic
         if cb is not None:
-            now = self.env._now
+            now = self.clock.now
             for k in kinds:
                 cb(now, k, nbytes)
 
@@ -342,7 +342,7 @@ class _Transfer:
         self.batch = batch
         self.route = route
         self.fail = fail
-        self.t0 = be.env._now
+        self.t0 = be.clock.now
         self.done = be.clock.new_event()  # succeeds with True, or False for a failed batch
         self.res: tuple[str, ...] = route[2]
         self.start_s = 0.0

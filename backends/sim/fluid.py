@@ -29,7 +29,6 @@ per change.
 from __future__ import annotations
 
 import math
-from heapq import heappop
 from typing import Callable, Final
 
 import simpy
@@ -85,8 +84,8 @@ class Fluid:
         self.busy_s = {r: 0.0 for r in self.cap}   # up to the last change of the flows
         self.compute_busy_s = 0.0                   # up to the last job's end
         self._slow = 0.0
-        self._t_flows = env._now          # when the flows' ``remaining`` were last updated
-        self._jobs_since = env._now       # when compute last went from idle to busy
+        self._t_flows = self.clock.now    # when the flows' ``remaining`` were last updated
+        self._jobs_since = self.clock.now  # when compute last went from idle to busy
         self._busy_res: set[str] = set()  # resources the current flows use
         self._n_sm = 0                    # current flows that are SM copy kernels
         self._pending: Wake | None = None  # the one live flow wake-up
@@ -137,7 +136,7 @@ class Fluid:
         if work_s <= 0:
             self.clock.succeed(done, 0.0)
             return done
-        now = self.env._now
+        now = self.clock.now
         job = Job(work_s, now, done)
         if not self.jobs:
             self._jobs_since = now
@@ -167,12 +166,8 @@ class Fluid:
         """Take superseded flow wake-ups off the head of the clock's queue (each would do
         nothing when it fired), so that the next event there is one that can change
         something. Nothing else changes: the clock moves only when events are run."""
-        stale = self._stale
-        if not stale:
-            return
-        queue = self.clock.queue
-        while queue and queue[0][3] in stale:
-            stale.discard(heappop(queue)[3])
+        if self._stale:
+            self.clock.drop_head(self._stale)
 
     @property
     def slowdown(self) -> float:
@@ -183,7 +178,7 @@ class Fluid:
 
     def _sync_flows(self) -> None:
         """Bring the flows' remaining bytes and the busy seconds up to now."""
-        now = self.env._now
+        now = self.clock.now
         dt = now - self._t_flows
         if dt <= 0:
             return
@@ -207,7 +202,7 @@ class Fluid:
         else:
             return  # re-timed since: this wake-up is stale
         del self.jobs[i]
-        now = self.env._now
+        now = self.clock.now
         if not self.jobs:
             self.compute_busy_s += now - self._jobs_since
             if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
@@ -221,7 +216,7 @@ class Fluid:
         old_slow = self._slow
         rates = self._allocate()
         if self._slow != old_slow and self.jobs:
-            now = self.env._now
+            now = self.clock.now
             stretch = 1.0 + old_slow
             for j in self.jobs:
                 j.remaining -= (now - j.since) / stretch

@@ -9,9 +9,15 @@ drives a generator the way ``simpy.Process`` does (``_Proc``), so that the compi
 runs both as C; a ``Clock`` puts bare entries on SimPy's queue for callbacks (``Wake``:
 what a ``Timeout`` with that callback would be to the loop; backends use them for their
 internal wake-ups, which nothing yields on) and makes and triggers events, without SimPy's
-interpreted code (the same fields, the same queue entries), and the time is read as
+interpreted code (the same fields, the same queue entries), and reads the time as
 ``env._now`` (``env.now`` is an interpreted property): the backend creates, triggers and
 reads these hundreds of thousands of times in a replay.
+
+This is the one module that touches SimPy's private names (``Environment._queue``,
+``_eid``, ``_now``; ``Event._ok``, ``_value``, ``_defused``; the queue's entry layout):
+the rest of the sim backend goes through ``Clock`` and ``SimRuntime``. They are those of
+SimPy 4.1, the range pyproject.toml pins; tests/test_sim_backend.py checks that they are
+there and that this loop runs processes and callbacks in plain SimPy's order.
 """
 
 from __future__ import annotations
@@ -55,6 +61,19 @@ class Clock:
         self.env = env
         self.queue: list[Any] = env._queue
         self.eid: Any = env._eid
+
+    @property
+    def now(self) -> float:
+        """The environment's time: ``env.now`` without SimPy's interpreted property."""
+        return self.env._now
+
+    def drop_head(self, stale: set) -> None:
+        """Take the entries at the head of the queue whose event is in ``stale`` off it
+        (and out of ``stale``): wake-ups that would do nothing when they fire. The clock
+        does not move."""
+        queue = self.queue
+        while queue and queue[0][3] in stale:
+            stale.discard(heappop(queue)[3])
 
     def wake_after(self, delay: float, callback: Callable[[Any], object]) -> Wake:
         """Call ``callback(wake)`` ``delay`` seconds from now."""
