@@ -7,8 +7,9 @@ backend and reports back with ``TierManager.complete``.
 
 from kvsim.core.errors import ConfigError, CoreError
 from kvsim.core.keys import chain_key, scope_root, tag_of
-from kvsim.core.manager import Request, TierManager
+from kvsim.core.manager import TierManager
 from kvsim.core.plan import Batch, Fill, Plan, Refusal, RefusalReason
+from kvsim.core.request import Request
 from kvsim.core.spec import Level, ManagerSpec, TierSpec
 from kvsim.core.stats import Counters, TierStats
 from kvsim.core.types import Phase, PageState, ReqState
