@@ -26,7 +26,8 @@ from pathlib import Path
 
 import yaml
 
-from kvsim.fit import Measured, check_cells, check_fit, check_small, fit, measured_from_report
+from kvsim.fit import check_cells, check_fit, check_small, fit
+from kvsim.measured import Measured, measured_from_report
 from kvsim.hardware import HardwareProfile, load_profile
 
 

@@ -308,7 +308,8 @@ def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
     """The nvme terms come from the cell at the queue depth and piece size the profile
     gives the hw backend (its I/O threads: the report's ``disk_setting``, the base
     profile's ``nvme``), not from the best cell measured; the fitted profile keeps them."""
-    from kvsim.fit import fit, measured_from_report
+    from kvsim.fit import fit
+    from kvsim.measured import measured_from_report
     from kvsim.hardware import CONFIG_DIR
 
     committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
@@ -341,7 +342,7 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
     import os
     import time
 
-    from kvsim.fit import Measured
+    from kvsim.measured import Measured
     from kvsim_backends.hw.calibrate import Plan, measure_disk
 
     real, calls = os.fsync, []

@@ -1,6 +1,6 @@
 """Calibration measurements on this machine, with the hw backend (real bytes; on a GPU with
 CuPy, else CPU mode with tiny sizes). ``kvsim calibrate`` reaches ``measure`` through the
-backend registry (``kvsim.run.measure_hardware``) and fits the result (``kvsim.fit``).
+backend registry (``kvsim.run.measure_hardware``) and fits the result (``kvsim.fit``; what it measures is ``kvsim.measured``).
 
 Measured:
 - GPU <-> host batches per page size (16 KiB .. 4 MiB on a GPU), per copy path (copy
@@ -33,7 +33,7 @@ from kvsim.config import RunConfig
 from kvsim.core.copypath import CopyPath
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
-from kvsim.fit import Measured, batch as _batch
+from kvsim.measured import Measured, batch as _batch
 from kvsim.hardware import HardwareProfile, load_profile
 
 from .backend import HwBackend, _load_cupy
