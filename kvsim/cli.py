@@ -390,6 +390,55 @@ def diff(
     Console().print(diff_table(report))
 
 
+def _dask_errors() -> tuple:
+    """The errors a Dask client raises for a cluster it cannot reach or start."""
+    return (ConnectionError, TimeoutError, OSError)
+
+
+@app.command()
+def study(
+    study_file: str = typer.Argument(..., metavar="STUDY.yaml", help="the study file"),
+    set_: List[str] = typer.Option([], "--set", help="override a key of the base config: key.path=value"),
+    workers: Optional[int] = typer.Option(None, min=1, help="local worker processes (default: the cores)"),
+    scheduler: Optional[str] = typer.Option(None, help="run on this Dask cluster (tcp://HOST:PORT)"),
+    out: Optional[str] = typer.Option(None, help="study folder (default: the study's out, or "
+                                                   "results/study-NAME)"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+    plots: bool = typer.Option(True, help="draw the study's plots"),
+):
+    """Run a what-if study: every point of a grid / zip / variants / seeds / traces over a
+    base config, on Dask; one run folder per point, a table (CSV, Parquet) and plots.
+    Points already complete (same resolved config) are skipped."""
+    from kvsim.config import ConfigFileError
+    from kvsim.study.study import plan_study, run_study
+    from kvsim.study.table import rich_table
+
+    console = Console(stderr=True)
+    try:
+        spec, points = plan_study(study_file, set_)
+    except (ConfigFileError, ValueError, OSError) as e:
+        _error(console, str(e))
+        raise typer.Exit(2)
+    try:
+        rep = run_study(study_file, set_, workers=workers, scheduler=scheduler, out=out,
+                        progress=progress, plots=plots)
+    except _dask_errors() as e:
+        _error(console, f"study {spec.name}: {type(e).__name__}: {e}")
+        raise typer.Exit(1)
+    params = list(dict.fromkeys(["variant"] * any(p.variant for p in rep.points)
+                                + [k for p in rep.points for k in p.params]))
+    wide = Console() if Console().is_terminal else Console(width=200)
+    wide.print(rich_table(rep.rows, f"study {spec.name}: {len(rep.points)} points "
+                               f"({rep.outcome.ran} run, {rep.outcome.skipped} already done, "
+                               f"{len(rep.outcome.failures)} failed)", params, list(spec.metrics),
+                               rel=spec.baseline is not None))
+    Console().print(f"table: {rep.table_paths[0]}  plots: {rep.folder / 'plots'}", markup=False)
+    if rep.outcome.failures:
+        for name, err in rep.outcome.failures.items():
+            _error(console, f"point {name}: {err}")
+        raise typer.Exit(1)
+
+
 @app.command()
 def version():
     """Print the version."""

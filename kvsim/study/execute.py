@@ -1,0 +1,250 @@
+"""Running points on dask.distributed and writing their folders on the client.
+
+A worker gets a point's resolved config (a small dict), builds the run with kvsim's
+public run API (``validate_config``, ``prepare_run``, ``replay``), renders the point's
+plots there and sends the Result and the PNG bytes back; it loads the trace itself from
+the config's path, so nothing large travels to it. The client writes each point's folder
+with ``write_results`` and then ``point.json`` (the config hash), last: a folder with a
+``point.json`` whose hash matches is complete, and a study that runs again skips it. A
+point that fails (a bad trace path, a replay error, a worker that died) is recorded with
+its error; the other points go on.
+
+The cluster is a ``LocalCluster`` of single-threaded worker processes, or an existing
+Dask cluster by address. Workers are warmed once (kvsim, the sim backend and matplotlib
+imported) before the first point is sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from kvsim.study.points import Point
+
+POINT_FILE = "point.json"
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+def warm() -> str:
+    """Import what a point needs, once per worker process."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
+
+    import kvsim.plots  # noqa: F401
+    import kvsim.run  # noqa: F401
+    import kvsim_backends.sim  # noqa: F401
+
+    return f"{os.getpid()}"
+
+
+def split_workload(workload, part: str, held_out: float, seed: int):
+    """The sessions of one part of a seeded split of ``workload`` by session: ``held_out``
+    of them (at least one, and at least one left to train on) in 'held_out', the rest
+    in 'train'."""
+    n = len(workload.sessions)
+    if n < 2:
+        raise ValueError(f"a held-out split needs at least 2 sessions, the workload has {n}")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    k = min(n - 1, max(1, round(n * held_out)))
+    held = set(order[:k])
+    keep = [i for i in range(n) if (i in held) == (part == "held_out")]
+    return replace(workload, sessions=tuple(workload.sessions[i] for i in keep))
+
+
+def run_point(config: dict, backend: str = "sim", split: dict | None = None,
+              plots: bool | None = None) -> dict:
+    """Replay one point (on a worker). Returns {"result", "plots" (name -> PNG bytes),
+    "replay_s", "task_s"} or {"error"}."""
+    t0 = time.perf_counter()
+    try:
+        from kvsim.config import validate_config
+        from kvsim.run import prepare_run, replay
+        from kvsim.workload import session_start_times
+
+        cfg = validate_config(config, f"point {config.get('name')}")
+        prep = prepare_run(cfg)
+        if split is not None:
+            wl = split_workload(prep.workload, split["part"], split["held_out"], split["seed"])
+            starts = session_start_times(wl, seed=cfg.seed) \
+                if wl.closed_loop and wl.start == "poisson" else None
+            prep = replace(prep, workload=wl, starts=starts)
+        t1 = time.perf_counter()
+        result = replay(prep, backend)
+        t2 = time.perf_counter()
+        pngs = {}
+        if cfg.output.plots if plots is None else plots:
+            from kvsim.plots import write_plots
+
+            with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
+                for p in write_plots(result, Path(tmp)):
+                    pngs[p.name] = p.read_bytes()
+        return {"result": result, "plots": pngs, "replay_s": t2 - t1,
+                "task_s": time.perf_counter() - t0, "worker": f"{socket.gethostname()}:{os.getpid()}"}
+    except Exception as e:  # recorded for this point; the study goes on
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
+        from kvsim.config import ConfigFileError
+
+        if isinstance(e, ConfigFileError):
+            where = ""
+        return {"error": f"{type(e).__name__}: {e}{where}", "task_s": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------------------- client side
+
+
+@contextmanager
+def open_client(workers: int | None = None, scheduler: str | None = None) -> Iterator:
+    """A dask.distributed Client: on ``scheduler`` (tcp://HOST:PORT), or on a LocalCluster
+    of ``workers`` single-threaded processes (default: the cores). Workers are warmed."""
+    from distributed import Client, LocalCluster
+
+    cluster = None
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout="30s")
+        except (OSError, TimeoutError) as e:
+            raise ConnectionError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+    else:
+        n = workers or os.cpu_count() or 1
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                               dashboard_address=None, memory_limit=0,
+                               silence_logs=logging.ERROR, host="127.0.0.1")
+        client = Client(cluster)
+    try:
+        client.run(warm)
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def n_workers(client) -> int:
+    return max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+
+
+def is_complete(folder: Path, hash_: str) -> bool:
+    try:
+        info = json.loads((folder / POINT_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    if info.get("hash") != hash_:
+        return False
+    need = ["summary.json", "requests.csv", *info.get("plots", [])]
+    return all((folder / n).is_file() for n in need)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def write_point(folder: Path, point: Point, payload: dict) -> Path:
+    """The point's run folder (write_results), its plots, then point.json."""
+    from kvsim.run import write_results
+
+    out = write_results(payload["result"], folder, plots=False)
+    for name, data in payload.get("plots", {}).items():
+        (out / name).write_bytes(data)
+    _write_json(out / POINT_FILE, {
+        "name": point.name, "hash": point.hash, "params": point.params, "variant": point.variant,
+        "backend": point.backend, "split": point.split, "plots": sorted(payload.get("plots", {})),
+        "replay_s": payload.get("replay_s"), "task_s": payload.get("task_s"),
+        "worker": payload.get("worker"),
+    })
+    return out
+
+
+@dataclass
+class Outcome:
+    """What running a set of points did: per point name, its error (failed points), its
+    timings; how many were skipped as already complete; the wall time."""
+    failures: dict[str, str] = field(default_factory=dict)
+    replay_s: dict[str, float] = field(default_factory=dict)
+    task_s: dict[str, float] = field(default_factory=dict)
+    skipped: int = 0
+    ran: int = 0
+    wall_s: float = 0.0
+
+
+Progress = Callable[[int, int, int], None]   # (done, running, failed)
+
+
+def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
+               progress: Progress | None = None, on_done: Callable | None = None) -> Outcome:
+    """Run every point that is not complete in its folder; write each as it comes back."""
+    from distributed import as_completed
+
+    t0 = time.perf_counter()
+    out = Outcome()
+    todo = [p for p in points if not is_complete(folder_of(p), p.hash)]
+    out.skipped = len(points) - len(todo)
+    futures = {}
+    for p in todo:
+        fut = client.submit(run_point, p.config, p.backend, p.split, key=f"kvsim-point-{p.hash}-{p.name}"[:250],
+                            pure=False)
+        futures[fut] = p
+    width = n_workers(client)
+    done = 0
+    if progress:
+        progress(out.skipped, min(width, len(todo)), 0)
+    for fut in as_completed(list(futures)):
+        p = futures.pop(fut)
+        try:
+            payload = fut.result()
+        except Exception as e:  # the worker died or the task could not run
+            payload = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            fut.release()
+        if "error" in payload:
+            out.failures[p.name] = payload["error"]
+        else:
+            try:
+                write_point(folder_of(p), p, payload)
+                out.replay_s[p.name] = payload["replay_s"]
+                out.task_s[p.name] = payload["task_s"]
+            except (OSError, ValueError) as e:
+                out.failures[p.name] = f"writing {folder_of(p)}: {type(e).__name__}: {e}"
+        done += 1
+        out.ran += 1
+        if on_done is not None:
+            on_done(p, payload)
+        if progress:
+            progress(out.skipped + done, min(width, len(futures)), len(out.failures))
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+@contextmanager
+def progress_bar(total: int, label: str, enabled: bool = True):
+    """A rich bar (points done, running, failed) on a terminal's stderr; else nothing."""
+    if not (enabled and sys.stderr.isatty()):
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("running {task.fields[running]}, failed {task.fields[failed]}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total, running=0, failed=0)
+        yield lambda done, running, failed: bar.update(task, completed=done, running=running,
+                                                       failed=failed)

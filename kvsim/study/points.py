@@ -1,0 +1,193 @@
+"""A study's points: its axes expanded into resolved, validated run configs.
+
+Order: traces x variants x zipped rows x grid (first key slowest) x seeds. Each point's
+config is the base config's YAML, then the study's ``set``, then the command line's
+``--set``, then the variant's ``set``, then the point's axis values, the seed and the
+trace; it is validated like a run config, and an invalid one is an error naming the study
+file, the point and the key. A point's name comes from its parameters (``variant__host=
+64GiB__seed=1``); its hash is over the fully resolved config and the backend, so a
+finished point is recognised when the study runs again (kvsim.study.execute).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvsim.config import ConfigFileError, load_config, resolve_config_path, set_path, validate_config
+from kvsim.study.spec import StudyFileError, StudySpec
+
+import yaml
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    params: dict            # column label -> the value as the study file wrote it
+    numeric: dict           # column label -> the resolved number (axes with numbers only)
+    variant: str | None
+    config: dict            # the resolved run config (RunConfig.model_dump(mode="json"))
+    backend: str = "sim"
+    hash: str = ""
+    split: dict | None = field(default=None)   # tune: {"part", "held_out", "seed"}
+
+
+def split_key(dotted: str) -> list:
+    """``a.b[1].c`` -> ['a', 'b', 1, 'c'] (the syntax of ``--set``)."""
+    parts: list = []
+    for piece in dotted.split("."):
+        while "[" in piece:
+            head, _, rest = piece.partition("[")
+            if head:
+                parts.append(head)
+            idx, _, piece = rest.partition("]")
+            parts.append(int(idx))
+        if piece:
+            parts.append(piece)
+    return parts
+
+
+def get_key(data: Any, dotted: str) -> Any:
+    node = data
+    for part in split_key(dotted):
+        node = node[part]
+    return node
+
+
+def config_hash(config: dict, backend: str, split: dict | None = None) -> str:
+    blob = json.dumps({"config": config, "backend": backend, "split": split}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def base_data(spec_base: str, source: str) -> tuple[str, dict]:
+    """The base config's raw YAML (a mapping), and its path."""
+    try:
+        p = resolve_config_path(spec_base)
+        load_config(p)  # the base on its own must be a valid config
+        data = yaml.safe_load(p.read_text())
+    except ConfigFileError as e:
+        raise StudyFileError(f"{source}: base: {e}") from None
+    return str(p), data
+
+
+def apply(data: dict, overrides: dict, where: str) -> None:
+    for key, value in overrides.items():
+        try:
+            set_path(data, key, value)
+        except ConfigFileError as e:
+            raise StudyFileError(f"{where}: {str(e).removeprefix('--set ')}") from None
+
+
+def _tokens(key: str) -> list[str]:
+    """``cache.tiers[1].quota`` -> ['cache', 'tiers[1]', 'quota']."""
+    out: list[str] = []
+    for p in split_key(key):
+        if isinstance(p, int) and out:
+            out[-1] += f"[{p}]"
+        else:
+            out.append(str(p))
+    return out
+
+
+def labels_for(keys: list[str], given: dict[str, str]) -> dict[str, str]:
+    """Short column names: the key's last part, with more parts where two would clash."""
+    toks = {k: _tokens(k) for k in keys}
+    out = {}
+    for k in keys:
+        if k in given:
+            out[k] = given[k]
+            continue
+        t = toks[k]
+        for n in range(1, len(t) + 1):
+            if not any(o != k and toks[o][-n:] == t[-n:] for o in keys):
+                break
+        out[k] = ".".join(t[-n:])
+    return out
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def point_name(variant: str | None, params: dict) -> str:
+    bits = [variant] if variant else []
+    bits += [f"{k}={_show(v)}" for k, v in params.items()]
+    name = "__".join(_UNSAFE.sub("-", b) for b in bits) or "base"
+    return name[:200]
+
+
+def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, ...] = ()) -> list[Point]:
+    """Every point of the study, validated, in order. ``source``: the study file's path."""
+    from kvsim.config import parse_override
+
+    _, base = base_data(spec.base, source)
+    apply(base, spec.overrides, f"{source}: set")
+    for ov in cli_overrides:
+        try:
+            key, value = parse_override(ov)
+            set_path(base, key, value)
+        except ConfigFileError as e:
+            raise StudyFileError(str(e)) from None
+    keys = [*spec.zipped, *spec.grid]
+    labels = labels_for(keys, spec.labels)
+    n_zip = len(next(iter(spec.zipped.values()))) if spec.zipped else 1
+    zip_rows = [{k: v[i] for k, v in spec.zipped.items()} for i in range(n_zip)]
+    grid_rows = [dict(zip(spec.grid, combo)) for combo in itertools.product(*spec.grid.values())]
+    variants = spec.variants or [None]
+    seeds = spec.seeds or [None]
+    traces = spec.traces or [None]
+    points: list[Point] = []
+    seen: dict[str, int] = {}
+    for trace, variant, zrow, grow, seed in itertools.product(traces, variants, zip_rows, grid_rows, seeds):
+        data = copy.deepcopy(base)
+        vname = variant.name if variant else None
+        if variant:
+            apply(data, variant.overrides, f"{source}: variants[{vname}]")
+        params: dict[str, Any] = {}
+        axis_values = {**zrow, **grow}
+        for key, value in axis_values.items():
+            apply(data, {key: value}, f"{source}: {'zip' if key in spec.zipped else 'grid'}.{key}")
+            params[labels[key]] = value
+        if seed is not None:
+            data["seed"] = seed
+            params["seed"] = seed
+        if trace is not None:
+            apply(data, {"workload.path": trace}, f"{source}: traces")
+            params["trace"] = os.path.basename(os.path.normpath(trace))
+        name = point_name(vname, params)
+        if name in seen:  # two values that print alike: keep the names apart
+            seen[name] += 1
+            name = f"{name}__{seen[name]}"
+        else:
+            seen[name] = 0
+        data["name"] = f"{spec.name}.{name}"
+        try:
+            cfg = validate_config(data, f"{source}: point {name}")
+        except ConfigFileError as e:
+            raise StudyFileError(str(e)) from None
+        resolved = cfg.model_dump(mode="json")
+        numeric = {}
+        for key in axis_values:
+            v = get_key(resolved, key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                numeric[labels[key]] = v
+        if seed is not None:
+            numeric["seed"] = seed
+        points.append(Point(name, params, numeric, vname, resolved, spec.backend,
+                            config_hash(resolved, spec.backend)))
+    if spec.baseline is not None and spec.baseline not in {p.name for p in points}:
+        names = ", ".join(p.name for p in points[:8]) + (", ..." if len(points) > 8 else "")
+        raise StudyFileError(f"{source}: baseline: no point named {spec.baseline!r} (points: {names})")
+    return points

@@ -1,0 +1,135 @@
+"""The study table: one row per point, its parameters and headline metrics, written as
+CSV and Parquet and printed with rich.
+
+Rows are read back from the points' folders (``summary.json``), so points skipped as
+complete and points run now are tabulated alike. A failed point has status ``failed`` and
+its error. With a baseline, ``rel.<metric>`` columns hold (value - baseline) / baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from kvsim.study.points import Point, get_key
+
+
+def metric(metrics: dict, path: str) -> Any:
+    """A summary metric by dotted path; KeyError names the path."""
+    try:
+        return get_key(metrics, path)
+    except (KeyError, IndexError, TypeError):
+        raise KeyError(f"no metric {path!r} in the summary") from None
+
+
+def _column(values: list) -> list:
+    """A column Parquet can store: numbers stay numbers when all are; else text."""
+    present = [v for v in values if v is not None]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return values
+    if all(isinstance(v, bool) for v in present):
+        return values
+    return [None if v is None else str(v) for v in values]
+
+
+def build_rows(points: list[Point], folder_of, metrics: list[str], failures: dict[str, str],
+               baseline: str | None = None) -> list[dict]:
+    rows = []
+    summaries: dict[str, dict] = {}
+    for p in points:
+        row: dict[str, Any] = {"point": p.name}
+        if any(q.variant for q in points):
+            row["variant"] = p.variant
+        row.update(p.params)
+        for label, v in p.numeric.items():
+            if label in p.params and p.params[label] != v:
+                row[f"{label}_value"] = v
+        folder = folder_of(p)
+        summary = None
+        try:
+            summary = json.loads((folder / "summary.json").read_text())
+        except (OSError, ValueError):
+            pass
+        if p.name in failures or summary is None:
+            row["status"] = "failed" if p.name in failures else "missing"
+            row["error"] = failures.get(p.name, "")
+            for m in metrics:
+                row[m] = None
+        else:
+            summaries[p.name] = summary["metrics"]
+            row["status"] = "ok"
+            row["error"] = ""
+            for m in metrics:
+                try:
+                    row[m] = metric(summary["metrics"], m)
+                except KeyError:
+                    row[m] = None
+        row["hash"] = p.hash
+        rows.append(row)
+    if baseline is not None:
+        base = summaries.get(baseline)
+        for row in rows:
+            for m in metrics:
+                b = None if base is None else _num(base, m)
+                v = row.get(m)
+                ok = isinstance(v, (int, float)) and isinstance(b, (int, float)) and b != 0
+                row[f"rel.{m}"] = (v - b) / abs(b) if ok else None
+    return rows
+
+
+def _num(metrics: dict, path: str):
+    try:
+        v = metric(metrics, path)
+    except KeyError:
+        return None
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def write_table(rows: list[dict], out: Path, stem: str = "study") -> tuple[Path, Path]:
+    """``stem.csv`` and ``stem.parquet`` in ``out``."""
+    import pandas as pd
+
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    df = pd.DataFrame({c: _column([r.get(c) for r in rows]) for c in cols}, columns=cols)
+    csv_path, pq_path = out / f"{stem}.csv", out / f"{stem}.parquet"
+    df.to_csv(csv_path, index=False)
+    df.to_parquet(pq_path, index=False)
+    return csv_path, pq_path
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, int) and abs(v) >= 10**7:
+        return f"{v:.3g}"
+    return str(v)
+
+
+def rich_table(rows: list[dict], title: str, params: list[str], metrics: list[str],
+               rel: bool = False, max_metrics: int = 7):
+    from rich.table import Table
+    from rich.text import Text
+
+    shown = metrics[:max_metrics]
+    t = Table(title=title, show_header=True, header_style="bold")
+    for c in params:
+        t.add_column(c)
+    for m in shown:
+        t.add_column(m, justify="right")
+    t.add_column("status")
+    for r in rows:
+        cells = [Text(_fmt(r.get(c))) for c in params]
+        for m in shown:
+            v = _fmt(r.get(m))
+            if rel and isinstance(r.get(f"rel.{m}"), float) and r["status"] == "ok":
+                v += f" ({r[f'rel.{m}'] * 100:+.1f}%)"
+            cells.append(Text(v))
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['error'][:80]}"
+        t.add_row(*cells, Text(status))
+    return t
