@@ -124,7 +124,7 @@ def _show(v: Any) -> str:
 def point_name(variant: str | None, params: dict) -> str:
     bits = [variant] if variant else []
     bits += [f"{k}={_show(v)}" for k, v in params.items()]
-    name = "__".join(_UNSAFE.sub("-", b) for b in bits) or "base"
+    name = "__".join(_UNSAFE.sub("-", b.replace("[", "").replace("]", "")) for b in bits) or "base"
     return name[:200]
 
 
@@ -158,7 +158,7 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
         params: dict[str, Any] = {}
         axis_values = {**zrow, **grow}
         for key, value in axis_values.items():
-            apply(data, {key: value}, f"{source}: {'zip' if key in spec.zipped else 'grid'}.{key}")
+            apply(data, {key: value}, f"{source}: {'zip' if key in spec.zipped else 'grid'}")
             params[labels[key]] = value
         if seed is not None:
             data["seed"] = seed

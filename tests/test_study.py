@@ -1,0 +1,266 @@
+"""``kvsim study`` and ``kvsim tune`` as a user meets them: a study file expands into
+named, validated points; bad files fail with the file and the key (exit 2, nothing
+run); a study runs on a LocalCluster and on a real Dask cluster (a ``dask scheduler`` and
+two ``dask worker`` processes on 127.0.0.1) with the same metrics; a finished point is
+skipped when the study runs again, a changed one is rerun, a failing one is recorded
+while the others finish. Every run uses the synthetic workload with a few sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.study.points import expand, labels_for
+from kvsim.study.spec import StudyFileError, load_study
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = """\
+name: small
+base: default
+set:
+  workload.synthetic.n_sessions: 3
+  output.plots: false
+"""
+
+
+def _study(tmp_path: Path, body: str, name: str = "s.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(SMALL + body)
+    return p
+
+
+def _points(path: Path, overrides=()):
+    return expand(load_study(path), str(path), overrides)
+
+
+# ------------------------------------------------------------------------------ expansion
+
+
+def test_axes_expand_in_order_with_names_from_parameters(tmp_path):
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[1].quota: [8GiB, 48GiB]
+  engine.max_running: [16, 64]
+variants:
+  - {name: hold, set: {engine.hold_sessions: true}}
+  - {name: nohold, set: {engine.hold_sessions: false}}
+seeds: [0, 1]
+""")
+    pts = _points(p)
+    assert len(pts) == 2 * 2 * 2 * 2
+    assert pts[0].name == "hold__quota=8GiB__max_running=16__seed=0"
+    assert pts[1].name == "hold__quota=8GiB__max_running=16__seed=1"
+    assert pts[-1].name == "nohold__quota=48GiB__max_running=64__seed=1"
+    last = pts[-1].config
+    assert last["cache"]["tiers"][1]["quota"] == 48 * 2**30   # resolved, validated
+    assert last["engine"]["hold_sessions"] is False and last["seed"] == 1
+    assert last["workload"]["synthetic"]["n_sessions"] == 3   # the study's set
+    assert pts[-1].numeric["quota"] == 48 * 2**30 and pts[-1].params["quota"] == "48GiB"
+    assert len({q.name for q in pts}) == len(pts) and len({q.hash for q in pts}) == len(pts)
+    assert [q.hash for q in _points(p)] == [q.hash for q in pts]          # stable
+    moved = _points(p, ["engine.max_batch_tokens=4096"])                  # --set on the base
+    assert all(q.config["engine"]["max_batch_tokens"] == 4096 for q in moved)
+    assert all(a.hash != b.hash for a, b in zip(moved, pts))
+
+
+def test_zip_moves_axes_together_and_labels_tell_clashing_keys_apart(tmp_path):
+    p = _study(tmp_path, """\
+zip:
+  cache.tiers[1].quota: [8GiB, 16GiB]
+  cache.tiers[2].quota: [64GiB, 128GiB]
+""")
+    pts = _points(p)
+    assert [q.name for q in pts] == ["tiers1.quota=8GiB__tiers2.quota=64GiB",
+                                     "tiers1.quota=16GiB__tiers2.quota=128GiB"]
+    assert pts[1].params == {"tiers[1].quota": "16GiB", "tiers[2].quota": "128GiB"}
+    assert pts[1].config["cache"]["tiers"][2]["quota"] == 128 * 2**30
+    assert labels_for(["a.b.quota", "c.quota", "x.y"], {"x.y": "why"}) == \
+        {"a.b.quota": "b.quota", "c.quota": "c.quota", "x.y": "why"}
+
+
+@pytest.mark.parametrize("body, where, what", [
+    ("grid:\n  cache.tiers[1].quota: []\n", "grid: cache.tiers[1].quota", "at least one value"),
+    ("grid:\n  'cache..quota': [1]\n", "grid", "not a config key path"),
+    ("zip:\n  seed: [1, 2]\n  engine.max_running: [4]\n", "zip", "same number of values"),
+    ("variants:\n  - {name: a}\n  - {name: a}\n", "variants", "unique"),
+    ("bogus: 1\n", "bogus", "Extra inputs"),
+    ("metrics: [ttft]\n", "metrics", "not a summary metric"),
+    ("baseline: nope\n", "baseline", "no point named 'nope'"),
+    ("grid:\n  cache.tiers[1].quota: [8GiB, lots]\n", "point quota=lots", "cache.tiers[1].quota"),
+    ("grid:\n  cache.tiers[7].quota: [8GiB]\n", "grid: cache.tiers[7].quota", "no list item [7]"),
+])
+def test_bad_study_fails_with_file_and_key_and_runs_nothing(tmp_path, body, where, what):
+    p = _study(tmp_path, body)
+    with pytest.raises(StudyFileError) as e:
+        _points(p)
+    assert str(p) in str(e.value) and where in str(e.value) and what in str(e.value), str(e.value)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert str(p) in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_missing_or_malformed_study_file_exits_2(tmp_path):
+    r = runner.invoke(app, ["study", str(tmp_path / "none.yaml")])
+    assert r.exit_code == 2 and "cannot read the study file" in r.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ngrid: [1\n")
+    r = runner.invoke(app, ["study", str(bad)])
+    assert r.exit_code == 2 and f"{bad}:" in r.output and "malformed YAML" in r.output
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def _table(folder: Path) -> list[dict]:
+    import pandas as pd
+
+    csv = pd.read_csv(folder / "study.csv", keep_default_na=False)
+    pq = pd.read_parquet(folder / "study.parquet")
+    assert list(csv["point"]) == list(pq["point"])
+    return pq.to_dict("records")
+
+
+def test_local_study_writes_points_table_plots_then_resumes(tmp_path):
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[0].quota: [4GiB, 24GiB]
+variants:
+  - {name: hold, set: {engine.hold_sessions: true}}
+  - {name: broken, set: {workload.kind: mooncake, workload.path: /nonexistent/trace.jsonl}}
+baseline: hold__quota=24GiB
+""")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress"])
+    assert r.exit_code == 1, r.output              # a point failed; the others finished
+    assert "point broken__quota=4GiB" in r.output and "/nonexistent/trace.jsonl" in r.output
+    rows = {row["point"]: row for row in _table(out)}
+    assert set(rows) == {"hold__quota=4GiB", "hold__quota=24GiB", "broken__quota=4GiB",
+                         "broken__quota=24GiB"}
+    for name in ("hold__quota=4GiB", "hold__quota=24GiB"):
+        row = rows[name]
+        summary = json.loads((out / "points" / name / "summary.json").read_text())
+        assert row["status"] == "ok"
+        assert row["ttft_s.p90"] == summary["metrics"]["ttft_s"]["p90"]
+        assert row["requests_completed"] == summary["metrics"]["requests_completed"] > 0
+        assert (out / "points" / name / "requests.csv").exists()
+    assert rows["broken__quota=4GiB"]["status"] == "failed"
+    assert "/nonexistent/trace.jsonl" in rows["broken__quota=4GiB"]["error"]
+    assert json.loads((out / "failures.json").read_text()).keys() == {"broken__quota=4GiB",
+                                                                      "broken__quota=24GiB"}
+    # a 4 GiB GPU tier against 24 GiB: the smaller one must show in the metrics
+    small, big = rows["hold__quota=4GiB"], rows["hold__quota=24GiB"]
+    assert small["hit_ratio"] != big["hit_ratio"] or small["ttft_s.p90"] != big["ttft_s.p90"]
+    assert big["rel.ttft_s.p90"] == 0.0
+    assert small["rel.ttft_s.p90"] == pytest.approx(
+        (small["ttft_s.p90"] - big["ttft_s.p90"]) / big["ttft_s.p90"])
+    assert {f.name for f in (out / "plots").iterdir()} >= {"axis-quota.png", "ttft_cdf.png"}
+    assert "hold" in r.output and "quota" in r.output          # the rich table
+
+    # again, with the broken variant fixed and one point's config changed by --set on the
+    # base: the unchanged point is skipped, the rest run
+    stamp = (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns
+    p.write_text(p.read_text().replace("workload.kind: mooncake, workload.path: /nonexistent/trace.jsonl",
+                                       "engine.hold_sessions: false"))
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "2 run, 2 already done, 0 failed" in r.output
+    assert (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns == stamp
+    assert {row["status"] for row in _table(out)} == {"ok"}
+    assert json.loads((out / "failures.json").read_text()) == {}
+
+
+# ---------------------------------------------------------------------- a real Dask cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dask_cli(name: str) -> list[str]:
+    exe = Path(sys.executable).with_name("dask")
+    return [str(exe), name] if exe.exists() else [sys.executable, "-m", "distributed.cli.dask_" + name]
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=5)
+
+
+@pytest.mark.skipif(shutil.which("dask", path=os.path.dirname(sys.executable)) is None
+                    and shutil.which("dask") is None, reason="the dask command is not installed")
+def test_study_on_a_dask_cluster_matches_a_local_run(tmp_path):
+    p = _study(tmp_path, "grid:\n  cache.tiers[0].quota: [4GiB, 24GiB]\nseeds: [0, 1]\n")
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    procs: list[subprocess.Popen] = []
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    try:
+        procs.append(subprocess.Popen(
+            [*_dask_cli("scheduler"), "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            stdout=subprocess.DEVNULL, stderr=open(logs / "scheduler.log", "w"), env=env, cwd=ROOT))
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [*_dask_cli("worker"), addr, "--host", "127.0.0.1", "--nthreads", "1",
+                 "--nworkers", "1", "--no-dashboard", "--memory-limit", "0"],
+                stdout=subprocess.DEVNULL, stderr=open(logs / f"worker{i}.log", "w"), env=env, cwd=ROOT))
+        from distributed import Client
+
+        deadline = time.monotonic() + 45
+        while True:  # wait for both workers to register
+            try:
+                with Client(addr, timeout="5s") as c:
+                    c.wait_for_workers(2, timeout=max(1, deadline - time.monotonic()))
+                break
+            except (OSError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail("the Dask cluster did not come up:\n" + "\n".join(
+                        f.read_text()[-2000:] for f in logs.iterdir()))
+                time.sleep(0.5)
+        out = tmp_path / "remote"
+        r = runner.invoke(app, ["study", str(p), "--out", str(out), "--scheduler", addr,
+                                "--no-progress", "--no-plots"])
+        assert r.exit_code == 0, r.output
+    finally:
+        _stop(procs)
+    remote = {row["point"]: row for row in _table(out)}
+    assert len(remote) == 4 and {row["status"] for row in remote.values()} == {"ok"}
+    workers = {json.loads((out / "points" / n / "point.json").read_text())["worker"] for n in remote}
+    assert all(not w.endswith(f":{os.getpid()}") for w in workers)   # ran in the workers
+    # the same study in this process's own LocalCluster: the same metrics
+    local = tmp_path / "local"
+    r = runner.invoke(app, ["study", str(p), "--out", str(local), "--workers", "1", "--no-progress",
+                            "--no-plots"])
+    assert r.exit_code == 0, r.output
+    for row in _table(local):
+        a = json.loads((local / "points" / row["point"] / "summary.json").read_text())["metrics"]
+        b = json.loads((out / "points" / row["point"] / "summary.json").read_text())["metrics"]
+        a.pop("wall_time_s"), b.pop("wall_time_s")
+        assert a == b, row["point"]
