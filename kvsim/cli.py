@@ -440,6 +440,52 @@ def study(
 
 
 @app.command()
+def tune(
+    tune_file: str = typer.Argument(..., metavar="TUNE.yaml", help="the tune file"),
+    set_: List[str] = typer.Option([], "--set", help="override a key of the base config: key.path=value"),
+    workers: Optional[int] = typer.Option(None, min=1, help="local worker processes (default: the cores)"),
+    scheduler: Optional[str] = typer.Option(None, help="run on this Dask cluster (tcp://HOST:PORT)"),
+    out: Optional[str] = typer.Option(None, help="tune folder (default: the file's out, or results/tune-NAME)"),
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in the folder)"),
+    trials: Optional[int] = typer.Option(None, min=1, help="trial budget (default: the file's trials)"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+):
+    """Search config keys with Optuna (trials on Dask, on the train sessions), then replay
+    the best configs on held-out sessions; writes best.yaml, the top trials and plots.
+    Runs again continue the same study up to the trial budget."""
+    from kvsim.config import ConfigFileError
+    from kvsim.study.tune import plan_tune, run_tune
+
+    console = Console(stderr=True)
+    try:
+        spec, _ = plan_tune(tune_file, set_)
+    except (ConfigFileError, ValueError, OSError) as e:
+        _error(console, str(e))
+        raise typer.Exit(2)
+    try:
+        rep = run_tune(tune_file, set_, workers=workers, scheduler=scheduler, out=out,
+                       storage=storage, trials=trials, progress=progress)
+    except _dask_errors() as e:
+        _error(console, f"tune {spec.name}: {type(e).__name__}: {e}")
+        raise typer.Exit(1)
+    t = Table(title=f"tune {spec.name}: {rep.n_complete} trials complete, {rep.n_failed} failed "
+                    f"({rep.n_run} run now); objective: {spec.objective.sense} "
+                    + " + ".join(f"{w:g} x {m}" for m, w in spec.objective.weights.items()))
+    cols = list(dict.fromkeys(k for r in rep.top for k in r))
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in rep.top:
+        t.add_row(*[_fmt(r.get(c)) for c in cols])
+    wide = Console() if Console().is_terminal else Console(width=200)
+    wide.print(t)
+    if rep.best_yaml:
+        Console().print(f"best config: {rep.best_yaml}  (kvsim run {rep.best_yaml})", markup=False)
+    else:
+        _error(console, "no trial completed within the constraints")
+        raise typer.Exit(1)
+
+
+@app.command()
 def version():
     """Print the version."""
     from kvsim import __version__

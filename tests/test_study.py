@@ -264,3 +264,88 @@ def test_study_on_a_dask_cluster_matches_a_local_run(tmp_path):
         b = json.loads((out / "points" / row["point"] / "summary.json").read_text())["metrics"]
         a.pop("wall_time_s"), b.pop("wall_time_s")
         assert a == b, row["point"]
+
+
+# ----------------------------------------------------------------------------------- tune
+
+TUNE = """\
+name: t
+base: default
+set:
+  workload.synthetic.n_sessions: 6
+  output.plots: false
+space:
+  engine.gpu_free_watermark: {type: float, low: 0.0, high: 0.3}
+  cache.tiers[0].quota: {type: int, low: 4, high: 24, unit: GiB}
+  hostdisk: {type: split, total: 128GiB, keys: ["cache.tiers[1].quota", "cache.tiers[2].quota"],
+             low: 0.1, high: 0.9}
+objective:
+  minimize: ttft_s.p90
+constraints:
+  - {metric: requests_failed, max: 0}
+trials: 3
+split: {held_out: 0.34, seed: 1}
+top: 2
+"""
+
+
+def _sessions(folder: Path) -> set[str]:
+    import csv
+
+    with open(folder / "requests.csv", newline="") as f:
+        return {r["session"].split("/")[0] for r in csv.DictReader(f)}   # sub-agents: their parent
+
+
+def test_tune_searches_on_train_sessions_evaluates_held_out_and_resumes(tmp_path):
+    from kvsim.config import load_config
+
+    p = tmp_path / "t.yaml"
+    p.write_text(TUNE)
+    out = tmp_path / "tune"
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "2", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    trials = sorted((out / "trials").iterdir())
+    assert len(trials) == 3
+    import pandas as pd
+
+    top = pd.read_parquet(out / "top.parquet").to_dict("records")
+    assert len(top) == 2 and top[0]["objective.train"] <= top[1]["objective.train"]
+    for row in top:  # the objective is the trial's own summary metric, on both parts
+        name = f"{row['trial']:04d}"
+        train = json.loads((out / "trials" / name / "summary.json").read_text())
+        held = json.loads((out / "held_out" / name / "summary.json").read_text())
+        assert row["objective.train"] == train["metrics"]["ttft_s"]["p90"]
+        assert row["objective.held_out"] == held["metrics"]["ttft_s"]["p90"]
+        a, b = _sessions(out / "trials" / name), _sessions(out / "held_out" / name)
+        assert len(a) == 4 and len(b) == 2 and not a & b        # a split by session
+        cfg = train["config"]
+        host, disk = cfg["cache"]["tiers"][1]["quota"], cfg["cache"]["tiers"][2]["quota"]
+        assert host + disk == 128 * 2**30                        # the split keeps the budget
+        assert cfg["cache"]["tiers"][0]["quota"] % 2**30 == 0
+    best = load_config(out / "best.yaml")                        # ready to run
+    best_trial = json.loads((out / "trials" / f"{top[0]['trial']:04d}" / "summary.json").read_text())
+    assert best.cache.model_dump() == best_trial["config"]["cache"]
+    assert {f.name for f in (out / "plots").iterdir()} >= {"history.png"}
+    # again with a larger budget: the study continues from its SQLite storage
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--trials", "4",
+                            "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "4 trials complete, 0 failed (1 run now)" in r.output
+    assert len(list((out / "trials").iterdir())) == 4
+
+
+@pytest.mark.parametrize("edit, what", [
+    (("minimize: ttft_s.p90", "minimize: ttft"), "objective: Value error, 'ttft' is not a summary metric"),
+    (("low: 0.0, high: 0.3", "low: 0.3, high: 0.0"), "space.engine.gpu_free_watermark"),
+    (("max: 0}", "}"), "constraints[0]"),
+    (("type: int, low: 4", "type: integer, low: 4"), "space.cache.tiers[0].quota.type"),
+    (("held_out: 0.34", "held_out: 1.5"), "split.held_out"),
+])
+def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
+    p = tmp_path / "t.yaml"
+    assert edit[0] in TUNE
+    p.write_text(TUNE.replace(*edit))
+    r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert str(p) in r.output and what.split(": Value error, ")[0] in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "o").exists()

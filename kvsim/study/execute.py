@@ -123,8 +123,9 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
             raise ConnectionError(f"--scheduler {scheduler}: cannot connect ({e})") from None
     else:
         n = workers or os.cpu_count() or 1
+        # everything on the loopback; the scheduler's HTTP server on any free port
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                               dashboard_address=None, memory_limit=0,
+                               dashboard_address="127.0.0.1:0", memory_limit=0,
                                silence_logs=logging.ERROR, host="127.0.0.1")
         client = Client(cluster)
     try:

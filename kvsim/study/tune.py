@@ -1,0 +1,316 @@
+"""``kvsim tune``: an Optuna search over config keys, its trials run on Dask, its best
+configs evaluated on held-out sessions.
+
+The client holds the Optuna study (ask / tell); each asked trial becomes a point (the
+base config with the trial's values) run on the Dask cluster on the *train* part of a
+seeded split of the workload's sessions, at most ``parallel`` at once. The objective is a
+summary metric or a weighted sum of them; constraints (``metric <= max``, ``>= min``) go
+to the sampler as Optuna constraints and a trial that breaks one never counts as best. A
+trial that fails is told to Optuna as failed. The storage is SQLite in the tune folder by
+default, so a tune that runs again continues its study up to the trial budget; with an
+RDB URL several clients share one study.
+
+After the search, the ``top`` best feasible trials are replayed on the *held-out*
+sessions; the report gives each one's objective on both parts (a gap is overfitting),
+writes the best config as a ready-to-run YAML, the top trials as a table (CSV, Parquet)
+and Optuna's optimization-history and parameter-importance plots.
+
+Folder: ``optuna.db``, ``trials/<number>/`` and ``held_out/<number>/`` (run folders),
+``trials.csv``/``.parquet``, ``top.csv``/``.parquet``, ``best.yaml``, ``plots/``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvsim.config import ConfigFileError, set_path, validate_config
+from kvsim.study.execute import is_complete, open_client, progress_bar, run_point, write_point
+from kvsim.study.points import Point, apply, base_data, config_hash
+from kvsim.study.spec import Param, StudyFileError, TuneSpec, load_tune
+from kvsim.study.table import metric, write_table
+from kvsim.units import parse_size
+
+
+@dataclass
+class TuneReport:
+    spec: TuneSpec
+    folder: Path
+    top: list[dict]
+    n_complete: int
+    n_failed: int
+    n_run: int
+    best_yaml: Path | None
+    plots: list[Path] = field(default_factory=list)
+
+
+def tune_folder(spec: TuneSpec, out: str | None) -> Path:
+    return Path(out or spec.out or f"results/tune-{spec.name}")
+
+
+def sample(trial, name: str, p: Param) -> dict[str, Any]:
+    """The trial's value for one search dimension, as config overrides."""
+    if p.type == "categorical":
+        return {name: trial.suggest_categorical(name, p.choices)}
+    if p.type == "split":
+        f = trial.suggest_float(name, p.low, p.high, step=p.step)
+        total = parse_size(p.total)
+        page = 2**20   # whole MiB
+        first = int(total * f) // page * page
+        return {p.keys[0]: max(page, first), p.keys[1]: max(page, total - first)}
+    if p.type == "int":
+        v: Any = trial.suggest_int(name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+    else:
+        v = trial.suggest_float(name, p.low, p.high, step=p.step, log=p.log)
+    return {name: f"{v}{p.unit}" if p.unit else v}
+
+
+def objective_value(spec: TuneSpec, metrics: dict) -> float:
+    return sum(w * float(metric(metrics, m)) for m, w in spec.objective.weights.items())
+
+
+def violations(spec: TuneSpec, metrics: dict) -> list[float]:
+    """Optuna's constraint values: <= 0 is feasible."""
+    out = []
+    for c in spec.constraints:
+        v = float(metric(metrics, c.metric))
+        if c.max is not None:
+            out.append(v - c.max)
+        if c.min is not None:
+            out.append(c.min - v)
+    return out
+
+
+def _constraints(frozen) -> list[float]:
+    return frozen.user_attrs.get("constraints", [])
+
+
+def _point(base: dict, overrides: dict, spec: TuneSpec, source: str, label: str,
+           part: str | None) -> Point:
+    data = copy.deepcopy(base)
+    apply(data, overrides, f"{source}: space")
+    data["name"] = f"{spec.name}.{label}"
+    try:
+        cfg = validate_config(data, f"{source}: {label}")
+    except ConfigFileError as e:
+        raise StudyFileError(str(e)) from None
+    resolved = cfg.model_dump(mode="json")
+    split = None
+    if spec.split is not None and part is not None:
+        split = {"part": part, "held_out": spec.split.held_out, "seed": spec.split.seed}
+    return Point(label, dict(overrides), {}, None, resolved, spec.backend,
+                 config_hash(resolved, spec.backend, split), split)
+
+
+def plan_tune(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[TuneSpec, dict]:
+    """The tune and its base config's raw data (with ``set`` and ``--set``), validated;
+    one trial's config from the search space's first values is validated too."""
+    from kvsim.config import parse_override
+
+    spec = load_tune(path)
+    _, base = base_data(spec.base, path)
+    apply(base, spec.overrides, f"{path}: set")
+    for ov in overrides:
+        try:
+            key, value = parse_override(ov)
+            set_path(base, key, value)
+        except ConfigFileError as e:
+            raise StudyFileError(str(e)) from None
+    import optuna
+
+    probe: dict = {}
+    fixed = optuna.trial.FixedTrial({n: (p.choices[0] if p.type == "categorical" else
+                                         (int(p.low) if p.type == "int" else p.low))
+                                     for n, p in spec.space.items()})
+    for n, p in spec.space.items():
+        probe.update(sample(fixed, n, p))
+    _point(base, probe, spec, path, "probe", "train")
+    return spec, base
+
+
+def _storage(spec: TuneSpec, folder: Path, storage: str | None) -> str:
+    url = storage or spec.storage
+    return url or f"sqlite:///{(folder / 'optuna.db').resolve()}"
+
+
+def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers: int | None = None,
+             scheduler: str | None = None, out: str | None = None, storage: str | None = None,
+             trials: int | None = None, progress: bool = True) -> TuneReport:
+    import optuna
+    from distributed import as_completed
+
+    spec, base = plan_tune(path, overrides)
+    folder = tune_folder(spec, out)
+    folder.mkdir(parents=True, exist_ok=True)
+    budget = trials or spec.trials
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler_cls = optuna.samplers.TPESampler if spec.sampler == "tpe" else optuna.samplers.RandomSampler
+    # Optuna >= 5 takes constraints from the trial (set_constraint); older ones from a function
+    new_api = hasattr(optuna.trial.Trial, "set_constraint")
+    kw = {"constraints_func": _constraints} \
+        if spec.constraints and spec.sampler == "tpe" and not new_api else {}
+    sampler = sampler_cls(seed=spec.seed, **kw)
+    url = _storage(spec, folder, storage)
+    study = optuna.create_study(study_name=spec.name, storage=url, sampler=sampler,
+                                direction=spec.objective.sense, load_if_exists=True)
+    if not (storage or spec.storage):  # our own SQLite: trials left running by a stopped tune
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+    done_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+    n_done = len(study.get_trials(deepcopy=False, states=done_states))
+    n_run = 0
+
+    def folder_of(kind: str):
+        return lambda p: folder / kind / p.name
+
+    with open_client(workers, scheduler) as client:
+        width = spec.parallel or max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+        running: dict = {}
+        ac = as_completed()
+        remaining = max(0, budget - n_done)
+
+        def launch() -> None:
+            nonlocal remaining
+            while remaining > 0 and len(running) < width:
+                trial = study.ask()
+                ov: dict = {}
+                for n, p in spec.space.items():
+                    ov.update(sample(trial, n, p))
+                pt = _point(base, ov, spec, path, f"{trial.number:04d}", "train")
+                fut = client.submit(run_point, pt.config, pt.backend, pt.split, key=f"kvsim-trial-{pt.hash}-{pt.name}",
+                                    pure=False)
+                running[fut] = (trial, pt)
+                ac.add(fut)
+                remaining -= 1
+
+        with progress_bar(remaining, f"tune {spec.name}", progress) as bar:
+            launch()
+            failed = 0
+            for fut in ac:
+                trial, pt = running.pop(fut)
+                try:
+                    payload = fut.result()
+                except Exception as e:
+                    payload = {"error": f"{type(e).__name__}: {e}"}
+                fut.release()
+                n_run += 1
+                try:
+                    if "error" in payload:
+                        raise RuntimeError(payload["error"])
+                    m = payload["result"].metrics
+                    value = objective_value(spec, m)
+                    if math.isnan(value):
+                        raise ValueError("the objective is NaN (no request completed?)")
+                    trial.set_user_attr("constraints", violations(spec, m))
+                    if new_api:
+                        for i, v in enumerate(violations(spec, m)):
+                            trial.set_constraint(f"c{i}", v)
+                    trial.set_user_attr("point", pt.name)
+                    trial.set_user_attr("overrides", json.loads(json.dumps(pt.params)))
+                    write_point(folder_of("trials")(pt), pt, payload)
+                    study.tell(trial, value)
+                except (RuntimeError, ValueError, KeyError, OSError) as e:
+                    trial.set_user_attr("error", str(e)[:2000])
+                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    failed += 1
+                if bar:
+                    bar(n_run, len(running), failed)
+                launch()
+
+        # the held-out evaluation of the best feasible trials
+        complete = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+                    if all(c <= 0 for c in t.user_attrs.get("constraints", []))]
+        sign = -1 if spec.objective.sense == "maximize" else 1
+        best = sorted(complete, key=lambda t: (sign * t.value, t.number))[:spec.top]
+        evals = {}
+        if spec.split is not None and best:
+            pts = {t.number: _point(base, t.user_attrs["overrides"], spec, path, f"{t.number:04d}", "held_out")
+                   for t in best}
+            todo = {n: p for n, p in pts.items() if not is_complete(folder / "held_out" / p.name, p.hash)}
+            futs = {client.submit(run_point, p.config, p.backend, p.split, pure=False,
+                                  key=f"kvsim-heldout-{p.hash}"): n for n, p in todo.items()}
+            for fut in as_completed(list(futs)):
+                n = futs[fut]
+                try:
+                    payload = fut.result()
+                except Exception as e:
+                    payload = {"error": f"{type(e).__name__}: {e}"}
+                if "error" in payload:
+                    evals[n] = {"error": payload["error"]}
+                else:
+                    write_point(folder / "held_out" / pts[n].name, pts[n], payload)
+            for n, p in pts.items():
+                if n not in evals:
+                    s = json.loads((folder / "held_out" / p.name / "summary.json").read_text())
+                    evals[n] = {"metrics": s["metrics"]}
+
+    top = []
+    for rank, t in enumerate(best, 1):
+        row: dict[str, Any] = {"rank": rank, "trial": t.number, **t.params, "objective.train": t.value}
+        ev = evals.get(t.number)
+        if ev is not None and "metrics" in ev:
+            row["objective.held_out"] = objective_value(spec, ev["metrics"])
+            row["gap"] = (row["objective.held_out"] - t.value) / abs(t.value) if t.value else None
+            row["held_out_feasible"] = all(v <= 0 for v in violations(spec, ev["metrics"]))
+        elif ev is not None:
+            row["objective.held_out"] = None
+            row["error"] = ev["error"]
+        top.append(row)
+    all_rows = [{"trial": t.number, "state": t.state.name, "value": t.value, **t.params,
+                 "feasible": all(c <= 0 for c in t.user_attrs.get("constraints", [])),
+                 "error": t.user_attrs.get("error", "")} for t in study.get_trials(deepcopy=False)]
+    if all_rows:
+        write_table(all_rows, folder, "trials")
+    if top:
+        write_table(top, folder, "top")
+    best_yaml = None
+    if best:
+        cfg = _point(base, best[0].user_attrs["overrides"], spec, path, "best", None).config
+        cfg["name"] = f"{spec.name}-best"
+        best_yaml = folder / "best.yaml"
+        best_yaml.write_text(f"# kvsim tune {spec.name}: trial {best[0].number}, objective "
+                             f"{best[0].value:.6g} ({spec.objective.sense}) on the train sessions\n"
+                             + yaml.safe_dump(cfg, sort_keys=False))
+    plots = _optuna_plots(study, folder / "plots")
+    n_complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    n_failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    return TuneReport(spec, folder, top, n_complete, n_failed, n_run, best_yaml, plots)
+
+
+def _optuna_plots(study, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import optuna
+    from optuna.visualization import matplotlib as ovm
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    makers = [("history.png", ovm.plot_optimization_history, 1)]
+    if len(complete) >= 2 and len(study.best_trial.params) >= 1:
+        makers.append(("importance.png", ovm.plot_param_importances, 2))
+    for name, make, need in makers:
+        if len(complete) < need:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ax = make(study)
+            except (ValueError, RuntimeError, ZeroDivisionError):
+                plt.close("all")
+                continue
+        fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
+        plt.close(fig)
+        written.append(out / name)
+    return written
