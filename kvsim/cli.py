@@ -432,7 +432,7 @@ def study(
                                f"({rep.outcome.ran} run, {rep.outcome.skipped} already done, "
                                f"{len(rep.outcome.failures)} failed)", params, list(spec.metrics),
                                rel=spec.baseline is not None))
-    Console().print(f"table: {rep.table_paths[0]}  plots: {rep.folder / 'plots'}", markup=False)
+    Console().print(f"table: {rep.table_paths[0]}  plots: {rep.folder / 'plots'}", markup=False, soft_wrap=True)
     if rep.outcome.failures:
         for name, err in rep.outcome.failures.items():
             _error(console, f"point {name}: {err}")

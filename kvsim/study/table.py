@@ -88,14 +88,26 @@ def _num(metrics: dict, path: str):
 
 
 def write_table(rows: list[dict], out: Path, stem: str = "study") -> tuple[Path, Path]:
-    """``stem.csv`` and ``stem.parquet`` in ``out``."""
-    import pandas as pd
+    """``stem.csv`` and ``stem.parquet`` in ``out`` (written beside, then renamed)."""
+    import csv
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    df = pd.DataFrame({c: _column([r.get(c) for r in rows]) for c in cols}, columns=cols)
+    data = {c: _column([r.get(c) for r in rows]) for c in cols}
     csv_path, pq_path = out / f"{stem}.csv", out / f"{stem}.parquet"
-    df.to_csv(csv_path, index=False)
-    df.to_parquet(pq_path, index=False)
+    tmp = out / f".{stem}.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for i in range(len(rows)):
+            w.writerow(["" if data[c][i] is None else data[c][i] for c in cols])
+    os.replace(tmp, csv_path)
+    tmp = out / f".{stem}.parquet.tmp"
+    pq.write_table(pa.table({c: pa.array(v) for c, v in data.items()}), tmp)
+    os.replace(tmp, pq_path)
     return csv_path, pq_path
 
 
