@@ -479,7 +479,8 @@ def tune(
     wide = Console() if Console().is_terminal else Console(width=200)
     wide.print(t)
     if rep.best_yaml:
-        Console().print(f"best config: {rep.best_yaml}  (kvsim run {rep.best_yaml})", markup=False)
+        Console().print(f"best config: {rep.best_yaml}  (kvsim run {rep.best_yaml})", markup=False,
+                        soft_wrap=True)
     else:
         _error(console, "no trial completed within the constraints")
         raise typer.Exit(1)

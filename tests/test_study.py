@@ -322,6 +322,15 @@ def test_tune_searches_on_train_sessions_evaluates_held_out_and_resumes(tmp_path
         host, disk = cfg["cache"]["tiers"][1]["quota"], cfg["cache"]["tiers"][2]["quota"]
         assert host + disk == 128 * 2**30                        # the split keeps the budget
         assert cfg["cache"]["tiers"][0]["quota"] % 2**30 == 0
+    # the base config on both parts: each trial's gain over it on each part (minimize: a
+    # lower TTFT is a positive gain)
+    base = {part: json.loads((out / "base" / part / "summary.json").read_text())["metrics"]["ttft_s"]["p90"]
+            for part in ("train", "held_out")}
+    assert _sessions(out / "base" / "train") == _sessions(out / "trials" / f"{top[0]['trial']:04d}")
+    for row in top:
+        assert row["gain.train"] == pytest.approx((base["train"] - row["objective.train"]) / base["train"])
+        assert row["gain.held_out"] == pytest.approx(
+            (base["held_out"] - row["objective.held_out"]) / base["held_out"])
     best = load_config(out / "best.yaml")                        # ready to run
     best_trial = json.loads((out / "trials" / f"{top[0]['trial']:04d}" / "summary.json").read_text())
     assert best.cache.model_dump() == best_trial["config"]["cache"]

@@ -11,11 +11,15 @@ default, so a tune that runs again continues its study up to the trial budget; w
 RDB URL several clients share one study.
 
 After the search, the ``top`` best feasible trials are replayed on the *held-out*
-sessions; the report gives each one's objective on both parts (a gap is overfitting),
+sessions, and the base config (no search value applied) on both parts. The report gives
+each trial's objective on both parts and its gain over the base config on each part (a
+metric like requests/s depends on how many sessions a part has, so the parts are compared
+through their gains: a gain on train that does not hold on held-out is overfitting),
 writes the best config as a ready-to-run YAML, the top trials as a table (CSV, Parquet)
 and Optuna's optimization-history and parameter-importance plots.
 
-Folder: ``optuna.db``, ``trials/<number>/`` and ``held_out/<number>/`` (run folders),
+Folder: ``optuna.db``, ``trials/<number>/``, ``held_out/<number>/`` and
+``base/{train,held_out}/`` (run folders),
 ``trials.csv``/``.parquet``, ``top.csv``/``.parquet``, ``best.yaml``, ``plots/``.
 """
 
@@ -229,36 +233,32 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
                     if all(c <= 0 for c in t.user_attrs.get("constraints", []))]
         sign = -1 if spec.objective.sense == "maximize" else 1
         best = sorted(complete, key=lambda t: (sign * t.value, t.number))[:spec.top]
-        evals = {}
+        evals: dict = {}
         if spec.split is not None and best:
-            pts = {t.number: _point(base, t.user_attrs["overrides"], spec, path, f"{t.number:04d}", "held_out")
-                   for t in best}
-            todo = {n: p for n, p in pts.items() if not is_complete(folder / "held_out" / p.name, p.hash)}
-            futs = {client.submit(run_point, p.config, p.backend, p.split, pure=False,
-                                  key=f"kvsim-heldout-{p.hash}"): n for n, p in todo.items()}
-            for fut in as_completed(list(futs)):
-                n = futs[fut]
-                try:
-                    payload = fut.result()
-                except Exception as e:
-                    payload = {"error": f"{type(e).__name__}: {e}"}
-                if "error" in payload:
-                    evals[n] = {"error": payload["error"]}
-                else:
-                    write_point(folder / "held_out" / pts[n].name, pts[n], payload)
-            for n, p in pts.items():
-                if n not in evals:
-                    s = json.loads((folder / "held_out" / p.name / "summary.json").read_text())
-                    evals[n] = {"metrics": s["metrics"]}
+            # each best trial on the held-out sessions, and the base config (no search
+            # value applied) on both parts: the yardstick for each part
+            jobs = {("trial", t.number): (folder / "held_out" / f"{t.number:04d}",
+                                         _point(base, t.user_attrs["overrides"], spec, path,
+                                                f"{t.number:04d}", "held_out"))
+                    for t in best}
+            for part in ("train", "held_out"):
+                jobs[("base", part)] = (folder / "base" / part,
+                                        _point(base, {}, spec, path, f"base-{part}", part))
+            evals = _evaluate(client, jobs)
 
     top = []
+    base_train = evals.get(("base", "train"), {}).get("metrics")
+    base_held = evals.get(("base", "held_out"), {}).get("metrics")
     for rank, t in enumerate(best, 1):
         row: dict[str, Any] = {"rank": rank, "trial": t.number, **t.params, "objective.train": t.value}
-        ev = evals.get(t.number)
+        ev = evals.get(("trial", t.number))
         if ev is not None and "metrics" in ev:
             row["objective.held_out"] = objective_value(spec, ev["metrics"])
-            row["gap"] = (row["objective.held_out"] - t.value) / abs(t.value) if t.value else None
             row["held_out_feasible"] = all(v <= 0 for v in violations(spec, ev["metrics"]))
+            if base_train is not None and base_held is not None:
+                row["gain.train"] = _gain(spec, t.value, objective_value(spec, base_train))
+                row["gain.held_out"] = _gain(spec, row["objective.held_out"],
+                                             objective_value(spec, base_held))
         elif ev is not None:
             row["objective.held_out"] = None
             row["error"] = ev["error"]
@@ -284,6 +284,40 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
     return TuneReport(spec, folder, top, n_complete, n_failed, n_run, best_yaml, plots)
 
 
+def _gain(spec: TuneSpec, value: float, base: float) -> float | None:
+    """How much better than the base config, relative (positive: better)."""
+    if not base:
+        return None
+    d = (value - base) / abs(base)
+    return d if spec.objective.sense == "maximize" else -d
+
+
+def _evaluate(client, jobs: dict) -> dict:
+    """Run each (folder, point) not complete yet; key -> {"metrics"} or {"error"}."""
+    from distributed import as_completed
+
+    out: dict = {}
+    futs = {}
+    for key, (folder, p) in jobs.items():
+        if not is_complete(folder, p.hash):
+            futs[client.submit(run_point, p.config, p.backend, p.split, pure=False,
+                               key=f"kvsim-eval-{p.hash}")] = key
+    for fut in as_completed(list(futs)):
+        key = futs[fut]
+        try:
+            payload = fut.result()
+        except Exception as e:
+            payload = {"error": f"{type(e).__name__}: {e}"}
+        if "error" in payload:
+            out[key] = {"error": payload["error"]}
+        else:
+            write_point(jobs[key][0], jobs[key][1], payload)
+    for key, (folder, _) in jobs.items():
+        if key not in out:
+            out[key] = {"metrics": json.loads((folder / "summary.json").read_text())["metrics"]}
+    return out
+
+
 def _optuna_plots(study, out: Path) -> list[Path]:
     import matplotlib
 
@@ -296,7 +330,7 @@ def _optuna_plots(study, out: Path) -> list[Path]:
     written = []
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     makers = [("history.png", ovm.plot_optimization_history, 1)]
-    if len(complete) >= 2 and len(study.best_trial.params) >= 1:
+    if len(complete) >= 2 and complete[0].params:
         makers.append(("importance.png", ovm.plot_param_importances, 2))
     for name, make, need in makers:
         if len(complete) < need:
