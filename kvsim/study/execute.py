@@ -38,12 +38,19 @@ POINT_FILE = "point.json"
 # ---------------------------------------------------------------------------- worker side
 
 
-def warm() -> str:
-    """Import what a point needs, once per worker process (matplotlib, for points that
-    draw their plots, on the first one that does)."""
-    import kvsim.run  # noqa: F401
-    import kvsim_backends.sim  # noqa: F401
+WARM_CONFIG = {"name": "warm", "cache": {"tiers": [{"level": "gpu", "quota": "24GiB"}]},
+               "workload": {"synthetic": {"n_sessions": 1}, "max_turns": 1},
+               "output": {"plots": False}}
 
+
+def warm() -> str:
+    """Load what a point needs, once per worker process: a one-turn replay through the
+    public run API (kvsim.run is the one module that imports the backends; about 0.1 s
+    once imported). Matplotlib, for points that draw their plots, loads on the first."""
+    from kvsim.config import validate_config
+    from kvsim.run import prepare_run, replay
+
+    replay(prepare_run(validate_config(WARM_CONFIG, "warm-up")))
     return f"{os.getpid()}"
 
 
