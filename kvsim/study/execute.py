@@ -250,11 +250,28 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
     return out
 
 
+LOG_EVERY_S = 10.0  # progress lines off a terminal: at most this far apart (as kvsim run)
+
+
 @contextmanager
 def progress_bar(total: int, label: str, enabled: bool = True):
-    """A rich bar (points done, running, failed) on a terminal's stderr; else nothing."""
-    if not (enabled and sys.stderr.isatty()):
+    """Points done, running and failed: a rich bar on a terminal's stderr; elsewhere (a
+    log, a pipe) a line at most every ``LOG_EVERY_S`` of wall time. Disabled: neither."""
+    if not enabled:
         yield None
+        return
+    if not sys.stderr.isatty():
+        t0 = time.monotonic()
+        last = [t0]
+
+        def log(done: int, running: int, failed: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= LOG_EVERY_S:
+                last[0] = now
+                print(f"{label}: {done}/{total} points, {running} running, {failed} failed, "
+                      f"wall {now - t0:.0f} s", file=sys.stderr, flush=True)
+
+        yield log
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
