@@ -390,6 +390,13 @@ def diff(
     Console().print(diff_table(report))
 
 
+def _stopped(console: Console, e: KeyboardInterrupt, kept: str) -> typer.Exit:
+    """A study or tune interrupted (SIGINT, SIGTERM): exit 130 or 128 + the signal."""
+    signum = getattr(e, "signum", 2)
+    _error(console, f"interrupted ({'SIGINT' if signum == 2 else getattr(e, 'args', ['signal'])[0]}); {kept}")
+    return typer.Exit(128 + signum)
+
+
 def _dask_errors() -> tuple:
     """The errors a Dask client raises for a cluster it cannot reach or start."""
     return (ConnectionError, TimeoutError, OSError)
@@ -420,11 +427,15 @@ def study(
         _error(console, str(e))
         raise typer.Exit(2)
     try:
-        rep = run_study(study_file, set_, workers=workers, scheduler=scheduler, out=out,
-                        progress=progress, plots=plots)
+        with terminate_raises():
+            rep = run_study(study_file, set_, workers=workers, scheduler=scheduler, out=out,
+                            progress=progress, plots=plots)
     except _dask_errors() as e:
         _error(console, f"study {spec.name}: {type(e).__name__}: {e}")
         raise typer.Exit(1)
+    except KeyboardInterrupt as e:
+        raise _stopped(console, e, f"the points finished so far are kept; run `kvsim study "
+                                   f"{study_file}` again to continue")
     params = list(dict.fromkeys(["variant"] * any(p.variant for p in rep.points)
                                 + [k for p in rep.points for k in p.params]))
     wide = Console() if Console().is_terminal else Console(width=200)
@@ -463,11 +474,15 @@ def tune(
         _error(console, str(e))
         raise typer.Exit(2)
     try:
-        rep = run_tune(tune_file, set_, workers=workers, scheduler=scheduler, out=out,
-                       storage=storage, trials=trials, progress=progress)
+        with terminate_raises():
+            rep = run_tune(tune_file, set_, workers=workers, scheduler=scheduler, out=out,
+                           storage=storage, trials=trials, progress=progress)
     except _dask_errors() as e:
         _error(console, f"tune {spec.name}: {type(e).__name__}: {e}")
         raise typer.Exit(1)
+    except KeyboardInterrupt as e:
+        raise _stopped(console, e, f"the finished trials are kept; run `kvsim tune {tune_file}` "
+                                   f"again to continue")
     t = Table(title=f"tune {spec.name}: {rep.n_complete} trials complete, {rep.n_failed} failed "
                     f"({rep.n_run} run now); objective: {spec.objective.sense} "
                     + " + ".join(f"{w:g} x {m}" for m, w in spec.objective.weights.items()))

@@ -185,6 +185,43 @@ baseline: hold__quota=24GiB
     assert json.loads((out / "failures.json").read_text()) == {}
 
 
+def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):
+    p = _study(tmp_path, "seeds: [0, 1, 2, 3, 4, 5]\n")
+    out = tmp_path / "out"
+    exe = Path(sys.executable).with_name("kvsim")
+    cmd = [str(exe), "study", str(p), "--out", str(out), "--workers", "1",
+           "--set", "workload.synthetic.n_sessions=12"]   # points of about a second
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob("points/*/point.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(out.glob("points/*/point.json")), "no point finished within 60 s"
+        os.killpg(proc.pid, signal.SIGINT)          # a terminal's Ctrl-C reaches the group
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, err
+    assert "interrupted (SIGINT)" in err and "Traceback" not in err, err
+    deadline = time.monotonic() + 10                # the workers went with it
+    while True:
+        ps = subprocess.run(["ps", "-eo", "pgid=,pid=,args="], capture_output=True, text=True).stdout
+        left = [line for line in ps.splitlines() if line.split()[0] == str(proc.pid)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, left
+    done = len(list(out.glob("points/*/point.json")))
+    assert 1 <= done < 6
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress",
+                            "--no-plots", "--set", "workload.synthetic.n_sessions=12"])
+    assert r.exit_code == 0, r.output
+    assert f"{6 - done} run, {done} already done, 0 failed" in r.output
+
+
 # ---------------------------------------------------------------------- a real Dask cluster
 
 

@@ -54,6 +54,17 @@ def warm() -> str:
     return f"{os.getpid()}"
 
 
+def quiet_interrupts() -> None:
+    """In a LocalCluster's worker: leave Ctrl-C to the command (it shuts the cluster down);
+    a terminal's SIGINT reaches the whole process group."""
+    import signal
+
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not this process's main thread
+        pass
+
+
 def split_workload(workload, part: str, held_out: float, seed: int):
     """The sessions of one part of a seeded split of ``workload`` by session: ``held_out``
     of them (at least one, and at least one left to train on) in 'held_out', the rest
@@ -145,6 +156,8 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
                                    silence_logs=logging.ERROR, host="127.0.0.1")
         client = Client(cluster)
     try:
+        if cluster is not None:
+            client.run(quiet_interrupts)
         client.run(warm)
         yield client
     finally:

@@ -124,7 +124,9 @@ def _fmt(v: Any) -> str:
 
 
 def rich_table(rows: list[dict], title: str, params: list[str], metrics: list[str],
-               rel: bool = False, max_metrics: int = 7):
+               rel: bool = False, max_metrics: int = 7, max_rows: int = 60):
+    """The first ``max_metrics`` metrics of the first ``max_rows`` points (the rest are in
+    the CSV and Parquet tables)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -135,7 +137,9 @@ def rich_table(rows: list[dict], title: str, params: list[str], metrics: list[st
     for m in shown:
         t.add_column(m, justify="right")
     t.add_column("status")
-    for r in rows:
+    if len(rows) > max_rows:
+        t.caption = f"the first {max_rows} of {len(rows)} points; all of them in study.csv"
+    for r in rows[:max_rows]:
         cells = [Text(_fmt(r.get(c))) for c in params]
         for m in shown:
             v = _fmt(r.get(m))
