@@ -183,6 +183,13 @@ baseline: hold__quota=24GiB
     assert (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns == stamp
     assert {row["status"] for row in _table(out)} == {"ok"}
     assert json.loads((out / "failures.json").read_text()) == {}
+    # --set on the base changes every point: each is replayed into its existing folder
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress",
+                            "--no-plots", "--set", "engine.max_batch_tokens=4096"])
+    assert r.exit_code == 0, r.output
+    assert "4 run, 0 already done, 0 failed" in r.output
+    summary = json.loads((out / "points" / "hold__quota=24GiB" / "summary.json").read_text())
+    assert summary["config"]["engine"]["max_batch_tokens"] == 4096
 
 
 def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):
