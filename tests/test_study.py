@@ -122,6 +122,9 @@ def test_missing_or_malformed_study_file_exits_2(tmp_path):
     bad.write_text("name: x\ngrid: [1\n")
     r = runner.invoke(app, ["study", str(bad)])
     assert r.exit_code == 2 and f"{bad}:" in r.output and "malformed YAML" in r.output
+    bad.write_text("name: x\nseeds: [1]\nseeds: [2]\n")
+    r = runner.invoke(app, ["study", str(bad)])
+    assert r.exit_code == 2 and f"{bad}:3:" in r.output and "duplicate key 'seeds'" in r.output
 
 
 # ------------------------------------------------------------------------------ running

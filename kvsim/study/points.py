@@ -20,10 +20,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsim.config import ConfigFileError, load_config, resolve_config_path, set_path, validate_config
+from kvsim.config import (ConfigFileError, load_config, read_yaml, resolve_config_path, set_path,
+                          validate_config)
 from kvsim.study.spec import StudyFileError, StudySpec
-
-import yaml
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
@@ -72,7 +71,7 @@ def base_data(spec_base: str, source: str) -> tuple[str, dict]:
     try:
         p = resolve_config_path(spec_base)
         load_config(p)  # the base on its own must be a valid config
-        data = yaml.safe_load(p.read_text())
+        data = read_yaml(p)
     except ConfigFileError as e:
         raise StudyFileError(f"{source}: base: {e}") from None
     return str(p), data

@@ -15,10 +15,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsim.config import ConfigFileError, _format, parse_override
+from kvsim.config import ConfigFileError, _format, parse_override, read_yaml
 from kvsim.units import parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -319,17 +318,14 @@ class TuneSpec(_Base):
 
 
 def _read_yaml(path: str | Path, what: str) -> tuple[Path, dict]:
+    """The file's mapping, read as strictly as a config (UTF-8, no duplicate keys)."""
     p = Path(path)
+    if not p.is_file():
+        raise StudyFileError(f"{p}: cannot read the {what} file (no such file)")
     try:
-        text = p.read_text()
-    except OSError as e:
-        raise StudyFileError(f"{p}: cannot read the {what} file ({e.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        raise StudyFileError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+        data = read_yaml(p)
+    except ConfigFileError as e:
+        raise StudyFileError(str(e)) from None
     if not isinstance(data, dict):
         raise StudyFileError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
     return p, data
