@@ -493,6 +493,8 @@ def tune(
         t.add_row(*[_fmt(r.get(c)) for c in cols])
     wide = Console() if Console().is_terminal else Console(width=200)
     wide.print(t)
+    for problem in rep.problems:
+        _error(console, problem)
     if rep.best_yaml:
         Console().print(f"best config: {rep.best_yaml}  (kvsim run {rep.best_yaml})", markup=False,
                         soft_wrap=True)

@@ -53,6 +53,7 @@ class TuneReport:
     n_run: int
     best_yaml: Path | None
     plots: list[Path] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)   # evaluations that failed
 
 
 def tune_folder(spec: TuneSpec, out: str | None) -> Path:
@@ -246,6 +247,8 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
                                         _point(base, {}, spec, path, f"base-{part}", part))
             evals = _evaluate(client, jobs)
 
+    problems = [f"the base config on the {key[1]} sessions: {ev['error']}"
+                for key, ev in evals.items() if key[0] == "base" and "error" in ev]
     top = []
     base_train = evals.get(("base", "train"), {}).get("metrics")
     base_held = evals.get(("base", "held_out"), {}).get("metrics")
@@ -281,7 +284,7 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
     plots = _optuna_plots(study, folder / "plots")
     n_complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
     n_failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
-    return TuneReport(spec, folder, top, n_complete, n_failed, n_run, best_yaml, plots)
+    return TuneReport(spec, folder, top, n_complete, n_failed, n_run, best_yaml, plots, problems)
 
 
 def _gain(spec: TuneSpec, value: float, base: float) -> float | None:
@@ -310,8 +313,11 @@ def _evaluate(client, jobs: dict) -> dict:
             payload = {"error": f"{type(e).__name__}: {e}"}
         if "error" in payload:
             out[key] = {"error": payload["error"]}
-        else:
+            continue
+        try:
             write_point(jobs[key][0], jobs[key][1], payload)
+        except (OSError, ValueError) as e:  # e.g. a folder kvsim did not write is in the way
+            out[key] = {"error": f"writing {jobs[key][0]}: {e}"}
     for key, (folder, _) in jobs.items():
         if key not in out:
             out[key] = {"metrics": json.loads((folder / "summary.json").read_text())["metrics"]}
