@@ -238,3 +238,15 @@ def test_calibrate_replaces_only_a_profile_it_wrote(tmp_path):
         r = runner.invoke(app, ["calibrate", "--out", str(ours), "--from-report",
                                 str(ROOT / "configs/hardware/h200-pcie-calibrated.yaml.report.json")])
         assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["default", "--set", "workload.sessions_per_s=1e-20"], "workload.sessions_per_s: the last arrival would come at"),
+    ([MOONCAKE, "--trace", str(ROOT / "traces/fixtures/mooncake_ok.jsonl"), "--set", "workload.time_scale=1e12"],
+     "workload.time_scale: the last arrival would come at"),
+])
+def test_arrivals_beyond_the_clocks_range_are_refused(tmp_path, args, expect):
+    """Found by the fuzz test: arrivals some 1e23 s away left the replay spinning forever
+    (the float clock no longer moved by a step)."""
+    r = runner.invoke(app, ["run", *args, "--no-progress", "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2 and expect in r.output, r.output
