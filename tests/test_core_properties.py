@@ -7,6 +7,9 @@ operations and completed later (their transfers run when they complete, as a slo
 would). After every step ``kvsim.core.audit.audit`` checks slot ownership and
 conservation, page states against the requests' page lists, counter balance, the prefix
 tree, and the refcheck (every committed page's tag in the backend).
+
+The machine runs once per built-in eviction policy: a policy only orders candidates, so
+every invariant must hold whichever it is (``belady`` with a made-up future).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from conftest import PAGE, TPB, backend_for, make_manager
 from kvsim.core import CoreError, Level, ReqState
 from kvsim.core.audit import audit
+from kvsim.core.policy import POLICY_NAMES, make_policy
 
 FAMILIES = st.integers(0, 2)  # few prompt families, so prefixes are shared often
 SCOPES = st.sampled_from(["a", "b"])
@@ -36,7 +40,8 @@ def _fingerprint(m) -> tuple:
         return None if p is None else p.pid
 
     pages = tuple((p.pid, p.index, p.key, p.tag, p.ntokens, p.tier, p.slot, int(p.phase),
-                   p.locks, p.holds, p.in_tree, pid(p.parent), p.nchildren, p.priority)
+                   p.locks, p.holds, p.in_tree, pid(p.parent), p.nchildren, p.priority,
+                   p.last_use, p.uses, p.score)
                   for p in m.pages())
     tiers = tuple((t.capacity, t.next_fresh, tuple(t.recycled),
                    tuple((prio, tuple(pid(p) for p in b)) for prio, b in sorted(t.lru.items())))
@@ -45,13 +50,27 @@ def _fingerprint(m) -> tuple:
                   tuple(pid(p) for p in r.pages)) for r in m.requests())
     tree = tuple(sorted((k, pid(p)) for k, p in m.tree.items()))
     return (pages, tiers, reqs, tree, repr(m.counters.snapshot()), m._next_pid, m._next_plan,
-            m._next_rid)
+            m._next_rid, m.clock)
+
+
+class MadeUpFuture:
+    """A future for ``belady``: each chain key's next uses, fixed by the key's bytes."""
+
+    def get(self, key, default=None):
+        return sorted({(b * 7 + i * 13) % 40 + 1 for i, b in enumerate(key[:4])})
+
+
+def _policy(name: str):
+    return make_policy(name, future=MadeUpFuture()) if name == "belady" else make_policy(name)
 
 
 class CoreMachine(RuleBasedStateMachine):
+    policy = "lru"
+
     def __init__(self) -> None:
         super().__init__()
-        self.m = make_manager(gpu=6, host=5, disk=4, max_gpu=8, max_host=7, max_disk=6)
+        self.m = make_manager(gpu=6, host=5, disk=4, max_gpu=8, max_host=7, max_disk=6,
+                              policy=_policy(self.policy))
         self.be = backend_for(self.m)
         self.held: list = []  # plans in flight, not yet run
 
@@ -271,4 +290,18 @@ class CoreMachine(RuleBasedStateMachine):
 CoreMachine.TestCase.settings = settings(
     max_examples=300, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-TestCoreMachine = CoreMachine.TestCase
+TestCoreMachine = CoreMachine.TestCase  # lru, the default
+
+
+def _machine_for(name: str):
+    machine = type(f"CoreMachine_{name}", (CoreMachine,), {"policy": name})
+    machine.TestCase.settings = settings(
+        max_examples=100, stateful_step_count=50, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    return machine.TestCase
+
+
+# every other built-in (priority-lru is lru under another name)
+for _name in POLICY_NAMES:
+    if _name not in ("lru", "priority-lru"):
+        globals()[f"TestCoreMachine_{_name.replace('-', '_')}"] = _machine_for(_name)

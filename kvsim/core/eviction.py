@@ -20,6 +20,7 @@ from kvsim.core.plan import Batch, BatchKind, PlanKind
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
+    from kvsim.core.policy.base import EvictionPolicy
     from kvsim.core.request import Request
     from kvsim.core.stats import Counters
     from kvsim.core.tiers import Tier
@@ -66,6 +67,9 @@ class Eviction:
     counters: Counters
     _pages: dict[int, Page]
     page_bytes: int
+    policy: EvictionPolicy
+    _fast: bool
+    clock: int
 
     def _add_batch(self, rec: PlanRecord, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
@@ -113,26 +117,31 @@ class Eviction:
                 sel.victims[j] = []
         return False
 
-    @staticmethod
-    def _pick(tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
+    def _candidates(self, tier: "Tier") -> Iterator[Page]:
+        """The tier's eviction candidates in the policy's order: LRU walks the tier's
+        recency index; another policy orders the candidates, given in that order."""
+        if self._fast:
+            return tier.candidates()
+        return iter(self.policy.order(tier.candidates(), self.clock))
+
+    def _pick(self, tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
         """The ``k`` first eviction candidates of a tier (not in ``exclude``), or None."""
-        cands: Iterator[Page] = tier.candidates()
+        cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier)
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         victims = list(islice(cands, k))
         return victims if len(victims) == k else None
 
-    @staticmethod
-    def _pick_leaves(tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
+    def _pick_leaves(self, tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
         """``k`` droppable pages of the last tier, leaves only. A candidate skipped for its
         children becomes a leaf once they are picked: it is picked right after its last
-        child (it is older than the candidate being looked at), so children always drop
-        before parents."""
+        child (it came earlier in the order than the candidate being looked at), so
+        children always drop before parents, whatever the policy's order."""
         victims: list[Page] = []
         # (pages, not pids, as keys: a page hashes by identity, a pid would be boxed anew)
         gone: dict[Page, int] = {}  # page -> its children picked so far
         skipped: set[Page] = set()
-        cands: Iterator[Page] = tier.candidates()
+        cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier)
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         for p in cands:
@@ -162,6 +171,8 @@ class Eviction:
         slots = tier.alloc_many(n - len(victims)) if incoming else []
         if not victims:
             return slots
+        if not self._fast:
+            self.policy.on_evict(victims, self.clock)
         if tier.is_last:
             self._drop_each(tier, victims)
             if incoming:

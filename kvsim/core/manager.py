@@ -31,6 +31,7 @@ from kvsim.core.errors import ConfigError, CoreError
 from kvsim.core.eviction import Eviction, PlanRecord, Selection
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
+from kvsim.core.policy import LRU, EvictionPolicy
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
 from kvsim.core.spec import Level, ManagerSpec
@@ -41,8 +42,12 @@ from kvsim.core.types import Phase, ReqState
 
 
 class TierManager(Eviction):
-    def __init__(self, spec: ManagerSpec):
+    def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None):
+        """``policy``: the eviction order within a tier (default: ``LRU``, the fast path)."""
         self.spec = spec
+        self.policy: EvictionPolicy = policy if policy is not None else LRU()
+        self._fast = bool(self.policy.fast_lru)  # walk the recency index; no page metadata
+        self.clock = 0  # logical: one tick per prepared turn
         self.page_bytes = spec.page_bytes
         self.tokens_per_block = spec.tokens_per_block
         n = len(spec.tiers)
@@ -146,6 +151,7 @@ class TierManager(Eviction):
         nb = self._nblocks(ntokens)
         if len(blocks) < nb:
             raise CoreError(f"prepare: {ntokens} tokens need {nb} blocks, got {len(blocks)}")
+        self.clock += 1
         need = self._needs(ntokens, nb)
         keep = 0
         own = req.pages
@@ -166,6 +172,8 @@ class TierManager(Eviction):
                     self.tiers[p.tier].index_discard(p)
             own.extend(found)
             req.committed = len(own)
+        if not self._fast:
+            self._used(own)
         hits = [0, 0, 0]
         level = self._levels
         for p, n in zip(own, need):
@@ -302,6 +310,8 @@ class TierManager(Eviction):
             p.ntokens = min(b, ntokens - (base + new - 1) * b)
             self._next_pid = pid + new
             self.counters.created_pages[Level.GPU] += new
+            if not self._fast:
+                self._used(pages[base:])
         if pages:  # the old last page may grow
             first = base - 1 if base else 0
             pages[first].ntokens = min(b, ntokens - first * b)
@@ -525,12 +535,23 @@ class TierManager(Eviction):
         if rec.pending:
             req.pages.extend(rec.pending)
         self.counters.created_pages[Level.GPU] += len(taken)
+        if not self._fast:
+            self._used(taken)
         if req.pages:  # new pages got their token counts at planning; the old last may grow
             req.pages[first].ntokens = min(self.tokens_per_block,
                                            ntokens - first * self.tokens_per_block)
         req.tokens = ntokens
 
     # == internals ======================================================================
+    def _used(self, pages: Iterable[Page]) -> None:
+        """A turn uses these pages (a policy other than LRU reads the metadata)."""
+        clock = self.clock
+        on_use = self.policy.on_use
+        for p in pages:
+            p.last_use = clock
+            p.uses += 1
+            on_use(p, clock)
+
     @property
     def _taker_stage(self) -> int:
         return len(self.tiers) - 1

@@ -5,7 +5,8 @@ the source of an in-flight move, or is a reservation for a page not yet written.
 are counted: ``locks`` (active requests), ``holds`` (suspended requests); ``in_tree`` says
 the prefix tree refers to it. A live page is in exactly one PageState, derived from those.
 A tree page's ``parent`` is the tree page of the previous block; ``nchildren`` counts tree
-pages whose parent it is, so a parent is never dropped before its children.
+pages whose parent it is, so a parent is never dropped before its children. ``index`` is
+also the page's depth in the prefix tree.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from kvsim.core.types import PageState, Phase
 
 class Page:
     __slots__ = ("pid", "index", "key", "tag", "ntokens", "tier", "slot", "phase",
-                 "locks", "holds", "in_tree", "parent", "nchildren", "priority")
+                 "locks", "holds", "in_tree", "parent", "nchildren", "priority", "last_use", "uses",
+                 "score")
 
     def __init__(self, pid: int, index: int, tier: int, slot: int, ntokens: int,
                  priority: int, phase: Phase):
@@ -33,6 +35,12 @@ class Page:
         self.parent: Page | None = None
         self.nchildren = 0
         self.priority = priority
+        # what an eviction policy other than the default LRU reads (the manager keeps them
+        # only for such a policy): the manager's logical clock at the page's last use, its
+        # uses so far, and a value the policy may keep per page
+        self.last_use = 0
+        self.uses = 0
+        self.score = 0.0
 
     @property
     def state(self) -> PageState:

@@ -1,0 +1,33 @@
+"""Eviction policies: the interface, the built-ins and their registry.
+
+``make_policy(name, **kw)`` builds a built-in by name; ``POLICIES`` maps names to
+classes. A user's own policy is an ``EvictionPolicy`` subclass given to ``TierManager``
+(the run configuration's ``cache.policy.eviction: module:Class`` loads one, outside the
+core).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvsim.core.policy.base import LRU, EvictionPolicy
+from kvsim.core.policy.builtin import GDSF, LFU, S3FIFO, Belady
+
+
+#: the built-ins: (name, class), the default first
+POLICIES: tuple[tuple[str, type], ...] = (
+    ("lru", LRU), ("priority-lru", LRU), ("lfu", LFU), ("s3-fifo", S3FIFO), ("gdsf", GDSF),
+    ("belady", Belady))
+POLICY_NAMES: tuple[str, ...] = tuple(n for n, _ in POLICIES)
+
+
+def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
+    """A fresh built-in policy (a manager's own: policies may keep state)."""
+    for n, cls in POLICIES:
+        if n == name:
+            return cls(**kwargs)
+    raise KeyError(f"unknown eviction policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+
+
+__all__ = ["EvictionPolicy", "LRU", "LFU", "GDSF", "S3FIFO", "Belady", "POLICIES",
+           "POLICY_NAMES", "make_policy"]

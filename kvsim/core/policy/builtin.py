@@ -1,0 +1,84 @@
+"""The built-in eviction policies other than LRU (see base.py for the interface)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from kvsim.core.policy.base import EvictionPolicy
+
+if TYPE_CHECKING:
+    from kvsim.core.pages import Page
+
+NEVER = float("inf")
+
+
+class LFU(EvictionPolicy):
+    """Frequency-aware LRU: lowest priority, then fewest uses, then least recently used."""
+
+    name = "lfu"
+
+    def key(self, page: "Page", clock: int) -> Any:
+        return (page.priority, page.uses, page.last_use)
+
+
+class GDSF(EvictionPolicy):
+    """Greedy-Dual-Size-Frequency, cost-aware: a page's value is
+    ``L + uses * cost / size``, set at its last use, lowest evicted first (within a
+    priority). The cost of a page is the recompute it saves: a block at depth d of a prefix
+    attends to the d blocks before it, so its cost grows with depth (``d + 1``); size is
+    one page. ``L`` (the inflation) rises to the value of each victim, so pages not used
+    for long age out whatever their cost."""
+
+    name = "gdsf"
+
+    def __init__(self) -> None:
+        self.inflation = 0.0
+
+    def on_use(self, page: "Page", clock: int) -> None:
+        page.score = self.inflation + page.uses * (page.index + 1)
+
+    def key(self, page: "Page", clock: int) -> Any:
+        return (page.priority, page.score)
+
+    def on_evict(self, pages: Iterable["Page"], clock: int) -> None:
+        for p in pages:
+            if p.score > self.inflation:
+                self.inflation = p.score
+
+
+class S3FIFO(EvictionPolicy):
+    """A static-order approximation of S3-FIFO (Yang et al., SOSP 2023): pages used once
+    (the small, probationary queue) leave before pages used again (the main queue), each
+    queue in first-in-first-out order of its last entry. One-hit pages of a scan thus never
+    push out reused ones. (Without S3-FIFO's ghost queue: a page that comes back after its
+    eviction starts over as used once.)"""
+
+    name = "s3-fifo"
+
+    def key(self, page: "Page", clock: int) -> Any:
+        return (page.priority, page.uses > 1, page.last_use)
+
+
+class Belady(EvictionPolicy):
+    """The offline optimum (Belady's MIN): evict the page whose next use is furthest in
+    the future (never used again: first). It needs the future: ``future[chain key]`` is
+    the sorted clock values (turn ordinals, as the manager's clock counts ``prepare``
+    calls from 1) at which a turn uses that block. Priorities are ignored. A bound, not a
+    policy a server could run: sim-only."""
+
+    name = "belady"
+    is_bound = True
+
+    def __init__(self, future: Mapping[bytes, Sequence[int]]) -> None:
+        self.future = future
+
+    def next_use(self, page: "Page", clock: int) -> float:
+        uses = self.future.get(page.key) if page.key else None
+        if not uses:
+            return NEVER
+        i = bisect_right(uses, clock)
+        return uses[i] if i < len(uses) else NEVER
+
+    def key(self, page: "Page", clock: int) -> Any:
+        return -self.next_use(page, clock)
