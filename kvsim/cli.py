@@ -30,11 +30,13 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def summary_table(metrics: dict, title: str) -> Table:
+def summary_table(metrics: dict, title: str, policy: str | None = None) -> Table:
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
     m = metrics
+    if policy is not None:
+        t.add_row("policy", policy)
     t.add_row("requests completed", _fmt(m["requests_completed"]))
     t.add_row("requests failed", _fmt(m["requests_failed"]))
     t.add_row("input tokens", _fmt(m["input_tokens"]))
@@ -56,6 +58,14 @@ def summary_table(metrics: dict, title: str) -> Table:
     t.add_row("simulated time s", _fmt(m["sim_time_s"]))
     t.add_row("wall time s", _fmt(m["wall_time_s"]))
     return t
+
+
+def _policy_label(run_info: dict) -> str | None:
+    """The eviction policy as the summary table shows it (a bound says so)."""
+    name = run_info.get("policy")
+    if name is None:
+        return None
+    return f"{name} (offline bound)" if run_info.get("policy_is_bound") else name
 
 
 def _error(console: Console, msg: str) -> None:
@@ -182,6 +192,9 @@ def run(
             except (MemoryError, CapacityError) as e:
                 _error(console, f"{backend} backend: {e or 'out of memory'}")
                 raise typer.Exit(2)
+            except ConfigFileError as e:  # a setting this backend cannot run (belady on hw)
+                _error(console, str(e))
+                raise typer.Exit(2)
             except (ValueError, OSError, RuntimeError, RefcheckError) as e:
                 # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
                 # refcheck failure: say what, write nothing
@@ -198,7 +211,8 @@ def run(
                 raise typer.Exit(1)
             except KeyboardInterrupt as e:
                 raise _interrupted(console, e)
-    Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})"))
+    Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})",
+                                  _policy_label(result.run_info)))
     Console().print(f"results: {path}")
 
 

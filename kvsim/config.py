@@ -18,6 +18,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
+from kvsim.core.policy import POLICY_NAMES
 from kvsim.paths import CONFIGS
 from kvsim.units import parse_size, parse_time
 
@@ -82,10 +83,24 @@ class TierConfig(_Strict):
         return self
 
 
+class PolicyConfig(_Strict):
+    """The eviction order within a tier: a built-in name or ``module:Class``."""
+    eviction: str = "lru"
+
+    @field_validator("eviction")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v in POLICY_NAMES or (":" in v and all(v.partition(":")[::2])):
+            return v
+        raise ValueError(f"unknown eviction policy {v!r}; expected one of "
+                         f"{', '.join(POLICY_NAMES)}, or module:Class for your own")
+
+
 class CacheConfig(_Strict):
     tokens_per_block: Annotated[int, Field(gt=0)] = 32
     page_bytes: Optional[Size] = None   # default: the model's KV bytes per token x block
     tiers: list[TierConfig]
+    policy: PolicyConfig = PolicyConfig()
 
     @model_validator(mode="after")
     def _order(self) -> "CacheConfig":

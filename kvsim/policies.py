@@ -1,0 +1,109 @@
+"""The run's eviction policy, from ``cache.policy`` (outside the core: it may import a
+user's module and reads the whole trace for ``belady``).
+
+``cache.policy.eviction`` is a built-in name (``kvsim.core.policy.POLICY_NAMES``) or
+``module:Class``, a user's ``kvsim.core.policy.EvictionPolicy`` subclass, built with no
+arguments. ``belady`` needs the future: ``future_uses`` precomputes, in one pass over the
+trace, the turns that use each block.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from kvsim.config import ConfigFileError
+from kvsim.core.keys import chain_key, scope_root
+from kvsim.core.policy import POLICY_NAMES, EvictionPolicy, make_policy
+from kvsim.workload.blocks import cache_blocks
+from kvsim.workload.model import Session, Turn, Workload
+
+if TYPE_CHECKING:
+    from kvsim.config import RunConfig
+
+KEY = "cache.policy.eviction"
+
+
+class PolicyError(ConfigFileError):
+    """The configured policy cannot be used (unknown, not loadable, or not on this backend)."""
+
+
+def build_policy(cfg: "RunConfig", workload: Workload, backend: str,
+                 starts: list[float] | None = None) -> EvictionPolicy:
+    name = cfg.cache.policy.eviction
+    if name == "belady":
+        if backend != "sim":
+            raise PolicyError(f"{KEY}: belady is an offline bound that reads the trace's "
+                              f"future; it runs on the sim backend only, not {backend!r}")
+        return make_policy("belady", future=future_uses(workload, cfg.cache.tokens_per_block,
+                                                         starts))
+    if name in POLICY_NAMES:
+        return make_policy(name)
+    return load_user_policy(name)
+
+
+def load_user_policy(path: str) -> EvictionPolicy:
+    """An instance of the class ``module:Class`` names."""
+    mod_name, sep, cls_name = path.partition(":")
+    if not sep or not mod_name or not cls_name:
+        raise PolicyError(f"{KEY}: got {path!r}; expected one of {', '.join(POLICY_NAMES)} "
+                          f"or module:Class")
+    try:
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+    except (ImportError, AttributeError) as e:
+        raise PolicyError(f"{KEY}: cannot load {path!r}: {e}") from None
+    policy = cls()
+    if not callable(getattr(policy, "order", None)) or getattr(policy, "fast_lru", False):
+        raise PolicyError(f"{KEY}: {path!r} is not an eviction policy (subclass "
+                          f"kvsim.core.policy.EvictionPolicy and define key())")
+    return policy
+
+
+def turn_order(workload: Workload, starts: list[float] | None = None) -> list[tuple[str, Turn]]:
+    """Every turn with its reuse scope, in the order the engine is expected to prepare
+    them: by nominal arrival (a session's start, then its turns' think times; a turn's own
+    arrival time where it has one), ties in trace order. Exact for traces of independent
+    requests (Mooncake); for sessions the replay's timing may reorder turns a little."""
+    out: list[tuple[float, int, str, Turn]] = []
+
+    def walk(s: Session, t: float) -> float:
+        for item in s.items:
+            if isinstance(item, Turn):
+                t = item.arrival_s if item.arrival_s is not None else t + item.think_s
+                out.append((t, len(out), s.scope, item))
+            else:
+                t = walk(item, t)
+        return t
+
+    for i, s in enumerate(workload.sessions):
+        first = s.items[0] if s.items else None
+        if starts is not None and i < len(starts):
+            t0 = starts[i]
+        elif s.start_s is not None:
+            t0 = s.start_s
+        else:
+            t0 = getattr(first, "arrival_s", None) or 0.0
+        walk(s, t0)
+    out.sort(key=lambda x: (x[0], x[1]))
+    return [(scope, turn) for _, _, scope, turn in out]
+
+
+def future_uses(workload: Workload, tokens_per_block: int,
+                starts: list[float] | None = None) -> dict[bytes, list[int]]:
+    """Chain key -> the turns (numbered from 1, as the manager's clock counts them) whose
+    prompt holds that block, ascending. One pass over the trace's blocks."""
+    uses: dict[bytes, list[int]] = {}
+    roots: dict[str, bytes] = {}
+    for n, (scope, turn) in enumerate(turn_order(workload, starts), start=1):
+        key = roots.get(scope)
+        if key is None:
+            key = roots[scope] = scope_root(scope)
+        for ids in cache_blocks(turn.hash_ids, workload.block_tokens, tokens_per_block,
+                                turn.input_tokens):
+            key = chain_key(key, ids)
+            lst = uses.get(key)
+            if lst is None:
+                uses[key] = [n]
+            elif lst[-1] != n:
+                lst.append(n)
+    return uses
