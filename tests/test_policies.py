@@ -260,3 +260,29 @@ def test_belady_is_refused_on_the_hw_backend(tmp_path):
                             "--backend", "hw", "--set", "cache.policy.eviction=belady"])
     assert r.exit_code == 2, r.output
     assert "sim backend only" in r.output and not out.exists()
+
+
+def test_the_documented_example_policy_runs(tmp_path):
+    """docs/policies.md's example: loads as module:Class and orders deepest first."""
+    import re
+    import sys as _sys
+    from pathlib import Path
+
+    from kvsim.policies import load_user_policy
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "policies.md").read_text()
+    code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    (tmp_path / "doc_policies.py").write_text(code)
+    _sys.path.insert(0, str(tmp_path))
+    try:
+        policy = load_user_policy("doc_policies:DeepestFirst")
+        m, be = one_tier(4, policy)
+        chain = turn(m, be, 1, nblocks=2)
+        other = turn(m, be, 2)  # more recent, but shallow
+        assert [p.pid for p in m.policy.order(m.tiers[0].candidates(), m.clock)][0] == \
+            chain[1].pid
+        assert dropped(m, be, 2, {"chain": chain, "other": other}) == {"chain"}
+        assert isinstance(load_user_policy("doc_policies:RecomputePerToken"), EvictionPolicy)
+    finally:
+        _sys.path.remove(str(tmp_path))
+        _sys.modules.pop("doc_policies", None)
