@@ -187,6 +187,16 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
     for pid in indexed:
         if pid not in pages:
             _fail(f"dead page {pid} is in an eviction index")
+    for pos, tier in enumerate(tiers):  # a policy's order sees every candidate
+        order = getattr(tier, "order", None)
+        if order is None:
+            continue
+        entries = {(id(e[2]), e[1]) for e in order.heap}
+        for bucket in tier.lru.values():
+            for p in bucket:
+                n = order.stamps.get(p)
+                if n is None or (id(p), n) not in entries:
+                    _fail(f"{p!r} is in tier {pos}'s eviction index but not in its policy's order")
 
     # -- counters balance --------------------------------------------------------------
     c = m.counters

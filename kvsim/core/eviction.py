@@ -120,9 +120,10 @@ class Eviction:
     def _candidates(self, tier: "Tier") -> Iterator[Page]:
         """The tier's eviction candidates in the policy's order: LRU walks the tier's
         recency index; another policy orders the candidates, given in that order."""
-        if self._fast:
+        order = tier.order
+        if order is None:
             return tier.candidates()
-        return iter(self.policy.order(tier.candidates(), self.clock))
+        return order.walk(tier.index_contains, tier.index_size())
 
     def _pick(self, tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
         """The ``k`` first eviction candidates of a tier (not in ``exclude``), or None."""
@@ -229,6 +230,10 @@ class Eviction:
             p.phase = resident
         if not settle:
             return
+        if not self._fast:  # another policy hears of each page: the general case
+            for p in pages:
+                self._settle(p, touch=True)
+            return
         # (settling a page reads and changes only that page and the tier's index and slots,
         # so it may follow the pass above; in the index a page appends at the recent end:
         # it was in none, so there is no entry of it to move)
@@ -248,6 +253,10 @@ class Eviction:
         """``_settle(p, touch=True)`` for each page in order, the common case (resident,
         unlocked, still referred to, and not a held page of the last tier: it becomes its
         tier's most recently used) inline."""
+        if not self._fast:  # another policy hears of each page: the general case
+            for p in pages:
+                self._settle(p, touch=True)
+            return
         tiers = self.tiers
         resident = Phase.RESIDENT
         for p in pages:

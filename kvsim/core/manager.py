@@ -32,6 +32,7 @@ from kvsim.core.eviction import Eviction, PlanRecord, Selection
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.policy import LRU, EvictionPolicy
+from kvsim.core.policy.base import HeapOrder
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
 from kvsim.core.spec import Level, ManagerSpec
@@ -56,6 +57,9 @@ class TierManager(Eviction):
                  t.reserve_bytes // spec.page_bytes)
             for i, t in enumerate(spec.tiers)
         ]
+        if not self._fast:
+            for t in self.tiers:
+                t.order = HeapOrder(self.policy, self)
         self._pos = {t.level: i for i, t in enumerate(self.tiers)}
         self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
@@ -547,10 +551,14 @@ class TierManager(Eviction):
         """A turn uses these pages (a policy other than LRU reads the metadata)."""
         clock = self.clock
         on_use = self.policy.on_use
+        tiers = self.tiers
         for p in pages:
             p.last_use = clock
             p.uses += 1
             on_use(p, clock)
+            tier = tiers[p.tier]
+            if tier.index_contains(p):  # its key changed: its place in the order too
+                tier.order.push(p)  # type: ignore[union-attr]
 
     @property
     def _taker_stage(self) -> int:

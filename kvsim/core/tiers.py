@@ -9,7 +9,8 @@ reserved range (progressive host fill relies on this). Invariant: every id below
 The eviction index holds the pages an eviction may pick: resident (not moving, not
 pending), unlocked, and, in the last tier, also not held (held pages cannot be dropped).
 It is one insertion-ordered dict per priority; insertion order is recency (oldest first),
-driven by the manager's logical clock, never by a wall clock.
+driven by the manager's logical clock, never by a wall clock. With a policy other than
+LRU, ``order`` also keeps the candidates in that policy's order (``policy.HeapOrder``).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from kvsim.core.spec import Level
 
 if TYPE_CHECKING:
     from kvsim.core.pages import Page
+    from kvsim.core.policy.base import HeapOrder
 
 
 class Tier:
     __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
-                 "recycled", "next_fresh", "lru", "_prios", "_churn")
+                 "recycled", "next_fresh", "lru", "_prios", "_churn", "order")
 
     def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
                  capacity: int, max_slots: int):
@@ -40,6 +42,9 @@ class Tier:
         self.lru: dict[int, dict[Page, None]] = {}
         self._prios: list[int] = []  # sorted keys of lru
         self._churn = 0  # pages removed in bulk since the buckets were last compacted
+        # a policy other than LRU: its order of this tier's candidates, told of every page
+        # that enters the index or is touched in it (None: LRU, the index's own order)
+        self.order: HeapOrder | None = None
 
     # -- slots ---------------------------------------------------------------------------
     @property
@@ -92,6 +97,8 @@ class Tier:
             bucket = self.lru[page.priority] = {}
             self._prios = sorted(self.lru)
         bucket[page] = None
+        if self.order is not None:
+            self.order.push(page)
 
     def index_discard(self, page: Page) -> None:
         bucket = self.lru.get(page.priority)
@@ -120,6 +127,8 @@ class Tier:
             return
         bucket.pop(page, None)
         bucket[page] = None
+        if self.order is not None:
+            self.order.push(page)
 
     def index_contains(self, page: Page) -> bool:
         bucket = self.lru.get(page.priority)

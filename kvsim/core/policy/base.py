@@ -19,13 +19,16 @@ and the manager's logical clock. It does no I/O and reads no wall clock.
 
 ``LRU`` is special-cased: the manager walks the tier's recency index itself (one
 insertion-ordered dict per priority), the fast path. Any other policy goes through the
-generic path: the candidates, in that recency order, sorted by ``key(page, clock)``
-(stable: ties keep least recently used first).
+generic path, ``HeapOrder``: a page's ``key(page, clock)`` is computed when it enters a
+tier's eviction index or is used there, and candidates come lowest key first (equal keys:
+the one keyed first). So a key may change only when its page is used (or, as
+``belady``'s, grow with the clock: ``HeapOrder`` re-keys such a page when it surfaces).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from heapq import heapify, heappop, heappush
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 if TYPE_CHECKING:
     from kvsim.core.pages import Page
@@ -70,3 +73,67 @@ class LRU(EvictionPolicy):
 
     def key(self, page: "Page", clock: int) -> Any:  # what the fast path's order means
         return (page.priority, page.last_use)
+
+
+class HeapOrder:
+    """One tier's eviction candidates in a policy's order, kept incrementally (the generic
+    path): a heap of (key, stamp, page) entries, one pushed whenever a page enters the
+    tier's eviction index or is used while in it, its key computed then. An entry counts
+    only while it is its page's latest and the page is still in the index; the others are
+    dropped as they surface, and the heap is rebuilt when they outnumber the live ones.
+
+    ``walk`` yields candidates lowest key first without consuming them (a selection is a
+    dry run): what it popped goes back when the walk ends. Before yielding a page it
+    recomputes its key: a key that grew since (``belady``: the next use it expected went
+    by) is pushed again in its place."""
+
+    __slots__ = ("policy", "clock", "heap", "stamps", "n")
+
+    def __init__(self, policy: EvictionPolicy, clock: Any):
+        self.policy = policy
+        self.clock = clock  # the manager: its ``clock`` attribute is read at each push
+        self.heap: list[tuple[Any, int, "Page"]] = []
+        self.stamps: dict["Page", int] = {}
+        self.n = 0
+
+    def push(self, page: "Page") -> None:
+        self.n += 1
+        self.stamps[page] = self.n
+        heappush(self.heap, (self.policy.key(page, self.clock.clock), self.n, page))
+
+    def compact(self, indexed: Any) -> None:
+        """Forget entries that no longer count (``indexed(page)``: still in the index)."""
+        stamps = self.stamps
+        live = [e for e in self.heap if stamps.get(e[2]) == e[1] and indexed(e[2])]
+        heapify(live)
+        self.heap = live
+        self.stamps = {e[2]: e[1] for e in live}
+
+    def walk(self, indexed: Any, size: int) -> Iterator["Page"]:
+        """The candidates in order (``indexed``: the tier's index test; ``size``: its
+        size, to decide on compaction)."""
+        if len(self.heap) > 2 * size + 64:
+            self.compact(indexed)
+        heap, stamps, key = self.heap, self.stamps, self.policy.key
+        clock = self.clock.clock
+        taken: list[tuple[Any, int, "Page"]] = []
+        try:
+            while heap:
+                e = heappop(heap)
+                page = e[2]
+                if stamps.get(page) != e[1]:
+                    continue  # superseded by a later entry
+                if not indexed(page):
+                    del stamps[page]
+                    continue  # left the index (a later entry comes if it returns)
+                now = key(page, clock)
+                if now != e[0] and e[0] < now:
+                    self.n += 1
+                    stamps[page] = self.n
+                    heappush(heap, (now, self.n, page))
+                    continue
+                taken.append(e)
+                yield page
+        finally:
+            for e in taken:
+                heappush(heap, e)
