@@ -120,16 +120,21 @@ def test_gdsf_keeps_a_deep_page_of_a_long_prefix_over_a_recent_shallow_leaf():
         assert dropped(m, be, 1, {"long": long[-1:], "short": short}) == expect, policy.name
 
 
+def test_gdsf_values_a_page_by_the_recompute_its_loss_brings():
+    m, be = one_tier(5, GDSF())
+    long = turn(m, be, 1, nblocks=4)
+    # losing block i means recomputing blocks i..3, block j costing j + 1 (L = 0, one use)
+    assert [p.score for p in long] == [10, 9, 7, 4]
+
+
 def test_gdsf_ages_out_pages_not_used_again():
     m, be = one_tier(5, GDSF())
     long = turn(m, be, 1, nblocks=4)
-    assert [p.score for p in long] == [1, 2, 3, 4]  # L = 0: uses x (depth + 1)
-    for fam in range(2, 10):  # shallow one-block turns evict one page each
+    for fam in range(2, 40):  # shallow one-block turns evict one page each
         turn(m, be, fam)
     # each victim raised the inflation L, so later one-block pages score above the long
-    # prompt's old pages (an inner page leaves only after its leaf, score 4): the long
-    # prompt has aged out entirely
-    assert m.policy.inflation >= 4
+    # prompt's old pages (its root is worth 10): the long prompt has aged out entirely
+    assert m.policy.inflation >= 10
     live = {p.pid for p in m.pages()}
     assert not any(p.pid in live for p in long)
 

@@ -548,14 +548,18 @@ class TierManager(Eviction):
 
     # == internals ======================================================================
     def _used(self, pages: Iterable[Page]) -> None:
-        """A turn uses these pages (a policy other than LRU reads the metadata)."""
+        """A turn uses these pages, in prompt order (a policy other than LRU reads the
+        metadata)."""
+        pages = list(pages)
         clock = self.clock
         on_use = self.policy.on_use
-        tiers = self.tiers
         for p in pages:
             p.last_use = clock
             p.uses += 1
             on_use(p, clock)
+        self.policy.on_turn(pages, clock)
+        tiers = self.tiers
+        for p in pages:
             tier = tiers[p.tier]
             if tier.index_contains(p):  # its key changed: its place in the order too
                 tier.order.push(p)  # type: ignore[union-attr]

@@ -40,6 +40,7 @@ class EvictionPolicy:
     ``key(page, clock)``: a sortable value; lowest is evicted first.
     ``on_use(page, clock)``: a page was used (a turn included it, or created it);
     ``page.last_use`` and ``page.uses`` are already updated.
+    ``on_turn(pages, clock)``: the pages one turn used, in prompt order (after on_use).
     ``on_evict(pages, clock)``: these pages were chosen as victims and leave their tier.
     """
 
@@ -54,6 +55,10 @@ class EvictionPolicy:
 
     def on_use(self, page: "Page", clock: int) -> None:
         pass
+
+    def on_turn(self, pages: list["Page"], clock: int) -> None:
+        """After ``on_use`` of each: these pages, in prompt order, were used by one turn
+        (its prompt, or the pages it just added)."""
 
     def on_evict(self, pages: Iterable["Page"], clock: int) -> None:
         pass

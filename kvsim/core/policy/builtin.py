@@ -25,18 +25,28 @@ class LFU(EvictionPolicy):
 class GDSF(EvictionPolicy):
     """Greedy-Dual-Size-Frequency, cost-aware: a page's value is
     ``L + uses * cost / size``, set at its last use, lowest evicted first (within a
-    priority). The cost of a page is the recompute it saves: a block at depth d of a prefix
-    attends to the d blocks before it, so its cost grows with depth (``d + 1``); size is
-    one page. ``L`` (the inflation) rises to the value of each victim, so pages not used
-    for long age out whatever their cost."""
+    priority). Size is one page. The cost is the recompute its eviction would bring on the
+    turn that used it: that page's block and every block after it in the prompt (a miss
+    ends the cached prefix), a block at depth d costing d + 1 (it attends to the d blocks
+    before it). So a page deep in a long prefix is worth more than a leaf of a short one,
+    and a parent at least as much as its child in the same turn. ``L`` (the inflation)
+    rises to the value of each victim, so pages not used for long age out whatever their
+    cost."""
 
     name = "gdsf"
 
     def __init__(self) -> None:
         self.inflation = 0.0
 
-    def on_use(self, page: "Page", clock: int) -> None:
-        page.score = self.inflation + page.uses * (page.index + 1)
+    def on_turn(self, pages: list["Page"], clock: int) -> None:
+        if not pages:
+            return
+        last = pages[-1].index + 1  # sum of (j + 1) for j = i .. last - 1
+        top = last * (last + 1) / 2
+        inflation = self.inflation
+        for p in pages:
+            i = p.index
+            p.score = inflation + p.uses * (top - i * (i + 1) / 2)
 
     def key(self, page: "Page", clock: int) -> Any:
         return (page.priority, page.score)
