@@ -41,7 +41,8 @@ def _fingerprint(m) -> tuple:
 
     pages = tuple((p.pid, p.index, p.key, p.tag, p.ntokens, p.tier, p.slot, int(p.phase),
                    p.locks, p.holds, p.in_tree, pid(p.parent), p.nchildren, p.priority,
-                   p.last_use, p.uses, p.score)
+                   getattr(p, "last_use", None), getattr(p, "uses", None),
+                   getattr(p, "score", None))
                   for p in m.pages())
     tiers = tuple((t.capacity, t.next_fresh, tuple(t.recycled),
                    tuple((prio, tuple(pid(p) for p in b)) for prio, b in sorted(t.lru.items())))

@@ -555,7 +555,11 @@ class TierManager(Eviction):
         on_use = self.policy.on_use
         for p in pages:
             p.last_use = clock
-            p.uses += 1
+            try:
+                p.uses += 1
+            except AttributeError:  # its first use (see Page)
+                p.uses = 1
+                p.score = 0.0
             on_use(p, clock)
         self.policy.on_turn(pages, clock)
         tiers = self.tiers

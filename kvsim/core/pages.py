@@ -35,12 +35,10 @@ class Page:
         self.parent: Page | None = None
         self.nchildren = 0
         self.priority = priority
-        # what an eviction policy other than the default LRU reads (the manager keeps them
-        # only for such a policy): the manager's logical clock at the page's last use, its
-        # uses so far, and a value the policy may keep per page
-        self.last_use = 0
-        self.uses = 0
-        self.score = 0.0
+        # ``last_use`` (the manager's logical clock at the page's last use), ``uses`` (its
+        # uses so far) and ``score`` (a value the policy may keep per page): set by the
+        # manager at a page's first use, only for an eviction policy other than the
+        # default LRU (which reads none of them: its pages are created without them)
 
     @property
     def state(self) -> PageState:
