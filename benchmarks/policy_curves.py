@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     for p in policies:
         for b in budgets:
             table[p, b], wall = hit_ratio(p, b, a.trace, a.limit, a.time_scale)
-            print(f"# {p} {b} GiB: replay {wall:.1f} s", file=sys.stderr, flush=True)
+            print(f"# {p} {b} GiB: hit ratio {table[p, b]:.4f}, replay {wall:.1f} s",
+                  file=sys.stderr, flush=True)
     print(f"{'policy':<12}" + "".join(f"{str(b) + ' GiB':>12}" for b in budgets))
     for p in policies:
         print(f"{p:<12}" + "".join(f"{table[p, b]:>12.4f}" for b in budgets))
