@@ -15,6 +15,11 @@ from kvsim.core.types import PageState, Phase
 
 
 class Page:
+    # set at a page's first use, and only for a policy other than the default LRU (below)
+    last_use: int
+    uses: int
+    score: float
+
     __slots__ = ("pid", "index", "key", "tag", "ntokens", "tier", "slot", "phase",
                  "locks", "holds", "in_tree", "parent", "nchildren", "priority", "last_use", "uses",
                  "score")
