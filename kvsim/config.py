@@ -231,9 +231,9 @@ def _normal_key(dotted: str) -> str:
     return dotted.replace(" ", "")
 
 
-def set_path(data: dict, dotted: str, value: Any) -> None:
-    """Set ``a.b[1].c`` in nested dicts/lists, creating dicts on the way."""
-    parts: list[Any] = []
+def split_key(dotted: str) -> list:
+    """``a.b[1].c`` -> ['a', 'b', 1, 'c'] (the syntax of ``--set``)."""
+    parts: list = []
     for piece in dotted.split("."):
         while "[" in piece:
             head, _, rest = piece.partition("[")
@@ -243,6 +243,12 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
             parts.append(int(idx))
         if piece:
             parts.append(piece)
+    return parts
+
+
+def set_path(data: dict, dotted: str, value: Any) -> None:
+    """Set ``a.b[1].c`` in nested dicts/lists, creating dicts on the way."""
+    parts = split_key(dotted)
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt = parts[i + 1]

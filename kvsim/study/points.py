@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsim.config import (ConfigFileError, load_config, read_yaml, resolve_config_path, set_path,
-                          validate_config)
+                          split_key, validate_config)
 from kvsim.study.spec import StudyFileError, StudySpec
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -37,21 +37,6 @@ class Point:
     backend: str = "sim"
     hash: str = ""
     split: dict | None = field(default=None)   # tune: {"part", "held_out", "seed"}
-
-
-def split_key(dotted: str) -> list:
-    """``a.b[1].c`` -> ['a', 'b', 1, 'c'] (the syntax of ``--set``)."""
-    parts: list = []
-    for piece in dotted.split("."):
-        while "[" in piece:
-            head, _, rest = piece.partition("[")
-            if head:
-                parts.append(head)
-            idx, _, piece = rest.partition("]")
-            parts.append(int(idx))
-        if piece:
-            parts.append(piece)
-    return parts
 
 
 def get_key(data: Any, dotted: str) -> Any:
