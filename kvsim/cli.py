@@ -3,140 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Callable, List, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvsim.console import (error, fmt, interrupted, pause_at, paused, policy_label, progress_reporter,
+                           summary_table)
 from kvsim.scratch import terminate_raises
-
-LOG_EVERY_S = 10.0  # progress lines off a terminal: at most this far apart (wall seconds)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kvsim: replay LLM request traces through a tiered KV cache.")
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def summary_table(metrics: dict, title: str, policy: str | None = None) -> Table:
-    t = Table(title=title, show_header=True, header_style="bold")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    m = metrics
-    if policy is not None:
-        t.add_row("policy", policy)
-    t.add_row("requests completed", _fmt(m["requests_completed"]))
-    t.add_row("requests failed", _fmt(m["requests_failed"]))
-    t.add_row("input tokens", _fmt(m["input_tokens"]))
-    h = m["hit_tokens"]
-    t.add_row("hit tokens gpu / host / disk", f"{h['gpu']} / {h['host']} / {h['disk']}")
-    t.add_row("hit ratio", _fmt(m["hit_ratio"]))
-    t.add_row("computed tokens", _fmt(m["computed_tokens"]))
-    for key, label in (("ttft_s", "TTFT s"), ("tpot_s", "TPOT s"), ("e2e_s", "E2E s")):
-        d = m[key]
-        t.add_row(f"{label} mean / p50 / p90 / p99",
-                  " / ".join(_fmt(d[k]) for k in ("mean", "p50", "p90", "p99")))
-    t.add_row("requests/s", _fmt(m["throughput"]["requests_per_s"]))
-    t.add_row("output tokens/s", _fmt(m["throughput"]["output_tokens_per_s"]))
-    b = m["bytes"]
-    t.add_row("GB host->gpu / gpu->host", f"{b['host_to_gpu'] / 1e9:.3f} / {b['gpu_to_host'] / 1e9:.3f}")
-    t.add_row("GB disk read / write", f"{b['disk_read'] / 1e9:.3f} / {b['disk_write'] / 1e9:.3f}")
-    t.add_row("evicted pages", ", ".join(f"{k} {v}" for k, v in m["evicted_pages"].items()))
-    t.add_row("dropped pages", ", ".join(f"{k} {v}" for k, v in m["dropped_pages"].items()))
-    t.add_row("simulated time s", _fmt(m["sim_time_s"]))
-    t.add_row("wall time s", _fmt(m["wall_time_s"]))
-    return t
-
-
-def _policy_label(run_info: dict) -> str | None:
-    """The eviction policy as the summary table shows it (a bound says so)."""
-    name = run_info.get("policy")
-    if name is None:
-        return None
-    return f"{name} (offline bound)" if run_info.get("policy_is_bound") else name
-
-
-def _error(console: Console, msg: str) -> None:
-    """An error exactly as written (no markup, no wrapping: paths and lines stay greppable)."""
-    console.print("error:", style="red", end=" ")
-    console.print(msg, markup=False, highlight=False, soft_wrap=True)
-
-
-def _interrupted(console: Console, e: KeyboardInterrupt) -> typer.Exit:
-    """SIGINT or SIGTERM: everything the run made is removed by now (context managers);
-    say so and exit 130 (SIGINT) or 128 + the signal."""
-    signum = getattr(e, "signum", 2)
-    _error(console, f"interrupted ({'SIGINT' if signum == 2 else getattr(e, 'args', ['signal'])[0]}); "
-                    f"nothing was written")
-    return typer.Exit(128 + signum)
-
-
-def pause_at(phase: str) -> None:
-    """Fault injection for the kill tests: with ``KVSIM_PAUSE_AT=PHASE`` (load: before the
-    trace loads; replay: at the replay's first step; write: results written, not yet in
-    place) the run says so on stderr and waits up to 60 s, so a test can signal it there."""
-    if os.environ.get("KVSIM_PAUSE_AT") == phase:
-        print(f"kvsim: paused at {phase}", file=sys.stderr, flush=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def _paused(report: Callable | None) -> Callable:
-    """The progress callback, with ``pause_at("replay")`` on its first call."""
-    first = [True]
-
-    def call(t: float, n: float) -> None:
-        if first[0]:
-            first[0] = False
-            pause_at("replay")
-        if report is not None:
-            report(t, n)
-
-    return call
-
-
-@contextmanager
-def _progress(console: Console, total: int | None, on: bool) -> Iterator[Callable | None]:
-    """A replay's progress: a bar on a terminal; elsewhere (a log, a pipe) a line at most
-    every ``LOG_EVERY_S`` of wall time with requests done and simulated time, so that a
-    long hw replay never sits silent. ``--no-progress``: neither."""
-    if not on:
-        yield None
-        return
-    if console.is_terminal:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(TextColumn("[bold]replay"), BarColumn(), TextColumn("{task.completed:.0f} requests"),
-                      TextColumn("sim {task.fields[t]:.1f}s"), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
-            task = bar.add_task("replay", total=total, t=0.0)
-            yield lambda t, n: bar.update(task, completed=n, t=t)
-        return
-    t0 = time.monotonic()
-    last = [t0]
-
-    def log(t: float, n: float) -> None:
-        now = time.monotonic()
-        if now - last[0] >= LOG_EVERY_S:
-            last[0] = now
-            of = f"/{total}" if total else ""
-            print(f"replay: {n:.0f}{of} requests, simulated {t:.1f} s, wall {now - t0:.0f} s",
-                  file=sys.stderr, flush=True)
-
-    yield log
 
 
 @app.command()
@@ -171,48 +50,48 @@ def run(
             # after minutes of loading and replay
             stage = Staging.reserve(output_dir(cfg, out), what="--out" if out else "output.dir")
         except (ConfigFileError, ValueError, OSError) as e:
-            _error(console, str(e))
+            error(console, str(e))
             raise typer.Exit(2)
         except KeyboardInterrupt as e:
-            raise _interrupted(console, e)
+            raise interrupted(console, e)
         with stage:
             try:
                 pause_at("load")
                 prep = prepare_run(cfg, trace)
             except (ConfigFileError, TraceError, ValueError, OSError) as e:
-                _error(console, str(e))
+                error(console, str(e))
                 raise typer.Exit(2)
             except KeyboardInterrupt as e:
-                raise _interrupted(console, e)
+                raise interrupted(console, e)
             opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs} \
                 if backend == "hw" else {}
             try:
-                with _progress(console, prep.workload.request_count(), progress) as report:
-                    result = replay(prep, backend, backend_options=opts, progress=_paused(report))
+                with progress_reporter(console, prep.workload.request_count(), progress) as report:
+                    result = replay(prep, backend, backend_options=opts, progress=paused(report))
             except (MemoryError, CapacityError) as e:
-                _error(console, f"{backend} backend: {e or 'out of memory'}")
+                error(console, f"{backend} backend: {e or 'out of memory'}")
                 raise typer.Exit(2)
             except ConfigFileError as e:  # a setting this backend cannot run (belady on hw)
-                _error(console, str(e))
+                error(console, str(e))
                 raise typer.Exit(2)
             except (ValueError, OSError, RuntimeError, RefcheckError) as e:
                 # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
                 # refcheck failure: say what, write nothing
-                _error(console, f"replay on the {backend} backend failed: {type(e).__name__}: {e}")
+                error(console, f"replay on the {backend} backend failed: {type(e).__name__}: {e}")
                 raise typer.Exit(1)
             except KeyboardInterrupt as e:
-                raise _interrupted(console, e)
+                raise interrupted(console, e)
             try:
                 write_files(result, stage.path, plots=cfg.output.plots)
                 pause_at("write")
                 path = stage.commit()
             except (OSError, ValueError) as e:
-                _error(console, f"writing results to {stage.dest}: {e}")
+                error(console, f"writing results to {stage.dest}: {e}")
                 raise typer.Exit(1)
             except KeyboardInterrupt as e:
-                raise _interrupted(console, e)
+                raise interrupted(console, e)
     Console().print(summary_table(result.metrics, f"kvsim {cfg.name} ({backend})",
-                                  _policy_label(result.run_info)))
+                                  policy_label(result.run_info)))
     Console().print(f"results: {path}")
 
 
@@ -234,10 +113,10 @@ def calibrate(
 
     console = Console(stderr=True)
     if check and not profile:
-        _error(console, "--check: needs --profile")
+        error(console, "--check: needs --profile")
         raise typer.Exit(2)
     if not check and not out:
-        _error(console, "--out: give the profile to write")
+        error(console, "--out: give the profile to write")
         raise typer.Exit(2)
     try:
         if check:
@@ -249,7 +128,7 @@ def calibrate(
         else:
             report = run_calibration(out, base=base, device=device)
     except (ValueError, OSError, RuntimeError, KeyError) as e:
-        _error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
+        error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
         raise typer.Exit(2)
     t = Table(title=f"calibrate ({report.get('device', 'sim')}): fit check, sim vs measured")
     for c in ("page", "path", "dir", "pages", "hw GB/s", "sim GB/s", "rel err"):
@@ -301,26 +180,26 @@ def compare(
     console = Console(stderr=True)
     for flag, on in (("--saved-profile", saved_profile), ("--pin-arrivals", pin_arrivals)):
         if on and not hw_from:
-            _error(console, f"{flag}: only with --hw-from")
+            error(console, f"{flag}: only with --hw-from")
             raise typer.Exit(2)
     if calibrate_first and hw_from:
-        _error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
+        error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
     try:
         cfg = load_config(config, set_)
         loop = load_hw_loop(hw_loop) if hw_loop else None
     except (ConfigFileError, ValueError, OSError) as e:
-        _error(console, str(e))
+        error(console, str(e))
         raise typer.Exit(2)
     dest = Path(out or (cfg.output.dir.format(name=cfg.name) + "-compare"))
     if hw_from and dest.resolve() == Path(hw_from).resolve():
-        _error(console, f"--out {dest}: is the --hw-from folder; write the new report elsewhere")
+        error(console, f"--out {dest}: is the --hw-from folder; write the new report elsewhere")
         raise typer.Exit(2)
     with terminate_raises():
         try:  # before minutes of replay, not after
             stage = Staging.reserve(dest, kind="compare")
         except ValueError as e:
-            _error(console, str(e))
+            error(console, str(e))
             raise typer.Exit(2)
         with stage:
             try:
@@ -347,10 +226,10 @@ def compare(
                         for _, res in results:
                             res.cfg = res.cfg.model_copy(update=final)
             except (ConfigFileError, TraceError, ValueError, OSError, RuntimeError) as e:
-                _error(console, str(e))
+                error(console, str(e))
                 raise typer.Exit(2)
             except KeyboardInterrupt as e:
-                raise _interrupted(console, e)
+                raise interrupted(console, e)
             write_report(report, stage.path)
             for name, res in results:  # each replay's own results folder
                 write_files(res, stage.path / name, plots=False)
@@ -391,7 +270,7 @@ def diff(
             _check_report_path(Path(out))
         report = diff_runs(a, b)
     except ValueError as e:
-        _error(console, str(e))
+        error(console, str(e))
         raise typer.Exit(2)
     if out:
         dest = Path(out)
@@ -399,21 +278,28 @@ def diff(
             dest.parent.mkdir(parents=True, exist_ok=True)
             write_whole(dest, (json.dumps({"kvsim_report": "diff", **report}, indent=2) + "\n").encode())
         except OSError as e:
-            _error(console, f"--out {out}: cannot write ({e.strerror})")
+            error(console, f"--out {out}: cannot write ({e.strerror})")
             raise typer.Exit(2)
     Console().print(diff_table(report))
 
 
-def _stopped(console: Console, e: KeyboardInterrupt, kept: str) -> typer.Exit:
-    """A study or tune interrupted (SIGINT, SIGTERM): exit 130 or 128 + the signal."""
-    signum = getattr(e, "signum", 2)
-    _error(console, f"interrupted ({'SIGINT' if signum == 2 else getattr(e, 'args', ['signal'])[0]}); {kept}")
-    return typer.Exit(128 + signum)
-
-
-def _dask_errors() -> tuple:
-    """The errors a Dask client raises for a cluster it cannot reach or start."""
-    return (ConnectionError, TimeoutError, OSError)
+def _plan_and_run(console: Console, kind: str, plan: Callable, run: Callable, kept: str):
+    """A study's or tune's two steps: ``plan`` (a bad file: exit 2), then ``run`` on Dask
+    (a cluster it cannot reach or start: exit 1; SIGINT/SIGTERM: exit 130/143, keeping
+    ``kept``). Returns (spec, report)."""
+    try:
+        spec = plan()
+    except (ValueError, OSError) as e:  # ConfigFileError and the study file's errors included
+        error(console, str(e))
+        raise typer.Exit(2)
+    try:
+        with terminate_raises():
+            return spec, run()
+    except (ConnectionError, TimeoutError, OSError) as e:
+        error(console, f"{kind} {spec.name}: {type(e).__name__}: {e}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt as e:
+        raise interrupted(console, e, kept)
 
 
 @app.command()
@@ -430,26 +316,15 @@ def study(
     """Run a what-if study: every point of a grid / zip / variants / seeds / traces over a
     base config, on Dask; one run folder per point, a table (CSV, Parquet) and plots.
     Points already complete (same resolved config) are skipped."""
-    from kvsim.config import ConfigFileError
     from kvsim.study.study import plan_study, run_study
     from kvsim.study.table import rich_table
 
     console = Console(stderr=True)
-    try:
-        spec, points = plan_study(study_file, set_)
-    except (ConfigFileError, ValueError, OSError) as e:
-        _error(console, str(e))
-        raise typer.Exit(2)
-    try:
-        with terminate_raises():
-            rep = run_study(study_file, set_, workers=workers, scheduler=scheduler, out=out,
-                            progress=progress, plots=plots)
-    except _dask_errors() as e:
-        _error(console, f"study {spec.name}: {type(e).__name__}: {e}")
-        raise typer.Exit(1)
-    except KeyboardInterrupt as e:
-        raise _stopped(console, e, f"the points finished so far are kept; run `kvsim study "
-                                   f"{study_file}` again to continue")
+    spec, rep = _plan_and_run(
+        console, "study", lambda: plan_study(study_file, set_)[0],
+        lambda: run_study(study_file, set_, workers=workers, scheduler=scheduler, out=out,
+                          progress=progress, plots=plots),
+        f"the points finished so far are kept; run `kvsim study {study_file}` again to continue")
     params = list(dict.fromkeys(["variant"] * any(p.variant for p in rep.points)
                                 + [k for p in rep.points for k in p.params]))
     wide = Console() if Console().is_terminal else Console(width=200)
@@ -460,7 +335,7 @@ def study(
     Console().print(f"table: {rep.table_paths[0]}  plots: {rep.folder / 'plots'}", markup=False, soft_wrap=True)
     if rep.outcome.failures:
         for name, err in rep.outcome.failures.items():
-            _error(console, f"point {name}: {err}")
+            error(console, f"point {name}: {err}")
         raise typer.Exit(1)
 
 
@@ -478,25 +353,14 @@ def tune(
     """Search config keys with Optuna (trials on Dask, on the train sessions), then replay
     the best configs on held-out sessions; writes best.yaml, the top trials and plots.
     Runs again continue the same study up to the trial budget."""
-    from kvsim.config import ConfigFileError
     from kvsim.study.tune import plan_tune, run_tune
 
     console = Console(stderr=True)
-    try:
-        spec, _ = plan_tune(tune_file, set_)
-    except (ConfigFileError, ValueError, OSError) as e:
-        _error(console, str(e))
-        raise typer.Exit(2)
-    try:
-        with terminate_raises():
-            rep = run_tune(tune_file, set_, workers=workers, scheduler=scheduler, out=out,
-                           storage=storage, trials=trials, progress=progress)
-    except _dask_errors() as e:
-        _error(console, f"tune {spec.name}: {type(e).__name__}: {e}")
-        raise typer.Exit(1)
-    except KeyboardInterrupt as e:
-        raise _stopped(console, e, f"the finished trials are kept; run `kvsim tune {tune_file}` "
-                                   f"again to continue")
+    spec, rep = _plan_and_run(
+        console, "tune", lambda: plan_tune(tune_file, set_)[0],
+        lambda: run_tune(tune_file, set_, workers=workers, scheduler=scheduler, out=out,
+                         storage=storage, trials=trials, progress=progress),
+        f"the finished trials are kept; run `kvsim tune {tune_file}` again to continue")
     t = Table(title=f"tune {spec.name}: {rep.n_complete} trials complete, {rep.n_failed} failed "
                     f"({rep.n_run} run now); objective: {spec.objective.sense} "
                     + " + ".join(f"{w:g} x {m}" for m, w in spec.objective.weights.items()))
@@ -504,16 +368,16 @@ def tune(
     for c in cols:
         t.add_column(c, justify="right")
     for r in rep.top:
-        t.add_row(*[_fmt(r.get(c)) for c in cols])
+        t.add_row(*[fmt(r.get(c)) for c in cols])
     wide = Console() if Console().is_terminal else Console(width=200)
     wide.print(t)
     for problem in rep.problems:
-        _error(console, problem)
+        error(console, problem)
     if rep.best_yaml:
         Console().print(f"best config: {rep.best_yaml}  (kvsim run {rep.best_yaml})", markup=False,
                         soft_wrap=True)
     else:
-        _error(console, "no trial completed within the constraints")
+        error(console, "no trial completed within the constraints")
         raise typer.Exit(1)
 
 

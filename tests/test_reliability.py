@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import kvsim.cli
+import kvsim.console
 from kvsim import scratch
 from kvsim.cli import app
 from kvsim.results import MARKER
@@ -216,7 +216,7 @@ def test_hw_summary_names_device_and_time_scale(tmp_path):
 
 
 def test_off_a_terminal_progress_is_logged(tmp_path, monkeypatch):
-    monkeypatch.setattr(kvsim.cli, "LOG_EVERY_S", 0.0)
+    monkeypatch.setattr(kvsim.console, "LOG_EVERY_S", 0.0)
     r = runner.invoke(app, ["run", "configs/default.yaml", "--set", "workload.synthetic.n_sessions=2",
                             "--out", str(tmp_path / "res")])
     assert r.exit_code == 0
