@@ -112,8 +112,9 @@ def point_name(variant: str | None, params: dict) -> str:
     return name[:200]
 
 
-def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, ...] = ()) -> list[Point]:
-    """Every point of the study, validated, in order. ``source``: the study file's path."""
+def overridden_base(spec, source: str, cli_overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The raw data of a study's or tune's base config with its ``set`` and then the
+    command line's ``--set`` applied (errors name the study file or the argument)."""
     from kvsim.config import parse_override
 
     _, base = base_data(spec.base, source)
@@ -124,6 +125,12 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
             set_path(base, key, value)
         except ConfigFileError as e:
             raise StudyFileError(str(e)) from None
+    return base
+
+
+def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, ...] = ()) -> list[Point]:
+    """Every point of the study, validated, in order. ``source``: the study file's path."""
+    base = overridden_base(spec, source, cli_overrides)
     keys = [*spec.zipped, *spec.grid]
     labels = labels_for(keys, spec.labels)
     n_zip = len(next(iter(spec.zipped.values()))) if spec.zipped else 1

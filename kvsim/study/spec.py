@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.config import ConfigFileError, _format, parse_override, read_yaml
 from kvsim.units import parse_size
@@ -59,6 +59,15 @@ def _check_metric(path: str) -> str:
 
 
 ConfigKey = Annotated[str, Field(min_length=1)]
+
+
+def _check_name(v: str) -> str:
+    if not NAME.match(v):
+        raise ValueError(f"{v!r}: a name is letters, digits, '.', '_', '-'")
+    return v
+
+
+Name = Annotated[str, AfterValidator(_check_name)]  # a study's, tune's or variant's name
 Metric = Annotated[str, Field(min_length=1)]
 
 
@@ -67,15 +76,8 @@ class _Strict(BaseModel):
 
 
 class Variant(_Strict):
-    name: str
+    name: Name
     overrides: dict[ConfigKey, Any] = Field(default_factory=dict, alias="set")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not NAME.match(v):
-            raise ValueError(f"{v!r}: a variant name is letters, digits, '.', '_', '-'")
-        return v
 
     @field_validator("overrides")
     @classmethod
@@ -102,18 +104,11 @@ def _overrides(v: Any) -> Any:
 
 
 class _Base(_Strict):
-    name: str
+    name: Name
     base: str = "default"                  # a config path, or a name under configs/
     overrides: dict[ConfigKey, Any] = Field(default_factory=dict, alias="set")
     backend: Literal["sim", "hw"] = "sim"
     out: Optional[str] = None              # results folder; default results/<kind>-<name>
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not NAME.match(v):
-            raise ValueError(f"{v!r}: a name is letters, digits, '.', '_', '-'")
-        return v
 
     @field_validator("overrides", mode="before")
     @classmethod

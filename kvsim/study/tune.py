@@ -35,9 +35,9 @@ from typing import Any
 
 import yaml
 
-from kvsim.config import ConfigFileError, set_path, validate_config
+from kvsim.config import ConfigFileError, validate_config
 from kvsim.study.execute import is_complete, open_client, progress_bar, run_point, write_point
-from kvsim.study.points import Point, apply, base_data, config_hash
+from kvsim.study.points import Point, apply, config_hash, overridden_base
 from kvsim.study.spec import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
 from kvsim.units import parse_size
@@ -117,17 +117,8 @@ def _point(base: dict, overrides: dict, spec: TuneSpec, source: str, label: str,
 def plan_tune(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[TuneSpec, dict]:
     """The tune and its base config's raw data (with ``set`` and ``--set``), validated;
     one trial's config from the search space's first values is validated too."""
-    from kvsim.config import parse_override
-
     spec = load_tune(path)
-    _, base = base_data(spec.base, path)
-    apply(base, spec.overrides, f"{path}: set")
-    for ov in overrides:
-        try:
-            key, value = parse_override(ov)
-            set_path(base, key, value)
-        except ConfigFileError as e:
-            raise StudyFileError(str(e)) from None
+    base = overridden_base(spec, path, overrides)
     import optuna
 
     probe: dict = {}
