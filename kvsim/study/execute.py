@@ -263,13 +263,13 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
     return out
 
 
-LOG_EVERY_S = 10.0  # progress lines off a terminal: at most this far apart (as kvsim run)
-
-
 @contextmanager
 def progress_bar(total: int, label: str, enabled: bool = True):
     """Points done, running and failed: a rich bar on a terminal's stderr; elsewhere (a
-    log, a pipe) a line at most every ``LOG_EVERY_S`` of wall time. Disabled: neither."""
+    log, a pipe) a line at most every ``LOG_EVERY_S`` of wall time, as ``kvsim run``.
+    Disabled: neither."""
+    from kvsim.console import LOG_EVERY_S
+
     if not enabled:
         yield None
         return
