@@ -3,8 +3,8 @@ nothing unless KVSIM_COMPILE=1 is set:
 
     KVSIM_COMPILE=1 pip install .        # not -e: mypyc builds extension modules
 
-compiles the simulator's hot modules (kvsim/core, kvsim/engine/engine.py, sessions.py and
-plans.py, kvsim/compute.py, backends/sim) with mypyc into C extensions that take
+compiles the simulator's hot modules (kvsim/core, kvsim/engine's step loop and turn
+lifecycle, kvsim/compute.py, backends/sim) with mypyc into C extensions that take
 precedence over the .py files. Results are identical; benchmarks/compiled_speed.py
 measures the speed-up side by side (README: "Compiled build (optional)"). mypy is fetched
 as a build requirement only then.
@@ -23,9 +23,9 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 # function accepts a str where the annotation says CopyPath; mypyc would enforce it),
 # kvsim/core/audit.py (a checker, not type-clean), kvsim/engine/metrics.py (mypyc turns a
 # dataclass ClassVar into a field: mypyc/mypyc#1122), and the package __init__ files.
-CORE = ["eviction", "keys", "manager", "pages", "plan", "request", "spec", "stats", "tiers",
-        "tree", "types"]
-ENGINE = ["engine", "sessions", "plans"]
+CORE = ["eviction", "keys", "manager", "pages", "plan", "planning", "request", "spec", "stats",
+        "tiers", "tree", "types"]
+ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "plans"]
 SIM = ["backend", "fluid", "runtime", "units"]
 
 

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from typing import Hashable, Iterable, Sequence
 
-import numpy as np
-
-from kvsim.core.errors import ConfigError, CoreError
-from kvsim.core.eviction import Eviction, PlanRecord, Selection
+from kvsim.core.errors import CoreError
+from kvsim.core.eviction import PlanRecord, Selection
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
+from kvsim.core.planning import Planning
 from kvsim.core.policy import LRU, EvictionPolicy
 from kvsim.core.policy.base import HeapOrder
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
@@ -42,7 +41,7 @@ from kvsim.core.tree import PrefixTree
 from kvsim.core.types import Phase, ReqState
 
 
-class TierManager(Eviction):
+class TierManager(Planning):
     def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None):
         """``policy``: the eviction order within a tier (default: ``LRU``, the fast path)."""
         self.spec = spec
@@ -72,15 +71,6 @@ class TierManager(Eviction):
         self._next_plan = 0
 
     # == read-only ======================================================================
-    def level_of(self, tier_pos: int) -> Level:
-        return self.tiers[tier_pos].level
-
-    def tier_pos(self, level: Level) -> int:
-        try:
-            return self._pos[Level(level)]
-        except KeyError:
-            raise CoreError(f"no {Level(level).name} tier configured") from None
-
     def _needs(self, ntokens: int, nblocks: int) -> list[int]:
         b = self.tokens_per_block
         full = max(0, min(nblocks, ntokens // b))  # blocks the tokens fill
@@ -384,190 +374,7 @@ class TierManager(Eviction):
         req.state = ReqState.CLOSED
         del self._requests[req.rid]
 
-    def set_quota(self, level: Level, quota_bytes: int) -> Plan | Refusal:
-        """Change a tier's quota. Growing is immediate; shrinking evicts (held pages move
-        colder, never drop) and refuses, changing nothing, if it cannot make room."""
-        pos = self.tier_pos(level)
-        tier = self.tiers[pos]
-        field = f"{tier.level.name.lower()}.quota_bytes"
-        if not isinstance(quota_bytes, int) or quota_bytes < self.page_bytes:
-            raise ConfigError(field, quota_bytes, f"at least one page ({self.page_bytes} bytes)")
-        cap = quota_bytes // self.page_bytes
-        if cap > tier.max_slots:
-            raise ConfigError(field, quota_bytes,
-                              f"at most the reserved {tier.max_slots * self.page_bytes} bytes")
-        old = tier.capacity
-        excess = tier.used - cap
-        tier.capacity = cap
-        rec = PlanRecord(PlanKind.QUOTA, None)
-        rec.quota = (pos, old)
-        batches: list[Batch] = []
-        if excess > 0:
-            sel = self._select(pos, excess, None)
-            if sel is None:
-                tier.capacity = old
-                return self._refuse(RefusalReason.NO_ROOM, f"{excess} evictable pages in "
-                                    f"the {tier.level.name} tier")
-            self._reserve(pos, excess, sel, rec, batches, incoming=False)
-        return self._issue(rec, PlanKind.QUOTA, batches)
-
-    def evict(self, level: Level, npages: int) -> Plan | Refusal:
-        """Plan moving ``npages`` evictable pages out of a tier (one tier colder; dropped from
-        the last tier), e.g. to keep free slots ahead of demand. Victims are chosen as for
-        any eviction; refuses, changing nothing, if that many cannot leave."""
-        pos = self.tier_pos(level)
-        if npages <= 0:
-            raise CoreError(f"evict: npages must be positive, got {npages}")
-        sel = self._select(pos, npages, None, use_free=False)
-        if sel is None:
-            return self._refuse(RefusalReason.NO_ROOM, f"{npages} evictable pages in the "
-                                f"{self.tiers[pos].level.name} tier")
-        rec = PlanRecord(PlanKind.EVICT, None)
-        batches: list[Batch] = []
-        self._reserve(pos, npages, sel, rec, batches, incoming=False)
-        return self._issue(rec, PlanKind.EVICT, batches)
-
-    # == completion =====================================================================
-    def complete(self, plan: Plan, ok: bool | Sequence[bool] = True) -> None:
-        """Commit or roll back a plan. ``ok`` is one flag for all batches or one per batch.
-        A batch after a failed stage is rolled back whatever its flag (it must not have run
-        on a slot still owned by a page that failed to leave)."""
-        rec = self._plans.pop(plan.pid, None)
-        if rec is None:
-            raise CoreError(f"complete: plan {plan.pid} is not in flight")
-        batches = plan.batches
-        oks = [bool(ok)] * len(batches) if isinstance(ok, (bool, np.bool_)) else [bool(x) for x in ok]
-        if len(oks) != len(batches):
-            raise CoreError(f"complete: {len(oks)} flags for {len(batches)} batches")
-        if not batches:  # nothing moved (a grow into free slots, a resume of GPU pages)
-            if rec.kind is PlanKind.RESUME:
-                self._finish_resume(rec, plan, oks, True)
-            elif rec.kind is PlanKind.GROW:
-                self._finish_grow(rec, batches, oks, True)
-            return
-        failed_stage = min((b.stage for b, k in zip(batches, oks) if not k), default=None)
-        if failed_stage is not None:
-            oks = [k and b.stage < failed_stage for b, k in zip(batches, oks)]
-        all_ok = all(oks)
-        c = self.counters
-        tiers = self.tiers
-        for bi, (b, good) in enumerate(zip(batches, oks)):
-            if b.kind is BatchKind.COPY:
-                continue  # handled with the grow's pending pages
-            pages, dsts = rec.moves[bi]
-            src_pos, dst_pos = self._pos[b.src], self._pos[b.dst]
-            src_tier = tiers[src_pos]
-            if good:
-                if rec.handed.get(src_pos) != bi:  # else the slots were handed over
-                    src_tier.release_many([p.slot for p in pages])
-                evict = b.kind is BatchKind.EVICT
-                n = len(pages)
-                c.moved_pages[b.src][b.dst] += n
-                c.moved_bytes[b.src][b.dst] += n * b.page_bytes
-                if evict:
-                    c.evicted_pages[b.src] += n
-                self._arrive(tiers[dst_pos], pages, dsts, evict)  # evicted: most recent
-            else:
-                c.failed_batches += 1
-                for p, d in zip(pages, dsts):
-                    p.phase = Phase.RESIDENT
-                    self._rollback_slot(rec, batches, oks, dst_pos, d)
-                    self._settle(p, touch=False)
-        if rec.kind is PlanKind.RESUME:
-            self._finish_resume(rec, plan, oks, all_ok)
-        elif rec.kind is PlanKind.GROW:
-            self._finish_grow(rec, batches, oks, all_ok)
-        elif not all_ok and rec.quota is not None:
-            pos, old = rec.quota  # a shrink that could not finish: the old quota stands
-            tiers[pos].capacity = old
-
-    def _finish_resume(self, rec: PlanRecord, plan: Plan, oks: list[bool], all_ok: bool) -> None:
-        req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
-        req.plan = -1
-        if all_ok:
-            for bi, b in enumerate(plan.batches):
-                if b.kind is BatchKind.ONBOARD:
-                    came = rec.moves[bi][0]
-                    for p in came:
-                        p.holds -= 1
-                        p.locks += 1
-                    self.tiers[0].index_discard_each(came)
-            req.state = ReqState.ACTIVE
-            return
-        # Not all pages came: the request stays suspended. Pages that arrived stay on GPU,
-        # held; pages that were on GPU already were locked at planning: unlock them.
-        moved: set[int] = set()
-        for bi, b in enumerate(plan.batches):
-            if b.kind is BatchKind.ONBOARD:
-                for p in rec.moves[bi][0]:
-                    moved.add(p.pid)
-                    self._settle(p, touch=True)
-        for p in reversed(req.pages):
-            if p.pid not in moved:
-                p.locks -= 1
-                p.holds += 1
-                self._settle(p, touch=True)
-        req.state = ReqState.SUSPENDED
-
-    def _finish_grow(self, rec: PlanRecord, batches: tuple[Batch, ...], oks: list[bool],
-                     all_ok: bool) -> None:
-        req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
-        req.plan = -1
-        req.state = ReqState.ACTIVE
-        ntokens = rec.target
-        taken = rec.pending + ([rec.cow] if rec.cow is not None else [])
-        if not all_ok:
-            for p in taken:
-                p.phase = Phase.FREED
-                self._rollback_slot(rec, batches, oks, 0, p.slot)
-            return
-        pages_by_pid = self._pages
-        resident = Phase.RESIDENT
-        for p in taken:
-            p.phase = resident
-            p.locks = 1
-            pages_by_pid[p.pid] = p
-        first = max(0, len(req.pages) - 1)
-        if rec.cow is not None:
-            old = req.pages[-1]
-            copy = rec.cow
-            req.pages[-1] = copy
-            old.locks -= 1
-            self._settle(old, touch=True)
-            if req.committed > copy.index:
-                req.committed = copy.index
-        if rec.pending:
-            req.pages.extend(rec.pending)
-        self.counters.created_pages[Level.GPU] += len(taken)
-        if not self._fast:
-            self._used(taken)
-        if req.pages:  # new pages got their token counts at planning; the old last may grow
-            req.pages[first].ntokens = min(self.tokens_per_block,
-                                           ntokens - first * self.tokens_per_block)
-        req.tokens = ntokens
-
     # == internals ======================================================================
-    def _used(self, pages: Iterable[Page]) -> None:
-        """A turn uses these pages, in prompt order (a policy other than LRU reads the
-        metadata)."""
-        pages = list(pages)
-        clock = self.clock
-        on_use = self.policy.on_use
-        for p in pages:
-            p.last_use = clock
-            try:
-                p.uses += 1
-            except AttributeError:  # its first use (see Page)
-                p.uses = 1
-                p.score = 0.0
-            on_use(p, clock)
-        self.policy.on_turn(pages, clock)
-        tiers = self.tiers
-        for p in pages:
-            tier = tiers[p.tier]
-            if tier.index_contains(p):  # its key changed: its place in the order too
-                tier.order.push(p)  # type: ignore[union-attr]
-
     @property
     def _taker_stage(self) -> int:
         return len(self.tiers) - 1
@@ -585,19 +392,6 @@ class TierManager(Eviction):
     def _expect(self, req: Request, state: ReqState, op: str) -> None:
         if req.state is not state:
             raise CoreError(f"{op}: request {req.rid} is {req.state.name}, expected {state.name}")
-
-    def _refuse(self, reason: RefusalReason, detail: str) -> Refusal:
-        self.counters.refusals += 1
-        return Refusal(reason, detail)
-
-    def _issue(self, rec: PlanRecord, kind: PlanKind, batches: list[Batch], new_pages: int = 0) -> Plan:
-        pid = self._next_plan
-        self._next_plan += 1
-        self._plans[pid] = rec
-        if rec.req is not None:
-            rec.req.plan = pid
-        self.counters.plans += 1
-        return Plan(pid, kind, tuple(batches), new_pages)
 
     def _reinsert_chain(self, req: Request, i: int) -> Page | None:
         """The tree lost the page for the request's block ``i`` (a twin was dropped): put the

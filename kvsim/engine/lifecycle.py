@@ -1,0 +1,394 @@
+"""A turn's lifecycle in the engine, below its step loop (``Engine(Lifecycle)``).
+
+Admission: a waiting turn is prepared (its prompt matched against the prefix tree; the
+session's held request keeps its common prefix) and resumed when the GPU pages it will
+hold at its end fit beside the admitted turns'; a prefix found in host or disk is
+onboarded by a plan that runs in the background. Growing: a request's GPU pages are
+extended a block at a time (a grow plan evicts others when no slot is free). Ending: a
+finished turn commits its pages and its session's next turn is queued.
+
+Between the turns of a session its request is suspended: its pages are held (evictable
+to colder tiers, never dropped) and the next turn finds them by prefix match. When KV is
+short, idle sessions' holds are released (least recently suspended first), then the most
+recently admitted running request is preempted (suspended; its pages may move to host).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import count
+from typing import Any, Callable
+
+from kvsim.backend import Backend, Runtime
+from kvsim.compute import ComputeModel
+from kvsim.core import Level, RefusalReason, Request, TierManager
+from kvsim.core.types import ReqState
+from kvsim.engine.arrivals import Arrivals
+from kvsim.engine.decoders import Decoders
+from kvsim.engine.live import EngineParams, Live, TurnState
+from kvsim.engine.metrics import Metrics
+from kvsim.engine.plans import check_tags, run_plan, tags_equal
+from kvsim.engine.sessions import Cursor, Frame
+
+
+class Lifecycle:
+    def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute: ComputeModel,
+                 params: EngineParams, *, on_progress: Callable[[int], None] | None = None,
+                 on_resume: Callable[[int], None] | None = None):
+        """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
+        decode_context_sum)`` gives a step's seconds, ``compute.decode_step_time(n_decode,
+        decode_context_sum)`` the same for a step without prefill
+        (kvsim.compute.ComputeModel; typed, so the compiled build calls it natively).
+        ``on_resume(pages)``: told of every resumed request, with the GPU pages it holds
+        (before its pages are checked)."""
+        self.rt = rt
+        self.backend = backend
+        self.mgr = mgr
+        self.compute = compute
+        self.p = params
+        self.B = mgr.tokens_per_block
+        self.metrics = Metrics()
+        self.on_progress = on_progress
+        self.on_resume = on_resume
+        self.t = 0                                   # engine clock, ns
+        self.block_tokens = mgr.tokens_per_block     # the workload's hash block (load sets it)
+        self.arrivals = Arrivals()                   # turns not yet arrived
+        self._waiting: deque[Live] = deque()
+        self._running: list[Live] = []               # admitted: onboarding/running/growing
+        self._reserved_pages = 0                     # their final GPU pages, summed
+        self.dec = Decoders()                        # decoding requests, advanced lazily
+        self._stalled: list[Live] = []               # decoders that must grow before a step
+        self._prefilling: list[Live] = []            # admitted, prompt not fully computed
+        self._idle: dict[int, Frame] = {}            # suspended sessions between turns
+        self._inflight = 0                           # plans running on the backend
+        self._checks_open = 0                        # resume refchecks still running (hw)
+        self._evicting = False                       # a background eviction is running
+        self._evict_failures = 0                     # consecutive failed background evictions
+        self._evict_off = False
+        self._deferred: list = []                    # plan processes to start at the boundary
+        self._wake: Any = None  # the event serve() waits on (the runtime's), while it waits
+        self._dirty = True
+        self._admit_seq = count()
+        self._uids = count()
+        self._next_sample = 0
+        self._vnow = 0.0                             # the runtime's time the engine ran ahead to
+
+    def _schedule_next(self, cur: Cursor, done_ns: int) -> None:
+        """Queue the session's next turn; close finished (sub-)sessions' requests."""
+        for frame in self.arrivals.schedule_next(cur, done_ns):
+            self._release_frame(frame)
+
+    def _release_frame(self, frame: Frame) -> None:
+        self._idle.pop(id(frame), None)
+        req = frame.req
+        frame.req = None
+        if req is not None and req.state is not ReqState.CLOSED:
+            self.mgr.close(req)
+            self._dirty = True
+
+    def _launch(self, proc) -> None:
+        """Start a plan's process once the runtime's clock has caught up with the engine's
+        (at this step boundary, before the step's compute)."""
+        self._inflight += 1
+        self._deferred.append(proc)
+
+    def _notify(self) -> None:
+        self._dirty = True
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # == admission ======================================================================
+    def _admit(self) -> None:
+        mgr = self.mgr
+        gpu = mgr.tiers[0]
+        while self._waiting and len(self._running) < self.p.max_running:
+            lv = self._waiting[0]
+            if lv.req is None:
+                self._prepare(lv)
+            need = self._final_pages(lv)
+            if need > gpu.capacity:
+                self._waiting.popleft()
+                self._fail(lv, f"needs {need} GPU pages; the GPU tier has {gpu.capacity}")
+                continue
+            if self._reserved_pages + need > gpu.capacity:
+                return  # admitted requests will need that room: wait for one to finish
+            plan = mgr.resume(lv.req)
+            if not plan:
+                if plan.reason is RefusalReason.NO_ROOM and self._release_hold():  # type: ignore[union-attr]
+                    continue
+                return
+            self._waiting.popleft()
+            lv.seq = next(self._admit_seq)
+            if lv.row.admitted_ns < 0:
+                lv.row.admitted_ns = self.t
+            self._add_running(lv)
+            if plan.batches:  # type: ignore[union-attr]
+                lv.state = TurnState.ONBOARDING
+                lv.row.onboard_bytes += plan.nbytes  # type: ignore[union-attr]
+                self._start_plan(plan, lv, TurnState.RUNNING)
+            else:
+                mgr.complete(plan)  # type: ignore[arg-type]
+                self._on_resumed(lv)
+                self._route(lv)
+
+    def _route(self, lv: Live) -> None:
+        """A request that just became RUNNING goes where its phase says."""
+        if lv.prefill_left:
+            if lv not in self._prefilling:
+                self._prefilling.append(lv)
+        else:
+            self._stalled.append(lv)
+
+    def _final_pages(self, lv: Live) -> int:
+        """GPU pages the turn holds when it ends (one more for a copy-on-write)."""
+        return -(-(lv.prompt + lv.out - 1) // self.B) + 1
+
+    def _add_running(self, lv: Live) -> None:
+        """Admit: the GPU pages the turn will hold at its end are counted against the GPU
+        tier (admission keeps the sum within it, so admitted turns grow without preempting
+        each other)."""
+        self._running.append(lv)
+        self._reserved_pages += self._final_pages(lv)
+
+    def _remove_running(self, lv: Live) -> None:
+        self._running.remove(lv)
+        self._reserved_pages -= self._final_pages(lv)
+
+    def _prepare(self, lv: Live) -> None:
+        """Match the turn's prompt: the session's held request keeps its common prefix."""
+        mgr = self.mgr
+        frame = lv.frame
+        if frame.req is not None and frame.req.state is ReqState.SUSPENDED:
+            req = frame.req
+            mgr.prepare(req, lv.blocks, lv.prompt)
+        else:
+            req = mgr.create(frame.session.scope, lv.blocks, lv.prompt)
+            if self.p.hold_sessions and len(frame.session.items) > 1:
+                frame.req = req
+        lv.req = req
+        hits = req.hit_by_level
+        lv.row.hit_gpu, lv.row.hit_host, lv.row.hit_disk = hits[0], hits[1], hits[2]
+        cached = req.tokens
+        lv.prefill_left = max(1, lv.prompt - cached)
+        lv.kv = lv.prompt - lv.prefill_left
+
+    def _on_resumed(self, lv: Live) -> None:
+        lv.state = TurnState.RUNNING
+        if self.on_resume is not None:
+            self.on_resume(len(lv.req.pages))
+        if self.p.refcheck:
+            exp = self.mgr.expected(lv.req)
+            later = self.backend.read_tags_later(Level.GPU, exp.slots)
+            if later is None:
+                found = self.backend.read_tags(Level.GPU, exp.slots)
+                if not tags_equal(found, exp.tags):  # (else all as expected)
+                    check_tags(found, exp.tags, f"request {lv.uid}'s pages on GPU")
+            else:  # checked while the request runs on (the hw backend orders a later
+                #     write into one of these slots after the check, so they read as now)
+                self._checks_open += 1
+                self._launch(self._check_proc(later, exp.tags, f"request {lv.uid}'s pages on GPU"))
+
+    def _check_proc(self, later, tags, what: str):
+        found = yield later
+        self._inflight -= 1
+        self._checks_open -= 1
+        check_tags(found, tags, what)
+        self._notify()
+
+    def _release_hold(self) -> bool:
+        """Close the least recently suspended idle session's request (its pages stay in the
+        prefix tree, droppable). False if there is none."""
+        for key, frame in self._idle.items():
+            if frame.req is not None and frame.req.state is ReqState.SUSPENDED:
+                del self._idle[key]
+                self.mgr.close(frame.req)
+                frame.req = None
+                self.metrics.holds_released += 1
+                return True
+        self._idle.clear()
+        return False
+
+    # == plans in the background ========================================================
+    def _start_plan(self, plan, lv: Live, then: TurnState) -> None:
+        self._launch(self._plan_proc(plan, lv, then))
+
+    def _plan_proc(self, plan, lv: Live, then: TurnState):
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                 self.p.refcheck_disk_writes)
+        self._inflight -= 1
+        lv.failures = 0 if ok else lv.failures + 1
+        give_up = lv.failures >= self.p.max_plan_failures
+        if lv.req.state is ReqState.ACTIVE:
+            if lv.state is TurnState.ONBOARDING:
+                self._on_resumed(lv)
+            else:
+                lv.state = then
+            if give_up:  # its grow failed again and again: stop retrying
+                self._remove_running(lv)
+                self._abort(lv, self._failure_reason(lv))
+            else:
+                self._route(lv)
+        else:  # the resume did not complete
+            self._remove_running(lv)
+            if give_up:
+                self._fail(lv, self._failure_reason(lv))
+            else:  # back to the head of the queue, to retry
+                lv.state = TurnState.WAITING
+                self._waiting.appendleft(lv)
+        self._notify()
+
+    def _failure_reason(self, lv: Live) -> str:
+        errors = self.backend.errors
+        last = f": {errors[-1]}" if errors else ""
+        return f"transfers failed {lv.failures} times in a row{last}"
+
+    def _maybe_evict(self) -> None:
+        """Background eviction: keep free GPU slots above the watermark, so grows find room
+        without waiting for a copy, and evictions move in few large batches."""
+        low = self._evict_low()
+        if not low:
+            return
+        gpu = self.mgr.tiers[0]
+        n = min(gpu.index_size(), 2 * low - gpu.free)
+        if n <= 0:
+            return
+        plan = self.mgr.evict(Level.GPU, n)
+        if not plan:
+            return
+        self._evicting = True
+        self._launch(self._evict_proc(plan))
+
+    def _evict_low(self) -> int:
+        """The watermark in GPU slots if a background eviction is due (free slots below it,
+        none running), else 0."""
+        w = self.p.gpu_free_watermark
+        if w <= 0 or self._evicting or self._evict_off:
+            return 0
+        gpu = self.mgr.tiers[0]
+        low = max(1, int(w * gpu.capacity))
+        return low if gpu.free < low else 0
+
+    def _evict_proc(self, plan):
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                 self.p.refcheck_disk_writes)
+        self._inflight -= 1
+        self._evicting = False
+        self._evict_failures = 0 if ok else self._evict_failures + 1
+        if self._evict_failures >= self.p.max_plan_failures:
+            # the tier below keeps failing: stop evicting ahead of demand (grows still
+            # evict for themselves, and give up the same way)
+            self._evict_off = True
+        self._notify()
+
+    # == growing and preempting =========================================================
+    def _ensure(self, lv: Live, tokens: int) -> bool:
+        """Make the request's GPU pages cover ``tokens`` (a block at a time for decode).
+        True if it can compute now; otherwise a grow is running, it waits, or it was
+        preempted."""
+        req: Request = lv.req
+        if tokens <= req.tokens:
+            return True
+        if lv.prefill_left:
+            target = tokens
+        else:
+            target = max(tokens, min(lv.prompt + lv.out - 1, -(-tokens // self.B) * self.B))
+        nb = -(-target // self.B)
+        extra = [(-1, lv.uid, j) for j in range(len(req.blocks), nb)]
+        if self.mgr.extend(req, target, extra):  # free slots, nothing to move: done now
+            # (not dirty: taking free slots cannot let a waiting turn in that could not be
+            # admitted before, so admission need not run again for it)
+            return True
+        while True:
+            plan = self.mgr.grow(req, target, extra)
+            if plan:
+                break
+            if self._release_hold():
+                continue
+            victim = self._preempt_victim()
+            if victim is None or (victim is lv and len(self._running) == 1):
+                if len(self._running) == 1:  # alone and still too big: it can never run
+                    self._remove_running(lv)
+                    self._abort(lv, f"cannot grow to {target} tokens: KV tiers are full")
+                return False  # others are moving pages: try again when they are done
+            self._preempt(victim)
+            if victim is lv:
+                return False
+        self._dirty = True
+        if plan.batches:  # type: ignore[union-attr]
+            lv.state = TurnState.GROWING
+            self._start_plan(plan, lv, TurnState.RUNNING)
+            return False
+        self.mgr.complete(plan)  # type: ignore[arg-type]
+        return True
+
+    def _preempt_victim(self) -> Live | None:
+        """The most recently admitted request that is running (not moving pages)."""
+        best = None
+        for lv in self._running:
+            if lv.state is TurnState.RUNNING and (best is None or lv.seq > best.seq):
+                best = lv
+        return best
+
+    def _preempt(self, lv: Live) -> None:
+        """Suspend a running request: its pages become held and may move colder; it waits
+        at the head of the queue and resumes where it stopped."""
+        self.dec.leave(lv)
+        if lv in self._prefilling:
+            self._prefilling.remove(lv)
+        fill = self.mgr.commit(lv.req, lv.kv, final=True)
+        if fill.pages:
+            self.backend.fill(fill)
+        self.mgr.suspend(lv.req)
+        self._remove_running(lv)
+        lv.state = TurnState.WAITING
+        lv.row.preemptions += 1
+        self.metrics.preemptions += 1
+        self._waiting.appendleft(lv)
+        self._dirty = True
+
+    # == ending a turn ==================================================================
+    def _finish(self, lv: Live) -> None:
+        if lv.row.first_token_ns < 0:
+            lv.row.first_token_ns = self.t
+        lv.row.done_ns = self.t
+        lv.state = TurnState.DONE
+        self._remove_running(lv)
+        req = lv.req
+        fill = self.mgr.commit(req, lv.kv, final=True)
+        if fill.pages:
+            self.backend.fill(fill)
+        if lv.frame.req is req:
+            self.mgr.suspend(req)
+            self._idle[id(lv.frame)] = lv.frame
+        else:
+            self.mgr.close(req)
+        self._dirty = True
+        self._schedule_next(lv.cursor, self.t)
+
+    def _fail(self, lv: Live, why: str) -> None:
+        lv.row.failed = why
+        lv.state = TurnState.DONE
+        self.metrics.requests_failed += 1
+        if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
+            self.mgr.close(lv.req)
+        self._dirty = True
+        self._schedule_next(lv.cursor, self.t)
+
+    def _abort(self, lv: Live, why: str) -> None:
+        self.dec.leave(lv)
+        if lv in self._prefilling:
+            self._prefilling.remove(lv)
+        if lv.req.state is ReqState.ACTIVE:
+            if lv.frame.req is lv.req:
+                lv.frame.req = None
+            self.mgr.close(lv.req)
+        self._fail(lv, why)
+
+    def _fail_stuck(self) -> None:
+        """Nothing runs, nothing is in flight, nothing will arrive, yet turns wait: the head
+        cannot be admitted even with every hold released. Fail it rather than hang."""
+        while self._release_hold():
+            pass
+        self._dirty = True
+        lv = self._waiting.popleft()
+        self._fail(lv, "could not be admitted: KV tiers full of held pages")
