@@ -7,7 +7,7 @@ What it checks:
 - slots: every resident or moving page owns a distinct (tier, slot); in-flight
   destination slots are distinct and owned by nobody but a page leaving that slot in the
   same plan; per tier, every id below ``next_fresh`` is exactly one of recycled, owned,
-  reserved (and ``used`` agrees);
+  reserved, or forgotten above a capped tier's limit (and ``used`` agrees);
 - pages: every live page is in exactly one PageState and its lock/hold counts equal the
   requests listing it (locks: ACTIVE/GROWING requests, and RESUMING ones for pages already
   on GPU; holds: SUSPENDED requests, and RESUMING ones for pages being onboarded); locked
@@ -112,11 +112,14 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
                 _fail(f"tier {tier.level.name}: recycled slot {s} was never allocated")
             if (pos, s) in owner or (pos, s) in reserved:
                 _fail(f"tier {tier.level.name}: slot {s} is recycled but owned or reserved")
+            if s >= tier.limit:
+                _fail(f"tier {tier.level.name}: recycled slot {s} is at or above the limit {tier.limit}")
         taken = {s for (t, s) in owner if t == pos} | {s for (t, s) in reserved if t == pos}
-        if len(taken) + len(rec_set) != tier.next_fresh:
+        # a capped tier (a failed host fill) forgets released slots at or above its limit
+        if len(taken) + len(rec_set) + tier.lost != tier.next_fresh:
             lost = sorted(set(range(tier.next_fresh)) - taken - rec_set)
             _fail(f"tier {tier.level.name}: slots {lost[:10]} are neither recycled, owned nor "
-                  "reserved")
+                  f"reserved ({tier.lost} forgotten above the limit {tier.limit})")
         if tier.used != len(taken):
             _fail(f"tier {tier.level.name}: used {tier.used} != {len(taken)} owned or reserved")
         if tier.next_fresh > tier.max_slots:

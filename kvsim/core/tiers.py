@@ -4,7 +4,10 @@ Slot ids: recycled slots are reused first (last freed, first reused), then fresh
 ascending order from 0, so the Nth fresh allocation touches only the Nth slot of the
 reserved range (progressive host fill relies on this). Invariant: every id below
 ``next_fresh`` is either in ``recycled`` or owned by exactly one page or reservation;
-``used == next_fresh - len(recycled)``; ids never reach ``max_slots``.
+``used == next_fresh - len(recycled) - lost``; ids never reach ``limit`` (``max_slots``,
+the reserved range, unless a host fill failed: ``cap``). Progressive host fill
+(``kvsim.core.hostfill``) relies on the order: every slot ever handed out lies below
+``next_fresh``, so a batch waits only for the unit holding its highest slot.
 
 The eviction index holds the pages an eviction may pick: resident (not moving, not
 pending), unlocked, and, in the last tier, also not held (held pages cannot be dropped).
@@ -27,7 +30,7 @@ if TYPE_CHECKING:
 
 class Tier:
     __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
-                 "recycled", "next_fresh", "lru", "_prios", "_churn", "order")
+                 "recycled", "next_fresh", "lru", "_prios", "_churn", "order", "limit", "lost")
 
     def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
                  capacity: int, max_slots: int):
@@ -39,6 +42,8 @@ class Tier:
         self.max_slots = max_slots
         self.recycled: list[int] = []
         self.next_fresh = 0
+        self.limit = max_slots  # slot ids that can exist (a failed host fill lowers it)
+        self.lost = 0  # handed-out slots at or above ``limit`` since released: gone for good
         self.lru: dict[int, dict[Page, None]] = {}
         self._prios: list[int] = []  # sorted keys of lru
         self._churn = 0  # pages removed in bulk since the buckets were last compacted
@@ -49,19 +54,34 @@ class Tier:
     # -- slots ---------------------------------------------------------------------------
     @property
     def used(self) -> int:
-        return self.next_fresh - len(self.recycled)
+        return self.next_fresh - len(self.recycled) - self.lost
 
     @property
     def free(self) -> int:
-        free = self.capacity - self.next_fresh + len(self.recycled)  # capacity - used
+        free = self.capacity - self.used
         return free if free > 0 else 0
+
+    def cap(self, limit: int) -> None:
+        """Slot ids at or above ``limit`` will never exist (a host fill stopped there):
+        the capacity shrinks to it, free slots above it are forgotten, and slots above it
+        still owned are forgotten when released. Slots below stay usable."""
+        if limit < 0:
+            raise ValueError(f"limit: got {limit}; expected >= 0")
+        if limit >= self.limit:
+            return
+        self.limit = limit
+        if self.capacity > limit:
+            self.capacity = limit
+        keep = [s for s in self.recycled if s < limit]
+        self.lost += len(self.recycled) - len(keep)
+        self.recycled[:] = keep
 
     def alloc(self) -> int:
         if self.recycled:
             return self.recycled.pop()
         slot = self.next_fresh
-        if slot >= self.max_slots:  # a caller skipped the free-count check
-            raise RuntimeError(f"{self.level.name} tier: no slot left below {self.max_slots}")
+        if slot >= self.limit:  # a caller skipped the free-count check
+            raise RuntimeError(f"{self.level.name} tier: no slot left below {self.limit}")
         self.next_fresh = slot + 1
         return slot
 
@@ -77,17 +97,24 @@ class Tier:
         r.clear()
         start = self.next_fresh
         stop = start + (k - len(out))
-        if stop > self.max_slots:
-            raise RuntimeError(f"{self.level.name} tier: no slot left below {self.max_slots}")
+        if stop > self.limit:
+            raise RuntimeError(f"{self.level.name} tier: no slot left below {self.limit}")
         self.next_fresh = stop
         out.extend(range(start, stop))
         return out
 
     def release(self, slot: int) -> None:
+        if slot >= self.limit:  # (only after ``cap``)
+            self.lost += 1
+            return
         self.recycled.append(slot)
 
     def release_many(self, slots: list[int]) -> None:
         """Release ``slots`` in order (as ``release`` one by one would)."""
+        if self.next_fresh > self.limit:  # (only after ``cap``)
+            for s in slots:
+                self.release(s)
+            return
         self.recycled.extend(slots)
 
     # -- eviction index ------------------------------------------------------------------
