@@ -1,0 +1,182 @@
+"""Progressive host-tier fill of the hw backend, per backing and tier size (GPU or CPU mode).
+
+For each backing (``register``: fault in + cudaHostRegister in 512 MiB units;
+``pinned``: one cudaHostAlloc of the whole range) and each host-tier size, builds the hw
+backend's own host tier (``kvsim_backends.hw.hostfill.HostFill``) and times:
+
+- ``first_serve_s``: from asking for the tier (reserve included) until its first unit is
+  usable, i.e. until the first page could be served (goal: at most 1 s at every size);
+- ``full_s`` and ``rate``: until the whole tier is resident, and its bytes over that time;
+- a probe thread making a cheap driver call (``cudaMemGetInfo``; in CPU mode, where there
+  is no driver, a tiny numpy copy, so it sees only the interpreter) every ``--probe-gap``
+  throughout the fill: calls made, median and worst latency (the worst stall), and the
+  share of the fill spent blocked in calls slower than ``--stall`` (default 1 ms).
+
+A size larger than the host memory available (less 10%, at least 1 GiB kept free) is
+skipped. The tiers are filled one after the other, each freed before the next (the first
+fill of a size may also pay for the VM growing its memory on first touch).
+
+Prints one row per (backing, size), the fill rates as profile values (``host.fill_rate``
+for register, ``host.pinned_fill_rate`` for pinned: feed them to the hardware profile),
+and LAST ``host_first_serve_s: X``, the worst first-serve time over the sizes for the
+default backing (register).
+
+    python3 benchmarks/host_fill.py [--sizes 1GiB] [--backings register,pinned]
+        [--device auto|cpu|gpu] [--unit 512MiB] [--huge-pages] [--numa auto|off|N]
+        [--probe-gap 1ms] [--stall 1ms] [--json PATH]
+
+On the H200 machine (128 GiB of RAM): ``--sizes 16GiB,64GiB,96GiB`` (about 3-4 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from backends.hw.backend import _load_cupy  # noqa: E402
+from backends.hw.hostfill import HostFill  # noqa: E402
+from backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
+from kvsim.core.hostfill import Backing, FillLayout  # noqa: E402
+from kvsim.units import parse_size, parse_time  # noqa: E402
+
+SLOT = 5 << 20  # 5 MiB pages: the default config's (Llama 3 70B, tp 2, 32 tokens a page)
+
+
+class Probe(threading.Thread):
+    """Times ``call`` every ``gap_s`` until stopped; ``samples``: (start, seconds)."""
+
+    def __init__(self, call, gap_s: float):
+        super().__init__(name="probe", daemon=True)
+        self.call, self.gap_s = call, gap_s
+        self.samples: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        clock, call, out = time.perf_counter, self.call, self.samples
+        while not self.stop.is_set():
+            t0 = clock()
+            call()
+            out.append((t0, clock() - t0))
+            if self.gap_s:
+                time.sleep(self.gap_s)
+
+
+def probe_call(cp):
+    if cp is not None:
+        rt = cp.cuda.runtime
+        return lambda: rt.memGetInfo()
+    a, b = np.zeros(16, np.uint8), np.empty(16, np.uint8)
+    return lambda: np.copyto(b, a)
+
+
+def fill_once(nbytes: int, backing: Backing, cp, unit: int, huge: bool, numa, gap_s: float,
+              stall_s: float) -> dict:
+    slots = max(1, nbytes // SLOT)
+    layout = FillLayout.of(SLOT, slots, unit)
+    probe = Probe(probe_call(cp), gap_s)
+    probe.start()
+    time.sleep(0.2)  # the idle baseline
+    idle = [d for _, d in probe.samples]
+    t0 = time.perf_counter()
+    fill = HostFill(layout, backing, cp.cuda.runtime if cp is not None else None,
+                    huge_pages=huge, numa=numa)
+    try:
+        fill.start()
+        ok_first = fill.wait(fill.layout.watermark(1))
+        t_first = time.perf_counter()
+        ok = fill.wait(slots)
+        t_full = time.perf_counter()
+        probe.stop.set()
+        probe.join()
+        during = [d for s, d in probe.samples if t0 <= s <= t_full]
+        blocked = sum(d for d in during if d > stall_s)
+        full = t_full - t0
+        return {"backing": backing.value, "bytes": slots * SLOT, "ok": bool(ok and ok_first),
+                "error": fill.error, "first_serve_s": t_first - t0, "full_s": full,
+                "rate_Bps": slots * SLOT / full if full > 0 else None,
+                "probe_calls": len(during), "probe_idle_p50_s": statistics.median(idle) if idle else None,
+                "probe_p50_s": statistics.median(during) if during else None,
+                "probe_worst_s": max(during) if during else None,
+                "probe_blocked_share": blocked / full if full > 0 else None, "info": fill.info}
+    finally:
+        probe.stop.set()
+        fill.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1GiB", help="host-tier sizes, comma-separated")
+    ap.add_argument("--backings", default="register,pinned")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--unit", default="512MiB", help="the commit unit")
+    ap.add_argument("--huge-pages", action="store_true")
+    ap.add_argument("--numa", default="auto", help="auto, off or a node number")
+    ap.add_argument("--probe-gap", default="1ms")
+    ap.add_argument("--stall", default="1ms", help="a probe call slower than this counts as blocked")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in a.sizes.split(",")]
+        backings = [Backing(b) for b in a.backings.split(",")]
+        unit, gap, stall = parse_size(a.unit), parse_time(a.probe_gap), parse_time(a.stall)
+    except ValueError as e:
+        print(f"host_fill.py: {e}", file=sys.stderr)
+        return 2
+    numa = int(a.numa) if a.numa.isdigit() else a.numa
+    cp = _load_cupy() if a.device != "cpu" else None
+    if a.device == "gpu" and cp is None:
+        print("host_fill.py: --device gpu: CuPy or a CUDA GPU is not available", file=sys.stderr)
+        return 2
+    mode = "gpu" if cp is not None else "cpu (no driver: the probe times a tiny numpy copy)"
+    print(f"device: {mode}; page {fmt_bytes(SLOT)}, unit {fmt_bytes(unit)}, huge pages "
+          f"{'on' if a.huge_pages else 'off'}, numa {a.numa}")
+    rows = []
+    hdr = (f"{'backing':<9} {'size':>10} {'first serve':>12} {'full':>9} {'rate':>11} "
+           f"{'probe p50':>10} {'worst':>9} {'blocked':>8}  calls")
+    print(hdr)
+    for nbytes in sizes:
+        for backing in backings:
+            avail = host_available()
+            if avail is not None and nbytes > avail - _headroom_host(avail):
+                print(f"{backing.value:<9} {fmt_bytes(nbytes):>10}  skipped: "
+                      f"{fmt_bytes(avail)} of host memory available")
+                continue
+            r = fill_once(nbytes, backing, cp, unit, a.huge_pages, numa, gap, stall)
+            rows.append(r)
+            rate = f"{r['rate_Bps'] / 1e9:.2f} GB/s" if r["rate_Bps"] else "-"
+            ms = lambda v: f"{v * 1e3:.2f} ms" if v is not None else "-"  # noqa: E731
+            print(f"{r['backing']:<9} {fmt_bytes(r['bytes']):>10} {r['first_serve_s']:>10.3f} s "
+                  f"{r['full_s']:>7.2f} s {rate:>11} {ms(r['probe_p50_s']):>10} "
+                  f"{ms(r['probe_worst_s']):>9} {r['probe_blocked_share'] or 0:>7.1%}  "
+                  f"{r['probe_calls']}" + ("" if r["ok"] else f"  FAILED: {r['error']}"))
+            sys.stdout.flush()
+    if rows:
+        print("placement:", json.dumps(rows[-1]["info"]))
+    for backing, key in ((Backing.REGISTER, "fill_rate"), (Backing.PINNED, "pinned_fill_rate")):
+        rs = [r for r in rows if r["backing"] == backing.value and r["ok"] and r["rate_Bps"]]
+        if rs:  # the largest tier's rate: the one a startup of that size sees
+            big = max(rs, key=lambda r: r["bytes"])
+            print(f"profile host.{key}: {big['rate_Bps'] / 1e9:.3g}GB/s  "
+                  f"({backing.value}, {fmt_bytes(big['bytes'])})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": "gpu" if cp is not None else "cpu", "rows": rows}, f, indent=1)
+    reg = [r["first_serve_s"] for r in rows if r["backing"] == Backing.REGISTER.value and r["ok"]]
+    if not reg:
+        print("host_first_serve_s: nan")
+        return 1
+    print(f"host_first_serve_s: {max(reg):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

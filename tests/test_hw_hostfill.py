@@ -1,0 +1,72 @@
+"""The hw backend's host tier filled by a worker thread (CPU mode here; GPU where marked).
+
+Scenarios: the fill publishes its watermark unit by unit and the first unit is usable
+before the last is in; a worker that fails keeps the committed prefix usable and tells
+waiters beyond it no; the pinned backing comes in one piece; close stops a fill midway.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvsim.core.hostfill import Backing, FillLayout
+from kvsim_backends.hw.hostfill import HostFill
+
+MiB = 1 << 20
+
+
+def test_register_fill_publishes_unit_by_unit():
+    lay = FillLayout.of(MiB, 16, 4 * MiB)  # 4 units of 4 slots
+    fill = HostFill(lay, Backing.REGISTER, None, unit_delay_s=0.05).start()
+    try:
+        assert fill.wait(4, timeout_s=5)
+        first = fill.watermark
+        assert first < 16 and fill.ready(16) is None  # serving may start, the rest comes later
+        fill.view[:first] = 7  # the slots below the watermark are usable now
+        assert fill.wait(16, timeout_s=5) and fill.ready(16) is True
+        assert fill.watermark == 16 and not fill.failed and fill.error is None
+        assert int(fill.view[:first].min()) == 7  # committing later units kept earlier bytes
+        t = fill.timings()
+        assert 0 <= t["first_unit_s"] < t["full_s"]
+    finally:
+        fill.close()
+
+
+def test_failed_fill_keeps_the_committed_prefix():
+    lay = FillLayout.of(MiB, 16, 4 * MiB)
+    fill = HostFill(lay, Backing.REGISTER, None, fail_at_unit=2).start()
+    try:
+        assert not fill.wait(9, timeout_s=5)  # slot 8 is in unit 2: it never comes
+        assert fill.failed and fill.watermark == 8 and fill.limit == 8
+        assert "after 2 of 4 units (8 of 16 slots usable)" in fill.error
+        assert "injected failure of unit 2" in fill.error
+        assert fill.ready(8) is True and fill.ready(9) is False
+        fill.view[:8] = 3  # below the prefix: still usable
+        assert int(fill.view[7, 0]) == 3
+    finally:
+        fill.close()
+
+
+def test_pinned_backing_comes_in_one_piece():
+    lay = FillLayout.of(MiB, 10, 4 * MiB)
+    fill = HostFill(lay, Backing.PINNED, None).start()
+    try:
+        assert fill.layout.units == 1
+        assert fill.wait(1, timeout_s=5) and fill.watermark == 10
+        fill.view[9] = 1
+    finally:
+        fill.close()
+
+
+def test_close_stops_a_fill_midway_and_is_idempotent():
+    lay = FillLayout.of(MiB, 64, MiB)
+    fill = HostFill(lay, Backing.REGISTER, None, unit_delay_s=0.02).start()
+    fill.wait(1, timeout_s=5)
+    fill.close()
+    assert fill.done and fill.watermark < 64
+    fill.close()
+
+
+def test_bad_numa_setting_is_refused():
+    with pytest.raises(ValueError, match="numa"):
+        HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None, numa="near")
