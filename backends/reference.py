@@ -44,6 +44,12 @@ class ReferenceBackend:
         self.queue.append(t)
         return t
 
+    def slots_ready(self, level: Level, slots) -> None:
+        return None  # every tier exists whole
+
+    def slot_limit(self, level: Level) -> None:
+        return None
+
     def fail_next(self, n: int = 1) -> None:
         self._fail += n
 

@@ -91,6 +91,16 @@ class Backend(Protocol):
         found (the hw backend checks on the GPU or an I/O thread while the loop runs on),
         or None where ``read_tags`` itself is immediate (the sim: tags, no bytes)."""
 
+    def slots_ready(self, level: Level, slots: Sequence[int]) -> Waitable | None:
+        """Whether ``slots`` of the tier at ``level`` exist yet (a host tier that fills
+        progressively, ``kvsim.core.hostfill``): None if they do (a tier without a fill
+        always); else a waitable that succeeds with True once they do, or with False if
+        they never will (the fill failed below them: ``slot_limit`` says how far it got)."""
+
+    def slot_limit(self, level: Level) -> int | None:
+        """The slots of the tier at ``level`` that will ever exist, where its fill failed
+        (the committed prefix); None where nothing failed."""
+
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,
         ``gpu_to_host``, ``disk_read`` and ``disk_write``; the timeline samples them."""

@@ -64,16 +64,36 @@ def _expected(field: Any) -> str:
         getattr(field.annotation, "__name__", ""), "a value of another type")
 
 
+class FillConfig(_Strict):
+    """How the host tier comes to exist (``kvsim.core.hostfill``; docs/config.md).
+    ``mode``: ``none`` (at once before the run: not modelled by the sim, committed whole
+    by the hw backend while it is built), ``progressive`` (unit by unit from the run's
+    start; serving starts with the first unit), ``before_serve`` (unit by unit; serving
+    starts with the last). ``backing``: ``register`` (fault in + cudaHostRegister) or
+    ``pinned`` (one cudaHostAlloc of the range). ``huge_pages`` (register only) and
+    ``numa`` (``auto``: the GPU's node where there are several; ``off``; a node) are the
+    hw backend's; ``unit``: the commit unit (whole slots of it)."""
+
+    mode: Literal["none", "progressive", "before_serve"] = "none"
+    backing: Literal["register", "pinned"] = "register"
+    huge_pages: bool = False
+    numa: Union[Literal["auto", "off"], Annotated[int, Field(ge=0)]] = "auto"
+    unit: Size = 512 << 20
+
+
 class TierConfig(_Strict):
     level: Literal["gpu", "host", "disk"]
     quota: Size
     max_quota: Optional[Size] = None   # reserved address range (host fill); default: quota
     path: Optional[str] = None         # disk tier: directory for the tier's file (hw backend)
+    fill: Optional[FillConfig] = None  # host tier: how it comes to exist; default: at once
 
     @model_validator(mode="after")
     def _check(self) -> "TierConfig":
         if self.max_quota is not None and self.max_quota < self.quota:
             raise ValueError(f"max_quota ({self.max_quota}) is below quota ({self.quota})")
+        if self.fill is not None and self.level != "host":
+            raise ValueError("fill is only for the host tier")
         if self.path is not None:
             if self.level != "disk":
                 raise ValueError("path is only for the disk tier")
@@ -177,6 +197,15 @@ class OutputConfig(_Strict):
     dir: str = "results/{name}"
     timeline_interval: PositiveSeconds = 1.0
     plots: bool = True
+
+
+def host_fill(cfg: "RunConfig") -> FillConfig:
+    """The host tier's fill settings (the default ``mode: none`` where it has none or there
+    is no host tier)."""
+    for t in cfg.cache.tiers:
+        if t.level == "host" and t.fill is not None:
+            return t.fill
+    return FillConfig()
 
 
 class RunConfig(_Strict):

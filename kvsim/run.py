@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from kvsim.compute import ComputeModel, ModelShape, load_model
-from kvsim.config import ConfigFileError, RunConfig
+from kvsim.config import ConfigFileError, RunConfig, host_fill
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row
@@ -163,7 +163,9 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
     e = prep.cfg.engine
     be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=e.refcheck,
                     copy_path=e.copy_path.model_dump(), sm_ctas=e.sm_ctas,
-                    timing_log=options.get("timing_log"), compute_log=options.get("compute_log"))
+                    timing_log=options.get("timing_log"), compute_log=options.get("compute_log"),
+                    host_fill=host_fill(prep.cfg).model_dump(),
+                    fail_fill_at_unit=options.get("fail_fill_at_unit"))
     if options.get("hw_loop") is not None:
         from kvsim_backends.sim.hwloop import HwLoopSim
 

@@ -1,8 +1,9 @@
 """HwBackend: kvsim.backend.Backend on real bytes (a GPU with CuPy, or numpy in CPU mode).
 
 Tiers: GPU = one device allocation carved into slots (CPU mode: a numpy array standing
-in for device memory); HOST = pinned host memory (anonymous mmap registered in 512 MiB
-units; CPU mode: plain mmap); DISK = one preallocated private file (``disk.DiskStore``).
+in for device memory); HOST = pinned host memory filled unit by unit by a worker thread
+(``hostfill.HostFill``: an anonymous mmap faulted in and registered in 512 MiB units, or
+one cudaHostAlloc; CPU mode: plain mmap), whose watermark ``slots_ready`` waits on; DISK = one preallocated private file (``disk.DiskStore``).
 
 ``HwBackend`` builds the memory and composes collaborators of one job each:
 ``copies.Copies`` (GPU <-> host and GPU -> GPU copies, on the copy path chosen by
@@ -35,6 +36,7 @@ import numpy as np
 from kvsim.config import RunConfig
 from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_per_direction
 from kvsim.core.copypath import sm_ctas as cta_count
+from kvsim.core.hostfill import UNIT_BYTES, FillLayout, FillMode, needed_watermark
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
@@ -43,7 +45,8 @@ from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (r
 from .copies import Copies
 from .disk import DiskStore
 from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
-from .memory import DeviceArena, HostRegion, StagingPool
+from .hostfill import HostFill
+from .memory import DeviceArena, StagingPool
 from .order import StreamOrder
 from .staged import StagedDisk
 from .waits import Waits
@@ -85,7 +88,8 @@ class HwBackend:
                  staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3, io_hook=None,
                  direct_io: bool = True, disk_preallocate: bool = True, compute_graphs: bool = True,
                  timing_log: list | None = None, compute_log: list | None = None,
-                 host_log: list | None = None):
+                 host_log: list | None = None, host_fill: dict | None = None,
+                 fail_fill_at_unit: int | None = None, fill_unit_delay_s: float = 0.0):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -120,7 +124,10 @@ class HwBackend:
         self._compute_graphs = compute_graphs  # launch_busy through CUDA graphs (gpu.Kernels)
         self._closed = False
         self.disk: DiskStore | None = None
-        self.host: HostRegion | None = None
+        self.host: HostFill | None = None
+        self._host_fill = dict(host_fill or {})
+        self._fill_hooks = (fail_fill_at_unit, fill_unit_delay_s)
+        self._fill_reported = False
         self.info: dict[str, Any] = {"device": "gpu" if self.on_gpu else "cpu"}
         try:
             self._build(disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
@@ -146,7 +153,7 @@ class HwBackend:
                            if cores >= 4 else None)
         self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
         if Level.HOST in self.slots:
-            self.host = HostRegion(self.slots[Level.HOST], self.page_bytes, cuda_rt)
+            self._build_host(cuda_rt)
         if Level.DISK in self.slots:
             self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes, io_threads,
                                   piece, io_hook, direct=direct_io,
@@ -179,6 +186,57 @@ class HwBackend:
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
         self.kernels.use_graphs = self.info["compute_graphs"] = bool(self._compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
+
+    def _build_host(self, cuda_rt) -> None:
+        """The host tier (``hostfill.HostFill``), its fill started. Mode ``none``: wait
+        until it is all in (an unfilled CPU-mode tier is not faulted in: it grows as it is
+        written); otherwise until its first unit is, so the copy path can see its mapping.
+        Nothing usable by then: the backend is refused, naming the fill's error."""
+        hf = self._host_fill
+        mode = FillMode(hf.get("mode", "none"))
+        layout = FillLayout.of(self.page_bytes, self.slots[Level.HOST], int(hf.get("unit", UNIT_BYTES)))
+        fail_at, delay = self._fill_hooks
+        self.host = HostFill(layout, hf.get("backing", "register"), cuda_rt,
+                             huge_pages=bool(hf.get("huge_pages", False)), numa=hf.get("numa", "auto"),
+                             prefault=mode is not FillMode.NONE, fail_at_unit=fail_at,
+                             unit_delay_s=delay).start()
+        host = self.host
+        need = host.slots if mode is FillMode.NONE else host.layout.watermark(1)
+        if not host.wait(need):
+            raise RuntimeError(f"host tier: {host.error}")
+        self.info["host_fill"] = {"mode": mode.value, **host.info, **host.timings()}
+
+    def slots_ready(self, level: Level, slots) -> Any:
+        """None if ``slots`` of the tier exist; else a waitable that succeeds with True once
+        the host fill has committed them, or False if it never will (its error is reported
+        in ``errors`` once)."""
+        h = self.host
+        if level != Level.HOST or h is None or (h.done and not h.failed):
+            return None
+        r = h.ready(needed_watermark(slots))
+        if r:
+            return None
+        if r is False:
+            self._report_fill()
+            return self.waits.done(False)
+        ev, trigger = self.runtime.external()
+
+        def told(ok: bool) -> None:
+            if not ok:
+                self._report_fill()
+            trigger(ok)
+
+        h.notify_when(needed_watermark(slots), told)
+        return ev
+
+    def slot_limit(self, level: Level) -> int | None:
+        h = self.host
+        return h.limit if level == Level.HOST and h is not None else None
+
+    def _report_fill(self) -> None:
+        if not self._fill_reported and self.host is not None and self.host.error:
+            self._fill_reported = True
+            self.errors.append(self.host.error)
 
     def _compose(self) -> None:
         cp, logs = self.cp, self.logs

@@ -19,7 +19,8 @@ Options (all optional; each error names the option):
 - ``check_capacity``: ``True`` (default) refuses tiers larger than what the machine can
   give (``resources.check_capacity``) before anything is allocated.
 - ``timing_log``: a list to append per-batch timing records to.
-- anything else is passed to ``HwBackend`` (``compute_graphs``, ``staging_bytes``...).
+- anything else is passed to ``HwBackend`` (``compute_graphs``, ``staging_bytes``...);
+  ``host_fill`` defaults to the config's host tier ``fill`` (``kvsim.config.host_fill``).
   The copy path and the SM kernel's CTAs are the config's (``engine.copy_path``,
   ``engine.sm_ctas``); the I/O threads and piece size the profile's (``nvme``).
 
@@ -35,6 +36,7 @@ import os
 import tempfile
 
 from kvsim import scratch
+from kvsim.config import host_fill
 from kvsim.core.spec import Level
 
 from .backend import HwBackend, _load_cupy
@@ -72,6 +74,7 @@ def build_hw_backend(prep, mgr, *, time_scale: float = 1.0, device: str = "auto"
                  if lv != Level.DISK or disk_preallocate]
         seen = _check_capacity(tiers, on_gpu=cp is not None, disk_dir=disk_dir,
                                cuda=cp.cuda.runtime if cp is not None else None)
+    options.setdefault("host_fill", host_fill(prep.cfg).model_dump())
     rt = RealtimeRuntime(time_scale=time_scale)
     be = HwBackend(rt, page, slots, disk_dir=disk_dir, device=device,
                    refcheck=prep.cfg.engine.refcheck, profile=prep.profile,

@@ -12,6 +12,10 @@ most 512 MiB), publishing a watermark: how many slots exist. Backings
   for the whole range in one call: the range becomes usable at once. CPU mode: an
   anonymous mapping faulted in whole.
 
+``prefault=False`` (CPU mode only; a GPU registers every page anyway) commits units
+without touching them: the mapping then grows as slots are written, as the hw backend's
+CPU mode always did for a tier without a fill.
+
 Huge pages (``huge_pages``, register only): ``MADV_HUGEPAGE`` on the range where the
 kernel has transparent huge pages; off by default (``MADV_NOHUGEPAGE``: fill rate with
 huge pages depends on how fragmented free memory is). NUMA (``numa``): ``auto`` places
@@ -107,12 +111,13 @@ def gpu_node(cuda) -> int | None:
 class HostFill:
     """The host tier: ``layout.slots`` slots of ``layout.slot_bytes``, committed unit by
     unit on a worker thread (``start``). ``cuda``: ``cupy.cuda.runtime`` on a GPU, None in
-    CPU mode. ``fail_at_unit``: a test hook, the worker fails instead of committing that
-    unit. ``unit_delay_s``: a test hook, the worker sleeps this long before each unit."""
+    CPU mode. ``prefault``: see the module docstring. ``fail_at_unit``: a test hook,
+    the worker fails instead of committing that unit. ``unit_delay_s``: a test hook, the
+    worker sleeps this long before each unit."""
 
     def __init__(self, layout: FillLayout, backing: Backing | str = Backing.REGISTER, cuda=None, *,
-                 huge_pages: bool = False, numa: str | int = "auto", fail_at_unit: int | None = None,
-                 unit_delay_s: float = 0.0):
+                 huge_pages: bool = False, numa: str | int = "auto", prefault: bool = True,
+                 fail_at_unit: int | None = None, unit_delay_s: float = 0.0):
         self.backing = Backing(backing)
         if self.backing is Backing.PINNED:
             layout = FillLayout.whole(layout.slot_bytes, layout.slots)
@@ -122,12 +127,14 @@ class HostFill:
         self.nbytes = layout.nbytes
         self._cuda = cuda
         self._device = cuda.getDevice() if cuda is not None else None
+        self._prefault = bool(prefault or cuda is not None)
         self._fail_at = fail_at_unit
         self._delay = float(unit_delay_s)
         self._cond = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
         self._registered: list[int] = []
+        self._waiters: list[tuple[int, object]] = []  # (slots, callback) told by the worker
         self._pinned_ptr: int | None = None
         self._mm = None
         self.watermark = 0      # slots that exist (written by the worker only)
@@ -244,11 +251,15 @@ class HostFill:
             with self._cond:
                 self.done = True
                 self._cond.notify_all()
+                told, self._waiters = self._waiters, []
+            for n, fn in told:  # the rest never come (or were all in: told already)
+                fn(self.watermark >= n)
 
     def _commit_unit(self, u: int) -> None:
         off, n = self.layout.byte_span(u)
         addr = self.ptr + off
-        self._populate(off, n)
+        if self._prefault:
+            self._populate(off, n)
         cuda = self._cuda
         if cuda is not None:
             cuda.hostRegister(addr, n, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
@@ -273,7 +284,8 @@ class HostFill:
         if cuda is None:  # CPU mode: a mapping faulted in whole
             self._mm = _lazy_mmap(self.nbytes)
             self._set_views(np.frombuffer(self._mm, dtype=np.uint8)[: self.nbytes])
-            self._populate(0, self.nbytes)
+            if self._prefault:
+                self._populate(0, self.nbytes)
         else:
             ptr = int(cuda.hostAlloc(self.nbytes, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED))
             self._pinned_ptr = ptr
@@ -292,6 +304,12 @@ class HostFill:
             if self.watermark >= self.slots:
                 self.t_full = now
             self._cond.notify_all()
+            w = self.watermark
+            told = [x for x in self._waiters if x[0] <= w]
+            if told:
+                self._waiters = [x for x in self._waiters if x[0] > w]
+        for _, fn in told:
+            fn(True)
 
     # -- waiting ------------------------------------------------------------------
     def ready(self, n: int) -> bool | None:
@@ -300,6 +318,16 @@ class HostFill:
         if self.watermark >= n:
             return True
         return False if self.done else None
+
+    def notify_when(self, n: int, fn) -> None:
+        """Call ``fn(True)`` once ``n`` slots exist, ``fn(False)`` if they never will: at
+        once if that is known, else from the worker thread (``fn`` must be thread-safe)."""
+        with self._cond:
+            r = self.ready(n)
+            if r is None:
+                self._waiters.append((n, fn))
+                return
+        fn(r)
 
     def wait(self, n: int, timeout_s: float | None = None) -> bool:
         """Block until ``n`` slots exist (True) or never will (False); False on timeout."""

@@ -55,6 +55,7 @@ from typing import Any, Callable, Final, Sequence
 import simpy
 
 from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction
+from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, needed_watermark
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
@@ -96,7 +97,8 @@ class SimBackend:
     def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
                  slots: dict[Level, int], refcheck: bool = True,
                  copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
-                 timing_log: list | None = None, compute_log: list | None = None):
+                 timing_log: list | None = None, compute_log: list | None = None,
+                 host_fill: dict | None = None, fail_fill_at_unit: int | None = None):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -169,6 +171,55 @@ class SimBackend:
         # disk leg (GPU <-> disk: both)
         self.link_leg_s = 0.0
         self.disk_leg_s = 0.0
+        self._set_fill(host_fill, slots, fail_fill_at_unit)
+
+    def _set_fill(self, host_fill: dict | None, slots: dict[Level, int], fail_at: int | None) -> None:
+        """The host tier's fill (``host_fill``: the config's ``fill`` keys): from now on, unit
+        by unit at the profile's rate for its backing, so unit k is in at ``start +
+        layout.seconds(k + 1, rate)``. Mode ``none`` or no host tier: the tier exists at
+        once. ``fail_at``: a test hook, the fill stops before that unit."""
+        self._fill: FillLayout | None = None
+        self._fill_fail = fail_at
+        self._fill_rate = 0.0
+        self._fill_t0 = self.clock.now
+        hf = host_fill or {}
+        mode = FillMode(hf.get("mode", "none"))
+        if mode is FillMode.NONE or Level.HOST not in slots:
+            return
+        backing = Backing(hf.get("backing", "register"))
+        n = int(slots[Level.HOST])
+        self._fill = (FillLayout.whole(self.page_bytes, n) if backing is Backing.PINNED else
+                      FillLayout.of(self.page_bytes, n, int(hf.get("unit", UNIT_BYTES))))
+        self._fill_rate = self.profile.host.fill_rate_for(backing.value)
+
+    def fill_done_at(self, units: int) -> float:
+        """When the host tier's first ``units`` units are in (its fill configured)."""
+        f = self._fill
+        if f is None:
+            raise ValueError("the host tier has no fill configured")
+        return self._fill_t0 + f.seconds(units, self._fill_rate)
+
+    def slots_ready(self, level: Level, slots: Sequence[int]) -> simpy.Event | None:
+        f = self._fill
+        if f is None or level != Level.HOST:
+            return None
+        units = f.units_for(needed_watermark(slots))
+        fail = self._fill_fail
+        if fail is not None and units > fail:
+            if not any("host fill stopped" in e for e in self.errors):
+                self.errors.append(f"host fill stopped after {fail} of {f.units} units "
+                                   f"({f.watermark(fail)} of {f.slots} slots usable): injected failure")
+            return self.runtime.timeout_at(self.fill_done_at(fail), False)
+        at = self.fill_done_at(units)
+        if at <= self.clock.now:
+            return None
+        return self.runtime.timeout_at(at, True)
+
+    def slot_limit(self, level: Level) -> int | None:
+        f, fail = self._fill, self._fill_fail
+        if f is None or level != Level.HOST or fail is None or self.clock.now < self.fill_done_at(fail):
+            return None
+        return f.watermark(fail)
 
     # -- Backend protocol -------------------------------------------------------------
 

@@ -83,6 +83,12 @@ class HwLoopSim:
         # the held compute would, the two then overlap
         return self.env.process(self._check(level, len(slots), found, self.loop.owed_s))
 
+    def slots_ready(self, level: Level, slots: Sequence[Any]) -> simpy.Event | None:
+        return self.inner.slots_ready(level, slots)
+
+    def slot_limit(self, level: Level) -> int | None:
+        return self.inner.slot_limit(level)
+
     def stats(self) -> dict:
         return self.inner.stats()
 
