@@ -23,6 +23,7 @@ from typing import Callable
 from kvsim.compute import ComputeModel, ModelShape, load_model
 from kvsim.config import ConfigFileError, RunConfig, host_fill
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
+from kvsim.core.hostfill import FillMode, layout_for
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row
 from kvsim.hardware import HardwareProfile, load_profile
@@ -222,7 +223,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                               hold_sessions=e.hold_sessions,
                               gpu_free_watermark=e.gpu_free_watermark,
                               max_plan_failures=e.max_plan_failures,
-                              timeline_interval_s=cfg.output.timeline_interval)
+                              timeline_interval_s=cfg.output.timeline_interval,
+                              host_serve_slots=host_serve_slots(cfg, mgr))
         engine = Engine(rt, be, mgr, model, params, on_resume=on_resume)
         if pinned_arrivals is not None:
             engine.pin_arrivals(pinned_arrivals)
@@ -242,6 +244,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
+    if any(t.fill is not None for t in cfg.cache.tiers):
+        metrics["host_fill"] = host_fill_metrics(cfg, engine.metrics)
     info = getattr(be, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
@@ -249,6 +253,33 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                 "policy_is_bound": bool(policy.is_bound)}
     return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters,
                   prep.profile, run_info)
+
+
+FIRST_REQUESTS = 10  # host_fill.ttft_first_*: the TTFT of this many first arrivals
+
+
+def host_serve_slots(cfg: RunConfig, mgr: TierManager) -> int:
+    """Host slots that must exist before serving starts: none without a fill, the first
+    unit (progressive), the whole tier (before_serve); ``kvsim.core.hostfill``."""
+    fill = host_fill(cfg)
+    host = next((t for t in mgr.tiers if t.level == Level.HOST), None)
+    if host is None or fill.mode == "none":
+        return 0
+    layout = layout_for(fill.backing, mgr.page_bytes, host.max_slots, fill.unit)
+    return layout.first_serve(FillMode(fill.mode))
+
+
+def host_fill_metrics(cfg: RunConfig, m) -> dict:
+    """What a host fill did to the start of a replay: when serving started, when the
+    first token came, and the TTFT of the first requests to arrive (mean and worst)."""
+    fill = host_fill(cfg)
+    firsts = [r.first_token_ns for r in m.rows if r.first_token_ns >= 0]
+    early = sorted(m.rows, key=lambda r: (r.arrival_ns, r.rid))[:FIRST_REQUESTS]
+    ttft = [r.ttft_s for r in early if r.first_token_ns >= 0]
+    return {"mode": fill.mode, "backing": fill.backing, "serve_start_s": m.serve_start_ns / 1e9,
+            "first_token_s": min(firsts) / 1e9 if firsts else None,
+            "ttft_first_mean_s": sum(ttft) / len(ttft) if ttft else None,
+            "ttft_first_max_s": max(ttft) if ttft else None}
 
 
 def git_commit() -> str | None:

@@ -55,7 +55,7 @@ from typing import Any, Callable, Final, Sequence
 import simpy
 
 from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction
-from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, needed_watermark
+from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, layout_for, needed_watermark
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
@@ -187,9 +187,8 @@ class SimBackend:
         if mode is FillMode.NONE or Level.HOST not in slots:
             return
         backing = Backing(hf.get("backing", "register"))
-        n = int(slots[Level.HOST])
-        self._fill = (FillLayout.whole(self.page_bytes, n) if backing is Backing.PINNED else
-                      FillLayout.of(self.page_bytes, n, int(hf.get("unit", UNIT_BYTES))))
+        self._fill = layout_for(backing, self.page_bytes, int(slots[Level.HOST]),
+                                int(hf.get("unit", UNIT_BYTES)))
         self._fill_rate = self.profile.host.fill_rate_for(backing.value)
 
     def fill_done_at(self, units: int) -> float:

@@ -131,6 +131,15 @@ class FillLayout:
         return self.watermark(units) * self.slot_bytes / bytes_per_s
 
 
+def layout_for(backing: Backing | str, slot_bytes: int, slots: int,
+               unit_bytes: int = UNIT_BYTES) -> FillLayout:
+    """The layout a backing commits in: units of ``unit_bytes`` (register), or the whole
+    range at once (pinned: one driver allocation)."""
+    if Backing(backing) is Backing.PINNED:
+        return FillLayout.whole(slot_bytes, slots)
+    return FillLayout.of(slot_bytes, slots, unit_bytes)
+
+
 def needed_watermark(slots: Sequence[int]) -> int:
     """The watermark at which every slot in ``slots`` exists (0 for none)."""
     if not len(slots):

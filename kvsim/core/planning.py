@@ -1,6 +1,7 @@
 """Issuing and completing plans: the TierManager's second layer, below its lifecycle.
 
-``set_quota`` and ``evict`` plan moves that belong to no request; ``complete(plan, ok)``
+``set_quota`` and ``evict`` plan moves that belong to no request (``cap_tier`` shrinks a
+tier whose host fill failed, moving nothing); ``complete(plan, ok)``
 commits or rolls back any plan, batch by batch (a batch after a failed stage rolls back
 whatever its flag); ``_issue`` registers a plan in flight and ``_refuse`` counts a
 refusal. Victim selection and slot reservation are one layer further down
@@ -51,9 +52,9 @@ class Planning(Eviction):
         if not isinstance(quota_bytes, int) or quota_bytes < self.page_bytes:
             raise ConfigError(field, quota_bytes, f"at least one page ({self.page_bytes} bytes)")
         cap = quota_bytes // self.page_bytes
-        if cap > tier.max_slots:
+        if cap > tier.limit:  # (the reserved range, or less where its host fill failed)
             raise ConfigError(field, quota_bytes,
-                              f"at most the reserved {tier.max_slots * self.page_bytes} bytes")
+                              f"at most the reserved {tier.limit * self.page_bytes} bytes")
         old = tier.capacity
         excess = tier.used - cap
         tier.capacity = cap
@@ -68,6 +69,15 @@ class Planning(Eviction):
                                     f"the {tier.level.name} tier")
             self._reserve(pos, excess, sel, rec, batches, incoming=False)
         return self._issue(rec, PlanKind.QUOTA, batches)
+
+    def cap_tier(self, level: Level, limit_slots: int) -> None:
+        """Slots at or above ``limit_slots`` of a tier will never exist (its host fill
+        failed there, ``kvsim.core.hostfill``): its capacity shrinks to that prefix and
+        no later plan reserves a slot beyond it; pages already beyond it leave as their
+        plans roll back. Immediate, moves nothing."""
+        if isinstance(limit_slots, bool) or not isinstance(limit_slots, int) or limit_slots < 0:
+            raise CoreError(f"cap_tier: limit_slots must be an integer >= 0, got {limit_slots!r}")
+        self.tiers[self.tier_pos(level)].cap(limit_slots)
 
     def evict(self, level: Level, npages: int) -> Plan | Refusal:
         """Plan moving ``npages`` evictable pages out of a tier (one tier colder; dropped from

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from kvsim.core.spec import Level
 from kvsim.engine.lifecycle import Lifecycle
 from kvsim.engine.live import EngineParams, Live, TurnState
 from kvsim.engine.metrics import NS, Row
@@ -59,6 +60,8 @@ class Engine(Lifecycle):
         """Generator process: serve until every session is done."""
         rt = self.rt
         self._vnow = rt.now
+        if self.p.host_serve_slots:
+            yield from self._await_host(self.p.host_serve_slots)
         while True:
             self._process_due()
             self._release_arrivals()
@@ -107,6 +110,20 @@ class Engine(Lifecycle):
             yield self._wake
             self._wake = None
         self._sample(force=True)
+
+    def _await_host(self, n: int):
+        """Serving starts once the host tier's first ``n`` slots exist (its fill's first
+        unit, or all of it: ``kvsim.core.hostfill``), waited for through the backend as any
+        plan's slots are; if they never will, the tier is capped at what was committed."""
+        w = self.backend.slots_ready(Level.HOST, [n - 1])
+        if w is not None:
+            ok = yield w
+            if not ok:
+                limit = self.backend.slot_limit(Level.HOST)
+                if limit is not None:
+                    self.mgr.cap_tier(Level.HOST, limit)
+            self._tick()
+        self.metrics.serve_start_ns = self.t
 
     def _catch_up(self):
         """Bring the runtime's clock to where the engine ran ahead to."""

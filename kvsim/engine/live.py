@@ -37,6 +37,8 @@ class EngineParams:
     max_plan_failures: int = 3        # a request whose transfers fail this often in a row
     #                                   fails (reason in its row) instead of retrying forever
     timeline_interval_s: float = 1.0
+    host_serve_slots: int = 0         # host slots that must exist before serving starts
+    #                                   (a host tier filling: its first unit, or all of it)
 
 
 class Live:

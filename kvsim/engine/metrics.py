@@ -32,6 +32,7 @@ class Row:
     done_ns: int = -1
     onboard_bytes: int = 0
     preemptions: int = 0
+    serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
     failed: str = ""
 
     @property
@@ -81,6 +82,7 @@ class Metrics:
     requests_failed: int = 0
     holds_released: int = 0
     preemptions: int = 0
+    serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
 
     def summary(self, counters: dict, traffic: dict, end_ns: int, wall_s: float,
                 levels: dict[int, str]) -> dict:

@@ -1,7 +1,9 @@
 """Running a plan: submit each stage's batches to the backend, wait, complete the plan.
 
-A stage starts only after the previous one succeeded; after a failed batch the later
-stages are not run (the core rolls them back). With the refcheck on, every committed
+A stage starts only after the previous one succeeded and once its destination slots
+exist (a host tier filling progressively: the backend's watermark, ``slots_ready``);
+after a failed batch, or destination slots that never come, the later stages are not
+run (the core rolls them back). With the refcheck on, every committed
 batch's destination is read back and compared with the tags the core expects (on the hw
 backend off the runtime's thread, so the replay keeps real time while bytes are checked).
 """
@@ -13,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from kvsim.backend import Backend, Runtime
-from kvsim.core import Plan, TierManager
+from kvsim.core import Batch, Plan, TierManager
 from kvsim.core.spec import Level
 from kvsim.engine.refcheck import RefcheckError, check_tags
 
@@ -30,6 +32,28 @@ def tags_equal(found: Sequence[int], expected: Sequence[int]) -> bool:
     return f.shape == e.shape and f.tobytes() == e.tobytes()
 
 
+def _slots_exist(rt: Runtime, backend: Backend, mgr: TierManager, stage: Sequence[Batch]):
+    """Generator: wait until the destination slots of ``stage`` exist (a host tier that
+    fills progressively: ``Backend.slots_ready``). True if they do; False if some never
+    will: the tier is then capped at what its fill committed (``cap_tier``) and the
+    stage is not run (its plan rolls back; later plans stay below the cap)."""
+    waits = None
+    for b in stage:
+        w = backend.slots_ready(b.dst, b.dst_slots)
+        if w is not None:
+            waits = [w] if waits is None else waits + [w]
+    if waits is None:
+        return True
+    yield waits[0] if len(waits) == 1 else rt.all_of(waits)
+    if all(bool(w.value) for w in waits):
+        return True
+    for level in {b.dst for b in stage}:
+        limit = backend.slot_limit(level)
+        if limit is not None:
+            mgr.cap_tier(level, limit)
+    return False
+
+
 def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool,
              disk_writes: bool = True):
     """Generator process: execute ``plan`` and complete it. Returns True if all batches ran.
@@ -37,6 +61,8 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
     oks = [False] * len(plan.batches)
     index = {id(b): i for i, b in enumerate(plan.batches)}
     for stage in plan.stages:
+        if not (yield from _slots_exist(rt, backend, mgr, stage)):
+            break
         events = [backend.transfer(b) for b in stage]
         # (one batch, the common stage: its own event, without a condition over it)
         yield events[0] if len(events) == 1 else rt.all_of(events)
