@@ -235,6 +235,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         with _gc_for_replay():
             done = rt.process(engine.serve())
             rt.run(until=done)
+        fill_limit = be.slot_limit(Level.HOST)  # a host fill that failed: the slots it made
     finally:
         be.close()
     wall = time.perf_counter() - wall0
@@ -245,7 +246,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
     if any(t.fill is not None for t in cfg.cache.tiers):
-        metrics["host_fill"] = host_fill_metrics(cfg, engine.metrics)
+        metrics["host_fill"] = host_fill_metrics(cfg, engine.metrics, fill_limit)
     info = getattr(be, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
@@ -269,9 +270,10 @@ def host_serve_slots(cfg: RunConfig, mgr: TierManager) -> int:
     return layout.first_serve(FillMode(fill.mode))
 
 
-def host_fill_metrics(cfg: RunConfig, m) -> dict:
+def host_fill_metrics(cfg: RunConfig, m, limit: int | None = None) -> dict:
     """What a host fill did to the start of a replay: when serving started, when the
-    first token came, and the TTFT of the first requests to arrive (mean and worst)."""
+    first token came, the TTFT of the first requests to arrive (mean and worst), and,
+    where the fill failed, the host slots it made usable (``usable_slots``; else None)."""
     fill = host_fill(cfg)
     firsts = [r.first_token_ns for r in m.rows if r.first_token_ns >= 0]
     early = sorted(m.rows, key=lambda r: (r.arrival_ns, r.rid))[:FIRST_REQUESTS]
@@ -279,7 +281,7 @@ def host_fill_metrics(cfg: RunConfig, m) -> dict:
     return {"mode": fill.mode, "backing": fill.backing, "serve_start_s": m.serve_start_ns / 1e9,
             "first_token_s": min(firsts) / 1e9 if firsts else None,
             "ttft_first_mean_s": sum(ttft) / len(ttft) if ttft else None,
-            "ttft_first_max_s": max(ttft) if ttft else None}
+            "ttft_first_max_s": max(ttft) if ttft else None, "usable_slots": limit}
 
 
 def git_commit() -> str | None:
