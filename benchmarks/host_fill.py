@@ -150,7 +150,11 @@ def main(argv=None) -> int:
                 print(f"{backing.value:<9} {fmt_bytes(nbytes):>10}  skipped: "
                       f"{fmt_bytes(avail)} of host memory available")
                 continue
-            r = fill_once(nbytes, backing, cp, unit, a.huge_pages, numa, gap, stall)
+            try:
+                r = fill_once(nbytes, backing, cp, unit, a.huge_pages, numa, gap, stall)
+            except Exception as e:  # a backing this machine cannot give: say so, go on
+                print(f"{backing.value:<9} {fmt_bytes(nbytes):>10}  FAILED: {type(e).__name__}: {e}")
+                continue
             rows.append(r)
             rate = f"{r['rate_Bps'] / 1e9:.2f} GB/s" if r["rate_Bps"] else "-"
             ms = lambda v: f"{v * 1e3:.2f} ms" if v is not None else "-"  # noqa: E731

@@ -159,3 +159,22 @@ def test_hw_cpu_mode_survives_a_failing_fill_worker():
 def test_hw_fill_that_fails_before_its_first_unit_refuses_the_backend():
     with pytest.raises(RuntimeError, match="host tier: host fill stopped after 0 of 16 units"):
         _hw("progressive", fail_fill_at_unit=0)
+
+
+def _have_gpu() -> bool:
+    try:
+        import cupy as cp
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("backing", ["register", "pinned"])
+def test_gpu_replay_on_a_filling_host_tier(backing):
+    cfg = load_config("default", [*HW, HW_TIERS % ("progressive", "4MiB"),
+                                  f"cache.tiers[1].fill.backing={backing}"])
+    opts = {"device": "gpu", "time_scale": 20.0, "fill_unit_delay_s": 0.05}
+    m = replay(prepare_run(cfg), "hw", backend_options=opts).metrics
+    assert m["requests_completed"] > 0 and m["requests_failed"] == 0

@@ -70,3 +70,36 @@ def test_close_stops_a_fill_midway_and_is_idempotent():
 def test_bad_numa_setting_is_refused():
     with pytest.raises(ValueError, match="numa"):
         HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None, numa="near")
+
+
+def _have_gpu() -> bool:
+    try:
+        import cupy as cp
+        return cp.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("backing", ["register", "pinned"])
+def test_gpu_fill_pins_the_range_and_the_device_reads_it(backing):
+    import cupy as cp
+
+    rt = cp.cuda.runtime
+    fill = HostFill(FillLayout.of(MiB, 64, 8 * MiB), backing, rt).start()
+    try:
+        assert fill.wait(64, timeout_s=60), fill.error
+        assert fill.dev_ptr is not None and not fill.failed
+        fill.view[5] = 9
+        fill.view[63] = 4  # the last unit
+        d = cp.zeros(2 * MiB, cp.uint8)
+        rt.memcpy(d.data.ptr, fill.ptr + 5 * MiB, MiB, rt.memcpyHostToDevice)
+        rt.memcpy(d.data.ptr + MiB, fill.ptr + 63 * MiB, MiB, rt.memcpyHostToDevice)
+        assert int(d[:MiB].min()) == 9 and int(d[MiB:].max()) == 4
+        # zero-copy through the device address of the range (the SM kernel's path)
+        mem = cp.cuda.UnownedMemory(fill.dev_ptr, 64 * MiB, fill)
+        view = cp.ndarray(64 * MiB, cp.uint8, cp.cuda.MemoryPointer(mem, 0))
+        assert int(view[63 * MiB]) == 4
+    finally:
+        fill.close()
