@@ -38,6 +38,7 @@ METRIC_ROOTS = frozenset({
     "evicted_pages", "dropped_pages", "offloaded_pages", "onboarded_pages", "failed_batches",
     "preemptions", "holds_released", "engine_steps", "sim_time_s", "wall_time_s",
     "page_bytes", "tiers_slots",
+    "host_fill",  # only where the config has a host tier fill (kvsim.run.host_fill_metrics)
 })
 
 
