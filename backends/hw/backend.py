@@ -211,7 +211,7 @@ class HwBackend:
         the host fill has committed them, or False if it never will (its error is reported
         in ``errors`` once)."""
         h = self.host
-        if level != Level.HOST or h is None or (h.done and not h.failed):
+        if level != Level.HOST or h is None or h.watermark >= h.slots:
             return None
         r = h.ready(needed_watermark(slots))
         if r:
