@@ -103,3 +103,32 @@ def test_gpu_fill_pins_the_range_and_the_device_reads_it(backing):
         assert int(view[63 * MiB]) == 4
     finally:
         fill.close()
+
+
+def test_numa_and_thp_are_read_from_sysfs(tmp_path):
+    from kvsim_backends.hw.hostfill import node_cpus, numa_nodes, thp_mode
+
+    for n, cpus in ((0, "0-3,8"), (1, "4-7")):
+        d = tmp_path / f"node{n}"
+        d.mkdir()
+        (d / "cpulist").write_text(cpus + "\n")
+    (tmp_path / "possible").write_text("0-1\n")
+    assert numa_nodes(str(tmp_path)) == [0, 1]
+    assert node_cpus(0, str(tmp_path)) == {0, 1, 2, 3, 8} and node_cpus(1, str(tmp_path)) == {4, 5, 6, 7}
+    assert node_cpus(2, str(tmp_path)) == set()
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert thp_mode(str(f)) == "madvise"
+    assert thp_mode(str(tmp_path / "absent")) is None
+
+
+def test_huge_pages_off_by_default_and_recorded():
+    off = HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None)
+    on = HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None, huge_pages=True)
+    try:
+        assert off.info["huge_pages"] is False
+        # asked for: applied where the kernel has transparent huge pages
+        assert on.info["huge_pages"] is (on.info["thp_mode"] in ("always", "madvise"))
+    finally:
+        off.close()
+        on.close()
