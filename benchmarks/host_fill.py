@@ -16,14 +16,16 @@ A size larger than the host memory available (less 10%, at least 1 GiB kept free
 skipped. The tiers are filled one after the other, each freed before the next (the first
 fill of a size may also pay for the VM growing its memory on first touch).
 
-Prints one row per (backing, size), the fill rates as profile values (``host.fill_rate``
+Each row also gives the sim's time to full for that tier at ``--profile``'s rate for the
+backing (``sim full``) and its ratio to the measured one (``sim/hw``; goal within 10%
+with a calibrated profile). Prints one row per (backing, size), the fill rates as profile values (``host.fill_rate``
 for register, ``host.pinned_fill_rate`` for pinned: feed them to the hardware profile),
 and LAST ``host_first_serve_s: X``, the worst first-serve time over the sizes for the
 default backing (register).
 
     python3 benchmarks/host_fill.py [--sizes 1GiB] [--backings register,pinned]
         [--device auto|cpu|gpu] [--unit 512MiB] [--huge-pages] [--numa auto|off|N]
-        [--probe-gap 1ms] [--stall 1ms] [--json PATH]
+        [--probe-gap 1ms] [--stall 1ms] [--profile h200-pcie] [--json PATH]
 
 On the H200 machine (128 GiB of RAM): ``--sizes 16GiB,64GiB,96GiB`` (about 3-4 min).
 """
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from backends.hw.backend import _load_cupy  # noqa: E402
 from backends.hw.hostfill import HostFill  # noqa: E402
 from backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
-from kvsim.core.hostfill import Backing, FillLayout  # noqa: E402
+from kvsim.core.hostfill import Backing, FillLayout, layout_for  # noqa: E402
+from kvsim.hardware import load_profile  # noqa: E402
 from kvsim.units import parse_size, parse_time  # noqa: E402
 
 SLOT = 5 << 20  # 5 MiB pages: the default config's (Llama 3 70B, tp 2, 32 tokens a page)
@@ -122,6 +125,8 @@ def main(argv=None) -> int:
     ap.add_argument("--numa", default="auto", help="auto, off or a node number")
     ap.add_argument("--probe-gap", default="1ms")
     ap.add_argument("--stall", default="1ms", help="a probe call slower than this counts as blocked")
+    ap.add_argument("--profile", default="h200-pcie",
+                    help="hardware profile whose fill rates the sim uses: its prediction of each row")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     try:
@@ -130,6 +135,11 @@ def main(argv=None) -> int:
         unit, gap, stall = parse_size(a.unit), parse_time(a.probe_gap), parse_time(a.stall)
     except ValueError as e:
         print(f"host_fill.py: {e}", file=sys.stderr)
+        return 2
+    try:
+        prof = load_profile(a.profile)
+    except ValueError as e:
+        print(f"host_fill.py: --profile: {e}", file=sys.stderr)
         return 2
     numa = int(a.numa) if a.numa.isdigit() else a.numa
     cp = _load_cupy() if a.device != "cpu" else None
@@ -141,7 +151,7 @@ def main(argv=None) -> int:
           f"{'on' if a.huge_pages else 'off'}, numa {a.numa}")
     rows = []
     hdr = (f"{'backing':<9} {'size':>10} {'first serve':>12} {'full':>9} {'rate':>11} "
-           f"{'probe p50':>10} {'worst':>9} {'blocked':>8}  calls")
+           f"{'probe p50':>10} {'worst':>9} {'blocked':>8} {'sim full':>9} {'sim/hw':>7}  calls")
     print(hdr)
     for nbytes in sizes:
         for backing in backings:
@@ -156,11 +166,15 @@ def main(argv=None) -> int:
                 print(f"{backing.value:<9} {fmt_bytes(nbytes):>10}  FAILED: {type(e).__name__}: {e}")
                 continue
             rows.append(r)
+            lay = layout_for(backing, SLOT, r["bytes"] // SLOT, unit)  # the sim's fill of it
+            r["sim_full_s"] = lay.seconds(lay.units, prof.host.fill_rate_for(backing.value))
+            r["sim_first_serve_s"] = lay.seconds(1, prof.host.fill_rate_for(backing.value))
             rate = f"{r['rate_Bps'] / 1e9:.2f} GB/s" if r["rate_Bps"] else "-"
             ms = lambda v: f"{v * 1e3:.2f} ms" if v is not None else "-"  # noqa: E731
             print(f"{r['backing']:<9} {fmt_bytes(r['bytes']):>10} {r['first_serve_s']:>10.3f} s "
                   f"{r['full_s']:>7.2f} s {rate:>11} {ms(r['probe_p50_s']):>10} "
-                  f"{ms(r['probe_worst_s']):>9} {r['probe_blocked_share'] or 0:>7.1%}  "
+                  f"{ms(r['probe_worst_s']):>9} {r['probe_blocked_share'] or 0:>7.1%} "
+                  f"{r['sim_full_s']:>7.2f} s {r['sim_full_s'] / r['full_s']:>7.2f}  "
                   f"{r['probe_calls']}" + ("" if r["ok"] else f"  FAILED: {r['error']}"))
             sys.stdout.flush()
     if rows:
