@@ -206,10 +206,13 @@ def write_point(folder: Path, point: Point, payload: dict) -> Path:
 @dataclass
 class Outcome:
     """What running a set of points did: per point name, its error (failed points), its
-    timings; how many were skipped as already complete; the wall time."""
+    timings (``replay_s`` and ``task_s`` in the worker; ``client_s``: fetching the result
+    and writing the folder on the client); how many were skipped as already complete; the
+    wall time."""
     failures: dict[str, str] = field(default_factory=dict)
     replay_s: dict[str, float] = field(default_factory=dict)
     task_s: dict[str, float] = field(default_factory=dict)
+    client_s: dict[str, float] = field(default_factory=dict)
     skipped: int = 0
     ran: int = 0
     wall_s: float = 0.0
@@ -238,6 +241,7 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
         progress(out.skipped, min(width, len(todo)), 0)
     for fut in as_completed(list(futures)):
         p = futures.pop(fut)
+        tc = time.perf_counter()
         try:
             payload = fut.result()
         except Exception as e:  # the worker died or the task could not run
@@ -251,6 +255,7 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
                 write_point(folder_of(p), p, payload)
                 out.replay_s[p.name] = payload["replay_s"]
                 out.task_s[p.name] = payload["task_s"]
+                out.client_s[p.name] = time.perf_counter() - tc
             except (OSError, ValueError) as e:
                 out.failures[p.name] = f"writing {folder_of(p)}: {type(e).__name__}: {e}"
         done += 1
