@@ -5,9 +5,10 @@ quotas 64 GiB, 68 GiB, ... on ``configs/mooncake-conversation.yaml``, the full t
 runs it (fresh folder, table and study plots at the end; point plots off).
 
 Prints the study's parts (imports, cluster start, points, table, plots), the per-point
-times (``task``: a point's whole time in its worker, trace loading and replay included;
-``replay``: the engine loop alone; ``client``: fetching the result and writing the point's
-folder on the client, which does this for every point, one at a time), and then:
+times (``task``: a point's whole time in its worker, trace loading, replay and rendering
+the folder's files included; ``replay``: the engine loop alone; ``client``: fetching the
+files and writing the point's folder on the client, which does this for every point, one
+at a time), and then:
 
 - ``study_points_per_s``: points finished a second of the points phase;
 - ``study_per_point_s``: the mean worker time a point (``task``);
@@ -113,7 +114,8 @@ def main() -> None:
         v = sorted(d.values())
         return f"mean {statistics.fmean(v):.2f} s, median {statistics.median(v):.2f} s, {v[0]:.2f}-{v[-1]:.2f} s"
 
-    print(f"per point: task {stats(o.task_s)}; replay {stats(o.replay_s)}; client {stats(o.client_s)}")
+    print(f"per point: task {stats(o.task_s)}; replay {stats(o.replay_s)}; in the worker beside the "
+          f"replay {stats({k: o.task_s[k] - o.replay_s[k] for k in o.task_s})}; client {stats(o.client_s)}")
     per_point = statistics.fmean(o.task_s.values())
     print(f"fixed cost (all but the points phase): {fixed:.2f} s; workers busy "
           f"{sum(o.task_s.values()) / (parts['points'] * args.workers):.2f} of the points phase; "

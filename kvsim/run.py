@@ -90,6 +90,21 @@ def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
     return workload
 
 
+def workload_key(cfg: RunConfig, trace: str | None = None) -> str:
+    """What ``load_workload(cfg, trace)`` depends on, as text: two configs with equal keys
+    load equal workloads (a study's worker reuses one it loaded, kvsim.study.execute). It
+    must cover every input of ``_load_workload``: the workload section, the seed, and the
+    trace file as it is now (path, size, modification time). OSError when the trace
+    cannot be read."""
+    path = trace or cfg.workload.path
+    src = None
+    if path:
+        p = Path(os.path.expanduser(path)).resolve()
+        st = p.stat()
+        src = [str(p), st.st_size, st.st_mtime_ns]
+    return json.dumps([cfg.workload.model_dump(mode="json"), cfg.seed, src], sort_keys=True)
+
+
 def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
     from kvsim import workload as wl
 
@@ -107,9 +122,11 @@ def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
                                 sessions_per_s=w.sessions_per_s, concurrency=w.concurrency)
 
 
-def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfile | None = None) -> Prepared:
+def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfile | None = None,
+                workload: Workload | None = None) -> Prepared:
     """Everything a replay needs, validated; no file written. ``profile`` replaces the
-    one the config names (e.g. the one a saved run recorded)."""
+    one the config names (e.g. the one a saved run recorded); ``workload``, one already
+    loaded for this config (``load_workload(cfg, trace)``: workloads are immutable)."""
     try:
         shape = load_model(cfg.model, tp=cfg.tp)
         profile = profile or load_profile(cfg.hardware)
@@ -121,7 +138,8 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
                               f"has {slots} copy CTA slots (sm.copy_cta_slots)")
     spec = build_spec(cfg, shape)
     disk = next((t for t in cfg.cache.tiers if t.level == "disk"), None)
-    workload = load_workload(cfg, trace)
+    if workload is None:
+        workload = load_workload(cfg, trace)
     if workload.request_count() == 0:
         src = trace or cfg.workload.path or "the synthetic workload"
         raise TraceError(f"{src}: no requests to replay; expected at least one request")

@@ -232,6 +232,66 @@ def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):
     assert f"{6 - done} run, {done} already done, 0 failed" in r.output
 
 
+def test_points_sharing_a_workload_load_it_once_per_worker_and_replay_as_alone(tmp_path):
+    from kvsim.config import validate_config
+    from kvsim.run import prepare_run, replay
+
+    p = _study(tmp_path, "grid:\n  cache.tiers[0].quota: [4GiB, 24GiB]\nseeds: [0, 1]\n")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+                            "--no-plots"])
+    assert r.exit_code == 0, r.output
+    infos = [json.loads(f.read_text()) for f in sorted(out.glob("points/*/point.json"))]
+    assert len(infos) == 4
+    # one worker, two seeds: each seed's sessions loaded once, kept for its other point
+    assert sorted(i["workload_kept"] for i in infos) == [False, False, True, True]
+    for point in _points(p):   # each point's metrics as if it had been replayed alone
+        alone = replay(prepare_run(validate_config(point.config, point.name))).metrics
+        got = json.loads((out / "points" / point.name / "summary.json").read_text())["metrics"]
+        alone.pop("wall_time_s"), got.pop("wall_time_s")
+        assert got == json.loads(json.dumps(alone)), point.name
+
+
+def test_workload_key_follows_the_workload_the_seed_and_the_trace_file(tmp_path):
+    from kvsim.config import read_yaml, set_path, validate_config
+    from kvsim.run import workload_key
+
+    trace = tmp_path / "t.jsonl"
+    shutil.copyfile(ROOT / "traces" / "fixtures" / "mooncake_ok.jsonl", trace)
+
+    def key(**over):
+        data = read_yaml(ROOT / "configs" / "default.yaml")
+        over = {"workload.kind": "mooncake", "workload.path": str(trace), **over}
+        for k, v in over.items():
+            set_path(data, k, v)
+        return workload_key(validate_config(data, "test"))
+
+    base = key()
+    assert key(**{"cache.tiers[0].quota": "8GiB"}) == base      # not what the workload reads
+    assert key(**{"engine.max_running": 8}) == base
+    assert key(**{"workload.time_scale": 2.0}) != base
+    assert key(**{"workload.limit": 1}) != base
+    assert key(seed=3) != base
+    os.utime(trace, ns=(1, 1))                                   # the file changed
+    assert key() != base
+    trace.unlink()
+    with pytest.raises(OSError):
+        key()
+
+
+def test_a_point_file_name_must_be_plain(tmp_path):
+    from kvsim.study.execute import write_point
+    from kvsim.study.points import Point
+
+    pt = Point("p", {}, {}, None, {}, "sim", "h")
+    with pytest.raises(ValueError, match="plain name"):
+        write_point(tmp_path / "p", pt, {"files": {"../escape.csv": b"x"}})
+    assert not (tmp_path / "escape.csv").exists() and not (tmp_path / "p").exists()
+    write_point(tmp_path / "p", pt, {"files": {"summary.json": b"{}", "requests.csv": b"a\n"}})
+    assert (tmp_path / "p" / "requests.csv").read_bytes() == b"a\n"
+    assert json.loads((tmp_path / "p" / "point.json").read_text())["hash"] == "h"
+
+
 # ---------------------------------------------------------------------- a real Dask cluster
 
 

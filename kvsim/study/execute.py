@@ -2,16 +2,18 @@
 
 A worker gets a point's resolved config (a small dict), builds the run with kvsim's
 public run API (``validate_config``, ``prepare_run``, ``replay``), renders the point's
-plots there and sends the Result and the PNG bytes back; it loads the trace itself from
-the config's path, so nothing large travels to it. The client writes each point's folder
-with ``write_results`` and then ``point.json`` (the config hash), last: a folder with a
-``point.json`` whose hash matches is complete, and a study that runs again skips it. A
-point that fails (a bad trace path, a replay error, a worker that died) is recorded with
-its error; the other points go on.
+run folder there (``write_files``: summary, CSVs, plots when drawn) and sends the files'
+bytes back; it loads the trace itself from the config's path, once for the points that
+share it (kvsim.study.cache), so nothing large travels to it. The client writes each
+point's files into its folder (staged and swapped into place, as ``write_results``) and
+then ``point.json`` (the config hash), last: a folder with a ``point.json`` whose hash
+matches is complete, and a study that runs again skips it. A point that fails (a bad
+trace path, a replay error, a worker that died) is recorded with its error; the other
+points go on.
 
 The cluster is a ``LocalCluster`` of single-threaded worker processes, or an existing
-Dask cluster by address. Workers are warmed once (kvsim, the sim backend and matplotlib
-imported) before the first point is sent.
+Dask cluster by address. Workers are warmed once (kvsim and the sim backend imported, a
+one-turn replay run) before the first point is sent.
 """
 
 from __future__ import annotations
@@ -82,16 +84,22 @@ def split_workload(workload, part: str, held_out: float, seed: int):
 
 def run_point(config: dict, backend: str = "sim", split: dict | None = None,
               plots: bool | None = None) -> dict:
-    """Replay one point (on a worker). Returns {"result", "plots" (name -> PNG bytes),
-    "replay_s", "task_s"} or {"error"}."""
+    """Replay one point (on a worker) and render its run folder's files there. Returns
+    {"files" (file name -> bytes: what ``write_results`` writes, plots included when
+    drawn), "plots" (the PNGs' names), "metrics", "replay_s", "task_s", "worker",
+    "workload_kept"} or {"error"}. The files travel, not the Result: the client only
+    writes bytes, so it keeps up with many workers."""
     t0 = time.perf_counter()
     try:
         from kvsim.config import validate_config
-        from kvsim.run import prepare_run, replay
+        from kvsim.run import prepare_run, replay, write_files
+        from kvsim.study.cache import worker_cache
         from kvsim.workload import session_start_times
 
         cfg = validate_config(config, f"point {config.get('name')}")
-        prep = prepare_run(cfg)
+        cache = worker_cache()
+        workload, kept = cache.workload(cfg) if cache is not None else (None, False)
+        prep = prepare_run(cfg, workload=workload)
         if split is not None:
             wl = split_workload(prep.workload, split["part"], split["held_out"], split["seed"])
             starts = session_start_times(wl, seed=cfg.seed) \
@@ -100,18 +108,17 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
         t1 = time.perf_counter()
         result = replay(prep, backend)
         t2 = time.perf_counter()
-        pngs = {}
-        if cfg.output.plots if plots is None else plots:
+        draw = cfg.output.plots if plots is None else plots
+        if draw:
             import matplotlib
 
             matplotlib.use("Agg")
-            from kvsim.plots import write_plots
-
-            with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
-                for p in write_plots(result, Path(tmp)):
-                    pngs[p.name] = p.read_bytes()
-        return {"result": result, "plots": pngs, "replay_s": t2 - t1,
-                "task_s": time.perf_counter() - t0, "worker": f"{socket.gethostname()}:{os.getpid()}"}
+        with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
+            write_files(result, Path(tmp), plots=draw)
+            files = {f.name: f.read_bytes() for f in sorted(Path(tmp).iterdir()) if f.is_file()}
+        return {"files": files, "plots": sorted(n for n in files if n.endswith(".png")),
+                "metrics": result.metrics, "replay_s": t2 - t1, "task_s": time.perf_counter() - t0,
+                "worker": f"{socket.gethostname()}:{os.getpid()}", "workload_kept": kept}
     except Exception as e:  # recorded for this point; the study goes on
         tb = traceback.extract_tb(e.__traceback__)
         where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
@@ -131,7 +138,9 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
     of ``workers`` single-threaded processes (default: the cores). Workers are warmed."""
     from distributed import Client, LocalCluster
 
-    cluster = None
+    from kvsim.study.cache import WorkloadCache
+
+    cluster, forked = None, False
     if scheduler:
         try:
             client = Client(scheduler, timeout="30s")
@@ -149,6 +158,7 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
             # nanny restarts later is spawned: Dask's default outside this block.)
             warm()
             settings["distributed.worker.multiprocessing-method"] = "fork"
+            forked = True
         with dask.config.set(settings):
             # everything on the loopback; the scheduler's HTTP server on any free port
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
@@ -158,7 +168,9 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
     try:
         if cluster is not None:
             client.run(quiet_interrupts)
-        client.run(warm)
+        if not forked:  # forked workers start with what warm() loaded here
+            client.run(warm)
+        client.register_plugin(WorkloadCache())   # a fresh one: replaces a last study's
         yield client
     finally:
         client.close()
@@ -188,17 +200,21 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def write_point(folder: Path, point: Point, payload: dict) -> Path:
-    """The point's run folder (write_results), its plots, then point.json."""
-    from kvsim.run import write_results
+    """The point's run folder from the files its worker rendered (staged beside it and
+    swapped into place, as ``write_results`` does), then point.json."""
+    from kvsim.results import Staging
 
-    out = write_results(payload["result"], folder, plots=False)
-    for name, data in payload.get("plots", {}).items():
-        (out / name).write_bytes(data)
+    with Staging.reserve(folder) as stage:
+        for name, data in payload["files"].items():
+            if Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"a point's file name {name!r}: expected a plain name")
+            (stage.path / name).write_bytes(data)
+        out = stage.commit()
     _write_json(out / POINT_FILE, {
         "name": point.name, "hash": point.hash, "params": point.params, "variant": point.variant,
-        "backend": point.backend, "split": point.split, "plots": sorted(payload.get("plots", {})),
+        "backend": point.backend, "split": point.split, "plots": payload.get("plots", []),
         "replay_s": payload.get("replay_s"), "task_s": payload.get("task_s"),
-        "worker": payload.get("worker"),
+        "worker": payload.get("worker"), "workload_kept": payload.get("workload_kept"),
     })
     return out
 

@@ -200,7 +200,7 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
                 try:
                     if "error" in payload:
                         raise RuntimeError(payload["error"])
-                    m = payload["result"].metrics
+                    m = payload["metrics"]
                     value = objective_value(spec, m)
                     if math.isnan(value):
                         raise ValueError("the objective is NaN (no request completed?)")
