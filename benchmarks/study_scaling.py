@@ -6,8 +6,8 @@ another and at once.
 
 Each study runs in a fresh Python process, as ``kvsim study`` would. For each worker count
 it prints the study's wall time (from importing kvsim.study to the plots written: imports,
-cluster start, points, table and plots), its parts, and the sum of the points' replay
-times (``replay``'s engine loop, measured in the workers). Then:
+planning, cluster start, points, cluster close, table and plots), its parts, and the sum
+of the points' replay times (``replay``'s engine loop, measured in the workers). Then:
 
 - ``replay_pair_ceiling_x``: two processes each replaying the same 4 points (one per GPU
   quota, seed 0), started at once, against the same two run one after another: (the sum of

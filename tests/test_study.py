@@ -279,6 +279,20 @@ def test_workload_key_follows_the_workload_the_seed_and_the_trace_file(tmp_path)
         key()
 
 
+def test_the_ttft_cdf_points_are_known_once_the_first_ok_points_are_done():
+    from kvsim.study.plots import MAX_LINES, cdf_points
+    from kvsim.study.points import Point
+
+    pts = [Point(f"p{i}", {}, {}, None, {}) for i in range(MAX_LINES + 3)]
+    status = {p.name: "ok" for p in pts[1:MAX_LINES]}
+    assert cdf_points(pts, status) is None                  # p0 still running
+    status["p0"] = "failed"
+    assert cdf_points(pts, status) is None                  # p0 failed: p12 is in, not done
+    status[f"p{MAX_LINES}"] = "ok"
+    assert [p.name for p in cdf_points(pts, status)] == [f"p{i}" for i in range(1, MAX_LINES + 1)]
+    assert [p.name for p in cdf_points(pts[:3], {"p0": "ok", "p1": "failed", "p2": "ok"})] == ["p0", "p2"]
+
+
 def test_a_point_file_name_must_be_plain(tmp_path):
     from kvsim.study.execute import write_point
     from kvsim.study.points import Point

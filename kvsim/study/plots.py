@@ -92,20 +92,37 @@ def _ttfts(folder: Path) -> list[float]:
     return sorted(vals)
 
 
-def ttft_cdfs(points: list[Point], rows: list[dict], folder_of, out: Path) -> list[Path]:
-    plt = _plt()
-    ok = [p for p in points if next(r for r in rows if r["point"] == p.name)["status"] == "ok"]
-    if not ok:
+def cdf_points(points: list[Point], status: dict[str, str]) -> list[Point] | None:
+    """The points ``ttft_cdf.png`` shows, the first ``MAX_LINES`` with status 'ok' in the
+    study's order, once they are known: None while a point that could be among them has
+    no status yet (a study draws the plot as soon as it is known, while its last points
+    still run)."""
+    shown = []
+    for p in points:
+        s = status.get(p.name)
+        if s is None:
+            return None
+        if s == "ok":
+            shown.append(p)
+            if len(shown) == MAX_LINES:
+                break
+    return shown
+
+
+def ttft_cdf(shown: list[Point], n_points: int, folder_of, out: Path) -> list[Path]:
+    """``ttft_cdf.png``: the TTFT CDFs of ``shown`` overlaid (of a study of ``n_points``)."""
+    if not shown:
         return []
+    plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for p in ok[:MAX_LINES]:
+    for p in shown:
         v = _ttfts(folder_of(p))
         if v:
             ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=p.name)
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
-    title = "TTFT CDF" + (f" (first {MAX_LINES} of {len(ok)} points)" if len(ok) > MAX_LINES else "")
+    title = "TTFT CDF" + (f" (the first {len(shown)} of {n_points} points)" if n_points > len(shown) else "")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="x-small")
@@ -114,6 +131,11 @@ def ttft_cdfs(points: list[Point], rows: list[dict], folder_of, out: Path) -> li
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return [path]
+
+
+def ttft_cdfs(points: list[Point], rows: list[dict], folder_of, out: Path) -> list[Path]:
+    return ttft_cdf(cdf_points(points, {r["point"]: r["status"] for r in rows}) or [], len(points),
+                    folder_of, out)
 
 
 def variant_bars(points: list[Point], rows: list[dict], metrics: list[str], out: Path) -> list[Path]:
@@ -137,7 +159,9 @@ def variant_bars(points: list[Point], rows: list[dict], metrics: list[str], out:
 
 
 def write_study_plots(points: list[Point], rows: list[dict], folder_of, metrics: list[str],
-                      out: Path) -> list[Path]:
+                      out: Path, cdf: bool = True) -> list[Path]:
+    """The study's plots; ``cdf=False``: all but ``ttft_cdf.png`` (drawn already)."""
     out.mkdir(parents=True, exist_ok=True)
-    return [*axis_plots(points, rows, metrics, out), *ttft_cdfs(points, rows, folder_of, out),
+    return [*axis_plots(points, rows, metrics, out),
+            *(ttft_cdfs(points, rows, folder_of, out) if cdf else []),
             *variant_bars(points, rows, metrics, out)]

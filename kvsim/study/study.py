@@ -28,7 +28,7 @@ class StudyReport:
     folder: Path
     table_paths: tuple
     plots: list
-    timings: dict   # seconds: cluster start, points, table, plots
+    timings: dict   # seconds: plan, cluster start, points, cluster close, table, plots
 
 
 def _preload(plots: bool) -> None:
@@ -71,29 +71,46 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
               plots: bool = True) -> StudyReport:
     from kvsim.study.table import build_rows, write_table
 
+    t0 = time.perf_counter()
     spec, points = plan_study(path, overrides)
     folder = study_folder(spec, out)
     folder.mkdir(parents=True, exist_ok=True)
     if Path(path).resolve() != (folder / "study.yaml").resolve():
         shutil.copyfile(path, folder / "study.yaml")
-    pdir = folder / "points"
+    pdir, plots_dir = folder / "points", folder / "plots"
 
     def folder_of(p: Point) -> Path:
         return pdir / p.name
 
-    timings = {"start": 0.0}
+    status = {p.name: "ok" for p in points if is_complete(folder_of(p), p.hash)}
+    timings = {"plan": time.perf_counter() - t0, "start": 0.0, "points": 0.0, "close": 0.0}
     t0 = time.perf_counter()
-    if all(is_complete(folder_of(p), p.hash) for p in points):  # nothing to run: no cluster
+    early: list = []   # ttft_cdf.png, drawn as soon as its points are done
+    if len(status) == len(points):  # nothing to run: no cluster
         outcome = Outcome(skipped=len(points))
     else:
+        loader = threading.Thread(target=_preload, args=(plots,), daemon=True)
+
+        def on_done(p: Point, payload: dict) -> None:
+            status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"
+            if plots and not early:
+                from kvsim.study.plots import cdf_points, ttft_cdf
+
+                shown = cdf_points(points, status)
+                if shown is not None:
+                    loader.join()   # matplotlib is not to be used from two threads at once
+                    plots_dir.mkdir(parents=True, exist_ok=True)
+                    early.append(ttft_cdf(shown, len(points), folder_of, plots_dir))
+
         with open_client(workers, scheduler) as client, \
                 progress_bar(len(points), spec.name, progress) as bar:
             timings["start"] = time.perf_counter() - t0
             # the table's and the plots' libraries load while the workers replay
-            loader = threading.Thread(target=_preload, args=(plots,), daemon=True)
             loader.start()
-            outcome = run_points(client, points, folder_of, progress=bar)
+            outcome = run_points(client, points, folder_of, progress=bar, on_done=on_done)
             loader.join()
+            t0 = time.perf_counter()
+        timings["close"] = time.perf_counter() - t0
     timings["points"] = outcome.wall_s
     t1 = time.perf_counter()
     (folder / "failures.json").write_text(json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n")
@@ -105,6 +122,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
     if plots:
         from kvsim.study.plots import write_study_plots
 
-        written = write_study_plots(points, rows, folder_of, list(spec.plot_metrics), folder / "plots")
+        written = write_study_plots(points, rows, folder_of, list(spec.plot_metrics), plots_dir,
+                                    cdf=not early) + (early[0] if early else [])
     timings["plots"] = time.perf_counter() - t2
     return StudyReport(spec, points, rows, outcome, folder, paths, written, timings)
