@@ -293,6 +293,23 @@ def test_the_ttft_cdf_points_are_known_once_the_first_ok_points_are_done():
     assert [p.name for p in cdf_points(pts[:3], {"p0": "ok", "p1": "failed", "p2": "ok"})] == ["p0", "p2"]
 
 
+def test_an_axis_of_many_values_labels_a_few_spread_along_it():
+    import math
+
+    from kvsim.study.plots import MAX_TICKS, _tick_values
+
+    few = [1, 2, 3, 5]
+    assert _tick_values(few) == few
+    many = [64 + 4 * i for i in range(1000)]
+    for log in (False, True):
+        got = _tick_values(many, log)
+        assert 2 < len(got) <= MAX_TICKS and got[0] == 64 and got[-1] == many[-1]
+        assert got == sorted(set(got)) and set(got) <= set(many)
+        f = math.log if log else float
+        gaps = [f(b) - f(a) for a, b in zip(got, got[1:])]
+        assert max(gaps) < 1.5 * min(gaps), (log, got)       # evenly spread on the axis
+
+
 def test_a_point_file_name_must_be_plain(tmp_path):
     from kvsim.study.execute import write_point
     from kvsim.study.points import Point

@@ -9,13 +9,36 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
+import math
 from collections import defaultdict
 from pathlib import Path
 
 from kvsim.study.points import Point
 
 MAX_LINES = 12
+MAX_TICKS = 10   # labels on an axis at most (1,000 of them took 17 s of CPU to draw)
+
+
+def _tick_values(values: list, log: bool = False) -> list:
+    """``values`` (sorted, numbers) to label on an axis: all of them up to ``MAX_TICKS``,
+    else for each of ``MAX_TICKS`` positions evenly spaced along the axis (in log space on
+    a log axis) the value nearest to it, the first and the last included."""
+    n = len(values)
+    if n <= MAX_TICKS:
+        return values
+    f = math.log if log else float
+    lo, hi = f(values[0]), f(values[-1])
+    pos = [f(v) for v in values]
+    out = []
+    for i in range(MAX_TICKS):
+        target = lo + (hi - lo) * i / (MAX_TICKS - 1)
+        j = bisect.bisect_left(pos, target)
+        near = min((k for k in (j - 1, j) if 0 <= k < n), key=lambda k: abs(pos[k] - target))
+        if not out or values[near] != out[-1]:
+            out.append(values[near])
+    return out
 
 
 def _plt():
@@ -60,9 +83,11 @@ def axis_plots(points: list[Point], rows: list[dict], metrics: list[str], out: P
                 ax.plot(xv, [float("nan") if y is None else y for y in yv], marker="o", label=name or None)
             ax.set_xlabel(x)
             ax.set_ylabel(m)
-            if min(ticks) > 0 and max(ticks) / min(ticks) >= 8:
+            log = min(ticks) > 0 and max(ticks) / min(ticks) >= 8
+            if log:
                 ax.set_xscale("log")
-            ax.set_xticks(sorted(ticks), [ticks[v] for v in sorted(ticks)], rotation=30)
+            shown = _tick_values(sorted(ticks), log)
+            ax.set_xticks(shown, [ticks[v] for v in shown], rotation=30)
             ax.minorticks_off()
             ax.grid(True, alpha=0.3)
         handles, names = axes[0][0].get_legend_handles_labels()
