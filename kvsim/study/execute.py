@@ -272,7 +272,7 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
                 out.replay_s[p.name] = payload["replay_s"]
                 out.task_s[p.name] = payload["task_s"]
                 out.client_s[p.name] = time.perf_counter() - tc
-            except (OSError, ValueError) as e:
+            except (OSError, ValueError, KeyError) as e:  # KeyError: a worker of another kvsim
                 out.failures[p.name] = f"writing {folder_of(p)}: {type(e).__name__}: {e}"
         done += 1
         out.ran += 1

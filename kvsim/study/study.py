@@ -99,8 +99,11 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
                 shown = cdf_points(points, status)
                 if shown is not None:
                     loader.join()   # matplotlib is not to be used from two threads at once
-                    plots_dir.mkdir(parents=True, exist_ok=True)
-                    early.append(ttft_cdf(shown, len(points), folder_of, plots_dir))
+                    try:
+                        plots_dir.mkdir(parents=True, exist_ok=True)
+                        early.append(ttft_cdf(shown, len(points), folder_of, plots_dir))
+                    except Exception:  # the points go on; the plot is tried again at the end
+                        early.append(None)
 
         with open_client(workers, scheduler) as client, \
                 progress_bar(len(points), spec.name, progress) as bar:
@@ -122,7 +125,8 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
     if plots:
         from kvsim.study.plots import write_study_plots
 
+        drawn = early[0] if early else None
         written = write_study_plots(points, rows, folder_of, list(spec.plot_metrics), plots_dir,
-                                    cdf=not early) + (early[0] if early else [])
+                                    cdf=drawn is None) + (drawn or [])
     timings["plots"] = time.perf_counter() - t2
     return StudyReport(spec, points, rows, outcome, folder, paths, written, timings)
