@@ -21,7 +21,7 @@ class Decoders:
         self.S = 0                               # decode steps run so far
         self.members: dict[Live, None] = {}      # decoding now, in join order
         self.dsum = 0                            # their contexts (tokens), summed
-        self._due: list[tuple[int, int, Live]] = []  # heap of (step, seq, live)
+        self.due: list[tuple[int, int, Live]] = []  # heap of (step, seq, live)
         self._seq = count()
 
     def sync(self, lv: Live) -> None:
@@ -35,7 +35,7 @@ class Decoders:
         lv.s0 = self.S
         req: Request = lv.req
         lv.due = self.S + min(lv.out - lv.gen, req.tokens - lv.kv)
-        heapq.heappush(self._due, (lv.due, next(self._seq), lv))
+        heapq.heappush(self.due, (lv.due, next(self._seq), lv))
         self.members[lv] = None
         self.dsum += lv.kv
 
@@ -53,14 +53,14 @@ class Decoders:
 
     def next_due(self) -> int | None:
         """The next step at which a member needs attention, or None."""
-        due = self._due
+        due = self.due
         while due and due[0][2].due != due[0][0]:
             heapq.heappop(due)  # stale: the request left or joined again since
         return due[0][0] if due else None
 
     def pop_due(self) -> list[Live]:
         """The members whose step has come, synced and removed (they finish or must grow)."""
-        due = self._due
+        due = self.due
         out = []
         while due and due[0][0] <= self.S:
             step, _, lv = heapq.heappop(due)

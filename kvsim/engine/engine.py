@@ -144,6 +144,9 @@ class Engine(Lifecycle):
         self._vnow = now
 
     def _release_arrivals(self) -> None:
+        heap = self.arrivals.heap
+        if not heap or heap[0][0] > self.t:  # (checked here: once per step, most find none)
+            return
         for at, cur, frame, turn in self.arrivals.pop_due(self.t):
             uid = next(self._uids)
             row = Row(rid=uid, session=frame.session.sid, turn=cur.turn_index, arrival_ns=at,
@@ -186,7 +189,10 @@ class Engine(Lifecycle):
 
     def _process_due(self) -> None:
         """Decoders whose turn is over finish; those that filled their pages must grow."""
-        for lv in self.dec.pop_due():
+        dec = self.dec
+        if not dec.due or dec.due[0][0] > dec.S:  # (checked here: once per step)
+            return
+        for lv in dec.pop_due():
             if lv.gen >= lv.out:
                 self._finish(lv)
             else:
