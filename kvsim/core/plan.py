@@ -30,6 +30,7 @@ class BatchKind(enum.IntEnum):
     EVICT = 0    # warmer -> colder, to make room
     ONBOARD = 1  # colder -> GPU, for a request being resumed
     COPY = 2     # GPU -> GPU copy-on-write of a shared page a request must append to
+    BACKGROUND = 3  # a copy to disk nothing waits for (write-through): disk I/O's lowest class
 
 
 class Batch:

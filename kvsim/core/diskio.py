@@ -1,0 +1,237 @@
+"""Disk I/O ordering: which piece a free disk worker runs next. Pure; both backends call it.
+
+With ``cache.tiers[i].io_workers`` > 0 on the disk tier, each backend runs its disk
+transfers as pieces on that many workers (the hw backend's I/O threads, the sim's model of
+them), and every time a worker is free it asks a ``DiskQueues`` for the next piece. The
+backends differ only in how long a piece takes and whether bytes move.
+
+The rules:
+- a transfer is cut in pieces of at most ``piece_bytes`` (``pieces``): a page larger than
+  that in several, smaller pages grouped, never crossing a piece boundary;
+- each piece waits in the queue of its transfer's class (``IoClass``, from the batch by
+  ``io_class``): READ (restores: disk -> host or GPU), WRITE (required writes: evictions
+  to disk), BACKGROUND (writes nothing waits for: write-through). Each queue is first in,
+  first out;
+- the next piece is the head of the first non-empty queue in that order, unless a head
+  has *aged*: a WRITE head that has waited ``write_age_s`` (10 ms), a BACKGROUND head
+  ``background_age_s`` (100 ms). An aged head jumps the order (of two aged heads, the one
+  pushed first; on a tie, WRITE). While reads wait, a jump happens at most every other
+  piece: after one, the next piece is a read. So a read waits at most one piece behind
+  the writes' aging, and no queue starves: a write's wait is bounded by the reads'
+  pieces ahead of it plus its aging, a background write's likewise;
+- ``fail(transfer)`` takes a transfer's queued pieces out (one failed piece fails its
+  transfer: the backend fails the rest without running them);
+- ``promote(transfer)`` moves a transfer's queued BACKGROUND pieces to the WRITE queue
+  (a required eviction came to depend on that write), keeping their push times, so they
+  keep their age.
+
+Time is the caller's: every call that needs it takes ``now`` in seconds (the hw backend
+passes a monotonic clock, the sim its simulated time). Invariants: every pushed piece is
+popped or failed exactly once; a queue's pieces are in push-time order; ``pop`` returns a
+piece whenever any queue is non-empty.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+from kvsim.core.plan import Batch, BatchKind
+from kvsim.core.spec import Level
+
+MiB = 1 << 20
+PIECE_BYTES = 4 * MiB           # the most bytes one piece moves (FIELD.md section 4)
+WRITE_AGE_S = 0.010             # a required write this old jumps the reads
+BACKGROUND_AGE_S = 0.100        # a background write this old jumps reads and writes
+
+
+class IoClass(enum.IntEnum):
+    """A disk transfer's priority class, most urgent first."""
+
+    READ = 0        # disk -> host or GPU: a restore a request waits for
+    WRITE = 1       # host or GPU -> disk: an eviction the freed slots wait for
+    BACKGROUND = 2  # -> disk, nothing waits for it (write-through)
+
+
+def io_class(batch: Batch) -> IoClass | None:
+    """The class of ``batch``'s disk leg; None when it has none. A batch of kind
+    ``BatchKind.BACKGROUND`` to disk is BACKGROUND: that is how a transfer is marked as one
+    nothing waits for."""
+    if batch.src == Level.DISK:
+        return IoClass.READ
+    if batch.dst == Level.DISK:
+        return IoClass.BACKGROUND if batch.kind is BatchKind.BACKGROUND else IoClass.WRITE
+    return None
+
+
+def pieces(page_bytes: int, pages: int, piece_bytes: int = PIECE_BYTES) -> list[list[tuple[int, int, int]]]:
+    """A transfer of ``pages`` pages of ``page_bytes`` -> its pieces, in order: each a list
+    of (page index, start byte, end byte) spans of at most ``piece_bytes`` bytes in all."""
+    if page_bytes <= 0 or piece_bytes <= 0 or pages < 0:
+        raise ValueError(f"pieces: page_bytes {page_bytes}, piece_bytes {piece_bytes} and "
+                         f"pages {pages}: expected positive sizes and pages >= 0")
+    out: list[list[tuple[int, int, int]]] = []
+    cur: list[tuple[int, int, int]] = []
+    cur_bytes = 0
+    for i in range(pages):
+        for a in range(0, page_bytes, piece_bytes):
+            b = min(page_bytes, a + piece_bytes)
+            if cur and cur_bytes + (b - a) > piece_bytes:
+                out.append(cur)
+                cur, cur_bytes = [], 0
+            cur.append((i, a, b))
+            cur_bytes += b - a
+    if cur:
+        out.append(cur)
+    return out
+
+
+def piece_sizes(page_bytes: int, pages: int, piece_bytes: int = PIECE_BYTES) -> list[int]:
+    """The byte count of each of ``pieces(page_bytes, pages, piece_bytes)``."""
+    return [sum(b - a for _, a, b in p) for p in pieces(page_bytes, pages, piece_bytes)]
+
+
+@dataclass(frozen=True)
+class IoRule:
+    """The ordering's constants (seconds, bytes)."""
+
+    write_age_s: float = WRITE_AGE_S
+    background_age_s: float = BACKGROUND_AGE_S
+    piece_bytes: int = PIECE_BYTES
+
+    def __post_init__(self) -> None:
+        if not (self.write_age_s >= 0 and self.background_age_s >= 0 and self.piece_bytes > 0):
+            raise ValueError(f"IoRule: ages must be >= 0 and piece_bytes > 0, got {self}")
+
+    def age_of(self, cls: IoClass) -> float | None:
+        """How long a head of ``cls`` waits before it jumps the order (None: never)."""
+        if cls is IoClass.WRITE:
+            return self.write_age_s
+        if cls is IoClass.BACKGROUND:
+            return self.background_age_s
+        return None
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A popped piece: the caller's ``item``, its class and transfer, how long it waited,
+    and whether it jumped the order by aging."""
+
+    item: Any
+    cls: IoClass
+    transfer: Hashable
+    waited_s: float
+    jumped: bool
+
+
+class _Entry:
+    __slots__ = ("t", "seq", "transfer", "item")
+
+    def __init__(self, t: float, seq: int, transfer: Hashable, item: Any):
+        self.t = t
+        self.seq = seq
+        self.transfer = transfer
+        self.item = item
+
+    def key(self) -> tuple[float, int]:
+        return (self.t, self.seq)
+
+
+class DiskQueues:
+    """The three queues and the rule that picks from them (see the module docstring).
+    ``transfer`` keys are any hashable the caller chooses (one per transfer)."""
+
+    def __init__(self, rule: IoRule | None = None):
+        self.rule = rule if rule is not None else IoRule()
+        self._q: list[list[_Entry]] = [[], [], []]  # by IoClass; each sorted by (t, seq)
+        self._head = [0, 0, 0]  # index of each queue's head (popped entries before it)
+        self._seq = 0
+        self._jumped = False  # the last piece jumped the reads while reads waited
+        self.jumps = 0        # pieces that jumped the order by aging
+
+    def __len__(self) -> int:
+        return sum(len(q) - h for q, h in zip(self._q, self._head))
+
+    def waiting(self, cls: IoClass) -> int:
+        """Pieces queued in ``cls``."""
+        return len(self._q[cls]) - self._head[cls]
+
+    def push(self, item: Any, cls: IoClass, now: float, transfer: Hashable) -> None:
+        """Queue one piece of ``transfer`` (FIFO within its class)."""
+        q = self._q[IoClass(cls)]
+        e = _Entry(now, self._seq, transfer, item)
+        self._seq += 1
+        if len(q) > self._head[cls] and q[-1].key() > e.key():  # (a clock that went back)
+            bisect.insort(q, e, lo=self._head[cls], key=_Entry.key)
+        else:
+            q.append(e)
+
+    def _peek(self, cls: int) -> _Entry | None:
+        h = self._head[cls]
+        q = self._q[cls]
+        return q[h] if h < len(q) else None
+
+    def _take(self, cls: int) -> _Entry:
+        q = self._q[cls]
+        e = q[self._head[cls]]
+        self._head[cls] += 1
+        if self._head[cls] > 64 and self._head[cls] * 2 > len(q):  # compact now and then
+            del q[: self._head[cls]]
+            self._head[cls] = 0
+        return e
+
+    def pop(self, now: float) -> Pick | None:
+        """The next piece to run, or None when every queue is empty."""
+        heads = [self._peek(c) for c in range(3)]
+        aged: _Entry | None = None
+        aged_cls = -1
+        for c in (IoClass.WRITE, IoClass.BACKGROUND):
+            e = heads[c]
+            age = self.rule.age_of(c)
+            if e is not None and age is not None and now - e.t >= age:
+                if aged is None or e.t < aged.t:  # (a tie: WRITE, visited first)
+                    aged, aged_cls = e, c
+        reads_wait = heads[IoClass.READ] is not None
+        jumped = False
+        if aged is not None and not (reads_wait and self._jumped):
+            cls = aged_cls
+            # a jump: past the reads, or (a background head) past the writes
+            jumped = reads_wait or (aged_cls == IoClass.BACKGROUND and heads[IoClass.WRITE] is not None)
+        else:
+            cls = next((c for c in range(3) if heads[c] is not None), -1)
+            if cls < 0:
+                return None
+        self._jumped = jumped and reads_wait
+        if jumped:
+            self.jumps += 1
+        e = self._take(cls)
+        return Pick(e.item, IoClass(cls), e.transfer, now - e.t, jumped)
+
+    def fail(self, transfer: Hashable) -> list[Any]:
+        """Take every queued piece of ``transfer`` out; their items, in push order."""
+        out: list[_Entry] = []
+        for c in range(3):
+            q, h = self._q[c], self._head[c]
+            keep = [e for e in q[h:] if e.transfer != transfer]
+            if len(keep) != len(q) - h:
+                out.extend(e for e in q[h:] if e.transfer == transfer)
+                self._q[c] = keep
+                self._head[c] = 0
+        out.sort(key=_Entry.key)
+        return [e.item for e in out]
+
+    def promote(self, transfer: Hashable) -> int:
+        """Move ``transfer``'s queued BACKGROUND pieces to the WRITE queue (in push-time
+        order among the writes); how many moved."""
+        bg, h = self._q[IoClass.BACKGROUND], self._head[IoClass.BACKGROUND]
+        moving = [e for e in bg[h:] if e.transfer == transfer]
+        if not moving:
+            return 0
+        self._q[IoClass.BACKGROUND] = [e for e in bg[h:] if e.transfer != transfer]
+        self._head[IoClass.BACKGROUND] = 0
+        wq = self._q[IoClass.WRITE]
+        for e in moving:
+            bisect.insort(wq, e, lo=self._head[IoClass.WRITE], key=_Entry.key)
+        return len(moving)
