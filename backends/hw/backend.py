@@ -36,6 +36,7 @@ import numpy as np
 from kvsim.config import RunConfig
 from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_per_direction
 from kvsim.core.copypath import sm_ctas as cta_count
+from kvsim.core.diskio import io_class
 from kvsim.core.hostfill import UNIT_BYTES, FillLayout, FillMode, needed_watermark
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
@@ -76,7 +77,11 @@ class HwBackend:
     ``watch`` and ``external``). ``profile`` (a HardwareProfile or a preset name; default
     the default config's) gives what the sim backend reads too: the copy-path and CTA
     rules' inputs, the SM kernel's threads a CTA, and the disk tier's I/O threads and
-    piece size (``nvme.queue_depth``, ``nvme.piece``). ``copy_path``: ``auto``, one path,
+    piece size (``nvme.queue_depth``, ``nvme.piece``). ``disk_io_workers`` (the disk
+    tier's ``io_workers``): 0, the disk's pieces run round robin over the transfers in
+    flight on ``nvme.queue_depth`` threads; N > 0, on N threads in the order of
+    ``kvsim.core.diskio`` (restores, then required writes, then background writes, aging),
+    as the sim models them. ``copy_path``: ``auto``, one path,
     or one a direction (``kvsim.core.copypath.force_per_direction``); ``sm_ctas``: ``auto``
     or a CTA count (``kvsim.core.copypath.sm_ctas``)."""
 
@@ -89,7 +94,8 @@ class HwBackend:
                  direct_io: bool = True, disk_preallocate: bool = True, compute_graphs: bool = True,
                  timing_log: list | None = None, compute_log: list | None = None,
                  host_log: list | None = None, host_fill: dict | None = None,
-                 fail_fill_at_unit: int | None = None, fill_unit_delay_s: float = 0.0):
+                 fail_fill_at_unit: int | None = None, fill_unit_delay_s: float = 0.0,
+                 disk_io_workers: int = 0):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -111,6 +117,10 @@ class HwBackend:
         # bad settings fail here, before any allocation
         force = force_per_direction(copy_path)
         ctas = {d: cta_count(sm_ctas, **self.profile.cta_args(d)) for d in DIRECTIONS}
+        if isinstance(disk_io_workers, bool) or not isinstance(disk_io_workers, (int, np.integer)) \
+                or disk_io_workers < 0:
+            raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
+        self.disk_io_workers = int(disk_io_workers)
         self.refcheck = bool(refcheck)
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.logs = HwLogs(runtime, self.page_bytes, self.path_name, timing_log, compute_log, host_log)
@@ -155,9 +165,10 @@ class HwBackend:
         if Level.HOST in self.slots:
             self._build_host(cuda_rt)
         if Level.DISK in self.slots:
-            self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes, io_threads,
-                                  piece, io_hook, direct=direct_io,
-                                  preallocate=disk_preallocate)
+            workers = self.disk_io_workers
+            self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes,
+                                  workers or io_threads, piece, io_hook, direct=direct_io,
+                                  preallocate=disk_preallocate, priorities=workers > 0)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)
@@ -308,6 +319,12 @@ class HwBackend:
             self.logs.account(batch, ev, path, t0, io)
         return ev
 
+    def promote(self, batch: Batch) -> int:
+        """A background write (a ``BatchKind.BACKGROUND`` batch to disk) that a required
+        write came to depend on: its pieces still queued move to the required writes'
+        queue (with ``disk_io_workers`` > 0; else nothing to do). How many moved."""
+        return self.disk.pool.promote(batch) if self.disk is not None and self.disk.pool else 0
+
     def fail_next_transfer(self, n: int = 1) -> None:
         """Test hook: the next ``n`` transfers fail: their destination slots get garbage (a
         disk slot is marked as holding no completed write) and they succeed with False."""
@@ -374,13 +391,13 @@ class HwBackend:
             return self.copies.gpu_gpu(src, dst)
         staged = self.staged
         if key == (Level.HOST, Level.DISK):
-            return self.runtime.process(staged.host_to_disk(src, dst, io))
+            return self.runtime.process(staged.host_to_disk(src, dst, io, io_class(batch), batch))
         if key == (Level.DISK, Level.HOST):
-            return self.runtime.process(staged.disk_to_host(src, dst, io))
+            return self.runtime.process(staged.disk_to_host(src, dst, io, batch))
         if key == (Level.GPU, Level.DISK):
-            return self.runtime.process(staged.gpu_to_disk(src, dst, io))
+            return self.runtime.process(staged.gpu_to_disk(src, dst, io, io_class(batch), batch))
         if key == (Level.DISK, Level.GPU):
-            return self.runtime.process(staged.disk_to_gpu(src, dst, io))
+            return self.runtime.process(staged.disk_to_gpu(src, dst, io, batch))
         raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
 
     def compute(self, duration_s: float) -> Any:

@@ -10,7 +10,11 @@ do not cost one future each) and run on ``io_threads`` threads that serve the ba
 flight round robin (``FairPool``): a one-page write issued while a 512-page eviction is
 being written shares the threads with it, as the sim's disk shares the device among the
 transfers in flight, instead of waiting behind all its pieces (a FIFO pool made such
-writes wait up to 0.58 s on the H200 machine). O_DIRECT
+writes wait up to 0.58 s on the H200 machine). With ``priorities`` (the disk tier's
+``io_workers`` > 0) the threads instead take pieces in the order of
+``kvsim.core.diskio`` (``PriorityPool``): restores first, then required writes, then
+background writes, with aging, the rule the sim models too; a failed piece fails its
+transfer and its pieces not yet started are not run. O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
 otherwise, or after the first EINVAL, the buffered descriptor.
 
@@ -33,17 +37,19 @@ from __future__ import annotations
 
 import collections
 import errno
+import itertools
 import os
 import shutil
 import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
 from kvsim import scratch
+from kvsim.core.diskio import DiskQueues, IoClass, IoRule, pieces
 
 _ALIGN = 4096
 IoHook = Callable[[str, int, int], None]
@@ -69,8 +75,10 @@ class FairPool:
         for t in self._threads:
             t.start()
 
-    def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any]) -> list[Future]:
-        """Run ``fn(job)`` for each job; their futures, in order."""
+    def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
+                     cls: IoClass = IoClass.WRITE, transfer: Hashable | None = None) -> list[Future]:
+        """Run ``fn(job)`` for each job; their futures, in order (``cls`` and ``transfer``:
+        PriorityPool's, unused here: every group is served alike)."""
         futs = [Future() for _ in jobs]
         if not futs:
             return futs
@@ -106,6 +114,92 @@ class FairPool:
             else:
                 fut.set_exception(exc)
 
+    def promote(self, transfer: Hashable) -> int:
+        """Nothing to promote: no group has a priority here."""
+        return 0
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No new groups; the threads finish the jobs already submitted, then exit."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
+class PriorityPool:
+    """``workers`` threads that run pieces in the order of ``kvsim.core.diskio``: every
+    time a thread is free it takes the piece ``DiskQueues.pop`` names (reads, then required
+    writes, then background writes; aging), the clock ``time.perf_counter``. A group is one
+    transfer's pieces (``transfer``: its key, for ``promote``; default a new one). When a
+    piece raises, the group's pieces not yet started are not run: their futures get an
+    OSError saying so, after the failed piece's own (so the first error a caller sees is
+    the real one). A job's future carries ``kv_span`` as FairPool's, and ``kv_wait``: the
+    seconds it waited in its queue."""
+
+    def __init__(self, workers: int, name: str, rule: IoRule | None = None):
+        self._cv = threading.Condition()
+        self.queues = DiskQueues(rule)
+        self._closed = False
+        self._ids = itertools.count()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
+                     cls: IoClass = IoClass.WRITE, transfer: Hashable | None = None) -> list[Future]:
+        """Run ``fn(job)`` for each job, queued in ``cls``; their futures, in order."""
+        futs = [Future() for _ in jobs]
+        if not futs:
+            return futs
+        key = ("group", next(self._ids)) if transfer is None else transfer
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the disk tier's I/O pool is shut down")
+            now = time.perf_counter()
+            for f, job in zip(futs, jobs):
+                self.queues.push((f, fn, job), cls, now, key)
+            self._cv.notify(len(futs))
+        return futs
+
+    def promote(self, transfer: Hashable) -> int:
+        """Move ``transfer``'s queued background pieces to the required writes."""
+        with self._cv:
+            return self.queues.promote(transfer)
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not len(self.queues) and not self._closed:
+                    self._cv.wait()
+                pick = self.queues.pop(time.perf_counter())
+                if pick is None:
+                    return  # shut down and drained
+            fut, fn, job = pick.item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            t0 = time.perf_counter()
+            out, exc = None, None
+            try:
+                out = fn(job)
+            except BaseException as e:  # noqa: BLE001 - delivered through the future
+                exc = e
+            fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+            fut.kv_wait = pick.waited_s  # type: ignore[attr-defined]
+            if exc is None:
+                fut.set_result(out)
+                continue
+            with self._cv:
+                rest = self.queues.fail(pick.transfer)
+            fut.set_exception(exc)
+            for f, _, _ in rest:
+                if f.set_running_or_notify_cancel():
+                    f.set_exception(OSError(errno.ECANCELED, "not run: another piece of its "
+                                                             f"transfer failed ({exc})"))
+
     def shutdown(self, wait: bool = True) -> None:
         """No new groups; the threads finish the jobs already submitted, then exit."""
         with self._cv:
@@ -118,9 +212,13 @@ class FairPool:
 
 
 class DiskStore:
+    """``io_threads`` threads run the tier's pieces of at most ``piece_bytes``: round robin
+    over the transfers in flight (``FairPool``), or with ``priorities`` in the order of
+    ``kvsim.core.diskio`` (``PriorityPool``: the disk tier's ``io_workers`` setting)."""
+
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
                  io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
-                 direct: bool = True, preallocate: bool = True):
+                 direct: bool = True, preallocate: bool = True, priorities: bool = False):
         self.slots = slots
         self.page_bytes = page_bytes
         self.piece_bytes = piece_bytes
@@ -142,7 +240,8 @@ class DiskStore:
                                          f"in {d!r}: {e.strerror or e}") from None
         self.path = os.fspath(path)
         self.direct_fd: int | None = None
-        self.pool: FairPool | None = None
+        self.pool: FairPool | PriorityPool | None = None
+        self.priorities = bool(priorities)
         # removed by close(), else when collected or at interpreter exit
         self._unlink = weakref.finalize(self, _unlink_quietly, self.path)
         try:
@@ -162,7 +261,8 @@ class DiskStore:
             self.close()
             raise
         self.valid = np.zeros(slots, dtype=bool)
-        self.pool = FairPool(io_threads, "kvsim-disk")
+        self.pool = (PriorityPool(io_threads, "kvsim-disk", IoRule(piece_bytes=piece_bytes))
+                     if self.priorities else FairPool(io_threads, "kvsim-disk"))
         self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
 
     # -- setup ------------------------------------------------------------------------
@@ -251,23 +351,12 @@ class DiskStore:
             done += n
 
     def _pieces(self, rows: Iterable[tuple[int, np.ndarray]]) -> list[list[tuple[int, np.ndarray]]]:
-        """(slot, row) pairs -> jobs: lists of (file offset, buffer) of <= piece_bytes total."""
-        jobs: list[list[tuple[int, np.ndarray]]] = []
-        cur: list[tuple[int, np.ndarray]] = []
-        cur_bytes = 0
-        pb = self.piece_bytes
-        for slot, row in rows:
-            base = int(slot) * self.page_bytes
-            for a in range(0, self.page_bytes, pb):
-                piece = row[a:a + pb]
-                if cur and cur_bytes + piece.nbytes > pb:
-                    jobs.append(cur)
-                    cur, cur_bytes = [], 0
-                cur.append((base + a, piece))
-                cur_bytes += piece.nbytes
-        if cur:
-            jobs.append(cur)
-        return jobs
+        """(slot, row) pairs -> jobs: lists of (file offset, buffer) of <= piece_bytes total
+        (``kvsim.core.diskio.pieces``: the cut the sim models)."""
+        pairs = list(rows)
+        pb = self.page_bytes
+        return [[(int(pairs[i][0]) * pb + a, pairs[i][1][a:b]) for i, a, b in piece]
+                for piece in pieces(pb, len(pairs), self.piece_bytes)]
 
     def _write_job(self, job) -> None:
         for off, buf in job:
@@ -286,25 +375,30 @@ class DiskStore:
         if bad.size:
             raise OSError(errno.EIO, f"disk slots {bad[:8].tolist()} hold no completed write")
 
-    def submit_writes(self, slots: np.ndarray, rows: np.ndarray) -> list[Future]:
+    def submit_writes(self, slots: np.ndarray, rows: np.ndarray, cls: IoClass = IoClass.WRITE,
+                      transfer: Hashable | None = None) -> list[Future]:
         """Write ``rows[i]`` into disk slot ``slots[i]``. Marks the slots invalid until
-        ``mark_written`` (call it only when every future succeeded)."""
+        ``mark_written`` (call it only when every future succeeded). ``cls``: WRITE (a
+        required write) or BACKGROUND; ``transfer``: the key its pieces are queued under
+        (one per transfer: ``promote`` and a failed piece act on all of them)."""
         self.check_writable()
         self.valid[slots] = False
-        return self.pool.submit_group(self._write_job, self._pieces(zip(slots, rows)))
+        return self.pool.submit_group(self._write_job, self._pieces(zip(slots, rows)), cls, transfer)
 
     def mark_written(self, slots: np.ndarray) -> None:
         self.valid[slots] = True
 
-    def submit_reads(self, slots: np.ndarray, rows: np.ndarray) -> list[Future]:
+    def submit_reads(self, slots: np.ndarray, rows: np.ndarray,
+                     transfer: Hashable | None = None) -> list[Future]:
         """Read disk slot ``slots[i]`` into ``rows[i]`` (rows must be writable views)."""
         self.check_readable(slots)
-        return self.pool.submit_group(self._read_job, self._pieces(zip(slots, rows)))
+        return self.pool.submit_group(self._read_job, self._pieces(zip(slots, rows)), IoClass.READ,
+                                      transfer)
 
     def read_rows(self, slots: np.ndarray) -> np.ndarray:
         """Synchronous read of whole slots (for read_tags); no validity check."""
         out = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
-        for f in self.pool.submit_group(self._read_job, self._pieces(zip(slots, out))):
+        for f in self.pool.submit_group(self._read_job, self._pieces(zip(slots, out)), IoClass.READ):
             f.result()
         return out
 

@@ -17,6 +17,8 @@ import collections
 
 import numpy as np
 
+from kvsim.core.diskio import IoClass
+
 
 def rows(view: np.ndarray, slots: np.ndarray) -> list[np.ndarray]:
     """Row views (no copies) of ``view`` at ``slots``."""
@@ -35,18 +37,20 @@ class StagedDisk:
         self.waits = waits
         self.errors = errors
 
-    def host_to_disk(self, src, dst, io: list):
+    def host_to_disk(self, src, dst, io: list, cls: IoClass = IoClass.WRITE, transfer=None):
+        """``cls``: the write's class (WRITE, or BACKGROUND); ``transfer``: the key its
+        pieces are queued under (the Batch)."""
         try:
-            futs = self.disk.submit_writes(dst, rows(self.host.view, src))
+            futs = self.disk.submit_writes(dst, rows(self.host.view, src), cls, transfer)
         except OSError as e:
             self.errors.append(f"host->disk: {e}")
             return False
         err = yield self.waits.futures(futs, io)
         return self._finish_write(dst, err, "host->disk")
 
-    def disk_to_host(self, src, dst, io: list):
+    def disk_to_host(self, src, dst, io: list, transfer=None):
         try:
-            futs = self.disk.submit_reads(src, rows(self.host.view, dst))
+            futs = self.disk.submit_reads(src, rows(self.host.view, dst), transfer)
         except OSError as e:
             self.errors.append(f"disk->host: {e}")
             return False
@@ -66,7 +70,7 @@ class StagedDisk:
         step = self.staging.slots
         return [(i, min(n, i + step)) for i in range(0, n, step)]
 
-    def gpu_to_disk(self, src, dst, io: list):
+    def gpu_to_disk(self, src, dst, io: list, cls: IoClass = IoClass.WRITE, transfer=None):
         """GPU -> staging (copy) then staging -> disk (pwrite), two buffers in flight."""
         try:
             self.disk.check_writable()
@@ -87,7 +91,7 @@ class StagedDisk:
                 ok = False
                 break
             try:
-                futs = self.disk.submit_writes(dst[a:b], buf.view[: b - a])
+                futs = self.disk.submit_writes(dst[a:b], buf.view[: b - a], cls, transfer)
             except OSError as e:
                 self.errors.append(f"gpu->disk: {e}")
                 self.staging.put(buf)
@@ -104,7 +108,7 @@ class StagedDisk:
         self.staging.put(buf)
         return self._finish_write(slots, err, "gpu->disk")
 
-    def disk_to_gpu(self, src, dst, io: list):
+    def disk_to_gpu(self, src, dst, io: list, transfer=None):
         """disk -> staging (pread) then staging -> GPU (copy), two buffers in flight."""
         try:
             self.disk.check_readable(src)
@@ -114,7 +118,7 @@ class StagedDisk:
         ok, inflight = True, collections.deque()
         for a, b in self._stage_chunks(len(src)):
             buf = self.staging.get()
-            futs = self.disk.submit_reads(src[a:b], buf.view[: b - a])
+            futs = self.disk.submit_reads(src[a:b], buf.view[: b - a], transfer)
             inflight.append((buf, a, b, self.waits.futures(futs, io)))
             if len(inflight) >= 2:
                 ok &= yield from self._retire_read(inflight, dst)
