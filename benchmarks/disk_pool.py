@@ -1,0 +1,258 @@
+"""The hw backend's disk I/O pool: restore latency under write load, and pool throughput.
+
+Runs the disk tier's own store (``backends.hw.disk.DiskStore``: a preallocated file, O_DIRECT
+where the file system takes it) in a folder (``--dir``, default the temporary directory),
+CPU only, so it runs alike on any machine. Every byte read was written first (a file's
+unwritten extents read as zeros without touching the device).
+
+1. Device figure, fio-style: ``T`` threads of O_DIRECT pread / pwrite of ``--piece`` bytes
+   from page-aligned buffers at random piece offsets of the same file, for T = 1, 4, 16.
+   The device's figure is the best of those.
+2. Pool throughput: the store's pool with N = 1, 4, 16 workers (``io_workers``, priorities
+   on) moving the whole file as batches of 64 pages (reads, then writes), against the
+   device figure at T = N and the best figure.
+3. Restore latency: single restores of ``--restore-pages`` pages, one every few ms, first on
+   an idle pool, then under a write load of eviction batches kept ``--write-depth`` in
+   flight, with priorities off (today's round-robin pool) and on (``kvsim.core.diskio``).
+   p50 / p99 of submit -> last piece done. Goal: p99 with priorities on at most 2x idle.
+
+The LAST line is the headline:
+``disk_pool: restore p99 under writes <on>x idle with priorities (<off>x without); pool
+read/write at N=16 <r>% / <w>% of direct I/O``.
+
+    python3 benchmarks/disk_pool.py [--dir PATH] [--size 1GiB] [--page 4MiB] [--workers 4]
+                                    [--restores 60] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import wait as wait_futures
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from backends.hw.disk import DiskStore  # noqa: E402
+from kvsim.core.diskio import IoClass  # noqa: E402
+from kvsim.units import parse_size  # noqa: E402
+
+THREADS = (1, 4, 16)
+BATCH_PAGES = 64
+
+
+def aligned(nbytes: int) -> np.ndarray:
+    """A page-aligned buffer (anonymous mmap), as O_DIRECT needs."""
+    m = mmap.mmap(-1, nbytes)
+    return np.frombuffer(m, dtype=np.uint8)
+
+
+def direct_io(path: str, size: int, piece: int, threads: int, write: bool, seconds: float) -> float:
+    """fio-style: ``threads`` threads of O_DIRECT pread/pwrite of ``piece`` bytes at random
+    piece offsets of ``path`` for about ``seconds``; bytes per second."""
+    flags = os.O_RDWR | getattr(os, "O_DIRECT", 0)
+    fd = os.open(path, flags)
+    n_pieces = size // piece
+    moved = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        buf = aligned(piece)
+        buf[:] = i + 1
+        rng = np.random.default_rng(i)
+        mv = memoryview(buf)
+        while time.perf_counter() < stop:
+            off = int(rng.integers(n_pieces)) * piece
+            n = os.pwrite(fd, mv, off) if write else os.preadv(fd, [mv], off)
+            moved[i] += n
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    dt = time.perf_counter() - t0
+    os.close(fd)
+    return sum(moved) / dt
+
+
+def store(d: str, size: int, page: int, piece: int, workers: int, priorities: bool) -> DiskStore:
+    return DiskStore(d, size // page, page, workers, piece, priorities=priorities)
+
+
+def fill(ds: DiskStore, rows: np.ndarray) -> None:
+    """Write every slot (so that reads touch the device), in batches."""
+    n = ds.slots
+    for a in range(0, n, BATCH_PAGES):
+        s = np.arange(a, min(n, a + BATCH_PAGES))
+        futs = ds.submit_writes(s, rows[: len(s)])
+        for f in futs:
+            f.result()
+        ds.mark_written(s)
+
+
+def pool_throughput(ds: DiskStore, rows: np.ndarray, write: bool, seconds: float) -> float:
+    """The whole file through the pool as batches of BATCH_PAGES, all submitted at once,
+    pass after pass for at least ``seconds``."""
+    n = ds.slots
+    t0 = time.perf_counter()
+    passes = 0
+    while passes == 0 or time.perf_counter() - t0 < seconds:
+        passes += 1
+        futs = []
+        for a in range(0, n, BATCH_PAGES):
+            s = np.arange(a, min(n, a + BATCH_PAGES))
+            r = rows[: len(s)]
+            futs += ds.submit_writes(s, r) if write else ds.submit_reads(s, r)
+        for f in futs:
+            f.result()
+    dt = time.perf_counter() - t0
+    if write:
+        ds.mark_written(np.arange(n))
+    return passes * n * ds.page_bytes / dt
+
+
+def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, gap_s: float,
+                    write_depth: int, write_pages: int) -> list[float]:
+    """Seconds of each of ``restores`` restores of ``pages`` pages (submit -> done), one
+    every ``gap_s``, while a writer keeps ``write_depth`` eviction batches of
+    ``write_pages`` pages in flight (0: idle). Reads and writes use disjoint slots."""
+    n = ds.slots
+    half = n // 2
+    read_rows = rows[:pages]
+    write_rows = rows[pages:pages + write_pages]
+    stop = threading.Event()
+    rng = np.random.default_rng(1)
+
+    def writer() -> None:
+        inflight: list = []
+        k = 0
+        while not stop.is_set():
+            while len(inflight) < write_depth:
+                a = half + (k * write_pages) % max(1, n - half - write_pages)
+                k += 1
+                inflight.append(ds.submit_writes(np.arange(a, a + write_pages), write_rows))
+            done, _ = wait_futures(inflight[0])
+            inflight.pop(0)
+        for fs in inflight:
+            wait_futures(fs)
+
+    w = threading.Thread(target=writer) if write_depth else None
+    if w is not None:
+        w.start()
+        time.sleep(0.3)  # the write load is running
+    out = []
+    try:
+        for _ in range(restores):
+            s = rng.choice(half - pages, 1)[0] + np.arange(pages)
+            t0 = time.perf_counter()
+            wait_futures(ds.submit_reads(s, read_rows))
+            out.append(time.perf_counter() - t0)
+            time.sleep(gap_s)
+    finally:
+        stop.set()
+        if w is not None:
+            w.join()
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="folder on the disk to measure")
+    ap.add_argument("--size", default="1GiB", help="the tier file's size")
+    ap.add_argument("--page", default="4MiB", help="page size")
+    ap.add_argument("--piece", default="4MiB", help="most bytes a piece moves")
+    ap.add_argument("--workers", type=int, default=4, help="pool workers for the latency test")
+    ap.add_argument("--restores", type=int, default=60)
+    ap.add_argument("--restore-pages", type=int, default=2)
+    ap.add_argument("--write-depth", type=int, default=4, help="eviction batches kept in flight")
+    ap.add_argument("--write-pages", type=int, default=16, help="pages an eviction batch writes")
+    ap.add_argument("--fio-seconds", type=float, default=1.5)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    size, page, piece = parse_size(a.size), parse_size(a.page), parse_size(a.piece)
+    size -= size % page
+    if size < 4 * page * BATCH_PAGES // 16:
+        ap.error(f"--size: {a.size} is too small for --page {a.page}")
+    res: dict = {"dir": a.dir, "size": size, "page": page, "piece": piece}
+    rows = aligned(BATCH_PAGES * page).reshape(BATCH_PAGES, page)
+    rows[:] = np.arange(BATCH_PAGES, dtype=np.uint8)[:, None] + 1
+
+    # 1. the device's figure, fio-style, on a store's file (written in full first)
+    ds = store(a.dir, size, page, piece, 4, True)
+    try:
+        res["direct_io"] = ds.uses_direct
+        fill(ds, rows)
+        dev = {"read": {}, "write": {}}
+        for t in THREADS:
+            dev["read"][t] = direct_io(ds.path, size, piece, t, False, a.fio_seconds)
+            dev["write"][t] = direct_io(ds.path, size, piece, t, True, a.fio_seconds)
+    finally:
+        ds.close()
+    res["device"] = dev
+    best = {k: max(v.values()) for k, v in dev.items()}
+    print(f"dir {a.dir}  file {size >> 20} MiB  page {page >> 20} MiB  piece {piece >> 20} MiB  "
+          f"O_DIRECT {'yes' if res['direct_io'] else 'no (buffered)'}")
+    print("direct I/O (fio-style), GB/s:  " + "  ".join(
+        f"T={t}: read {dev['read'][t] / 1e9:.2f} write {dev['write'][t] / 1e9:.2f}" for t in THREADS))
+
+    # 2. the pool at N = 1, 4, 16 (priorities on)
+    pool = {}
+    for n in THREADS:
+        ds = store(a.dir, size, page, piece, n, True)
+        try:
+            fill(ds, rows)
+            w = pool_throughput(ds, rows, True, a.fio_seconds)
+            r = pool_throughput(ds, rows, False, a.fio_seconds)
+        finally:
+            ds.close()
+        pool[n] = {"read": r, "write": w}
+        print(f"pool N={n:2d}: read {r / 1e9:.2f} GB/s ({r / dev['read'][n]:.0%} of T={n}, "
+              f"{r / best['read']:.0%} of best)  write {w / 1e9:.2f} GB/s "
+              f"({w / dev['write'][n]:.0%} of T={n}, {w / best['write']:.0%} of best)")
+    res["pool"] = pool
+
+    # 3. restore latency: idle, under writes with priorities off and on
+    lat = {}
+    for name, prio, depth in (("idle", True, 0), ("writes, priorities off", False, a.write_depth),
+                              ("writes, priorities on", True, a.write_depth)):
+        ds = store(a.dir, size, page, piece, a.workers, prio)
+        try:
+            fill(ds, rows)
+            xs = restore_latency(ds, rows, a.restores, a.restore_pages, 0.005, depth, a.write_pages)
+            if prio and depth:
+                res["jumps"] = ds.pool.queues.jumps
+        finally:
+            ds.close()
+        lat[name] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
+        print(f"restore of {a.restore_pages} pages, {a.workers} workers, {name}: "
+              f"p50 {lat[name]['p50'] * 1e3:.1f} ms  p99 {lat[name]['p99'] * 1e3:.1f} ms")
+    res["latency"] = lat
+    idle = lat["idle"]["p99"]
+    on, off = lat["writes, priorities on"]["p99"] / idle, lat["writes, priorities off"]["p99"] / idle
+    r16 = pool[16]["read"] / dev["read"][16]
+    w16 = pool[16]["write"] / dev["write"][16]
+    res["headline"] = {"p99_on_x_idle": on, "p99_off_x_idle": off, "read16_of_direct": r16,
+                       "write16_of_direct": w16}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    print(f"disk_pool: restore p99 under writes {on:.2f}x idle with priorities ({off:.2f}x "
+          f"without); pool read/write at N=16 {r16:.0%} / {w16:.0%} of direct I/O")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
