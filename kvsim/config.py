@@ -81,12 +81,18 @@ class FillConfig(_Strict):
     unit: Size = 512 << 20
 
 
+MAX_IO_WORKERS = 256
+
+
 class TierConfig(_Strict):
     level: Literal["gpu", "host", "disk"]
     quota: Size
     max_quota: Optional[Size] = None   # reserved address range (host fill); default: quota
     path: Optional[str] = None         # disk tier: directory for the tier's file (hw backend)
     fill: Optional[FillConfig] = None  # host tier: how it comes to exist; default: at once
+    # disk tier: N > 0 prioritised disk I/O workers in both backends (kvsim.core.diskio);
+    # 0: off, the profile's nvme.queue_depth pieces in flight, no priorities
+    io_workers: Annotated[int, Field(ge=0, le=MAX_IO_WORKERS, strict=True)] = 0
 
     @model_validator(mode="after")
     def _check(self) -> "TierConfig":
@@ -94,6 +100,8 @@ class TierConfig(_Strict):
             raise ValueError(f"max_quota ({self.max_quota}) is below quota ({self.quota})")
         if self.fill is not None and self.level != "host":
             raise ValueError("fill is only for the host tier")
+        if self.io_workers and self.level != "disk":
+            raise ValueError("io_workers is only for the disk tier")
         if self.path is not None:
             if self.level != "disk":
                 raise ValueError("path is only for the disk tier")
@@ -121,6 +129,11 @@ class CacheConfig(_Strict):
     page_bytes: Optional[Size] = None   # default: the model's KV bytes per token x block
     tiers: list[TierConfig]
     policy: PolicyConfig = PolicyConfig()
+
+    @property
+    def disk_io_workers(self) -> int:
+        """The disk tier's ``io_workers`` (0: off, or no disk tier)."""
+        return next((t.io_workers for t in self.tiers if t.level == "disk"), 0)
 
     @model_validator(mode="after")
     def _order(self) -> "CacheConfig":

@@ -22,7 +22,9 @@ Options (all optional; each error names the option):
 - anything else is passed to ``HwBackend`` (``compute_graphs``, ``staging_bytes``...);
   ``host_fill`` defaults to the config's host tier ``fill`` (``kvsim.config.host_fill``).
   The copy path and the SM kernel's CTAs are the config's (``engine.copy_path``,
-  ``engine.sm_ctas``); the I/O threads and piece size the profile's (``nvme``).
+  ``engine.sm_ctas``); the piece size the profile's (``nvme.piece``); the disk I/O
+  threads the disk tier's ``io_workers`` (prioritised), else the profile's
+  ``nvme.queue_depth`` (round robin).
 
 Leftovers: the disk tier's file is a scratch path (``kvsim.scratch``) named after its owner
 and removed by ``close()`` (and at interpreter exit). Before creating it, the folder it goes
@@ -79,7 +81,8 @@ def build_hw_backend(prep, mgr, *, time_scale: float = 1.0, device: str = "auto"
     be = HwBackend(rt, page, slots, disk_dir=disk_dir, device=device,
                    refcheck=prep.cfg.engine.refcheck, profile=prep.profile,
                    copy_path=prep.cfg.engine.copy_path.model_dump(), sm_ctas=prep.cfg.engine.sm_ctas,
-                   disk_preallocate=bool(disk_preallocate), timing_log=timing_log, **options)
+                   disk_preallocate=bool(disk_preallocate), timing_log=timing_log,
+                   disk_io_workers=prep.cfg.cache.disk_io_workers, **options)
     if Level.DISK in slots:
         be.info["disk_dir"] = disk_dir
     be.info["time_scale"] = time_scale

@@ -16,7 +16,11 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   most of all with both directions at once).
 - disk: one op latency, then a fluid flow at the device's rate for this page size:
   ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``. With
-  ``nvme.rewrite``, bytes written into disk slots written before move at that rate.
+  ``nvme.rewrite``, bytes written into disk slots written before move at that rate. With
+  ``disk_io_workers`` N > 0 (the disk tier's ``io_workers``) the disk leg is instead
+  pieces on N modelled workers in ``kvsim.core.diskio``'s order (``diskpool``): each
+  piece one op latency, then its bytes over the device's own bandwidth (``read``,
+  ``write``), shared; N replaces ``queue_depth``.
 - GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
@@ -57,10 +61,12 @@ import simpy
 from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction
 from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, layout_for, needed_watermark
 from kvsim.core.copypath import sm_ctas as cta_count
+from kvsim.core.diskio import io_class
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
+from .diskpool import DiskJob, SimDiskPool
 from .fluid import Fluid
 from .runtime import SimRuntime
 from .units import Units
@@ -98,7 +104,8 @@ class SimBackend:
                  slots: dict[Level, int], refcheck: bool = True,
                  copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
                  timing_log: list | None = None, compute_log: list | None = None,
-                 host_fill: dict | None = None, fail_fill_at_unit: int | None = None):
+                 host_fill: dict | None = None, fail_fill_at_unit: int | None = None,
+                 disk_io_workers: int = 0):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -127,7 +134,13 @@ class SimBackend:
         self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
         op = min(page_bytes, nv.piece)
         self.ops_per_page = -(-page_bytes // nv.piece)
+        if isinstance(disk_io_workers, bool) or not isinstance(disk_io_workers, int) or disk_io_workers < 0:
+            raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
+        pooled = disk_io_workers > 0
+
         def disk_rate(bw: float) -> float:
+            if pooled:  # the pieces on the workers model the queue: the device's own rate
+                return bw
             return min(bw, nv.queue_depth * op / (nv.latency + op / bw))
         disk = {"disk_read": disk_rate(nv.read), "disk_write": disk_rate(nv.write)}
         # nvme.rewrite: a write into disk slots written before moves at the rewrite rate; the
@@ -147,6 +160,8 @@ class SimBackend:
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
+        self.disk_pool = (SimDiskPool(self.fluid, disk_io_workers, nv.latency, nv.piece)
+                          if pooled else None)
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None
@@ -299,9 +314,16 @@ class SimBackend:
 
     # -- test hooks and statistics ----------------------------------------------------
 
+    def promote(self, batch: Batch) -> int:
+        """A background write (a ``BatchKind.BACKGROUND`` batch to disk) that a required
+        write came to depend on: its pieces still queued move to the required writes'
+        queue (with ``disk_io_workers`` > 0; else nothing to do). How many moved."""
+        return self.disk_pool.promote(batch) if self.disk_pool is not None else 0
+
     def fail_next_transfer(self, n: int = 1) -> None:
         """The next ``n`` transfers (in submission order) fail: they take their time, leave
-        garbage in their destination slots and succeed with False."""
+        garbage in their destination slots and succeed with False. With ``disk_io_workers``
+        > 0 a disk transfer fails at its first piece: its pieces still queued never run."""
         self._fail += n
 
     def stats(self) -> dict:
@@ -320,6 +342,11 @@ class SimBackend:
         out["compute_stretch_s"] = self._compute_s - self._compute_nominal_s
         out["copy_path_h2d"] = self.paths["h2d"].value
         out["copy_path_d2h"] = self.paths["d2h"].value
+        if self.disk_pool is not None:
+            q = self.disk_pool.queues
+            out["disk_pieces"] = self.disk_pool.pieces_run
+            out["disk_pieces_dropped"] = self.disk_pool.pieces_dropped
+            out["disk_jumps"] = q.jumps
         return out
 
     # -- mechanics ------------------------------------------------------------------
@@ -414,7 +441,7 @@ class _Transfer:
         leg, wait the start cost."""
         be = self.be
         link_dir, disk_dir, res, _ = self.route
-        self.start_s = be._disk_latency if disk_dir else 0.0
+        self.start_s = be._disk_latency if disk_dir and be.disk_pool is None else 0.0
         if link_dir is not None:
             if be.paths[link_dir] is CopyPath.COPY_ENGINE:
                 be.copy_engines.take(self.ce_held)
@@ -474,7 +501,20 @@ class _Transfer:
             again = sum([written[d] for d in dsts])
             if again:
                 flow_bytes = nbytes - again * batch.page_bytes * (1.0 - be._rewrite_cost)
+        pool = be.disk_pool
+        if pool is not None and self.route[1]:
+            # the disk leg in pieces on the pool's workers (a GPU <-> disk piece also moves
+            # over the link: the staged pipeline; its SM kernel's CTAs are not counted per
+            # piece)
+            job = DiskJob(self.res, self.cap, self.ce, flow_bytes / nbytes, self.fail,
+                          self.pieces_done, batch)
+            pool.submit(job, io_class(batch), batch.page_bytes, batch.pages)  # type: ignore[arg-type]
+            return
         be.fluid.add_flow_then(self.moved, flow_bytes, self.res, self.cap, self.ctas, self.ce)
+
+    def pieces_done(self, ok: bool) -> None:
+        """The disk pool ran the last piece (``ok`` False: one failed, the rest dropped)."""
+        self.moved()
 
     def moved(self) -> None:
         """The bytes have moved: give back what the path took, then the backend's fixed
