@@ -6,14 +6,18 @@ CPU only, so it runs alike on any machine. Every byte read was written first (a 
 unwritten extents read as zeros without touching the device).
 
 1. Device figure, fio-style: ``T`` threads of O_DIRECT pread / pwrite of ``--piece`` bytes
-   from page-aligned buffers at random piece offsets of the same file, for T = 1, 4, 16.
-   The device's figure is the best of those.
-2. Pool throughput: the store's pool with N = 1, 4, 16 workers (``io_workers``, priorities
-   on) moving the whole file as batches of 64 pages (reads, then writes), against the
-   device figure at T = N and the best figure.
-3. Restore latency: single restores of ``--restore-pages`` pages, one every few ms, first on
-   an idle pool, then under a write load of eviction batches kept ``--write-depth`` in
-   flight, with priorities off (today's round-robin pool) and on (``kvsim.core.diskio``).
+   from page-aligned buffers over the store's file in file order, the pattern the pool
+   moves it in, but with nothing in between: for T = 1, 4, 16
+   (each for ``--seconds``). The device's best figure is the best of those.
+2. Pool throughput, alternating with those: the store's pool with N = T workers
+   (``io_workers``, priorities on) moving the whole file as batches of 64 pages,
+   submitted at once, pass after pass for ``--seconds``, against the device figure at
+   T = N and the best one. Each figure is the best of ``--reps``. Goal: at least 90%.
+3. Restore latency: single restores of ``--restore-pages`` pages, one every 5 ms, on an
+   idle pool, and under a write load of eviction batches of ``--write-pages`` pages kept
+   ``--write-depth`` in flight, with priorities off (today's round-robin pool) and on
+   (``kvsim.core.diskio``); ``--workers`` threads; the three cases interleaved in
+   ``--rounds`` rounds.
    p50 / p99 of submit -> last piece done. Goal: p99 with priorities on at most 2x idle.
 
 The LAST line is the headline:
@@ -21,12 +25,14 @@ The LAST line is the headline:
 read/write at N=16 <r>% / <w>% of direct I/O``.
 
     python3 benchmarks/disk_pool.py [--dir PATH] [--size 1GiB] [--page 4MiB] [--workers 4]
-                                    [--restores 60] [--json PATH]
+                                    [--restores 100] [--rounds 2] [--seconds 1] [--reps 2]
+                                    [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import mmap
 import os
@@ -54,22 +60,25 @@ def aligned(nbytes: int) -> np.ndarray:
     return np.frombuffer(m, dtype=np.uint8)
 
 
-def direct_io(path: str, size: int, piece: int, threads: int, write: bool, seconds: float) -> float:
-    """fio-style: ``threads`` threads of O_DIRECT pread/pwrite of ``piece`` bytes at random
-    piece offsets of ``path`` for about ``seconds``; bytes per second."""
-    flags = os.O_RDWR | getattr(os, "O_DIRECT", 0)
+def direct_io(path: str, size: int, piece: int, threads: int, write: bool, seconds: float,
+              direct: bool = True) -> float:
+    """fio-style: ``threads`` threads of O_DIRECT pread/pwrite of ``piece`` bytes over
+    ``path`` in file order (each thread takes the next piece; from the start again at the
+    end), as the pool moves it, for about ``seconds``; bytes per second. ``direct`` False
+    (a file system that refuses O_DIRECT, as the store found): buffered, as the store."""
+    flags = os.O_RDWR | (getattr(os, "O_DIRECT", 0) if direct else 0)
     fd = os.open(path, flags)
     n_pieces = size // piece
     moved = [0] * threads
     stop = time.perf_counter() + seconds
+    nxt = itertools.count()  # (its next() is atomic under the GIL)
 
     def worker(i: int) -> None:
         buf = aligned(piece)
         buf[:] = i + 1
-        rng = np.random.default_rng(i)
         mv = memoryview(buf)
         while time.perf_counter() < stop:
-            off = int(rng.integers(n_pieces)) * piece
+            off = (next(nxt) % n_pieces) * piece
             n = os.pwrite(fd, mv, off) if write else os.preadv(fd, [mv], off)
             moved[i] += n
 
@@ -175,11 +184,13 @@ def main(argv=None) -> int:
     ap.add_argument("--page", default="4MiB", help="page size")
     ap.add_argument("--piece", default="4MiB", help="most bytes a piece moves")
     ap.add_argument("--workers", type=int, default=4, help="pool workers for the latency test")
-    ap.add_argument("--restores", type=int, default=60)
+    ap.add_argument("--restores", type=int, default=100, help="restores timed per case")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds the cases are interleaved in")
     ap.add_argument("--restore-pages", type=int, default=2)
     ap.add_argument("--write-depth", type=int, default=4, help="eviction batches kept in flight")
     ap.add_argument("--write-pages", type=int, default=16, help="pages an eviction batch writes")
-    ap.add_argument("--fio-seconds", type=float, default=1.5)
+    ap.add_argument("--seconds", type=float, default=1.0, help="each throughput measurement's length")
+    ap.add_argument("--reps", type=int, default=2, help="throughput measurements (the best counts)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     size, page, piece = parse_size(a.size), parse_size(a.page), parse_size(a.piece)
@@ -190,55 +201,60 @@ def main(argv=None) -> int:
     rows = aligned(BATCH_PAGES * page).reshape(BATCH_PAGES, page)
     rows[:] = np.arange(BATCH_PAGES, dtype=np.uint8)[:, None] + 1
 
-    # 1. the device's figure, fio-style, on a store's file (written in full first)
-    ds = store(a.dir, size, page, piece, 4, True)
-    try:
-        res["direct_io"] = ds.uses_direct
-        fill(ds, rows)
-        dev = {"read": {}, "write": {}}
-        for t in THREADS:
-            dev["read"][t] = direct_io(ds.path, size, piece, t, False, a.fio_seconds)
-            dev["write"][t] = direct_io(ds.path, size, piece, t, True, a.fio_seconds)
-    finally:
-        ds.close()
-    res["device"] = dev
-    best = {k: max(v.values()) for k, v in dev.items()}
-    print(f"dir {a.dir}  file {size >> 20} MiB  page {page >> 20} MiB  piece {piece >> 20} MiB  "
-          f"O_DIRECT {'yes' if res['direct_io'] else 'no (buffered)'}")
-    print("direct I/O (fio-style), GB/s:  " + "  ".join(
-        f"T={t}: read {dev['read'][t] / 1e9:.2f} write {dev['write'][t] / 1e9:.2f}" for t in THREADS))
-
-    # 2. the pool at N = 1, 4, 16 (priorities on)
-    pool = {}
+    # 1 and 2, for N = 1, 4, 16 on one store's file (written in full first): the device's
+    # figure with T = N threads, fio-style, then the pool's with N workers
+    dev: dict = {"read": {}, "write": {}}
+    pool: dict = {}
     for n in THREADS:
         ds = store(a.dir, size, page, piece, n, True)
         try:
+            res["direct_io"] = ds.uses_direct
             fill(ds, rows)
-            w = pool_throughput(ds, rows, True, a.fio_seconds)
-            r = pool_throughput(ds, rows, False, a.fio_seconds)
+            got: dict = {}
+            for _ in range(a.reps):  # device and pool alternate; the best of each
+                for op, write in (("write", True), ("read", False)):
+                    d = direct_io(ds.path, size, piece, n, write, a.seconds, ds.uses_direct)
+                    p = pool_throughput(ds, rows, write, a.seconds)
+                    got[("dev", op)] = max(got.get(("dev", op), 0.0), d)
+                    got[("pool", op)] = max(got.get(("pool", op), 0.0), p)
         finally:
             ds.close()
-        pool[n] = {"read": r, "write": w}
+        for op in ("read", "write"):
+            dev[op][n] = got[("dev", op)]
+        pool[n] = {"read": got[("pool", "read")], "write": got[("pool", "write")]}
+    res["device"], res["pool"] = dev, pool
+    best = {k: max(v.values()) for k, v in dev.items()}
+    print(f"dir {a.dir}  file {size >> 20} MiB  page {page >> 20} MiB  piece {piece >> 20} MiB  "
+          f"O_DIRECT {'yes' if res['direct_io'] else 'NO (buffered: the figures include the page cache)'}")
+    print("direct I/O (fio-style), GB/s:  " + "  ".join(
+        f"T={t}: read {dev['read'][t] / 1e9:.2f} write {dev['write'][t] / 1e9:.2f}" for t in THREADS))
+    for n in THREADS:
+        r, w = pool[n]["read"], pool[n]["write"]
         print(f"pool N={n:2d}: read {r / 1e9:.2f} GB/s ({r / dev['read'][n]:.0%} of T={n}, "
               f"{r / best['read']:.0%} of best)  write {w / 1e9:.2f} GB/s "
               f"({w / dev['write'][n]:.0%} of T={n}, {w / best['write']:.0%} of best)")
-    res["pool"] = pool
 
     # 3. restore latency: idle, under writes with priorities off and on
+    cases = (("idle", True, 0), ("writes, priorities off", False, a.write_depth),
+             ("writes, priorities on", True, a.write_depth))
+    samples: dict = {name: [] for name, _, _ in cases}
+    per_round = max(1, a.restores // a.rounds)
+    for _ in range(a.rounds):  # the cases interleaved, so a drift of the machine hits all alike
+        for name, prio, depth in cases:
+            ds = store(a.dir, size, page, piece, a.workers, prio)
+            try:
+                fill(ds, rows)
+                samples[name] += restore_latency(ds, rows, per_round, a.restore_pages, 0.005,
+                                                 depth, a.write_pages)
+                if prio and depth:
+                    res["jumps"] = res.get("jumps", 0) + ds.pool.queues.jumps
+            finally:
+                ds.close()
     lat = {}
-    for name, prio, depth in (("idle", True, 0), ("writes, priorities off", False, a.write_depth),
-                              ("writes, priorities on", True, a.write_depth)):
-        ds = store(a.dir, size, page, piece, a.workers, prio)
-        try:
-            fill(ds, rows)
-            xs = restore_latency(ds, rows, a.restores, a.restore_pages, 0.005, depth, a.write_pages)
-            if prio and depth:
-                res["jumps"] = ds.pool.queues.jumps
-        finally:
-            ds.close()
+    for name, xs in samples.items():
         lat[name] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
         print(f"restore of {a.restore_pages} pages, {a.workers} workers, {name}: "
-              f"p50 {lat[name]['p50'] * 1e3:.1f} ms  p99 {lat[name]['p99'] * 1e3:.1f} ms")
+              f"p50 {lat[name]['p50'] * 1e3:.1f} ms  p99 {lat[name]['p99'] * 1e3:.1f} ms  (n={len(xs)})")
     res["latency"] = lat
     idle = lat["idle"]["p99"]
     on, off = lat["writes, priorities on"]["p99"] / idle, lat["writes, priorities off"]["p99"] / idle
