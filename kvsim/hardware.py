@@ -187,7 +187,9 @@ class NVMeSpec(_Frozen):
     """The disk tier's device. A transfer is cut into pieces of at most ``piece`` bytes;
     ``queue_depth`` of them in flight; each costs ``latency`` plus its bytes at the rate.
     Both backends read ``queue_depth`` and ``piece``: the sim's queue model, the hw
-    backend's I/O threads and the most bytes one of its pread / pwrite calls moves.
+    backend's I/O threads and the most bytes one of its pread / pwrite calls moves. A
+    disk tier with ``io_workers`` N > 0 (``kvsim.core.diskio``) has N workers instead of
+    ``queue_depth`` in both backends; ``piece`` stays the profile's.
     ``write`` is the rate of a first write into the tier's (preallocated) file space,
     ``rewrite`` that into space written before (None: ``write``): the file system converts
     a preallocated extent on its first write (on the H200 machine 2.09-2.36 GB/s first,
