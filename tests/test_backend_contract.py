@@ -31,20 +31,23 @@ def _have_gpu() -> bool:
         return False
 
 
-@pytest.fixture(params=["sim", "hw-cpu", pytest.param("hw-gpu", marks=[
+@pytest.fixture(params=["sim", "sim-io3", "hw-cpu", "hw-cpu-io3", pytest.param("hw-gpu", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA GPU")])])
 def pair(request, tmp_path):
-    """A fresh (runtime, backend) of each kind, 16 slots a tier, 64 KiB pages."""
+    """A fresh (runtime, backend) of each kind, 16 slots a tier, 64 KiB pages (``-io3``:
+    with 3 prioritised disk I/O workers, the disk tier's ``io_workers``)."""
     slots = {lv: SLOTS for lv in LEVELS}
-    if request.param == "sim":
+    kind, _, io = request.param.partition("-io")
+    workers = int(io or 0)
+    if kind == "sim":
         from kvsim_backends.sim import SimBackend, SimRuntime
         rt = SimRuntime()
-        be = SimBackend(rt, "h200-pcie", PB, slots, refcheck=True)
+        be = SimBackend(rt, "h200-pcie", PB, slots, refcheck=True, disk_io_workers=workers)
     else:
         from kvsim_backends.hw import HwBackend, RealtimeRuntime
         rt = RealtimeRuntime()
         be = HwBackend(rt, PB, slots, disk_dir=tmp_path, refcheck=True,
-                       device="cpu" if request.param == "hw-cpu" else "gpu")
+                       device="cpu" if kind == "hw-cpu" else "gpu", disk_io_workers=workers)
     yield rt, be
     be.close()
 
