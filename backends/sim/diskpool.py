@@ -64,12 +64,14 @@ class SimDiskPool:
         self._dispatch()
 
     def promote(self, key: Hashable) -> int:
-        n = self.queues.promote(key)
-        return n
+        """Move the transfer ``key``'s queued background pieces to the required writes."""
+        return self.queues.promote(key)
 
     def _dispatch(self) -> None:
         while self.free and len(self.queues):
             pick = self.queues.pop(self.clock.now)
+            if pick is None:  # (not while a queue holds a piece)
+                return
             self.free -= 1
             self.pieces_run += 1
             job, nbytes = pick.item
