@@ -249,6 +249,7 @@ def test_hw_a_failed_piece_fails_its_transfer_and_the_rest_do_not_run(tmp_path):
         other[0].result(timeout=10)
         assert gate.order == [0, 1, 6]       # slots 2 and 3 never reached the file
         assert not ds.valid[[1, 2, 3]].any()
+        assert (ds.pool.pieces_run, ds.pool.pieces_dropped) == (3, 2)
     finally:
         gate.ev.set()
         ds.close()
@@ -269,6 +270,7 @@ def test_hw_backend_reads_io_workers(tmp_path):
             rt = be.runtime
             ok = rt.run(be.transfer(batch(Level.GPU, Level.DISK, 2, BatchKind.EVICT, page=PB_HW)))
             assert ok is True and be.disk.valid[[0, 1]].all()
+            assert ("disk_pieces" in be.stats()) == (n > 0)
         finally:
             be.close()
     with pytest.raises(ValueError, match="disk_io_workers"):

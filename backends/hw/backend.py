@@ -44,7 +44,7 @@ from kvsim.hardware import HardwareProfile, load_profile
 
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
 from .copies import Copies
-from .disk import DiskStore
+from .disk import DiskStore, PriorityPool
 from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
 from .hostfill import HostFill
 from .memory import DeviceArena, StagingPool
@@ -354,6 +354,11 @@ class HwBackend:
         out["copy_path"] = self.copy_path.value
         out["copy_path_h2d"] = self.copy_paths["h2d"].value
         out["copy_path_d2h"] = self.copy_paths["d2h"].value
+        pool = self.disk.pool if self.disk is not None else None
+        if isinstance(pool, PriorityPool):  # the sim's names for its disk pool
+            out["disk_pieces"] = pool.pieces_run
+            out["disk_pieces_dropped"] = pool.pieces_dropped
+            out["disk_jumps"] = pool.queues.jumps
         return out
 
     def _transfer(self, batch: Batch, path: CopyPath | None, io: list) -> Any:

@@ -142,6 +142,8 @@ class PriorityPool:
     def __init__(self, workers: int, name: str, rule: IoRule | None = None):
         self._cv = threading.Condition()
         self.queues = DiskQueues(rule)
+        self.pieces_run = 0      # pieces taken by a thread
+        self.pieces_dropped = 0  # queued pieces of failed transfers, never run
         self._closed = False
         self._ids = itertools.count()
         self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
@@ -178,6 +180,7 @@ class PriorityPool:
                 pick = self.queues.pop(time.perf_counter())
                 if pick is None:
                     return  # shut down and drained
+                self.pieces_run += 1
             fut, fn, job = pick.item
             if not fut.set_running_or_notify_cancel():
                 continue
@@ -194,6 +197,7 @@ class PriorityPool:
                 continue
             with self._cv:
                 rest = self.queues.fail(pick.transfer)
+                self.pieces_dropped += len(rest)
             fut.set_exception(exc)
             for f, _, _ in rest:
                 if f.set_running_or_notify_cancel():
