@@ -318,3 +318,24 @@ def test_a_sim_replay_with_io_workers_completes_verified_and_repeats():
     assert m["requests_completed"] > 0 and m["requests_failed"] == 0 and m["failed_batches"] == 0
     assert m["bytes"]["disk_read"] > 0 and m["bytes"]["disk_write"] > 0
     assert out[0] == out[1]
+
+
+def test_compares_sim_side_reads_disk_checks_as_pool_pieces():
+    """kvsim compare's sim side (HwLoopSim) models the hw refcheck of disk pages: with
+    io_workers on, as read pieces on the disk pool, queued before writes; promote passes
+    through."""
+    try:
+        from kvsim_backends.sim.hwloop import HwLoopSim
+    except ImportError:
+        from backends.sim.hwloop import HwLoopSim
+    from kvsim.hwloop import HwLoop, load_hw_loop
+
+    rt, be = sim(1)
+    w = HwLoopSim(be, HwLoop(load_hw_loop("h200")))
+    blocker = w.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=40, d0=40))
+    wr = w.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=41, d0=41))
+    chk = w.read_tags_later(Level.DISK, [50, 51])
+    out = ends(rt, {"blocker": blocker, "wr": wr, "chk": chk})
+    assert be.stats()["disk_pieces"] == 4
+    assert out["chk"][0] < out["wr"][0]  # the check's pieces went before the queued write
+    assert w.promote(batch(Level.HOST, Level.DISK, 1, BatchKind.BACKGROUND)) == 0

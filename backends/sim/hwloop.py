@@ -14,7 +14,8 @@ backend, which it drives only through its public hooks and state:
   what is owed, ``refcheck.latency``, then the pages' bytes read as a fluid flow (GPU pages
   over HBM, host pages over the link toward the GPU, both as an SM kernel of at most
   ``refcheck.ctas`` CTAs: a CTA a 64 KiB part of a page, as the hw ``kv_check``; disk pages
-  with the device's latency and read rate). The tags it finds are read when it is asked
+  with the device's latency and read rate; with the disk tier's ``io_workers`` on, as read
+  pieces on the sim's disk pool, where the hw backend reads them). The tags it finds are read when it is asked
   for: the hw backend orders a later write into a checked slot after the check.
 """
 
@@ -28,7 +29,10 @@ from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 from kvsim.hwloop import HwLoop
 
+from kvsim.core.diskio import IoClass
+
 from .backend import SimBackend
+from .diskpool import DiskJob
 
 CHECK_PART_BYTES = 64 << 10  # the hw backend's kv_check: a CTA a part of a page this size
 
@@ -92,6 +96,9 @@ class HwLoopSim:
     def stats(self) -> dict:
         return self.inner.stats()
 
+    def promote(self, batch: Batch) -> int:
+        return self.inner.promote(batch)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -108,7 +115,14 @@ class HwLoopSim:
         nbytes = pages * page_bytes
         if after + cost.latency > 0:
             yield self.env.timeout(after + cost.latency)
-        if level == Level.DISK:
+        if level == Level.DISK and be.disk_pool is not None:
+            # read back on the hw disk pool's threads, as a restore: read pieces there
+            done = be.clock.new_event()
+            job = DiskJob(("disk_read",), 0.0, False, 1.0, False,
+                          lambda ok: be.clock.succeed(done, ok), object())
+            be.disk_pool.submit(job, IoClass.READ, page_bytes, pages)
+            yield done
+        elif level == Level.DISK:
             yield self.env.timeout(be.profile.nvme.latency)
             yield fluid.add_flow(nbytes, ("disk_read",))
         else:
