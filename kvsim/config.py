@@ -181,9 +181,19 @@ class EngineConfig(_Strict):
     sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
 
 
+class BurstConfig(_Strict):
+    """Long-context requests arriving together on top of the synthetic sessions."""
+
+    requests: Annotated[int, Field(gt=0)] = 4
+    input_tokens: Annotated[int, Field(gt=0)] = 200_000
+    output_tokens: Annotated[int, Field(ge=0)] = 64
+    at: Seconds = 60.0
+
+
 class SyntheticConfig(_Strict):
     n_sessions: Annotated[int, Field(gt=0)] = 40
     seed: Optional[int] = None          # default: the run's seed
+    burst: Optional[BurstConfig] = None  # none: no burst
 
 
 class WorkloadConfig(_Strict):
@@ -203,6 +213,9 @@ class WorkloadConfig(_Strict):
     def _path(self) -> "WorkloadConfig":
         if self.kind != "synthetic" and not self.path:
             raise ValueError(f"a {self.kind} workload needs a path (or pass --trace)")
+        if self.synthetic.burst is not None and (self.kind != "synthetic" or self.start != "poisson"):
+            raise ValueError("synthetic.burst needs kind: synthetic and start: poisson (its "
+                             "requests arrive at a set time)")
         return self
 
 

@@ -118,8 +118,11 @@ def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
                                concurrency=w.concurrency, seed=cfg.seed,
                                max_think_s=w.max_think)
     seed = w.synthetic.seed if w.synthetic.seed is not None else cfg.seed
+    b = w.synthetic.burst
+    burst = {} if b is None else {"burst_requests": b.requests, "burst_input_tokens": b.input_tokens,
+                                  "burst_output_tokens": b.output_tokens, "burst_at_s": b.at}
     return wl.synthetic_agentic(w.synthetic.n_sessions, seed=seed, start=w.start,
-                                sessions_per_s=w.sessions_per_s, concurrency=w.concurrency)
+                                sessions_per_s=w.sessions_per_s, concurrency=w.concurrency, **burst)
 
 
 def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfile | None = None,

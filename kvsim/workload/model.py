@@ -10,9 +10,10 @@ Invariants every loader and generator in this package keeps (the engine may rely
   request that was cancelled or produced no text; treat it as prefill only).
 - Open loop: every Turn has ``arrival_s`` (non-decreasing in file order for Mooncake) and
   every Session has ``start_s``; ``think_s`` is 0.
-- Closed loop: ``arrival_s`` and ``start_s`` are None; a Turn is released ``think_s`` after
-  the previous item of its session completes (the first item of a session: after the
-  session starts). A nested Session is a sub-agent: it runs to completion, then its
+- Closed loop: ``arrival_s`` is None, and ``start_s`` too but for a session pinned to a
+  start time (the synthetic burst's; ``session_start_times`` keeps it); a Turn is released
+  ``think_s`` after the previous item of its session completes (the first item of a
+  session: after the session starts). A nested Session is a sub-agent: it runs to completion, then its
   parent continues; it shares its parent's reuse scope.
 
 All classes are frozen and slotted; nothing here holds mutable state.

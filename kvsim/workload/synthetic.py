@@ -22,6 +22,13 @@ Hash ids (``block_tokens`` a block) keep the trace conventions and the package i
 ``shared_prefix=True`` puts every session in scope ``shared`` (the prefix blocks are then
 reusable across sessions); otherwise each session has scope ``session:<sid>``. The same
 arguments give an identical Workload; the RNG is a fresh ``numpy`` Generator per call.
+
+A burst (``burst_requests`` > 0): that many long-context requests arrive together at
+``burst_at_s``, on top of the sessions: one-turn sessions ``burst-<k>``, each in its own
+scope ``burst:<k>`` with ``burst_input_tokens`` fresh tokens (nothing cached to reuse) and
+``burst_output_tokens`` to generate. They are pinned to that start time (``start_s``; the
+Poisson starts of the other sessions are drawn as without them, so the sessions are the
+same with and without a burst) and come after every other session, ids included.
 """
 
 from __future__ import annotations
@@ -61,10 +68,18 @@ def synthetic_agentic(n_sessions: int = 40, seed: int = 0, turns: tuple[int, int
                       subagent_prob: float = 0.05, subagent_turns: tuple[int, int] = (2, 5),
                       subagent_prefix_tokens: int = 2_000, max_context_tokens: int = 60_000,
                       shared_prefix: bool = True, start: str = "poisson", sessions_per_s: float = 0.5,
-                      concurrency: int = 8, name: str = "synthetic-agentic") -> Workload:
+                      concurrency: int = 8, name: str = "synthetic-agentic",
+                      burst_requests: int = 0, burst_input_tokens: int = 200_000,
+                      burst_output_tokens: int = 64, burst_at_s: float = 60.0) -> Workload:
     """Generate a closed-loop agentic workload (see the module docstring). Defaults give
-    about 40 sessions, ~350 requests, contexts of ~5K to 60K tokens."""
+    about 40 sessions, ~350 requests, contexts of ~5K to 60K tokens; no burst."""
     check_start_policy(start, sessions_per_s, concurrency)
+    if burst_requests < 0 or burst_input_tokens < 1 or burst_output_tokens < 0 or burst_at_s < 0:
+        raise ValueError("need burst_requests >= 0, burst_input_tokens >= 1, burst_output_tokens "
+                         f">= 0 and burst_at_s >= 0, got {burst_requests}, {burst_input_tokens}, "
+                         f"{burst_output_tokens}, {burst_at_s}")
+    if burst_requests and start != "poisson":
+        raise ValueError(f"a burst needs start='poisson' (its requests arrive at a set time), got {start!r}")
     if n_sessions < 0 or turns[0] < 1 or turns[1] < turns[0]:
         raise ValueError(f"need n_sessions >= 0 and 1 <= turns[0] <= turns[1], got {n_sessions}, {turns}")
     if subagent_turns[0] < 1 or subagent_turns[1] < subagent_turns[0]:
@@ -103,6 +118,9 @@ def synthetic_agentic(n_sessions: int = 40, seed: int = 0, turns: tuple[int, int
             n_in = n_in + n_out + extra + g.lognormal_int(step_input_tokens)
             think = g.lognormal(think_s)
         sessions.append(Session(sid, scope, tuple(items)))
+    for k in range(burst_requests):
+        turn = Turn(burst_input_tokens, burst_output_tokens, g.extend((), burst_input_tokens))
+        sessions.append(Session(f"burst-{k:02d}", f"burst:{k}", (turn,), start_s=float(burst_at_s)))
     return Workload(name=name, block_tokens=bt, closed_loop=True, sessions=tuple(sessions),
                     start=start, sessions_per_s=float(sessions_per_s), concurrency=int(concurrency),
                     seed=seed)
