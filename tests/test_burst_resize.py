@@ -12,6 +12,8 @@ it grows a chunk at a time: one plan per chunk, each one batch of the chunk's pa
 
 from __future__ import annotations
 
+import pytest
+
 from kvsim.compute import ComputeModel, load_model
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.core.plan import BatchKind
@@ -79,3 +81,66 @@ def test_chunked_prefill_makes_one_batched_plan_per_chunk():
     # each resize's plan moves a chunk's pages in one batch (the last chunk is shorter)
     assert len(sizes) == -(-TOKENS // chunk)
     assert max(sizes) == chunk // B
+
+
+# == the synthetic workload's burst =======================================================
+def test_a_burst_adds_pinned_long_requests_and_leaves_the_sessions_as_they_were():
+    from kvsim.workload import session_start_times, synthetic_agentic
+
+    plain = synthetic_agentic(12, seed=3)
+    burst = synthetic_agentic(12, seed=3, burst_requests=3, burst_input_tokens=150_000,
+                              burst_output_tokens=5, burst_at_s=42.0)
+    assert burst.sessions[:12] == plain.sessions
+    extra = burst.sessions[12:]
+    assert [s.sid for s in extra] == ["burst-00", "burst-01", "burst-02"]
+    assert len({s.scope for s in extra}) == 3  # each its own scope: nothing shared
+    ids = {i for _, t in plain.iter_turns() for i in t.hash_ids}
+    for s in extra:
+        (turn,) = s.items
+        assert (turn.input_tokens, turn.output_tokens, s.start_s) == (150_000, 5, 42.0)
+        assert len(turn.hash_ids) == -(-150_000 // burst.block_tokens)
+        assert not ids & set(turn.hash_ids)  # fresh ids: nothing cached to reuse
+        ids |= set(turn.hash_ids)
+    starts = session_start_times(burst, seed=3)
+    assert starts[:12] == session_start_times(plain, seed=3) and starts[12:] == [42.0] * 3
+
+
+def test_a_burst_needs_poisson_starts_and_the_synthetic_kind():
+    from kvsim.config import ConfigFileError, validate_config
+    from kvsim.workload import synthetic_agentic
+
+    with pytest.raises(ValueError, match="start='poisson'"):
+        synthetic_agentic(2, start="concurrency", burst_requests=1)
+    with pytest.raises(ValueError, match="burst_requests"):
+        synthetic_agentic(2, burst_requests=-1)
+    base = {"cache": {"tiers": [{"level": "gpu", "quota": "56GiB"}]}}
+    cfg = validate_config({**base, "workload": {"synthetic": {"burst": {"requests": 2, "at": "30s"}}}})
+    assert cfg.workload.synthetic.burst.at == 30.0
+    assert cfg.workload.synthetic.burst.input_tokens == 200_000
+    for bad in ({"start": "concurrency", "synthetic": {"burst": {}}},
+                {"kind": "mooncake", "path": "x.jsonl", "synthetic": {"burst": {}}},
+                {"synthetic": {"burst": {"requests": 0}}}):
+        with pytest.raises(ConfigFileError, match="workload"):
+            validate_config({**base, "workload": bad})
+
+
+def test_the_summary_splits_ttft_into_short_and_long_prompts():
+    """A run with two 120K-token requests in a burst: the summary's long TTFTs are those
+    two requests' own, the short ones every other request's."""
+    from kvsim.config import load_config
+    from kvsim.run import prepare_run, replay
+
+    cfg = load_config("configs/default.yaml", [
+        "workload.synthetic.n_sessions=4", "cache.tiers[0].quota=56GiB",
+        "workload.synthetic.burst.requests=2", "workload.synthetic.burst.input_tokens=120000",
+        "workload.synthetic.burst.at=5s", "output.plots=false"])
+    res = replay(prepare_run(cfg))
+    m = res.metrics
+    rows = [r for r in res.rows if r.done_ns >= 0 and not r.failed]
+    long_ = sorted(r.ttft_s for r in rows if r.input_tokens >= 100_000)
+    short = [r.ttft_s for r in rows if r.input_tokens < 100_000]
+    assert len(long_) == 2 and len(short) == m["requests_completed"] - 2 > 0
+    by = m["ttft_s_by_input"]
+    assert by["long"]["p50"] == pytest.approx(sum(long_) / 2)
+    assert by["short"]["mean"] == pytest.approx(sum(short) / len(short))
+    assert by["long"]["p50"] > by["short"]["p99"]  # 120K-token prefills take the longest

@@ -64,6 +64,11 @@ class Row:
                 self.onboard_bytes, self.preemptions, self.failed)
 
 
+#: a request whose prompt has at least this many tokens counts as long in the summary's
+#: ``ttft_s_by_input`` (the synthetic sessions stay below it; a burst's requests do not)
+LONG_INPUT_TOKENS = 100_000
+
+
 def _dist(values: list[float]) -> dict:
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -102,6 +107,10 @@ class Metrics:
             "hit_ratio": (sum(hit.values()) / inp) if inp else 0.0,
             "computed_tokens": sum(r.computed_tokens for r in done),
             "ttft_s": _dist([r.ttft_s for r in done]),
+            "ttft_s_by_input": {  # short prompts, and long ones (LONG_INPUT_TOKENS or more)
+                "short": _dist([r.ttft_s for r in done if r.input_tokens < LONG_INPUT_TOKENS]),
+                "long": _dist([r.ttft_s for r in done if r.input_tokens >= LONG_INPUT_TOKENS]),
+            },
             "tpot_s": _dist([r.tpot_s for r in done if r.output_tokens > 1]),
             "e2e_s": _dist([r.e2e_s for r in done]),
             "throughput": {
