@@ -339,11 +339,12 @@ def test_a_torn_read_is_caught_against_the_manager_without_its_lock():
         th = _start(probe)
         assert reached.wait(5)
         grower = _start(lambda: rec.complete(rec.grow(req, T)))
-        grower.join(0.5)  # with the lock it waits for the paused probe
+        # without the lock it finishes while the probe is paused; with it, it waits
+        grower.join(10.0 if lock is not None else 0.5)
         grown_first = not grower.is_alive()
         resumed.set()
-        th.join(5)
-        grower.join(5)
+        th.join(10)
+        grower.join(10)
         answers = replay_answers(rec.log, lambda: _manager(N, N), [("A", list(range(N)), T)])
         return out["ans"], violations(answers, [out["rec"]]), grown_first
 
@@ -355,7 +356,7 @@ def test_a_torn_read_is_caught_against_the_manager_without_its_lock():
 
 class Pausing:
     """The blocks of a prompt whose walk pauses at block ``at``: tells ``reached`` and
-    waits for ``resumed`` (at most 1 s)."""
+    waits for ``resumed`` (at most 20 s)."""
 
     def __init__(self, items, at, reached, resumed):
         self.items, self.at, self.reached, self.resumed = list(items), at, reached, resumed
@@ -372,5 +373,5 @@ class Pausing:
         for k, x in enumerate(self.items):
             if k == self.at:
                 self.reached.set()
-                self.resumed.wait(1.0)
+                self.resumed.wait(20.0)
             yield x
