@@ -3,8 +3,8 @@
 ``SharedManager`` wraps a ``TierManager`` for callers on several threads (e.g. a
 scheduler thread answering prefix-match probes while another thread resizes a request
 to a very long context). Every mutation (create, prepare, resume, grow, extend, commit,
-suspend, close, set_quota, evict, complete) takes the lock exclusively; the read-only
-queries (``probe_reuse``, ``tier_stats``, ``expected``, ...) take it shared, so probes
+suspend, close, set_quota, cap_tier, evict, complete) takes the lock exclusively; the
+read-only queries (``probe_reuse``, ``tier_stats``, ``expected``, ...) take it shared, so probes
 run alongside each other and never see a half-made plan: a probe answered while a resize
 is in flight sees the manager as it was before the plan or after it (a plan is made, and
 completed, under the exclusive lock; between the two the state is the planned one, with
@@ -230,6 +230,10 @@ class SharedManager:
         with self.writing() as m:
             return m.set_quota(level, quota_bytes)
 
+    def cap_tier(self, level: Level, limit_slots: int) -> None:
+        with self.writing() as m:
+            m.cap_tier(level, limit_slots)
+
     def evict(self, level: Level, npages: int) -> Plan | Refusal:
         with self.writing() as m:
             return m.evict(level, npages)
@@ -244,4 +248,4 @@ class SharedManager:
 SHARED_METHODS = ("probe_reuse", "tier_stats", "expected", "plans_in_flight", "requests",
                   "pages", "level_of", "tier_pos")
 EXCLUSIVE_METHODS = ("create", "prepare", "resume", "grow", "extend", "commit", "suspend",
-                     "close", "set_quota", "evict", "complete")
+                     "close", "set_quota", "cap_tier", "evict", "complete")
