@@ -3,7 +3,8 @@ completes only when the test steps it, so a test can hold a transfer in flight.
 
 ``transfer`` queues a batch and returns a Ticket; ``step()`` performs the oldest queued
 transfer (copying tags, or failing it if the test asked with ``fail_next``) and resolves
-its ticket. No clock, no threads.
+its ticket. No clock, no threads. A ``TAKEBACK`` batch moves nothing: the page's
+retained disk copy is its destination already (a failed one leaves the copy as it was).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.core.plan import Batch, Fill
+from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 
 
@@ -57,7 +58,10 @@ class ReferenceBackend:
         """Perform the oldest queued transfer."""
         t = self.queue.popleft()
         b = t.batch
-        if self._fail:
+        if b.kind is BatchKind.TAKEBACK:  # onto the page's retained disk copy: no bytes
+            t.ok = not self._fail
+            self._fail -= bool(self._fail)
+        elif self._fail:
             self._fail -= 1
             # a failed write leaves garbage behind it, as a real one may
             self.tags[b.dst][b.dst_slots] = np.uint64(0xDEAD)

@@ -67,11 +67,12 @@ def _policy(name: str):
 
 class CoreMachine(RuleBasedStateMachine):
     policy = "lru"
+    copies: dict = {}  # ManagerSpec's retained-copy options
 
     def __init__(self) -> None:
         super().__init__()
         self.m = make_manager(gpu=6, host=5, disk=4, max_gpu=8, max_host=7, max_disk=6,
-                              policy=_policy(self.policy))
+                              policy=_policy(self.policy), **self.copies)
         self.be = backend_for(self.m)
         self.held: list = []  # plans in flight, not yet run
 
@@ -248,6 +249,15 @@ class CoreMachine(RuleBasedStateMachine):
             after["refusals"] = before["refusals"]
             assert after == before
 
+    @precondition(lambda self: self.m.write_through_on)
+    @rule(hold=st.booleans(), fail=st.integers(0, 4))
+    def write_through(self, hold, fail):
+        """The background copies of pages evicted GPU -> host, held or run (failed
+        now and then: their copies must never become ready)."""
+        plan = self.m.write_through()
+        if plan:
+            self._finish(plan, hold, {0} if fail == 0 else set(), False)
+
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def complete_held(self, data):
@@ -306,3 +316,22 @@ def _machine_for(name: str):
 for _name in POLICY_NAMES:
     if _name not in ("lru", "priority-lru"):
         globals()[f"TestCoreMachine_{_name.replace('-', '_')}"] = _machine_for(_name)
+
+
+def _machine_with_copies(name: str, copies: dict, examples: int):
+    machine = type(f"CoreMachine_{name}", (CoreMachine,), {"copies": copies})
+    machine.TestCase.settings = settings(
+        max_examples=examples, stateful_step_count=50, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    return machine.TestCase
+
+
+# retained disk copies: keep-copy and write-through, with the whole disk protected or
+# a quarter of it (copies beyond the share go first)
+TestCoreMachine_copies = _machine_with_copies(
+    "copies", {"keep_copy": True, "write_through": True, "write_through_inflight_bytes": 3 * PAGE},
+    200)
+TestCoreMachine_copies_quarter = _machine_with_copies(
+    "copies_quarter", {"keep_copy": True, "write_through": True,
+                       "protected_copy_fraction": 0.25}, 100)
+TestCoreMachine_keep_copy = _machine_with_copies("keep_copy", {"keep_copy": True}, 100)

@@ -16,9 +16,16 @@ What it checks:
   dropped - freed;
 - the prefix tree: keys map to live pages marked in_tree, parents are live tree pages,
   ``nchildren`` counts them, non-tree pages have no parent and no children;
+- retained disk copies (``kvsim.core.copies``): a copy belongs to a live page that is not
+  on disk; its slot is owned by nothing else; a ready copy is fully committed and is in the
+  disk tier's ``copies`` exactly when no in-flight TAKEBACK batch has it as destination;
+  a copy not ready is a write-through's in flight; a write's slot whose page gave it up,
+  and a host slot whose release waits for a write, are owned by that write; the count of
+  retained slots agrees;
 - content (with ``backend_tags``, a ``read_tags(level, slots)`` callable): every committed
-  page whose slot no in-flight batch writes holds the tag ``tag_of(page.key)``. Call it
-  after the engine wrote the Fill of every commit.
+  page whose slot no in-flight batch writes holds the tag ``tag_of(page.key)``, and every
+  ready retained copy holds its page's tag. Call it after the engine wrote the Fill of
+  every commit.
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         if where in owner:
             _fail(f"slot T{p.tier}:{p.slot} owned by both {owner[where]!r} and {p!r}")
         owner[where] = p
+    taking = _audit_copies(m, owner)
 
     # -- plans in flight: reservations -------------------------------------------------
     reserved: dict[tuple[int, int], int] = {}   # (tier, slot) -> plan id
@@ -84,6 +92,12 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
                 moving_pids.add(p.pid)
                 if kind is BatchKind.ONBOARD:
                     onboarding.setdefault(plan_id, set()).add(p.pid)
+            if kind is BatchKind.TAKEBACK:  # onto the copies' own slots (owned by them)
+                for p, d in zip(pgs, dsts):
+                    if p.copy != d or not p.copy_ready or p.pid not in taking:
+                        _fail(f"plan {plan_id}: takes back slot {d} for {p!r}, not its ready copy")
+                    taking.discard(p.pid)
+                continue
             dst_slots.extend((dst_pos, d) for d in dsts)
         for p in rec.pending + ([rec.cow] if rec.cow is not None else []):
             if p.phase is not Phase.PENDING or p.tier != 0:
@@ -98,6 +112,8 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             if o is not None and leaving.get(where) != plan_id:
                 _fail(f"plan {plan_id} reserves T{where[0]}:{where[1]}, owned by {o!r} "
                       "which is not leaving it in that plan")
+    if taking:
+        _fail(f"pages {sorted(taking)[:10]} have a ready copy in no copy index nor takeback")
     for p in pages.values():
         if p.phase is Phase.MOVING and p.pid not in moving_pids:
             _fail(f"page {p!r} is MOVING but no plan in flight moves it")
@@ -213,7 +229,7 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             _fail(f"tier {tier.level.name}: {here} pages but counters say {expect} "
                   f"({c.snapshot()})")
         s = m.tier_stats(tier.level)
-        if s.used != s.locked + s.held + s.droppable + s.reserved or s.reserved < 0:
+        if s.used != s.locked + s.held + s.droppable + s.reserved + s.retained or s.reserved < 0:
             _fail(f"tier {tier.level.name}: stats do not balance: {s}")
         if s.used <= s.total and s.total != s.used + s.free:
             _fail(f"tier {tier.level.name}: total != used + free: {s}")
@@ -246,6 +262,15 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             if not p.tag or (p.tier, p.slot) in reserved:
                 continue  # uncommitted, or a later stage of a plan may overwrite the slot
             by_tier.setdefault(p.tier, []).append(p)
+        disk_pos = m._disk_pos
+        copies = list(m.tiers[disk_pos].copies) if disk_pos >= 0 else []
+        if copies:
+            got = backend_tags(m.tiers[disk_pos].level,
+                               np.fromiter((p.copy for p in copies), np.int64, len(copies)))
+            bad = [p for p, t in zip(copies, np.asarray(got, dtype=np.uint64)) if int(t) != p.tag]
+            if bad:
+                _fail(f"refcheck: the retained copy of {bad[0]!r} in disk slot {bad[0].copy} "
+                      f"does not hold its tag {bad[0].tag} ({len(bad)} copies differ)")
         for pos, ps in by_tier.items():
             got = backend_tags(tiers[pos].level, np.fromiter((p.slot for p in ps), np.int64, len(ps)))
             want = np.fromiter((p.tag for p in ps), np.uint64, len(ps))
@@ -259,3 +284,62 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
 def _batches(m, rec):
     """(moves, kind, destination tier position) of each batch a plan record remembers."""
     return [(mv, kind, dst) for mv, (kind, dst) in zip(rec.moves, rec.batch_info)]
+
+
+def _audit_copies(m, owner: dict) -> set[int]:
+    """Check the retained copies and write-throughs; add the slots they own to ``owner``.
+    Returns the pids of ready copies out of the copy index (being taken back)."""
+    disk_pos = m._disk_pos
+    pages = m._pages
+    count = 0
+    taking: set[int] = set()
+    writing: dict[int, int] = {}  # pid -> disk slot a write-through writes for it
+    for w in m._wt.values():
+        for p, d in zip(w.pages, w.disk_slots):
+            if p.copy == d and pages.get(p.pid) is p:
+                writing[p.pid] = d
+            else:
+                where = (disk_pos, d)
+                if where in owner:
+                    _fail(f"write-through slot {d} (given up) is also owned by {owner[where]!r}")
+                owner[where] = ("write-through", d)
+                count += 1
+    reading = {h for w in m._wt.values() for h in w.host_slots}
+    if reading != m._wt_reading:
+        _fail(f"host slots read by write-throughs {sorted(reading)[:10]} != "
+              f"{sorted(m._wt_reading)[:10]}")
+    for h in m._wt_deferred:
+        if h not in reading:
+            _fail(f"host slot {h} waits for a write-through that does not read it")
+        where = (m._host_pos, h)
+        if where in owner:
+            _fail(f"host slot {h} waits for a write-through but is owned by {owner[where]!r}")
+        owner[where] = ("write-through source", h)
+    index = m.tiers[disk_pos].copies if disk_pos >= 0 else {}
+    for p in list(pages.values()):
+        if p.copy < 0:
+            if p.copy_ready:
+                _fail(f"{p!r} has a ready copy but no copy slot")
+            continue
+        if disk_pos < 0 or p.tier == disk_pos:
+            _fail(f"{p!r} is on disk (or there is none) but has a retained copy")
+        if not 0 <= p.copy < m.tiers[disk_pos].next_fresh:
+            _fail(f"{p!r}: copy slot {p.copy} outside the disk's allocated slots")
+        where = (disk_pos, p.copy)
+        if where in owner:
+            _fail(f"copy slot {p.copy} of {p!r} is also owned by {owner[where]!r}")
+        owner[where] = ("copy", p)
+        count += 1
+        if p.copy_ready:
+            if not p.tag or p.ntokens != m.tokens_per_block:
+                _fail(f"{p!r} has a ready copy but is not fully committed")
+            if p not in index:
+                taking.add(p.pid)
+        elif writing.get(p.pid) != p.copy:
+            _fail(f"{p!r}: copy {p.copy} is not ready and no write-through writes it")
+    for p in index:
+        if pages.get(p.pid) is not p or p.copy < 0 or not p.copy_ready:
+            _fail(f"{p!r} is in the disk's copy index without a ready copy")
+    if count != m._retained:
+        _fail(f"{count} disk slots held by copies, the manager counts {m._retained}")
+    return taking

@@ -15,6 +15,7 @@ from __future__ import annotations
 from itertools import filterfalse, islice
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
+from kvsim.core.copies import Copies, take_back_split
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, PlanKind
 from kvsim.core.types import Phase
@@ -39,26 +40,28 @@ class PlanRecord:
         self.req = req
         self.moves: list[tuple[list[Page], list[int]]] = []  # per batch: pages, dst slots
         self.batch_info: list[tuple[BatchKind, int]] = []     # per batch: kind, dst tier pos
-        self.handed: dict[int, int] = {}  # tier pos -> evict batch whose sources it reuses
+        self.handed: dict[int, list[int]] = {}  # tier pos -> evict batches whose sources it reuses
         self.pending: list[Page] = []     # grow: new pages, phase PENDING
         self.cow: Page | None = None      # grow: the private copy of a shared last page
         self.quota: tuple[int, int] | None = None  # (tier pos, old capacity)
         self.target = 0                   # grow: tokens the request covers once committed
-        self.handed_sets: dict[int, set[int]] = {}
+        self.handed_sets: dict[int, dict[int, int]] = {}  # tier pos -> handed slot -> batch
 
 
 class Selection:
     """A dry run's result: ``victims[t]`` leave tier t for tier ``dest[t]`` (dropped from
     the last tier)."""
 
-    __slots__ = ("victims", "dest")
+    __slots__ = ("victims", "dest", "reclaim", "taking")
 
     def __init__(self, ntiers: int):
         self.victims: list[list[Page]] = [[] for _ in range(ntiers)]
         self.dest: list[int] = [0] * ntiers
+        self.reclaim: list[Page] = []  # the disk tier's retained copies to free
+        self.taking: set[Page] = set()  # victims that take their disk copy back
 
 
-class Eviction:
+class Eviction(Copies):
     """Mixin of TierManager (uses its tiers, tree, counters, live pages and page size)."""
 
     # set by TierManager.__init__; declared here for the type checker (and mypyc)
@@ -102,19 +105,38 @@ class Eviction:
         k = n - min(n, tier.free) if use_free else n
         if k == 0:
             return True
-        victims = self._pick_leaves(tier, k, exclude) if tier.is_last else self._pick(tier, k, exclude)
-        if victims is None:
-            return False
         if tier.is_last:
+            if tier.copies:  # (the disk tier with retained copies)
+                got = self._pick_disk(tier, k, exclude, sel.taking)
+                if got is None:
+                    return False
+                sel.victims[t], sel.reclaim = got
+                return True
+            victims = self._pick_leaves(tier, k, exclude)
+            if victims is None:
+                return False
             sel.victims[t] = victims
             return True
+        victims = self._pick(tier, k, exclude)
+        if victims is None:
+            return False
+        disk = self._disk_pos
         for d in range(t + 1, len(self.tiers)):
-            if self._select_at(d, k, exclude, True, sel):
+            need = k
+            take: list[Page] = []
+            if d == disk and self._retained:  # ready copies are taken back, not written
+                take = take_back_split(victims)[0]
+                need = k - len(take)
+                sel.taking.update(take)
+            if self._select_at(d, need, exclude, True, sel):
                 sel.victims[t] = victims
                 sel.dest[t] = d
                 return True
+            sel.taking.difference_update(take)
             for j in range(d, len(self.tiers)):  # forget the branch that failed
                 sel.victims[j] = []
+            if d == disk:
+                sel.reclaim = []
         return False
 
     def _candidates(self, tier: "Tier") -> Iterator[Page]:
@@ -130,11 +152,17 @@ class Eviction:
         cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier)
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
+        if self._wt_reading:
+            reading = self._host_reading(tier)
+            if reading is not None:
+                cands = filterfalse(reading, cands)
         victims = list(islice(cands, k))
         return victims if len(victims) == k else None
 
-    def _pick_leaves(self, tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
-        """``k`` droppable pages of the last tier, leaves only. A candidate skipped for its
+    def _pick_leaves(self, tier: "Tier", k: int, exclude: set | None, partial: bool = False
+                     ) -> list[Page] | None:
+        """``k`` droppable pages of the last tier, leaves only (with ``partial``, as many
+        as there are up to ``k``, rather than None when fewer). A candidate skipped for its
         children becomes a leaf once they are picked: it is picked right after its last
         child (it came earlier in the order than the candidate being looked at), so
         children always drop before parents, whatever the policy's order."""
@@ -161,7 +189,7 @@ class Eviction:
                     break
                 skipped.discard(q)
                 p = q
-        return None
+        return victims if partial else None
 
     def _reserve(self, pos: int, n: int, sel: "Selection", rec: PlanRecord,
                  batches: list[Batch], incoming: bool = True) -> list[int]:
@@ -169,39 +197,58 @@ class Eviction:
         handed over after free ones). Evictions are added to ``batches``, deepest first."""
         tier = self.tiers[pos]
         victims = sel.victims[pos]
-        slots = tier.alloc_many(n - len(victims)) if incoming else []
-        if not victims:
+        reclaim = sel.reclaim if tier.is_last else []
+        freed = len(victims) + len(reclaim)
+        slots = tier.alloc_many(n - freed) if incoming else []
+        if not freed:
             return slots
-        if not self._fast:
+        if victims and not self._fast:
             self.policy.on_evict(victims, self.clock)
         if tier.is_last:
-            self._drop_each(tier, victims)
+            if victims:
+                self._drop_each(tier, victims)
+            if reclaim:
+                self._reclaim(reclaim)
+                sel.reclaim = []
             if incoming:
-                slots.extend(tier.alloc_many(len(victims)))
+                slots.extend(tier.alloc_many(freed))
             return slots
         d = sel.dest[pos]
-        dst = self._reserve(d, len(victims), sel, rec, batches)
+        take, write = take_back_split(victims) if d == self._disk_pos and sel.taking else ([], victims)
         tier.index_discard_each(victims)
         moving = Phase.MOVING
         for v in victims:
             v.phase = moving
         stage = len(self.tiers) - 2 - pos  # deeper sources first: their slots are reused above
-        bi = self._add_batch(rec, batches, BatchKind.EVICT, pos, d, victims, dst, stage)
+        handed = []
+        if write:
+            dst = self._reserve(d, len(write), sel, rec, batches)
+            handed.append(self._add_batch(rec, batches, BatchKind.EVICT, pos, d, write, dst, stage))
+        if take:  # onto their retained copies: no longer reclaimable
+            copies = self.tiers[d].copies
+            for v in take:
+                del copies[v]
+            handed.append(self._add_batch(rec, batches, BatchKind.TAKEBACK, pos, d, take,
+                                          [v.copy for v in take], stage))
         if incoming:
-            rec.handed[pos] = bi
-            slots.extend([v.slot for v in victims])
+            rec.handed[pos] = handed
+            slots.extend([v.slot for v in write])
+            slots.extend([v.slot for v in take])
         return slots
 
     def _rollback_slot(self, rec: PlanRecord, batches: Sequence[Batch], oks: list[bool], pos: int,
                        slot: int) -> None:
         """Give back a destination slot of a batch that did not commit."""
-        bi = rec.handed.get(pos)
-        if bi is not None and pos not in rec.handed_sets:
-            rec.handed_sets[pos] = set(batches[bi].src_slots)
-        if bi is not None and slot in rec.handed_sets[pos]:
-            if oks[bi]:
-                self.tiers[pos].release(slot)  # its old owner left: the slot is free
-            return  # its old owner failed to leave and still owns it
+        bis = rec.handed.get(pos)
+        if bis is not None:
+            hs = rec.handed_sets.get(pos)
+            if hs is None:
+                hs = rec.handed_sets[pos] = {s: bi for bi in bis for s in batches[bi].src_slots}
+            bi = hs.get(slot)
+            if bi is not None:
+                if oks[bi]:
+                    self.tiers[pos].release(slot)  # its old owner left: the slot is free
+                return  # its old owner failed to leave and still owns it
         self.tiers[pos].release(slot)
 
     def _drop_each(self, tier: "Tier", pages: list[Page]) -> None:
@@ -283,7 +330,12 @@ class Eviction:
             tier.index_discard(page)
         elif not page.holds and not page.in_tree:
             tier.index_discard(page)
-            tier.release(page.slot)
+            if page.copy >= 0:
+                self._drop_copy(page)
+            if self._wt_reading:
+                self._release_src(tier, [page])
+            else:
+                tier.release(page.slot)
             page.phase = Phase.FREED
             del self._pages[page.pid]
             self.counters.freed_pages[tier.level] += 1

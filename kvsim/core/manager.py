@@ -18,7 +18,9 @@ commits it or rolls it back, batch by batch. A plan that cannot be made changes 
 Eviction per tier: lowest priority first, then least recently used (the insertion order
 of the tier's index is the logical clock). The cascade is GPU -> host -> disk -> dropped:
 a victim moves one tier colder; only the last tier drops, and only droppable leaves.
-Held pages never drop. A tree page is never dropped before its children.
+Held pages never drop. A tree page is never dropped before its children. With retained
+disk copies (``kvsim.core.copies``) an eviction to disk may take a page's copy back
+instead of writing it, and ``write_through()`` plans background copies to disk.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class TierManager(Planning):
         self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
         self.counters = Counters()
+        self._init_copies()
         self._pages: dict[int, Page] = {}   # every live page, by pid
         self._requests: dict[int, Request] = {}
         self._plans: dict[int, PlanRecord] = {}
@@ -104,10 +107,11 @@ class TierManager(Planning):
             else:
                 droppable += 1
         used = tier.used
+        retained = self._retained if pos == self._disk_pos else 0
         return TierStats(level=int(tier.level), total=tier.capacity, used=used, free=tier.free,
                          locked=locked, held=held, droppable=droppable,
-                         reserved=used - locked - held - droppable, moving=moving,
-                         evictable=tier.index_size())
+                         reserved=used - locked - held - droppable - retained, moving=moving,
+                         evictable=tier.index_size(), retained=retained)
 
     def requests(self) -> Iterable[Request]:
         return self._requests.values()

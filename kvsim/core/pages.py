@@ -22,7 +22,7 @@ class Page:
 
     __slots__ = ("pid", "index", "key", "tag", "ntokens", "tier", "slot", "phase",
                  "locks", "holds", "in_tree", "parent", "nchildren", "priority", "last_use", "uses",
-                 "score")
+                 "score", "copy", "copy_ready")
 
     def __init__(self, pid: int, index: int, tier: int, slot: int, ntokens: int,
                  priority: int, phase: Phase):
@@ -40,6 +40,10 @@ class Page:
         self.parent: Page | None = None
         self.nchildren = 0
         self.priority = priority
+        # a retained disk copy (kvsim.core.copies): its disk slot (-1: none), and whether
+        # its bytes are complete (False: a write-through still writing it)
+        self.copy = -1
+        self.copy_ready = False
         # ``last_use`` (the manager's logical clock at the page's last use), ``uses`` (its
         # uses so far) and ``score`` (a value the policy may keep per page): set by the
         # manager at a page's first use, only for an eviction policy other than the

@@ -31,6 +31,7 @@ class BatchKind(enum.IntEnum):
     ONBOARD = 1  # colder -> GPU, for a request being resumed
     COPY = 2     # GPU -> GPU copy-on-write of a shared page a request must append to
     BACKGROUND = 3  # a copy to disk nothing waits for (write-through): disk I/O's lowest class
+    TAKEBACK = 4    # warmer -> disk onto the page's retained disk copy: no bytes move
 
 
 class Batch:
@@ -71,6 +72,7 @@ class PlanKind(enum.IntEnum):
     RESUME = 1
     QUOTA = 2
     EVICT = 3
+    WRITE_THROUGH = 4  # background copies to disk (``TierManager.write_through``)
 
 
 class Plan:

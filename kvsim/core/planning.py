@@ -100,6 +100,10 @@ class Planning(Eviction):
         """Commit or roll back a plan. ``ok`` is one flag for all batches or one per batch.
         A batch after a failed stage is rolled back whatever its flag (it must not have run
         on a slot still owned by a page that failed to leave)."""
+        if plan.kind is PlanKind.WRITE_THROUGH and plan.pid in self._wt:
+            self._finish_write_through(plan, bool(ok) if isinstance(ok, (bool, np.bool_))
+                                       else all(bool(x) for x in ok))
+            return
         rec = self._plans.pop(plan.pid, None)
         if rec is None:
             raise CoreError(f"complete: plan {plan.pid} is not in flight")
@@ -120,23 +124,51 @@ class Planning(Eviction):
         c = self.counters
         tiers = self.tiers
         for bi, (b, good) in enumerate(zip(batches, oks)):
-            if b.kind is BatchKind.COPY:
+            kind = b.kind
+            if kind is BatchKind.COPY:
                 continue  # handled with the grow's pending pages
             pages, dsts = rec.moves[bi]
             src_pos, dst_pos = self._pos[b.src], self._pos[b.dst]
             src_tier = tiers[src_pos]
+            takeback = kind is BatchKind.TAKEBACK
             if good:
-                if rec.handed.get(src_pos) != bi:  # else the slots were handed over
-                    src_tier.release_many([p.slot for p in pages])
-                evict = b.kind is BatchKind.EVICT
+                handed = rec.handed.get(src_pos)
+                if handed is None or bi not in handed:  # else the slots were handed over
+                    if src_pos == self._disk_pos and self.keep_copy:
+                        src_tier.release_many(self._keep_copies(pages, [p.slot for p in pages]))
+                    elif self._wt_reading:
+                        self._release_src(src_tier, pages)
+                    else:
+                        src_tier.release_many([p.slot for p in pages])
+                evict = kind is BatchKind.EVICT or takeback
                 n = len(pages)
                 c.moved_pages[b.src][b.dst] += n
-                c.moved_bytes[b.src][b.dst] += n * b.page_bytes
+                if takeback:  # no bytes moved: the copy was there
+                    c.copies_reused += n
+                    self._retained -= n
+                    for p in pages:
+                        p.copy = -1
+                        p.copy_ready = False
+                else:
+                    c.moved_bytes[b.src][b.dst] += n * b.page_bytes
                 if evict:
                     c.evicted_pages[b.src] += n
+                    if dst_pos == self._disk_pos and self._retained and not takeback:
+                        for p in pages:  # a copy made ready meanwhile, or still written
+                            if p.copy >= 0:
+                                self._drop_copy(p)
+                    elif kind is BatchKind.EVICT and src_pos == 0 and dst_pos == self._host_pos:
+                        self._queue_write_through(pages)
                 self._arrive(tiers[dst_pos], pages, dsts, evict)  # evicted: most recent
             else:
                 c.failed_batches += 1
+                if takeback:  # the page stays, its copy with it, reclaimable again
+                    copies = tiers[dst_pos].copies
+                    for p in pages:
+                        p.phase = Phase.RESIDENT
+                        copies[p] = None
+                        self._settle(p, touch=False)
+                    continue
                 for p, d in zip(pages, dsts):
                     p.phase = Phase.RESIDENT
                     self._rollback_slot(rec, batches, oks, dst_pos, d)

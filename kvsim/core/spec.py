@@ -37,6 +37,14 @@ class ManagerSpec:
     page_bytes: int
     tokens_per_block: int
     tiers: tuple[TierSpec, ...]
+    # retained disk copies (kvsim.core.copies): keep a restored page's disk copy; write a
+    # page evicted GPU -> host to disk in the background too (needs host and disk tiers),
+    # at most ``write_through_inflight_bytes`` in flight; the share of the disk retained
+    # copies may hold ahead of disk-only pages
+    keep_copy: bool = False
+    write_through: bool = False
+    write_through_inflight_bytes: int = 1 << 30
+    protected_copy_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_bytes, int) or self.page_bytes <= 0:
@@ -59,3 +67,15 @@ class ManagerSpec:
             if t.quota_bytes < self.page_bytes:
                 raise ConfigError(f"{where}.quota_bytes", t.quota_bytes,
                                   f"at least one slot of page_bytes ({self.page_bytes})")
+        f = self.protected_copy_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ConfigError("protected_copy_fraction", f, "a number in [0, 1]")
+        if (self.keep_copy or self.write_through) and Level.DISK not in levels:
+            raise ConfigError("keep_copy" if self.keep_copy else "write_through", True,
+                              "a disk tier")
+        if self.write_through and Level.HOST not in levels:
+            raise ConfigError("write_through", True, "a host tier above the disk tier")
+        w = self.write_through_inflight_bytes
+        if isinstance(w, bool) or not isinstance(w, int) or w < self.page_bytes:
+            raise ConfigError("write_through_inflight_bytes", w,
+                              f"at least one page ({self.page_bytes} bytes)")

@@ -32,6 +32,18 @@ class Counters:
     failed_batches: int = 0
     plans: int = 0
     refusals: int = 0
+    # retained disk copies (kvsim.core.copies): kept at a restore, taken back by an
+    # eviction to disk (no write), reclaimed for room; write-through copies written,
+    # skipped (no free disk slot or past the protected share), failed, or given up (the
+    # page left or was written to disk before its copy finished)
+    copies_kept: int = 0
+    copies_reused: int = 0
+    copies_reclaimed: int = 0
+    write_through_pages: int = 0
+    write_through_skipped: int = 0
+    write_through_failed: int = 0
+    write_through_dropped: int = 0
+    copies_on: bool = False  # snapshot reports the copy counters (an option is on)
 
     @property
     def offloaded_pages(self) -> int:
@@ -50,7 +62,7 @@ class Counters:
         return sum(self.moved_bytes[s][0] for s in range(1, N_LEVELS))
 
     def snapshot(self) -> dict:
-        return {
+        out = {
             "hit_tokens": list(self.hit_tokens),
             "created_pages": list(self.created_pages),
             "moved_pages": [list(r) for r in self.moved_pages],
@@ -66,12 +78,24 @@ class Counters:
             "plans": self.plans,
             "refusals": self.refusals,
         }
+        if not self.copies_on:
+            return out
+        out.update({
+            "copies_kept": self.copies_kept,
+            "copies_reused": self.copies_reused,
+            "copies_reclaimed": self.copies_reclaimed,
+            "write_through_pages": self.write_through_pages,
+            "write_through_skipped": self.write_through_skipped,
+            "write_through_failed": self.write_through_failed,
+            "write_through_dropped": self.write_through_dropped,
+        })
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class TierStats:
     """Slots of one tier. total == used + free (free is 0 while over a shrunk quota);
-    used == locked + held + droppable + reserved."""
+    used == locked + held + droppable + reserved + retained."""
 
     level: int
     total: int
@@ -83,3 +107,4 @@ class TierStats:
     reserved: int   # destinations of in-flight moves and slots of pending new pages
     moving: int     # pages pinned as sources of in-flight moves (counted in their state)
     evictable: int  # pages an eviction from this tier may pick now
+    retained: int = 0  # disk: slots of retained copies (of pages in a warmer tier), not evictable

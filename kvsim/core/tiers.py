@@ -14,6 +14,8 @@ pending), unlocked, and, in the last tier, also not held (held pages cannot be d
 It is one insertion-ordered dict per priority; insertion order is recency (oldest first),
 driven by the manager's logical clock, never by a wall clock. With a policy other than
 LRU, ``order`` also keeps the candidates in that policy's order (``policy.HeapOrder``).
+A slot may also be owned by a retained copy (the disk tier's ``copies``, or a
+write-through's slot while it is written): used, neither free nor a page's.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ if TYPE_CHECKING:
 
 class Tier:
     __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
-                 "recycled", "next_fresh", "lru", "_prios", "_churn", "order", "limit", "lost")
+                 "recycled", "next_fresh", "lru", "_prios", "_churn", "order", "limit", "lost",
+                 "copies")
 
     def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
                  capacity: int, max_slots: int):
@@ -50,6 +53,9 @@ class Tier:
         # a policy other than LRU: its order of this tier's candidates, told of every page
         # that enters the index or is touched in it (None: LRU, the index's own order)
         self.order: HeapOrder | None = None
+        # the disk tier: the retained copies it may reclaim (complete, not being taken
+        # back), oldest first; each owns a slot of this tier (kvsim.core.copies)
+        self.copies: dict[Page, None] = {}
 
     # -- slots ---------------------------------------------------------------------------
     @property
