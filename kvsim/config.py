@@ -93,6 +93,15 @@ class TierConfig(_Strict):
     # disk tier: N > 0 prioritised disk I/O workers in both backends (kvsim.core.diskio);
     # 0: off, the profile's nvme.queue_depth pieces in flight, no priorities
     io_workers: Annotated[int, Field(ge=0, le=MAX_IO_WORKERS, strict=True)] = 0
+    # disk tier: retained copies (kvsim.core.copies). keep_copy: a restore keeps a full
+    # page's disk copy, and its next eviction to disk takes it back with no write;
+    # write_through: a page evicted GPU -> host is also copied to disk in the background
+    # (needs a host tier), at most write_through_inflight bytes in flight;
+    # protected_copy_fraction: the share of the disk copies may hold ahead of disk-only pages
+    keep_copy: bool = False
+    write_through: bool = False
+    write_through_inflight: Size = 1 << 30
+    protected_copy_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
 
     @model_validator(mode="after")
     def _check(self) -> "TierConfig":
@@ -102,6 +111,11 @@ class TierConfig(_Strict):
             raise ValueError("fill is only for the host tier")
         if self.io_workers and self.level != "disk":
             raise ValueError("io_workers is only for the disk tier")
+        if self.level != "disk":  # (a resolved config dumps the defaults: compare to them)
+            for k in ("keep_copy", "write_through", "write_through_inflight",
+                      "protected_copy_fraction"):
+                if getattr(self, k) != type(self).model_fields[k].default:
+                    raise ValueError(f"{k} is only for the disk tier")
         if self.path is not None:
             if self.level != "disk":
                 raise ValueError("path is only for the disk tier")
@@ -142,7 +156,18 @@ class CacheConfig(_Strict):
         if not levels or levels[0] != "gpu" or any(order[b] <= order[a] for a, b in zip(levels, levels[1:])):
             raise ValueError(f"tiers must be ordered gpu -> host -> disk (host and disk "
                              f"optional), got {' -> '.join(levels) or 'none'}")
+        for i, t in enumerate(self.tiers):
+            if t.write_through and "host" not in levels:
+                raise ValueError(f"tiers[{i}].write_through needs a host tier above the disk "
+                                 f"tier (write-through copies pages evicted GPU -> host)")
+            if t.write_through and getattr(t, "io_workers", None) == 0:
+                raise ValueError(f"tiers[{i}].write_through needs tiers[{i}].io_workers > 0 "
+                                 f"(its writes are the disk I/O workers' background class)")
         return self
+
+    @property
+    def disk_tier(self) -> "TierConfig | None":
+        return next((t for t in self.tiers if t.level == "disk"), None)
 
 
 CopyPathName = Literal["auto", "copy_engine", "sm_kernel"]

@@ -78,7 +78,13 @@ def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
                                   f"{MAX_SLOTS:,} pages a tier (use larger pages, "
                                   f"cache.tokens_per_block, or a smaller quota)")
     tiers = tuple(TierSpec(LEVELS[t.level], t.quota, t.max_quota or 0) for t in cfg.cache.tiers)
-    return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers)
+    disk = cfg.cache.disk_tier
+    copies = {} if disk is None else dict(
+        keep_copy=disk.keep_copy, write_through=disk.write_through,
+        write_through_inflight_bytes=max(page, disk.write_through_inflight),
+        protected_copy_fraction=disk.protected_copy_fraction)
+    return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers,
+                       **copies)
 
 
 def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
@@ -264,6 +270,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     traffic = be.stats()
     levels = {int(t.level): t.level.name.lower() for t in mgr.tiers}
     counters = mgr.counters.snapshot()
+    if mgr.copies_on:
+        counters["retained_slots"] = mgr.retained_slots()
     metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}

@@ -38,7 +38,7 @@ from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_pe
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.diskio import io_class
 from kvsim.core.hostfill import UNIT_BYTES, FillLayout, FillMode, needed_watermark
-from kvsim.core.plan import Batch, Fill
+from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
@@ -307,6 +307,8 @@ class HwBackend:
         """Move one batch. ``path`` overrides the copy path for GPU <-> host (benchmarks)."""
         t0 = _clock()  # the timing log counts this call's own host time too
         io: list = []  # a disk batch's jobs: (start, end) of each on its I/O thread
+        if batch.kind is BatchKind.TAKEBACK:  # onto the pages' retained disk copies
+            return self._take_back(batch)
         if self._fail_next > 0 and batch.pages:
             self._fail_next -= 1
             ev = self._injected_failure(batch)
@@ -324,6 +326,13 @@ class HwBackend:
         write came to depend on: its pieces still queued move to the required writes'
         queue (with ``disk_io_workers`` > 0; else nothing to do). How many moved."""
         return self.disk.pool.promote(batch) if self.disk is not None and self.disk.pool else 0
+
+    def _take_back(self, batch: Batch) -> Any:
+        """An eviction onto the pages' retained disk copies: nothing is written (the slots
+        hold the bytes of an earlier complete write: the core takes back only those), done
+        at once. Counted as ``takeback_pages`` in ``info``."""
+        self.info["takeback_pages"] = self.info.get("takeback_pages", 0) + int(batch.pages)
+        return self.waits.done(True)
 
     def fail_next_transfer(self, n: int = 1) -> None:
         """Test hook: the next ``n`` transfers fail: their destination slots get garbage (a

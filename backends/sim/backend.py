@@ -62,7 +62,7 @@ from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction
 from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, layout_for, needed_watermark
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.diskio import io_class
-from kvsim.core.plan import Batch, Fill
+from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
@@ -243,6 +243,8 @@ class SimBackend:
             raise ValueError(f"sim backend: no data path {batch.src.name} -> {batch.dst.name}")
         if batch.page_bytes != self.page_bytes:
             raise ValueError(f"batch page_bytes {batch.page_bytes} != backend page_bytes {self.page_bytes}")
+        if batch.kind is BatchKind.TAKEBACK:  # the retained disk copy is there: no bytes move
+            return self._take_back(batch)
         fail = self._fail > 0
         if fail:
             self._fail -= 1
@@ -252,6 +254,13 @@ class SimBackend:
         x = _Transfer(self, batch, route, fail)
         x.start()
         return x.done
+
+    def _take_back(self, batch: Batch) -> simpy.Event:
+        """An eviction onto the pages' retained disk copies: done at once, nothing written
+        (the tags stay those the copies' earlier writes left). Counted as
+        ``takeback_pages`` (present once one happened)."""
+        self._counts["takeback_pages"] = self._counts.get("takeback_pages", 0) + batch.pages
+        return self.env.timeout(0, True)
 
     def compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1

@@ -216,6 +216,7 @@ class Lifecycle:
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
                                  self.p.refcheck_disk_writes)
         self._inflight -= 1
+        self._write_through()
         lv.failures = 0 if ok else lv.failures + 1
         give_up = lv.failures >= self.p.max_plan_failures
         if lv.req.state is ReqState.ACTIVE:
@@ -235,6 +236,23 @@ class Lifecycle:
             else:  # back to the head of the queue, to retry
                 lv.state = TurnState.WAITING
                 self._waiting.appendleft(lv)
+        self._notify()
+
+    def _write_through(self) -> None:
+        """With write-through on: start the background copy to disk of the pages evicted
+        GPU -> host since the last one (``TierManager.write_through``)."""
+        if not self.mgr.write_through_on:
+            return
+        plan = self.mgr.write_through()
+        if plan is not None:
+            self._launch(self._write_through_proc(plan))
+
+    def _write_through_proc(self, plan):
+        """A background write: nobody waits for it; a failed one only loses its copies."""
+        yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                            self.p.refcheck_disk_writes)
+        self._inflight -= 1
+        self._write_through()  # pages that waited for the in-flight cap
         self._notify()
 
     def _failure_reason(self, lv: Live) -> str:
@@ -272,6 +290,7 @@ class Lifecycle:
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
                                  self.p.refcheck_disk_writes)
         self._inflight -= 1
+        self._write_through()
         self._evicting = False
         self._evict_failures = 0 if ok else self._evict_failures + 1
         if self._evict_failures >= self.p.max_plan_failures:

@@ -129,4 +129,21 @@ class Metrics:
             "engine_steps": self.steps,
             "sim_time_s": span,
             "wall_time_s": wall_s,
+            **_copies(counters),
         }
+
+
+def _copies(counters: dict) -> dict:
+    """Retained disk copies (with keep-copy or write-through on; else nothing): copies
+    kept at restores, reused by evictions (no write), reclaimed for room; write-through
+    pages written, skipped, failed, given up; disk slots retained at the end."""
+    if "copies_reused" not in counters:
+        return {}
+    return {"disk_copies": {
+        "kept": counters["copies_kept"], "reused": counters["copies_reused"],
+        "reclaimed": counters["copies_reclaimed"],
+        "write_through_pages": counters["write_through_pages"],
+        "write_through_skipped": counters["write_through_skipped"],
+        "write_through_failed": counters["write_through_failed"],
+        "write_through_dropped": counters["write_through_dropped"],
+        "retained_slots": counters.get("retained_slots", 0)}}

@@ -5,7 +5,9 @@ exist (a host tier filling progressively: the backend's watermark, ``slots_ready
 after a failed batch, or destination slots that never come, the later stages are not
 run (the core rolls them back). With the refcheck on, every committed
 batch's destination is read back and compared with the tags the core expects (on the hw
-backend off the runtime's thread, so the replay keeps real time while bytes are checked).
+backend off the runtime's thread, so the replay keeps real time while bytes are checked);
+a batch that takes a retained disk copy back is checked whatever ``disk_writes`` says:
+the copy it reuses must hold the page's bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Batch, Plan, TierManager
+from kvsim.core.plan import BatchKind
 from kvsim.core.spec import Level
 from kvsim.engine.refcheck import RefcheckError, check_tags
 
@@ -74,7 +77,8 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
         if not stage_ok:
             break
     if refcheck:
-        done = [b for b, ok in zip(plan.batches, oks) if ok and (disk_writes or b.dst != Level.DISK)]
+        done = [b for b, ok in zip(plan.batches, oks)
+                if ok and (disk_writes or b.dst != Level.DISK or b.kind is BatchKind.TAKEBACK)]
         later = [backend.read_tags_later(b.dst, b.dst_slots) for b in done]
         pending = [w for w in later if w is not None]
         if pending:  # the hw backend verifies off the runtime's thread (the sim, if modelling it)
