@@ -37,7 +37,7 @@ METRIC_ROOTS = frozenset({
     "hit_ratio", "computed_tokens", "ttft_s", "ttft_s_by_input", "tpot_s", "e2e_s", "throughput", "bytes",
     "evicted_pages", "dropped_pages", "offloaded_pages", "onboarded_pages", "failed_batches",
     "preemptions", "holds_released", "engine_steps", "sim_time_s", "wall_time_s",
-    "page_bytes", "tiers_slots",
+    "page_bytes", "tiers_slots", "disk_copies",
     "host_fill",  # only where the config has a host tier fill (kvsim.run.host_fill_metrics)
 })
 

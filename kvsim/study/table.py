@@ -4,6 +4,7 @@ CSV and Parquet and printed with rich.
 Rows are read back from the points' folders (``summary.json``), so points skipped as
 complete and points run now are tabulated alike. A failed point has status ``failed`` and
 its error. With a baseline, ``rel.<metric>`` columns hold (value - baseline) / baseline.
+A ``disk_copies.*`` metric of a point without retained copies (no option on) is 0.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.study.points import Point, get_key
+
+
+# metrics a summary has only with an option on (retained disk copies): 0 without it
+OFF_MEANS_ZERO = ("disk_copies.",)
 
 
 def metric(metrics: dict, path: str) -> Any:
@@ -64,8 +69,8 @@ def build_rows(points: list[Point], folder_of, metrics: list[str], failures: dic
             for m in metrics:
                 try:
                     row[m] = metric(summary["metrics"], m)
-                except KeyError:
-                    row[m] = None
+                except KeyError:  # (no retained-copy option on: no copies, not unknown)
+                    row[m] = 0 if m.startswith(OFF_MEANS_ZERO) else None
         row["hash"] = p.hash
         rows.append(row)
     if baseline is not None:
