@@ -45,9 +45,14 @@ def _run(backend: str, tmp_path: Path, extra=()):
 
 @pytest.mark.parametrize("backend", ["sim", "hw"])
 def test_reused_copies_read_back_right_on_both_backends(tmp_path, backend):
-    base = _run(backend, tmp_path).metrics
-    m = _run(backend, tmp_path, COPIES).metrics
+    base_run = _run(backend, tmp_path)
+    base = base_run.metrics
+    run = _run(backend, tmp_path, COPIES)
+    m = run.metrics
     c = m["disk_copies"]
+    # the timeline reports retained copies apart from evictable disk pages (options on only)
+    assert "disk_retained_slots" not in base_run.timeline[-1]
+    assert max(r["disk_retained_slots"] for r in run.timeline) > 0
     assert "disk_copies" not in base  # the options off: the summary as before
     assert m["requests_completed"] == base["requests_completed"] > 0
     assert c["kept"] > 0 and c["write_through_pages"] > 0
