@@ -18,7 +18,6 @@ import numpy as np
 
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Batch, Plan, TierManager
-from kvsim.core.plan import BatchKind
 from kvsim.core.spec import Level
 from kvsim.engine.refcheck import RefcheckError, check_tags
 
@@ -77,8 +76,7 @@ def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refche
         if not stage_ok:
             break
     if refcheck:
-        done = [b for b, ok in zip(plan.batches, oks)
-                if ok and (disk_writes or b.dst != Level.DISK or b.kind is BatchKind.TAKEBACK)]
+        done = [b for b, ok in zip(plan.batches, oks) if ok and (disk_writes or b.dst != Level.DISK)]
         later = [backend.read_tags_later(b.dst, b.dst_slots) for b in done]
         pending = [w for w in later if w is not None]
         if pending:  # the hw backend verifies off the runtime's thread (the sim, if modelling it)
