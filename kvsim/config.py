@@ -160,7 +160,7 @@ class CacheConfig(_Strict):
             if t.write_through and "host" not in levels:
                 raise ValueError(f"tiers[{i}].write_through needs a host tier above the disk "
                                  f"tier (write-through copies pages evicted GPU -> host)")
-            if t.write_through and getattr(t, "io_workers", None) == 0:
+            if t.write_through and t.io_workers == 0:
                 raise ValueError(f"tiers[{i}].write_through needs tiers[{i}].io_workers > 0 "
                                  f"(its writes are the disk I/O workers' background class)")
         return self

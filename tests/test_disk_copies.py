@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
-from kvsim.config import ConfigFileError, TierConfig, load_config
+from kvsim.config import ConfigFileError, load_config
 from kvsim.core.plan import BatchKind
 from kvsim.core.spec import Level
 from kvsim.engine.refcheck import RefcheckError
@@ -29,9 +29,8 @@ from kvsim_backends.sim.backend import SimBackend
 BASE = ["workload.synthetic.n_sessions=6", "model=llama-3-8b", "cache.page_bytes=4KiB",
         "output.plots=false", "engine.refcheck=true"]
 # write-through's writes are the disk I/O workers' background class: it needs workers
-# where the disk tier has them (``io_workers``)
-IO = ["cache.tiers[2].io_workers=4"] if "io_workers" in TierConfig.model_fields else []
-COPIES = [*IO, "cache.tiers[2].keep_copy=true", "cache.tiers[2].write_through=true"]
+COPIES = ["cache.tiers[2].io_workers=4", "cache.tiers[2].keep_copy=true",
+          "cache.tiers[2].write_through=true"]
 
 
 def _tiers(path=None) -> str:
@@ -115,9 +114,9 @@ def test_a_failed_write_through_is_never_served_on_hw(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("sets, key", [
-    (["cache.tiers=[{level: gpu, quota: 3MiB}, {level: disk, quota: 32MiB, write_through: true"
-      + (", io_workers: 4" if IO else "") + "}]"], "tiers[1].write_through"),
-    *([(["cache.tiers[2].write_through=true"], "tiers[2].io_workers")] if IO else []),
+    (["cache.tiers=[{level: gpu, quota: 3MiB}, "
+      "{level: disk, quota: 32MiB, io_workers: 4, write_through: true}]"], "tiers[1].write_through"),
+    (["cache.tiers[2].write_through=true"], "tiers[2].io_workers"),
     (["cache.tiers[2].protected_copy_fraction=1.5"], "protected_copy_fraction"),
     (["cache.tiers[2].protected_copy_fraction=-0.25"], "protected_copy_fraction"),
     (["cache.tiers[1].keep_copy=true"], "keep_copy"),
