@@ -3,7 +3,7 @@
 ``SharedManager`` wraps a ``TierManager`` for callers on several threads (e.g. a
 scheduler thread answering prefix-match probes while another thread resizes a request
 to a very long context). Every mutation (create, prepare, resume, grow, extend, commit,
-suspend, close, set_quota, cap_tier, evict, complete) takes the lock exclusively; the
+suspend, close, set_quota, cap_tier, evict, complete, write_through) takes the lock exclusively; the
 read-only queries (``probe_reuse``, ``tier_stats``, ``expected``, ...) take it shared, so probes
 run alongside each other and never see a half-made plan: a probe answered while a resize
 is in flight sees the manager as it was before the plan or after it (a plan is made, and
@@ -242,10 +242,22 @@ class SharedManager:
         with self.writing() as m:
             m.complete(plan, ok)
 
+    def write_through(self) -> Plan | None:
+        with self.writing() as m:
+            return m.write_through()
+
+    def retained_slots(self) -> int:
+        with self.reading() as m:
+            return m.retained_slots()
+
+    def protected_copies(self) -> int:
+        with self.reading() as m:
+            return m.protected_copies()
+
 
 #: TierManager's public methods, by how the facade takes the lock for them (a test checks
 #: that every public method of TierManager is in one of these)
 SHARED_METHODS = ("probe_reuse", "tier_stats", "expected", "plans_in_flight", "requests",
-                  "pages", "level_of", "tier_pos")
+                  "pages", "level_of", "tier_pos", "retained_slots", "protected_copies")
 EXCLUSIVE_METHODS = ("create", "prepare", "resume", "grow", "extend", "commit", "suspend",
-                     "close", "set_quota", "cap_tier", "evict", "complete")
+                     "close", "set_quota", "cap_tier", "evict", "complete", "write_through")
