@@ -1,25 +1,38 @@
-"""GPU <-> host copy bandwidth of the hw backend, both paths, per page size (run on a GPU).
+"""GPU <-> host copy bandwidth of the hw backend, both paths, per page size, idle and while a
+compute kernel occupies the SMs, each cell beside the sim's prediction (run on a GPU).
 
-For pages of 16 KiB .. 4 MiB: batches of about 1 GiB (at least 512 pages), host pages in
-random order, pinned host memory, GPU pages in random order. Each cell is the median of
-``--reps`` timed batches after one warm-up, timed from ``transfer()`` to the runtime seeing
-the completion (so the copy engine's host time per call and the index upload count).
-H2D, D2H and both at once (total of both directions). Every measured transfer is checked:
-a sample of pages carries refcheck patterns, cleared at the destination before each run
-and verified after it.
+For pages of 16 KiB .. 4 MiB: batches of about ``--batch-bytes`` (at least 512 pages on a
+GPU), host pages in random order, pinned host memory, GPU pages in random order. Each cell
+is the median of ``--reps`` timed batches after one warm-up, timed from ``transfer()`` to
+the runtime seeing the completion (so the copy engine's host time per call and the index
+upload count). H2D, D2H and both at once (total of both directions), on the copy engine
+and on the SM kernel. Every measured transfer is checked: a sample of pages carries
+refcheck patterns, cleared at the destination before each run and verified after it.
 
-Prints a table of GB/s per path and the default path (``choose_copy_path``), then a
-compute-interference probe; the LAST line is ``hw_copy_min_GBps: <lowest default cell>``.
+*Busy* cells: the same copies of ``--busy-batch-bytes`` started right after a compute (the
+hw backend's busy kernel on every SM) long enough to outlast them (4x the idle cell's time
++ 10 ms): the copy's GB/s under compute and the compute's stretch (its GPU time over the
+time asked for). Field s.1: the copy engines are "1.2-4x faster when the SMs are busy".
 
-``--rounds N`` measures every cell N times, a round over all sizes after the other (each
-a fresh backend), reports each cell's median over the rounds and prints how far the
-rounds of one cell part: ``(max - min) / median`` of its time, a cell by cell table, and
-``hw_copy_cells_within_5pct_run_to_run: K of M``. That is the hw's own repeatability, the
-floor under any prediction of a single run.
+Every cell is measured ``--rounds`` times (default 2), a round over all sizes after the
+other (each a fresh backend); the table gives each cell's median over the rounds, how far
+the rounds part (``(max - min) / median`` of its time: the hw's own repeatability, the
+floor under any prediction of one run), the sim backend's prediction of the same batches
+on ``--profile`` (``kvsim.fit.sim_cell``; busy cells with the same compute started first)
+and sim / hw. Then the interference terms the busy cells imply (``sm.interference`` of a
+profile), and the summary lines
 
-    python3 benchmarks/hw_copy.py [--reps 3] [--rounds 1] [--sizes 16KiB,...,4MiB] [--batch-bytes 1GiB]
-                                  [--profile h200-pcie-calibrated]
-                                  [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB] [--json PATH]
+    hw_copy_cells_within_5pct_run_to_run: K of M
+    hw_copy_sim_within_5pct: K of M (cells whose hw repeats within 5%)
+    hw_copy_min_GBps: <lowest idle cell on the default path>      (the LAST line)
+
+On a machine without a GPU (``--device cpu``, the default there) the hw backend runs on
+numpy: the measured cells are only a smoke test of this script and print as n/a (batches
+of ``--cpu-pages`` pages), the sim's predictions are printed for the full-size batches.
+
+    python3 benchmarks/hw_copy.py [--reps 3] [--rounds 2] [--sizes 16KiB,...,4MiB]
+        [--batch-bytes 1GiB] [--busy-batch-bytes 256MiB] [--profile h200-pcie-calibrated]
+        [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB] [--json PATH] [--device auto|gpu|cpu]
 """
 
 from __future__ import annotations
@@ -42,6 +55,8 @@ from kvsim.units import parse_size  # noqa: E402
 
 SAMPLE = 64
 PROFILE = "h200-pcie-calibrated"  # the H200's own: its copy-path rule, CTAs and threads a CTA
+DIRS = ("h2d", "d2h", "both")
+CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
 
 
 def run_wait(rt, waitables):
@@ -49,10 +64,11 @@ def run_wait(rt, waitables):
     return list(rt.run(ev).values())
 
 
-def measure(rt, be, cp, batches, path, checks, reps):
-    """Median GB/s of running ``batches`` together on ``path``; checks the sample pages."""
-    nbytes = sum(b.nbytes for b in batches)
-    times = []
+def measure(rt, be, cp, batches, path, checks, reps, busy_s=0.0):
+    """Median seconds of running ``batches`` together on ``path`` (and, with ``busy_s``, the
+    median GPU seconds of a compute of ``busy_s`` started just before them, else None);
+    checks the sample pages."""
+    times, took = [], []
     for r in range(reps + 1):
         for lv, slots, _ in checks:  # clear the sample at the destination
             if lv == Level.GPU and cp is not None:
@@ -60,9 +76,11 @@ def measure(rt, be, cp, batches, path, checks, reps):
                 cp.cuda.Device().synchronize()
             else:
                 (be.gpu.view if lv == Level.GPU else be.host.view)[slots] = 0
+        job = be.compute(busy_s) if busy_s > 0 else None
         t0 = time.perf_counter()
         oks = run_wait(rt, [be.transfer(b, path=path) for b in batches])
         dt = time.perf_counter() - t0
+        c_s = run_wait(rt, [job])[0] if job is not None else None
         if not all(oks):
             raise SystemExit(f"a transfer failed on {path.value}: {list(be.errors)}")
         for lv, slots, tags in checks:
@@ -72,14 +90,25 @@ def measure(rt, be, cp, batches, path, checks, reps):
                 raise SystemExit(f"{path.value}: {bad} of {len(slots)} sample pages wrong at {lv.name}")
         if r:
             times.append(dt)
-    return nbytes / float(np.median(times)) / 1e9
+            took.append(c_s)
+    return float(np.median(times)), (float(np.median(took)) if busy_s > 0 else None)
 
 
-def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, profile=PROFILE):
-    """One page size: a row of GB/s per (path, direction); appends each cell to ``cells``
-    (calibrate's report format). ``profile``: the hardware profile the backend decides the
+def _cell(pb, path, d, n, bs, seconds, ctas, **extra):
+    return {"page": pb, "path": path.value, "dir": d, "pages": n * len(bs), "bytes": n * len(bs) * pb,
+            "seconds": seconds, "batches": [["h2d" if b.src == Level.HOST else "d2h", n] for b in bs],
+            "ctas": dict(ctas) if path is SM else None, **extra}
+
+
+def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, profile=PROFILE,
+               busy_cells=None, busy_bytes=256 << 20, min_pages=512):
+    """One page size: the default path, CTAs and info; appends each idle cell to ``cells``
+    (calibrate's report format: page, path, dir, pages, bytes, seconds, batches, ctas) and
+    each busy cell to ``busy_cells`` (the same, plus ``busy_s``: the compute asked for,
+    ``compute_s``: its GPU time). ``profile``: the hardware profile the backend decides the
     default path, the SM kernel's CTAs and threads a CTA from."""
-    n = max(512, batch_bytes // pb)
+    n = max(min_pages, batch_bytes // pb)
+    nb = max(min_pages, min(n, busy_bytes // pb))  # pages a busy cell's batch
     rt = RealtimeRuntime(poll_interval_s=5e-6)
     be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, profile=profile)
     cp = be.cp
@@ -88,155 +117,269 @@ def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, p
         gpu = rng.permutation(2 * n)
         h_in, h_out = host[:n], host[n:]   # H2D reads h_in; D2H writes h_out
         g_in, g_out = gpu[:n], gpu[n:]     # H2D writes g_in; D2H reads g_out
-        k = rng.choice(n, SAMPLE, replace=False)
-        t_h2d, t_d2h = pattern.splitmix64(rng.integers(1, 2**62, (2, SAMPLE)).astype(np.uint64))
+        k = rng.choice(nb, min(SAMPLE, nb), replace=False)  # (in every batch, busy ones too)
+        t_h2d, t_d2h = pattern.splitmix64(rng.integers(1, 2**62, (2, len(k))).astype(np.uint64))
         t_h2d |= np.uint64(1)
         t_d2h |= np.uint64(1)
         pattern.write_pages(be.host.view, h_in[k], t_h2d)
         be.fill(Fill(Level.GPU, g_out[k], t_d2h))
-        mk = lambda s, d, ss, ds: Batch(BatchKind.EVICT, s, d, ss, ds, np.zeros(n, np.uint64), pb, 0)  # noqa: E731
-        h2d = mk(Level.HOST, Level.GPU, h_in, g_in)
-        d2h = mk(Level.GPU, Level.HOST, g_out, h_out)
+        mk = lambda s, d, ss, ds: Batch(BatchKind.EVICT, s, d, ss, ds, np.zeros(len(ss), np.uint64), pb, 0)  # noqa: E731
         c_h2d = [(Level.GPU, g_in[k], t_h2d)]
         c_d2h = [(Level.HOST, h_out[k], t_d2h)]
-        row = {"pages": n, "default": be.copy_path, "ctas": dict(be.ctas), "info": dict(be.info)}
-        for path in (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL):
-            for d, bs, ch in (("h2d", [h2d], c_h2d), ("d2h", [d2h], c_d2h), ("both", [h2d, d2h], c_h2d + c_d2h)):
-                row[path, d] = gbps = measure(rt, be, cp, bs, path, ch, reps)
+
+        def cases(m):
+            h2d = mk(Level.HOST, Level.GPU, h_in[:m], g_in[:m])
+            d2h = mk(Level.GPU, Level.HOST, g_out[:m], h_out[:m])
+            return (("h2d", [h2d], c_h2d), ("d2h", [d2h], c_d2h), ("both", [h2d, d2h], c_h2d + c_d2h))
+
+        row = {"pages": n, "busy_pages": nb, "default": be.copy_path, "ctas": dict(be.ctas),
+               "info": dict(be.info)}
+        idle_s = {}
+        for path in (CE, SM):
+            for d, bs, ch in cases(n):
+                idle_s[path, d] = sec = measure(rt, be, cp, bs, path, ch, reps)[0]
                 if cells is not None:
-                    cells.append({"page": pb, "path": path.value, "dir": d, "pages": n * len(bs),
-                                  "bytes": n * len(bs) * pb, "seconds": n * len(bs) * pb / (gbps * 1e9),
-                                  "batches": [["h2d" if b.src == Level.HOST else "d2h", n] for b in bs],
-                                  "ctas": dict(be.ctas) if path is CopyPath.SM_KERNEL else None})
+                    cells.append(_cell(pb, path, d, n, bs, sec, be.ctas))
+        if busy_cells is not None:
+            for path in (CE, SM):
+                for d, bs, ch in cases(nb):
+                    busy = round(4 * idle_s[path, d] * nb / n + 0.01, 4)  # outlasts the copy
+                    sec, took = measure(rt, be, cp, bs, path, ch, reps, busy_s=busy)
+                    busy_cells.append(_cell(pb, path, d, nb, bs, sec, be.ctas, busy_s=busy,
+                                            compute_s=took))
         for c in sweep:
             be.ctas = {"h2d": c, "d2h": c}
-            v = [measure(rt, be, cp, bs, CopyPath.SM_KERNEL, ch, 2)
-                 for bs, ch in (([h2d], c_h2d), ([d2h], c_d2h), ([h2d, d2h], c_h2d + c_d2h))]
+            v = [nbytes / measure(rt, be, cp, bs, SM, ch, 2)[0] / 1e9
+                 for (_, bs, ch), nbytes in zip(cases(n), (n * pb, n * pb, 2 * n * pb))]
             print(f"# sweep {pb >> 10} KiB SM kernel {c} CTAs x {be.threads_per_cta} threads: "
                   f"h2d {v[0]:.1f} d2h {v[1]:.1f} both {v[2]:.1f} GB/s", flush=True)
         be.ctas = dict(row["ctas"])
-        if pb == 64 << 10:
-            row["interference"] = interference(rt, be, h2d, d2h)
         return row
     finally:
         be.close()
 
 
-def interference(rt, be, h2d, d2h):
-    """Wall time of a 20 ms compute alone and while each path copies both ways."""
-    out = {}
-    for name, path in (("alone", None), ("copy_engine", CopyPath.COPY_ENGINE), ("sm_kernel", CopyPath.SM_KERNEL)):
-        took = []
-        for _ in range(3):
-            extra = [] if path is None else [be.transfer(h2d, path=path), be.transfer(d2h, path=path)]
-            c = be.compute(0.02)
-            vals = run_wait(rt, [c] + extra)
-            took.append(vals[0])
-        out[name] = float(np.median(took))
-    return out
+def _key(c):
+    return c["page"], c["path"], c["dir"]
 
 
 def median_rounds(rounds: list[list[dict]]) -> tuple[list[dict], list[dict]]:
     """Cells measured in several rounds -> (each cell with its median time over the rounds,
-    each cell's run-to-run spread: ``(max - min) / median`` of its times)."""
-    key = lambda c: (c["page"], c["path"], c["dir"])  # noqa: E731
+    and its median ``compute_s`` where it has one; each cell's run-to-run spread:
+    ``(max - min) / median`` of its times, ``compute_spread`` that of its compute's)."""
     by: dict = {}
     for cells in rounds:
         for c in cells:
-            by.setdefault(key(c), []).append(c)
+            by.setdefault(_key(c), []).append(c)
     med, spread = [], []
     for k, cs in by.items():
         t = sorted(c["seconds"] for c in cs)
         m = float(np.median(t))
-        med.append({**cs[0], "seconds": m})
-        spread.append({"page": k[0], "path": k[1], "dir": k[2], "rounds": len(t), "spread": (t[-1] - t[0]) / m})
+        out = {**cs[0], "seconds": m}
+        sp = {"page": k[0], "path": k[1], "dir": k[2], "rounds": len(t), "spread": (t[-1] - t[0]) / m}
+        if cs[0].get("compute_s") is not None:
+            ct = sorted(c["compute_s"] for c in cs)
+            out["compute_s"] = float(np.median(ct))
+            sp["compute_spread"] = (ct[-1] - ct[0]) / out["compute_s"]
+        med.append(out)
+        spread.append(sp)
     return med, spread
 
 
+def _label(pb):
+    return f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
+
+
+def predict(profile, cells, pages=None):
+    """The sim's (copy seconds, compute seconds or None) of each cell, by key; ``pages``
+    (page -> pages a batch) replaces each cell's batch size (the cpu smoke test predicts
+    the full-size batches)."""
+    from kvsim.fit import sim_cell  # noqa: PLC0415
+
+    out = {}
+    for c in cells:
+        if pages is not None:
+            m = pages[c["page"]]
+            bs = [[d, m] for d, _ in c["batches"]]
+            c = {**c, "batches": bs, "pages": m * len(bs), "bytes": m * len(bs) * c["page"]}
+        out[_key(c)] = (c["bytes"],) + sim_cell(profile, c, c.get("busy_s") or 0.0)
+    return out
+
+
+def interference_fit(busy_cells, profile):
+    """What the busy cells imply for ``sm.interference`` (None where they cannot tell):
+    ``busy_cta_efficiency``: an SM-kernel copy's rate under compute over its idle cap (its
+    CTAs times the per-CTA rate), where that is below 1; ``sm_kernel_slowdown`` at the
+    profile's ``sm_kernel_ctas``, and ``copy_engine_slowdown``: from the compute's stretch,
+    ``took = busy x compute.scale + copy x s / (1 + s)`` (the sim's fluid: compute runs at
+    1 / (1 + s) while the copy moves bytes), medians over the cells."""
+    sm = profile.sm
+    rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
+    eff, per_cta, ce = [], [], []
+    for c in busy_cells:
+        took, busy, copy = c.get("compute_s"), c["busy_s"], c["seconds"]
+        if took is None or copy <= 0:
+            continue
+        x = (took - busy * profile.compute.scale) / copy
+        s = x / (1 - x) if 0 <= x < 1 else None
+        if c["path"] == "sm_kernel":
+            ctas = c["ctas"] or {}
+            if c["dir"] != "both":
+                cap = ctas.get(c["dir"], 0) * rate[c["dir"]]
+                if cap > 0:  # (link-bound: the smallest efficiency that reproduces the rate)
+                    eff.append(min(1.0, c["bytes"] / copy / cap))
+            n = sum(ctas.get(d, 0) for d, _ in c["batches"])
+            if s is not None and n:
+                per_cta.append(s / n)
+        elif s is not None:
+            ce.append(s)
+    med = lambda v: float(np.median(v)) if v else None  # noqa: E731
+    pc = med(per_cta)
+    return {"busy_cta_efficiency": med(eff),
+            "sm_kernel_slowdown": None if pc is None else pc * sm.interference.sm_kernel_ctas,
+            "copy_engine_slowdown": med(ce)}
+
+
+def _fmt(v, spec, na="n/a"):
+    return na if v is None else format(v, spec)
+
+
+def print_table(sizes, idle, busy, spread, pred, on_gpu):
+    """The cells: hw GB/s (median over the rounds), run-to-run spread, sim GB/s, sim / hw;
+    busy cells also the compute's stretch (GPU time over the time asked for, - 1)."""
+    print("\nGB/s (1e9 B/s); both = total of both directions at once; spread = (max - min) / median "
+          "of the rounds; sim = the sim backend's prediction on the profile; ratio = sim / hw of GB/s")
+    hdr = (f"| page | path | dir | idle hw | spread | sim | ratio | busy hw | spread | sim | ratio "
+           f"| compute stretch hw | sim |")
+    print(hdr)
+    print("|" + " --- |" * 13)
+    for pb in sizes:
+        for path in (CE.value, SM.value):
+            for d in DIRS:
+                k = (pb, path, d)
+                cols = []
+                for cells in (idle, busy):
+                    c = cells.get(k)
+                    p = pred.get((cells is busy, k))
+                    hw = c["bytes"] / c["seconds"] / 1e9 if (c and on_gpu) else None
+                    sim = p[0] / p[1] / 1e9 if p else None
+                    sp = spread.get((cells is busy, k), {}).get("spread") if on_gpu else None
+                    cols += [_fmt(hw, ".1f"), _fmt(None if sp is None else sp * 100, ".1f") + ("%" if sp is not None else ""),
+                             _fmt(sim, ".1f"), _fmt(sim / hw if (sim and hw) else None, ".3f")]
+                c, p = busy.get(k), pred.get((True, k))
+                st_hw = (c["compute_s"] / c["busy_s"] - 1) * 100 if (c and on_gpu and c.get("compute_s")) else None
+                st_sim = (p[2] / c["busy_s"] - 1) * 100 if (p and c and p[2] is not None) else None
+                cols += [_fmt(st_hw, "+.1f") + ("%" if st_hw is not None else ""),
+                         _fmt(st_sim, "+.1f") + ("%" if st_sim is not None else "")]
+                print(f"| {_label(pb)} | {path} | {d} | " + " | ".join(cols) + " |")
+
+
 def main(argv=None) -> None:
+    from kvsim.hardware import load_profile  # noqa: PLC0415
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="16KiB,64KiB,256KiB,1MiB,4MiB")
     ap.add_argument("--batch-bytes", default="1GiB")
+    ap.add_argument("--busy-batch-bytes", default="256MiB", help="bytes a direction of a busy cell's batch")
+    ap.add_argument("--no-busy", action="store_true", help="idle cells only")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=1, help="measure every cell this many times, "
+    ap.add_argument("--rounds", type=int, default=2, help="measure every cell this many times, "
                     "a round after the other; report medians and the run-to-run spread")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sweep", default="", help="SM kernel CTA counts to sweep (e.g. 16,32,64)")
     ap.add_argument("--sweep-sizes", default="16KiB,256KiB")
-    ap.add_argument("--device", default="gpu", help="'cpu' only to smoke-test this script")
-    ap.add_argument("--profile", default=PROFILE, help="hardware profile the backend decides from")
+    ap.add_argument("--device", default="auto", help="gpu, cpu (numpy: a smoke test of this "
+                    "script, hw cells n/a) or auto (the GPU where there is one)")
+    ap.add_argument("--cpu-pages", type=int, default=8, help="pages a batch on --device cpu")
+    ap.add_argument("--profile", default=PROFILE, help="hardware profile the backend decides from "
+                    "and the sim predicts with")
     ap.add_argument("--json", default=None, help="also write every cell (pages, bytes, median seconds) "
                     "here, in calibrate's report format: `kvsim calibrate --check CELLS --profile P` replays them")
     a = ap.parse_args(argv)
     if a.rounds < 1:
         ap.error(f"--rounds: got {a.rounds}; expected >= 1")
+    if a.reps < 1:
+        ap.error(f"--reps: got {a.reps}; expected >= 1")
+    t_start = time.perf_counter()
+    device = a.device
+    if device == "auto":
+        from backends.hw.backend import _load_cupy  # noqa: PLC0415
+        device = "gpu" if _load_cupy() is not None else "cpu"
+    on_gpu = device != "cpu"
+    profile = load_profile(a.profile)
     rng = np.random.default_rng(a.seed)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     sweep_sizes = {parse_size(s) for s in a.sweep_sizes.split(",") if s}
+    batch_bytes, busy_bytes = parse_size(a.batch_bytes), parse_size(a.busy_batch_bytes)
+    min_pages = 512 if on_gpu else a.cpu_pages
     rounds: list[list[dict]] = []
-    all_rows: list[dict] = []
+    busy_rounds: list[list[dict]] = []
+    first: dict = {}
     for i in range(a.rounds):
         cells: list[dict] = []
-        rows = {}
+        busy: list[dict] | None = None if a.no_busy else []
         for pb in sizes:
             t0 = time.perf_counter()
             sweep = [int(c) for c in a.sweep.split(",") if c] if pb in sweep_sizes and i == 0 else []
-            rows[pb] = bench_size(pb, parse_size(a.batch_bytes), a.reps, rng, a.device, sweep, cells,
-                                  a.profile)
-            r = rows[pb]
-            print(f"# {'round %d, ' % (i + 1) if a.rounds > 1 else ''}{pb >> 10} KiB: {r['pages']} pages a batch, "
+            r = bench_size(pb, batch_bytes if on_gpu else 0, a.reps, rng, device, sweep, cells,
+                           a.profile, busy, busy_bytes if on_gpu else 0, min_pages)
+            first.setdefault(pb, r)
+            print(f"# round {i + 1}, {_label(pb)}: {r['pages']} pages a batch ({r['busy_pages']} busy), "
                   f"default {r['default'].value}, SM CTAs {r['ctas']}, {time.perf_counter() - t0:.1f} s; "
                   f"info {r['info']}", flush=True)
         rounds.append(cells)
-        all_rows.append(rows)
-    CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
-    med = {}  # (page, path, dir) -> median GB/s over the rounds
-    for pb in sizes:
-        for path in (CE, SM):
-            for d in ("h2d", "d2h", "both"):
-                med[pb, path, d] = float(np.median([rows[pb][path, d] for rows in all_rows]))
-    print()
-    print("GB/s (1e9 B/s); both = total of both directions at once"
-          + (f"; median of {a.rounds} rounds" if a.rounds > 1 else ""))
-    hdr = (f"{'page':>8} {'pages':>6} | {'CE h2d':>7} {'CE d2h':>7} {'CE both':>7} | "
-           f"{'SM h2d':>7} {'SM d2h':>7} {'SM both':>7} | {'default':>11} {'h2d':>6} {'d2h':>6} {'both':>6}")
-    print(hdr)
-    print("-" * len(hdr))
-    mins = []
-    for pb in sizes:
-        r = all_rows[0][pb]
-        d = r["default"]
-        dv = [med[pb, d, x] for x in ("h2d", "d2h", "both")]
-        mins += dv
-        label = f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
-        print(f"{label:>8} {r['pages']:>6} | {med[pb, CE, 'h2d']:7.1f} {med[pb, CE, 'd2h']:7.1f} {med[pb, CE, 'both']:7.1f} | "
-              f"{med[pb, SM, 'h2d']:7.1f} {med[pb, SM, 'd2h']:7.1f} {med[pb, SM, 'both']:7.1f} | "
-              f"{d.value:>11} {dv[0]:6.1f} {dv[1]:6.1f} {dv[2]:6.1f}")
-    for pb, r in all_rows[0].items():  # the first round's probe
-        if "interference" in r:
-            i = r["interference"]
-            print(f"\ncompute of 20 ms (busy kernel on all SMs) while 64 KiB pages copy both ways: "
-                  f"alone {i['alone'] * 1e3:.2f} ms, with copy engine {i['copy_engine'] * 1e3:.2f} ms, "
-                  f"with SM kernel {i['sm_kernel'] * 1e3:.2f} ms")
-    cells, spread = median_rounds(rounds)
-    if a.rounds > 1:
-        print(f"\nrun to run: (max - min) / median of each cell's time over {a.rounds} rounds")
-        print("| page | CE h2d | CE d2h | CE both | SM h2d | SM d2h | SM both |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        sp = {(c["page"], c["path"], c["dir"]): c["spread"] for c in spread}
-        for pb in sizes:
-            label = f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
-            print(f"| {label} | " + " | ".join(f"{sp[pb, p.value, d] * 100:.1f}%" for p in (CE, SM)
-                                             for d in ("h2d", "d2h", "both")) + " |")
-        print(f"hw_copy_cells_within_5pct_run_to_run: {sum(c['spread'] <= 0.05 for c in spread)} of {len(spread)}")
+        busy_rounds.append(busy or [])
+    idle_med, idle_spread = median_rounds(rounds)
+    busy_med, busy_spread = median_rounds(busy_rounds) if not a.no_busy else ([], [])
+    # the sim's prediction of every cell, at the full-size batches (a GPU's) even on the cpu
+    full = {pb: max(512, batch_bytes // pb) for pb in sizes}
+    full_busy = {pb: max(512, min(full[pb], busy_bytes // pb)) for pb in sizes}
+    if not on_gpu:  # the compute a busy cell asks for: from the sim's idle prediction
+        pidle = predict(profile, idle_med, full)
+        busy_med = [{**c, "busy_s": round(4 * pidle[_key(c)][1] * full_busy[c["page"]] / full[c["page"]] + 0.01, 4)}
+                    for c in busy_med]
+    pred = {(False, k): v for k, v in predict(profile, idle_med, None if on_gpu else full).items()}
+    pred.update({(True, k): v for k, v in predict(profile, busy_med, None if on_gpu else full_busy).items()})
+    idle = {_key(c): c for c in idle_med}
+    busy_by = {_key(c): c for c in busy_med}
+    spread = {(False, _key(c)): c for c in idle_spread}
+    spread.update({(True, _key(c)): c for c in busy_spread})
+    print_table(sizes, idle, busy_by, spread, pred, on_gpu)
+    print("\nthe default path (the profile's rule): " + ", ".join(
+        f"{_label(pb)} {first[pb]['default'].value}" for pb in sizes))
+    mins = [idle[pb, first[pb]["default"].value, d]["bytes"] / idle[pb, first[pb]["default"].value, d]["seconds"] / 1e9
+            for pb in sizes for d in DIRS]
+    if on_gpu and busy_med:
+        fit_ = interference_fit(busy_med, profile)
+        print("interference the busy cells imply (profile now: "
+              + ", ".join(f"{k} {getattr(profile.sm.interference, k):g}" for k in fit_) + "): "
+              + ", ".join(f"{k} {_fmt(v, '.3g')}" for k, v in fit_.items()))
+    if on_gpu:
+        allsp = idle_spread + busy_spread
+        print(f"hw_copy_cells_within_5pct_run_to_run: {sum(c['spread'] <= 0.05 for c in allsp)} of {len(allsp)}"
+              + ("" if a.rounds > 1 else " (one round: no spread)"))
+        steady = [(b, (c["page"], c["path"], c["dir"])) for b, cs in ((False, idle_spread), (True, busy_spread))
+                  for c in cs if a.rounds > 1 and c["spread"] <= 0.05]
+        good = 0
+        for b, k in steady:
+            c = (busy_by if b else idle)[k]
+            good += abs(pred[b, k][1] / c["seconds"] - 1) <= 0.05
+        print(f"hw_copy_sim_within_5pct: {good} of {len(steady)} (cells whose hw repeats within 5%; "
+              f"{len(allsp)} cells in all)")
+    else:
+        print("hw cells n/a on the cpu (numpy stands in for the GPU: a smoke test of the measurement)")
+    print(f"# {time.perf_counter() - t_start:.1f} s in all", flush=True)
     if a.json:
         import json  # noqa: PLC0415
         with open(a.json, "w") as f:
-            json.dump({"device": a.device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "source": "benchmarks/hw_copy.py", "batch_bytes": parse_size(a.batch_bytes),
-                       "copies": cells, "rounds": rounds if a.rounds > 1 else None,
-                       "spread": spread if a.rounds > 1 else None, "min_default_GBps": min(mins)}, f, indent=1)
-    print(f"hw_copy_min_GBps: {min(mins):.1f}")
+            json.dump({"device": device, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "source": "benchmarks/hw_copy.py", "batch_bytes": batch_bytes,
+                       "copies": idle_med, "busy_copies": busy_med, "rounds": rounds if a.rounds > 1 else None,
+                       "busy_rounds": busy_rounds if a.rounds > 1 and busy_med else None,
+                       "spread": idle_spread if a.rounds > 1 else None,
+                       "busy_spread": busy_spread if a.rounds > 1 and busy_med else None,
+                       "min_default_GBps": min(mins) if on_gpu else None}, f, indent=1)
+    print(f"hw_copy_min_GBps: {min(mins):.1f}" if on_gpu else "hw_copy_min_GBps: n/a (cpu)")
 
 
 if __name__ == "__main__":

@@ -234,20 +234,36 @@ def _cell_batches(c: dict) -> list[tuple[str, int]]:
 
 def _sim_seconds(profile: HardwareProfile, c: dict) -> float:
     """Seconds the sim backend takes for a measured cell's batches, started together."""
+    return sim_cell(profile, c)[0]
+
+
+def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0) -> tuple[float, float | None]:
+    """(seconds the sim backend takes for a measured cell's batches, started together;
+    seconds a compute of ``compute_s`` started just before them took, None without one):
+    the copy time counts from the start to the last batch's completion, the compute's as
+    the hw backend's (its GPU time: the stretch of copies' interference, not the
+    backend's fixed latency per call)."""
     from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
 
     pb = c["page"]
     batches = _cell_batches(c)
     path = CopyPath.SM_KERNEL if c["path"] == "sm_kernel" else CopyPath.COPY_ENGINE
     n = sum(k for _, k in batches)
-    rt, be = sim_backend(profile, pb, {Level.GPU: n, Level.HOST: n}, refcheck=False, copy_path=path)
+    log: list = []
+    rt, be = sim_backend(profile, pb, {Level.GPU: n, Level.HOST: n}, refcheck=False, copy_path=path,
+                         compute_log=log)
+    job = be.compute(compute_s) if compute_s > 0 else None
     idx, a, evs = np.arange(n), 0, []
     for dr, k in batches:
         src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
         evs.append(be.transfer(batch(src, dst, idx[a:a + k], idx[a:a + k], pb)))
         a += k
     rt.run(rt.all_of(evs))
-    return rt.now
+    copy_s = rt.now
+    if job is None:
+        return copy_s, None
+    rt.run(job)
+    return copy_s, float(log[-1][2])
 
 
 def check_cells(cells: list[dict], profile: HardwareProfile) -> list[dict]:
