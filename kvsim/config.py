@@ -202,6 +202,9 @@ class EngineConfig(_Strict):
     gpu_free_watermark: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
     max_plan_failures: Annotated[int, Field(gt=0)] = 3
     copy_path: Annotated[CopyPathConfig, BeforeValidator(_both_directions)] = CopyPathConfig()
+    # on a coherent (c2c) link, opt in to the SM copy kernel where the rule would take the
+    # copy engine (the seed's opt-in); no effect on PCIe (kvsim.core.copypath, rule 3)
+    kernel_on_coherent_link: bool = False
     # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
     sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
 

@@ -191,6 +191,7 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
     e = prep.cfg.engine
     be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=e.refcheck,
                     copy_path=e.copy_path.model_dump(), sm_ctas=e.sm_ctas,
+                    kernel_on_coherent_link=e.kernel_on_coherent_link,
                     timing_log=options.get("timing_log"), compute_log=options.get("compute_log"),
                     host_fill=host_fill(prep.cfg).model_dump(),
                     fail_fill_at_unit=options.get("fail_fill_at_unit"),

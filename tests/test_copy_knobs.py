@@ -110,3 +110,50 @@ def test_the_hw_backends_io_threads_are_the_profiles_queue_depth(tmp_path):
         assert disk_threads() - before == 3 and be.disk.piece_bytes == 1 << 15
     finally:
         be.close()
+
+
+def test_the_coherent_kernel_opt_in_reaches_both_backends_on_c2c_only(tmp_path):
+    """``engine.kernel_on_coherent_link``: the SM kernel on the gh200-c2c profile (both
+    backends), nothing changes on h200-pcie; 5 MiB pages are the copy engine's otherwise."""
+    big = ["cache.page_bytes=5MiB",
+           "cache.tiers=[{level: gpu, quota: 160MiB}, {level: host, quota: 80MiB}, {level: disk, quota: 320MiB}]"]
+    for hardware, opt_in, want in (("gh200-c2c", "false", "copy_engine"), ("gh200-c2c", "true", "sm_kernel"),
+                                   ("h200-pcie", "true", "copy_engine")):
+        _, sim, hw = backends([*big, f"hardware={hardware}", f"engine.kernel_on_coherent_link={opt_in}"],
+                              tmp_path)
+        try:
+            assert {d: p.value for d, p in sim.paths.items()} == {"h2d": want, "d2h": want}, hardware
+            assert sim.paths == hw.copy_paths
+        finally:
+            hw.close()
+
+
+def test_a_registration_unit_that_splits_pages_forces_the_sim_kernel():
+    from kvsim_backends.sim import SimBackend, SimRuntime
+    MiB = 1 << 20
+    slots = {Level.GPU: 8, Level.HOST: 300}  # 300 pages of 5 MiB: 1500 MiB of host
+    paths = lambda **kw: {d: p.value for d, p in SimBackend(  # noqa: E731
+        SimRuntime(), "h200-pcie", 5 * MiB, slots, **kw).paths.items()}
+    assert paths() == {"h2d": "copy_engine", "d2h": "copy_engine"}
+    # 512 MiB units: pages 102 and 204 straddle -> the kernel, both directions
+    assert paths(registration_unit=512 * MiB) == {"h2d": "sm_kernel", "d2h": "sm_kernel"}
+    # 510 MiB units hold 102 whole pages each: none straddles
+    assert paths(registration_unit=510 * MiB) == {"h2d": "copy_engine", "d2h": "copy_engine"}
+    with pytest.raises(ValueError, match="chunked"):
+        SimBackend(SimRuntime(), "h200-pcie", 5 * MiB, slots, registration_unit=512 * MiB,
+                   copy_path="copy_engine")
+
+
+def test_the_host_fills_units_hold_whole_pages_so_the_copy_engine_stays():
+    """The progressive fill registers 512 MiB units of whole slots: 5 MiB pages, 102 a unit,
+    none straddles, so its registration forces nothing (the rule's own check, not a flag)."""
+    from kvsim_backends.sim import SimBackend, SimRuntime
+    from kvsim_backends.sim.backend import _fill_registration_unit
+    MiB = 1 << 20
+    slots = {Level.GPU: 8, Level.HOST: 300}
+    fill = {"mode": "progressive", "backing": "register", "unit": 512 * MiB}
+    assert _fill_registration_unit(fill, 5 * MiB, slots) == 510 * MiB
+    assert _fill_registration_unit({**fill, "backing": "pinned"}, 5 * MiB, slots) is None
+    assert _fill_registration_unit({"mode": "none"}, 5 * MiB, slots) is None
+    be = SimBackend(SimRuntime(), "h200-pcie", 5 * MiB, slots, host_fill=fill)
+    assert {d: p.value for d, p in be.paths.items()} == {"h2d": "copy_engine", "d2h": "copy_engine"}

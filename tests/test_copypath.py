@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from kvsim.core.copypath import CopyPath, choose_copy_path, copy_ctas
+from kvsim.core.copypath import (CopyPath, choose_copy_path, copy_ctas, page_straddles,
+                                 registration_forces_kernel, straddling_pages)
 
 PCIE = 55.5e9
 C2C = 340e9
@@ -125,3 +126,70 @@ def test_sm_ctas_auto_or_a_count_within_the_slots():
     for bad in (0, -2, 133, True, 2.5, "many"):
         with pytest.raises(ValueError, match="sm_ctas"):
             sm_ctas(bad, PCIE, 2.4e9, 132)
+
+
+# -- the link kind and chunked host registration (seed 000) --------------------------------
+
+def test_kernel_opt_in_applies_only_on_coherent_links():
+    # the seed's truth table: the copy engine by default on every link; the opt-in picks the
+    # SM kernel on a coherent link only; chunked registration forces the kernel everywhere
+    for kind, link in (("pcie", PCIE), ("c2c", C2C)):
+        assert choose_copy_path(kind, 4 * MiB, HOST_PER_COPY, link) is CopyPath.COPY_ENGINE
+        assert choose_copy_path(kind, 4 * MiB, HOST_PER_COPY, link,
+                                chunked_registration=True) is CopyPath.SM_KERNEL
+    assert choose_copy_path("c2c", 4 * MiB, HOST_PER_COPY, C2C,
+                            kernel_on_coherent_link=True) is CopyPath.SM_KERNEL
+    assert choose_copy_path("pcie", 4 * MiB, HOST_PER_COPY, PCIE,
+                            kernel_on_coherent_link=True) is CopyPath.COPY_ENGINE
+    # a forced path still wins over the opt-in
+    assert choose_copy_path("c2c", 4 * MiB, HOST_PER_COPY, C2C, force=CopyPath.COPY_ENGINE,
+                            kernel_on_coherent_link=True) is CopyPath.COPY_ENGINE
+
+
+def test_a_page_straddles_when_a_unit_boundary_falls_inside_it():
+    unit = 512 * MiB
+    assert not page_straddles(0, 4 * MiB, unit)
+    assert not page_straddles(unit - 4 * MiB, 4 * MiB, unit)  # ends exactly on the boundary
+    assert page_straddles(unit - 4 * MiB + 1, 4 * MiB, unit)
+    assert page_straddles(510 * MiB, 5 * MiB, unit)           # 510..515 MiB crosses 512
+    assert not page_straddles(515 * MiB, 5 * MiB, unit)
+
+
+def test_straddling_pages_of_5mib_pages_in_512mib_units():
+    # 5 MiB pages from 0: page 102 covers 510..515 MiB and crosses 512 MiB; page 204 covers
+    # 1020..1025 MiB and crosses 1024 MiB; 205 pages end at 1025 MiB
+    assert straddling_pages(5 * MiB, 512 * MiB, 205) == [102, 204]
+    assert straddling_pages(5 * MiB, 512 * MiB, 204) == [102]  # (ends at 1020 MiB)
+    assert straddling_pages(5 * MiB, 512 * MiB, 102) == []     # ends at 510 MiB
+    # units a multiple of the page size: no page straddles, from an aligned base
+    assert straddling_pages(4 * MiB, 512 * MiB, 1000) == []
+    # ... but a base off the page grid makes every unit boundary split a page: 1..1025 MiB
+    # holds the boundaries at 512 MiB (page 127: 509..513) and 1024 MiB (page 255)
+    assert straddling_pages(4 * MiB, 512 * MiB, 256, base=MiB) == [127, 255]
+
+
+def test_straddling_pages_agrees_with_a_page_by_page_check():
+    import random
+    rng = random.Random(24)
+    for _ in range(400):
+        page = rng.choice([1, 3, 4, 5, 8, 12, 16, 48]) * rng.choice([1, 1024])
+        unit = rng.choice([page * rng.randint(1, 9), rng.randint(1, 200) * 1024, rng.randint(1, 97)])
+        n = rng.randint(0, 300)
+        base = rng.choice([0, rng.randint(0, 5 * unit)])
+        want = [i for i in range(n) if page_straddles(base + i * page, page, unit)]
+        assert straddling_pages(page, unit, n, base) == want, (page, unit, n, base)
+        assert registration_forces_kernel(page, unit, n, base) is bool(want)
+
+
+def test_registration_forces_the_kernel_only_where_pages_could_straddle():
+    assert not registration_forces_kernel(5 * MiB, None, 10_000)     # one registration
+    assert not registration_forces_kernel(4 * MiB, 512 * MiB, 10_000)  # units of whole pages
+    assert registration_forces_kernel(5 * MiB, 512 * MiB, 10_000)
+    assert not registration_forces_kernel(5 * MiB, 512 * MiB, 100)   # all in the first unit
+    assert registration_forces_kernel(1024 * MiB, 512 * MiB, 1)      # a page above the unit
+
+
+@pytest.mark.parametrize("args", [(0, MiB, 1), (MiB, 0, 1), (MiB, MiB, -1), (MiB, MiB, 1, -1)])
+def test_straddling_pages_refuses_bad_arguments(args):
+    with pytest.raises(ValueError):
+        straddling_pages(*args)

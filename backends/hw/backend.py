@@ -34,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from kvsim.config import RunConfig
-from kvsim.core.copypath import DIRECTIONS, CopyPath, choose_copy_path, force_per_direction
+from kvsim.core.copypath import (DIRECTIONS, CopyPath, choose_copy_path, force_per_direction,
+                                 registration_forces_kernel)
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.diskio import io_class
-from kvsim.core.hostfill import UNIT_BYTES, FillLayout, FillMode, needed_watermark
+from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, needed_watermark
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
@@ -83,7 +84,10 @@ class HwBackend:
     ``kvsim.core.diskio`` (restores, then required writes, then background writes, aging),
     as the sim models them. ``copy_path``: ``auto``, one path,
     or one a direction (``kvsim.core.copypath.force_per_direction``); ``sm_ctas``: ``auto``
-    or a CTA count (``kvsim.core.copypath.sm_ctas``)."""
+    or a CTA count (``kvsim.core.copypath.sm_ctas``); ``kernel_on_coherent_link``: the SM
+    kernel on a c2c link (the rule's opt-in). The host tier's registration units (the
+    fill's, with the ``register`` backing) force the SM kernel where a page could straddle
+    two (``registration_forces_kernel``; the fill's units hold whole slots, so none does)."""
 
     name = "hw"
 
@@ -95,7 +99,7 @@ class HwBackend:
                  timing_log: list | None = None, compute_log: list | None = None,
                  host_log: list | None = None, host_fill: dict | None = None,
                  fail_fill_at_unit: int | None = None, fill_unit_delay_s: float = 0.0,
-                 disk_io_workers: int = 0):
+                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -122,6 +126,7 @@ class HwBackend:
             raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
         self.disk_io_workers = int(disk_io_workers)
         self.refcheck = bool(refcheck)
+        self._kernel_on_c2c = bool(kernel_on_coherent_link)
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.logs = HwLogs(runtime, self.page_bytes, self.path_name, timing_log, compute_log, host_log)
         self._fail_next = 0
@@ -275,7 +280,15 @@ class HwBackend:
                                      "not available here")
             force = {d: CopyPath.COPY_ENGINE for d in DIRECTIONS}
         prof = self.profile
-        self.copies.paths = {d: choose_copy_path(**prof.copy_path_args(d, self.page_bytes), force=force[d])
+        h = self.host  # registered unit by unit: the register backing, on a GPU
+        unit = h.layout.unit_bytes if (h is not None and self.on_gpu and h.backing is Backing.REGISTER) else None
+        chunked = registration_forces_kernel(self.page_bytes, unit, self.slots.get(Level.HOST, 0))
+        if chunked and self.on_gpu and self.host is not None and self.host.dev_ptr is None:
+            raise ValueError("host registration: pages straddle registration units, which needs "
+                             "the SM kernel, but the host memory has no mapped device address")
+        self.copies.paths = {d: choose_copy_path(**prof.copy_path_args(d, self.page_bytes), force=force[d],
+                                                 chunked_registration=chunked,
+                                                 kernel_on_coherent_link=self._kernel_on_c2c)
                              for d in DIRECTIONS}
         self.ctas = ctas
         self.info["copy_path"] = self.copy_path.value

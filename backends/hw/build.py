@@ -81,6 +81,7 @@ def build_hw_backend(prep, mgr, *, time_scale: float = 1.0, device: str = "auto"
     be = HwBackend(rt, page, slots, disk_dir=disk_dir, device=device,
                    refcheck=prep.cfg.engine.refcheck, profile=prep.profile,
                    copy_path=prep.cfg.engine.copy_path.model_dump(), sm_ctas=prep.cfg.engine.sm_ctas,
+                   kernel_on_coherent_link=prep.cfg.engine.kernel_on_coherent_link,
                    disk_preallocate=bool(disk_preallocate), timing_log=timing_log,
                    disk_io_workers=prep.cfg.cache.disk_io_workers, **options)
     if Level.DISK in slots:

@@ -58,7 +58,7 @@ from typing import Any, Callable, Final, Sequence
 
 import simpy
 
-from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction
+from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction, registration_forces_kernel
 from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, layout_for, needed_watermark
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.diskio import io_class
@@ -96,7 +96,12 @@ _SM_RES: Final = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
 class SimBackend:
     """``slots[level]``: how many slots each tier's tag array has (its reserved range).
     ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path (one, or
-    one per direction: ``force_per_direction``); ``sm_ctas``: ``auto`` or a CTA count."""
+    one per direction: ``force_per_direction``); ``sm_ctas``: ``auto`` or a CTA count;
+    ``kernel_on_coherent_link``: the SM kernel on a c2c link (the rule's opt-in).
+    ``chunked_registration`` or ``registration_unit`` (bytes: the host tier registered in
+    units of that size from its start; default: the units of the host fill's ``register``
+    backing, which hold whole slots) force the SM kernel where a host page could straddle
+    two registrations (``registration_forces_kernel``)."""
 
     name = "sim"
 
@@ -105,7 +110,8 @@ class SimBackend:
                  copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
                  timing_log: list | None = None, compute_log: list | None = None,
                  host_fill: dict | None = None, fail_fill_at_unit: int | None = None,
-                 disk_io_workers: int = 0):
+                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False,
+                 registration_unit: int | None = None):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -125,9 +131,14 @@ class SimBackend:
         p = profile
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         force = force_per_direction(copy_path)
+        if registration_unit is None:
+            registration_unit = _fill_registration_unit(host_fill, page_bytes, slots)
+        chunked = chunked_registration or registration_forces_kernel(
+            page_bytes, registration_unit, int(slots.get(Level.HOST, 0)))
         self.paths = {
             d: choose_copy_path(**p.copy_path_args(d, page_bytes), force=force[d],
-                                chunked_registration=chunked_registration)
+                                chunked_registration=chunked,
+                                kernel_on_coherent_link=kernel_on_coherent_link)
             for d in ("h2d", "d2h")}
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         self.ctas = {d: cta_count(sm_ctas, **p.cta_args(d)) for d in ("h2d", "d2h")}
@@ -412,6 +423,18 @@ class SimBackend:
             now = self.clock.now
             for k in kinds:
                 cb(now, k, nbytes)
+
+
+def _fill_registration_unit(host_fill: dict | None, page_bytes: int, slots: dict) -> int | None:
+    """Bytes a registration of the host tier when its fill registers it unit by unit (the
+    ``register`` backing of a progressive or before-serve fill), else None (one)."""
+    hf = host_fill or {}
+    if FillMode(hf.get("mode", "none")) is FillMode.NONE or Level.HOST not in slots:
+        return None
+    if Backing(hf.get("backing", "register")) is not Backing.REGISTER:
+        return None
+    return layout_for(Backing.REGISTER, page_bytes, int(slots[Level.HOST]),
+                      int(hf.get("unit", UNIT_BYTES))).unit_bytes
 
 
 class _Transfer:

@@ -7,13 +7,20 @@ Rules (FIELD.md section 1, plus the page-size rule of issue 4), first match wins
 1. an explicit ``force`` wins; forcing the copy engine while host registration is chunked
    is refused (a copy-engine copy may not straddle two registrations), a ``ValueError``;
 2. chunked host registration forces the SM kernel (it handles pages that straddle);
-3. small pages go to the SM kernel: a batched copy-engine call costs about
+   registration counts as chunked only where a page *could* straddle two registrations:
+   ``registration_forces_kernel`` on the host tier's page offsets and unit size (units
+   that are whole multiples of the page size, from a page-aligned base, never do);
+3. on a coherent link (``link_kind`` ``c2c``, from the hardware profile) the SM kernel when
+   ``kernel_on_coherent_link`` opts in (the seed's opt-in: the kernel had been the
+   default there; the copy engine is now); on PCIe the opt-in changes nothing;
+4. small pages go to the SM kernel: a batched copy-engine call costs about
    ``per_copy_host_s`` of host time per page, so when ``page_bytes / per_copy_host_s`` is
    below the link bandwidth the host, not the link, bounds the copy engine;
    with ``sm_bytes_per_s`` (the SM kernel's own ceiling in this direction) the rule
    compares time per page instead, host time then DMA as measured on the H200: the SM
    kernel when ``page / sm_bytes_per_s < per_copy_host_s + page / link_bytes_per_s``;
-4. otherwise the copy engine, on PCIe and on a coherent C2C link alike (it uses no SMs).
+5. otherwise the copy engine, on PCIe and on a coherent C2C link alike (it uses no SMs;
+   on C2C the seed measured the SM kernel leaving every later decode step slower).
 
 Callers pass the direction's own ``per_copy_host_s`` (it differs host -> GPU and
 GPU -> host), so each direction may get its own path.
@@ -23,9 +30,10 @@ bandwidth covers the link (times a headroom >= 1: per-CTA rates measured with fe
 sag as the link fills), rounded up to an even number, at least 2, at most ``max_ctas``
 (rounded down to even when that cap is below the need).
 
-The run's settings (``engine.copy_path`` per direction, ``engine.sm_ctas``) reach both
-backends as given; ``copy_paths`` and ``sm_ctas`` turn them into the path and the CTA
-count of each direction: ``auto`` applies the rules above, anything else is forced.
+The run's settings (``engine.copy_path`` per direction, ``engine.sm_ctas``,
+``engine.kernel_on_coherent_link``) reach both backends as given; ``force_per_direction``
+and ``sm_ctas`` turn them into the path and the CTA count of each direction: ``auto``
+applies the rules above, anything else is forced.
 """
 
 from __future__ import annotations
@@ -46,7 +54,8 @@ class CopyPath(enum.Enum):
 def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
                      link_bytes_per_s: float, force: CopyPath | None = None,
                      chunked_registration: bool = False, *,
-                     sm_bytes_per_s: float | None = None) -> CopyPath:
+                     sm_bytes_per_s: float | None = None,
+                     kernel_on_coherent_link: bool = False) -> CopyPath:
     """The copy path for pages of ``page_bytes`` over a link of ``link_kind``."""
     if link_kind not in LINK_KINDS:
         raise ValueError(f"link_kind: got {link_kind!r}; expected one of {LINK_KINDS}")
@@ -66,6 +75,8 @@ def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
         return force
     if chunked_registration:
         return CopyPath.SM_KERNEL
+    if kernel_on_coherent_link and link_kind == "c2c":
+        return CopyPath.SM_KERNEL
     if sm_bytes_per_s is not None:  # time per page: SM kernel vs host time, then DMA
         if page_bytes / sm_bytes_per_s < per_copy_host_s + page_bytes / link_bytes_per_s:
             return CopyPath.SM_KERNEL
@@ -73,6 +84,48 @@ def choose_copy_path(link_kind: str, page_bytes: int, per_copy_host_s: float,
     if page_bytes < per_copy_host_s * link_bytes_per_s:  # page / host time < link rate
         return CopyPath.SM_KERNEL
     return CopyPath.COPY_ENGINE
+
+
+def straddling_pages(page_bytes: int, unit_bytes: int, n_pages: int, base: int = 0) -> list[int]:
+    """Indices of the pages that straddle two registrations: page ``i`` covers
+    ``[base + i * page_bytes, base + (i + 1) * page_bytes)`` and registrations are the
+    units ``[k * unit_bytes, (k + 1) * unit_bytes)``. A page straddles when a unit
+    boundary falls strictly inside it. One look per unit boundary inside the pages, not
+    per page (a page larger than the unit always straddles): a boundary ``X`` splits page ``(X - 1 - base) // page_bytes`` unless
+    ``X - base`` is a multiple of the page size."""
+    if page_bytes <= 0 or unit_bytes <= 0:
+        raise ValueError(f"straddling_pages: page_bytes {page_bytes!r} and unit_bytes {unit_bytes!r} "
+                         "must be positive")
+    if n_pages < 0 or base < 0:
+        raise ValueError(f"straddling_pages: n_pages {n_pages!r} and base {base!r} must be >= 0")
+    if page_bytes > unit_bytes:  # every page holds a boundary strictly inside it
+        return list(range(n_pages))
+    end = base + n_pages * page_bytes
+    out = []
+    for x in range((base // unit_bytes + 1) * unit_bytes, end, unit_bytes):
+        if (x - base) % page_bytes:
+            out.append((x - 1 - base) // page_bytes)
+    return out
+
+
+def page_straddles(offset: int, page_bytes: int, unit_bytes: int) -> bool:
+    """Whether the page at byte ``offset`` crosses a registration unit boundary."""
+    if page_bytes <= 0 or unit_bytes <= 0 or offset < 0:
+        raise ValueError(f"page_straddles: offset {offset!r} must be >= 0, page_bytes "
+                         f"{page_bytes!r} and unit_bytes {unit_bytes!r} positive")
+    return offset // unit_bytes != (offset + page_bytes - 1) // unit_bytes
+
+
+def registration_forces_kernel(page_bytes: int, unit_bytes: int | None, n_pages: int,
+                               base: int = 0) -> bool:
+    """Whether host memory registered in units of ``unit_bytes`` (None: one registration)
+    forces the SM kernel for ``n_pages`` pages laid out from ``base``: whether any of them
+    could straddle two registrations."""
+    if unit_bytes is None:
+        return False
+    if unit_bytes % page_bytes == 0 and (base % unit_bytes) % page_bytes == 0:
+        return False  # (the common case, answered without a look at the boundaries)
+    return bool(straddling_pages(page_bytes, unit_bytes, n_pages, base))
 
 
 def copy_ctas(link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ctas: int,
