@@ -219,9 +219,37 @@ class BurstConfig(_Strict):
 
 
 class SyntheticConfig(_Strict):
+    """The seeded session generator (``kvsim.workload.synthetic_agentic``). Every shape key
+    left out (None) keeps the generator's own default."""
+
     n_sessions: Annotated[int, Field(gt=0)] = 40
     seed: Optional[int] = None          # default: the run's seed
     burst: Optional[BurstConfig] = None  # none: no burst
+    prefix_tokens: Optional[Annotated[int, Field(gt=0)]] = None       # default 4,000
+    first_input_tokens: Optional[Annotated[float, Field(gt=0)]] = None  # median, default 1,500
+    step_input_tokens: Optional[Annotated[float, Field(gt=0)]] = None   # median, default 1,500
+    output_tokens: Optional[Annotated[float, Field(gt=0)]] = None       # median, default 250
+    think_s: Optional[Annotated[float, Field(ge=0)]] = None             # median, default 5 s
+    turns: Optional[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] = None  # (4, 14)
+    max_context_tokens: Optional[Annotated[int, Field(gt=0)]] = None  # default 60,000
+    subagent_prob: Optional[Annotated[float, Field(ge=0, le=1)]] = None  # default 0.05
+    shared_prefix: bool = True  # every session in one reuse scope (false: one scope each)
+
+    @model_validator(mode="after")
+    def _shape(self) -> "SyntheticConfig":
+        if self.turns is not None and self.turns[1] < self.turns[0]:
+            raise ValueError(f"turns: got {list(self.turns)}; expected [min, max] with min <= max")
+        prefix = self.prefix_tokens if self.prefix_tokens is not None else 4_000
+        ctx = self.max_context_tokens if self.max_context_tokens is not None else 60_000
+        if ctx <= prefix:
+            raise ValueError(f"max_context_tokens ({ctx}) must exceed prefix_tokens ({prefix})")
+        return self
+
+    def shape(self) -> dict:
+        """The generator's keyword arguments this config sets (the keys not left out)."""
+        keys = ("prefix_tokens", "first_input_tokens", "step_input_tokens", "output_tokens",
+                "think_s", "turns", "max_context_tokens", "subagent_prob", "shared_prefix")
+        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
 class WorkloadConfig(_Strict):

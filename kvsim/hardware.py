@@ -152,12 +152,21 @@ class InterferenceSpec(_Frozen):
     """How copies slow compute: an SM copy kernel of ``sm_kernel_ctas`` CTAs stretches a
     compute kernel by ``sm_kernel_slowdown`` (linear in the CTA count); any copy-engine
     transfer in flight stretches it by ``copy_engine_slowdown``. ``busy_cta_efficiency``:
-    the share of its idle bandwidth a copy CTA gets while compute occupies the SMs."""
+    the share of its idle bandwidth a copy CTA gets while compute occupies the SMs.
+
+    ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
+    the host link ``lasting_after_batches`` times: every later compute call (an engine
+    step) takes this much longer, for the rest of the run, whatever path copies then. The
+    seed measured it on a coherent link: SM idle gaps between kernels grow, no kernel gets
+    slower, so the sim adds it after the step's work (it holds no SM and stretches no
+    copy). Default 0: no lasting effect (nothing like it was measured on PCIe)."""
 
     sm_kernel_slowdown: Slowdown
     sm_kernel_ctas: Annotated[int, Field(gt=0)]
     copy_engine_slowdown: Slowdown
     busy_cta_efficiency: Fraction
+    lasting_step_penalty: Seconds = 0.0
+    lasting_after_batches: Annotated[int, Field(gt=0)] = 3
 
     @property
     def per_cta_slowdown(self) -> float:

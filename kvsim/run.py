@@ -128,7 +128,8 @@ def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
     burst = {} if b is None else {"burst_requests": b.requests, "burst_input_tokens": b.input_tokens,
                                   "burst_output_tokens": b.output_tokens, "burst_at_s": b.at}
     return wl.synthetic_agentic(w.synthetic.n_sessions, seed=seed, start=w.start,
-                                sessions_per_s=w.sessions_per_s, concurrency=w.concurrency, **burst)
+                                sessions_per_s=w.sessions_per_s, concurrency=w.concurrency, **burst,
+                                **w.synthetic.shape())
 
 
 def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfile | None = None,

@@ -35,6 +35,10 @@ The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applie
 ``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
 its work ``d x compute.scale`` (the hw busy kernel's overrun; 1 by default), then
 ``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
+With the profile's ``sm.interference.lasting_step_penalty``, once SM copy kernels have
+started ``lasting_after_batches`` batches over the host link, every later compute call
+takes that much longer, after its work (the seed's lasting per-step cost of the kernel on
+a coherent link; it holds nothing): ``stats()`` reports when it began.
 ``compute_ahead`` predicts one exactly (the fluid's own expression) while no event is due
 before it ends and no SM copy kernel runs, so the engine can run ahead of the clock with
 transfers in flight; ``catch_up`` then lands the clock on the very float it reached (moving
@@ -187,6 +191,12 @@ class SimBackend:
         self._compute_s = 0.0
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
+        # the SM kernel's lasting cost a compute call: 0 until it has run enough batches
+        self._lasting = sm.interference.lasting_step_penalty
+        self._lasting_after = sm.interference.lasting_after_batches
+        self.step_penalty_s = 0.0
+        self.step_penalty_since_s: float | None = None  # when it began (None: not yet)
+        self._penalized_calls = 0
         self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
         # the profile's per-transfer constants, read once (a transfer reads them all)
         self._disk_latency = nv.latency
@@ -278,8 +288,12 @@ class SimBackend:
         done = self.fluid.add_job(duration_s * self.compute_scale)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0))
-        if self.compute_latency > 0:
-            return self.env.process(self._after(done, self.compute_latency))
+        lat = self.compute_latency
+        if self.step_penalty_s > 0:
+            lat += self.step_penalty_s
+            self._penalized_calls += 1
+        if lat > 0:
+            return self.env.process(self._after(done, lat))
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
@@ -290,9 +304,14 @@ class SimBackend:
             queue = self.clock.queue  # (what env.peek() reads: the next event's time)
             horizon = queue[0][0] if queue else _INF
         lat = self.compute_latency
+        penalty = self.step_penalty_s
+        if penalty > 0:
+            lat += penalty
         end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
         if end is None:
             return None
+        if penalty > 0:
+            self._penalized_calls += 1
         self._counts["compute_calls"] += 1
         self._compute_s += end - start_s  # _count_compute, inline (once per engine step)
         self._compute_nominal_s += seconds
@@ -367,6 +386,10 @@ class SimBackend:
             out["disk_pieces"] = self.disk_pool.pieces_run
             out["disk_pieces_dropped"] = self.disk_pool.pieces_dropped
             out["disk_jumps"] = q.jumps
+        if self._lasting > 0:  # (only where the profile has one: other runs' columns unchanged)
+            out["step_penalty_s"] = self.step_penalty_s
+            out["step_penalty_since_s"] = self.step_penalty_since_s
+            out["penalized_compute_calls"] = self._penalized_calls
         return out
 
     # -- mechanics ------------------------------------------------------------------
@@ -519,7 +542,10 @@ class _Transfer:
         self.start_s += be._sm_launch
         self.cap = self.ctas * be._cta_rate[link_dir]
         self.res = self.res + _SM_RES[link_dir]
-        be._counts["sm_kernel_calls"] += 1
+        n = be._counts["sm_kernel_calls"] = be._counts["sm_kernel_calls"] + 1
+        if n == be._lasting_after and be._lasting > 0:  # from now on, every compute call
+            be.step_penalty_s = be._lasting
+            be.step_penalty_since_s = be.clock.now
         self.after(self.start_s, self.flow)
 
     def flow(self, _: object = None) -> None:

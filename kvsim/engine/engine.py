@@ -95,8 +95,11 @@ class Engine(Lifecycle):
                 yield from self._catch_up()
                 # ask for the time left to an absolute target: float error never accumulates
                 left = (self.t + first) / NS - rt.now
+                t0 = self.t
                 yield self.backend.compute(left if left > 0.0 else 0.0)
                 self._tick()
+                if not batch:  # (a step of decodes only)
+                    self.metrics.decode_step_ns.append(self.t - t0)
                 n = 1
             self.metrics.steps += n
             if n > 1:
@@ -210,7 +213,7 @@ class Engine(Lifecycle):
         nothing can change between them, the identical decode steps up to the next step at
         which a decoder finishes or must grow, or an arrival is due. Returns the steps run
         (0: the first could not be; compute it on the runtime)."""
-        if not self._ahead(first):
+        if not self._ahead(first, not prefill):
             return 0
         if prefill or self._dirty or self._stalled or self._evict_low():
             return 1  # (the next boundary admits, grows, or starts a background eviction)
@@ -221,14 +224,15 @@ class Engine(Lifecycle):
         cm, nd, dsum = self.compute, len(dec.members), dec.dsum
         n = 1
         while n < k and (arr is None or self.t < arr):
-            if not self._ahead(round(cm.decode_step_time(nd, dsum + nd * n) * NS)):
+            if not self._ahead(round(cm.decode_step_time(nd, dsum + nd * n) * NS), True):
                 break
             n += 1
         return n
 
-    def _ahead(self, d: int) -> bool:
+    def _ahead(self, d: int, decode_only: bool) -> bool:
         """Run one step of ``d`` ns ahead, asking the backend for its end (the same float a
-        ``compute`` from the same start would end at); False if it cannot tell."""
+        ``compute`` from the same start would end at); False if it cannot tell.
+        ``decode_only``: a step of decodes only (its duration is recorded)."""
         v = self._vnow
         left = (self.t + d) / NS - v
         end = self.backend.compute_ahead(v, left if left > 0.0 else 0.0, not self._inflight)
@@ -238,8 +242,11 @@ class Engine(Lifecycle):
             self.metrics.ahead_inflight_steps += 1
         self._vnow = end
         t = round(end * NS)
-        if t > self.t:
+        t0 = self.t
+        if t > t0:
             self.t = t
+        if decode_only:
+            self.metrics.decode_step_ns.append(self.t - t0)
         return True
 
     def _advance(self, prefill: list[tuple[Live, int]], k: int) -> None:

@@ -88,6 +88,8 @@ class Metrics:
     holds_released: int = 0
     preemptions: int = 0
     serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
+    # each step of decodes only: its duration (ns), the penalties and stretches in it included
+    decode_step_ns: list[int] = field(default_factory=list)
 
     def summary(self, counters: dict, traffic: dict, end_ns: int, wall_s: float,
                 levels: dict[int, str]) -> dict:
@@ -111,7 +113,12 @@ class Metrics:
                 "short": _dist([r.ttft_s for r in done if r.input_tokens < LONG_INPUT_TOKENS]),
                 "long": _dist([r.ttft_s for r in done if r.input_tokens >= LONG_INPUT_TOKENS]),
             },
+            # turns that found part of their prefix in the host tier (it was onboarded first)
+            "ttft_host_hit_s": _dist([r.ttft_s for r in done if r.hit_host > 0]),
             "tpot_s": _dist([r.tpot_s for r in done if r.output_tokens > 1]),
+            # steps of decodes only (no prefill chunk): their duration, mean and percentiles
+            "decode_step_s": _dist([t / NS for t in self.decode_step_ns]),
+            "decode_steps": len(self.decode_step_ns),
             "e2e_s": _dist([r.e2e_s for r in done]),
             "throughput": {
                 "requests_per_s": len(done) / span if span > 0 else 0.0,

@@ -34,7 +34,8 @@ DEFAULT_PLOT_METRICS = ("ttft_s.p90", "throughput.requests_per_s", "hit_ratio")
 # path is checked against the first summary that comes back
 METRIC_ROOTS = frozenset({
     "requests_completed", "requests_failed", "input_tokens", "output_tokens", "hit_tokens",
-    "hit_ratio", "computed_tokens", "ttft_s", "ttft_s_by_input", "tpot_s", "e2e_s", "throughput", "bytes",
+    "hit_ratio", "computed_tokens", "ttft_s", "ttft_s_by_input", "ttft_host_hit_s", "tpot_s",
+    "decode_step_s", "decode_steps", "e2e_s", "throughput", "bytes",
     "evicted_pages", "dropped_pages", "offloaded_pages", "onboarded_pages", "failed_batches",
     "preemptions", "holds_released", "engine_steps", "sim_time_s", "wall_time_s",
     "page_bytes", "tiers_slots", "disk_copies",
