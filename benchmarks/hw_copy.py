@@ -1,5 +1,7 @@
-"""GPU <-> host copy bandwidth of the hw backend, both paths, per page size, idle and while a
-compute kernel occupies the SMs, each cell beside the sim's prediction (run on a GPU).
+"""GPU <-> host copy rates of the hw backend, both paths, idle and busy, beside the sim's.
+
+Run on a GPU: each cell of both paths and page sizes, idle and while a compute kernel
+occupies the SMs, beside the sim backend's prediction of it.
 
 For pages of 16 KiB .. 4 MiB: batches of about ``--batch-bytes`` (at least 512 pages on a
 GPU), host pages in random order, pinned host memory, GPU pages in random order. Each cell
