@@ -7,6 +7,7 @@ step-by-step one. Summary names are stable (see README); add freely, rename neve
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -88,8 +89,9 @@ class Metrics:
     holds_released: int = 0
     preemptions: int = 0
     serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
-    # each step of decodes only: its duration (ns), the penalties and stretches in it included
-    decode_step_ns: list[int] = field(default_factory=list)
+    # each step of decodes only: its duration (ns), the penalties and stretches in it
+    # included (8 bytes a step: a long replay runs millions of them)
+    decode_step_ns: array = field(default_factory=lambda: array("q"))
 
     def summary(self, counters: dict, traffic: dict, end_ns: int, wall_s: float,
                 levels: dict[int, str]) -> dict:
