@@ -73,6 +73,7 @@ class Eviction(Copies):
     policy: EvictionPolicy
     _fast: bool
     clock: int
+    ticks: int
 
     def _add_batch(self, rec: PlanRecord, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:

@@ -50,6 +50,7 @@ class TierManager(Planning):
         self.policy: EvictionPolicy = policy if policy is not None else LRU()
         self._fast = bool(self.policy.fast_lru)  # walk the recency index; no page metadata
         self.clock = 0  # logical: one tick per prepared turn
+        self.ticks = 0  # recency: one tick per page entering or touched in an eviction index
         self.page_bytes = spec.page_bytes
         self.tokens_per_block = spec.tokens_per_block
         n = len(spec.tiers)

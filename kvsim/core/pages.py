@@ -44,10 +44,11 @@ class Page:
         # its bytes are complete (False: a write-through still writing it)
         self.copy = -1
         self.copy_ready = False
-        # ``last_use`` (the manager's logical clock at the page's last use), ``uses`` (its
-        # uses so far) and ``score`` (a value the policy may keep per page): set by the
-        # manager at a page's first use, only for an eviction policy other than the
-        # default LRU (which reads none of them: its pages are created without them)
+        # ``last_use`` (its recency: the manager's recency counter when it last entered or
+        # was touched in its tier's eviction index), ``uses`` (its uses so far) and
+        # ``score`` (a value the policy may keep per page): set by the manager at a page's
+        # first use, only for an eviction policy other than the default LRU (which reads
+        # none of them: its pages are created without them)
 
     @property
     def state(self) -> PageState:

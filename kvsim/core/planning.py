@@ -249,17 +249,20 @@ class Planning(Eviction):
     # == internals ======================================================================
     def _used(self, pages: Iterable[Page]) -> None:
         """A turn uses these pages, in prompt order (a policy other than LRU reads the
-        metadata)."""
+        metadata). Their recency (``last_use``) is not changed here: as in LRU's index, a
+        page becomes recent when it enters its tier's index or is touched there (when its
+        turn ends, when it arrives in a colder tier), not when a turn is declared."""
         pages = list(pages)
         clock = self.clock
         on_use = self.policy.on_use
         for p in pages:
-            p.last_use = clock
             try:
                 p.uses += 1
             except AttributeError:  # its first use (see Page)
                 p.uses = 1
                 p.score = 0.0
+                self.ticks += 1
+                p.last_use = self.ticks
             on_use(p, clock)
         self.policy.on_turn(pages, clock)
         tiers = self.tiers

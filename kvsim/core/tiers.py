@@ -131,7 +131,7 @@ class Tier:
             self._prios = sorted(self.lru)
         bucket[page] = None
         if self.order is not None:
-            self.order.push(page)
+            self.order.touch(page)
 
     def index_discard(self, page: Page) -> None:
         bucket = self.lru.get(page.priority)
@@ -161,7 +161,7 @@ class Tier:
         bucket.pop(page, None)
         bucket[page] = None
         if self.order is not None:
-            self.order.push(page)
+            self.order.touch(page)
 
     def index_contains(self, page: Page) -> bool:
         bucket = self.lru.get(page.priority)

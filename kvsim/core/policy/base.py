@@ -10,12 +10,16 @@ A policy sees each candidate page's metadata, read-only:
 
     page.tier        position of its tier (0: GPU)        page.ntokens   tokens it holds
     page.index       block position = depth in the tree   page.priority  its priority
-    page.last_use    the manager's logical clock at its last use (a request's turn that
-                     included it); the clock advances once per turn (``prepare``)
+    page.last_use    its recency: larger is more recent. The manager's recency counter,
+                     read when the page last entered its tier's eviction index or was
+                     touched there: when a request that used it ends its turn or is
+                     suspended, when it arrives in a colder tier. That is the order LRU
+                     keeps, so ``(priority, last_use)`` orders a tier exactly as LRU does.
     page.uses        turns that used it                   page.key       its chain key
     page.score       a number the policy may keep per page (its own; 0.0 at first)
 
-and the manager's logical clock. It does no I/O and reads no wall clock.
+and the manager's logical clock (one tick per turn, ``prepare``; not comparable with
+``last_use``). It does no I/O and reads no wall clock.
 
 ``LRU`` is special-cased: the manager walks the tier's recency index itself (one
 insertion-ordered dict per priority), the fast path. Any other policy goes through the
@@ -96,12 +100,21 @@ class HeapOrder:
 
     def __init__(self, policy: EvictionPolicy, clock: Any):
         self.policy = policy
-        self.clock = clock  # the manager: its ``clock`` attribute is read at each push
+        self.clock = clock  # the manager: its ``clock`` read at each push, ``ticks`` at a touch
         self.heap: list[tuple[Any, int, "Page"]] = []
         self.stamps: dict["Page", int] = {}
         self.n = 0
 
+    def touch(self, page: "Page") -> None:
+        """``page`` entered the tier's index or was touched there: it becomes the most
+        recent (``last_use``), then takes its place in the order."""
+        m = self.clock
+        m.ticks += 1
+        page.last_use = m.ticks
+        self.push(page)
+
     def push(self, page: "Page") -> None:
+        """(Re)place ``page`` in the order by its key now (its recency unchanged)."""
         self.n += 1
         self.stamps[page] = self.n
         heappush(self.heap, (self.policy.key(page, self.clock.clock), self.n, page))
