@@ -360,6 +360,8 @@ class TierManager(Planning):
         for p in req.pages:
             p.locks -= 1
             p.holds += 1
+        if not self._fast:
+            self.policy.on_turn(req.pages, self.clock)
         self._settle_touched(reversed(req.pages))  # tail first into the LRU: evicted first
         req.state = ReqState.SUSPENDED
 
@@ -370,6 +372,8 @@ class TierManager(Planning):
         if req.state is ReqState.ACTIVE:
             for p in req.pages:
                 p.locks -= 1
+            if not self._fast:
+                self.policy.on_turn(req.pages, self.clock)
             self._settle_touched(reversed(req.pages))
         else:
             for p in reversed(req.pages):

@@ -264,7 +264,6 @@ class Planning(Eviction):
                 self.ticks += 1
                 p.last_use = self.ticks
             on_use(p, clock)
-        self.policy.on_turn(pages, clock)
         tiers = self.tiers
         for p in pages:
             tier = tiers[p.tier]

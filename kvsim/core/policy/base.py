@@ -43,8 +43,9 @@ class EvictionPolicy:
 
     ``key(page, clock)``: a sortable value; lowest is evicted first.
     ``on_use(page, clock)``: a page was used (a turn included it, or created it);
-    ``page.last_use`` and ``page.uses`` are already updated.
-    ``on_turn(pages, clock)``: the pages one turn used, in prompt order (after on_use).
+    ``page.uses`` is already updated.
+    ``on_turn(pages, clock)``: a turn ended (or was suspended part way): its pages, in
+    prompt order (the prompt's, then those it computed), before they enter the index.
     ``on_evict(pages, clock)``: these pages were chosen as victims and leave their tier.
     """
 
@@ -53,6 +54,9 @@ class EvictionPolicy:
     is_bound = False
     #: the manager keeps its own recency order only: ``key`` is never called
     fast_lru = False
+    #: a page's key changes only when the manager re-keys it (it enters or is touched in
+    #: an index, or is used): the order need not check it again before yielding the page
+    static_keys = False
 
     def key(self, page: "Page", clock: int) -> Any:
         raise NotImplementedError
@@ -61,8 +65,9 @@ class EvictionPolicy:
         pass
 
     def on_turn(self, pages: list["Page"], clock: int) -> None:
-        """After ``on_use`` of each: these pages, in prompt order, were used by one turn
-        (its prompt, or the pages it just added)."""
+        """A turn ended, or was suspended part way (after ``on_use`` of each page): all
+        its pages, in prompt order, before they enter their tier's index (so a key that
+        depends on what this hook sets is right when they do)."""
 
     def on_evict(self, pages: Iterable["Page"], clock: int) -> None:
         pass
@@ -132,7 +137,8 @@ class HeapOrder:
         size, to decide on compaction)."""
         if len(self.heap) > 2 * size + 64:
             self.compact(indexed)
-        heap, stamps, key = self.heap, self.stamps, self.policy.key
+        heap, stamps = self.heap, self.stamps
+        key = None if self.policy.static_keys else self.policy.key
         clock = self.clock.clock
         taken: list[tuple[Any, int, "Page"]] = []
         try:
@@ -144,12 +150,13 @@ class HeapOrder:
                 if not indexed(page):
                     del stamps[page]
                     continue  # left the index (a later entry comes if it returns)
-                now = key(page, clock)
-                if now != e[0] and e[0] < now:
-                    self.n += 1
-                    stamps[page] = self.n
-                    heappush(heap, (now, self.n, page))
-                    continue
+                if key is not None:
+                    now = key(page, clock)
+                    if now != e[0] and e[0] < now:
+                        self.n += 1
+                        stamps[page] = self.n
+                        heappush(heap, (now, self.n, page))
+                        continue
                 taken.append(e)
                 yield page
         finally:

@@ -17,6 +17,7 @@ class LFU(EvictionPolicy):
     """Frequency-aware LRU: lowest priority, then fewest uses, then least recently used."""
 
     name = "lfu"
+    static_keys = True
 
     def key(self, page: "Page", clock: int) -> Any:
         return (page.priority, page.uses, page.last_use)
@@ -24,16 +25,19 @@ class LFU(EvictionPolicy):
 
 class GDSF(EvictionPolicy):
     """Greedy-Dual-Size-Frequency, cost-aware: a page's value is
-    ``L + uses * cost / size``, set at its last use, lowest evicted first (within a
-    priority). Size is one page. The cost is the recompute its eviction would bring on the
-    turn that used it: that page's block and every block after it in the prompt (a miss
-    ends the cached prefix), a block at depth d costing d + 1 (it attends to the d blocks
-    before it). So a page deep in a long prefix is worth more than a leaf of a short one,
-    and a parent at least as much as its child in the same turn. ``L`` (the inflation)
+    ``L + uses * cost / size``, set when the last turn that used it ends, lowest evicted
+    first (within a priority). Size is one page. The cost is the recompute its eviction
+    would bring on that turn: that page's block and every block after it in the turn (a
+    miss ends the cached prefix), a block at depth d costing d + 1 (it attends to the d
+    blocks before it). So a page deep in a long prefix is worth more than a leaf of a
+    short one, and a parent at least as much as its child in the same turn (scoring at
+    the turn's end, not chunk by chunk, keeps that: children leave first, so the last
+    tier's drop order, children before parents, walks few pages it must skip). ``L`` (the inflation)
     rises to the value of each victim, so pages not used for long age out whatever their
     cost."""
 
     name = "gdsf"
+    static_keys = True
 
     def __init__(self) -> None:
         self.inflation = 0.0
@@ -65,6 +69,7 @@ class S3FIFO(EvictionPolicy):
     eviction starts over as used once.)"""
 
     name = "s3-fifo"
+    static_keys = True
 
     def key(self, page: "Page", clock: int) -> Any:
         return (page.priority, page.uses > 1, page.last_use)
@@ -91,4 +96,11 @@ class Belady(EvictionPolicy):
         return uses[i] if i < len(uses) else NEVER
 
     def key(self, page: "Page", clock: int) -> Any:
-        return -self.next_use(page, clock)
+        # ``page.score`` keeps the next use found last time: looked up again only once the
+        # clock has reached it (one dict lookup and bisection per use, not per comparison)
+        s = page.score
+        if s <= clock:
+            s = self.next_use(page, clock)
+            if page.key:  # (a page without its key yet may find its future later)
+                page.score = s
+        return -s

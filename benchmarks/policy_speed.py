@@ -1,0 +1,78 @@
+"""Replay speed per eviction policy against LRU: full replays of the Mooncake conversation
+trace with one GPU tier (the setup of benchmarks/policy_curves.py), run side by side in
+one process, alternating LRU and the other policies so that a change in the machine's
+load falls on all of them alike. A replay's wall time includes building its policy
+(``belady`` reads the trace's future once, before the replay starts).
+
+Prints each replay, then per budget each policy's median wall time and its ratio to
+LRU's, then per policy ``NAME_over_lru_x: X``, the largest of its ratios over the budgets,
+``belady_over_lru_x`` last.
+
+    python benchmarks/policy_speed.py [--policies belady] [--budgets 80,6400]
+                                      [--repeats 3] [--trace PATH] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+import policy_curves  # noqa: E402
+
+from kvsim.run import prepare_run, replay  # noqa: E402
+
+
+def one_replay(policy: str, budget_gib: int, trace: Path, limit: int | None) -> tuple[float, int]:
+    """(replay wall seconds, requests completed); the trace is loaded untimed."""
+    prep = prepare_run(policy_curves.config(policy, budget_gib, trace, limit))
+    gc.collect()
+    t0 = time.perf_counter()
+    res = replay(prep)
+    return time.perf_counter() - t0, res.metrics["requests_completed"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policies", default="belady", help="compared with lru, comma-separated")
+    ap.add_argument("--budgets", default="80,6400", help="GPU tier sizes, GiB each")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--trace", type=Path, default=policy_curves.TRACE)
+    ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    a = ap.parse_args(argv)
+    if not a.trace.exists():
+        print(f"{a.trace}: no such trace (pass --trace)", file=sys.stderr)
+        return 2
+    others = [p for p in a.policies.split(",") if p and p != "lru"]
+    budgets = [int(b) for b in a.budgets.split(",")]
+    walls: dict[tuple[str, int], list[float]] = {}
+    for b in budgets:
+        for r in range(a.repeats):
+            order = ["lru", *others] if r % 2 == 0 else [*others, "lru"]
+            for p in order:
+                wall, done = one_replay(p, b, a.trace, a.limit)
+                walls.setdefault((p, b), []).append(wall)
+                print(f"{b} GiB run {r + 1}: {p:<8} {wall:7.2f} s  ({done} requests)", flush=True)
+    ratios: dict[tuple[str, int], float] = {}
+    print(f"{'budget':>8} {'policy':<8} {'median s':>9} {'x lru':>7}")
+    for b in budgets:
+        base = statistics.median(walls["lru", b])
+        print(f"{b:>5}GiB {'lru':<8} {base:9.2f} {1.0:7.2f}")
+        for p in others:
+            med = statistics.median(walls[p, b])
+            ratios[p, b] = med / base
+            print(f"{b:>5}GiB {p:<8} {med:9.2f} {ratios[p, b]:7.2f}")
+    for p in sorted(others, key=lambda p: p == "belady"):  # belady's line last
+        print(f"{p.replace('-', '_')}_over_lru_x: {max(ratios[p, b] for b in budgets):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
