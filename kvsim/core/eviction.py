@@ -140,17 +140,18 @@ class Eviction(Copies):
                 sel.reclaim = []
         return False
 
-    def _candidates(self, tier: "Tier") -> Iterator[Page]:
-        """The tier's eviction candidates in the policy's order: LRU walks the tier's
-        recency index; another policy orders the candidates, given in that order."""
+    def _candidates(self, tier: "Tier", want: int) -> Iterator[Page]:
+        """The tier's eviction candidates in the policy's order (``want``: how many the
+        caller expects to take): LRU walks the tier's recency index; another policy's
+        order is kept by ``tier.order``."""
         order = tier.order
         if order is None:
             return tier.candidates()
-        return order.walk(tier.index_contains, tier.index_size())
+        return order.walk(tier.index_contains, tier.index_size(), want)
 
     def _pick(self, tier: "Tier", k: int, exclude: set | None) -> list[Page] | None:
         """The ``k`` first eviction candidates of a tier (not in ``exclude``), or None."""
-        cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier)
+        cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier, k)
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         if self._wt_reading:
@@ -171,7 +172,7 @@ class Eviction(Copies):
         # (pages, not pids, as keys: a page hashes by identity, a pid would be boxed anew)
         gone: dict[Page, int] = {}  # page -> its children picked so far
         skipped: set[Page] = set()
-        cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier)
+        cands: Iterator[Page] = tier.candidates() if self._fast else self._candidates(tier, k)
         if exclude:
             cands = filterfalse(exclude.__contains__, cands)
         for p in cands:
@@ -278,47 +279,53 @@ class Eviction(Copies):
             p.phase = resident
         if not settle:
             return
-        if not self._fast:  # another policy hears of each page: the general case
-            for p in pages:
-                self._settle(p, touch=True)
-            return
         # (settling a page reads and changes only that page and the tier's index and slots,
         # so it may follow the pass above; in the index a page appends at the recent end:
-        # it was in none, so there is no entry of it to move)
+        # it was in none, so there is no entry of it to move. The other cases enter no
+        # index, so another policy's order hears of the pages that did, in order, at once)
         lru = tier.lru
         last = tier.is_last
+        order = tier.order
+        added: list[Page] = []
         for p in pages:
             if p.locks or not (p.holds or p.in_tree) or (last and p.holds):
                 self._settle(p, touch=True)
                 continue
             bucket = lru.get(p.priority)
             if bucket is None:
-                tier.index_add(p)
-            else:
-                bucket[p] = None
+                bucket = tier.new_bucket(p.priority)
+            bucket[p] = None
+            if order is not None:
+                added.append(p)
+        if order is not None and added:
+            order.touch_many(added)
 
     def _settle_touched(self, pages: Iterable[Page]) -> None:
         """``_settle(p, touch=True)`` for each page in order, the common case (resident,
         unlocked, still referred to, and not a held page of the last tier: it becomes its
-        tier's most recently used) inline."""
-        if not self._fast:  # another policy hears of each page: the general case
-            for p in pages:
-                self._settle(p, touch=True)
-            return
+        tier's most recently used) inline. (The other cases enter no index: another
+        policy's orders hear of the touched pages, in order, per tier at the end.)"""
         tiers = self.tiers
         resident = Phase.RESIDENT
+        touched: list[list[Page]] | None = None if self._fast else [[] for _ in tiers]
         for p in pages:
             if p.phase is resident and not p.locks and (p.holds or p.in_tree):
                 tier = tiers[p.tier]
                 if not (p.holds and tier.is_last):
                     bucket = tier.lru.get(p.priority)
                     if bucket is None:
-                        tier.index_add(p)
+                        bucket = tier.new_bucket(p.priority)
                     else:
                         bucket.pop(p, None)
-                        bucket[p] = None
+                    bucket[p] = None
+                    if touched is not None:
+                        touched[p.tier].append(p)
                     continue
             self._settle(p, touch=True)
+        if touched is not None:
+            for tier, ps in zip(tiers, touched):
+                if ps:
+                    tier.order.touch_many(ps)  # type: ignore[union-attr]
 
     def _settle(self, page: Page, touch: bool) -> None:
         """Put a resident page where its owners say it belongs: out of the index if locked,

@@ -310,7 +310,7 @@ class TierManager(Planning):
             self._next_pid = pid + new
             self.counters.created_pages[Level.GPU] += new
             if not self._fast:
-                self._used(pages[base:])
+                self._used(pages[base:], fresh=True)
         if pages:  # the old last page may grow
             first = base - 1 if base else 0
             pages[first].ntokens = min(b, ntokens - first * b)

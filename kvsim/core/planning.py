@@ -19,6 +19,7 @@ from kvsim.core.errors import ConfigError, CoreError
 from kvsim.core.eviction import Eviction, PlanRecord
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Plan, PlanKind, Refusal, RefusalReason
+from kvsim.core.policy.base import EvictionPolicy
 from kvsim.core.request import Request
 from kvsim.core.spec import Level
 from kvsim.core.types import Phase, ReqState
@@ -240,30 +241,45 @@ class Planning(Eviction):
             req.pages.extend(rec.pending)
         self.counters.created_pages[Level.GPU] += len(taken)
         if not self._fast:
-            self._used(taken)
+            self._used(taken, fresh=True)
         if req.pages:  # new pages got their token counts at planning; the old last may grow
             req.pages[first].ntokens = min(self.tokens_per_block,
                                            ntokens - first * self.tokens_per_block)
         req.tokens = ntokens
 
     # == internals ======================================================================
-    def _used(self, pages: Iterable[Page]) -> None:
+    def _used(self, pages: Iterable[Page], fresh: bool = False) -> None:
         """A turn uses these pages, in prompt order (a policy other than LRU reads the
-        metadata). Their recency (``last_use``) is not changed here: as in LRU's index, a
-        page becomes recent when it enters its tier's index or is touched there (when its
-        turn ends, when it arrives in a colder tier), not when a turn is declared."""
+        metadata; ``fresh``: pages just created, used for the first time). Their recency
+        (``last_use``) is not changed here: as in LRU's index, a page becomes recent when
+        it enters its tier's index or is touched there (when its turn ends, when it
+        arrives in a colder tier), not when a turn is declared."""
         pages = list(pages)
         clock = self.clock
-        on_use = self.policy.on_use
-        for p in pages:
-            try:
-                p.uses += 1
-            except AttributeError:  # its first use (see Page)
+        policy = self.policy
+        if fresh:  # (set outright: a first use found by the exception costs more)
+            t = self.ticks
+            for p in pages:
+                t += 1
                 p.uses = 1
                 p.score = 0.0
-                self.ticks += 1
-                p.last_use = self.ticks
-            on_use(p, clock)
+                p.last_use = t
+            self.ticks = t
+        else:
+            for p in pages:
+                try:
+                    p.uses += 1
+                except AttributeError:  # its first use (see Page)
+                    p.uses = 1
+                    p.score = 0.0
+                    self.ticks += 1
+                    p.last_use = self.ticks
+        if type(policy).on_use is not EvictionPolicy.on_use:
+            on_use = policy.on_use
+            for p in pages:
+                on_use(p, clock)
+        if fresh:
+            return  # (new pages are locked: in no index)
         tiers = self.tiers
         for p in pages:
             tier = tiers[p.tier]

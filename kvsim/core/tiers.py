@@ -124,11 +124,17 @@ class Tier:
         self.recycled.extend(slots)
 
     # -- eviction index ------------------------------------------------------------------
+    def new_bucket(self, priority: int) -> dict[Page, None]:
+        """The (empty) index bucket of a priority that has none yet."""
+        bucket: dict[Page, None] = {}
+        self.lru[priority] = bucket
+        self._prios = sorted(self.lru)
+        return bucket
+
     def index_add(self, page: Page) -> None:
         bucket = self.lru.get(page.priority)
         if bucket is None:
-            bucket = self.lru[page.priority] = {}
-            self._prios = sorted(self.lru)
+            bucket = self.new_bucket(page.priority)
         bucket[page] = None
         if self.order is not None:
             self.order.touch(page)

@@ -94,14 +94,16 @@ class HeapOrder:
     path): a heap of (key, stamp, page) entries, one pushed whenever a page enters the
     tier's eviction index or is used while in it, its key computed then. An entry counts
     only while it is its page's latest and the page is still in the index; the others are
-    dropped as they surface, and the heap is rebuilt when they outnumber the live ones.
+    dropped as they surface, and the heap is rebuilt when they outnumber the live ones
+    twice.
 
     ``walk`` yields candidates lowest key first without consuming them (a selection is a
-    dry run): what it popped goes back when the walk ends. Before yielding a page it
+    dry run): what it popped goes back at the next walk, those entries that still count
+    (most were victims, gone from the index by then). Before yielding a page it
     recomputes its key: a key that grew since (``belady``: the next use it expected went
     by) is pushed again in its place."""
 
-    __slots__ = ("policy", "clock", "heap", "stamps", "n")
+    __slots__ = ("policy", "clock", "heap", "stamps", "n", "taken")
 
     def __init__(self, policy: EvictionPolicy, clock: Any):
         self.policy = policy
@@ -109,6 +111,9 @@ class HeapOrder:
         self.heap: list[tuple[Any, int, "Page"]] = []
         self.stamps: dict["Page", int] = {}
         self.n = 0
+        # entries the last walk popped and yielded: they go back at the next walk, those
+        # that still count (most were victims that since left the index)
+        self.taken: list[tuple[Any, int, "Page"]] = []
 
     def touch(self, page: "Page") -> None:
         """``page`` entered the tier's index or was touched there: it becomes the most
@@ -118,31 +123,98 @@ class HeapOrder:
         page.last_use = m.ticks
         self.push(page)
 
+    def touch_many(self, pages: list["Page"]) -> None:
+        """``touch`` each page, in order (a batch in one go: a large one is heapified
+        with the rest rather than pushed entry by entry)."""
+        m = self.clock
+        t = m.ticks
+        for p in pages:
+            t += 1
+            p.last_use = t
+        m.ticks = t
+        key, clock = self.policy.key, m.clock
+        n = self.n
+        ns = range(n + 1, n + 1 + len(pages))
+        self.n = n + len(pages)
+        self.stamps.update(zip(pages, ns))
+        entries = list(zip([key(p, clock) for p in pages], ns, pages))
+        heap = self.heap
+        if len(entries) * 8 > len(heap):
+            heap.extend(entries)
+            heapify(heap)
+        else:
+            for e in entries:
+                heappush(heap, e)
+
     def push(self, page: "Page") -> None:
         """(Re)place ``page`` in the order by its key now (its recency unchanged)."""
         self.n += 1
         self.stamps[page] = self.n
         heappush(self.heap, (self.policy.key(page, self.clock.clock), self.n, page))
 
-    def compact(self, indexed: Any) -> None:
-        """Forget entries that no longer count (``indexed(page)``: still in the index)."""
+    def _put_back(self, indexed: Any) -> None:
+        """The last walk's entries that still count go back into the heap."""
+        stamps, heap = self.stamps, self.heap
+        for e in self.taken:
+            page = e[2]
+            if stamps.get(page) == e[1]:
+                if indexed(page):
+                    heappush(heap, e)
+                else:
+                    del stamps[page]
+        self.taken = []
+
+    def _live(self, indexed: Any) -> list[tuple[Any, int, "Page"]]:
+        """The entries that count (``indexed(page)``: still in the index), their keys
+        recomputed unless the policy's keys are static."""
         stamps = self.stamps
+        if self.taken:
+            self._put_back(indexed)
         live = [e for e in self.heap if stamps.get(e[2]) == e[1] and indexed(e[2])]
+        if not self.policy.static_keys:
+            key, clock = self.policy.key, self.clock.clock
+            live = [(key(e[2], clock), e[1], e[2]) for e in live]
+        return live
+
+    def compact(self, indexed: Any) -> None:
+        """Forget entries that no longer count."""
+        live = self._live(indexed)
         heapify(live)
         self.heap = live
         self.stamps = {e[2]: e[1] for e in live}
 
-    def walk(self, indexed: Any, size: int) -> Iterator["Page"]:
+    def walk(self, indexed: Any, size: int, want: int = 1) -> Iterator["Page"]:
         """The candidates in order (``indexed``: the tier's index test; ``size``: its
-        size, to decide on compaction)."""
-        if len(self.heap) > 2 * size + 64:
+        size, to decide on compaction; ``want``: how many the caller expects to take).
+        When that is a good part of the tier, the live entries are sorted once (a sorted
+        list is a heap) and read in place: nothing is popped, nothing goes back."""
+        if want >= 64 and want * 4 >= size:
+            live = self._live(indexed)
+            live.sort()
+            self.heap = live
+            for e in live:
+                yield e[2]
+            return
+        if self.taken:
+            self._put_back(indexed)
+        if len(self.heap) > 3 * size + 64:
             self.compact(indexed)
         heap, stamps = self.heap, self.stamps
         key = None if self.policy.static_keys else self.policy.key
         clock = self.clock.clock
         taken: list[tuple[Any, int, "Page"]] = []
+        switch = max(64, size // 4)  # a walk this long reads the rest sorted in place
         try:
             while heap:
+                if len(taken) == switch:
+                    # what was taken sorts before all the rest: together, sorted, a heap
+                    rest = self._live(indexed)
+                    rest.sort()
+                    self.heap = taken + rest
+                    taken = []
+                    for e in rest:
+                        yield e[2]
+                    return
                 e = heappop(heap)
                 page = e[2]
                 if stamps.get(page) != e[1]:
@@ -160,5 +232,4 @@ class HeapOrder:
                 taken.append(e)
                 yield page
         finally:
-            for e in taken:
-                heappush(heap, e)
+            self.taken = taken  # back at the next walk: the victims will have left by then
