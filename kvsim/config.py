@@ -252,6 +252,14 @@ class SyntheticConfig(_Strict):
         return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
 
 
+class PrioritiesConfig(_Strict):
+    """Agentic traces: the cache priority of each part of a prompt (higher kept longer
+    by priority-aware eviction policies)."""
+    prefix: Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)] = 0    # shared tools + system prefix
+    context: Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)] = 0   # a session's own turns
+    subagent: Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)] = 0  # sub-agents' turns
+
+
 class WorkloadConfig(_Strict):
     kind: Literal["synthetic", "mooncake", "agentic"] = "synthetic"
     path: Optional[str] = None          # trace file or directory (mooncake, agentic)
@@ -264,6 +272,7 @@ class WorkloadConfig(_Strict):
     sessions_per_s: Annotated[float, Field(gt=0)] = 0.5
     concurrency: Annotated[int, Field(gt=0)] = 16
     synthetic: SyntheticConfig = SyntheticConfig()
+    priorities: Optional[PrioritiesConfig] = None  # agentic: priorities by part of a prompt
 
     @model_validator(mode="after")
     def _path(self) -> "WorkloadConfig":
@@ -272,6 +281,9 @@ class WorkloadConfig(_Strict):
         if self.synthetic.burst is not None and (self.kind != "synthetic" or self.start != "poisson"):
             raise ValueError("synthetic.burst needs kind: synthetic and start: poisson (its "
                              "requests arrive at a set time)")
+        if self.priorities is not None and self.kind != "agentic":
+            raise ValueError("workload.priorities applies to agentic traces only (a Mooncake "
+                             "trace gives each request's priority in its own 'priority' field)")
         return self
 
 

@@ -122,7 +122,8 @@ def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
         return wl.load_agentic(path, shared_prefix=w.shared_prefix, limit=w.limit,
                                start=w.start, sessions_per_s=w.sessions_per_s,
                                concurrency=w.concurrency, seed=cfg.seed,
-                               max_think_s=w.max_think)
+                               max_think_s=w.max_think,
+                               priorities=w.priorities.model_dump() if w.priorities else None)
     seed = w.synthetic.seed if w.synthetic.seed is not None else cfg.seed
     b = w.synthetic.burst
     burst = {} if b is None else {"burst_requests": b.requests, "burst_input_tokens": b.input_tokens,

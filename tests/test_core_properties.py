@@ -312,9 +312,9 @@ def _machine_for(name: str):
     return machine.TestCase
 
 
-# every other built-in (priority-lru is lru under another name)
+# every other built-in (lru, which ignores priorities, is CoreMachine's own)
 for _name in POLICY_NAMES:
-    if _name not in ("lru", "priority-lru"):
+    if _name != "lru":
         globals()[f"TestCoreMachine_{_name.replace('-', '_')}"] = _machine_for(_name)
 
 

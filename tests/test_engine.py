@@ -359,3 +359,21 @@ def test_pinned_arrivals_replace_think_times():
     r1, r2, r3 = story({("sess", 2): late, ("sess", 3): 0.5})
     assert r2.arrival_ns == round(late * NS)
     assert r3.arrival_ns == r2.done_ns  # released when its session's previous item completed
+
+
+def test_the_engine_gives_the_manager_the_workloads_priorities():
+    """Story: one session (priority 2, its first 64 tokens a shared prefix of priority 5)
+    calls a sub-agent (priority 1, no prefix of its own). The engine creates each request
+    with the turn's priorities; the pages they compute keep them in the prefix tree."""
+    mgr, rt, be, cm, eng, _ = _setup()
+    t1 = Turn(input_tokens=128, output_tokens=1, hash_ids=(1, 2, 3, 4), priority=2,
+              prefix_tokens=64, prefix_priority=5)
+    sub = Session("s/sub", "s", (Turn(input_tokens=96, output_tokens=1, hash_ids=(7, 8, 9),
+                                      priority=1),))
+    w = Workload("prio", B, True, (Session("s", "s", (t1, sub)),))
+    eng.load(w, start_times_s=[0.0])
+    rt.run(until=rt.process(eng.serve()))
+    assert all(not r.failed for r in eng.metrics.rows)
+    tree = sorted((p.priority, p.index) for p in mgr.pages() if p.in_tree)
+    # the sub-agent's 3 blocks at 1; the session's blocks 2-3 at 2, 0-1 (the prefix) at 5
+    assert tree == [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (5, 0), (5, 1)]

@@ -19,7 +19,7 @@ from conftest import TPB, backend_for, blocks, check, make_manager, new_active, 
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core import Level, chain_key, scope_root
 from kvsim.core.policy import (GDSF, LFU, LRU, POLICY_NAMES, S3FIFO, Belady, EvictionPolicy,
-                               make_policy)
+                               PriorityLRU, make_policy)
 
 GPU = Level.GPU
 
@@ -61,7 +61,8 @@ def one_tier(gpu: int, policy) -> tuple:
 
 def test_lru_is_the_default_and_the_fast_path():
     m = make_manager()
-    assert isinstance(m.policy, LRU) and m._fast
+    assert isinstance(m.policy, PriorityLRU) and m._fast
+    assert make_manager(policy=LRU())._fast
     assert not make_manager(policy=LFU())._fast
 
 
@@ -249,7 +250,7 @@ def test_belady_ignores_priorities_and_is_a_bound():
 
 # -- priorities -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["lru", "priority-lru", "lfu", "s3-fifo", "gdsf"])
+@pytest.mark.parametrize("name", ["priority-lru", "lfu", "s3-fifo", "gdsf"])
 def test_every_online_policy_drops_lower_priority_first(name):
     m, be = one_tier(2, make_policy(name))
     hi = turn(m, be, 1, priority=1)              # used once, long ago, deep-less
@@ -257,6 +258,30 @@ def test_every_online_policy_drops_lower_priority_first(name):
     turn(m, be, 2)
     turn(m, be, 2)                               # used three times, most recently
     assert dropped(m, be, 1, {"hi": hi, "lo": lo}) == {"lo"}
+
+
+def test_lru_ignores_priorities_priority_lru_honours_them():
+    for name, expect in (("lru", {"hi"}), ("priority-lru", {"lo"})):
+        m, be = one_tier(2, make_policy(name))
+        hi = turn(m, be, 1, priority=1)  # the least recent, but of a higher priority
+        lo = turn(m, be, 2, priority=0)
+        assert {p.priority for p in hi} == ({0} if name == "lru" else {1})
+        assert dropped(m, be, 1, {"hi": hi, "lo": lo}) == expect, name
+
+
+def test_a_requests_prefix_pages_get_the_prefix_priority():
+    m, be = one_tier(8, make_policy("priority-lru"))
+    req = m.create("s", blocks(5, 1), 5 * TPB, priority=1, prefix_blocks=2, prefix_priority=3)
+    run(m, be, m.resume(req))
+    assert m.extend(req, 3 * TPB)  # a prefill chunk, then the rest through a grow's plan
+    run(m, be, m.grow(req, 5 * TPB))
+    assert [p.priority for p in req.pages] == [3, 3, 1, 1, 1]
+    be.fill(m.commit(req, 5 * TPB, final=True))
+    m.close(req)
+    check(m, be)
+    # a later request finds the prefix cached: its pages keep the priority they were made with
+    again = m.create("s", blocks(6, 1), 6 * TPB, priority=0)
+    assert [p.priority for p in again.pages] == [3, 3, 1, 1, 1]
 
 
 # -- invariants stay the manager's ---------------------------------------------------------
@@ -306,6 +331,16 @@ def test_config_selects_the_policy_and_refuses_unknown_names():
     msg = str(e.value)
     assert "cache.policy.eviction" in msg and "'mru'" in msg
     assert all(n in msg for n in POLICY_NAMES)
+
+
+def test_workload_priorities_are_for_agentic_traces():
+    cfg = load_config("configs/agentic-coding.yaml", ["workload.priorities.prefix=3",
+                                                      "workload.priorities.subagent=-1"])
+    assert cfg.workload.priorities.model_dump() == {"prefix": 3, "context": 0, "subagent": -1}
+    with pytest.raises(ConfigFileError, match="agentic traces only"):
+        load_config("configs/mooncake-conversation.yaml", ["workload.priorities.prefix=3"])
+    with pytest.raises(ConfigFileError, match="workload.priorities.context"):
+        load_config("configs/agentic-coding.yaml", ["workload.priorities.context=high"])
 
 
 def test_a_user_policy_loads_from_module_and_class():

@@ -390,3 +390,51 @@ def test_first_turns_cuts_sessions_and_subagents_in_replay_order():
     assert first_turns(w, 10) == w
     with pytest.raises(ValueError, match="positive"):
         first_turns(w, 0)
+
+
+# ---------------------------------------------------------------- priorities
+
+
+def test_mooncake_priority_is_optional_validated_and_written_back(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n'
+                 '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [0], '
+                 '"priority": 3}\n')
+    w = load_mooncake(p)
+    assert [t.priority for _, t in w.iter_turns()] == [None, 3]
+    out = tmp_path / "copy.jsonl"
+    write_jsonl_mooncake(w, out)
+    assert [t.priority for _, t in load_mooncake(out).iter_turns()] == [None, 3]
+    assert '"priority"' not in out.read_text().splitlines()[0]  # absent stays absent
+
+
+@pytest.mark.parametrize("value", ['"high"', "1.5", "true", str(1 << 31), "null, \"x\": 1"])
+def test_mooncake_bad_priority_names_file_and_line(tmp_path, value):
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [0]}\n'
+                 f'{{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [0], '
+                 f'"priority": {value}}}\n')
+    if value.startswith("null"):  # null is the default, and other fields are ignored
+        assert load_mooncake(p).sessions[1].items[0].priority is None
+        return
+    with pytest.raises(TraceError) as e:
+        load_mooncake(p)
+    assert str(e.value).startswith(f"{p}:2: ") and "'priority' must be an integer" in str(e.value)
+
+
+def test_agentic_priorities_by_part_of_the_prompt():
+    plain = load_agentic(FIX / "agentic_ok.json")
+    assert all(t.priority is None and t.prefix_tokens == 0 for _, t in plain.iter_turns())
+    w = load_agentic(FIX / "agentic_ok.json", priorities={"prefix": 5, "context": 2, "subagent": 1})
+    (s,) = w.sessions
+    main = [t for t in s.items if isinstance(t, Turn)]
+    sub = [t for t in s.items if isinstance(t, Session)][0].items
+    assert {t.priority for t in main} == {2} and {t.priority for t in sub} == {1}
+    assert {t.prefix_priority for _, t in w.iter_turns()} == {5}
+    # the tools + system prefix: 100 + 60 tokens in the main agent, 64 + 64 in the sub-agent:
+    # 2 full 64-token blocks each
+    assert {t.prefix_tokens for _, t in w.iter_turns()} == {128}
+    with pytest.raises(ValueError, match="unknown class 'system'"):
+        load_agentic(FIX / "agentic_ok.json", priorities={"system": 1})
+    with pytest.raises(ValueError, match="priorities.context"):
+        load_agentic(FIX / "agentic_ok.json", priorities={"context": "high"})

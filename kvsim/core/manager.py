@@ -32,7 +32,7 @@ from kvsim.core.eviction import PlanRecord, Selection
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.planning import Planning
-from kvsim.core.policy import LRU, EvictionPolicy
+from kvsim.core.policy import EvictionPolicy, PriorityLRU
 from kvsim.core.policy.base import HeapOrder
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
@@ -45,9 +45,10 @@ from kvsim.core.types import Phase, ReqState
 
 class TierManager(Planning):
     def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None):
-        """``policy``: the eviction order within a tier (default: ``LRU``, the fast path)."""
+        """``policy``: the eviction order within a tier (default: ``PriorityLRU``, the fast
+        path)."""
         self.spec = spec
-        self.policy: EvictionPolicy = policy if policy is not None else LRU()
+        self.policy: EvictionPolicy = policy if policy is not None else PriorityLRU()
         self._fast = bool(self.policy.fast_lru)  # walk the recency index; no page metadata
         self.clock = 0  # logical: one tick per prepared turn
         self.ticks = 0  # recency: one tick per page entering or touched in an eviction index
@@ -130,9 +131,16 @@ class TierManager(Planning):
 
     # == lifecycle ======================================================================
     def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
-               priority: int = 0) -> Request:
-        """A new SUSPENDED request whose cached prefix pages are now held by it."""
+               priority: int = 0, prefix_blocks: int = 0, prefix_priority: int = 0) -> Request:
+        """A new SUSPENDED request whose cached prefix pages are now held by it. The pages
+        it computes get ``priority``, those of its first ``prefix_blocks`` blocks
+        ``prefix_priority`` (a policy that ignores priorities gets 0 for all)."""
+        if not self.policy.honours_priority:
+            priority = prefix_priority = 0
         req = Request(self._next_rid, scope, priority)
+        if prefix_blocks > 0 and prefix_priority != priority:
+            req.prefix_blocks = prefix_blocks
+            req.prefix_priority = prefix_priority
         self._next_rid += 1
         self._requests[req.rid] = req
         self.prepare(req, blocks, ntokens)
@@ -256,13 +264,16 @@ class TierManager(Planning):
             pending = Phase.PENDING
             for j in range(new):  # every new page is full but maybe the last
                 pend.append(Page(pid + j, base + j, 0, slots[cow + j], b, prio, pending))
+            if base < req.prefix_blocks:  # pages of the request's prefix: its priority
+                for q in pend[:req.prefix_blocks - base]:
+                    q.priority = req.prefix_priority
             if pend:
                 pend[-1].ntokens = min(b, ntokens - (base + new - 1) * b)
             self._next_pid = pid + new
             rec.pending = pend
             if cow:
-                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens, prio,  # type: ignore[union-attr]
-                            Phase.PENDING)
+                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens,  # type: ignore[union-attr]
+                            last.priority, Phase.PENDING)  # type: ignore[union-attr]
                 self._next_pid += 1
                 rec.cow = copy
                 self._add_batch(rec, batches, BatchKind.COPY, 0, 0, [last], [slots[0]],  # type: ignore[list-item]
@@ -306,6 +317,9 @@ class TierManager(Planning):
                 p.locks = 1
                 live[pid + j] = p
                 pages.append(p)
+            if base < req.prefix_blocks:  # pages of the request's prefix: its priority
+                for q in pages[base:req.prefix_blocks]:
+                    q.priority = req.prefix_priority
             p.ntokens = min(b, ntokens - (base + new - 1) * b)
             self._next_pid = pid + new
             self.counters.created_pages[Level.GPU] += new

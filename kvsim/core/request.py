@@ -18,14 +18,16 @@ from kvsim.core.types import ReqState
 class Request:
     """A sequence of blocks whose pages one client owns (a request, or a whole session)."""
 
-    __slots__ = ("rid", "scope", "root", "priority", "blocks", "pages", "tokens",
-                 "committed", "state", "hit_by_level", "plan")
+    __slots__ = ("rid", "scope", "root", "priority", "prefix_blocks", "prefix_priority",
+                 "blocks", "pages", "tokens", "committed", "state", "hit_by_level", "plan")
 
     def __init__(self, rid: int, scope: Hashable, priority: int):
         self.rid = rid
         self.scope = scope
         self.root = scope_root(scope)
-        self.priority = priority
+        self.priority = priority  # of the pages it computes, but those of its prefix:
+        self.prefix_blocks = 0    # its first blocks (a shared tools + system prefix) ...
+        self.prefix_priority = priority  # ... get this one
         self.blocks: list[BlockIds] = []
         self.pages: list[Page] = []
         self.tokens = 0           # tokens the pages cover

@@ -162,7 +162,9 @@ class Lifecycle:
             req = frame.req
             mgr.prepare(req, lv.blocks, lv.prompt)
         else:
-            req = mgr.create(frame.session.scope, lv.blocks, lv.prompt)
+            t = lv.turn  # the workload's priorities (none given: 0, as the manager's default)
+            req = mgr.create(frame.session.scope, lv.blocks, lv.prompt, t.priority or 0,
+                             t.prefix_tokens // self.B, t.prefix_priority or 0)
             if self.p.hold_sessions and len(frame.session.items) > 1:
                 frame.req = req
         lv.req = req

@@ -35,6 +35,11 @@ What the loader does, and what the real data taught it:
   ids ``-n`` become ``2**32 * (k + 1) + 2**31 + n``): private to the session and its
   sub-agents, no collisions, all ids below 2**63. Trace ids must lie in ``[0, 2**31)``.
 
+- ``priorities`` (a mapping of ``prefix``, ``context``, ``subagent`` to ints): each turn's
+  priority in the cache: a main agent's turns get ``context``, a sub-agent's ``subagent``,
+  and the first ``floor((tool_tokens + system_tokens) / block_size)`` blocks of every
+  prompt (the tools + system prefix of its agent) ``prefix``. None: no priorities (0).
+
 Validation errors are TraceError ``<path>: <request path>: <problem>``, with request
 paths like ``requests[12].subagent.requests[3]``.
 """
@@ -46,13 +51,14 @@ import json
 import math
 import os
 
-from .model import Session, TraceError, Turn, Workload, check_start_policy
+from .model import PRIORITY_MAX, PRIORITY_MIN, Session, TraceError, Turn, Workload, check_start_policy
 
 PREFIX_NS_BITS = 20
 PRIVATE_SPAN = 1 << 32
 TAIL_OFFSET = 1 << 31
 ID_LIMIT = 1 << 63
 SESSION_SUFFIXES = (".json.gz", ".json")
+PRIORITY_CLASSES = ("prefix", "context", "subagent")
 _INT = frozenset((int,))
 
 
@@ -71,12 +77,20 @@ def session_files(path_or_dir) -> list[str]:
 
 def load_agentic(path_or_dir, shared_prefix: bool = False, limit: int | None = None,
                  start: str = "poisson", sessions_per_s: float = 0.05, concurrency: int = 16,
-                 seed: int = 0, *, name: str | None = None, max_think_s: float | None = None) -> Workload:
+                 seed: int = 0, *, name: str | None = None, max_think_s: float | None = None,
+                 priorities: dict | None = None) -> Workload:
     """Load agentic coding sessions as a closed-loop Workload (see the module docstring).
     ``limit`` is a number of session files; ``max_think_s`` caps think times (the real
-    data has pauses of up to ~22 hours; None keeps them as recorded)."""
+    data has pauses of up to ~22 hours; None keeps them as recorded); ``priorities``:
+    the priority of each part of a prompt (``prefix``, ``context``, ``subagent``)."""
     if max_think_s is not None and not max_think_s >= 0:
         raise ValueError(f"max_think_s must be >= 0, got {max_think_s!r}")
+    if priorities is not None:
+        for k, v in priorities.items():
+            if k not in PRIORITY_CLASSES:
+                raise ValueError(f"priorities: unknown class {k!r}; expected {', '.join(PRIORITY_CLASSES)}")
+            if type(v) is not int or not PRIORITY_MIN <= v <= PRIORITY_MAX:
+                raise ValueError(f"priorities.{k}: must be an integer in [-2**31, 2**31), got {v!r}")
     check_start_policy(start, sessions_per_s, concurrency)
     files = session_files(path_or_dir)
     if limit is not None:
@@ -99,7 +113,7 @@ def load_agentic(path_or_dir, shared_prefix: bool = False, limit: int | None = N
         if sid in seen:
             raise TraceError(f"{fp}: session id {sid!r} already used by {seen[sid]}; expected unique ids")
         seen[sid] = fp
-        b = _Builder(fp, bs, shared_prefix, k, prefix_ns, max_think_s)
+        b = _Builder(fp, bs, shared_prefix, k, prefix_ns, max_think_s, priorities)
         scope = "shared" if shared_prefix else f"session:{sid}"
         p = (doc["tool_tokens"] + doc["system_tokens"]) // bs
         sessions.append(Session(sid, scope, b.items(doc["requests"], "requests", p, sid, scope)))
@@ -158,8 +172,10 @@ def _top_fields(fp: str, doc) -> int:
 class _Builder:
     """Turns one session's request tree into Session items (one instance per session)."""
 
-    def __init__(self, fp: str, bs: int, shared: bool, k: int, prefix_ns: dict, max_think_s):
+    def __init__(self, fp: str, bs: int, shared: bool, k: int, prefix_ns: dict, max_think_s,
+                 priorities: dict | None = None):
         self.fp, self.bs, self.shared = fp, bs, shared
+        self.priorities = priorities
         self.max_think_s = max_think_s
         self.prefix_ns = prefix_ns
         self.private_base = PRIVATE_SPAN * (k + 1)
@@ -221,9 +237,17 @@ class _Builder:
                 hids = core + (tail,)
             else:
                 hids = core
-            out.append(Turn(n_in, n_out, hids, think))
+            out.append(self._turn(n_in, n_out, hids, think, p, ns))
             prev_req, sub_end, after_sub = r, None, False
         return tuple(out)
+
+    def _turn(self, n_in: int, n_out: int, hids: tuple, think: float, p: int, ns: int) -> Turn:
+        pr = self.priorities
+        if pr is None:
+            return Turn(n_in, n_out, hids, think)
+        own = pr.get("subagent" if ns else "context", 0)
+        return Turn(n_in, n_out, hids, think, priority=own,
+                    prefix_tokens=min(p * self.bs, n_in), prefix_priority=pr.get("prefix", 0))
 
     def _map(self, ids: list, start: int, p: int, prefix: tuple) -> tuple:
         if not self.shared:

@@ -10,6 +10,8 @@ Invariants every loader and generator in this package keeps (the engine may rely
   request that was cancelled or produced no text; treat it as prefill only).
 - Open loop: every Turn has ``arrival_s`` (non-decreasing in file order for Mooncake) and
   every Session has ``start_s``; ``think_s`` is 0.
+- Priorities: ``priority`` and ``prefix_priority`` are None (no priority given: 0) or ints
+  in ``[-2**31, 2**31)``; ``0 <= prefix_tokens <= input_tokens``.
 - Closed loop: ``arrival_s`` is None, and ``start_s`` too but for a session pinned to a
   start time (the synthetic burst's; ``session_start_times`` keeps it); a Turn is released
   ``think_s`` after the previous item of its session completes (the first item of a
@@ -28,6 +30,9 @@ from typing import Union
 START_POLICIES = ("poisson", "concurrency")
 
 
+PRIORITY_MIN, PRIORITY_MAX = -(1 << 31), (1 << 31) - 1
+
+
 class TraceError(ValueError):
     """A trace file is malformed. The message starts with ``<path>:<line>: `` (JSONL) or
     ``<path>: <request path>: `` (JSON sessions) and says what was expected."""
@@ -40,6 +45,11 @@ class Turn:
     hash_ids: tuple  # tuple[int, ...]: trace blocks covering the input (last may be partial)
     think_s: float = 0.0  # closed loop: released think_s after the previous item completes
     arrival_s: float | None = None  # open loop: absolute arrival time (s, after scaling)
+    # the request's priority in the cache (None: the default, 0); its first
+    # ``prefix_tokens`` tokens (a shared tools + system prefix) may have one of their own
+    priority: int | None = None
+    prefix_tokens: int = 0
+    prefix_priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

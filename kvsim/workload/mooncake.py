@@ -2,13 +2,16 @@
 
 Format: one JSON object a line with ``timestamp`` (ms from trace start), ``input_length``,
 ``output_length`` and ``hash_ids`` (prefix block ids, 512 tokens a block, global to the
-file). Blank lines are skipped.
+file), and optionally ``priority`` (the request's priority in the cache: an integer in
+``[-2**31, 2**31)``, higher kept longer by priority-aware eviction policies; absent: the
+default). Blank lines are skipped.
 
 The loader validates every line and raises TraceError with ``<path>:<line>: <problem>``:
 text that is not UTF-8, malformed JSON, a line that is not an object, a missing field, a wrong type (bools are not
 ints), a negative timestamp or output length, an input length < 1, hash ids that do not
 cover the input (``len(hash_ids) != ceil(input_length / block_tokens)``), and timestamps
-going backwards, hash ids outside ``[0, 2**63)``. Out-of-order timestamps are an error by default (a concatenated or
+going backwards, hash ids outside ``[0, 2**63)``, a ``priority`` that is not such an
+integer. Out-of-order timestamps are an error by default (a concatenated or
 corrupted trace should not silently replay in a different order); ``sort=True`` accepts
 them and stable-sorts requests by timestamp instead (sids keep their line numbers).
 
@@ -23,7 +26,7 @@ import json
 import math
 import os
 
-from .model import Session, TraceError, Turn, Workload
+from .model import PRIORITY_MAX, PRIORITY_MIN, Session, TraceError, Turn, Workload
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _INT = frozenset((int,))
@@ -106,9 +109,13 @@ def load_mooncake(path, time_scale: float = 1.0, limit: int | None = None, *,
             if prev_ts is not None and ts < prev_ts and not sort:
                 raise TraceError(f"{where}timestamp {ts} ms goes backwards (line {prev_line} has "
                                  f"{prev_ts} ms); expected non-decreasing timestamps (or load with sort=True)")
+            prio = row.get("priority")
+            if prio is not None and (not _is_int(prio) or not PRIORITY_MIN <= prio <= PRIORITY_MAX):
+                raise TraceError(f"{where}field 'priority' must be an integer in [-2**31, 2**31), "
+                                 f"got {prio!r}")
             prev_ts, prev_line = ts, lineno
             t = ts * scale
-            turn = Turn(n_in, n_out, tuple(ids), 0.0, t)
+            turn = Turn(n_in, n_out, tuple(ids), 0.0, t, prio)
             sessions.append(Session(f"req-{lineno}", "global", (turn,), t))
     if sort:
         sessions.sort(key=lambda s: s.start_s)  # stable: ties keep file order
@@ -134,7 +141,10 @@ def write_jsonl_mooncake(workload: Workload, path) -> int:
     rows.sort(key=lambda r: r[0])
     with open(os.fspath(path), "w", encoding="utf-8") as f:
         for arr, t in rows:
-            f.write(json.dumps({"timestamp": round(arr * 1000), "input_length": t.input_tokens,
-                                "output_length": t.output_tokens, "hash_ids": list(t.hash_ids)}))
+            row = {"timestamp": round(arr * 1000), "input_length": t.input_tokens,
+                   "output_length": t.output_tokens, "hash_ids": list(t.hash_ids)}
+            if t.priority is not None:
+                row["priority"] = t.priority
+            f.write(json.dumps(row))
             f.write("\n")
     return len(rows)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsim.core.policy.base import LRU, EvictionPolicy
+from kvsim.core.policy.base import LRU, EvictionPolicy, PriorityLRU
 from kvsim.core.policy.builtin import GDSF, LFU, S3FIFO, Belady
 
 
 #: the built-ins: (name, class), the default first
 POLICIES: tuple[tuple[str, type], ...] = (
-    ("lru", LRU), ("priority-lru", LRU), ("lfu", LFU), ("s3-fifo", S3FIFO), ("gdsf", GDSF),
+    ("lru", LRU), ("priority-lru", PriorityLRU), ("lfu", LFU), ("s3-fifo", S3FIFO), ("gdsf", GDSF),
     ("belady", Belady))
 POLICY_NAMES: tuple[str, ...] = tuple(n for n, _ in POLICIES)
 
@@ -29,5 +29,5 @@ def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
     raise KeyError(f"unknown eviction policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["EvictionPolicy", "LRU", "LFU", "GDSF", "S3FIFO", "Belady", "POLICIES",
+__all__ = ["EvictionPolicy", "LRU", "PriorityLRU", "LFU", "GDSF", "S3FIFO", "Belady", "POLICIES",
            "POLICY_NAMES", "make_policy"]

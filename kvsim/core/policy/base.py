@@ -54,6 +54,9 @@ class EvictionPolicy:
     is_bound = False
     #: the manager keeps its own recency order only: ``key`` is never called
     fast_lru = False
+    #: pages get the priority their request asks for (False: every page gets 0, so the
+    #: workload's priorities change nothing)
+    honours_priority = True
     #: a page's key changes only when the manager re-keys it (it enters or is touched in
     #: an index, or is used): the order need not check it again before yielding the page
     static_keys = False
@@ -79,14 +82,22 @@ class EvictionPolicy:
 
 
 class LRU(EvictionPolicy):
-    """Per tier: lowest priority first, then least recently used (kvsim's historic order;
-    with priorities from the workload this is priority-LRU)."""
+    """Per tier: least recently used first. Priorities are ignored (every page gets 0)."""
 
     name = "lru"
     fast_lru = True
+    honours_priority = False
 
     def key(self, page: "Page", clock: int) -> Any:  # what the fast path's order means
         return (page.priority, page.last_use)
+
+
+class PriorityLRU(LRU):
+    """Per tier: lowest priority first, then least recently used (kvsim's historic order,
+    the manager's default; with all priorities equal, ``lru``'s)."""
+
+    name = "priority-lru"
+    honours_priority = True
 
 
 class HeapOrder:
