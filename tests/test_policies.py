@@ -207,6 +207,24 @@ def test_gdsf_values_a_page_by_the_recompute_its_loss_brings():
     assert [p.score for p in long] == [10, 9, 7, 4]
 
 
+def test_gdsf_scores_a_turn_computed_in_chunks_as_one():
+    """A prompt prefilled in two chunks: the first chunk's pages are not scored as if the
+    turn ended with them, so along the chain a parent is worth at least its child (the
+    last tier drops children first: a parent ordered first would be skipped, walk after
+    walk)."""
+    m, be = one_tier(8, GDSF())
+    req = m.create("s", blocks(6, 1), 6 * TPB)
+    run(m, be, m.resume(req))
+    assert m.extend(req, 3 * TPB)  # chunk 1: blocks 0-2
+    assert m.extend(req, 6 * TPB)  # chunk 2: blocks 3-5
+    be.fill(m.commit(req, 6 * TPB, final=True))
+    m.close(req)
+    chain = sorted((p for p in m.pages()), key=lambda p: p.index)
+    scores = [p.score for p in chain]
+    assert scores == [21, 20, 18, 15, 11, 6]  # sum of (j + 1) for j = i .. 5
+    assert scores == sorted(scores, reverse=True)
+
+
 def test_gdsf_ages_out_pages_not_used_again():
     m, be = one_tier(5, GDSF())
     long = turn(m, be, 1, nblocks=4)
