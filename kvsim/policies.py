@@ -89,18 +89,24 @@ def turn_order(workload: Workload, starts: list[float] | None = None) -> list[tu
 
 
 def future_uses(workload: Workload, tokens_per_block: int,
-                starts: list[float] | None = None) -> dict[bytes, list[int]]:
+                  starts: list[float] | None = None) -> dict[bytes, list[int]]:
     """Chain key -> the turns (numbered from 1, as the manager's clock counts them) whose
-    prompt holds that block, ascending. One pass over the trace's blocks."""
+    prompt holds that block, ascending. One pass over the trace's blocks; a block's key is
+    hashed once per (parent key, block ids), however many turns share that prefix."""
     uses: dict[bytes, list[int]] = {}
     roots: dict[str, bytes] = {}
+    known: dict[tuple, bytes] = {}  # (parent key, block ids) -> chain key
     for n, (scope, turn) in enumerate(turn_order(workload, starts), start=1):
         key = roots.get(scope)
         if key is None:
             key = roots[scope] = scope_root(scope)
         for ids in cache_blocks(turn.hash_ids, workload.block_tokens, tokens_per_block,
                                 turn.input_tokens):
-            key = chain_key(key, ids)
+            step = (key, ids)
+            nxt = known.get(step)
+            if nxt is None:
+                nxt = known[step] = chain_key(key, ids)
+            key = nxt
             lst = uses.get(key)
             if lst is None:
                 uses[key] = [n]

@@ -95,6 +95,10 @@ class Belady(EvictionPolicy):
         i = bisect_right(uses, clock)
         return uses[i] if i < len(uses) else NEVER
 
+    def keys(self, pages: list["Page"], clock: int) -> list[Any]:
+        key = self.key
+        return [-s if (s := p.score) > clock else key(p, clock) for p in pages]
+
     def key(self, page: "Page", clock: int) -> Any:
         # ``page.score`` keeps the next use found last time: looked up again only once the
         # clock has reached it (one dict lookup and bisection per use, not per comparison)
