@@ -1,5 +1,6 @@
-"""The eviction policy interface, and the default: per tier, lowest priority, then least
-recently used.
+"""The eviction policy interface, and the defaults: ``PriorityLRU`` (per tier, lowest
+priority, then least recently used: the manager's default) and ``LRU`` (the same order,
+every page at priority 0: a run's default, ``lru``).
 
 A policy orders a tier's eviction candidates. The manager asks it only which candidates
 go first; everything else stays the manager's job: which pages are candidates at all
@@ -21,7 +22,7 @@ A policy sees each candidate page's metadata, read-only:
 and the manager's logical clock (one tick per turn, ``prepare``; not comparable with
 ``last_use``). It does no I/O and reads no wall clock.
 
-``LRU`` is special-cased: the manager walks the tier's recency index itself (one
+``LRU`` (and ``PriorityLRU``) is special-cased: the manager walks the tier's recency index itself (one
 insertion-ordered dict per priority), the fast path. Any other policy goes through the
 generic path, ``HeapOrder``: a page's ``key(page, clock)`` is computed when it enters a
 tier's eviction index or is used there, and candidates come lowest key first (equal keys:
