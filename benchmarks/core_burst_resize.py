@@ -173,6 +173,7 @@ def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
+
 def median_run(policy: str, runs: int) -> float:
     """Each run printed; the per-phase medians; returns the median total (ms)."""
     plans, completes, totals = [], [], []
