@@ -148,12 +148,12 @@ def test_the_host_fills_units_hold_whole_pages_so_the_copy_engine_stays():
     """The progressive fill registers 512 MiB units of whole slots: 5 MiB pages, 102 a unit,
     none straddles, so its registration forces nothing (the rule's own check, not a flag)."""
     from kvsim_backends.sim import SimBackend, SimRuntime
-    from kvsim_backends.sim.backend import _fill_registration_unit
+    from kvsim_backends.sim.hostfill import registration_unit_of
     MiB = 1 << 20
     slots = {Level.GPU: 8, Level.HOST: 300}
     fill = {"mode": "progressive", "backing": "register", "unit": 512 * MiB}
-    assert _fill_registration_unit(fill, 5 * MiB, slots) == 510 * MiB
-    assert _fill_registration_unit({**fill, "backing": "pinned"}, 5 * MiB, slots) is None
-    assert _fill_registration_unit({"mode": "none"}, 5 * MiB, slots) is None
+    assert registration_unit_of(fill, 5 * MiB, slots) == 510 * MiB
+    assert registration_unit_of({**fill, "backing": "pinned"}, 5 * MiB, slots) is None
+    assert registration_unit_of({"mode": "none"}, 5 * MiB, slots) is None
     be = SimBackend(SimRuntime(), "h200-pcie", 5 * MiB, slots, host_fill=fill)
     assert {d: p.value for d, p in be.paths.items()} == {"h2d": "copy_engine", "d2h": "copy_engine"}

@@ -63,7 +63,6 @@ from typing import Any, Callable, Final, Sequence
 import simpy
 
 from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction, registration_forces_kernel
-from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, layout_for, needed_watermark
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.diskio import io_class
 from kvsim.core.plan import Batch, BatchKind, Fill
@@ -72,6 +71,7 @@ from kvsim.hardware import HardwareProfile, load_profile
 
 from .diskpool import DiskJob, SimDiskPool
 from .fluid import Fluid
+from .hostfill import SimHostFill, registration_unit_of
 from .runtime import SimRuntime
 from .units import Units
 
@@ -136,7 +136,7 @@ class SimBackend:
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         force = force_per_direction(copy_path)
         if registration_unit is None:
-            registration_unit = _fill_registration_unit(host_fill, page_bytes, slots)
+            registration_unit = registration_unit_of(host_fill, page_bytes, slots)
         chunked = chunked_registration or registration_forces_kernel(
             page_bytes, registration_unit, int(slots.get(Level.HOST, 0)))
         self.paths = {
@@ -207,54 +207,15 @@ class SimBackend:
         # disk leg (GPU <-> disk: both)
         self.link_leg_s = 0.0
         self.disk_leg_s = 0.0
-        self._set_fill(host_fill, slots, fail_fill_at_unit)
-
-    def _set_fill(self, host_fill: dict | None, slots: dict[Level, int], fail_at: int | None) -> None:
-        """The host tier's fill (``host_fill``: the config's ``fill`` keys): from now on, unit
-        by unit at the profile's rate for its backing, so unit k is in at ``start +
-        layout.seconds(k + 1, rate)``. Mode ``none`` or no host tier: the tier exists at
-        once. ``fail_at``: a test hook, the fill stops before that unit."""
-        self._fill: FillLayout | None = None
-        self._fill_fail = fail_at
-        self._fill_rate = 0.0
-        self._fill_t0 = self.clock.now
-        hf = host_fill or {}
-        mode = FillMode(hf.get("mode", "none"))
-        if mode is FillMode.NONE or Level.HOST not in slots:
-            return
-        backing = Backing(hf.get("backing", "register"))
-        self._fill = layout_for(backing, self.page_bytes, int(slots[Level.HOST]),
-                                int(hf.get("unit", UNIT_BYTES)))
-        self._fill_rate = self.profile.host.fill_rate_for(backing.value)
-
-    def fill_done_at(self, units: int) -> float:
-        """When the host tier's first ``units`` units are in (its fill configured)."""
-        f = self._fill
-        if f is None:
-            raise ValueError("the host tier has no fill configured")
-        return self._fill_t0 + f.seconds(units, self._fill_rate)
+        # the host tier's fill: when its slots exist (a tier without one: at once)
+        self.host_fill = SimHostFill(runtime, profile, page_bytes, host_fill, slots,
+                                     fail_fill_at_unit, self.errors)
 
     def slots_ready(self, level: Level, slots: Sequence[int]) -> simpy.Event | None:
-        f = self._fill
-        if f is None or level != Level.HOST:
-            return None
-        units = f.units_for(needed_watermark(slots))
-        fail = self._fill_fail
-        if fail is not None and units > fail:
-            if not any("host fill stopped" in e for e in self.errors):
-                self.errors.append(f"host fill stopped after {fail} of {f.units} units "
-                                   f"({f.watermark(fail)} of {f.slots} slots usable): injected failure")
-            return self.runtime.timeout_at(self.fill_done_at(fail), False)
-        at = self.fill_done_at(units)
-        if at <= self.clock.now:
-            return None
-        return self.runtime.timeout_at(at, True)
+        return self.host_fill.slots_ready(slots) if level == Level.HOST else None
 
     def slot_limit(self, level: Level) -> int | None:
-        f, fail = self._fill, self._fill_fail
-        if f is None or level != Level.HOST or fail is None or self.clock.now < self.fill_done_at(fail):
-            return None
-        return f.watermark(fail)
+        return self.host_fill.slot_limit() if level == Level.HOST else None
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -446,18 +407,6 @@ class SimBackend:
             now = self.clock.now
             for k in kinds:
                 cb(now, k, nbytes)
-
-
-def _fill_registration_unit(host_fill: dict | None, page_bytes: int, slots: dict) -> int | None:
-    """Bytes a registration of the host tier when its fill registers it unit by unit (the
-    ``register`` backing of a progressive or before-serve fill), else None (one)."""
-    hf = host_fill or {}
-    if FillMode(hf.get("mode", "none")) is FillMode.NONE or Level.HOST not in slots:
-        return None
-    if Backing(hf.get("backing", "register")) is not Backing.REGISTER:
-        return None
-    return layout_for(Backing.REGISTER, page_bytes, int(slots[Level.HOST]),
-                      int(hf.get("unit", UNIT_BYTES))).unit_bytes
 
 
 class _Transfer:
