@@ -25,24 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if "--compiled" in sys.argv[1:]:  # build (or reuse) the compiled install, run there
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from compiled_speed import build_venv  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvsim_choice import choose  # noqa: E402
 
-    _py = str(build_venv(ROOT / "local" / "compiled-venv"))
-    _args = [x for x in sys.argv[1:] if x != "--compiled"]
-    os.execv(_py, [_py, str(Path(__file__).resolve()), "--installed", *_args])
-INSTALLED = "--installed" in sys.argv[1:]
-if INSTALLED:  # (the script's own folder comes first on the path: nothing of the checkout)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "benchmarks")]
-else:
-    sys.path.insert(0, str(ROOT))
+INSTALLED = choose(__file__)
 
 import kvsim.core.manager  # noqa: E402
 from kvsim.config import load_config  # noqa: E402

@@ -39,17 +39,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if "--compiled" in sys.argv[1:]:  # build (or reuse) the compiled install, run there
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from compiled_speed import build_venv  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvsim_choice import choose  # noqa: E402
 
-    _py = str(build_venv(ROOT / "local" / "compiled-venv"))
-    _args = [x for x in sys.argv[1:] if x != "--compiled"]
-    os.execv(_py, [_py, str(Path(__file__).resolve()), "--installed", *_args])
-if "--installed" in sys.argv[1:]:  # nothing of the checkout on the path
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, ROOT / "benchmarks")]
-else:
-    sys.path.insert(0, str(ROOT))
+choose(__file__)
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 

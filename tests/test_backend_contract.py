@@ -23,12 +23,7 @@ SLOTS = 16
 LEVELS = (Level.GPU, Level.HOST, Level.DISK)
 
 
-def _have_gpu() -> bool:
-    try:
-        import cupy as cp
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+from gpuskip import have_gpu as _have_gpu  # noqa: E402
 
 
 @pytest.fixture(params=["sim", "sim-io3", "hw-cpu", "hw-cpu-io3", pytest.param("hw-gpu", marks=[

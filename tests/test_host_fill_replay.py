@@ -161,12 +161,7 @@ def test_hw_fill_that_fails_before_its_first_unit_refuses_the_backend():
         _hw("progressive", fail_fill_at_unit=0)
 
 
-def _have_gpu() -> bool:
-    try:
-        import cupy as cp
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+from gpuskip import have_gpu as _have_gpu  # noqa: E402
 
 
 @pytest.mark.gpu

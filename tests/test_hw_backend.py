@@ -32,12 +32,7 @@ from kvsim.core.spec import Level
 PB = 16 << 10
 
 
-def _have_gpu() -> bool:
-    try:
-        import cupy as cp
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+from gpuskip import have_gpu as _have_gpu  # noqa: E402
 
 
 gpu = pytest.mark.gpu

@@ -72,12 +72,7 @@ def test_bad_numa_setting_is_refused():
         HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None, numa="near")
 
 
-def _have_gpu() -> bool:
-    try:
-        import cupy as cp
-        return cp.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+from gpuskip import have_gpu as _have_gpu  # noqa: E402
 
 
 @pytest.mark.gpu

@@ -59,7 +59,47 @@ class DiskTierError(OSError):
     """The disk tier cannot be used as configured (directory, permissions, free space)."""
 
 
-class FairPool:
+class _Threads:
+    """The threads of a pool (``_work`` is the subclass's loop, under ``_cv``) and what both
+    pools do alike: run one job for its future, and shut down."""
+
+    def __init__(self, workers: int, name: str):
+        self._cv = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+
+    def _start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _run(fut: Future, fn: Callable[[Any], Any], job: Any) -> tuple[Any, BaseException | None]:
+        """Run ``fn(job)``; its result or exception, with ``kv_span`` set on ``fut``."""
+        t0 = time.perf_counter()
+        out, exc = None, None
+        try:
+            out = fn(job)
+        except BaseException as e:  # noqa: BLE001 - delivered through the future
+            exc = e
+        fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+        return out, exc
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No new groups; the threads finish the jobs already submitted, then exit."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
+class FairPool(_Threads):
     """``workers`` threads that run groups of jobs, the groups round robin: an idle thread
     takes the next job of the group after the one it last served from. A group is one
     batch's pieces, so batches in flight share the threads (and the device) instead of
@@ -67,13 +107,9 @@ class FairPool:
     (start, end) of the job on its thread (``time.perf_counter``), set before it is done."""
 
     def __init__(self, workers: int, name: str):
-        self._cv = threading.Condition()
+        super().__init__(workers, name)
         self._groups: collections.deque = collections.deque()  # deques of (future, fn, job)
-        self._closed = False
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._start()
 
     def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
                      cls: IoClass = IoClass.WRITE, transfer: Hashable | None = None) -> list[Future]:
@@ -102,13 +138,7 @@ class FairPool:
                     self._groups.append(group)  # its next job after the other groups' turns
             if not fut.set_running_or_notify_cancel():
                 continue
-            t0 = time.perf_counter()
-            out, exc = None, None
-            try:
-                out = fn(job)
-            except BaseException as e:  # noqa: BLE001 - delivered through the future
-                exc = e
-            fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+            out, exc = self._run(fut, fn, job)
             if exc is None:
                 fut.set_result(out)
             else:
@@ -118,18 +148,7 @@ class FairPool:
         """Nothing to promote: no group has a priority here."""
         return 0
 
-    def shutdown(self, wait: bool = True) -> None:
-        """No new groups; the threads finish the jobs already submitted, then exit."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if wait:
-            for t in self._threads:
-                if t is not threading.current_thread():
-                    t.join()
-
-
-class PriorityPool:
+class PriorityPool(_Threads):
     """``workers`` threads that run pieces in the order of ``kvsim.core.diskio``: every
     time a thread is free it takes the piece ``DiskQueues.pop`` names (reads, then required
     writes, then background writes; aging), the clock ``time.perf_counter``. A group is one
@@ -140,16 +159,12 @@ class PriorityPool:
     seconds it waited in its queue."""
 
     def __init__(self, workers: int, name: str, rule: IoRule | None = None):
-        self._cv = threading.Condition()
+        super().__init__(workers, name)
         self.queues = DiskQueues(rule)
         self.pieces_run = 0      # pieces taken by a thread
         self.pieces_dropped = 0  # queued pieces of failed transfers, never run
-        self._closed = False
         self._ids = itertools.count()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._start()
 
     def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
                      cls: IoClass = IoClass.WRITE, transfer: Hashable | None = None) -> list[Future]:
@@ -184,13 +199,7 @@ class PriorityPool:
             fut, fn, job = pick.item
             if not fut.set_running_or_notify_cancel():
                 continue
-            t0 = time.perf_counter()
-            out, exc = None, None
-            try:
-                out = fn(job)
-            except BaseException as e:  # noqa: BLE001 - delivered through the future
-                exc = e
-            fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+            out, exc = self._run(fut, fn, job)
             fut.kv_wait = pick.waited_s  # type: ignore[attr-defined]
             if exc is None:
                 fut.set_result(out)
@@ -203,17 +212,6 @@ class PriorityPool:
                 if f.set_running_or_notify_cancel():
                     f.set_exception(OSError(errno.ECANCELED, "not run: another piece of its "
                                                              f"transfer failed ({exc})"))
-
-    def shutdown(self, wait: bool = True) -> None:
-        """No new groups; the threads finish the jobs already submitted, then exit."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if wait:
-            for t in self._threads:
-                if t is not threading.current_thread():
-                    t.join()
-
 
 class DiskStore:
     """``io_threads`` threads run the tier's pieces of at most ``piece_bytes``: round robin
