@@ -608,3 +608,24 @@ def test_counters():
         m.close(new_active(m, be, 8, family=fam))
     assert c.dropped_pages[DISK] > 0 and c.dropped_pages[:2] == [0, 0]
     check(m, be)
+
+
+def test_a_grow_to_the_same_tokens_leaves_a_shared_full_page_full():
+    """A request that uses one token of another's full tree page and 'grows' to the tokens it
+    has (no new token) must not shrink that shared page's token count (it once did, and
+    with keep_copy a retained copy then belonged to a page that looked partial)."""
+    m = make_manager()
+    be = backend_for(m)
+    a = new_active(m, be, 4)          # one full block, committed to the tree
+    page = a.pages[0]
+    m.close(a)
+    b = m.create("s", blocks(1), 1)   # matches 1 token of it
+    plan = m.resume(b)
+    run(m, be, plan)
+    assert b.pages == [page] and page.ntokens == 4
+    assert m.extend(b, b.tokens)      # nothing to add: done at once
+    assert page.ntokens == 4
+    plan = m.grow(b, b.tokens)
+    run(m, be, plan)
+    assert page.ntokens == 4
+    check(m, be)

@@ -325,9 +325,13 @@ class TierManager(Planning):
             self.counters.created_pages[Level.GPU] += new
             if not self._fast:
                 self._used(pages[base:], fresh=True)
-        if pages:  # the old last page may grow
+        if pages:  # the old last page may grow (never shrink: it may be a shared tree
+            #        page the request uses only part of)
             first = base - 1 if base else 0
-            pages[first].ntokens = min(b, ntokens - first * b)
+            last = pages[first]
+            n = min(b, ntokens - first * b)
+            if n > last.ntokens:
+                last.ntokens = n
         req.tokens = ntokens
         return True
 

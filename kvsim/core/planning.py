@@ -242,9 +242,12 @@ class Planning(Eviction):
         self.counters.created_pages[Level.GPU] += len(taken)
         if not self._fast:
             self._used(taken, fresh=True)
-        if req.pages:  # new pages got their token counts at planning; the old last may grow
-            req.pages[first].ntokens = min(self.tokens_per_block,
-                                           ntokens - first * self.tokens_per_block)
+        if req.pages:  # new pages got their token counts at planning; the old last may
+            #            grow (never shrink: it may be a shared page used only in part)
+            last = req.pages[first]
+            n = min(self.tokens_per_block, ntokens - first * self.tokens_per_block)
+            if n > last.ntokens:
+                last.ntokens = n
         req.tokens = ntokens
 
     # == internals ======================================================================
