@@ -1,48 +1,6 @@
 """SimBackend: the Backend protocol over a SimPy model of one GPU's data paths.
 
-What a transfer of one batch costs (all constants from the HardwareProfile):
-
-- host <-> GPU on the **copy engine**: wait for a free engine, spend the batched call's
-  host time ``per_call + pages * per_page`` (the direction's per-page cost at this page
-  size; with ``copy_engine.call_threads`` set, on one of that many host threads, so calls
-  of both directions take turns there as in the hw backend), then move the bytes as a fluid
-  flow over the direction's bandwidth and the both-directions total; the engine is held
-  throughout.
-- host <-> GPU on an **SM copy kernel**: wait for ``ctas`` copy-CTA slots (a pool shared by
-  all copy kernels), launch, then move the bytes at min(fair share, ctas * per-CTA rate),
-  the per-CTA rate cut to ``busy_cta_efficiency`` while compute runs; the fair share is
-  over the link's resources and the SM kernel's own ceilings (``sm_h2d`` / ``sm_d2h`` /
-  ``sm_both``, used by SM-kernel flows only: zero-copy tops out below the copy engines,
-  most of all with both directions at once).
-- disk: one op latency, then a fluid flow at the device's rate for this page size:
-  ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``. With
-  ``nvme.rewrite``, bytes written into disk slots written before move at that rate. With
-  ``disk_io_workers`` N > 0 (the disk tier's ``io_workers``) the disk leg is instead
-  pieces on N modelled workers in ``kvsim.core.diskio``'s order (``diskpool``): each
-  piece one op latency, then its bytes over the device's own bandwidth (``read``,
-  ``write``), shared; N replaces ``queue_depth``.
-- GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
-  leg's start cost, then one flow over the disk and the link resources together.
-- GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth
-  (every byte read and written).
-- every transfer: then ``transfer.latency`` (``latency_sm_kernel`` for an SM-kernel
-  batch), the backend's fixed cost beyond the data path, before it completes; it holds
-  nothing (0 by default: no extra event). A caller may add to it per leg: ``link_leg_s``
-  to a transfer with a GPU-link leg, ``disk_leg_s`` to one with a disk leg (0 by default).
-- a refcheck is free and immediate: the tags are not bytes (``read_tags_later`` is None).
-
-The path comes from ``kvsim.core.copypath`` (the same rule the hw backend applies) unless
-``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
-its work ``d x compute.scale`` (the hw busy kernel's overrun; 1 by default), then
-``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
-With the profile's ``sm.interference.lasting_step_penalty``, once SM copy kernels have
-started ``lasting_after_batches`` batches over the host link, every later compute call
-takes that much longer, after its work (the seed's lasting per-step cost of the kernel on
-a coherent link; it holds nothing): ``stats()`` reports when it began.
-``compute_ahead`` predicts one exactly (the fluid's own expression) while no event is due
-before it ends and no SM copy kernel runs, so the engine can run ahead of the clock with
-transfers in flight; ``catch_up`` then lands the clock on the very float it reached (moving
-it there without an event when none is due before: ``SimRuntime.advance_to``).
+The cost model it implements is the package's (``kvsim_backends.sim``'s docstring).
 
 Content tags: one list of ints per level, a slot's tag at its index (the core hands slots
 and tags as lists: indexing lists costs a fraction of building numpy arrays for a batch's
@@ -72,29 +30,12 @@ from kvsim.hardware import HardwareProfile, load_profile
 from .diskpool import DiskJob, SimDiskPool
 from .fluid import Fluid
 from .hostfill import SimHostFill, registration_unit_of
+from .routes import DIRECTIONS, ROUTES, SM_RES
 from .runtime import SimRuntime
 from .units import Units
 
 GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
-DIRECTIONS: Final = ("h2d", "d2h", "disk_read", "disk_write", "gpu_copy")
-
-# (src, dst) -> (link direction or None, disk direction or None, fluid resources, the
-# byte counters a completed batch adds to, in the order the bytes go through them)
-# (an SM-kernel flow adds the SM ceilings of its direction: _SM_RES)
-_ROUTES: Final[dict[tuple[Level, Level],
-                    tuple[str | None, str | None, tuple[str, ...], tuple[str, ...]]]] = {
-    (Level.HOST, Level.GPU): ("h2d", None, ("h2d", "link"), ("h2d",)),
-    (Level.GPU, Level.HOST): ("d2h", None, ("d2h", "link"), ("d2h",)),
-    (Level.DISK, Level.GPU): ("h2d", "disk_read", ("disk_read", "h2d", "link"),
-                              ("disk_read", "h2d")),
-    (Level.GPU, Level.DISK): ("d2h", "disk_write", ("d2h", "link", "disk_write"),
-                              ("d2h", "disk_write")),
-    (Level.DISK, Level.HOST): (None, "disk_read", ("disk_read",), ("disk_read",)),
-    (Level.HOST, Level.DISK): (None, "disk_write", ("disk_write",), ("disk_write",)),
-    (Level.GPU, Level.GPU): (None, None, ("hbm",), ("gpu_copy",)),
-}
-_SM_RES: Final = {"h2d": ("sm_h2d", "sm_both"), "d2h": ("sm_d2h", "sm_both")}
 
 
 class SimBackend:
@@ -220,7 +161,7 @@ class SimBackend:
     # -- Backend protocol -------------------------------------------------------------
 
     def transfer(self, batch: Batch) -> simpy.Event:
-        route = _ROUTES.get((batch.src, batch.dst))
+        route = ROUTES.get((batch.src, batch.dst))
         if route is None:
             raise ValueError(f"sim backend: no data path {batch.src.name} -> {batch.dst.name}")
         if batch.page_bytes != self.page_bytes:
@@ -490,7 +431,7 @@ class _Transfer:
         link_dir = self.route[0]
         self.start_s += be._sm_launch
         self.cap = self.ctas * be._cta_rate[link_dir]
-        self.res = self.res + _SM_RES[link_dir]
+        self.res = self.res + SM_RES[link_dir]
         n = be._counts["sm_kernel_calls"] = be._counts["sm_kernel_calls"] + 1
         if n == be._lasting_after and be._lasting > 0:  # from now on, every compute call
             be.step_penalty_s = be._lasting
