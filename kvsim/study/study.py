@@ -110,8 +110,13 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
             timings["start"] = time.perf_counter() - t0
             # the table's and the plots' libraries load while the workers replay
             loader.start()
-            outcome = run_points(client, points, folder_of, progress=bar, on_done=on_done)
-            loader.join()
+            try:
+                outcome = run_points(client, points, folder_of, progress=bar, on_done=on_done)
+            finally:
+                # also on Ctrl-C: a thread left inside pyarrow or matplotlib while the
+                # interpreter exits can abort it (SIGABRT, "terminate called without an
+                # active exception") instead of the clean exit 130
+                loader.join()
             t0 = time.perf_counter()
         timings["close"] = time.perf_counter() - t0
     timings["points"] = outcome.wall_s
