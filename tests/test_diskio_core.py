@@ -4,15 +4,18 @@ Each scenario pushes pieces at chosen times and pops them at chosen times, and c
 which piece comes out: reads first, then required writes, then background writes; aging
 (10 ms for a write, 100 ms for a background write) jumps that order at most every other
 piece while reads wait; a failed transfer's queued pieces come out; a promoted background
-transfer's pieces join the writes with their age.
+transfer's pieces join the writes with their age; while a read is queued or in flight, at
+most the write cap's K write pieces are in flight (``pop`` to ``done``).
 """
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from kvsim.core.diskio import (BACKGROUND_AGE_S, WRITE_AGE_S, DiskQueues, IoClass, IoRule, io_class,
-                               piece_sizes, pieces)
+from kvsim.core.diskio import (BACKGROUND_AGE_S, WRITE_AGE_S, WRITE_SHARE, DiskQueues, IoClass, IoRule,
+                               io_class, piece_sizes, pieces, write_cap)
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
 
@@ -175,3 +178,153 @@ def test_rule_defaults_and_bad_values():
     assert (r.write_age_s, r.background_age_s, r.piece_bytes) == (0.010, BACKGROUND_AGE_S, 4 * MiB)
     with pytest.raises(ValueError):
         IoRule(write_age_s=-1)
+
+
+# -- the write cap: while reads run, at most K write pieces in flight -----------------
+
+def test_write_cap_is_a_share_of_the_workers_at_least_one():
+    assert WRITE_SHARE == 0.25
+    assert [write_cap(n) for n in (1, 2, 4, 8, 16)] == [1, 1, 1, 2, 4]
+    assert write_cap(16, 0.0) == 1            # writes never starve
+    assert write_cap(16, 1.0) == 16           # all of them: no cap
+    assert write_cap(10, 0.3) == 3 and write_cap(10, 0.7) == 7
+    for bad in ((0, 0.25), (4, -0.1), (4, 1.5), (True, 0.25), (2.0, 0.25)):
+        with pytest.raises(ValueError, match="write_cap"):
+            write_cap(*bad)
+    with pytest.raises(ValueError, match="write_cap"):
+        IoRule(write_cap=0)
+
+
+def test_with_no_reads_writes_take_every_worker_despite_the_cap():
+    q = DiskQueues(IoRule(write_cap=1))
+    for i in range(4):
+        q.push(f"w{i}", W, 0.0, "tw")
+    q.push("b0", B, 0.0, "tb")
+    assert drain(q, 0.0) == ["w0", "w1", "w2", "w3", "b0"]
+    assert q.running(W) == 4 and q.running(B) == 1
+
+
+def test_a_read_in_flight_holds_writes_back_until_fewer_than_k_are_in_flight():
+    """Four workers, K = 1. Four writes hold the workers; a restore's one piece comes and
+    takes the first worker freed; the next three workers freed stay idle while the read
+    runs and a write is still in flight; once no write is, one more may start, and when
+    the read ends the writes have every worker again."""
+    q = DiskQueues(IoRule(write_cap=1))
+    for i in range(8):
+        q.push(f"w{i}", W, 0.0, "tw")
+    running = [q.pop(0.0) for _ in range(4)]
+    assert [p.item for p in running] == ["w0", "w1", "w2", "w3"]
+    q.push("r0", R, 0.001, "tr")
+    q.done(running[0])                        # w0 ends: its worker takes the read
+    read = q.pop(0.002)
+    assert read.item == "r0" and q.running(R) == 1
+    for p in running[1:3]:                    # w1, w2 end: w3 is still in flight (>= K)
+        q.done(p)
+        assert q.pop(0.003) is None
+    q.done(running[3])                        # no write in flight: one may start
+    w4 = q.pop(0.004)
+    assert w4.item == "w4"
+    assert q.pop(0.004) is None               # K = 1 in flight
+    q.done(read)                              # the read ended: no cap now
+    assert [q.pop(0.005).item for _ in range(3)] == ["w5", "w6", "w7"]
+    assert q.pop(0.005) is None and len(q) == 0
+
+
+def test_without_a_cap_the_same_queue_gives_the_freed_workers_to_the_writes():
+    q = DiskQueues()
+    for i in range(8):
+        q.push(f"w{i}", W, 0.0, "tw")
+    running = [q.pop(0.0) for _ in range(4)]
+    q.push("r0", R, 0.001, "tr")
+    q.done(running[0])
+    assert q.pop(0.002).item == "r0"
+    for p, want in zip(running[1:], ["w4", "w5", "w6"]):
+        q.done(p)
+        assert q.pop(0.003).item == want
+
+
+def test_background_pieces_count_against_the_cap_and_a_queued_read_still_goes():
+    q = DiskQueues(IoRule(write_cap=2))
+    q.push("b0", B, 0.0, "tb")
+    q.push("w0", W, 0.0, "tw")
+    q.push("w1", W, 0.0, "tw")
+    first = [q.pop(0.0), q.pop(0.0)]
+    assert [p.item for p in first] == ["w0", "w1"]
+    q.push("r0", R, 0.0, "tr")
+    q.push("r1", R, 0.0, "tr")
+    assert q.pop(0.0).item == "r0"
+    q.done(first[0])
+    assert q.pop(0.0).item == "r1"            # reads first anyway
+    assert q.pop(0.0).item == "b0"            # one write in flight < K = 2
+    assert q.pop(0.0) is None                 # w1 and b0 in flight, reads in flight
+
+
+def test_aging_still_applies_within_the_cap():
+    """K = 1, reads keep a queue, the writes have aged: a write jumps only while no write
+    is in flight; while one is, the reads go (so a read still waits at most one piece)."""
+    q = DiskQueues(IoRule(write_cap=1))
+    for i in range(3):
+        q.push(f"w{i}", W, 0.0, "tw")
+    for i in range(6):
+        q.push(f"r{i}", R, 0.0, "tr")
+    t = 0.020                                 # the writes have aged
+    a = q.pop(t)
+    assert (a.item, a.jumped) == ("w0", True)
+    assert q.pop(t).item == "r0"              # every other piece
+    assert q.pop(t).item == "r1"              # w0 still in flight: K reached, no jump
+    assert q.pop(t).item == "r2"
+    q.done(a)
+    b = q.pop(t)
+    assert (b.item, b.jumped) == ("w1", True)
+    assert q.pop(t).item == "r3"
+    assert q.jumps == 2
+
+
+def test_done_without_a_piece_in_flight_is_an_error():
+    q = DiskQueues(IoRule(write_cap=1))
+    q.push("r0", R, 0.0, "tr")
+    p = q.pop(0.0)
+    q.done(p)
+    with pytest.raises(ValueError, match="no READ piece is in flight"):
+        q.done(p)
+
+
+@pytest.mark.parametrize("workers, k", [(4, 1), (8, 2), (16, 4), (4, 4)])
+def test_n_workers_with_random_pieces_keep_the_cap_and_finish_every_piece(workers, k):
+    """N simulated workers, pieces of random classes pushed at random times and taking
+    random times: a write starts while a read is queued or in flight only when fewer than
+    K writes are in flight; ``pop`` says None only when that holds a write back; every
+    piece runs once."""
+    rng = random.Random(workers * 100 + k)
+    q = DiskQueues(IoRule(write_cap=k))
+    arrivals = sorted((rng.uniform(0, 1.0), rng.choice([R, R, W, W, B]), i) for i in range(400))
+    events: list = []                         # (end time, pick)
+    free, now, ran = workers, 0.0, []
+    ai = 0
+    while ai < len(arrivals) or events or len(q):
+        times = [e[0] for e in events] + ([arrivals[ai][0]] if ai < len(arrivals) else [])
+        assert times, "pieces queued with none in flight and none to come, yet none popped"
+        now = min(times)
+        for e in [e for e in events if e[0] <= now]:
+            events.remove(e)
+            q.done(e[1])
+            free += 1
+        while ai < len(arrivals) and arrivals[ai][0] <= now:
+            _, c, i = arrivals[ai]
+            q.push(i, c, now, ("t", i))
+            ai += 1
+        while free:
+            reads_active = q.waiting(R) > 0 or q.running(R) > 0
+            writes_running = q.running(W) + q.running(B)
+            p = q.pop(now)
+            if p is None:
+                if len(q):                    # held back by the cap, and only so
+                    assert q.waiting(R) == 0 and q.running(R) > 0 and writes_running >= k
+                break
+            if p.cls is not R and reads_active:
+                assert writes_running < k
+            ran.append(p.item)
+            free -= 1
+            events.append((now + rng.uniform(0.001, 0.02), p))
+    assert sorted(ran) == list(range(400))
+    assert q.running(R) == q.running(W) == q.running(B) == 0

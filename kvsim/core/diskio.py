@@ -23,18 +23,32 @@ The rules:
   transfer: the backend fails the rest without running them);
 - ``promote(transfer)`` moves a transfer's queued BACKGROUND pieces to the WRITE queue
   (a required eviction came to depend on that write), keeping their push times, so they
-  keep their age.
+  keep their age;
+- the write cap (``IoRule.write_cap`` K; ``write_cap(workers, share)`` gives it from the
+  disk tier's ``io_write_share``): while a read is queued or in flight, a write piece
+  (WRITE or BACKGROUND) starts only if fewer than K write pieces are in flight. The order
+  above only says which piece goes next; pieces already running on the other workers
+  keep the device busy, so without a cap a restore shares the device with up to N - 1
+  writes. With the cap it shares it with at most K (once the writes that were running
+  when it came have ended), and a worker the cap holds back stays free for the reads.
+  Aging still applies within the cap; K >= 1, so writes go on while reads wait. With no
+  read queued or in flight, writes use every worker (write throughput is unchanged).
+  A piece is in flight from the ``pop`` that returns it to ``done(pick)``, which the
+  caller calls when the piece ended (ran, failed or was not run).
 
 Time is the caller's: every call that needs it takes ``now`` in seconds (the hw backend
 passes a monotonic clock, the sim its simulated time). Invariants: every pushed piece is
 popped or failed exactly once; a queue's pieces are in push-time order; ``pop`` returns a
-piece whenever any queue is non-empty.
+piece whenever any queue is non-empty, except a write the cap holds back: it returns None
+only when no read is queued, a read is in flight and K write pieces are in flight, and
+then only a ``done`` (or a ``push``) can change its answer, never the clock alone.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+import math
 from dataclasses import dataclass
 from typing import Any, Hashable
 
@@ -45,6 +59,7 @@ MiB = 1 << 20
 PIECE_BYTES = 4 * MiB           # the most bytes one piece moves (FIELD.md section 4)
 WRITE_AGE_S = 0.010             # a required write this old jumps the reads
 BACKGROUND_AGE_S = 0.100        # a background write this old jumps reads and writes
+WRITE_SHARE = 0.25              # the share of the workers writes may hold while reads run
 
 
 class IoClass(enum.IntEnum):
@@ -93,17 +108,32 @@ def piece_sizes(page_bytes: int, pages: int, piece_bytes: int = PIECE_BYTES) -> 
     return [sum(b - a for _, a, b in p) for p in pieces(page_bytes, pages, piece_bytes)]
 
 
+def write_cap(workers: int, share: float = WRITE_SHARE) -> int:
+    """K, the write pieces that may be in flight while a read is queued or in flight, for
+    ``workers`` workers and the disk tier's ``io_write_share``: ``share`` of the workers,
+    rounded down, at least 1 (so writes never starve); ``share`` 1.0 gives N, no cap."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"write_cap: workers {workers!r}: expected a whole number >= 1")
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"write_cap: share {share!r}: expected a number in [0, 1]")
+    return max(1, math.floor(share * workers + 1e-9))
+
+
 @dataclass(frozen=True)
 class IoRule:
-    """The ordering's constants (seconds, bytes)."""
+    """The ordering's constants (seconds, bytes) and the write cap (pieces; None: none)."""
 
     write_age_s: float = WRITE_AGE_S
     background_age_s: float = BACKGROUND_AGE_S
     piece_bytes: int = PIECE_BYTES
+    write_cap: int | None = None
 
     def __post_init__(self) -> None:
         if not (self.write_age_s >= 0 and self.background_age_s >= 0 and self.piece_bytes > 0):
             raise ValueError(f"IoRule: ages must be >= 0 and piece_bytes > 0, got {self}")
+        if self.write_cap is not None and (isinstance(self.write_cap, bool)
+                                           or not isinstance(self.write_cap, int) or self.write_cap < 1):
+            raise ValueError(f"IoRule: write_cap must be None or a whole number >= 1, got {self.write_cap!r}")
 
     def age_of(self, cls: IoClass) -> float | None:
         """How long a head of ``cls`` waits before it jumps the order (None: never)."""
@@ -149,6 +179,7 @@ class DiskQueues:
         self._head = [0, 0, 0]  # index of each queue's head (popped entries before it)
         self._seq = 0
         self._jumped = False  # the last piece jumped the reads while reads waited
+        self._running = [0, 0, 0]  # pieces in flight by IoClass (popped, not yet done)
         self.jumps = 0        # pieces that jumped the order by aging
 
     def __len__(self) -> int:
@@ -157,6 +188,16 @@ class DiskQueues:
     def waiting(self, cls: IoClass) -> int:
         """Pieces queued in ``cls``."""
         return len(self._q[cls]) - self._head[cls]
+
+    def running(self, cls: IoClass) -> int:
+        """Pieces of ``cls`` in flight (popped, not yet ``done``)."""
+        return self._running[cls]
+
+    def done(self, pick: Pick) -> None:
+        """``pick``'s piece ended (ran, failed, or was not run): it is no longer in flight."""
+        if self._running[pick.cls] <= 0:
+            raise ValueError(f"done: no {pick.cls.name} piece is in flight")
+        self._running[pick.cls] -= 1
 
     def push(self, item: Any, cls: IoClass, now: float, transfer: Hashable) -> None:
         """Queue one piece of ``transfer`` (FIFO within its class)."""
@@ -182,9 +223,21 @@ class DiskQueues:
             self._head[cls] = 0
         return e
 
+    def _capped(self, reads_wait: bool) -> bool:
+        """Whether the write cap holds every write back now."""
+        cap = self.rule.write_cap
+        if cap is None or not (reads_wait or self._running[IoClass.READ]):
+            return False
+        return self._running[IoClass.WRITE] + self._running[IoClass.BACKGROUND] >= cap
+
     def pop(self, now: float) -> Pick | None:
-        """The next piece to run, or None when every queue is empty."""
+        """The next piece to run (in flight until ``done``), or None when every queue is
+        empty or the write cap holds back every queued piece."""
         heads = [self._peek(c) for c in range(3)]
+        if self._capped(heads[IoClass.READ] is not None):
+            if heads[IoClass.READ] is None:
+                return None
+            heads[IoClass.WRITE] = heads[IoClass.BACKGROUND] = None  # not startable now
         aged: _Entry | None = None
         aged_cls = -1
         for c in (IoClass.WRITE, IoClass.BACKGROUND):
@@ -207,6 +260,7 @@ class DiskQueues:
         if jumped:
             self.jumps += 1
         e = self._take(cls)
+        self._running[cls] += 1
         return Pick(e.item, IoClass(cls), e.transfer, now - e.t, jumped)
 
     def fail(self, transfer: Hashable) -> list[Any]:
