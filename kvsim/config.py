@@ -18,6 +18,7 @@ import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
+from kvsim.core.diskio import WRITE_SHARE
 from kvsim.core.policy import POLICY_NAMES
 from kvsim.paths import CONFIGS
 from kvsim.units import parse_size, parse_time
@@ -93,6 +94,9 @@ class TierConfig(_Strict):
     # disk tier: N > 0 prioritised disk I/O workers in both backends (kvsim.core.diskio);
     # 0: off, the profile's nvme.queue_depth pieces in flight, no priorities
     io_workers: Annotated[int, Field(ge=0, le=MAX_IO_WORKERS, strict=True)] = 0
+    # disk tier, with io_workers N > 0: while a restore is queued or running, writes hold
+    # at most this share of the N workers (at least one; 1.0: no cap)
+    io_write_share: Annotated[float, Field(ge=0.0, le=1.0)] = WRITE_SHARE
     # disk tier: retained copies (kvsim.core.copies). keep_copy: a restore keeps a full
     # page's disk copy, and its next eviction to disk takes it back with no write;
     # write_through: a page evicted GPU -> host is also copied to disk in the background
@@ -111,9 +115,13 @@ class TierConfig(_Strict):
             raise ValueError("fill is only for the host tier")
         if self.io_workers and self.level != "disk":
             raise ValueError("io_workers is only for the disk tier")
+        if self.level == "disk" and not self.io_workers \
+                and self.io_write_share != type(self).model_fields["io_write_share"].default:
+            raise ValueError("io_write_share needs io_workers > 0 (it caps the disk I/O "
+                             "workers' writes while restores run)")
         if self.level != "disk":  # (a resolved config dumps the defaults: compare to them)
             for k in ("keep_copy", "write_through", "write_through_inflight",
-                      "protected_copy_fraction"):
+                      "protected_copy_fraction", "io_write_share"):
                 if getattr(self, k) != type(self).model_fields[k].default:
                     raise ValueError(f"{k} is only for the disk tier")
         if self.path is not None:
@@ -148,6 +156,11 @@ class CacheConfig(_Strict):
     def disk_io_workers(self) -> int:
         """The disk tier's ``io_workers`` (0: off, or no disk tier)."""
         return next((t.io_workers for t in self.tiers if t.level == "disk"), 0)
+
+    @property
+    def disk_io_write_share(self) -> float:
+        """The disk tier's ``io_write_share`` (its default without a disk tier)."""
+        return next((t.io_write_share for t in self.tiers if t.level == "disk"), WRITE_SHARE)
 
     @model_validator(mode="after")
     def _order(self) -> "CacheConfig":

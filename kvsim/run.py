@@ -197,7 +197,8 @@ def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
                     timing_log=options.get("timing_log"), compute_log=options.get("compute_log"),
                     host_fill=host_fill(prep.cfg).model_dump(),
                     fail_fill_at_unit=options.get("fail_fill_at_unit"),
-                    disk_io_workers=prep.cfg.cache.disk_io_workers)
+                    disk_io_workers=prep.cfg.cache.disk_io_workers,
+                    disk_io_write_share=prep.cfg.cache.disk_io_write_share)
     if options.get("hw_loop") is not None:
         from kvsim_backends.sim.hwloop import HwLoopSim
 

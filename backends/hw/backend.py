@@ -37,7 +37,7 @@ from kvsim.config import RunConfig
 from kvsim.core.copypath import (DIRECTIONS, CopyPath, choose_copy_path, force_per_direction,
                                  registration_forces_kernel)
 from kvsim.core.copypath import sm_ctas as cta_count
-from kvsim.core.diskio import io_class
+from kvsim.core.diskio import WRITE_SHARE, io_class
 from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, needed_watermark
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
@@ -81,8 +81,9 @@ class HwBackend:
     piece size (``nvme.queue_depth``, ``nvme.piece``). ``disk_io_workers`` (the disk
     tier's ``io_workers``): 0, the disk's pieces run round robin over the transfers in
     flight on ``nvme.queue_depth`` threads; N > 0, on N threads in the order of
-    ``kvsim.core.diskio`` (restores, then required writes, then background writes, aging),
-    as the sim models them. ``copy_path``: ``auto``, one path,
+    ``kvsim.core.diskio`` (restores, then required writes, then background writes, aging;
+    while a restore runs at most ``write_cap(N, disk_io_write_share)`` write pieces in
+    flight), as the sim models them. ``copy_path``: ``auto``, one path,
     or one a direction (``kvsim.core.copypath.force_per_direction``); ``sm_ctas``: ``auto``
     or a CTA count (``kvsim.core.copypath.sm_ctas``); ``kernel_on_coherent_link``: the SM
     kernel on a c2c link (the rule's opt-in). The host tier's registration units (the
@@ -99,7 +100,8 @@ class HwBackend:
                  timing_log: list | None = None, compute_log: list | None = None,
                  host_log: list | None = None, host_fill: dict | None = None,
                  fail_fill_at_unit: int | None = None, fill_unit_delay_s: float = 0.0,
-                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False):
+                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False,
+                 disk_io_write_share: float = WRITE_SHARE):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
@@ -125,6 +127,10 @@ class HwBackend:
                 or disk_io_workers < 0:
             raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
         self.disk_io_workers = int(disk_io_workers)
+        if isinstance(disk_io_write_share, bool) or not isinstance(disk_io_write_share, (int, float)) \
+                or not 0 <= disk_io_write_share <= 1:
+            raise ValueError(f"disk_io_write_share: got {disk_io_write_share!r}; expected a number in [0, 1]")
+        self.disk_io_write_share = disk_io_write_share
         self.refcheck = bool(refcheck)
         self._kernel_on_c2c = bool(kernel_on_coherent_link)
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
@@ -173,7 +179,8 @@ class HwBackend:
             workers = self.disk_io_workers
             self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes,
                                   workers or io_threads, piece, io_hook, direct=direct_io,
-                                  preallocate=disk_preallocate, priorities=workers > 0)
+                                  preallocate=disk_preallocate, priorities=workers > 0,
+                                  write_share=self.disk_io_write_share)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)

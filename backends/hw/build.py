@@ -83,7 +83,8 @@ def build_hw_backend(prep, mgr, *, time_scale: float = 1.0, device: str = "auto"
                    copy_path=prep.cfg.engine.copy_path.model_dump(), sm_ctas=prep.cfg.engine.sm_ctas,
                    kernel_on_coherent_link=prep.cfg.engine.kernel_on_coherent_link,
                    disk_preallocate=bool(disk_preallocate), timing_log=timing_log,
-                   disk_io_workers=prep.cfg.cache.disk_io_workers, **options)
+                   disk_io_workers=prep.cfg.cache.disk_io_workers,
+                   disk_io_write_share=prep.cfg.cache.disk_io_write_share, **options)
     if Level.DISK in slots:
         be.info["disk_dir"] = disk_dir
     be.info["time_scale"] = time_scale

@@ -13,7 +13,9 @@ transfers in flight, instead of waiting behind all its pieces (a FIFO pool made 
 writes wait up to 0.58 s on the H200 machine). With ``priorities`` (the disk tier's
 ``io_workers`` > 0) the threads instead take pieces in the order of
 ``kvsim.core.diskio`` (``PriorityPool``): restores first, then required writes, then
-background writes, with aging, the rule the sim models too; a failed piece fails its
+background writes, with aging, and while a restore is queued or running at most
+``write_cap(io_threads, write_share)`` write pieces in flight (the disk tier's
+``io_write_share``), the rule the sim models too; a failed piece fails its
 transfer and its pieces not yet started are not run. O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
 otherwise, or after the first EINVAL, the buffered descriptor.
@@ -49,7 +51,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 import numpy as np
 
 from kvsim import scratch
-from kvsim.core.diskio import DiskQueues, IoClass, IoRule, pieces
+from kvsim.core.diskio import WRITE_SHARE, DiskQueues, IoClass, IoRule, pieces, write_cap
 
 _ALIGN = 4096
 IoHook = Callable[[str, int, int], None]
@@ -151,7 +153,8 @@ class FairPool(_Threads):
 class PriorityPool(_Threads):
     """``workers`` threads that run pieces in the order of ``kvsim.core.diskio``: every
     time a thread is free it takes the piece ``DiskQueues.pop`` names (reads, then required
-    writes, then background writes; aging), the clock ``time.perf_counter``. A group is one
+    writes, then background writes; aging; the write cap while reads run: ``rule``'s
+    ``write_cap``), the clock ``time.perf_counter``. A group is one
     transfer's pieces (``transfer``: its key, for ``promote``; default a new one). When a
     piece raises, the group's pieces not yet started are not run: their futures get an
     OSError saying so, after the failed piece's own (so the first error a caller sees is
@@ -187,24 +190,38 @@ class PriorityPool(_Threads):
         with self._cv:
             return self.queues.promote(transfer)
 
+    def _ended(self, pick) -> None:
+        """``pick``'s piece is no longer in flight (under ``_cv``): a write the cap held
+        back may start now, on any waiting thread."""
+        self.queues.done(pick)
+        if len(self.queues):
+            self._cv.notify_all()
+
     def _work(self) -> None:
         while True:
             with self._cv:
-                while not len(self.queues) and not self._closed:
-                    self._cv.wait()
-                pick = self.queues.pop(time.perf_counter())
+                while True:
+                    pick = self.queues.pop(time.perf_counter())
+                    if pick is not None or (self._closed and not len(self.queues)):
+                        break
+                    self._cv.wait()  # nothing queued, or the write cap holds the writes
                 if pick is None:
                     return  # shut down and drained
                 self.pieces_run += 1
             fut, fn, job = pick.item
             if not fut.set_running_or_notify_cancel():
+                with self._cv:
+                    self._ended(pick)
                 continue
             out, exc = self._run(fut, fn, job)
             fut.kv_wait = pick.waited_s  # type: ignore[attr-defined]
             if exc is None:
+                with self._cv:
+                    self._ended(pick)
                 fut.set_result(out)
                 continue
             with self._cv:
+                self._ended(pick)
                 rest = self.queues.fail(pick.transfer)
                 self.pieces_dropped += len(rest)
             fut.set_exception(exc)
@@ -216,11 +233,16 @@ class PriorityPool(_Threads):
 class DiskStore:
     """``io_threads`` threads run the tier's pieces of at most ``piece_bytes``: round robin
     over the transfers in flight (``FairPool``), or with ``priorities`` in the order of
-    ``kvsim.core.diskio`` (``PriorityPool``: the disk tier's ``io_workers`` setting)."""
+    ``kvsim.core.diskio`` (``PriorityPool``: the disk tier's ``io_workers`` setting), with
+    its write cap from ``write_share`` (the tier's ``io_write_share``)."""
 
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
                  io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
-                 direct: bool = True, preallocate: bool = True, priorities: bool = False):
+                 direct: bool = True, preallocate: bool = True, priorities: bool = False,
+                 write_share: float = WRITE_SHARE):
+        # (bad settings fail before the file exists)
+        rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, write_share))
+                if priorities else None)
         self.slots = slots
         self.page_bytes = page_bytes
         self.piece_bytes = piece_bytes
@@ -263,8 +285,8 @@ class DiskStore:
             self.close()
             raise
         self.valid = np.zeros(slots, dtype=bool)
-        self.pool = (PriorityPool(io_threads, "kvsim-disk", IoRule(piece_bytes=piece_bytes))
-                     if self.priorities else FairPool(io_threads, "kvsim-disk"))
+        self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
+                     else FairPool(io_threads, "kvsim-disk"))
         self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
 
     # -- setup ------------------------------------------------------------------------

@@ -21,7 +21,8 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   ``disk_io_workers`` N > 0 (the disk tier's ``io_workers``) the disk leg is instead
   pieces on N modelled workers in ``kvsim.core.diskio``'s order (``diskpool``): each
   piece one op latency, then its bytes over the device's own bandwidth (``read``,
-  ``write``), shared; N replaces ``queue_depth``.
+  ``write``), shared; N replaces ``queue_depth``; while a restore runs, at most
+  ``write_cap(N, disk_io_write_share)`` write pieces are in flight, as on hw.
 - GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth

@@ -22,7 +22,7 @@ import simpy
 
 from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction, registration_forces_kernel
 from kvsim.core.copypath import sm_ctas as cta_count
-from kvsim.core.diskio import io_class
+from kvsim.core.diskio import WRITE_SHARE, io_class
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
@@ -56,7 +56,7 @@ class SimBackend:
                  timing_log: list | None = None, compute_log: list | None = None,
                  host_fill: dict | None = None, fail_fill_at_unit: int | None = None,
                  disk_io_workers: int = 0, kernel_on_coherent_link: bool = False,
-                 registration_unit: int | None = None):
+                 registration_unit: int | None = None, disk_io_write_share: float = WRITE_SHARE):
         if page_bytes <= 0:
             raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
         if not isinstance(profile, HardwareProfile):
@@ -93,6 +93,9 @@ class SimBackend:
         if isinstance(disk_io_workers, bool) or not isinstance(disk_io_workers, int) or disk_io_workers < 0:
             raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
         pooled = disk_io_workers > 0
+        if isinstance(disk_io_write_share, bool) or not isinstance(disk_io_write_share, (int, float)) \
+                or not 0 <= disk_io_write_share <= 1:
+            raise ValueError(f"disk_io_write_share: got {disk_io_write_share!r}; expected a number in [0, 1]")
 
         def disk_rate(bw: float) -> float:
             if pooled:  # the pieces on the workers model the queue: the device's own rate
@@ -116,8 +119,8 @@ class SimBackend:
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
-        self.disk_pool = (SimDiskPool(self.fluid, disk_io_workers, nv.latency, nv.piece)
-                          if pooled else None)
+        self.disk_pool = (SimDiskPool(self.fluid, disk_io_workers, nv.latency, nv.piece,
+                                      disk_io_write_share) if pooled else None)
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None

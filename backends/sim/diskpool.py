@@ -7,7 +7,9 @@ device's op latency (``nvme.latency``), then its bytes as a fluid flow over its 
 resources (the disk's read or write bandwidth, plus the link's for GPU <-> disk), shared
 max-min fair with every other flow. So N pieces in flight give the rate today's model
 gives for ``queue_depth`` N, and a restore's pieces overtake queued eviction writes as on
-hw.
+hw. While a restore's piece is queued or running, at most ``write_cap(N, write_share)``
+write pieces are in flight (the disk tier's ``io_write_share``): the hw pool's cap, the
+same rule (``kvsim.core.diskio``); a piece is in flight from its pop to its end.
 
 Invariants: at most N pieces hold a worker; a worker goes to the next piece (``pop`` at the
 simulated now) the moment its piece ends; a transfer completes when its last piece that
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, Hashable
 
-from kvsim.core.diskio import DiskQueues, IoClass, IoRule, piece_sizes
+from kvsim.core.diskio import WRITE_SHARE, DiskQueues, IoClass, IoRule, piece_sizes, write_cap
 
 
 class DiskJob:
@@ -42,15 +44,18 @@ class DiskJob:
 
 
 class SimDiskPool:
-    """``workers`` disk workers on ``fluid``'s clock, ``latency`` seconds an op."""
+    """``workers`` disk workers on ``fluid``'s clock, ``latency`` seconds an op; at most
+    ``write_cap(workers, write_share)`` write pieces in flight while reads run."""
 
-    def __init__(self, fluid, workers: int, latency: float, piece_bytes: int):
+    def __init__(self, fluid, workers: int, latency: float, piece_bytes: int,
+                 write_share: float = WRITE_SHARE):
         self.fluid = fluid
         self.clock = fluid.clock
         self.free = workers
         self.latency = latency
         self.piece_bytes = piece_bytes
-        self.queues = DiskQueues(IoRule(piece_bytes=piece_bytes))
+        self.queues = DiskQueues(IoRule(piece_bytes=piece_bytes,
+                                        write_cap=write_cap(workers, write_share)))
         self.pieces_run = 0
         self.pieces_dropped = 0
 
@@ -70,21 +75,24 @@ class SimDiskPool:
     def _dispatch(self) -> None:
         while self.free and len(self.queues):
             pick = self.queues.pop(self.clock.now)
-            if pick is None:  # (not while a queue holds a piece)
+            if pick is None:  # the write cap holds the queued writes until a piece ends
                 return
             self.free -= 1
             self.pieces_run += 1
             job, nbytes = pick.item
             if self.latency > 0:
-                self.clock.wake_after(self.latency, lambda _w, j=job, n=nbytes: self._move(j, n))
+                self.clock.wake_after(self.latency, lambda _w, p=pick: self._move(p))
             else:
-                self._move(job, nbytes)
+                self._move(pick)
 
-    def _move(self, job: DiskJob, nbytes: int) -> None:
-        self.fluid.add_flow_then(lambda: self._piece_done(job), nbytes * job.scale, job.res,
+    def _move(self, pick) -> None:
+        job, nbytes = pick.item
+        self.fluid.add_flow_then(lambda: self._piece_done(pick), nbytes * job.scale, job.res,
                                  job.cap, 0, job.ce)
 
-    def _piece_done(self, job: DiskJob) -> None:
+    def _piece_done(self, pick) -> None:
+        job = pick.item[0]
+        self.queues.done(pick)
         self.free += 1
         job.left -= 1
         if job.fail and not job.failed:
