@@ -15,18 +15,22 @@ unwritten extents read as zeros without touching the device).
    T = N and the best one. Each figure is the best of ``--reps``. Goal: at least 90%.
 3. Restore latency: single restores of ``--restore-pages`` pages, one every 5 ms, on an
    idle pool, and under a write load of eviction batches of ``--write-pages`` pages kept
-   ``--write-depth`` in flight, with priorities off (today's round-robin pool) and on
-   (``kvsim.core.diskio``); ``--workers`` threads; the three cases interleaved in
-   ``--rounds`` rounds.
-   p50 / p99 of submit -> last piece done. Goal: p99 with priorities on at most 2x idle.
+   ``--write-depth`` in flight, with priorities off (the round-robin pool), on without the
+   write cap (``kvsim.core.diskio``'s order, ``io_write_share`` 1.0), and on with the cap
+   (``--write-share``, default the tier's default: while a restore runs, at most
+   ``write_cap(workers, share)`` write pieces in flight); ``--workers`` threads; the four
+   cases interleaved in ``--rounds`` rounds. p50 / p99 of submit -> last piece done, and
+   the write load's rate meanwhile (what the cap costs the writes).
+   Goal: p99 with priorities and the cap at most 2x idle.
 
 The LAST line is the headline:
-``disk_pool: restore p99 under writes <on>x idle with priorities (<off>x without); pool
-read/write at N=16 <r>% / <w>% of direct I/O``.
+``disk_pool: restore p99 under writes <cap>x idle with priorities and the write cap (K=<k>;
+<on>x priorities only, <off>x neither); pool read/write at N=16 <r>% / <w>% of direct
+I/O``.
 
     python3 benchmarks/disk_pool.py [--dir PATH] [--size 1GiB] [--page 4MiB] [--workers 4]
                                     [--restores 100] [--rounds 2] [--seconds 1] [--reps 2]
-                                    [--json PATH]
+                                    [--write-share 0.25] [--json PATH]
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from backends.hw.disk import DiskStore  # noqa: E402
-from kvsim.core.diskio import IoClass  # noqa: E402
+from kvsim.core.diskio import WRITE_SHARE, write_cap  # noqa: E402
 from kvsim.units import parse_size  # noqa: E402
 
 THREADS = (1, 4, 16)
@@ -93,8 +97,10 @@ def direct_io(path: str, size: int, piece: int, threads: int, write: bool, secon
     return sum(moved) / dt
 
 
-def store(d: str, size: int, page: int, piece: int, workers: int, priorities: bool) -> DiskStore:
-    return DiskStore(d, size // page, page, workers, piece, priorities=priorities)
+def store(d: str, size: int, page: int, piece: int, workers: int, priorities: bool,
+          share: float = WRITE_SHARE) -> DiskStore:
+    return DiskStore(d, size // page, page, workers, piece, priorities=priorities,
+                     write_share=share)
 
 
 def fill(ds: DiskStore, rows: np.ndarray) -> None:
@@ -130,16 +136,18 @@ def pool_throughput(ds: DiskStore, rows: np.ndarray, write: bool, seconds: float
 
 
 def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, gap_s: float,
-                    write_depth: int, write_pages: int) -> list[float]:
+                    write_depth: int, write_pages: int) -> tuple[list[float], float]:
     """Seconds of each of ``restores`` restores of ``pages`` pages (submit -> done), one
     every ``gap_s``, while a writer keeps ``write_depth`` eviction batches of
-    ``write_pages`` pages in flight (0: idle). Reads and writes use disjoint slots."""
+    ``write_pages`` pages in flight (0: idle), and the bytes a second the writer's batches
+    completed meanwhile. Reads and writes use disjoint slots."""
     n = ds.slots
     half = n // 2
     read_rows = rows[:pages]
     write_rows = rows[pages:pages + write_pages]
     stop = threading.Event()
     rng = np.random.default_rng(1)
+    written = [0]
 
     def writer() -> None:
         inflight: list = []
@@ -149,8 +157,9 @@ def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, 
                 a = half + (k * write_pages) % max(1, n - half - write_pages)
                 k += 1
                 inflight.append(ds.submit_writes(np.arange(a, a + write_pages), write_rows))
-            done, _ = wait_futures(inflight[0])
+            wait_futures(inflight[0])
             inflight.pop(0)
+            written[0] += write_pages * ds.page_bytes
         for fs in inflight:
             wait_futures(fs)
 
@@ -159,6 +168,7 @@ def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, 
         w.start()
         time.sleep(0.3)  # the write load is running
     out = []
+    w0, t_start = written[0], time.perf_counter()
     try:
         for _ in range(restores):
             s = rng.choice(half - pages, 1)[0] + np.arange(pages)
@@ -166,11 +176,12 @@ def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, 
             wait_futures(ds.submit_reads(s, read_rows))
             out.append(time.perf_counter() - t0)
             time.sleep(gap_s)
+        rate = (written[0] - w0) / (time.perf_counter() - t_start)
     finally:
         stop.set()
         if w is not None:
             w.join()
-    return out
+    return out, rate
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -189,12 +200,16 @@ def main(argv=None) -> int:
     ap.add_argument("--restore-pages", type=int, default=2)
     ap.add_argument("--write-depth", type=int, default=4, help="eviction batches kept in flight")
     ap.add_argument("--write-pages", type=int, default=16, help="pages an eviction batch writes")
+    ap.add_argument("--write-share", type=float, default=WRITE_SHARE,
+                    help="the write-cap case's io_write_share")
     ap.add_argument("--seconds", type=float, default=1.0, help="each throughput measurement's length")
     ap.add_argument("--reps", type=int, default=2, help="throughput measurements (the best counts)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     size, page, piece = parse_size(a.size), parse_size(a.page), parse_size(a.piece)
     size -= size % page
+    if not 0.0 <= a.write_share <= 1.0:
+        ap.error(f"--write-share: {a.write_share} is outside [0, 1]")
     if size < 4 * page * BATCH_PAGES // 16:
         ap.error(f"--size: {a.size} is too small for --page {a.page}")
     res: dict = {"dir": a.dir, "size": size, "page": page, "piece": piece}
@@ -234,39 +249,50 @@ def main(argv=None) -> int:
               f"{r / best['read']:.0%} of best)  write {w / 1e9:.2f} GB/s "
               f"({w / dev['write'][n]:.0%} of T={n}, {w / best['write']:.0%} of best)")
 
-    # 3. restore latency: idle, under writes with priorities off and on
-    cases = (("idle", True, 0), ("writes, priorities off", False, a.write_depth),
-             ("writes, priorities on", True, a.write_depth))
-    samples: dict = {name: [] for name, _, _ in cases}
+    # 3. restore latency: idle, under writes with priorities off, on, on with the write cap
+    k = write_cap(a.workers, a.write_share)
+    capped = f"writes, priorities on, write cap K={k}"
+    cases = (("idle", True, 0, a.write_share), ("writes, priorities off", False, a.write_depth, 1.0),
+             ("writes, priorities on", True, a.write_depth, 1.0),
+             (capped, True, a.write_depth, a.write_share))
+    samples: dict = {name: [] for name, *_ in cases}
+    rates: dict = {name: [] for name, *_ in cases}
     per_round = max(1, a.restores // a.rounds)
     for _ in range(a.rounds):  # the cases interleaved, so a drift of the machine hits all alike
-        for name, prio, depth in cases:
-            ds = store(a.dir, size, page, piece, a.workers, prio)
+        for name, prio, depth, share in cases:
+            ds = store(a.dir, size, page, piece, a.workers, prio, share)
             try:
                 fill(ds, rows)
-                samples[name] += restore_latency(ds, rows, per_round, a.restore_pages, 0.005,
-                                                 depth, a.write_pages)
+                xs, rate = restore_latency(ds, rows, per_round, a.restore_pages, 0.005, depth,
+                                           a.write_pages)
+                samples[name] += xs
+                rates[name].append(rate)
                 if prio and depth:
-                    res["jumps"] = res.get("jumps", 0) + ds.pool.queues.jumps
+                    res.setdefault("jumps", {})
+                    res["jumps"][name] = res["jumps"].get(name, 0) + ds.pool.queues.jumps
             finally:
                 ds.close()
     lat = {}
     for name, xs in samples.items():
-        lat[name] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs)}
+        wr = float(np.mean(rates[name]))
+        lat[name] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "n": len(xs), "write_rate": wr}
         print(f"restore of {a.restore_pages} pages, {a.workers} workers, {name}: "
-              f"p50 {lat[name]['p50'] * 1e3:.1f} ms  p99 {lat[name]['p99'] * 1e3:.1f} ms  (n={len(xs)})")
+              f"p50 {lat[name]['p50'] * 1e3:.1f} ms  p99 {lat[name]['p99'] * 1e3:.1f} ms  (n={len(xs)})"
+              + (f"  writes meanwhile {wr / 1e9:.2f} GB/s" if wr else ""))
     res["latency"] = lat
     idle = lat["idle"]["p99"]
     on, off = lat["writes, priorities on"]["p99"] / idle, lat["writes, priorities off"]["p99"] / idle
+    cap = lat[capped]["p99"] / idle
     r16 = pool[16]["read"] / dev["read"][16]
     w16 = pool[16]["write"] / dev["write"][16]
-    res["headline"] = {"p99_on_x_idle": on, "p99_off_x_idle": off, "read16_of_direct": r16,
-                       "write16_of_direct": w16}
+    res["headline"] = {"p99_cap_x_idle": cap, "write_cap": k, "p99_on_x_idle": on,
+                       "p99_off_x_idle": off, "read16_of_direct": r16, "write16_of_direct": w16}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
-    print(f"disk_pool: restore p99 under writes {on:.2f}x idle with priorities ({off:.2f}x "
-          f"without); pool read/write at N=16 {r16:.0%} / {w16:.0%} of direct I/O")
+    print(f"disk_pool: restore p99 under writes {cap:.2f}x idle with priorities and the write "
+          f"cap (K={k}; {on:.2f}x priorities only, {off:.2f}x neither); pool read/write at "
+          f"N=16 {r16:.0%} / {w16:.0%} of direct I/O")
     return 0
 
 
