@@ -132,6 +132,28 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
 # ---------------------------------------------------------------------------- client side
 
 
+#: what a worker imports to replay a point; the fork server imports them once
+WORKER_MODULES = ("distributed", "kvsim.config", "kvsim.run", "kvsim.study.cache",
+                  "kvsim.study.execute", "kvsim.workload")
+
+
+def _preload_fork_server(settings: dict) -> None:
+    """Have the fork server (Dask's ``forkserver`` multiprocessing context, a singleton of
+    this process) import WORKER_MODULES when it starts. Dask sets its own preload list
+    once, on its first ``get_mp_context`` call; this call comes after it, so the list
+    stays kvsim's. Where the fork server already runs (a second study in one process),
+    it keeps what it imported."""
+    import dask
+    from distributed.utils import get_mp_context
+
+    with dask.config.set(settings):
+        ctx = get_mp_context()
+    ctx.set_forkserver_preload(list(WORKER_MODULES))
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()   # it imports them while this process starts the scheduler
+
+
 @contextmanager
 def open_client(workers: int | None = None, scheduler: str | None = None) -> Iterator:
     """A dask.distributed Client: on ``scheduler`` (tcp://HOST:PORT), or on a LocalCluster
@@ -140,7 +162,7 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
 
     from kvsim.study.cache import WorkloadCache
 
-    cluster, forked = None, False
+    cluster = None
     if scheduler:
         try:
             client = Client(scheduler, timeout="30s")
@@ -152,13 +174,14 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
         n = workers or os.cpu_count() or 1
         settings = {}
         if sys.platform == "linux" and not os.environ.get("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"):
-            # Workers forked from this process start with what it imported (warm() here,
-            # once): about 0.3 s for the cluster rather than 3 s of spawned interpreters
-            # each importing Dask and kvsim. Nothing here has touched a GPU. (A worker the
-            # nanny restarts later is spawned: Dask's default outside this block.)
-            warm()
-            settings["distributed.worker.multiprocessing-method"] = "fork"
-            forked = True
+            # Workers fork from a fork server: one single-threaded process, started once
+            # per command, that has imported Dask and kvsim (WORKER_MODULES), so a worker
+            # starts in a fraction of a second instead of importing them in a spawned
+            # interpreter. Not from this process: it runs Dask's threads, and a fork can
+            # copy a lock that one of them held at that instant (a log stream's buffer)
+            # into the worker, locked for good: the worker then hangs on its first write.
+            settings["distributed.worker.multiprocessing-method"] = "forkserver"
+            _preload_fork_server(settings)
         with dask.config.set(settings):
             # everything on the loopback; the scheduler's HTTP server on any free port
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
@@ -168,8 +191,7 @@ def open_client(workers: int | None = None, scheduler: str | None = None) -> Ite
     try:
         if cluster is not None:
             client.run(quiet_interrupts)
-        if not forked:  # forked workers start with what warm() loaded here
-            client.run(warm)
+        client.run(warm)   # a worker's first replay (imports done where forked)
         client.register_plugin(WorkloadCache())   # a fresh one: replaces a last study's
         yield client
     finally:
