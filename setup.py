@@ -26,7 +26,7 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 CORE = ["copies", "eviction", "keys", "manager", "pages", "plan", "planning", "request", "spec",
         "stats", "tiers", "tree", "types"]
 ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "plans"]
-SIM = ["backend", "fluid", "runtime", "units"]
+SIM = ["backend", "fluid", "runtime", "transfer", "units"]
 
 
 def _compiled():

@@ -8,37 +8,37 @@ few pages); a completed transfer copies the source slots' tags to the destinatio
 a failed one writes garbage (0xDEAD) there and succeeds with False. Stats count bytes and
 busy seconds per direction. Deterministic; the only per-page work is the tags' copy (and,
 with ``nvme.rewrite``, which disk slots were written); O(1) SimPy events per transfer: a
-transfer is a chain of callbacks (``_Transfer``), each step run by the event it waited
-for, not a process; copy engines and call threads are taken first come, first served
-without events of their own (``Units``).
+transfer is a chain of callbacks (``transfer.Transfer``), each step run by the event it
+waited for, not a process; copy engines and call threads are taken first come, first
+served without events of their own (``Units``).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Final, Sequence
+from typing import Any, Final, Sequence
 
 import simpy
 
-from kvsim.core.copypath import CopyPath, choose_copy_path, force_per_direction, registration_forces_kernel
+from kvsim.core.copypath import choose_copy_path, force_per_direction, registration_forces_kernel
 from kvsim.core.copypath import sm_ctas as cta_count
-from kvsim.core.diskio import WRITE_SHARE, io_class
+from kvsim.core.diskio import WRITE_SHARE
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
-from .diskpool import DiskJob, SimDiskPool
+from .diskpool import SimDiskPool
 from .fluid import Fluid
 from .hostfill import SimHostFill, registration_unit_of
-from .routes import DIRECTIONS, ROUTES, SM_RES
+from .routes import DIRECTIONS, ROUTES
 from .runtime import SimRuntime
+from .transfer import Transfer, Transfers
 from .units import Units
 
-GARBAGE: Final = 0xDEAD
 _INF: Final = math.inf
 
 
-class SimBackend:
+class SimBackend(Transfers):
     """``slots[level]``: how many slots each tier's tag array has (its reserved range).
     ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path (one, or
     one per direction: ``force_per_direction``); ``sm_ctas``: ``auto`` or a CTA count;
@@ -62,11 +62,11 @@ class SimBackend:
         if not isinstance(profile, HardwareProfile):
             profile = load_profile(profile)
         self.runtime = runtime
-        self.env: simpy.Environment = runtime.env
+        self.env = runtime.env
         self.profile = profile
         self.page_bytes = page_bytes
         self.refcheck = refcheck
-        self.on_traffic: Callable[[float, str, int], None] | None = None
+        self.on_traffic = None
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = timing_log
         # optional per-compute log: [start s, nominal s, seconds it took] (the stretch of
@@ -107,7 +107,7 @@ class SimBackend:
         # any, far faster than the disk, is shortened alike); which slots were written is
         # kept only when the profile gives the rate
         self._rewrite_cost = 1.0  # (a rewritten byte's share of a first write's time)
-        self._disk_written: bytearray | None = None  # 1: the disk slot was written
+        self._disk_written = None  # 1: the disk slot was written
         if nv.rewrite is not None and Level.DISK in slots:
             self._rewrite_cost = disk["disk_write"] / disk_rate(nv.rewrite)
             self._disk_written = bytearray(int(slots[Level.DISK]))
@@ -126,7 +126,7 @@ class SimBackend:
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None
         self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
         # (0: no content; a list of n references to one int takes 8n bytes, as uint64s would)
-        self.tags: dict[Level, list] = {lv: [0] * int(n) for lv, n in slots.items()}
+        self.tags = {lv: [0] * int(n) for lv, n in slots.items()}
         self._fail = 0
         self.errors: list[str] = []  # what failed, newest last (injected failures here)
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
@@ -139,7 +139,7 @@ class SimBackend:
         self._lasting = sm.interference.lasting_step_penalty
         self._lasting_after = sm.interference.lasting_after_batches
         self.step_penalty_s = 0.0
-        self.step_penalty_since_s: float | None = None  # when it began (None: not yet)
+        self.step_penalty_since_s = None  # when it began (None: not yet)
         self._penalized_calls = 0
         self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
         # the profile's per-transfer constants, read once (a transfer reads them all)
@@ -177,7 +177,7 @@ class SimBackend:
             self.errors.append(f"injected failure of a {batch.src.name}->{batch.dst.name} batch")
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
-        x = _Transfer(self, batch, route, fail)
+        x = Transfer(self, batch, route, fail)
         x.start()
         return x.done
 
@@ -311,183 +311,3 @@ class SimBackend:
         self._compute_nominal_s += nominal_s
         if self.compute_log is not None:
             self.compute_log.append([t0, nominal_s, took_s])
-
-    def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float) -> None:
-        if link_dir is None:
-            path = "disk" if disk_dir else "gpu_copy"
-        else:
-            path = self.paths[link_dir].value
-            if disk_dir:
-                path = f"disk+{path}"
-        self.timing_log.append({"t_s": t0,  # type: ignore[union-attr]  # only called when set
-                                "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
-                                "pages": int(batch.pages), "bytes": int(batch.nbytes), "path": path,
-                                "seconds": self.env.now - t0, "ok": not fail})
-
-    def _finish(self, batch: Batch, kinds: tuple[str, ...], fail: bool) -> None:
-        nbytes = batch.nbytes
-        for k in kinds:
-            self._bytes[k] += nbytes
-        self._counts["transfers"] += 1
-        written = self._disk_written
-        dsts: Any = batch.dst_slots  # (Any: as in fill)
-        if not fail and written is not None and batch.dst == Level.DISK:
-            for d in dsts:
-                written[d] = 1
-        if self.refcheck:
-            dst = self.tags[batch.dst]
-            if fail:
-                for d in dsts:
-                    dst[d] = GARBAGE
-            else:  # (read all first: a GPU -> GPU copy reads and writes one list)
-                src = self.tags[batch.src]
-                srcs: Any = batch.src_slots
-                for d, t in zip(dsts, [src[s] for s in srcs]):
-                    dst[d] = t
-        if fail:
-            self._counts["failed_transfers"] += 1
-        cb = self.on_traffic
-        if cb is not None:
-            now = self.clock.now
-            for k in kinds:
-                cb(now, k, nbytes)
-
-
-class _Transfer:
-    """One batch on its way through the model, a step at a time: each step is the callback
-    of the event it waited for (a generator process would cost two more events and a
-    resume each step, a transfer at a time). The steps read the backend's profile
-    constants and update its counters."""
-
-    __slots__ = ("be", "batch", "route", "fail", "t0", "done", "res", "start_s", "cap",
-                 "ctas", "ce", "host_s")
-
-    def __init__(self, be: SimBackend, batch: Batch, route, fail: bool):
-        self.be = be
-        self.batch = batch
-        self.route = route
-        self.fail = fail
-        self.t0 = be.clock.now
-        self.done = be.clock.new_event()  # succeeds with True, or False for a failed batch
-        self.res: tuple[str, ...] = route[2]
-        self.start_s = 0.0
-        self.cap = 0.0
-        self.ctas = 0
-        self.ce = False
-        self.host_s = 0.0
-
-    def after(self, delay: float, step: Callable[..., None]) -> None:
-        """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
-        if delay > 0:
-            self.be.clock.wake_after(delay, step)
-        else:
-            step()
-
-    # the steps, in order (an event's callback passes the event: unused)
-    def start(self) -> None:
-        """Take what the path needs (a copy engine, or copy-CTA slots), or, with no link
-        leg, wait the start cost."""
-        be = self.be
-        link_dir, disk_dir, res, _ = self.route
-        self.start_s = be._disk_latency if disk_dir and be.disk_pool is None else 0.0
-        if link_dir is not None:
-            if be.paths[link_dir] is CopyPath.COPY_ENGINE:
-                be.copy_engines.take(self.ce_held)
-            else:
-                self.ctas = be.ctas[link_dir]
-                be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
-            return
-        if res == ("hbm",):
-            self.start_s += be._sm_launch
-        self.after(self.start_s, self.flow)
-
-    def ce_held(self, _: object = None) -> None:
-        """A copy engine is this transfer's: the disk leg's latency first (GPU <-> disk),
-        then the batched call's host time."""
-        if self.start_s > 0:
-            start, self.start_s = self.start_s, 0.0
-            self.after(start, self.ce_call)
-            return
-        self.ce_call()
-
-    def ce_call(self, _: object = None) -> None:
-        """The call's host time, on a call thread when the profile has them."""
-        be = self.be
-        be._counts["copy_engine_calls"] += 1
-        self.ce = True
-        self.host_s = be._ce_per_call + self.batch.pages * be.per_page[self.route[0]]
-        if be.call_threads is None:
-            self.after(self.host_s, self.flow)
-        else:
-            be.call_threads.take(self.thread_held)
-
-    def thread_held(self) -> None:
-        self.after(self.host_s, self.thread_done)
-
-    def thread_done(self, _: object = None) -> None:
-        self.be.call_threads.give()  # type: ignore[union-attr]  # (only taken when set)
-        self.flow()
-
-    def sm_held(self, _: object = None) -> None:
-        """Copy-CTA slots are this transfer's: the kernel's launch, then its flow."""
-        be = self.be
-        link_dir = self.route[0]
-        self.start_s += be._sm_launch
-        self.cap = self.ctas * be._cta_rate[link_dir]
-        self.res = self.res + SM_RES[link_dir]
-        n = be._counts["sm_kernel_calls"] = be._counts["sm_kernel_calls"] + 1
-        if n == be._lasting_after and be._lasting > 0:  # from now on, every compute call
-            be.step_penalty_s = be._lasting
-            be.step_penalty_since_s = be.clock.now
-        self.after(self.start_s, self.flow)
-
-    def flow(self, _: object = None) -> None:
-        """The bytes, as one fluid flow over the route's resources."""
-        be, batch = self.be, self.batch
-        nbytes = batch.nbytes
-        flow_bytes = float(nbytes)
-        written = be._disk_written
-        if written is not None and self.route[1] == "disk_write":
-            dsts: Any = batch.dst_slots  # (Any: as in fill)
-            again = sum([written[d] for d in dsts])
-            if again:
-                flow_bytes = nbytes - again * batch.page_bytes * (1.0 - be._rewrite_cost)
-        pool = be.disk_pool
-        if pool is not None and self.route[1]:
-            # the disk leg in pieces on the pool's workers (a GPU <-> disk piece also moves
-            # over the link: the staged pipeline; its SM kernel's CTAs are not counted per
-            # piece)
-            job = DiskJob(self.res, self.cap, self.ce, flow_bytes / nbytes, self.fail,
-                          self.pieces_done, batch)
-            pool.submit(job, io_class(batch), batch.page_bytes, batch.pages)  # type: ignore[arg-type]
-            return
-        be.fluid.add_flow_then(self.moved, flow_bytes, self.res, self.cap, self.ctas, self.ce)
-
-    def pieces_done(self, ok: bool) -> None:
-        """The disk pool ran the last piece (``ok`` False: one failed, the rest dropped)."""
-        self.moved()
-
-    def moved(self) -> None:
-        """The bytes have moved: give back what the path took, then the backend's fixed
-        cost (it holds nothing), then the transfer completes."""
-        be = self.be
-        if self.ce:
-            be.copy_engines.give()
-        elif self.ctas:
-            be.cta_pool.put(self.ctas)
-        fixed = be._fixed[self.ctas > 0]
-        if self.route[0] is not None:
-            fixed += be.link_leg_s
-        if self.route[1]:
-            fixed += be.disk_leg_s
-        if fixed > 0:
-            self.after(fixed, self.end)
-            return
-        self.end()
-
-    def end(self, _: object = None) -> None:
-        be, batch, fail = self.be, self.batch, self.fail
-        be._finish(batch, self.route[3], fail)
-        if be.timing_log is not None:
-            be._log(batch, self.route[0], self.route[1], fail, self.t0)
-        self.be.clock.succeed(self.done, not fail)
