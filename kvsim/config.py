@@ -5,6 +5,9 @@ sizes are errors that name the file and the key path (``cache.tiers[1].quota``).
 ``--set key.path=value`` overrides are applied to the raw YAML before validation, so they
 are validated exactly like the file. Nothing here touches a trace, a result or a disk
 tier's bytes; building the run does (kvsim.run).
+
+The ``workload`` section's models are in ``kvsim.config_workload``; the strict base model
+and the size and duration field types every section uses, in ``kvsim.config_types``.
 """
 
 from __future__ import annotations
@@ -15,54 +18,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from kvsim.config_types import PositiveSeconds, Size
+from kvsim.config_types import Strict as _Strict
+from kvsim.config_workload import WorkloadConfig
 from kvsim.core.diskio import WRITE_SHARE
 from kvsim.core.policy import POLICY_NAMES
 from kvsim.paths import CONFIGS
-from kvsim.units import parse_size, parse_time
-
-MAX_BYTES = 1 << 60  # 1 EiB: beyond any machine, and far from int64's limits
-
-
-def _size(value: Any) -> int:
-    n = parse_size(value)
-    if n > MAX_BYTES:
-        raise ValueError(f"size {value!r} is more than 1 EiB; expected a size a machine can have")
-    return n
-
-
-Size = Annotated[int, BeforeValidator(_size), Field(gt=0)]
-Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
-PositiveSeconds = Annotated[float, BeforeValidator(parse_time), Field(gt=0)]
 
 
 class ConfigFileError(ValueError):
     """A configuration file or override is wrong; the message says where and what."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
-        """YAML's ``true`` is not the number 1: only boolean fields take booleans."""
-        field = cls.model_fields.get(info.field_name or "")
-        if isinstance(value, bool) and field is not None and field.annotation is not bool:
-            raise ValueError(f"expected {_expected(field)}, got the boolean {value!r}")
-        return value
-
-
-def _expected(field: Any) -> str:
-    funcs = {getattr(getattr(m, "func", None), "__name__", "") for m in field.metadata}
-    if "_size" in funcs:
-        return "a size"
-    if "parse_time" in funcs:
-        return "a duration"
-    return {"int": "a whole number", "float": "a number"}.get(
-        getattr(field.annotation, "__name__", ""), "a value of another type")
 
 
 class FillConfig(_Strict):
@@ -220,84 +187,6 @@ class EngineConfig(_Strict):
     kernel_on_coherent_link: bool = False
     # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
     sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
-
-
-class BurstConfig(_Strict):
-    """Long-context requests arriving together on top of the synthetic sessions."""
-
-    requests: Annotated[int, Field(gt=0)] = 4
-    input_tokens: Annotated[int, Field(gt=0)] = 200_000
-    output_tokens: Annotated[int, Field(ge=0)] = 64
-    at: Seconds = 60.0
-
-
-class SyntheticConfig(_Strict):
-    """The seeded session generator (``kvsim.workload.synthetic_agentic``). Every shape key
-    left out (None) keeps the generator's own default."""
-
-    n_sessions: Annotated[int, Field(gt=0)] = 40
-    seed: Optional[int] = None          # default: the run's seed
-    burst: Optional[BurstConfig] = None  # none: no burst
-    prefix_tokens: Optional[Annotated[int, Field(gt=0)]] = None       # default 4,000
-    first_input_tokens: Optional[Annotated[float, Field(gt=0)]] = None  # median, default 1,500
-    step_input_tokens: Optional[Annotated[float, Field(gt=0)]] = None   # median, default 1,500
-    output_tokens: Optional[Annotated[float, Field(gt=0)]] = None       # median, default 250
-    think_s: Optional[Annotated[float, Field(ge=0)]] = None             # median, default 5 s
-    turns: Optional[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] = None  # (4, 14)
-    max_context_tokens: Optional[Annotated[int, Field(gt=0)]] = None  # default 60,000
-    subagent_prob: Optional[Annotated[float, Field(ge=0, le=1)]] = None  # default 0.05
-    shared_prefix: bool = True  # every session in one reuse scope (false: one scope each)
-
-    @model_validator(mode="after")
-    def _shape(self) -> "SyntheticConfig":
-        if self.turns is not None and self.turns[1] < self.turns[0]:
-            raise ValueError(f"turns: got {list(self.turns)}; expected [min, max] with min <= max")
-        prefix = self.prefix_tokens if self.prefix_tokens is not None else 4_000
-        ctx = self.max_context_tokens if self.max_context_tokens is not None else 60_000
-        if ctx <= prefix:
-            raise ValueError(f"max_context_tokens ({ctx}) must exceed prefix_tokens ({prefix})")
-        return self
-
-    def shape(self) -> dict:
-        """The generator's keyword arguments this config sets (the keys not left out)."""
-        keys = ("prefix_tokens", "first_input_tokens", "step_input_tokens", "output_tokens",
-                "think_s", "turns", "max_context_tokens", "subagent_prob", "shared_prefix")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
-
-
-class PrioritiesConfig(_Strict):
-    """Agentic traces: the cache priority of each part of a prompt (higher kept longer
-    by priority-aware eviction policies)."""
-    prefix: Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)] = 0    # shared tools + system prefix
-    context: Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)] = 0   # a session's own turns
-    subagent: Annotated[int, Field(ge=-(1 << 31), lt=1 << 31)] = 0  # sub-agents' turns
-
-
-class WorkloadConfig(_Strict):
-    kind: Literal["synthetic", "mooncake", "agentic"] = "synthetic"
-    path: Optional[str] = None          # trace file or directory (mooncake, agentic)
-    time_scale: Annotated[float, Field(gt=0)] = 1.0   # mooncake: multiply timestamps
-    limit: Optional[Annotated[int, Field(gt=0)]] = None  # first N requests / sessions
-    shared_prefix: bool = False         # agentic: tools + system prefix shared by sessions
-    max_think: Optional[Seconds] = None  # agentic: cap think times (the real ones reach 22 h)
-    max_turns: Optional[Annotated[int, Field(gt=0)]] = None  # keep each session's first turns
-    start: Literal["poisson", "concurrency"] = "poisson"
-    sessions_per_s: Annotated[float, Field(gt=0)] = 0.5
-    concurrency: Annotated[int, Field(gt=0)] = 16
-    synthetic: SyntheticConfig = SyntheticConfig()
-    priorities: Optional[PrioritiesConfig] = None  # agentic: priorities by part of a prompt
-
-    @model_validator(mode="after")
-    def _path(self) -> "WorkloadConfig":
-        if self.kind != "synthetic" and not self.path:
-            raise ValueError(f"a {self.kind} workload needs a path (or pass --trace)")
-        if self.synthetic.burst is not None and (self.kind != "synthetic" or self.start != "poisson"):
-            raise ValueError("synthetic.burst needs kind: synthetic and start: poisson (its "
-                             "requests arrive at a set time)")
-        if self.priorities is not None and self.kind != "agentic":
-            raise ValueError("workload.priorities applies to agentic traces only (a Mooncake "
-                             "trace gives each request's priority in its own 'priority' field)")
-        return self
 
 
 class OutputConfig(_Strict):
