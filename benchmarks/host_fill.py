@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from backends.hw.backend import _load_cupy  # noqa: E402
+from backends.hw.gpu import load_cupy  # noqa: E402
 from backends.hw.hostfill import HostFill  # noqa: E402
 from backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
 from kvsim.core.hostfill import Backing, FillLayout, layout_for  # noqa: E402
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         print(f"host_fill.py: --profile: {e}", file=sys.stderr)
         return 2
     numa = int(a.numa) if a.numa.isdigit() else a.numa
-    cp = _load_cupy() if a.device != "cpu" else None
+    cp = load_cupy() if a.device != "cpu" else None
     if a.device == "gpu" and cp is None:
         print("host_fill.py: --device gpu: CuPy or a CUDA GPU is not available", file=sys.stderr)
         return 2

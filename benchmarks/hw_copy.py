@@ -305,8 +305,8 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     device = a.device
     if device == "auto":
-        from backends.hw.backend import _load_cupy  # noqa: PLC0415
-        device = "gpu" if _load_cupy() is not None else "cpu"
+        from backends.hw.gpu import load_cupy  # noqa: PLC0415
+        device = "gpu" if load_cupy() is not None else "cpu"
     on_gpu = device != "cpu"
     profile = load_profile(a.profile)
     rng = np.random.default_rng(a.seed)

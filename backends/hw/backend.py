@@ -9,8 +9,9 @@ one cudaHostAlloc; CPU mode: plain mmap), whose watermark ``slots_ready`` waits 
 ``copies.Copies`` (GPU <-> host and GPU -> GPU copies, on the copy path chosen by
 ``kvsim.core.copypath``), ``staged.StagedDisk`` (host <-> disk, and GPU <-> disk through
 pinned staging buffers), ``checker.Checker`` (fills and the refcheck's tag reads),
-``order.StreamOrder`` (what a GPU stream waits for), ``waits.Waits`` (the waitables) and
-``logs.HwLogs`` (counters and the optional timing, compute and host logs).
+``order.StreamOrder`` (what a GPU stream waits for), ``waits.Waits`` (the waitables),
+``hosttier.HostSlots`` (which host slots the fill has made) and ``logs.HwLogs`` (counters
+and the optional timing, compute and host logs); ``batchslots`` checks a batch's slots.
 
 Invariants:
 - the backend never decides which pages move: it executes Batches as given;
@@ -34,43 +35,31 @@ from typing import Any
 import numpy as np
 
 from kvsim.config import RunConfig
-from kvsim.core.copypath import (DIRECTIONS, CopyPath, choose_copy_path, force_per_direction,
-                                 registration_forces_kernel)
+from kvsim.core.copypath import DIRECTIONS, CopyPath, force_per_direction
 from kvsim.core.copypath import sm_ctas as cta_count
 from kvsim.core.diskio import WRITE_SHARE, io_class
-from kvsim.core.hostfill import UNIT_BYTES, Backing, FillLayout, FillMode, needed_watermark
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.hardware import HardwareProfile, load_profile
 
+from .batchslots import batch_slots
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
-from .copies import Copies
+from .copies import Copies, choose_paths
 from .disk import DiskStore, PriorityPool
+from .gpu import BatchCopier, Kernels, load_cupy
 from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
 from .hostfill import HostFill
+from .hosttier import HostSlots, start_host_fill
 from .memory import DeviceArena, StagingPool
 from .order import StreamOrder
 from .staged import StagedDisk
 from .waits import Waits
 
 
-def _load_cupy():
-    try:
-        import cupy as cp  # noqa: PLC0415
-        if cp.cuda.runtime.getDeviceCount() > 0:
-            return cp
-    except Exception:
-        pass
-    return None
-
-
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name}: got {value!r}; expected a positive integer")
     return int(value)
-
-
-_SMALL = 32  # batches of at most this many pages: slot bounds checked in Python, not numpy
 
 
 class HwBackend:
@@ -136,7 +125,7 @@ class HwBackend:
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.logs = HwLogs(runtime, self.page_bytes, self.path_name, timing_log, compute_log, host_log)
         self._fail_next = 0
-        self.cp = _load_cupy() if device != "cpu" else None
+        self.cp = load_cupy() if device != "cpu" else None
         if device == "gpu" and self.cp is None:
             raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
         self.on_gpu = self.cp is not None
@@ -148,7 +137,6 @@ class HwBackend:
         self.host: HostFill | None = None
         self._host_fill = dict(host_fill or {})
         self._fill_hooks = (fail_fill_at_unit, fill_unit_delay_s)
-        self._fill_reported = False
         self.info: dict[str, Any] = {"device": "gpu" if self.on_gpu else "cpu"}
         try:
             self._build(disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
@@ -174,7 +162,8 @@ class HwBackend:
                            if cores >= 4 else None)
         self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
         if Level.HOST in self.slots:
-            self._build_host(cuda_rt)
+            self.host, self.info["host_fill"] = start_host_fill(
+                self.page_bytes, self.slots[Level.HOST], self._host_fill, cuda_rt, *self._fill_hooks)
         if Level.DISK in self.slots:
             workers = self.disk_io_workers
             self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes,
@@ -188,7 +177,6 @@ class HwBackend:
         self.kernels = self.copier = None
         if cp is None:
             return
-        from .gpu import BatchCopier, Kernels  # noqa: PLC0415
         self.kernels = Kernels(cp)
         # Copies and checks go on streams of the highest priority, compute on the lowest:
         # when a busy kernel's CTAs retire, a waiting copy or check kernel's CTAs start
@@ -210,60 +198,17 @@ class HwBackend:
         self.kernels.use_graphs = self.info["compute_graphs"] = bool(self._compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
 
-    def _build_host(self, cuda_rt) -> None:
-        """The host tier (``hostfill.HostFill``), its fill started. Mode ``none``: wait
-        until it is all in (an unfilled CPU-mode tier is not faulted in: it grows as it is
-        written); otherwise until its first unit is, so the copy path can see its mapping.
-        Nothing usable by then: the backend is refused, naming the fill's error."""
-        hf = self._host_fill
-        mode = FillMode(hf.get("mode", "none"))
-        layout = FillLayout.of(self.page_bytes, self.slots[Level.HOST], int(hf.get("unit", UNIT_BYTES)))
-        fail_at, delay = self._fill_hooks
-        self.host = HostFill(layout, hf.get("backing", "register"), cuda_rt,
-                             huge_pages=bool(hf.get("huge_pages", False)), numa=hf.get("numa", "auto"),
-                             prefault=mode is not FillMode.NONE, fail_at_unit=fail_at,
-                             unit_delay_s=delay).start()
-        host = self.host
-        need = host.slots if mode is FillMode.NONE else host.layout.watermark(1)
-        if not host.wait(need):
-            raise RuntimeError(f"host tier: {host.error}")
-        self.info["host_fill"] = {"mode": mode.value, **host.info, **host.timings()}
-
     def slots_ready(self, level: Level, slots) -> Any:
-        """None if ``slots`` of the tier exist; else a waitable that succeeds with True once
-        the host fill has committed them, or False if it never will (its error is reported
-        in ``errors`` once)."""
-        h = self.host
-        if level != Level.HOST or h is None or h.watermark >= h.slots:
-            return None
-        r = h.ready(needed_watermark(slots))
-        if r:
-            return None
-        if r is False:
-            self._report_fill()
-            return self.waits.done(False)
-        ev, trigger = self.runtime.external()
-
-        def told(ok: bool) -> None:
-            if not ok:
-                self._report_fill()
-            trigger(ok)
-
-        h.notify_when(needed_watermark(slots), told)
-        return ev
+        """None if ``slots`` of the tier exist; else a waitable (``HostSlots.ready``)."""
+        return self.host_slots.ready(slots) if level == Level.HOST else None
 
     def slot_limit(self, level: Level) -> int | None:
-        h = self.host
-        return h.limit if level == Level.HOST and h is not None else None
-
-    def _report_fill(self) -> None:
-        if not self._fill_reported and self.host is not None and self.host.error:
-            self._fill_reported = True
-            self.errors.append(self.host.error)
+        return self.host_slots.limit() if level == Level.HOST else None
 
     def _compose(self) -> None:
         cp, logs = self.cp, self.logs
         self.waits = Waits(self.runtime, self.pool, self.errors)
+        self.host_slots = HostSlots(self.host, self.runtime, self.waits, self.errors)
         self.order = (StreamOrder(self.runtime, self.streams, self.slots[Level.GPU], logs.host_log)
                       if cp is not None else None)
         self.copies = Copies(cp, self.page_bytes, self.gpu, self.host, self.waits, paths={}, ctas={},
@@ -277,26 +222,10 @@ class HwBackend:
                                copies=self.copies)
 
     def _choose_paths(self, force: dict, ctas: dict[str, int]) -> None:
-        """The copy path of each direction, by the rule the sim backend applies
-        (``kvsim.core.copypath`` with the profile's arguments), and the SM kernel's CTAs."""
-        if self.on_gpu and self.host is not None and self.host.dev_ptr is None:
-            # host memory without a mapped device address: the SM kernel cannot reach it
-            for d in DIRECTIONS:
-                if force[d] is CopyPath.SM_KERNEL:
-                    raise ValueError(f"copy_path.{d}: the SM kernel needs mapped host memory, "
-                                     "not available here")
-            force = {d: CopyPath.COPY_ENGINE for d in DIRECTIONS}
-        prof = self.profile
-        h = self.host  # registered unit by unit: the register backing, on a GPU
-        unit = h.layout.unit_bytes if (h is not None and self.on_gpu and h.backing is Backing.REGISTER) else None
-        chunked = registration_forces_kernel(self.page_bytes, unit, self.slots.get(Level.HOST, 0))
-        if chunked and self.on_gpu and self.host is not None and self.host.dev_ptr is None:
-            raise ValueError("host registration: pages straddle registration units, which needs "
-                             "the SM kernel, but the host memory has no mapped device address")
-        self.copies.paths = {d: choose_copy_path(**prof.copy_path_args(d, self.page_bytes), force=force[d],
-                                                 chunked_registration=chunked,
-                                                 kernel_on_coherent_link=self._kernel_on_c2c)
-                             for d in DIRECTIONS}
+        """The copy path of each direction (``copies.choose_paths``) and the SM kernel's CTAs."""
+        self.copies.paths = choose_paths(self.profile, self.page_bytes, self.host,
+                                         self.slots.get(Level.HOST, 0), self.on_gpu, force,
+                                         self._kernel_on_c2c)
         self.ctas = ctas
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
@@ -394,27 +323,7 @@ class HwBackend:
         """``io`` gets a disk batch's jobs' (start, end) on the I/O threads."""
         if self._closed:
             raise RuntimeError("the backend is closed")
-        if batch.page_bytes != self.page_bytes:
-            raise ValueError(f"batch.page_bytes: got {batch.page_bytes}; this backend's pages "
-                             f"are {self.page_bytes} bytes")
-        src = np.asarray(batch.src_slots, dtype=np.int64)
-        dst = np.asarray(batch.dst_slots, dtype=np.int64)
-        if src.shape != dst.shape:
-            raise ValueError(f"batch: {src.shape[0]} source slots but {dst.shape[0]} destination slots")
-        small = src.size <= _SMALL
-        for lv, s in ((batch.src, src), (batch.dst, dst)):
-            n = self.slots.get(lv)
-            if n is None:
-                raise ValueError(f"batch: this backend has no {lv.name} tier")
-            if not s.size:
-                continue
-            if small:
-                v = s.tolist()
-                bad = min(v) < 0 or max(v) >= n
-            else:  # one pass: a negative slot seen as uint64 is >= 2**63 > n
-                bad = int(s.view(np.uint64).max()) >= n
-            if bad:
-                raise IndexError(f"batch: a {lv.name} slot is outside 0..{n - 1}")
+        src, dst = batch_slots(batch, self.page_bytes, self.slots)
         if src.size == 0:
             return self.waits.done(True)
         key = (batch.src, batch.dst)
@@ -499,3 +408,5 @@ class HwBackend:
             if obj is not None:
                 obj.close()
                 setattr(self, name, None)
+        if getattr(self, "host_slots", None) is not None:
+            self.host_slots.fill = None  # (closed: as if there were no host tier)

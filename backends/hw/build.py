@@ -41,7 +41,8 @@ from kvsim import scratch
 from kvsim.config import host_fill
 from kvsim.core.spec import Level
 
-from .backend import HwBackend, _load_cupy
+from .backend import HwBackend
+from .gpu import load_cupy
 from .resources import Tier, check_capacity as _check_capacity
 from .runtime import RealtimeRuntime
 
@@ -67,7 +68,7 @@ def build_hw_backend(prep, mgr, *, time_scale: float = 1.0, device: str = "auto"
         scratch.sweep(disk_dir)  # what killed runs left (their space counts as free below)
     if disk_preallocate is None:
         disk_preallocate = True
-    cp = _load_cupy() if device != "cpu" else None
+    cp = load_cupy() if device != "cpu" else None
     if device == "gpu" and cp is None:  # (as HwBackend says it), before sizes are checked
         raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
     seen = None

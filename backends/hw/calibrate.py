@@ -36,8 +36,9 @@ from kvsim.core.spec import Level
 from kvsim.measured import Measured, batch as _batch
 from kvsim.hardware import HardwareProfile, load_profile
 
-from .backend import HwBackend, _load_cupy
+from .backend import HwBackend
 from .disk import DiskStore
+from .gpu import load_cupy
 from .memory import HostRegion
 from .runtime import RealtimeRuntime
 
@@ -288,7 +289,7 @@ def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None
             profile: HardwareProfile | None = None) -> tuple[Measured, Plan]:
     """Everything calibrate measures, with the hw backend built on ``profile`` (default
     the default config's); the disk also at the profile's queue depth and piece size."""
-    cp = _load_cupy() if device != "cpu" else None
+    cp = load_cupy() if device != "cpu" else None
     if device == "gpu" and cp is None:
         raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
     on_gpu = cp is not None

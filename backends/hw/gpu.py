@@ -74,6 +74,17 @@ SRC_ACCESS_ORDER_ANY = 3              # the source may be read at any time
 MEMCPY_FLAG_PREFER_OVERLAP = 1        # cudaMemcpyFlagPreferOverlapWithCompute
 
 
+def load_cupy():
+    """The ``cupy`` module where CuPy imports and finds a CUDA GPU; else None (CPU mode)."""
+    try:
+        import cupy as cp  # noqa: PLC0415
+        if cp.cuda.runtime.getDeviceCount() > 0:
+            return cp
+    except Exception:
+        pass
+    return None
+
+
 class Kernels:
     def __init__(self, cp, unroll: int = 8, busy_waves: int = 10):
         self.cp = cp
