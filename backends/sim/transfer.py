@@ -8,9 +8,9 @@ and sets all of them in its constructor; a ``Transfer`` reads them through it (a
 class here, so that this module needs nothing from ``backend``).
 
 Invariants: a transfer takes what its path needs before its bytes flow and gives it all
-back before its fixed cost; its counters, tags and timing-log row are written once, when it
-completes (``_finish``), never at submit; a failed transfer writes garbage (``GARBAGE``)
-into its destination slots' tags and completes with False.
+back before its fixed cost; its bytes, tags and timing-log row are written once, when it
+completes (``_finish``, ``_log``), never at submit; a failed transfer writes garbage
+(``GARBAGE``) into its destination slots' tags and completes with False.
 """
 
 from __future__ import annotations
