@@ -9,7 +9,11 @@ conservation, page states against the requests' page lists, counter balance, the
 tree, and the refcheck (every committed page's tag in the backend).
 
 The machine runs once per built-in eviction policy: a policy only orders candidates, so
-every invariant must hold whichever it is (``belady`` with a made-up future).
+every invariant must hold whichever it is (``belady`` with a made-up future). It runs
+once per built-in placement policy too (alone, with an eviction policy that keeps page
+metadata, and with retained copies): a placement may drop victims or send them past the
+host, and the manager must still keep every invariant (``recompute`` with a depth that
+drops the first two blocks of every prompt), and with ``Scatter``, a hostile placement.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from conftest import PAGE, TPB, backend_for, make_manager
 from kvsim.core import CoreError, Level, ReqState
 from kvsim.core.audit import audit
-from kvsim.core.policy import POLICY_NAMES, make_policy
+from kvsim.core.policy import (DROP, PLACEMENT_NAMES, POLICY_NAMES, PlacementPolicy,
+                               make_placement, make_policy)
 
 FAMILIES = st.integers(0, 2)  # few prompt families, so prefixes are shared often
 SCOPES = st.sampled_from(["a", "b"])
@@ -65,14 +70,39 @@ def _policy(name: str):
     return make_policy(name, future=MadeUpFuture()) if name == "belady" else make_policy(name)
 
 
+class Scatter(PlacementPolicy):
+    """A hostile placement for the machine: by the page's id, a victim is dropped, sent
+    to the last tier or cascades, and a restored page keeps its copy or not (drops it asks
+    for that would break an invariant must be refused by the manager)."""
+
+    name = "scatter"
+
+    def place(self, page, src, levels, clock):
+        r = (page.pid * 7 + clock) % 3
+        return DROP if r == 0 else (len(levels) - 1 if r == 1 else src + 1)
+
+    def keep_copy(self, page, clock):
+        return page.pid % 2 == 0
+
+    keeps_every_copy = False
+
+
+def _placement(name: str):
+    if name == "scatter":
+        return Scatter()
+    return make_placement(name, max_depth=2) if name == "recompute" else make_placement(name)
+
+
 class CoreMachine(RuleBasedStateMachine):
     policy = "lru"
+    placement = "cascade"
     copies: dict = {}  # ManagerSpec's retained-copy options
 
     def __init__(self) -> None:
         super().__init__()
         self.m = make_manager(gpu=6, host=5, disk=4, max_gpu=8, max_host=7, max_disk=6,
-                              policy=_policy(self.policy), **self.copies)
+                              policy=_policy(self.policy), placement=_placement(self.placement),
+                              **self.copies)
         self.be = backend_for(self.m)
         self.held: list = []  # plans in flight, not yet run
 
@@ -335,3 +365,24 @@ TestCoreMachine_copies_quarter = _machine_with_copies(
     "copies_quarter", {"keep_copy": True, "write_through": True,
                        "protected_copy_fraction": 0.25}, 100)
 TestCoreMachine_keep_copy = _machine_with_copies("keep_copy", {"keep_copy": True}, 100)
+
+
+def _machine_placed(placement: str, policy: str, copies: dict, examples: int):
+    machine = type(f"CoreMachine_{placement}_{policy}", (CoreMachine,),
+                   {"placement": placement, "policy": policy, "copies": copies})
+    machine.TestCase.settings = settings(
+        max_examples=examples, stateful_step_count=50, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    return machine.TestCase
+
+
+# every built-in placement but the default (CoreMachine's own): with lru, with lfu (the
+# generic path, page metadata kept), and with retained copies (keep-copy, write-through)
+for _name in PLACEMENT_NAMES + ("scatter",):
+    if _name != "cascade":
+        _n = _name.replace("-", "_")
+        globals()[f"TestCoreMachine_place_{_n}"] = _machine_placed(_name, "lru", {}, 150)
+        globals()[f"TestCoreMachine_place_{_n}_lfu"] = _machine_placed(_name, "lfu", {}, 60)
+        globals()[f"TestCoreMachine_place_{_n}_copies"] = _machine_placed(
+            _name, "lru", {"keep_copy": True, "write_through": True,
+                           "protected_copy_fraction": 0.5}, 150)

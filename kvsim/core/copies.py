@@ -4,7 +4,8 @@ A *retained copy* is a disk slot holding the bytes of a page that lives in a war
 (GPU or host). It comes from one of two places:
 - keep-copy (``ManagerSpec.keep_copy``): a restore from disk of a fully committed page
   (a full block with its content tag) leaves the disk slot as the page's copy instead of
-  freeing it. A partial page never keeps one;
+  freeing it, if the placement policy's ``keep_copy`` agrees (the default keeps every
+  one). A partial page never keeps one;
 - write-through (``ManagerSpec.write_through``): a fully committed page evicted GPU ->
   host is also written host -> disk by a background plan (``write_through()``, batches
   of kind ``BatchKind.BACKGROUND``); its copy is *ready* once that write succeeded.
@@ -107,8 +108,11 @@ class Copies:
         disk = self.tiers[self._disk_pos]
         free = []
         kept = 0
+        placement = self.placement  # type: ignore[attr-defined]
+        keep = None if placement.keeps_every_copy else placement.keep_copy
+        clock = self.clock  # type: ignore[attr-defined]
         for p, s in zip(pages, slots):
-            if self._full(p) and p.copy < 0:
+            if self._full(p) and p.copy < 0 and (keep is None or keep(p, clock)):
                 p.copy = s
                 p.copy_ready = True
                 disk.copies[p] = None

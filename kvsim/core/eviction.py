@@ -7,7 +7,9 @@ only droppable leaves, children before parents), and the tier each tier's victim
 applies a selection, deepest tier first: last-tier victims drop; others are pinned
 (MOVING) and get a destination slot in their colder tier; the slots they vacate are handed over
 to the pages coming in (``PlanRecord.handed`` remembers which evict batch each tier's incoming
-pages depend on). ``_settle`` puts a page where its owners say it belongs.
+pages depend on). ``_settle`` puts a page where its owners say it belongs. With a placement policy other
+than the default, victims may drop or go further than the next colder tier
+(``kvsim.core.placing``).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from __future__ import annotations
 from itertools import filterfalse, islice
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from kvsim.core.copies import Copies, take_back_split
+from kvsim.core.copies import take_back_split
 from kvsim.core.pages import Page
+from kvsim.core.placing import Placing
 from kvsim.core.plan import Batch, BatchKind, PlanKind
 from kvsim.core.types import Phase
 
@@ -52,16 +55,20 @@ class Selection:
     """A dry run's result: ``victims[t]`` leave tier t for tier ``dest[t]`` (dropped from
     the last tier)."""
 
-    __slots__ = ("victims", "dest", "reclaim", "taking")
+    __slots__ = ("victims", "dest", "reclaim", "taking", "drops", "far")
 
-    def __init__(self, ntiers: int):
+    def __init__(self, ntiers: int, placing: bool = False):
         self.victims: list[list[Page]] = [[] for _ in range(ntiers)]
         self.dest: list[int] = [0] * ntiers
         self.reclaim: list[Page] = []  # the disk tier's retained copies to free
         self.taking: set[Page] = set()  # victims that take their disk copy back
+        # with a placement policy (kvsim.core.placing): per tier, its victims dropped
+        # where they are, and those that go to the last tier rather than to ``dest``
+        self.drops: list[list[Page]] | None = [[] for _ in range(ntiers)] if placing else None
+        self.far: list[list[Page]] | None = [[] for _ in range(ntiers)] if placing else None
 
 
-class Eviction(Copies):
+class Eviction(Placing):
     """Mixin of TierManager (uses its tiers, tree, counters, live pages and page size)."""
 
     # set by TierManager.__init__; declared here for the type checker (and mypyc)
@@ -97,7 +104,7 @@ class Eviction(Copies):
         Victims go to the nearest colder tier that can take them (free slots, or room it
         makes the same way), so a full tier is skipped rather than blocking: e.g. GPU pages
         go straight to disk while the host tier is full of pages a resume is bringing up."""
-        sel = Selection(len(self.tiers))
+        sel = Selection(len(self.tiers), self._placing)
         return sel if self._select_at(pos, n, exclude, use_free, sel) else None
 
     def _select_at(self, t: int, n: int, exclude: set | None, use_free: bool,
@@ -121,19 +128,27 @@ class Eviction(Copies):
         victims = self._pick(tier, k, exclude)
         if victims is None:
             return False
+        start = t + 1
+        if self._placing:  # a placement policy: some victims drop or go further
+            victims, start, placed = self._place_victims(t, victims, exclude, sel)
+            if placed is not None:
+                return placed
         disk = self._disk_pos
-        for d in range(t + 1, len(self.tiers)):
-            need = k
+        for d in range(start, len(self.tiers)):
+            need = len(victims)
             take: list[Page] = []
             if d == disk and self._retained:  # ready copies are taken back, not written
                 take = take_back_split(victims)[0]
-                need = k - len(take)
+                need = len(victims) - len(take)
                 sel.taking.update(take)
             if self._select_at(d, need, exclude, True, sel):
                 sel.victims[t] = victims
                 sel.dest[t] = d
                 return True
             sel.taking.difference_update(take)
+            if self._placing:
+                self._forget(sel, d)
+                continue
             for j in range(d, len(self.tiers)):  # forget the branch that failed
                 sel.victims[j] = []
             if d == disk:
@@ -197,6 +212,8 @@ class Eviction(Copies):
                  batches: list[Batch], incoming: bool = True) -> list[int]:
         """Apply a selection: ``n`` slots of tier ``pos`` for incoming pages (victims' slots
         handed over after free ones). Evictions are added to ``batches``, deepest first."""
+        if sel.drops is not None:
+            return self._reserve_placed(pos, n, sel, rec, batches, incoming)
         tier = self.tiers[pos]
         victims = sel.victims[pos]
         reclaim = sel.reclaim if tier.is_last else []

@@ -34,6 +34,7 @@ from kvsim.core.pages import Page
 from kvsim.core.planning import Planning
 from kvsim.core.policy import EvictionPolicy, PriorityLRU
 from kvsim.core.policy.base import HeapOrder
+from kvsim.core.policy.placement import Cascade, PlacementPolicy
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
 from kvsim.core.spec import Level, ManagerSpec
@@ -44,12 +45,17 @@ from kvsim.core.types import Phase, ReqState
 
 
 class TierManager(Planning):
-    def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None):
+    def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None,
+                 placement: PlacementPolicy | None = None):
         """``policy``: the eviction order within a tier (default: ``PriorityLRU``, the fast
-        path)."""
+        path); ``placement``: where victims go and which restored pages keep their disk
+        copy (default: ``Cascade``, one tier colder, every copy kept)."""
         self.spec = spec
         self.policy: EvictionPolicy = policy if policy is not None else PriorityLRU()
-        self._fast = bool(self.policy.fast_lru)  # walk the recency index; no page metadata
+        self.placement: PlacementPolicy = placement if placement is not None else Cascade()
+        self._placing = not self.placement.is_default  # kvsim.core.placing decides
+        # walk the recency index; no page metadata (unless the placement reads it)
+        self._fast = bool(self.policy.fast_lru) and not self.placement.reads_use
         self.clock = 0  # logical: one tick per prepared turn
         self.ticks = 0  # recency: one tick per page entering or touched in an eviction index
         self.page_bytes = spec.page_bytes

@@ -1,9 +1,10 @@
-"""Eviction policies: the interface, the built-ins and their registry.
+"""Eviction and placement policies: the interfaces, the built-ins and their registries.
 
 ``make_policy(name, **kw)`` builds a built-in by name; ``POLICIES`` maps names to
 classes. A user's own policy is an ``EvictionPolicy`` subclass given to ``TierManager``
 (the run configuration's ``cache.policy.eviction: module:Class`` loads one, outside the
-core).
+core). Placement policies (where a victim goes, whether a restored page keeps its disk
+copy) are in ``placement.py``: ``make_placement``, ``PLACEMENTS``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from typing import Any
 
 from kvsim.core.policy.base import LRU, EvictionPolicy, PriorityLRU
 from kvsim.core.policy.builtin import GDSF, LFU, S3FIFO, Belady
+from kvsim.core.policy.placement import (DROP, PLACEMENT_NAMES, PLACEMENTS, Cascade,
+                                         PlacementPolicy, RecomputeOverDisk, SkipHost,
+                                         make_placement)
 
 
 #: the built-ins: (name, class), the default first
@@ -30,4 +34,5 @@ def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
 
 
 __all__ = ["EvictionPolicy", "LRU", "PriorityLRU", "LFU", "GDSF", "S3FIFO", "Belady", "POLICIES",
-           "POLICY_NAMES", "make_policy"]
+           "POLICY_NAMES", "make_policy", "DROP", "PlacementPolicy", "Cascade", "RecomputeOverDisk",
+           "SkipHost", "PLACEMENTS", "PLACEMENT_NAMES", "make_placement"]
