@@ -24,7 +24,7 @@ from kvsim.config_types import PositiveSeconds, Size
 from kvsim.config_types import Strict as _Strict
 from kvsim.config_workload import WorkloadConfig
 from kvsim.core.diskio import WRITE_SHARE
-from kvsim.core.policy import POLICY_NAMES
+from kvsim.core.policy import PLACEMENT_NAMES, POLICY_NAMES
 from kvsim.paths import CONFIGS
 
 
@@ -101,8 +101,10 @@ class TierConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """The eviction order within a tier: a built-in name or ``module:Class``."""
+    """The eviction order within a tier, and the placement (where a victim goes, which
+    restored pages keep their disk copy): each a built-in name or ``module:Class``."""
     eviction: str = "lru"
+    placement: str = "cascade"
 
     @field_validator("eviction")
     @classmethod
@@ -111,6 +113,14 @@ class PolicyConfig(_Strict):
             return v
         raise ValueError(f"unknown eviction policy {v!r}; expected one of "
                          f"{', '.join(POLICY_NAMES)}, or module:Class for your own")
+
+    @field_validator("placement")
+    @classmethod
+    def _known_placement(cls, v: str) -> str:
+        if v in PLACEMENT_NAMES or (":" in v and all(v.partition(":")[::2])):
+            return v
+        raise ValueError(f"unknown placement policy {v!r}; expected one of "
+                         f"{', '.join(PLACEMENT_NAMES)}, or module:Class for your own")
 
 
 class CacheConfig(_Strict):

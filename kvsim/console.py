@@ -55,11 +55,15 @@ def summary_table(metrics: dict, title: str, policy: str | None = None) -> Table
 
 
 def policy_label(run_info: dict) -> str | None:
-    """The eviction policy as the summary table shows it (a bound says so)."""
+    """The eviction policy as the summary table shows it (a bound says so), and the
+    placement policy unless it is the default."""
     name = run_info.get("policy")
     if name is None:
         return None
-    return f"{name} (offline bound)" if run_info.get("policy_is_bound") else name
+    if run_info.get("policy_is_bound"):
+        name = f"{name} (offline bound)"
+    placement = run_info.get("placement", "cascade")
+    return name if placement == "cascade" else f"{name}, placement {placement}"
 
 
 def error(console: Console, msg: str) -> None:
