@@ -21,7 +21,7 @@ are applied once, by the first of its (at most two) reservations in one plan.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvsim.core.copies import Copies, take_back_split
 from kvsim.core.errors import CoreError
@@ -31,8 +31,11 @@ from kvsim.core.policy.placement import DROP
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
-    from kvsim.core.eviction import PlanRecord, Selection
     from kvsim.core.policy.placement import PlacementPolicy
+
+# ``kvsim.core.eviction``'s Selection and PlanRecord (that module builds on this one)
+Selection = Any
+PlanRecord = Any
 
 
 class Placing(Copies):
