@@ -73,6 +73,21 @@ class TierConfig(_Strict):
     write_through: bool = False
     write_through_inflight: Size = 1 << 30
     protected_copy_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    # this tier's own eviction order (a built-in name or module:Class), instead of
+    # cache.policy.eviction's; not belady (a bound over the whole cache)
+    eviction: Optional[str] = None
+
+    @field_validator("eviction")
+    @classmethod
+    def _known_eviction(cls, v: Optional[str]) -> Optional[str]:
+        if v is None or (v in POLICY_NAMES and v != "belady") or (":" in v and all(v.partition(":")[::2])):
+            return v
+        if v == "belady":
+            raise ValueError("belady is an offline bound over the whole cache: set it as "
+                             "cache.policy.eviction, not for one tier")
+        raise ValueError(f"unknown eviction policy {v!r}; expected one of "
+                         f"{', '.join(n for n in POLICY_NAMES if n != 'belady')}, or "
+                         f"module:Class for your own")
 
     @model_validator(mode="after")
     def _check(self) -> "TierConfig":
@@ -146,6 +161,10 @@ class CacheConfig(_Strict):
         if not levels or levels[0] != "gpu" or any(order[b] <= order[a] for a, b in zip(levels, levels[1:])):
             raise ValueError(f"tiers must be ordered gpu -> host -> disk (host and disk "
                              f"optional), got {' -> '.join(levels) or 'none'}")
+        if self.policy.eviction == "belady" and any(t.eviction for t in self.tiers):
+            i = next(i for i, t in enumerate(self.tiers) if t.eviction)
+            raise ValueError(f"tiers[{i}].eviction: belady (cache.policy.eviction) orders every "
+                             f"tier; a tier's own eviction policy cannot be mixed with it")
         for i, t in enumerate(self.tiers):
             if t.write_through and "host" not in levels:
                 raise ValueError(f"tiers[{i}].write_through needs a host tier above the disk "

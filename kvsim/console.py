@@ -62,6 +62,9 @@ def policy_label(run_info: dict) -> str | None:
         return None
     if run_info.get("policy_is_bound"):
         name = f"{name} (offline bound)"
+    tiers = run_info.get("tier_eviction") or {}
+    if tiers:
+        name += "".join(f", {level} {pol}" for level, pol in tiers.items())
     placement = run_info.get("placement", "cascade")
     return name if placement == "cascade" else f"{name}, placement {placement}"
 

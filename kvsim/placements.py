@@ -1,5 +1,6 @@
-"""The run's placement policy, from ``cache.policy.placement`` (outside the core: it may
-import a user's module, and ``recompute`` reads the model and the hardware profile).
+"""The run's placement policy, from ``cache.policy.placement``, and the tiers' own
+eviction policies, from ``cache.tiers[i].eviction`` (outside the core: they may import a
+user's module, and ``recompute`` reads the model and the hardware profile).
 
 ``cache.policy.placement`` is a built-in name (``kvsim.core.policy.PLACEMENT_NAMES``) or
 ``module:Class``, a user's ``kvsim.core.policy.PlacementPolicy`` subclass, built with no
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from kvsim.compute import ComputeModel
 from kvsim.config import ConfigFileError
-from kvsim.core.policy import PLACEMENT_NAMES, PlacementPolicy, RecomputeOverDisk, make_placement
+from kvsim.core.policy import (PLACEMENT_NAMES, POLICY_NAMES, EvictionPolicy, PlacementPolicy,
+                               RecomputeOverDisk, make_placement, make_policy)
 
 if TYPE_CHECKING:
     from kvsim.config import RunConfig
@@ -41,6 +43,26 @@ def build_placement(cfg: "RunConfig", shape: "ModelShape", profile: "HardwarePro
     if name in PLACEMENT_NAMES:
         return make_placement(name)
     return load_user_placement(name)
+
+
+def build_tier_policies(cfg: "RunConfig") -> dict[int, EvictionPolicy]:
+    """Tier position -> its own eviction policy, for the tiers that name one other than
+    ``cache.policy.eviction`` (a fresh instance each: a policy may keep state)."""
+    from kvsim.policies import KEY as EVICTION_KEY, PolicyError, load_user_policy
+
+    out: dict[int, EvictionPolicy] = {}
+    for i, t in enumerate(cfg.cache.tiers):
+        name = t.eviction
+        if name is None or name == cfg.cache.policy.eviction:
+            continue
+        if name in POLICY_NAMES:
+            out[i] = make_policy(name)
+            continue
+        try:
+            out[i] = load_user_policy(name)
+        except PolicyError as e:  # the same checks, told with this tier's key
+            raise PolicyError(str(e).replace(EVICTION_KEY, f"cache.tiers[{i}].eviction", 1)) from None
+    return out
 
 
 def block_recompute_s(model: ComputeModel, tokens_per_block: int, depth: int,
@@ -93,9 +115,13 @@ def load_user_placement(path: str) -> PlacementPolicy:
     return placement
 
 
-def describe(name: str, placement: PlacementPolicy) -> dict:
-    """What a run's summary says about its placement (``name``: as configured)."""
-    out: dict = {"placement": name}
+def describe(cfg: "RunConfig", placement: PlacementPolicy,
+             tier_policies: dict[int, EvictionPolicy]) -> dict:
+    """What a run's summary says about its placement and its tiers' own policies."""
+    out: dict = {"placement": cfg.cache.policy.placement}
     if isinstance(placement, RecomputeOverDisk):
         out["placement_max_depth"] = placement.max_depth
+    if tier_policies:
+        out["tier_eviction"] = {cfg.cache.tiers[i].level: cfg.cache.tiers[i].eviction
+                                for i in sorted(tier_policies)}
     return out

@@ -27,7 +27,7 @@ from kvsim.core.hostfill import FillMode, layout_for
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row
 from kvsim.hardware import HardwareProfile, load_profile
-from kvsim.placements import build_placement, describe
+from kvsim.placements import build_placement, build_tier_policies, describe
 from kvsim.policies import build_policy
 from kvsim.results import Staging, kvsim_version, mark
 from kvsim.workload import TraceError, Workload, session_start_times
@@ -246,7 +246,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
     policy = build_policy(cfg, prep.workload, backend, prep.starts)  # belady: sim only
     placement = build_placement(cfg, prep.shape, prep.profile, prep.spec.page_bytes)
-    mgr = TierManager(prep.spec, policy, placement)
+    tier_policies = build_tier_policies(cfg)
+    mgr = TierManager(prep.spec, policy, placement, tier_policies)
     rt, be = BACKENDS[backend](prep, mgr, backend_options or {})
     try:  # from here on the backend holds memory and files: close it on every exit
         model = ComputeModel(prep.shape, prep.profile)
@@ -288,7 +289,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
                 "git_commit": git_commit(), "policy": cfg.cache.policy.eviction,
                 "policy_is_bound": bool(policy.is_bound),
-                **describe(cfg.cache.policy.placement, placement)}
+                **describe(cfg, placement, tier_policies)}
     return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters,
                   prep.profile, run_info)
 

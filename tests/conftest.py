@@ -37,11 +37,11 @@ TPB = 4            # tokens per block
 def make_manager(gpu: int = 4, host: int | None = 4, disk: int | None = 4,
                  max_gpu: int = 0, max_host: int = 0, max_disk: int = 0,
                  page: int = PAGE, tpb: int = TPB, policy=None, placement=None,
-                 **copies) -> TierManager:
+                 tier_policies=None, **copies) -> TierManager:
     """A manager whose tiers hold ``gpu``/``host``/``disk`` pages (None: no such tier);
     ``max_*`` is the reserved range in pages (0: same as the quota); ``policy``: an
     eviction policy (default LRU); ``placement``: a placement policy (default: the
-    cascade); ``copies``: ManagerSpec's retained-copy options
+    cascade); ``tier_policies``: tier position -> its own eviction policy; ``copies``: ManagerSpec's retained-copy options
     (``keep_copy``, ``write_through``, ...)."""
     tiers = [TierSpec(Level.GPU, gpu * page, max_gpu * page)]
     if host is not None:
@@ -49,7 +49,7 @@ def make_manager(gpu: int = 4, host: int | None = 4, disk: int | None = 4,
     if disk is not None:
         tiers.append(TierSpec(Level.DISK, disk * page, max_disk * page))
     return TierManager(ManagerSpec(page_bytes=page, tokens_per_block=tpb, tiers=tuple(tiers),
-                                   **copies), policy, placement)
+                                   **copies), policy, placement, tier_policies)
 
 
 def backend_for(m: TierManager) -> ReferenceBackend:

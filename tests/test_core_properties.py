@@ -13,7 +13,8 @@ every invariant must hold whichever it is (``belady`` with a made-up future). It
 once per built-in placement policy too (alone, with an eviction policy that keeps page
 metadata, and with retained copies): a placement may drop victims or send them past the
 host, and the manager must still keep every invariant (``recompute`` with a depth that
-drops the first two blocks of every prompt), and with ``Scatter``, a hostile placement.
+drops the first two blocks of every prompt), and with ``Scatter``, a hostile placement;
+and with tiers that keep their own eviction orders.
 """
 
 from __future__ import annotations
@@ -96,12 +97,14 @@ def _placement(name: str):
 class CoreMachine(RuleBasedStateMachine):
     policy = "lru"
     placement = "cascade"
+    tiers: dict = {}  # tier position -> its own eviction policy's name
     copies: dict = {}  # ManagerSpec's retained-copy options
 
     def __init__(self) -> None:
         super().__init__()
         self.m = make_manager(gpu=6, host=5, disk=4, max_gpu=8, max_host=7, max_disk=6,
                               policy=_policy(self.policy), placement=_placement(self.placement),
+                              tier_policies={i: _policy(n) for i, n in self.tiers.items()},
                               **self.copies)
         self.be = backend_for(self.m)
         self.held: list = []  # plans in flight, not yet run
@@ -386,3 +389,20 @@ for _name in PLACEMENT_NAMES + ("scatter",):
         globals()[f"TestCoreMachine_place_{_n}_copies"] = _machine_placed(
             _name, "lru", {"keep_copy": True, "write_through": True,
                            "protected_copy_fraction": 0.5}, 150)
+
+
+def _machine_per_tier(name: str, policy: str, tiers: dict, placement: str, examples: int):
+    machine = type(f"CoreMachine_{name}", (CoreMachine,),
+                   {"policy": policy, "tiers": tiers, "placement": placement})
+    machine.TestCase.settings = settings(
+        max_examples=examples, stateful_step_count=50, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    return machine.TestCase
+
+
+# each tier its own eviction order: LRU (the recency index) beside the generic path's
+# heaps; gdsf (which keeps scores and hears evictions) on one tier only
+TestCoreMachine_tiers_lru_lfu_s3fifo = _machine_per_tier(
+    "tiers_lru_lfu_s3fifo", "lru", {1: "lfu", 2: "s3-fifo"}, "cascade", 100)
+TestCoreMachine_tiers_gdsf_lru_host = _machine_per_tier(
+    "tiers_gdsf_lru_host", "gdsf", {1: "lru"}, "skip-host", 100)

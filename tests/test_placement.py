@@ -326,3 +326,63 @@ def test_the_documented_example_placement_runs(tmp_path):
     finally:
         _sys.path.remove(str(tmp_path))
         _sys.modules.pop("doc_placement", None)
+
+
+# -- a tier's own eviction order -------------------------------------------------------------
+
+def test_each_tier_evicts_in_its_own_order():
+    """GPU under lru, host under lfu. A (used twice) and B (once) wait on host; C (used
+    twice, older) and D (once, newer) on GPU. One page must leave the GPU: lru's choice,
+    C, the least recent; the full host makes room by lfu's choice, B, the least used
+    (lru would have pushed out A, lfu on GPU would have sent D)."""
+    from kvsim.core.policy import LFU, LRU
+
+    def story(policy, tier_policies):
+        m = make_manager(gpu=2, host=2, disk=4, policy=policy, tier_policies=tier_policies)
+        be = backend_for(m)
+        a = turn(m, be, 1)
+        assert turn(m, be, 1) == a
+        b = turn(m, be, 2)
+        evict(m, be, GPU, 2)
+        c = turn(m, be, 3)
+        assert turn(m, be, 3) == c
+        d = turn(m, be, 4)
+        evict(m, be, GPU, 1)
+        return where(m, a + b + c + d)
+
+    assert story(LRU(), {1: LFU()}) == ["host", "disk", "host", "gpu"]
+    assert story(LRU(), None) == ["disk", "host", "host", "gpu"]
+    assert story(LFU(), None) == ["host", "disk", "gpu", "host"]
+    assert story(LFU(), {0: LRU()}) == ["host", "disk", "host", "gpu"]
+
+
+def test_a_tier_policy_for_no_such_tier_is_an_error():
+    from kvsim.core.policy import LFU
+
+    with pytest.raises(CoreError, match="no tier at position 3"):
+        make_manager(tier_policies={3: LFU()})
+
+
+def test_config_gives_a_tier_its_own_eviction_policy(tmp_path):
+    from kvsim.cli import app
+    from kvsim.config import ConfigFileError, load_config
+
+    cfg = load_config("configs/default.yaml", ["cache.tiers[1].eviction=lfu"])
+    assert [t.eviction for t in cfg.cache.tiers] == [None, "lfu", None]
+    out = tmp_path / "ok"
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL,
+                            "--set", "cache.tiers[1].eviction=lfu"])
+    assert r.exit_code == 0, r.output
+    assert json.loads((out / "summary.json").read_text())["run"]["tier_eviction"] == {"host": "lfu"}
+    assert "lru, host lfu" in r.output
+    with pytest.raises(ConfigFileError, match=r"cache.tiers\[1\].eviction.*whole cache"):
+        load_config("configs/default.yaml", ["cache.tiers[1].eviction=belady"])
+    with pytest.raises(ConfigFileError, match="cannot be mixed"):
+        load_config("configs/default.yaml", ["cache.policy.eviction=belady",
+                                             "cache.tiers[2].eviction=lfu"])
+    for bad in ("mru", "json:JSONDecoder"):
+        out = tmp_path / bad.replace(":", "_")
+        r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL,
+                                "--set", f"cache.tiers[2].eviction={bad}"])
+        assert r.exit_code == 2, r.output
+        assert "cache.tiers[2].eviction" in r.output and "Traceback" not in r.output

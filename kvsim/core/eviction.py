@@ -78,6 +78,7 @@ class Eviction(Placing):
     _pages: dict[int, Page]
     page_bytes: int
     policy: EvictionPolicy
+    policies: list[EvictionPolicy]
     _fast: bool
     clock: int
     ticks: int
@@ -222,7 +223,7 @@ class Eviction(Placing):
         if not freed:
             return slots
         if victims and not self._fast:
-            self.policy.on_evict(victims, self.clock)
+            self.policies[pos].on_evict(victims, self.clock)
         if tier.is_last:
             if victims:
                 self._drop_each(tier, victims)
@@ -341,8 +342,8 @@ class Eviction(Placing):
             self._settle(p, touch=True)
         if touched is not None:
             for tier, ps in zip(tiers, touched):
-                if ps:
-                    tier.order.touch_many(ps)  # type: ignore[union-attr]
+                if ps and tier.order is not None:
+                    tier.order.touch_many(ps)
 
     def _settle(self, page: Page, touch: bool) -> None:
         """Put a resident page where its owners say it belongs: out of the index if locked,

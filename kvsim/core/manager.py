@@ -46,29 +46,42 @@ from kvsim.core.types import Phase, ReqState
 
 class TierManager(Planning):
     def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None,
-                 placement: PlacementPolicy | None = None):
+                 placement: PlacementPolicy | None = None,
+                 tier_policies: dict[int, EvictionPolicy] | None = None):
         """``policy``: the eviction order within a tier (default: ``PriorityLRU``, the fast
         path); ``placement``: where victims go and which restored pages keep their disk
-        copy (default: ``Cascade``, one tier colder, every copy kept)."""
+        copy (default: ``Cascade``, one tier colder, every copy kept); ``tier_policies``:
+        tier position -> that tier's own eviction order, instead of ``policy``'s. Every
+        policy hears every use and turn; each hears its own tiers' evictions. Whether
+        pages get their request's priority is ``policy``'s choice."""
         self.spec = spec
         self.policy: EvictionPolicy = policy if policy is not None else PriorityLRU()
         self.placement: PlacementPolicy = placement if placement is not None else Cascade()
         self._placing = not self.placement.is_default  # kvsim.core.placing decides
-        # walk the recency index; no page metadata (unless the placement reads it)
-        self._fast = bool(self.policy.fast_lru) and not self.placement.reads_use
+        n = len(spec.tiers)
+        over = dict(tier_policies or {})
+        for pos in over:
+            if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < n:
+                raise CoreError(f"tier_policies: no tier at position {pos!r} (0..{n - 1})")
+        self.policies: list[EvictionPolicy] = [over.get(i, self.policy) for i in range(n)]
+        self._hooked: list[EvictionPolicy] = []  # each distinct policy once
+        for p in (self.policy, *self.policies):
+            if all(p is not q for q in self._hooked):
+                self._hooked.append(p)
+        # walk the recency index; no page metadata (unless a policy or the placement reads it)
+        self._fast = all(p.fast_lru for p in self.policies) and not self.placement.reads_use
         self.clock = 0  # logical: one tick per prepared turn
         self.ticks = 0  # recency: one tick per page entering or touched in an eviction index
         self.page_bytes = spec.page_bytes
         self.tokens_per_block = spec.tokens_per_block
-        n = len(spec.tiers)
         self.tiers: list[Tier] = [
             Tier(t.level, i, i == n - 1, spec.page_bytes, t.quota_bytes // spec.page_bytes,
                  t.reserve_bytes // spec.page_bytes)
             for i, t in enumerate(spec.tiers)
         ]
-        if not self._fast:
-            for t in self.tiers:
-                t.order = HeapOrder(self.policy, self)
+        if not self._fast:  # (an LRU tier walks its recency index, as on the fast path)
+            for t, pol in zip(self.tiers, self.policies):
+                t.order = None if pol.fast_lru else HeapOrder(pol, self)
         self._pos = {t.level: i for i, t in enumerate(self.tiers)}
         self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
@@ -385,7 +398,8 @@ class TierManager(Planning):
             p.locks -= 1
             p.holds += 1
         if not self._fast:
-            self.policy.on_turn(req.pages, self.clock)
+            for pol in self._hooked:
+                pol.on_turn(req.pages, self.clock)
         self._settle_touched(reversed(req.pages))  # tail first into the LRU: evicted first
         req.state = ReqState.SUSPENDED
 
@@ -397,7 +411,8 @@ class TierManager(Planning):
             for p in req.pages:
                 p.locks -= 1
             if not self._fast:
-                self.policy.on_turn(req.pages, self.clock)
+                for pol in self._hooked:
+                    pol.on_turn(req.pages, self.clock)
             self._settle_touched(reversed(req.pages))
         else:
             for p in reversed(req.pages):

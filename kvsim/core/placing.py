@@ -135,7 +135,7 @@ class Placing(Copies):
             victims = sel.victims[pos]
             if victims:
                 if not self._fast:  # type: ignore[attr-defined]
-                    self.policy.on_evict(victims, self.clock)  # type: ignore[attr-defined]
+                    self.policies[pos].on_evict(victims, self.clock)  # type: ignore[attr-defined]
                 self._drop_each(tier, victims)  # type: ignore[attr-defined]
                 sel.victims[pos] = []
             if sel.reclaim:
@@ -150,7 +150,7 @@ class Placing(Copies):
         if not freed:
             return slots
         if not self._fast:  # type: ignore[attr-defined]
-            self.policy.on_evict(drops + near + far, self.clock)  # type: ignore[attr-defined]
+            self.policies[pos].on_evict(drops + near + far, self.clock)  # type: ignore[attr-defined]
         if drops:
             self._drop_each(tier, drops)  # type: ignore[attr-defined]
             if incoming:

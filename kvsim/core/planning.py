@@ -259,7 +259,6 @@ class Planning(Eviction):
         arrives in a colder tier), not when a turn is declared."""
         pages = list(pages)
         clock = self.clock
-        policy = self.policy
         if fresh:  # (set outright: a first use found by the exception costs more)
             t = self.ticks
             for p in pages:
@@ -277,17 +276,18 @@ class Planning(Eviction):
                     p.score = 0.0
                     self.ticks += 1
                     p.last_use = self.ticks
-        if type(policy).on_use is not EvictionPolicy.on_use:
-            on_use = policy.on_use
-            for p in pages:
-                on_use(p, clock)
+        for policy in self._hooked:  # type: ignore[attr-defined]
+            if type(policy).on_use is not EvictionPolicy.on_use:
+                on_use = policy.on_use
+                for p in pages:
+                    on_use(p, clock)
         if fresh:
             return  # (new pages are locked: in no index)
         tiers = self.tiers
         for p in pages:
             tier = tiers[p.tier]
-            if tier.index_contains(p):  # its key changed: its place in the order too
-                tier.order.push(p)  # type: ignore[union-attr]
+            if tier.order is not None and tier.index_contains(p):  # its key changed: its
+                tier.order.push(p)  # place in the order too
 
     def _refuse(self, reason: RefusalReason, detail: str) -> Refusal:
         self.counters.refusals += 1
