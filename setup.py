@@ -23,8 +23,8 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 # function accepts a str where the annotation says CopyPath; mypyc would enforce it),
 # kvsim/core/audit.py (a checker, not type-clean), kvsim/engine/metrics.py (mypyc turns a
 # dataclass ClassVar into a field: mypyc/mypyc#1122), and the package __init__ files.
-CORE = ["copies", "eviction", "keys", "manager", "pages", "plan", "planning", "request", "spec",
-        "stats", "tiers", "tree", "types"]
+CORE = ["copies", "eviction", "keys", "manager", "pages", "placing", "plan", "planning", "request",
+        "spec", "stats", "tiers", "tree", "types"]
 ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "plans"]
 SIM = ["backend", "fluid", "runtime", "transfer", "units"]
 

@@ -41,6 +41,7 @@ from kvsim.core.spec import Level
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
+    from kvsim.core.policy.placement import PlacementPolicy
     from kvsim.core.spec import ManagerSpec
     from kvsim.core.stats import Counters
     from kvsim.core.tiers import Tier
@@ -68,6 +69,8 @@ class Copies:
     page_bytes: int
     tokens_per_block: int
     _next_plan: int
+    placement: PlacementPolicy
+    clock: int
 
     def _init_copies(self) -> None:
         spec = self.spec
@@ -108,9 +111,9 @@ class Copies:
         disk = self.tiers[self._disk_pos]
         free = []
         kept = 0
-        placement = self.placement  # type: ignore[attr-defined]
+        placement = self.placement
         keep = None if placement.keeps_every_copy else placement.keep_copy
-        clock = self.clock  # type: ignore[attr-defined]
+        clock = self.clock
         for p, s in zip(pages, slots):
             if self._full(p) and p.copy < 0 and (keep is None or keep(p, clock)):
                 p.copy = s

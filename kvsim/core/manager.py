@@ -16,8 +16,10 @@ destination slots and pins sources, and returns a frozen Plan; ``complete(plan, 
 commits it or rolls it back, batch by batch. A plan that cannot be made changes nothing.
 
 Eviction per tier: lowest priority first, then least recently used (the insertion order
-of the tier's index is the logical clock). The cascade is GPU -> host -> disk -> dropped:
-a victim moves one tier colder; only the last tier drops, and only droppable leaves.
+of the tier's index is the logical clock), or the order of an eviction policy (one for
+all tiers, or a tier's own). The cascade is GPU -> host -> disk -> dropped: a victim moves
+one tier colder; only the last tier drops, and only droppable leaves. A placement policy
+may drop a victim of another tier or send it past the next one (``kvsim.core.placing``).
 Held pages never drop. A tree page is never dropped before its children. With retained
 disk copies (``kvsim.core.copies``) an eviction to disk may take a page's copy back
 instead of writing it, and ``write_through()`` plans background copies to disk.

@@ -28,9 +28,11 @@ from kvsim.core.errors import CoreError
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.policy.placement import DROP
+from kvsim.core.spec import Level
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
+    from kvsim.core.policy.base import EvictionPolicy
     from kvsim.core.policy.placement import PlacementPolicy
 
 # ``kvsim.core.eviction``'s Selection and PlanRecord (that module builds on this one)
@@ -41,16 +43,21 @@ PlanRecord = Any
 class Placing(Copies):
     """Mixin of TierManager (its tiers, placement policy, clock and eviction mechanics)."""
 
+    # set by TierManager.__init__; declared here for the type checker (and mypyc)
     placement: "PlacementPolicy"
     _placing: bool
+    _levels: list[Level]
+    clock: int
+    _fast: bool
+    policies: list["EvictionPolicy"]
 
     def _split(self, t: int, victims: list[Page]) -> tuple[list[Page], list[Page], list[Page]]:
         """(dropped, near, far) of tier ``t``'s victims, each in the victims' order."""
-        levels = self._levels  # type: ignore[attr-defined]
+        levels = self._levels
         n = len(levels)
         last = n - 1
         place = self.placement.place
-        clock = self.clock  # type: ignore[attr-defined]
+        clock = self.clock
         drops: list[Page] = []
         near: list[Page] = []
         far: list[Page] = []
@@ -134,8 +141,8 @@ class Placing(Copies):
         if tier.is_last:  # (victims and copies applied by the first reservation of a plan)
             victims = sel.victims[pos]
             if victims:
-                if not self._fast:  # type: ignore[attr-defined]
-                    self.policies[pos].on_evict(victims, self.clock)  # type: ignore[attr-defined]
+                if not self._fast:
+                    self.policies[pos].on_evict(victims, self.clock)
                 self._drop_each(tier, victims)  # type: ignore[attr-defined]
                 sel.victims[pos] = []
             if sel.reclaim:
@@ -149,8 +156,8 @@ class Placing(Copies):
         slots = tier.alloc_many(n - freed) if incoming else []
         if not freed:
             return slots
-        if not self._fast:  # type: ignore[attr-defined]
-            self.policies[pos].on_evict(drops + near + far, self.clock)  # type: ignore[attr-defined]
+        if not self._fast:
+            self.policies[pos].on_evict(drops + near + far, self.clock)
         if drops:
             self._drop_each(tier, drops)  # type: ignore[attr-defined]
             if incoming:
