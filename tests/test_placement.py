@@ -386,3 +386,32 @@ def test_config_gives_a_tier_its_own_eviction_policy(tmp_path):
                                 "--set", f"cache.tiers[2].eviction={bad}"])
         assert r.exit_code == 2, r.output
         assert "cache.tiers[2].eviction" in r.output and "Traceback" not in r.output
+
+
+# -- both backends run a placement unchanged ---------------------------------------------------
+
+TINY = ["--set", "workload.synthetic.n_sessions=3", "--set", "model=llama-3-8b",
+        "--set", "cache.page_bytes=4KiB", "--set", "workload.synthetic.max_context_tokens=3000",
+        "--set", "workload.synthetic.prefix_tokens=1000",
+        "--set", "cache.tiers=[{level: gpu, quota: 512KiB}, {level: host, quota: 256KiB}, "
+                 "{level: disk, quota: 4MiB}]", "--set", "output.plots=false", "--no-progress"]
+
+
+@pytest.mark.parametrize("backend", ["sim", "hw"])
+def test_both_backends_run_skip_host(tmp_path, backend):
+    """The hw backend (CPU mode: numpy stands in for the GPU) and the sim run the plans a
+    placement makes, GPU -> disk batches included, with the refcheck on."""
+    from kvsim.cli import app
+
+    moved = {}
+    for name in ("cascade", "skip-host"):
+        out = tmp_path / name
+        extra = ["--backend", "hw", "--device", "cpu", "--time-scale", "50"] if backend == "hw" else []
+        r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *TINY, *extra,
+                                "--set", f"cache.policy.placement={name}"])
+        assert r.exit_code == 0, r.output
+        s = json.loads((out / "summary.json").read_text())
+        assert s["run"]["backend"] == backend and s["config"]["engine"]["refcheck"]
+        assert s["metrics"]["requests_completed"] > 0
+        moved[name] = s["core_counters"]["moved_pages"]
+    assert moved["skip-host"][GPU][DISK] > moved["cascade"][GPU][DISK]
