@@ -79,6 +79,7 @@ class Eviction(Placing):
     page_bytes: int
     policy: EvictionPolicy
     policies: list[EvictionPolicy]
+    _hooked: list[EvictionPolicy]
     _fast: bool
     clock: int
     ticks: int

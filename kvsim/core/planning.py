@@ -276,7 +276,7 @@ class Planning(Eviction):
                     p.score = 0.0
                     self.ticks += 1
                     p.last_use = self.ticks
-        for policy in self._hooked:  # type: ignore[attr-defined]
+        for policy in self._hooked:
             if type(policy).on_use is not EvictionPolicy.on_use:
                 on_use = policy.on_use
                 for p in pages:
