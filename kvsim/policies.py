@@ -4,17 +4,20 @@ user's module and reads the whole trace for ``belady``).
 ``cache.policy.eviction`` is a built-in name (``kvsim.core.policy.POLICY_NAMES``) or
 ``module:Class``, a user's ``kvsim.core.policy.EvictionPolicy`` subclass, built with no
 arguments. ``belady`` needs the future: ``future_uses`` precomputes, in one pass over the
-trace, the turns that use each block.
+trace, the turns that use each block (a compact ``NextUses`` table).
 """
 
 from __future__ import annotations
 
 import importlib
+from array import array
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from kvsim.config import ConfigFileError
 from kvsim.core.keys import chain_key, scope_root
-from kvsim.core.policy import POLICY_NAMES, EvictionPolicy, make_policy
+from kvsim.core.policy import POLICY_NAMES, EvictionPolicy, NextUses, make_policy
 from kvsim.workload.blocks import cache_blocks
 from kvsim.workload.model import Session, Turn, Workload
 
@@ -89,13 +92,18 @@ def turn_order(workload: Workload, starts: list[float] | None = None) -> list[tu
 
 
 def future_uses(workload: Workload, tokens_per_block: int,
-                  starts: list[float] | None = None) -> dict[bytes, list[int]]:
+                starts: list[float] | None = None) -> NextUses:
     """Chain key -> the turns (numbered from 1, as the manager's clock counts them) whose
-    prompt holds that block, ascending. One pass over the trace's blocks; a block's key is
-    hashed once per (parent key, block ids), however many turns share that prefix."""
-    uses: dict[bytes, list[int]] = {}
+    prompt holds that block, ascending, as a ``NextUses`` table. One pass over the trace's
+    blocks; a block's key is hashed once per (parent key, block ids), however many turns
+    share that prefix. The pass records (block number, turn) pairs in flat arrays, then
+    one stable sort groups them by block: no list per block."""
+    keys: list[bytes] = []  # block number -> chain key
+    last: list[int] = []  # block number -> the last turn that used it
+    known: dict[tuple, int] = {}  # (parent key, block ids) -> block number
     roots: dict[str, bytes] = {}
-    known: dict[tuple, bytes] = {}  # (parent key, block ids) -> chain key
+    blocks = array("q")  # per (block, turn) use, in turn order: the block's number
+    turns = array("q")  # ... and the turn
     for n, (scope, turn) in enumerate(turn_order(workload, starts), start=1):
         key = roots.get(scope)
         if key is None:
@@ -103,13 +111,20 @@ def future_uses(workload: Workload, tokens_per_block: int,
         for ids in cache_blocks(turn.hash_ids, workload.block_tokens, tokens_per_block,
                                 turn.input_tokens):
             step = (key, ids)
-            nxt = known.get(step)
-            if nxt is None:
-                nxt = known[step] = chain_key(key, ids)
-            key = nxt
-            lst = uses.get(key)
-            if lst is None:
-                uses[key] = [n]
-            elif lst[-1] != n:
-                lst.append(n)
-    return uses
+            b = known.get(step)
+            if b is None:
+                b = known[step] = len(keys)
+                keys.append(chain_key(key, ids))
+                last.append(0)
+            key = keys[b]
+            if last[b] != n:
+                last[b] = n
+                blocks.append(b)
+                turns.append(n)
+    del known, last
+    by_block = np.frombuffer(blocks, dtype=np.int64) if blocks else np.zeros(0, np.int64)
+    order = np.argsort(by_block, kind="stable")  # stable: each block's turns stay ascending
+    counts = np.bincount(by_block, minlength=len(keys)).astype(np.int64)
+    packed = ((np.cumsum(counts) - counts) << 32) | counts  # NextUses.index's start, count
+    grouped = np.frombuffer(turns, dtype=np.int64)[order] if turns else np.zeros(0, np.int64)
+    return NextUses(dict(zip(keys, packed.tolist())), array("q", grouped.tobytes()))

@@ -19,7 +19,7 @@ from conftest import TPB, backend_for, blocks, check, make_manager, new_active, 
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core import Level, chain_key, scope_root
 from kvsim.core.policy import (GDSF, LFU, LRU, POLICY_NAMES, S3FIFO, Belady, EvictionPolicy,
-                               PriorityLRU, make_policy)
+                               NextUses, PriorityLRU, make_policy)
 
 GPU = Level.GPU
 
@@ -246,10 +246,11 @@ def key_of(family: int, nblocks: int = 1) -> bytes:
     return key
 
 
-def test_belady_drops_the_page_used_furthest_in_the_future():
+@pytest.mark.parametrize("compact", [False, True])
+def test_belady_drops_the_page_used_furthest_in_the_future(compact):
     # turns 1-3 use A, B, C; the future says A comes back at turn 10, B never, C at turn 6
     future = {key_of(1): [1, 10], key_of(2): [2], key_of(3): [3, 6]}
-    m, be = one_tier(3, Belady(future))
+    m, be = one_tier(3, Belady(NextUses.from_lists(future) if compact else future))
     a, b, c = turn(m, be, 1), turn(m, be, 2), turn(m, be, 3)
     assert dropped(m, be, 1, {"a": a, "b": b, "c": c}) == {"b"}  # never again
     assert dropped(m, be, 1, {"a": a, "c": c}) == {"a"}  # turn 10 is later than turn 6
@@ -264,6 +265,55 @@ def test_belady_ignores_priorities_and_is_a_bound():
     a = turn(m, be, 1, priority=0)
     b = turn(m, be, 2, priority=1)  # a higher priority, but never used again
     assert dropped(m, be, 1, {"a": a, "b": b}) == {"b"}
+
+
+class _Page:
+    def __init__(self, key: bytes):
+        self.key, self.score = key, 0.0
+
+
+def test_belady_compact_future_gives_the_next_uses_a_mapping_gives():
+    import random
+
+    rng = random.Random(7)
+    future = {key_of(f): sorted(rng.sample(range(1, 60), rng.randint(1, 6))) for f in range(1, 40)}
+    compact = NextUses.from_lists(future)
+    assert len(compact) == len(future) and key_of(1) in compact and key_of(99) not in compact
+    assert all(list(compact.get(k)) == v for k, v in future.items())
+    plain, fast = Belady(future), Belady(compact)
+    keys = [*future, key_of(99), b""]  # a key without a future, a page without a key
+    for clock in range(0, 64, 3):
+        pages = [_Page(k) for k in keys]
+        expect = [plain.next_use(p, clock) for p in pages]
+        assert [fast.next_use(p, clock) for p in pages] == expect
+        assert fast.keys(pages, clock) == [-s for s in expect] == plain.keys(
+            [_Page(k) for k in keys], clock)
+        assert [p.score for p in pages[:-1]] == expect[:-1]  # kept for the next keying
+
+
+@pytest.mark.parametrize("tpb", [None, 2])  # the trace's block size; two trace blocks a page
+def test_future_uses_counts_each_blocks_turns(tpb):
+    """The next-use table is the direct count: every turn (in the engine's order) hashes
+    its prompt's chain keys afresh and lists itself under each."""
+    from kvsim.core.keys import chain_key as ck
+    from kvsim.policies import future_uses, turn_order
+    from kvsim.run import prepare_run
+    from kvsim.workload.blocks import cache_blocks
+
+    prep = prepare_run(load_config("configs/default.yaml", ["workload.synthetic.n_sessions=6"]))
+    wl = prep.workload
+    tokens = wl.block_tokens * (tpb or 1)
+    expect: dict[bytes, list[int]] = {}
+    for n, (scope, t) in enumerate(turn_order(wl, prep.starts), start=1):
+        key = scope_root(scope)
+        for ids in cache_blocks(t.hash_ids, wl.block_tokens, tokens, t.input_tokens):
+            key = ck(key, ids)
+            if n not in expect.setdefault(key, []):
+                expect[key].append(n)
+    got = future_uses(wl, tokens, prep.starts)
+    assert len(expect) > 50 and any(len(v) > 1 for v in expect.values())  # shared prefixes
+    assert set(got.index) == set(expect)
+    assert {k: list(got.get(k)) for k in expect} == expect
 
 
 # -- priorities -----------------------------------------------------------------------------

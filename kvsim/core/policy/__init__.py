@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvsim.core.policy.base import LRU, EvictionPolicy, PriorityLRU
-from kvsim.core.policy.builtin import GDSF, LFU, S3FIFO, Belady
+from kvsim.core.policy.builtin import GDSF, LFU, S3FIFO, Belady, NextUses
 from kvsim.core.policy.placement import (DROP, PLACEMENT_NAMES, PLACEMENTS, Cascade,
                                          PlacementPolicy, RecomputeOverDisk, SkipHost,
                                          make_placement)
@@ -33,6 +33,6 @@ def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
     raise KeyError(f"unknown eviction policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
 
-__all__ = ["EvictionPolicy", "LRU", "PriorityLRU", "LFU", "GDSF", "S3FIFO", "Belady", "POLICIES",
-           "POLICY_NAMES", "make_policy", "DROP", "PlacementPolicy", "Cascade", "RecomputeOverDisk",
-           "SkipHost", "PLACEMENTS", "PLACEMENT_NAMES", "make_placement"]
+__all__ = ["EvictionPolicy", "LRU", "PriorityLRU", "LFU", "GDSF", "S3FIFO", "Belady", "NextUses",
+           "POLICIES", "POLICY_NAMES", "make_policy", "DROP", "PlacementPolicy", "Cascade",
+           "RecomputeOverDisk", "SkipHost", "PLACEMENTS", "PLACEMENT_NAMES", "make_placement"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
@@ -10,7 +11,10 @@ from kvsim.core.policy.base import EvictionPolicy
 if TYPE_CHECKING:
     from kvsim.core.pages import Page
 
-NEVER = float("inf")
+#: ``Belady``'s next use of a block never used again: later than any turn (an int, as the
+#: turns are: heap keys then compare int with int)
+NEVER = 1 << 62
+_COUNT = (1 << 32) - 1  # NextUses.index: the low bits count a block's uses
 
 
 class LFU(EvictionPolicy):
@@ -75,29 +79,108 @@ class S3FIFO(EvictionPolicy):
         return (page.priority, page.uses > 1, page.last_use)
 
 
+class NextUses:
+    """The future of a trace for ``Belady``, compact: ``turns`` holds the turns (ascending
+    ordinals) that use each block, block after block, and ``index[chain key]`` says where
+    a block's run of ``turns`` starts and how long it is (``start << 32 | count``). Ints
+    and one array, built once per trace: nothing the garbage collector has to walk, and
+    a next use is one dict lookup and a bisection within the run. ``get(key)`` reads like
+    a mapping of key -> sorted turns (``Belady`` takes either)."""
+
+    __slots__ = ("index", "turns")
+
+    def __init__(self, index: dict[bytes, int], turns: "array[int]") -> None:
+        self.index = index
+        self.turns = turns
+
+    @classmethod
+    def from_lists(cls, uses: Mapping[bytes, Sequence[int]]) -> "NextUses":
+        """From key -> ascending turns."""
+        index: dict[bytes, int] = {}
+        turns = array("q")
+        for key, ts in uses.items():
+            index[key] = len(turns) << 32 | len(ts)
+            turns.extend(ts)
+        return cls(index, turns)
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        v = self.index.get(key)
+        if v is None:
+            return default
+        start = v >> 32
+        return self.turns[start:start + (v & _COUNT)]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.index
+
+
 class Belady(EvictionPolicy):
     """The offline optimum (Belady's MIN): evict the page whose next use is furthest in
     the future (never used again: first). It needs the future: ``future[chain key]`` is
     the sorted clock values (turn ordinals, as the manager's clock counts ``prepare``
-    calls from 1) at which a turn uses that block. Priorities are ignored. A bound, not a
+    calls from 1) at which a turn uses that block (any mapping with ``get``, or a
+    ``NextUses``, the compact form a run builds). Priorities are ignored. A bound, not a
     policy a server could run: sim-only."""
 
     name = "belady"
     is_bound = True
 
-    def __init__(self, future: Mapping[bytes, Sequence[int]]) -> None:
+    def __init__(self, future: "Mapping[bytes, Sequence[int]] | NextUses") -> None:
         self.future = future
+        compact = isinstance(future, NextUses)
+        self._index = future.index if compact else None
+        self._turns = future.turns if compact else None
 
-    def next_use(self, page: "Page", clock: int) -> float:
-        uses = self.future.get(page.key) if page.key else None
+    def next_use(self, page: "Page", clock: int) -> int:
+        """The first turn after ``clock`` that uses ``page``'s block (``NEVER``: none)."""
+        key = page.key
+        if not key:
+            return NEVER
+        index = self._index
+        if index is not None:
+            v = index.get(key)
+            if v is None:
+                return NEVER
+            lo = v >> 32
+            hi = lo + (v & _COUNT)
+            turns = self._turns
+            i = bisect_right(turns, clock, lo, hi)  # type: ignore[arg-type]
+            return turns[i] if i < hi else NEVER  # type: ignore[index]
+        uses = self.future.get(key)
         if not uses:
             return NEVER
         i = bisect_right(uses, clock)
         return uses[i] if i < len(uses) else NEVER
 
     def keys(self, pages: list["Page"], clock: int) -> list[Any]:
-        key = self.key
-        return [-s if (s := p.score) > clock else key(p, clock) for p in pages]
+        # (``key`` of each, inlined: a turn's pages are keyed at its end)
+        index = self._index
+        if index is None:
+            key = self.key
+            return [-s if (s := p.score) > clock else key(p, clock) for p in pages]
+        turns = self._turns
+        out = []
+        for p in pages:
+            s = p.score
+            if s <= clock:
+                k = p.key
+                if k:
+                    v = index.get(k)
+                    if v is None:
+                        s = NEVER
+                    else:
+                        lo = v >> 32
+                        hi = lo + (v & _COUNT)
+                        i = bisect_right(turns, clock, lo, hi)  # type: ignore[arg-type]
+                        s = turns[i] if i < hi else NEVER  # type: ignore[index]
+                    p.score = s
+                else:
+                    s = NEVER
+            out.append(-s)
+        return out
 
     def key(self, page: "Page", clock: int) -> Any:
         # ``page.score`` keeps the next use found last time: looked up again only once the
