@@ -10,7 +10,9 @@ trace, the turns that use each block (a compact ``NextUses`` table).
 from __future__ import annotations
 
 import importlib
+import struct
 from array import array
+from hashlib import sha256
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from kvsim.config import RunConfig
 
 KEY = "cache.policy.eviction"
+_pack_i64 = struct.Struct("<q").pack  # as kvsim.core.keys packs one block id
 
 
 class PolicyError(ConfigFileError):
@@ -96,35 +99,45 @@ def future_uses(workload: Workload, tokens_per_block: int,
     """Chain key -> the turns (numbered from 1, as the manager's clock counts them) whose
     prompt holds that block, ascending, as a ``NextUses`` table. One pass over the trace's
     blocks; a block's key is hashed once per (parent key, block ids), however many turns
-    share that prefix. The pass records (block number, turn) pairs in flat arrays, then
-    one stable sort groups them by block: no list per block."""
+    share that prefix. The pass records each turn's block numbers in one flat array (a
+    turn holds a block once: its keys along the chain are all distinct), then one stable
+    sort groups them by block: no list per block."""
     keys: list[bytes] = []  # block number -> chain key
-    last: list[int] = []  # block number -> the last turn that used it
     known: dict[tuple, int] = {}  # (parent key, block ids) -> block number
     roots: dict[str, bytes] = {}
-    blocks = array("q")  # per (block, turn) use, in turn order: the block's number
-    turns = array("q")  # ... and the turn
-    for n, (scope, turn) in enumerate(turn_order(workload, starts), start=1):
+    blocks = array("q")  # the block numbers of each turn's prompt, turn after turn
+    lengths = array("q")  # ... how many each turn holds
+    for scope, turn in turn_order(workload, starts):
         key = roots.get(scope)
         if key is None:
             key = roots[scope] = scope_root(scope)
-        for ids in cache_blocks(turn.hash_ids, workload.block_tokens, tokens_per_block,
-                                turn.input_tokens):
-            step = (key, ids)
-            b = known.get(step)
+        ids_list = cache_blocks(turn.hash_ids, workload.block_tokens, tokens_per_block,
+                                turn.input_tokens)
+        lengths.append(len(ids_list))
+        start = len(blocks)
+        for ids in ids_list:  # the prefix seen before
+            b = known.get((key, ids))
             if b is None:
-                b = known[step] = len(keys)
-                keys.append(chain_key(key, ids))
-                last.append(0)
+                break
             key = keys[b]
-            if last[b] != n:
-                last[b] = n
-                blocks.append(b)
-                turns.append(n)
-    del known, last
+            blocks.append(b)
+        seen = len(blocks) - start
+        if seen == len(ids_list):
+            continue
+        first = len(keys)  # the rest are new (their parent is): numbered in order
+        for ids in ids_list[seen:]:
+            known[key, ids] = len(keys)
+            # chain_key's hash, its common case (one id a block) inline
+            key = (sha256(key + _pack_i64(ids)).digest() if type(ids) is int
+                   else chain_key(key, ids))
+            keys.append(key)
+        blocks.extend(range(first, len(keys)))
+    del known
+    n_turns = len(lengths)
     by_block = np.frombuffer(blocks, dtype=np.int64) if blocks else np.zeros(0, np.int64)
+    turn_of = np.repeat(np.arange(1, n_turns + 1, dtype=np.int64),
+                        np.frombuffer(lengths, dtype=np.int64) if n_turns else 0)
     order = np.argsort(by_block, kind="stable")  # stable: each block's turns stay ascending
     counts = np.bincount(by_block, minlength=len(keys)).astype(np.int64)
     packed = ((np.cumsum(counts) - counts) << 32) | counts  # NextUses.index's start, count
-    grouped = np.frombuffer(turns, dtype=np.int64)[order] if turns else np.zeros(0, np.int64)
-    return NextUses(dict(zip(keys, packed.tolist())), array("q", grouped.tobytes()))
+    return NextUses(dict(zip(keys, packed.tolist())), array("q", turn_of[order].tobytes()))

@@ -221,6 +221,7 @@ class HeapOrder:
         clock = self.clock.clock
         taken: list[tuple[Any, int, "Page"]] = []
         switch = max(64, size // 4)  # a walk this long reads the rest sorted in place
+        stamp_of, pop, take = stamps.get, heappop, taken.append  # (hot: bound once)
         try:
             while heap:
                 if len(taken) == switch:
@@ -232,9 +233,9 @@ class HeapOrder:
                     for e in rest:
                         yield e[2]
                     return
-                e = heappop(heap)
+                e = pop(heap)
                 page = e[2]
-                if stamps.get(page) != e[1]:
+                if stamp_of(page) != e[1]:
                     continue  # superseded by a later entry
                 if not indexed(page):
                     del stamps[page]
@@ -246,7 +247,7 @@ class HeapOrder:
                         stamps[page] = self.n
                         heappush(heap, (now, self.n, page))
                         continue
-                taken.append(e)
+                take(e)
                 yield page
         finally:
             self.taken = taken  # back at the next walk: the victims will have left by then
