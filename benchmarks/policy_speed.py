@@ -1,13 +1,19 @@
 """Replay speed per eviction policy against LRU: full replays of the Mooncake conversation
 trace with one GPU tier (the setup of benchmarks/policy_curves.py), run side by side in
 one process, alternating LRU and the other policies so that a change in the machine's
-load falls on all of them alike. A replay's wall time includes building its policy
-(``belady`` reads the trace's future once, before the replay starts).
+load falls on all of them alike.
 
-Prints each replay, then per budget each policy's median wall time and its ratio to
-LRU's, whole and of the serving loop alone (without building the policy), then per
-policy ``NAME_over_lru_loop_x`` and ``NAME_over_lru_x: X``, the largest of its ratios
-over the budgets, ``belady_over_lru_x`` (the whole replay's) last.
+Each replay is timed in CPU time (``time.process_time``: this process's own, so other
+work on a shared machine slows it far less than it slows wall time), whole and without
+building its policy (``belady`` reads the trace's future once, before the replay starts:
+the "loop" is the rest); its wall time is printed too. The garbage collector runs as in
+any replay, for every policy alike.
+
+Prints each replay, then per budget each policy's median CPU time and its ratio to LRU's
+(the median over the rounds of its CPU time over that of the LRU replay run next to it),
+whole and of the loop alone, then per policy ``NAME_over_lru_loop_x`` and
+``NAME_over_lru_x: X``, the largest of those ratios over the budgets,
+``belady_over_lru_x`` (the whole replay's) last.
 
     python benchmarks/policy_speed.py [--policies belady] [--budgets 80,6400]
                                       [--repeats 3] [--trace PATH] [--limit N]
@@ -28,19 +34,34 @@ sys.path.insert(0, str(ROOT))
 
 import policy_curves  # noqa: E402
 
+import kvsim.run  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402
 
 
 def one_replay(policy: str, budget_gib: int, trace: Path, limit: int | None
-               ) -> tuple[float, float, int]:
-    """(replay wall seconds, of which the serving loop's, requests completed); the trace is
-    loaded untimed. The loop's time (the summary's ``wall_time_s``) leaves out building
-    the policy: belady's next-use table, once per trace."""
+               ) -> tuple[float, float, float, int]:
+    """(replay CPU seconds, of which building the policy, replay wall seconds, requests
+    completed); the trace is loaded untimed."""
     prep = prepare_run(policy_curves.config(policy, budget_gib, trace, limit))
-    gc.collect()
-    t0 = time.perf_counter()
-    res = replay(prep)
-    return time.perf_counter() - t0, res.metrics["wall_time_s"], res.metrics["requests_completed"]
+    build = kvsim.run.build_policy
+    spent = [0.0]
+
+    def timed_build(*args, **kwargs):
+        t = time.process_time()
+        try:
+            return build(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - t
+
+    kvsim.run.build_policy = timed_build  # replay() looks it up when it runs
+    try:
+        gc.collect()
+        w0, c0 = time.perf_counter(), time.process_time()
+        res = replay(prep)
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    finally:
+        kvsim.run.build_policy = build
+    return cpu, spent[0], wall, res.metrics["requests_completed"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,28 +77,35 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     others = [p for p in a.policies.split(",") if p and p != "lru"]
     budgets = [int(b) for b in a.budgets.split(",")]
-    walls: dict[tuple[str, int], list[float]] = {}
+    cpus: dict[tuple[str, int], list[float]] = {}
     loops: dict[tuple[str, int], list[float]] = {}
     for b in budgets:
         for r in range(a.repeats):
             order = ["lru", *others] if r % 2 == 0 else [*others, "lru"]
             for p in order:
-                wall, loop, done = one_replay(p, b, a.trace, a.limit)
-                walls.setdefault((p, b), []).append(wall)
-                loops.setdefault((p, b), []).append(loop)
-                print(f"{b} GiB run {r + 1}: {p:<8} {wall:7.2f} s (loop {loop:6.2f} s, "
-                      f"{done} requests)", flush=True)
+                cpu, build, wall, done = one_replay(p, b, a.trace, a.limit)
+                cpus.setdefault((p, b), []).append(cpu)
+                loops.setdefault((p, b), []).append(cpu - build)
+                print(f"{b} GiB run {r + 1}: {p:<8} cpu {cpu:7.2f} s (loop {cpu - build:6.2f} s, "
+                      f"building the policy {build:5.2f} s), wall {wall:7.2f} s, "
+                      f"{done} requests", flush=True)
     ratios: dict[tuple[str, int], float] = {}
     loop_ratios: dict[tuple[str, int], float] = {}
-    print(f"{'budget':>8} {'policy':<8} {'median s':>9} {'x lru':>7} {'loop s':>8} {'x lru':>7}")
+    print(f"CPU time (process_time), {a.repeats} replays each, interleaved: the median, and "
+          f"the median of the ratios to the lru replay of the same round (run back to back)")
+    print(f"{'budget':>8} {'policy':<8} {'cpu s':>9} {'x lru':>7} {'loop s':>8} {'x lru':>7}")
     for b in budgets:
-        base, lbase = statistics.median(walls["lru", b]), statistics.median(loops["lru", b])
+        base, lbase = statistics.median(cpus["lru", b]), statistics.median(loops["lru", b])
         print(f"{b:>5}GiB {'lru':<8} {base:9.2f} {1.0:7.2f} {lbase:8.2f} {1.0:7.2f}")
         for p in others:
-            med, lmed = statistics.median(walls[p, b]), statistics.median(loops[p, b])
-            ratios[p, b], loop_ratios[p, b] = med / base, lmed / lbase
+            med, lmed = statistics.median(cpus[p, b]), statistics.median(loops[p, b])
+            ratios[p, b] = statistics.median(
+                x / y for x, y in zip(cpus[p, b], cpus["lru", b]))
+            loop_ratios[p, b] = statistics.median(
+                x / y for x, y in zip(loops[p, b], loops["lru", b]))
             print(f"{b:>5}GiB {p:<8} {med:9.2f} {ratios[p, b]:7.2f} {lmed:8.2f} "
                   f"{loop_ratios[p, b]:7.2f}")
+    print("median ratio of CPU times to lru's, the largest over the budgets:")
     for p in sorted(others, key=lambda p: p == "belady"):  # belady's lines last
         name = p.replace("-", "_")
         print(f"{name}_over_lru_loop_x: {max(loop_ratios[p, b] for b in budgets):.2f}")
