@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvsim.config import ConfigFileError
-from kvsim.core.keys import chain_key, scope_root
+from kvsim.core.keys import scope_root
 from kvsim.core.policy import POLICY_NAMES, EvictionPolicy, NextUses, make_policy
 from kvsim.workload.blocks import cache_blocks
 from kvsim.workload.model import Session, Turn, Workload
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from kvsim.config import RunConfig
 
 KEY = "cache.policy.eviction"
-_pack_i64 = struct.Struct("<q").pack  # as kvsim.core.keys packs one block id
+_pack_i64 = struct.Struct("<q").pack  # as kvsim.core.keys.chain_key packs one block id
 
 
 class PolicyError(ConfigFileError):
@@ -103,10 +103,13 @@ def future_uses(workload: Workload, tokens_per_block: int,
     turn holds a block once: its keys along the chain are all distinct), then one stable
     sort groups them by block: no list per block."""
     keys: list[bytes] = []  # block number -> chain key
-    known: dict[tuple, int] = {}  # (parent key, block ids) -> block number
+    # what a block's chain key hashes (its parent's key, then its ids packed as chain_key
+    # packs them) -> its block number: bytes, which the garbage collector need not track
+    known: dict[bytes, int] = {}
     roots: dict[str, bytes] = {}
     blocks = array("q")  # the block numbers of each turn's prompt, turn after turn
     lengths = array("q")  # ... how many each turn holds
+    pack = _pack_i64
     for scope, turn in turn_order(workload, starts):
         key = roots.get(scope)
         if key is None:
@@ -115,21 +118,25 @@ def future_uses(workload: Workload, tokens_per_block: int,
                                 turn.input_tokens)
         lengths.append(len(ids_list))
         start = len(blocks)
+        step = b""
         for ids in ids_list:  # the prefix seen before
-            b = known.get((key, ids))
+            step = key + (pack(ids) if isinstance(ids, int) else array("q", ids).tobytes())
+            b = known.get(step)
             if b is None:
                 break
             key = keys[b]
             blocks.append(b)
-        seen = len(blocks) - start
-        if seen == len(ids_list):
+        else:
             continue
-        first = len(keys)  # the rest are new (their parent is): numbered in order
-        for ids in ids_list[seen:]:
-            known[key, ids] = len(keys)
-            # chain_key's hash, its common case (one id a block) inline
-            key = (sha256(key + _pack_i64(ids)).digest() if type(ids) is int
-                   else chain_key(key, ids))
+        # the rest are new (their parent is): numbered in order, hashed as chain_key does
+        first = len(keys)
+        known[step] = first
+        key = sha256(step).digest()
+        keys.append(key)
+        for ids in ids_list[len(blocks) - start + 1:]:
+            step = key + (pack(ids) if isinstance(ids, int) else array("q", ids).tobytes())
+            known[step] = len(keys)
+            key = sha256(step).digest()
             keys.append(key)
         blocks.extend(range(first, len(keys)))
     del known
