@@ -154,6 +154,38 @@ def test_the_generic_path_with_lrus_key_keeps_what_lru_keeps_along_a_lifecycle(s
     assert _drive(HeapLRU(), seed) == _drive(LRU(), seed)
 
 
+class OneHitFirst(EvictionPolicy):
+    """Pages used once first, all alike (first keyed, first out), then least recent."""
+
+    name = "one-hit-first"
+    floor_key = -1
+
+    def key(self, page, clock):
+        return -1 if page.uses == 1 else page.last_use
+
+
+class _NoFloor:
+    floor_key = None  # the same order through the heap alone
+
+
+class OneHitFirstHeap(_NoFloor, OneHitFirst):
+    pass
+
+
+class BeladyHeap(_NoFloor, Belady):
+    pass
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_floor_key_queued_beside_the_heap_keeps_the_heaps_order(seed):
+    """Entries with the policy's floor key wait in a queue beside the heap; the walk merges
+    the two: the same pages survive every step as through the heap alone."""
+    from test_core_properties import MadeUpFuture
+
+    assert _drive(OneHitFirst(), seed) == _drive(OneHitFirstHeap(), seed)
+    assert _drive(Belady(MadeUpFuture()), seed) == _drive(BeladyHeap(MadeUpFuture()), seed)
+
+
 # -- lfu ------------------------------------------------------------------------------------
 
 def test_lfu_keeps_the_page_used_most_even_when_older():

@@ -210,7 +210,7 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         order = getattr(tier, "order", None)
         if order is None:
             continue
-        entries = {(id(e[2]), e[1]) for e in (*order.heap, *order.taken)}
+        entries = {(id(e[2]), e[1]) for e in order.entries()}
         for bucket in tier.lru.values():
             for p in bucket:
                 n = order.stamps.get(p)

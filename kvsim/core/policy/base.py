@@ -32,6 +32,7 @@ the one keyed first). So a key may change only when its page is used (or, as
 
 from __future__ import annotations
 
+from collections import deque
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -61,6 +62,10 @@ class EvictionPolicy:
     #: a page's key changes only when the manager re-keys it (it enters or is touched in
     #: an index, or is used): the order need not check it again before yielding the page
     static_keys = False
+    #: a key no page's key sorts below, that many pages get (``belady``: never used
+    #: again), or None. Pages keyed so come first, in the order they were keyed: the
+    #: generic path queues them first-in-first-out beside its heap (same order, cheaper)
+    floor_key: Any = None
 
     def key(self, page: "Page", clock: int) -> Any:
         raise NotImplementedError
@@ -118,14 +123,21 @@ class HeapOrder:
     dry run): what it popped goes back at the next walk, those entries that still count
     (most were victims, gone from the index by then). Before yielding a page it
     recomputes its key: a key that grew since (``belady``: the next use it expected went
-    by) is pushed again in its place."""
+    by) is pushed again in its place.
 
-    __slots__ = ("policy", "clock", "heap", "stamps", "n", "taken")
+    Entries keyed with the policy's ``floor_key`` (no key sorts below it) are appended to
+    ``fifo`` instead: their stamps ascend, so it stays in (key, stamp) order, and a walk
+    takes whichever of its front and the heap's top comes first. The order is the one a
+    single heap gives, without each such entry sifting through the whole heap."""
+
+    __slots__ = ("policy", "clock", "heap", "fifo", "floor", "stamps", "n", "taken")
 
     def __init__(self, policy: EvictionPolicy, clock: Any):
         self.policy = policy
         self.clock = clock  # the manager: its ``clock`` read at each push, ``ticks`` at a touch
         self.heap: list[tuple[Any, int, "Page"]] = []
+        self.fifo: deque[tuple[Any, int, "Page"]] = deque()
+        self.floor = getattr(policy, "floor_key", None)
         self.stamps: dict["Page", int] = {}
         self.n = 0
         # entries the last walk popped and yielded: they go back at the next walk, those
@@ -155,6 +167,16 @@ class HeapOrder:
         self.n = n + len(pages)
         self.stamps.update(zip(pages, ns))
         entries = list(zip(self.policy.keys(pages, clock), ns, pages))
+        floor = self.floor
+        if floor is not None:
+            fifo = self.fifo
+            rest = []
+            for e in entries:
+                if e[0] == floor:
+                    fifo.append(e)
+                else:
+                    rest.append(e)
+            entries = rest
         heap = self.heap
         if len(entries) * 8 > len(heap):
             heap.extend(entries)
@@ -167,7 +189,15 @@ class HeapOrder:
         """(Re)place ``page`` in the order by its key now (its recency unchanged)."""
         self.n += 1
         self.stamps[page] = self.n
-        heappush(self.heap, (self.policy.key(page, self.clock.clock), self.n, page))
+        e = (self.policy.key(page, self.clock.clock), self.n, page)
+        if self.floor is not None and e[0] == self.floor:
+            self.fifo.append(e)
+        else:
+            heappush(self.heap, e)
+
+    def entries(self) -> list[tuple[Any, int, "Page"]]:
+        """Every entry held, counting or not (for the audit)."""
+        return [*self.heap, *self.fifo, *self.taken]
 
     def _put_back(self, indexed: Any) -> None:
         """The last walk's entries that still count go back into the heap."""
@@ -183,11 +213,15 @@ class HeapOrder:
 
     def _live(self, indexed: Any) -> list[tuple[Any, int, "Page"]]:
         """The entries that count (``indexed(page)``: still in the index), their keys
-        recomputed unless the policy's keys are static."""
+        recomputed unless the policy's keys are static; the fifo's among them (the caller
+        makes the list its heap)."""
         stamps = self.stamps
         if self.taken:
             self._put_back(indexed)
         live = [e for e in self.heap if stamps.get(e[2]) == e[1] and indexed(e[2])]
+        if self.fifo:
+            live += [e for e in self.fifo if stamps.get(e[2]) == e[1] and indexed(e[2])]
+            self.fifo.clear()
         if not self.policy.static_keys:
             key, clock = self.policy.key, self.clock.clock
             live = [(key(e[2], clock), e[1], e[2]) for e in live]
@@ -214,16 +248,16 @@ class HeapOrder:
             return
         if self.taken:
             self._put_back(indexed)
-        if len(self.heap) > 3 * size + 64:
+        if len(self.heap) + len(self.fifo) > 3 * size + 64:
             self.compact(indexed)
-        heap, stamps = self.heap, self.stamps
+        heap, stamps, fifo = self.heap, self.stamps, self.fifo
         key = None if self.policy.static_keys else self.policy.key
         clock = self.clock.clock
         taken: list[tuple[Any, int, "Page"]] = []
         switch = max(64, size // 4)  # a walk this long reads the rest sorted in place
         stamp_of, pop, take = stamps.get, heappop, taken.append  # (hot: bound once)
         try:
-            while heap:
+            while heap or fifo:
                 if len(taken) == switch:
                     # what was taken sorts before all the rest: together, sorted, a heap
                     rest = self._live(indexed)
@@ -233,7 +267,8 @@ class HeapOrder:
                     for e in rest:
                         yield e[2]
                     return
-                e = pop(heap)
+                # the fifo's front or the heap's top, whichever comes first (stamps differ)
+                e = fifo.popleft() if fifo and (not heap or fifo[0] < heap[0]) else pop(heap)
                 page = e[2]
                 if stamp_of(page) != e[1]:
                     continue  # superseded by a later entry

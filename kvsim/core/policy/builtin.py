@@ -127,6 +127,7 @@ class Belady(EvictionPolicy):
 
     name = "belady"
     is_bound = True
+    floor_key = -NEVER  # never used again: first out, the most common key
 
     def __init__(self, future: "Mapping[bytes, Sequence[int]] | NextUses") -> None:
         self.future = future
