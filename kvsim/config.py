@@ -52,6 +52,14 @@ class FillConfig(_Strict):
 MAX_IO_WORKERS = 256
 
 
+def _builtin_or_class(v: str, names: tuple[str, ...], what: str) -> str:
+    """``v`` if it names a built-in policy or has the shape module:Class, else an error."""
+    if v in names or (":" in v and all(v.partition(":")[::2])):
+        return v
+    raise ValueError(f"unknown {what} policy {v!r}; expected one of "
+                     f"{', '.join(names)}, or module:Class for your own")
+
+
 class TierConfig(_Strict):
     level: Literal["gpu", "host", "disk"]
     quota: Size
@@ -80,14 +88,11 @@ class TierConfig(_Strict):
     @field_validator("eviction")
     @classmethod
     def _known_eviction(cls, v: Optional[str]) -> Optional[str]:
-        if v is None or (v in POLICY_NAMES and v != "belady") or (":" in v and all(v.partition(":")[::2])):
-            return v
         if v == "belady":
             raise ValueError("belady is an offline bound over the whole cache: set it as "
                              "cache.policy.eviction, not for one tier")
-        raise ValueError(f"unknown eviction policy {v!r}; expected one of "
-                         f"{', '.join(n for n in POLICY_NAMES if n != 'belady')}, or "
-                         f"module:Class for your own")
+        return v if v is None else _builtin_or_class(
+            v, tuple(n for n in POLICY_NAMES if n != "belady"), "eviction")
 
     @model_validator(mode="after")
     def _check(self) -> "TierConfig":
@@ -124,18 +129,12 @@ class PolicyConfig(_Strict):
     @field_validator("eviction")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v in POLICY_NAMES or (":" in v and all(v.partition(":")[::2])):
-            return v
-        raise ValueError(f"unknown eviction policy {v!r}; expected one of "
-                         f"{', '.join(POLICY_NAMES)}, or module:Class for your own")
+        return _builtin_or_class(v, POLICY_NAMES, "eviction")
 
     @field_validator("placement")
     @classmethod
     def _known_placement(cls, v: str) -> str:
-        if v in PLACEMENT_NAMES or (":" in v and all(v.partition(":")[::2])):
-            return v
-        raise ValueError(f"unknown placement policy {v!r}; expected one of "
-                         f"{', '.join(PLACEMENT_NAMES)}, or module:Class for your own")
+        return _builtin_or_class(v, PLACEMENT_NAMES, "placement")
 
 
 class CacheConfig(_Strict):

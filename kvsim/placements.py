@@ -11,7 +11,6 @@ back one page (``recompute_depth``).
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import TYPE_CHECKING
 
@@ -97,14 +96,9 @@ def recompute_depth(model: ComputeModel, profile: "HardwareProfile", tokens_per_
 
 def load_user_placement(path: str) -> PlacementPolicy:
     """An instance of the class ``module:Class`` names."""
-    mod_name, sep, cls_name = path.partition(":")
-    if not sep or not mod_name or not cls_name:
-        raise PlacementError(f"{KEY}: got {path!r}; expected one of "
-                             f"{', '.join(PLACEMENT_NAMES)} or module:Class")
-    try:
-        cls = getattr(importlib.import_module(mod_name), cls_name)
-    except (ImportError, AttributeError) as e:
-        raise PlacementError(f"{KEY}: cannot load {path!r}: {e}") from None
+    from kvsim.policies import load_user_class
+
+    cls = load_user_class(path, KEY, PLACEMENT_NAMES, PlacementError)
     try:
         placement = cls()
     except Exception as e:  # noqa: BLE001 - a user's constructor: say which key

@@ -48,17 +48,22 @@ def build_policy(cfg: "RunConfig", workload: Workload, backend: str,
     return load_user_policy(name)
 
 
-def load_user_policy(path: str) -> EvictionPolicy:
-    """An instance of the class ``module:Class`` names."""
+def load_user_class(path: str, key: str, names: tuple[str, ...],
+                    error: type[ConfigFileError]) -> type:
+    """The class ``module:Class`` names (a user's own policy), or ``error`` naming ``key``
+    and what it expected (one of the built-in ``names``, or module:Class)."""
     mod_name, sep, cls_name = path.partition(":")
     if not sep or not mod_name or not cls_name:
-        raise PolicyError(f"{KEY}: got {path!r}; expected one of {', '.join(POLICY_NAMES)} "
-                          f"or module:Class")
+        raise error(f"{key}: got {path!r}; expected one of {', '.join(names)} or module:Class")
     try:
-        cls = getattr(importlib.import_module(mod_name), cls_name)
+        return getattr(importlib.import_module(mod_name), cls_name)
     except (ImportError, AttributeError) as e:
-        raise PolicyError(f"{KEY}: cannot load {path!r}: {e}") from None
-    policy = cls()
+        raise error(f"{key}: cannot load {path!r}: {e}") from None
+
+
+def load_user_policy(path: str) -> EvictionPolicy:
+    """An instance of the class ``module:Class`` names."""
+    policy = load_user_class(path, KEY, POLICY_NAMES, PolicyError)()
     if not callable(getattr(policy, "order", None)) or getattr(policy, "fast_lru", False):
         raise PolicyError(f"{KEY}: {path!r} is not an eviction policy (subclass "
                           f"kvsim.core.policy.EvictionPolicy and define key())")
