@@ -370,13 +370,18 @@ TestCoreMachine_copies_quarter = _machine_with_copies(
 TestCoreMachine_keep_copy = _machine_with_copies("keep_copy", {"keep_copy": True}, 100)
 
 
-def _machine_placed(placement: str, policy: str, copies: dict, examples: int):
-    machine = type(f"CoreMachine_{placement}_{policy}", (CoreMachine,),
-                   {"placement": placement, "policy": policy, "copies": copies})
+def _machine_with(name: str, examples: int, **attrs):
+    """CoreMachine's test case with ``attrs`` (placement, policy, copies, tiers) set."""
+    machine = type(f"CoreMachine_{name}", (CoreMachine,), attrs)
     machine.TestCase.settings = settings(
         max_examples=examples, stateful_step_count=50, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
     return machine.TestCase
+
+
+def _machine_placed(placement: str, policy: str, copies: dict, examples: int):
+    return _machine_with(f"{placement}_{policy}", examples, placement=placement, policy=policy,
+                         copies=copies)
 
 
 # every built-in placement but the default (CoreMachine's own): with lru, with lfu (the
@@ -392,12 +397,7 @@ for _name in PLACEMENT_NAMES + ("scatter",):
 
 
 def _machine_per_tier(name: str, policy: str, tiers: dict, placement: str, examples: int):
-    machine = type(f"CoreMachine_{name}", (CoreMachine,),
-                   {"policy": policy, "tiers": tiers, "placement": placement})
-    machine.TestCase.settings = settings(
-        max_examples=examples, stateful_step_count=50, deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-    return machine.TestCase
+    return _machine_with(name, examples, policy=policy, tiers=tiers, placement=placement)
 
 
 # each tier its own eviction order: LRU (the recency index) beside the generic path's
