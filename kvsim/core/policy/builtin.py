@@ -131,9 +131,10 @@ class Belady(EvictionPolicy):
 
     def __init__(self, future: "Mapping[bytes, Sequence[int]] | NextUses") -> None:
         self.future = future
-        compact = isinstance(future, NextUses)
-        self._index = future.index if compact else None
-        self._turns = future.turns if compact else None
+        self._index: dict[bytes, int] | None = None
+        self._turns: "array[int] | None" = None
+        if isinstance(future, NextUses):
+            self._index, self._turns = future.index, future.turns
 
     def next_use(self, page: "Page", clock: int) -> int:
         """The first turn after ``clock`` that uses ``page``'s block (``NEVER``: none)."""
