@@ -47,7 +47,7 @@ def build_placement(cfg: "RunConfig", shape: "ModelShape", profile: "HardwarePro
 def build_tier_policies(cfg: "RunConfig") -> dict[int, EvictionPolicy]:
     """Tier position -> its own eviction policy, for the tiers that name one other than
     ``cache.policy.eviction`` (a fresh instance each: a policy may keep state)."""
-    from kvsim.policies import KEY as EVICTION_KEY, PolicyError, load_user_policy
+    from kvsim.policies import load_user_policy
 
     out: dict[int, EvictionPolicy] = {}
     for i, t in enumerate(cfg.cache.tiers):
@@ -57,10 +57,7 @@ def build_tier_policies(cfg: "RunConfig") -> dict[int, EvictionPolicy]:
         if name in POLICY_NAMES:
             out[i] = make_policy(name)
             continue
-        try:
-            out[i] = load_user_policy(name)
-        except PolicyError as e:  # the same checks, told with this tier's key
-            raise PolicyError(str(e).replace(EVICTION_KEY, f"cache.tiers[{i}].eviction", 1)) from None
+        out[i] = load_user_policy(name, key=f"cache.tiers[{i}].eviction")
     return out
 
 

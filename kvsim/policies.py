@@ -61,11 +61,11 @@ def load_user_class(path: str, key: str, names: tuple[str, ...],
         raise error(f"{key}: cannot load {path!r}: {e}") from None
 
 
-def load_user_policy(path: str) -> EvictionPolicy:
-    """An instance of the class ``module:Class`` names."""
-    policy = load_user_class(path, KEY, POLICY_NAMES, PolicyError)()
+def load_user_policy(path: str, key: str = KEY) -> EvictionPolicy:
+    """An instance of the class ``module:Class`` names (errors name the config ``key``)."""
+    policy = load_user_class(path, key, POLICY_NAMES, PolicyError)()
     if not callable(getattr(policy, "order", None)) or getattr(policy, "fast_lru", False):
-        raise PolicyError(f"{KEY}: {path!r} is not an eviction policy (subclass "
+        raise PolicyError(f"{key}: {path!r} is not an eviction policy (subclass "
                           f"kvsim.core.policy.EvictionPolicy and define key())")
     return policy
 
