@@ -21,15 +21,17 @@ def write_plots(result, out: Path) -> list[Path]:
                 ax1.plot(t, [r.get(key, 0) for r in tl], label=key.removesuffix("_used_slots"))
         ax1.set_ylabel("slots used")
         ax1.legend(loc="upper left")
-        for key in ("h2d_bytes", "d2h_bytes", "disk_read_bytes", "disk_write_bytes"):
+        # the cumulative bytes every backend reports (Backend.counters), per route
+        for key in ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write"):
             if key in tl[0]:
                 vals = [r.get(key, 0) for r in tl]
                 rate = [0.0] + [(b - a) / max(1e-9, t1 - t0) / 1e9
                                 for a, b, t0, t1 in zip(vals, vals[1:], t, t[1:])]
-                ax2.plot(t, rate, label=key.removesuffix("_bytes"))
+                ax2.plot(t, rate, label=key.replace("_", " "))
         ax2.set_ylabel("GB/s")
         ax2.set_xlabel("time (s)")
-        ax2.legend(loc="upper left")
+        if ax2.lines:
+            ax2.legend(loc="upper left")
         fig.tight_layout()
         p = out / "timeline.png"
         fig.savefig(p, dpi=100)
