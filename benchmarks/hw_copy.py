@@ -276,6 +276,91 @@ def print_table(sizes, idle, busy, spread, pred, on_gpu):
                 print(f"| {_label(pb)} | {path} | {d} | " + " | ".join(cols) + " |")
 
 
+def summarize(sizes, idle_med, busy_med, idle_spread, busy_spread, multi_round, profile, on_gpu,
+              defaults, batch_bytes, busy_bytes):
+    """Everything after the measurement: the sim's prediction of each cell, the table, the
+    default paths, the interference the busy cells imply and the summary lines; returns
+    the default path's idle GB/s of every size and direction (for ``hw_copy_min_GBps``).
+    ``defaults``: page size -> the default CopyPath; ``multi_round``: the cells are medians
+    over rounds (their spreads tell which repeat within 5%)."""
+    # the sim's prediction of every cell, at the full-size batches (a GPU's) even on the cpu
+    full = {pb: max(512, batch_bytes // pb) for pb in sizes}
+    full_busy = {pb: max(512, min(full[pb], busy_bytes // pb)) for pb in sizes}
+    if not on_gpu:  # the compute a busy cell asks for: from the sim's idle prediction
+        pidle = predict(profile, idle_med, full)
+        busy_med = [{**c, "busy_s": round(4 * pidle[_key(c)][1] * full_busy[c["page"]] / full[c["page"]] + 0.01, 4)}
+                    for c in busy_med]
+    pred = {(False, k): v for k, v in predict(profile, idle_med, None if on_gpu else full).items()}
+    pred.update({(True, k): v for k, v in predict(profile, busy_med, None if on_gpu else full_busy).items()})
+    idle = {_key(c): c for c in idle_med}
+    busy_by = {_key(c): c for c in busy_med}
+    spread = {(False, _key(c)): c for c in idle_spread}
+    spread.update({(True, _key(c)): c for c in busy_spread})
+    print_table(sizes, idle, busy_by, spread, pred, on_gpu)
+    print("\nthe default path (the profile's rule): " + ", ".join(
+        f"{_label(pb)} {defaults[pb].value}" for pb in sizes))
+    mins = [idle[pb, defaults[pb].value, d]["bytes"] / idle[pb, defaults[pb].value, d]["seconds"] / 1e9
+            for pb in sizes for d in DIRS if (pb, defaults[pb].value, d) in idle]
+    if on_gpu and busy_med:
+        fit_ = interference_fit(busy_med, profile)
+        print("interference the busy cells imply (profile now: "
+              + ", ".join(f"{k} {getattr(profile.sm.interference, k):g}" for k in fit_) + "): "
+              + ", ".join(f"{k} {_fmt(v, '.3g')}" for k, v in fit_.items()))
+    if on_gpu:
+        allsp = idle_spread + busy_spread
+        print(f"hw_copy_cells_within_5pct_run_to_run: {sum(c['spread'] <= 0.05 for c in allsp)} of {len(allsp)}"
+              + ("" if multi_round else " (one round: no spread)"))
+        steady = [(b, _key(c)) for b, cs in ((False, idle_spread), (True, busy_spread))
+                  for c in cs if multi_round and c["spread"] <= 0.05]
+        good = 0
+        for b, k in steady:
+            c = (busy_by if b else idle)[k]
+            good += abs(pred[b, k][1] / c["seconds"] - 1) <= 0.05
+        print(f"hw_copy_sim_within_5pct: {good} of {len(steady)} (cells whose hw repeats within 5%; "
+              f"{len(allsp)} cells in all)")
+    else:
+        print("hw cells n/a on the cpu (numpy stands in for the GPU: a smoke test of the measurement)")
+    return mins
+
+
+def print_min(mins, on_gpu):
+    print(f"hw_copy_min_GBps: {min(mins):.1f}" if (on_gpu and mins) else "hw_copy_min_GBps: n/a (cpu)")
+
+
+def default_paths(profile, sizes):
+    """Page size -> the copy path the profile's rule gives (the host -> GPU direction's, as
+    the hw backend reports it)."""
+    from kvsim.core.copypath import choose_copy_path  # noqa: PLC0415
+
+    return {pb: choose_copy_path(**profile.copy_path_args("h2d", pb)) for pb in sizes}
+
+
+def sim_from(path, profile) -> None:
+    """The table and summary lines of a saved run (``--json``), the sim's column recomputed
+    with ``profile``: no device needed."""
+    import json  # noqa: PLC0415
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        idle_med = data["copies"]
+        busy_med = data.get("busy_copies") or []
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--sim-from {path}: not a saved hw_copy.py run ({e})") from None
+    multi = data.get("spread") is not None
+    idle_spread = data.get("spread") or [{**{k: c[k] for k in ("page", "path", "dir")}, "spread": 0.0}
+                                         for c in idle_med]
+    busy_spread = data.get("busy_spread") or [{**{k: c[k] for k in ("page", "path", "dir")}, "spread": 0.0}
+                                              for c in busy_med]
+    sizes = sorted({c["page"] for c in idle_med})
+    on_gpu = data.get("device", "gpu") != "cpu"
+    print(f"# {path}: measured {data.get('date', '?')} on {data.get('device', '?')}; the sim on "
+          f"{profile.name}")
+    mins = summarize(sizes, idle_med, busy_med, idle_spread, busy_spread, multi, profile, on_gpu,
+                     default_paths(profile, sizes), data.get("batch_bytes", 1 << 30), 256 << 20)
+    print_min(mins, on_gpu)
+
+
 def main(argv=None) -> None:
     from kvsim.hardware import load_profile  # noqa: PLC0415
 
@@ -297,7 +382,18 @@ def main(argv=None) -> None:
                     "and the sim predicts with")
     ap.add_argument("--json", default=None, help="also write every cell (pages, bytes, median seconds) "
                     "here, in calibrate's report format: `kvsim calibrate --check CELLS --profile P` replays them")
+    ap.add_argument("--sim-from", default=None, metavar="JSON", help="measure nothing: print the "
+                    "table of a run saved with --json, the sim column recomputed on --profile")
     a = ap.parse_args(argv)
+    if a.sim_from:
+        from kvsim.hardware import ProfileError  # noqa: PLC0415
+        try:
+            sim_from(a.sim_from, load_profile(a.profile))
+        except ProfileError as e:
+            ap.error(f"--profile: {e}")
+        except ValueError as e:
+            ap.error(str(e))
+        return
     if a.rounds < 1:
         ap.error(f"--rounds: got {a.rounds}; expected >= 1")
     if a.reps < 1:
@@ -333,43 +429,9 @@ def main(argv=None) -> None:
         busy_rounds.append(busy or [])
     idle_med, idle_spread = median_rounds(rounds)
     busy_med, busy_spread = median_rounds(busy_rounds) if not a.no_busy else ([], [])
-    # the sim's prediction of every cell, at the full-size batches (a GPU's) even on the cpu
-    full = {pb: max(512, batch_bytes // pb) for pb in sizes}
-    full_busy = {pb: max(512, min(full[pb], busy_bytes // pb)) for pb in sizes}
-    if not on_gpu:  # the compute a busy cell asks for: from the sim's idle prediction
-        pidle = predict(profile, idle_med, full)
-        busy_med = [{**c, "busy_s": round(4 * pidle[_key(c)][1] * full_busy[c["page"]] / full[c["page"]] + 0.01, 4)}
-                    for c in busy_med]
-    pred = {(False, k): v for k, v in predict(profile, idle_med, None if on_gpu else full).items()}
-    pred.update({(True, k): v for k, v in predict(profile, busy_med, None if on_gpu else full_busy).items()})
-    idle = {_key(c): c for c in idle_med}
-    busy_by = {_key(c): c for c in busy_med}
-    spread = {(False, _key(c)): c for c in idle_spread}
-    spread.update({(True, _key(c)): c for c in busy_spread})
-    print_table(sizes, idle, busy_by, spread, pred, on_gpu)
-    print("\nthe default path (the profile's rule): " + ", ".join(
-        f"{_label(pb)} {first[pb]['default'].value}" for pb in sizes))
-    mins = [idle[pb, first[pb]["default"].value, d]["bytes"] / idle[pb, first[pb]["default"].value, d]["seconds"] / 1e9
-            for pb in sizes for d in DIRS]
-    if on_gpu and busy_med:
-        fit_ = interference_fit(busy_med, profile)
-        print("interference the busy cells imply (profile now: "
-              + ", ".join(f"{k} {getattr(profile.sm.interference, k):g}" for k in fit_) + "): "
-              + ", ".join(f"{k} {_fmt(v, '.3g')}" for k, v in fit_.items()))
-    if on_gpu:
-        allsp = idle_spread + busy_spread
-        print(f"hw_copy_cells_within_5pct_run_to_run: {sum(c['spread'] <= 0.05 for c in allsp)} of {len(allsp)}"
-              + ("" if a.rounds > 1 else " (one round: no spread)"))
-        steady = [(b, (c["page"], c["path"], c["dir"])) for b, cs in ((False, idle_spread), (True, busy_spread))
-                  for c in cs if a.rounds > 1 and c["spread"] <= 0.05]
-        good = 0
-        for b, k in steady:
-            c = (busy_by if b else idle)[k]
-            good += abs(pred[b, k][1] / c["seconds"] - 1) <= 0.05
-        print(f"hw_copy_sim_within_5pct: {good} of {len(steady)} (cells whose hw repeats within 5%; "
-              f"{len(allsp)} cells in all)")
-    else:
-        print("hw cells n/a on the cpu (numpy stands in for the GPU: a smoke test of the measurement)")
+    defaults = {pb: first[pb]["default"] for pb in sizes}
+    mins = summarize(sizes, idle_med, busy_med, idle_spread, busy_spread, a.rounds > 1, profile,
+                     on_gpu, defaults, batch_bytes, busy_bytes)
     print(f"# {time.perf_counter() - t_start:.1f} s in all", flush=True)
     if a.json:
         import json  # noqa: PLC0415
@@ -381,7 +443,7 @@ def main(argv=None) -> None:
                        "spread": idle_spread if a.rounds > 1 else None,
                        "busy_spread": busy_spread if a.rounds > 1 and busy_med else None,
                        "min_default_GBps": min(mins) if on_gpu else None}, f, indent=1)
-    print(f"hw_copy_min_GBps: {min(mins):.1f}" if on_gpu else "hw_copy_min_GBps: n/a (cpu)")
+    print_min(mins, on_gpu)
 
 
 if __name__ == "__main__":
