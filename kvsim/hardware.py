@@ -159,7 +159,12 @@ class InterferenceSpec(_Frozen):
     step) takes this much longer, for the rest of the run, whatever path copies then. The
     seed measured it on a coherent link: SM idle gaps between kernels grow, no kernel gets
     slower, so the sim adds it after the step's work (it holds no SM and stretches no
-    copy). Default 0: no lasting effect (nothing like it was measured on PCIe)."""
+    copy). Default 0: no lasting effect (nothing like it was measured on PCIe).
+
+    ``busy_start``: how much later an SM copy kernel launched while compute runs starts
+    moving bytes than on an idle GPU: its CTAs get SM room only as the compute's CTAs
+    retire. A fixed cost per kernel, so it weighs on small batches and vanishes in large
+    ones. Default 0."""
 
     sm_kernel_slowdown: Slowdown
     sm_kernel_ctas: Annotated[int, Field(gt=0)]
@@ -167,6 +172,7 @@ class InterferenceSpec(_Frozen):
     busy_cta_efficiency: Fraction
     lasting_step_penalty: Seconds = 0.0
     lasting_after_batches: Annotated[int, Field(gt=0)] = 3
+    busy_start: Seconds = 0.0
 
     @property
     def per_cta_slowdown(self) -> float:

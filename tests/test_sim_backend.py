@@ -791,3 +791,23 @@ def test_superseded_flow_wake_ups_leave_the_queue_head_and_change_nothing():
 
     assert run(drop=True) == run(drop=False) == pytest.approx(
         {"x": 0.005, "y": 0.003, "z": 0.0025}, rel=1e-12)
+
+
+def test_busy_start_delays_only_sm_kernel_copies_under_compute():
+    """``sm.interference.busy_start``: an SM-kernel batch launched while compute runs moves
+    its bytes that much later; idle, or on the copy engine, nothing changes."""
+    from kvsim.fit import sim_cell
+    from kvsim.hardware import HardwareProfile
+
+    base = load_profile("h200-pcie-calibrated")
+    d = base.model_dump()
+    d["sm"]["interference"]["busy_start"] = 0.0
+    p0 = HardwareProfile.model_validate(d)
+    d["sm"]["interference"]["busy_start"] = 3e-4
+    p1 = HardwareProfile.model_validate(d)
+    for path in ("sm_kernel", "copy_engine"):
+        c = {"page": 1 << 20, "path": path, "dir": "h2d", "pages": 256, "bytes": 256 << 20,
+             "batches": [["h2d", 256]]}
+        busy0, busy1 = sim_cell(p0, c, 0.05)[0], sim_cell(p1, c, 0.05)[0]
+        assert sim_cell(p1, c)[0] == sim_cell(p0, c)[0]  # idle: no later start
+        assert busy1 - busy0 == pytest.approx(3e-4 if path == "sm_kernel" else 0.0, abs=1e-9)

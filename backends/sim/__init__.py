@@ -10,8 +10,9 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   flow over the direction's bandwidth and the both-directions total; the engine is held
   throughout.
 - host <-> GPU on an **SM copy kernel**: wait for ``ctas`` copy-CTA slots (a pool shared by
-  all copy kernels), launch, then move the bytes at min(fair share, ctas * per-CTA rate),
-  the per-CTA rate cut to ``busy_cta_efficiency`` while compute runs; the fair share is
+  all copy kernels), launch (``busy_start`` later when compute runs then: its CTAs wait
+  for the compute's to retire), then move the bytes at min(fair share, ctas * per-CTA
+  rate), the per-CTA rate cut to ``busy_cta_efficiency`` while compute runs; the fair share is
   over the link's resources and the SM kernel's own ceilings (``sm_h2d`` / ``sm_d2h`` /
   ``sm_both``, used by SM-kernel flows only: zero-copy tops out below the copy engines,
   most of all with both directions at once).

@@ -146,6 +146,7 @@ class SimBackend(Transfers):
         self._disk_latency = nv.latency
         self._ce_per_call = ce.per_call
         self._sm_launch = sm.launch
+        self._busy_start = sm.interference.busy_start  # an SM kernel's later start under compute
         self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
         # a caller's addition to the fixed cost: a transfer with a GPU-link leg, one with a
         # disk leg (GPU <-> disk: both)

@@ -59,6 +59,7 @@ class Transfers:
     _disk_latency: float
     _ce_per_call: float
     _sm_launch: float
+    _busy_start: float
     _fixed: tuple[float, float]
     _lasting: float
     _lasting_after: int
@@ -184,10 +185,14 @@ class Transfer:
         self.flow()
 
     def sm_held(self, _: object = None) -> None:
-        """Copy-CTA slots are this transfer's: the kernel's launch, then its flow."""
+        """Copy-CTA slots are this transfer's: the kernel's launch (and, while compute
+        runs, ``busy_start`` more: its CTAs wait for the compute's to retire), then its
+        flow."""
         be = self.be
         link_dir = self.route[0]
         self.start_s += be._sm_launch
+        if be.fluid.jobs:
+            self.start_s += be._busy_start
         self.cap = self.ctas * be._cta_rate[link_dir]
         self.res = self.res + SM_RES[link_dir]
         n = be._counts["sm_kernel_calls"] = be._counts["sm_kernel_calls"] + 1
