@@ -4,6 +4,7 @@ interference the busy cells imply) on hand-built cells."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -56,17 +57,78 @@ def test_median_rounds_gives_median_time_and_spread():
     assert spread[0]["compute_spread"] == pytest.approx(0.02 / 0.11)
 
 
-def test_interference_fit_inverts_the_sim_model():
-    """Cells made by the sim itself with known interference give those values back."""
-    p = load_profile(hw_copy.PROFILE)
-    cells = []
-    for path, d in (("sm_kernel", "h2d"), ("sm_kernel", "d2h"), ("copy_engine", "h2d")):
+def _with(p, **interference):
+    from kvsim.hardware import HardwareProfile  # noqa: PLC0415
+
+    d = p.model_dump()
+    d["sm"]["interference"].update(interference)
+    return HardwareProfile.model_validate(d)
+
+
+@pytest.mark.parametrize("eff", [0.3, 1.0])
+def test_interference_fit_inverts_the_sim_model(eff):
+    """Cells made by the sim itself with known interference give those values back: the
+    per-CTA share where the CTAs bound the rate (0.3: 36 x 3.1 x 0.3 = 34 GB/s, below the
+    SM ceiling), a lower bound at the ceiling where they do not (1.0), and the later start."""
+    p = _with(load_profile(hw_copy.PROFILE), busy_cta_efficiency=eff, busy_start=2e-4)
+    cells, idle = [], []
+    for path, d in (("sm_kernel", "h2d"), ("sm_kernel", "d2h"), ("sm_kernel", "both"),
+                    ("copy_engine", "h2d")):
         c = _cell(path, d, 0.0, busy_s=0.2)
         copy_s, took = sim_cell(p, c, 0.2)
         cells.append({**c, "seconds": copy_s, "compute_s": took})
-    fit = hw_copy.interference_fit(cells, p)
+        idle.append({**c, "seconds": sim_cell(p, c)[0]})
+    fit = hw_copy.interference_fit(cells, p, idle)
     i = p.sm.interference
     assert fit["sm_kernel_slowdown"] == pytest.approx(i.sm_kernel_slowdown, rel=0.02)
     assert fit["copy_engine_slowdown"] == pytest.approx(i.copy_engine_slowdown, rel=0.02)
-    # h2d: 36 CTAs x 3.1 GB/s x 0.4 = 44.7 GB/s, below the SM ceiling: the efficiency shows
-    assert fit["busy_cta_efficiency"] == pytest.approx(i.busy_cta_efficiency, rel=0.03)
+    assert fit["busy_start"] == pytest.approx(2e-4, abs=5e-6)
+    if eff < 1:
+        assert fit["busy_cta_efficiency"] == pytest.approx(eff, rel=0.01)
+    else:  # at the ceiling: the least share that still reaches it (h2d's 49.7 / 111.9)
+        ceil = p.sm_ceiling("h2d") / (36 * p.sm.cta_onboard)
+        assert fit["busy_cta_efficiency"] == pytest.approx(ceil, rel=0.01)
+
+
+def _saved_run(tmp_path, spread=0.01):
+    """A saved run of one page size (the --json format) whose hw cells are the sim's own
+    times on the shipped profile, but the busy SM-kernel h2d cell 10% slower."""
+    p = load_profile(hw_copy.PROFILE)
+    copies, busy, sp, bsp = [], [], [], []
+    for path in ("copy_engine", "sm_kernel"):
+        for d in hw_copy.DIRS:
+            c = _cell(path, d, 0.0)
+            copies.append({**c, "seconds": sim_cell(p, c)[0]})
+            b = _cell(path, d, 0.0, busy_s=0.1)
+            s = sim_cell(p, b, 0.1)[0] * (1.1 if (path, d) == ("sm_kernel", "h2d") else 1.0)
+            busy.append({**b, "seconds": s, "compute_s": 0.1})
+            sp.append({"page": MiB, "path": path, "dir": d, "rounds": 2, "spread": spread})
+            bsp.append({**sp[-1]})
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"device": "gpu", "date": "then", "batch_bytes": 512 * MiB, "copies": copies,
+                             "busy_copies": busy, "spread": sp, "busy_spread": bsp}))
+    return f
+
+
+def test_sim_from_recomputes_the_table_of_a_saved_run(tmp_path, capsys):
+    hw_copy.main(["--sim-from", str(_saved_run(tmp_path))])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("hw_copy_min_GBps: ")
+    # every cell but the one made 10% slower is the sim's own
+    assert "hw_copy_sim_within_5pct: 11 of 12 (cells whose hw repeats within 5%; 12 cells in all)" in lines
+    row = next(x for x in lines if x.startswith("| 1 MiB | sm_kernel | h2d |")).split("|")
+    assert float(row[11]) == pytest.approx(1.1, abs=0.002)  # busy sim / hw
+
+
+def test_sim_from_counts_only_cells_that_repeat(tmp_path, capsys):
+    hw_copy.main(["--sim-from", str(_saved_run(tmp_path, spread=0.08))])
+    assert "hw_copy_sim_within_5pct: 0 of 0" in capsys.readouterr().out
+
+
+def test_sim_from_bad_file_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        hw_copy.main(["--sim-from", str(bad)])
+    assert e.value.code == 2
+    assert "--sim-from" in capsys.readouterr().err
