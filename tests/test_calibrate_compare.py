@@ -280,6 +280,10 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     assert b["nvme"].pop("rewrite") is None
     # and the SM kernel's CTA headroom the hw backend ran with when the cells were measured
     assert (a["sm"].pop("cta_headroom"), b["sm"].pop("cta_headroom")) == (2.0, 1.0)
+    # and what benchmarks/hw_copy.py's busy cells imply (calibrate keeps the base's)
+    ia, ib = a["sm"]["interference"], b["sm"]["interference"]
+    assert (ia.pop("busy_cta_efficiency"), ib.pop("busy_cta_efficiency")) == (0.448, 0.4)
+    assert (ia.pop("busy_start"), ib.pop("busy_start")) == (pytest.approx(283e-6), 0.0)
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     num = [k for k in fa if isinstance(fa[k], (int, float)) and not isinstance(fa[k], bool)]
