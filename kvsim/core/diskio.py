@@ -50,7 +50,7 @@ import bisect
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, Sequence
 
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
@@ -117,6 +117,9 @@ def write_cap(workers: int, share: float = WRITE_SHARE) -> int:
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"write_cap: share {share!r}: expected a number in [0, 1]")
     return max(1, math.floor(share * workers + 1e-9))
+
+
+_CLASSES = (IoClass.READ, IoClass.WRITE, IoClass.BACKGROUND)  # by value, without a lookup
 
 
 @dataclass(frozen=True)
@@ -201,13 +204,23 @@ class DiskQueues:
 
     def push(self, item: Any, cls: IoClass, now: float, transfer: Hashable) -> None:
         """Queue one piece of ``transfer`` (FIFO within its class)."""
-        q = self._q[IoClass(cls)]
-        e = _Entry(now, self._seq, transfer, item)
-        self._seq += 1
-        if len(q) > self._head[cls] and q[-1].key() > e.key():  # (a clock that went back)
-            bisect.insort(q, e, lo=self._head[cls], key=_Entry.key)
+        self.push_many((item,), cls, now, transfer)
+
+    def push_many(self, items: Sequence[Any], cls: IoClass, now: float, transfer: Hashable) -> None:
+        """Queue ``items``, pieces of ``transfer`` in order, all at ``now``: as that many
+        ``push`` calls, in one (a transfer's pieces are queued at once)."""
+        c = IoClass(cls)
+        q = self._q[c]
+        seq = self._seq
+        self._seq += len(items)
+        entries = [_Entry(now, seq + i, transfer, item) for i, item in enumerate(items)]
+        if not entries:
+            return
+        if len(q) > self._head[c] and q[-1].t > now:  # (a clock that went back)
+            for e in entries:
+                bisect.insort(q, e, lo=self._head[c], key=_Entry.key)
         else:
-            q.append(e)
+            q.extend(entries)
 
     def _peek(self, cls: int) -> _Entry | None:
         h = self._head[cls]
@@ -233,35 +246,35 @@ class DiskQueues:
     def pop(self, now: float) -> Pick | None:
         """The next piece to run (in flight until ``done``), or None when every queue is
         empty or the write cap holds back every queued piece."""
-        heads = [self._peek(c) for c in range(3)]
-        if self._capped(heads[IoClass.READ] is not None):
-            if heads[IoClass.READ] is None:
-                return None
-            heads[IoClass.WRITE] = heads[IoClass.BACKGROUND] = None  # not startable now
+        q, h = self._q, self._head
+        rh = q[0][h[0]] if h[0] < len(q[0]) else None
+        wh = q[1][h[1]] if h[1] < len(q[1]) else None
+        bh = q[2][h[2]] if h[2] < len(q[2]) else None
+        reads_wait = rh is not None
+        if (wh is not None or bh is not None) and self._capped(reads_wait):
+            wh = bh = None  # not startable now
+        if rh is None and wh is None and bh is None:
+            return None
+        rule = self.rule
         aged: _Entry | None = None
         aged_cls = -1
-        for c in (IoClass.WRITE, IoClass.BACKGROUND):
-            e = heads[c]
-            age = self.rule.age_of(c)
-            if e is not None and age is not None and now - e.t >= age:
-                if aged is None or e.t < aged.t:  # (a tie: WRITE, visited first)
-                    aged, aged_cls = e, c
-        reads_wait = heads[IoClass.READ] is not None
+        if wh is not None and now - wh.t >= rule.write_age_s:
+            aged, aged_cls = wh, 1
+        if bh is not None and now - bh.t >= rule.background_age_s and (aged is None or bh.t < aged.t):
+            aged, aged_cls = bh, 2  # (a tie: WRITE, visited first)
         jumped = False
         if aged is not None and not (reads_wait and self._jumped):
             cls = aged_cls
             # a jump: past the reads, or (a background head) past the writes
-            jumped = reads_wait or (aged_cls == IoClass.BACKGROUND and heads[IoClass.WRITE] is not None)
+            jumped = reads_wait or (aged_cls == 2 and wh is not None)
         else:
-            cls = next((c for c in range(3) if heads[c] is not None), -1)
-            if cls < 0:
-                return None
+            cls = 0 if reads_wait else 1 if wh is not None else 2
         self._jumped = jumped and reads_wait
         if jumped:
             self.jumps += 1
         e = self._take(cls)
         self._running[cls] += 1
-        return Pick(e.item, IoClass(cls), e.transfer, now - e.t, jumped)
+        return Pick(e.item, _CLASSES[cls], e.transfer, now - e.t, jumped)
 
     def fail(self, transfer: Hashable) -> list[Any]:
         """Take every queued piece of ``transfer`` out; their items, in push order."""
