@@ -366,15 +366,15 @@ def test_a_failure_the_backend_does_not_see_is_caught_by_the_refcheck(tmp_path, 
     n = [0]
     real_w, real_r = DiskStore._pwrite, DiskStore._pread
 
-    def pwrite(self, buf, off):
+    def pwrite(self, buf, off, *addr):
         n[0] += 1
         if n[0] % 5:
-            real_w(self, buf, off)
+            real_w(self, buf, off, *addr)
 
-    def pread(self, buf, off):
+    def pread(self, buf, off, *addr):
         n[0] += 1
         if n[0] % 5:
-            real_r(self, buf, off)
+            real_r(self, buf, off, *addr)
         else:
             buf[:] = 0
 

@@ -46,7 +46,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -179,9 +179,8 @@ class PriorityPool(_Threads):
         with self._cv:
             if self._closed:
                 raise RuntimeError("the disk tier's I/O pool is shut down")
-            now = time.perf_counter()
-            for f, job in zip(futs, jobs):
-                self.queues.push((f, fn, job), cls, now, key)
+            self.queues.push_many([(f, fn, job) for f, job in zip(futs, jobs)], cls,
+                                  time.perf_counter(), key)
             self._cv.notify(len(futs))
         return futs
 
@@ -198,16 +197,30 @@ class PriorityPool(_Threads):
             self._cv.notify_all()
 
     def _work(self) -> None:
+        """Take a piece and run it. A piece that ran is ended in the queues and the next
+        one taken on one hold of the lock; its future completes right after (before this
+        thread waits for work, if there is none)."""
+        done: tuple[Any, Future, Any] | None = None  # (pick, future, result): ran, not ended
         while True:
             with self._cv:
-                while True:
-                    pick = self.queues.pop(time.perf_counter())
-                    if pick is not None or (self._closed and not len(self.queues)):
-                        break
-                    self._cv.wait()  # nothing queued, or the write cap holds the writes
-                if pick is None:
-                    return  # shut down and drained
-                self.pieces_run += 1
+                if done is not None:
+                    self._ended(done[0])
+                pick = self.queues.pop(time.perf_counter())
+                if pick is not None:
+                    self.pieces_run += 1
+            if done is not None:
+                done[1].set_result(done[2])
+                done = None
+            if pick is None:
+                with self._cv:
+                    while True:
+                        pick = self.queues.pop(time.perf_counter())
+                        if pick is not None or (self._closed and not len(self.queues)):
+                            break
+                        self._cv.wait()  # nothing queued, or the write cap holds the writes
+                    if pick is None:
+                        return  # shut down and drained
+                    self.pieces_run += 1
             fut, fn, job = pick.item
             if not fut.set_running_or_notify_cancel():
                 with self._cv:
@@ -216,9 +229,7 @@ class PriorityPool(_Threads):
             out, exc = self._run(fut, fn, job)
             fut.kv_wait = pick.waited_s  # type: ignore[attr-defined]
             if exc is None:
-                with self._cv:
-                    self._ended(pick)
-                fut.set_result(out)
+                done = (pick, fut, out)
                 continue
             with self._cv:
                 self._ended(pick)
@@ -285,6 +296,7 @@ class DiskStore:
             self.close()
             raise
         self.valid = np.zeros(slots, dtype=bool)
+        self._layouts: dict[int, list[list[tuple[int, int, int]]]] = {}  # pages -> pieces
         self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
                      else FairPool(io_threads, "kvsim-disk"))
         self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
@@ -332,19 +344,24 @@ class DiskStore:
 
     # -- I/O --------------------------------------------------------------------------
 
-    def _fd_for(self, buf: np.ndarray, off: int) -> int:
+    def _fd_for(self, addr: int, off: int, nbytes: int) -> int:
+        """The O_DIRECT descriptor if it is open and the buffer's address ``addr``, the file
+        offset and the length are aligned; else the buffered one."""
         fd = self.direct_fd
-        if fd is not None and not (buf.ctypes.data % _ALIGN or off % _ALIGN or buf.nbytes % _ALIGN):
+        if fd is not None and not (addr % _ALIGN or off % _ALIGN or nbytes % _ALIGN):
             return fd
         return self.fd
 
-    def _pwrite(self, buf: np.ndarray, off: int) -> None:
+    def _pwrite(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
         if self.io_hook is not None:
             self.io_hook("write", off, buf.nbytes)
         mv = memoryview(buf).cast("B")
+        total = len(mv)
+        if addr is None:
+            addr = buf.ctypes.data if self.direct_fd is not None else 0
         done = 0
-        while done < len(mv):
-            fd = self._fd_for(buf[done:], off + done)
+        while done < total:
+            fd = self._fd_for(addr + done, off + done, total - done)
             try:
                 n = os.pwrite(fd, mv[done:], off + done)
             except OSError as e:
@@ -356,13 +373,16 @@ class DiskStore:
                 raise OSError(errno.EIO, f"pwrite wrote nothing at offset {off + done}")
             done += n
 
-    def _pread(self, buf: np.ndarray, off: int) -> None:
+    def _pread(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
         if self.io_hook is not None:
             self.io_hook("read", off, buf.nbytes)
         mv = memoryview(buf).cast("B")
+        total = len(mv)
+        if addr is None:
+            addr = buf.ctypes.data if self.direct_fd is not None else 0
         done = 0
-        while done < len(mv):
-            fd = self._fd_for(buf[done:], off + done)
+        while done < total:
+            fd = self._fd_for(addr + done, off + done, total - done)
             try:
                 n = os.preadv(fd, [mv[done:]], off + done)
             except OSError as e:
@@ -374,21 +394,35 @@ class DiskStore:
                 raise OSError(errno.EIO, f"pread hit the end of the disk tier at offset {off + done}")
             done += n
 
-    def _pieces(self, rows: Iterable[tuple[int, np.ndarray]]) -> list[list[tuple[int, np.ndarray]]]:
-        """(slot, row) pairs -> jobs: lists of (file offset, buffer) of <= piece_bytes total
-        (``kvsim.core.diskio.pieces``: the cut the sim models)."""
-        pairs = list(rows)
+    def _pieces(self, slots: Sequence[int] | np.ndarray,
+                rows: Sequence[np.ndarray] | np.ndarray) -> list[list[tuple[int, np.ndarray, int | None]]]:
+        """Slot ``slots[i]`` and its buffer ``rows[i]`` (as far as the shorter goes) ->
+        jobs: lists of (file offset, buffer, its address or None) of <= piece_bytes total
+        (``kvsim.core.diskio.pieces``: the cut the sim models; kept per page count). The
+        addresses (for O_DIRECT's alignment) come from one look-up when ``rows`` is one
+        array of byte rows; else each piece looks its buffer's up."""
+        sl = np.asarray(slots).tolist()
+        n = min(len(sl), len(rows))
+        layout = self._layouts.get(n)
+        if layout is None:
+            if len(self._layouts) >= 64:
+                self._layouts.clear()
+            layout = self._layouts[n] = pieces(self.page_bytes, n, self.piece_bytes)
         pb = self.page_bytes
-        return [[(int(pairs[i][0]) * pb + a, pairs[i][1][a:b]) for i, a, b in piece]
-                for piece in pieces(pb, len(pairs), self.piece_bytes)]
+        if (isinstance(rows, np.ndarray) and rows.ndim == 2 and rows.itemsize == 1
+                and rows.strides[1] == 1 and self.direct_fd is not None):
+            base, step = rows.ctypes.data, rows.strides[0]
+            return [[(sl[i] * pb + a, rows[i][a:b], base + i * step + a) for i, a, b in piece]
+                    for piece in layout]
+        return [[(sl[i] * pb + a, rows[i][a:b], None) for i, a, b in piece] for piece in layout]
 
     def _write_job(self, job) -> None:
-        for off, buf in job:
-            self._pwrite(buf, off)
+        for off, buf, addr in job:
+            self._pwrite(buf, off, addr)
 
     def _read_job(self, job) -> None:
-        for off, buf in job:
-            self._pread(buf, off)
+        for off, buf, addr in job:
+            self._pread(buf, off, addr)
 
     def check_writable(self) -> None:
         if os.fstat(self.fd).st_nlink == 0:
@@ -407,7 +441,7 @@ class DiskStore:
         (one per transfer: ``promote`` and a failed piece act on all of them)."""
         self.check_writable()
         self.valid[slots] = False
-        return self.pool.submit_group(self._write_job, self._pieces(zip(slots, rows)), cls, transfer)
+        return self.pool.submit_group(self._write_job, self._pieces(slots, rows), cls, transfer)
 
     def mark_written(self, slots: np.ndarray) -> None:
         self.valid[slots] = True
@@ -416,13 +450,13 @@ class DiskStore:
                      transfer: Hashable | None = None) -> list[Future]:
         """Read disk slot ``slots[i]`` into ``rows[i]`` (rows must be writable views)."""
         self.check_readable(slots)
-        return self.pool.submit_group(self._read_job, self._pieces(zip(slots, rows)), IoClass.READ,
+        return self.pool.submit_group(self._read_job, self._pieces(slots, rows), IoClass.READ,
                                       transfer)
 
     def read_rows(self, slots: np.ndarray) -> np.ndarray:
         """Synchronous read of whole slots (for read_tags); no validity check."""
         out = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
-        for f in self.pool.submit_group(self._read_job, self._pieces(zip(slots, out)), IoClass.READ):
+        for f in self.pool.submit_group(self._read_job, self._pieces(slots, out), IoClass.READ):
             f.result()
         return out
 
