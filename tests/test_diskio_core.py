@@ -328,3 +328,50 @@ def test_n_workers_with_random_pieces_keep_the_cap_and_finish_every_piece(worker
             events.append((now + rng.uniform(0.001, 0.02), p))
     assert sorted(ran) == list(range(400))
     assert q.running(R) == q.running(W) == q.running(B) == 0
+
+
+def test_push_many_queues_as_that_many_pushes():
+    """A transfer's pieces queued in one call come out, with their waits and jumps, as
+    the same pieces pushed one by one, among other transfers', with a clock that went
+    back, and under the write cap."""
+    rng = random.Random(7)
+    for trial in range(30):
+        ops = []  # (cls, now, transfer, items)
+        t = 0.0
+        for k in range(rng.randint(1, 8)):
+            t += rng.choice((0.0, 0.004, 0.02, -0.003))  # (-: a clock that went back)
+            ops.append((rng.choice((R, W, B)), t, f"t{k}", [(k, i) for i in range(rng.randint(0, 5))]))
+        cap = rng.choice((None, 1, 2))
+        one, many = DiskQueues(IoRule(write_cap=cap)), DiskQueues(IoRule(write_cap=cap))
+        for cls, now, tr, items in ops:
+            for it in items:
+                one.push(it, cls, now, tr)
+            many.push_many(items, cls, now, tr)
+        assert len(one) == len(many)
+        now = t
+        while True:
+            a, b = one.pop(now), many.pop(now)
+            assert (a is None) == (b is None), trial
+            if a is None:
+                break
+            assert (a.item, a.cls, a.transfer, a.waited_s, a.jumped) == \
+                   (b.item, b.cls, b.transfer, b.waited_s, b.jumped), trial
+            if rng.random() < 0.5:
+                one.done(a)
+                many.done(b)
+            now += 0.003
+        assert one.jumps == many.jumps
+
+
+def test_pop_returns_none_only_when_empty_or_capped():
+    q = DiskQueues(IoRule(write_cap=1))
+    assert q.pop(0.0) is None
+    q.push_many(["w0", "w1"], W, 0.0, "tw")
+    q.push_many(["r0"], R, 0.0, "tr")
+    r = q.pop(0.0)
+    assert r.item == "r0"
+    w = q.pop(0.0)  # no read queued, one in flight: one write may start (K = 1)
+    assert w.item == "w0"
+    assert q.pop(0.0) is None  # the cap holds w1 while r0 runs
+    q.done(w)
+    assert q.pop(0.0).item == "w1"

@@ -204,7 +204,13 @@ class DiskQueues:
 
     def push(self, item: Any, cls: IoClass, now: float, transfer: Hashable) -> None:
         """Queue one piece of ``transfer`` (FIFO within its class)."""
-        self.push_many((item,), cls, now, transfer)
+        q = self._q[IoClass(cls)]
+        e = _Entry(now, self._seq, transfer, item)
+        self._seq += 1
+        if len(q) > self._head[cls] and q[-1].key() > e.key():  # (a clock that went back)
+            bisect.insort(q, e, lo=self._head[cls], key=_Entry.key)
+        else:
+            q.append(e)
 
     def push_many(self, items: Sequence[Any], cls: IoClass, now: float, transfer: Hashable) -> None:
         """Queue ``items``, pieces of ``transfer`` in order, all at ``now``: as that many
