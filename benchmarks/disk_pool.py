@@ -6,13 +6,28 @@ CPU only, so it runs alike on any machine. Every byte read was written first (a 
 unwritten extents read as zeros without touching the device).
 
 1. Device figure, fio-style: ``T`` threads of O_DIRECT pread / pwrite of ``--piece`` bytes
-   from page-aligned buffers over the store's file in file order, the pattern the pool
-   moves it in, but with nothing in between: for T = 1, 4, 16
-   (each for ``--seconds``). The device's best figure is the best of those.
-2. Pool throughput, alternating with those: the store's pool with N = T workers
-   (``io_workers``, priorities on) moving the whole file as batches of 64 pages,
-   submitted at once, pass after pass for ``--seconds``, against the device figure at
-   T = N and the best one. Each figure is the best of ``--reps``. Goal: at least 90%.
+   over the store's file in file order (each thread takes the next piece; from the start
+   again at the end), from / into the very rows the pool moves (piece k: row k mod 64,
+   page-aligned), for T = 1, 4, 16, each for ``--seconds``. With ``--one-buffer``, also
+   the same with one buffer a thread reused for every piece (the usual fio set-up, and
+   this benchmark's device figure before: not the goal's reference, a pool moves
+   distinct pages; on a 2-core VM it came out from about half to 1.3x the rows' figure
+   from one run to the next).
+2. Pool throughput: the store's pool with N = T workers (``io_workers``, priorities on,
+   the default write cap: with only reads or only writes queued the cap never applies)
+   moving the whole file in file order as batches of 64 pages from / into those rows,
+   as many batches in flight as the file holds, the next submitted as the oldest is done
+   (the queue never runs dry, as direct I/O's threads never wait for each other), each
+   batch waited for as a whole (as the hw backend's done callbacks: one wake-up a batch).
+   Like with like: the same file, region, order, piece size, descriptor flags
+   (``O_DIRECT`` where the store uses it, else both buffered), buffers and thread count;
+   every read was written first, and O_DIRECT keeps the guest's page cache out of both.
+   Device and pool alternate, the order rotating each repetition (a machine's drift, or
+   the host's write-back after the writes, hits both alike); each figure is the median
+   of ``--reps``. Pool N is compared with direct I/O at T = N (goal: at least 90%, read
+   and write, at each N) and with the best T. The pool's own cost at N = 1 is its
+   Python per piece (queueing, futures, the worker's hand-off), about 25-35 us of CPU a
+   piece on a 2-core VM: 1-2% of a 4 MiB piece, more where the CPUs are oversubscribed.
 3. Restore latency: single restores of ``--restore-pages`` pages, one every 5 ms, on an
    idle pool, and under a write load of eviction batches of ``--write-pages`` pages kept
    ``--write-depth`` in flight, with priorities off (the round-robin pool), on without the
@@ -25,17 +40,20 @@ unwritten extents read as zeros without touching the device).
 
 The LAST line is the headline:
 ``disk_pool: restore p99 under writes <cap>x idle with priorities and the write cap (K=<k>;
-<on>x priorities only, <off>x neither); pool read/write at N=16 <r>% / <w>% of direct
-I/O``.
+<on>x priorities only, <off>x neither); pool read/write at N=1/4/16 <r1>/<r4>/<r16>% /
+<w1>/<w4>/<w16>% of direct I/O`` (with ``--skip-latency``, parts 1 and 2 only, the
+throughput half alone).
 
     python3 benchmarks/disk_pool.py [--dir PATH] [--size 1GiB] [--page 4MiB] [--workers 4]
-                                    [--restores 100] [--rounds 2] [--seconds 1] [--reps 2]
-                                    [--write-share 0.25] [--json PATH]
+                                    [--restores 100] [--rounds 2] [--seconds 1] [--reps 3]
+                                    [--write-share 0.25] [--one-buffer] [--skip-latency]
+                                    [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import mmap
@@ -65,24 +83,33 @@ def aligned(nbytes: int) -> np.ndarray:
 
 
 def direct_io(path: str, size: int, piece: int, threads: int, write: bool, seconds: float,
-              direct: bool = True) -> float:
+              direct: bool = True, bufs: np.ndarray | None = None) -> float:
     """fio-style: ``threads`` threads of O_DIRECT pread/pwrite of ``piece`` bytes over
     ``path`` in file order (each thread takes the next piece; from the start again at the
-    end), as the pool moves it, for about ``seconds``; bytes per second. ``direct`` False
-    (a file system that refuses O_DIRECT, as the store found): buffered, as the store."""
+    end), as the pool moves it, for about ``seconds``; bytes per second. ``bufs``: the
+    rows the pool moves (piece k from / into row k mod their count, the same memory the
+    pool's pieces use); None: one buffer per thread, reused for every piece (the usual
+    fio set-up; not what a pool of distinct pages does). ``direct`` False (a file system that refuses O_DIRECT, as the store found):
+    buffered, as the store."""
     flags = os.O_RDWR | (getattr(os, "O_DIRECT", 0) if direct else 0)
     fd = os.open(path, flags)
     n_pieces = size // piece
     moved = [0] * threads
     stop = time.perf_counter() + seconds
     nxt = itertools.count()  # (its next() is atomic under the GIL)
+    if bufs is not None:
+        views = [memoryview(b).cast("B")[i:i + piece] for b in bufs
+                 for i in range(0, b.nbytes - piece + 1, piece)]
 
     def worker(i: int) -> None:
-        buf = aligned(piece)
-        buf[:] = i + 1
-        mv = memoryview(buf)
+        if bufs is None:
+            buf = aligned(piece)
+            buf[:] = i + 1
+            own = memoryview(buf)
         while time.perf_counter() < stop:
-            off = (next(nxt) % n_pieces) * piece
+            k = next(nxt)
+            off = (k % n_pieces) * piece
+            mv = own if bufs is None else views[k % len(views)]
             n = os.pwrite(fd, mv, off) if write else os.preadv(fd, [mv], off)
             moved[i] += n
 
@@ -115,24 +142,37 @@ def fill(ds: DiskStore, rows: np.ndarray) -> None:
 
 
 def pool_throughput(ds: DiskStore, rows: np.ndarray, write: bool, seconds: float) -> float:
-    """The whole file through the pool as batches of BATCH_PAGES, all submitted at once,
-    pass after pass for at least ``seconds``."""
+    """The file through the pool in file order, as batches of BATCH_PAGES pages (from /
+    into ``rows``), from the start again at the end, for about ``seconds``: as many
+    batches kept in flight as the file holds (so the queue never runs dry between
+    passes, as direct I/O's threads never wait for each other), the next submitted as
+    the oldest is done, each batch waited for as a whole (one wake-up a batch, as the hw
+    backend's done callbacks; not one a piece); then drained. Bytes per second."""
     n = ds.slots
+    starts = list(range(0, n, BATCH_PAGES))
+    inflight: collections.deque = collections.deque()
+    moved = 0
+    k = 0
     t0 = time.perf_counter()
-    passes = 0
-    while passes == 0 or time.perf_counter() - t0 < seconds:
-        passes += 1
-        futs = []
-        for a in range(0, n, BATCH_PAGES):
+    while True:
+        while len(inflight) < max(2, len(starts)) and time.perf_counter() - t0 < seconds:
+            a = starts[k % len(starts)]
+            k += 1
             s = np.arange(a, min(n, a + BATCH_PAGES))
             r = rows[: len(s)]
-            futs += ds.submit_writes(s, r) if write else ds.submit_reads(s, r)
+            futs = ds.submit_writes(s, r) if write else ds.submit_reads(s, r)
+            inflight.append((futs, len(s) * ds.page_bytes))
+        if not inflight:
+            break
+        futs, nbytes = inflight.popleft()
+        wait_futures(futs)
         for f in futs:
-            f.result()
+            f.result()  # (raises a failed piece's error)
+        moved += nbytes
     dt = time.perf_counter() - t0
     if write:
         ds.mark_written(np.arange(n))
-    return passes * n * ds.page_bytes / dt
+    return moved / dt
 
 
 def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, gap_s: float,
@@ -184,74 +224,9 @@ def restore_latency(ds: DiskStore, rows: np.ndarray, restores: int, pages: int, 
     return out, rate
 
 
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q))
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default=tempfile.gettempdir(), help="folder on the disk to measure")
-    ap.add_argument("--size", default="1GiB", help="the tier file's size")
-    ap.add_argument("--page", default="4MiB", help="page size")
-    ap.add_argument("--piece", default="4MiB", help="most bytes a piece moves")
-    ap.add_argument("--workers", type=int, default=4, help="pool workers for the latency test")
-    ap.add_argument("--restores", type=int, default=100, help="restores timed per case")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds the cases are interleaved in")
-    ap.add_argument("--restore-pages", type=int, default=2)
-    ap.add_argument("--write-depth", type=int, default=4, help="eviction batches kept in flight")
-    ap.add_argument("--write-pages", type=int, default=16, help="pages an eviction batch writes")
-    ap.add_argument("--write-share", type=float, default=WRITE_SHARE,
-                    help="the write-cap case's io_write_share")
-    ap.add_argument("--seconds", type=float, default=1.0, help="each throughput measurement's length")
-    ap.add_argument("--reps", type=int, default=2, help="throughput measurements (the best counts)")
-    ap.add_argument("--json", default=None)
-    a = ap.parse_args(argv)
-    size, page, piece = parse_size(a.size), parse_size(a.page), parse_size(a.piece)
-    size -= size % page
-    if not 0.0 <= a.write_share <= 1.0:
-        ap.error(f"--write-share: {a.write_share} is outside [0, 1]")
-    if size < 4 * page * BATCH_PAGES // 16:
-        ap.error(f"--size: {a.size} is too small for --page {a.page}")
-    res: dict = {"dir": a.dir, "size": size, "page": page, "piece": piece}
-    rows = aligned(BATCH_PAGES * page).reshape(BATCH_PAGES, page)
-    rows[:] = np.arange(BATCH_PAGES, dtype=np.uint8)[:, None] + 1
-
-    # 1 and 2, for N = 1, 4, 16 on one store's file (written in full first): the device's
-    # figure with T = N threads, fio-style, then the pool's with N workers
-    dev: dict = {"read": {}, "write": {}}
-    pool: dict = {}
-    for n in THREADS:
-        ds = store(a.dir, size, page, piece, n, True)
-        try:
-            res["direct_io"] = ds.uses_direct
-            fill(ds, rows)
-            got: dict = {}
-            for _ in range(a.reps):  # device and pool alternate; the best of each
-                for op, write in (("write", True), ("read", False)):
-                    d = direct_io(ds.path, size, piece, n, write, a.seconds, ds.uses_direct)
-                    p = pool_throughput(ds, rows, write, a.seconds)
-                    got[("dev", op)] = max(got.get(("dev", op), 0.0), d)
-                    got[("pool", op)] = max(got.get(("pool", op), 0.0), p)
-        finally:
-            ds.close()
-        for op in ("read", "write"):
-            dev[op][n] = got[("dev", op)]
-        pool[n] = {"read": got[("pool", "read")], "write": got[("pool", "write")]}
-    res["device"], res["pool"] = dev, pool
-    best = {k: max(v.values()) for k, v in dev.items()}
-    print(f"dir {a.dir}  file {size >> 20} MiB  page {page >> 20} MiB  piece {piece >> 20} MiB  "
-          f"O_DIRECT {'yes' if res['direct_io'] else 'NO (buffered: the figures include the page cache)'}")
-    print("direct I/O (fio-style), GB/s:  " + "  ".join(
-        f"T={t}: read {dev['read'][t] / 1e9:.2f} write {dev['write'][t] / 1e9:.2f}" for t in THREADS))
-    for n in THREADS:
-        r, w = pool[n]["read"], pool[n]["write"]
-        print(f"pool N={n:2d}: read {r / 1e9:.2f} GB/s ({r / dev['read'][n]:.0%} of T={n}, "
-              f"{r / best['read']:.0%} of best)  write {w / 1e9:.2f} GB/s "
-              f"({w / dev['write'][n]:.0%} of T={n}, {w / best['write']:.0%} of best)")
-
-    # 3. restore latency: idle, under writes with priorities off, on, on with the write cap
-    k = write_cap(a.workers, a.write_share)
-    capped = f"writes, priorities on, write cap K={k}"
+def restore_cases(a, size: int, page: int, piece: int, rows: np.ndarray, capped: str,
+                  res: dict) -> dict:
+    """Part 3: the four restore-latency cases, interleaved in ``a.rounds`` rounds."""
     cases = (("idle", True, 0, a.write_share), ("writes, priorities off", False, a.write_depth, 1.0),
              ("writes, priorities on", True, a.write_depth, 1.0),
              (capped, True, a.write_depth, a.write_share))
@@ -280,19 +255,116 @@ def main(argv=None) -> int:
               f"p50 {lat[name]['p50'] * 1e3:.1f} ms  p99 {lat[name]['p99'] * 1e3:.1f} ms  (n={len(xs)})"
               + (f"  writes meanwhile {wr / 1e9:.2f} GB/s" if wr else ""))
     res["latency"] = lat
-    idle = lat["idle"]["p99"]
-    on, off = lat["writes, priorities on"]["p99"] / idle, lat["writes, priorities off"]["p99"] / idle
-    cap = lat[capped]["p99"] / idle
-    r16 = pool[16]["read"] / dev["read"][16]
-    w16 = pool[16]["write"] / dev["write"][16]
-    res["headline"] = {"p99_cap_x_idle": cap, "write_cap": k, "p99_on_x_idle": on,
-                       "p99_off_x_idle": off, "read16_of_direct": r16, "write16_of_direct": w16}
+    return lat
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", default=tempfile.gettempdir(), help="folder on the disk to measure")
+    ap.add_argument("--size", default="1GiB", help="the tier file's size")
+    ap.add_argument("--page", default="4MiB", help="page size")
+    ap.add_argument("--piece", default="4MiB", help="most bytes a piece moves")
+    ap.add_argument("--workers", type=int, default=4, help="pool workers for the latency test")
+    ap.add_argument("--restores", type=int, default=100, help="restores timed per case")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds the cases are interleaved in")
+    ap.add_argument("--restore-pages", type=int, default=2)
+    ap.add_argument("--write-depth", type=int, default=4, help="eviction batches kept in flight")
+    ap.add_argument("--write-pages", type=int, default=16, help="pages an eviction batch writes")
+    ap.add_argument("--write-share", type=float, default=WRITE_SHARE,
+                    help="the write-cap case's io_write_share")
+    ap.add_argument("--seconds", type=float, default=1.0, help="each throughput measurement's length")
+    ap.add_argument("--reps", type=int, default=3, help="throughput measurements (the median counts)")
+    ap.add_argument("--one-buffer", action="store_true",
+                    help="also direct I/O with one reused buffer a thread (for reference)")
+    ap.add_argument("--skip-latency", action="store_true", help="only parts 1 and 2 (throughput)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    size, page, piece = parse_size(a.size), parse_size(a.page), parse_size(a.piece)
+    size -= size % page
+    if not 0.0 <= a.write_share <= 1.0:
+        ap.error(f"--write-share: {a.write_share} is outside [0, 1]")
+    if size < 4 * page * BATCH_PAGES // 16:
+        ap.error(f"--size: {a.size} is too small for --page {a.page}")
+    res: dict = {"dir": a.dir, "size": size, "page": page, "piece": piece}
+    rows = aligned(BATCH_PAGES * page).reshape(BATCH_PAGES, page)
+    rows[:] = np.arange(BATCH_PAGES, dtype=np.uint8)[:, None] + 1
+
+    # 1 and 2, for N = 1, 4, 16 on one store's file (written in full first): the device's
+    # figure with T = N threads, fio-style, with the pool's rows (and with one buffer a
+    # thread), and the pool's with N workers, in a rotating order
+    kinds = ("dev", "dev1", "pool") if a.one_buffer else ("dev", "pool")
+    got_all: dict = {}
+    for n in THREADS:
+        ds = store(a.dir, size, page, piece, n, True)
+        try:
+            res["direct_io"] = ds.uses_direct
+            fill(ds, rows)
+            for rep in range(a.reps):
+                for op, write in (("write", True), ("read", False)):
+                    for kind in kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]:
+                        if kind == "pool":
+                            v = pool_throughput(ds, rows, write, a.seconds)
+                        else:
+                            v = direct_io(ds.path, size, piece, n, write, a.seconds, ds.uses_direct,
+                                          rows if kind == "dev" else None)
+                        got_all.setdefault((kind, op, n), []).append(v)
+        finally:
+            ds.close()
+    med = {key: float(np.median(v)) for key, v in got_all.items()}
+    dev = {op: {n: med[("dev", op, n)] for n in THREADS} for op in ("read", "write")}
+    hot = ({op: {n: med[("dev1", op, n)] for n in THREADS} for op in ("read", "write")}
+           if a.one_buffer else None)
+    pool = {n: {op: med[("pool", op, n)] for op in ("read", "write")} for n in THREADS}
+    res["device"], res["device_one_buffer"], res["pool"] = dev, hot, pool
+    res["throughput_samples"] = {f"{kind} {op} {n}": v for (kind, op, n), v in got_all.items()}
+    best = {k: max(v.values()) for k, v in dev.items()}
+    print(f"dir {a.dir}  file {size >> 20} MiB  page {page >> 20} MiB  piece {piece >> 20} MiB  "
+          f"O_DIRECT {'yes' if res['direct_io'] else 'NO (buffered: the figures include the page cache)'}  "
+          f"medians of {a.reps}")
+    print("direct I/O (fio-style, the pool's rows), GB/s:  " + "  ".join(
+        f"T={t}: read {dev['read'][t] / 1e9:.2f} write {dev['write'][t] / 1e9:.2f}" for t in THREADS))
+    if hot is not None:
+        print("direct I/O, one reused buffer a thread, GB/s:  " + "  ".join(
+            f"T={t}: read {hot['read'][t] / 1e9:.2f} write {hot['write'][t] / 1e9:.2f}" for t in THREADS))
+    for n in THREADS:
+        r, w = pool[n]["read"], pool[n]["write"]
+        print(f"pool N={n:2d}: read {r / 1e9:.2f} GB/s ({r / dev['read'][n]:.0%} of T={n}, "
+              f"{r / best['read']:.0%} of best)  write {w / 1e9:.2f} GB/s "
+              f"({w / dev['write'][n]:.0%} of T={n}, {w / best['write']:.0%} of best)")
+
+    # 3. restore latency: idle, under writes with priorities off, on, on with the write cap
+    lat = None
+    k = write_cap(a.workers, a.write_share)
+    capped = f"writes, priorities on, write cap K={k}"
+    if not a.skip_latency:
+        lat = restore_cases(a, size, page, piece, rows, capped, res)
+    ratio = {op: {n: pool[n][op] / dev[op][n] for n in THREADS} for op in ("read", "write")}
+    res["of_direct"] = ratio
+    if lat is not None:
+        idle = lat["idle"]["p99"]
+        on, off = lat["writes, priorities on"]["p99"] / idle, lat["writes, priorities off"]["p99"] / idle
+        cap = lat[capped]["p99"] / idle
+        res["headline"] = {"p99_cap_x_idle": cap, "write_cap": k, "p99_on_x_idle": on,
+                           "p99_off_x_idle": off}
+    res.setdefault("headline", {}).update(
+        {"read16_of_direct": ratio["read"][16], "write16_of_direct": ratio["write"][16],
+         "worst_read_of_direct": min(ratio["read"].values()),
+         "worst_write_of_direct": min(ratio["write"].values())})
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
-    print(f"disk_pool: restore p99 under writes {cap:.2f}x idle with priorities and the write "
-          f"cap (K={k}; {on:.2f}x priorities only, {off:.2f}x neither); pool read/write at "
-          f"N=16 {r16:.0%} / {w16:.0%} of direct I/O")
+    tput = ("pool read/write at N=" + "/".join(map(str, THREADS)) + " "
+            + "/".join(f"{ratio['read'][n]:.0%}" for n in THREADS) + " / "
+            + "/".join(f"{ratio['write'][n]:.0%}" for n in THREADS) + " of direct I/O")
+    if lat is None:
+        print(f"disk_pool: {tput}")
+    else:
+        print(f"disk_pool: restore p99 under writes {cap:.2f}x idle with priorities and the write "
+              f"cap (K={k}; {on:.2f}x priorities only, {off:.2f}x neither); {tput}")
     return 0
 
 
