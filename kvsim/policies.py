@@ -12,13 +12,12 @@ from __future__ import annotations
 import importlib
 import struct
 from array import array
-from hashlib import sha256
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from kvsim.config import ConfigFileError
-from kvsim.core.keys import scope_root
+from kvsim.core.keys import _sha256, scope_root
 from kvsim.core.policy import POLICY_NAMES, EvictionPolicy, NextUses, make_policy
 from kvsim.workload.blocks import cache_blocks
 from kvsim.workload.model import Session, Turn, Workload
@@ -28,6 +27,11 @@ if TYPE_CHECKING:
 
 KEY = "cache.policy.eviction"
 _pack_i64 = struct.Struct("<q").pack  # as kvsim.core.keys.chain_key packs one block id
+
+
+def _pack_seq(ids: Sequence[int]) -> bytes:
+    """A block's ids as kvsim.core.keys.chain_key packs a sequence of them."""
+    return array("q", ids).tobytes()
 
 
 class PolicyError(ConfigFileError):
@@ -114,7 +118,7 @@ def future_uses(workload: Workload, tokens_per_block: int,
     roots: dict[str, bytes] = {}
     blocks = array("q")  # the block numbers of each turn's prompt, turn after turn
     lengths = array("q")  # ... how many each turn holds
-    pack = _pack_i64
+    sha = _sha256
     for scope, turn in turn_order(workload, starts):
         key = roots.get(scope)
         if key is None:
@@ -122,10 +126,14 @@ def future_uses(workload: Workload, tokens_per_block: int,
         ids_list = cache_blocks(turn.hash_ids, workload.block_tokens, tokens_per_block,
                                 turn.input_tokens)
         lengths.append(len(ids_list))
+        if not ids_list:
+            continue
+        # the ids as chain_key packs them: int64s, little-endian
+        pack = _pack_i64 if isinstance(ids_list[0], int) else _pack_seq
         start = len(blocks)
         step = b""
         for ids in ids_list:  # the prefix seen before
-            step = key + (pack(ids) if isinstance(ids, int) else array("q", ids).tobytes())
+            step = key + pack(ids)
             b = known.get(step)
             if b is None:
                 break
@@ -136,12 +144,12 @@ def future_uses(workload: Workload, tokens_per_block: int,
         # the rest are new (their parent is): numbered in order, hashed as chain_key does
         first = len(keys)
         known[step] = first
-        key = sha256(step).digest()
+        key = sha(step).digest()
         keys.append(key)
         for ids in ids_list[len(blocks) - start + 1:]:
-            step = key + (pack(ids) if isinstance(ids, int) else array("q", ids).tobytes())
+            step = key + pack(ids)
             known[step] = len(keys)
-            key = sha256(step).digest()
+            key = sha(step).digest()
             keys.append(key)
         blocks.extend(range(first, len(keys)))
     del known
