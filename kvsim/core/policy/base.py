@@ -34,7 +34,11 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heapify, heappop, heappush
+from itertools import compress, repeat
+from operator import eq, ne
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
     from kvsim.core.pages import Page
@@ -64,7 +68,9 @@ class EvictionPolicy:
     static_keys = False
     #: a key no page's key sorts below, that many pages get (``belady``: never used
     #: again), or None. Pages keyed so come first, in the order they were keyed: the
-    #: generic path queues them first-in-first-out beside its heap (same order, cheaper)
+    #: generic path queues them first-in-first-out beside its heap (same order, cheaper).
+    #: A page keeps this key until the manager re-keys it (never used again stays so): the
+    #: order does not check it again before yielding the page, even without static_keys
     floor_key: Any = None
 
     def key(self, page: "Page", clock: int) -> Any:
@@ -123,7 +129,8 @@ class HeapOrder:
     dry run): what it popped goes back at the next walk, those entries that still count
     (most were victims, gone from the index by then). Before yielding a page it
     recomputes its key: a key that grew since (``belady``: the next use it expected went
-    by) is pushed again in its place.
+    by) is pushed again in its place; a page keyed with the policy's ``floor_key`` keeps it
+    (nothing to recompute).
 
     Entries keyed with the policy's ``floor_key`` (no key sorts below it) are appended to
     ``fifo`` instead: their stamps ascend, so it stays in (key, stamp) order, and a walk
@@ -166,17 +173,12 @@ class HeapOrder:
         ns = range(n + 1, n + 1 + len(pages))
         self.n = n + len(pages)
         self.stamps.update(zip(pages, ns))
-        entries = list(zip(self.policy.keys(pages, clock), ns, pages))
+        keys = self.policy.keys(pages, clock)
+        entries = list(zip(keys, ns, pages))
         floor = self.floor
-        if floor is not None:
-            fifo = self.fifo
-            rest = []
-            for e in entries:
-                if e[0] == floor:
-                    fifo.append(e)
-                else:
-                    rest.append(e)
-            entries = rest
+        if floor is not None:  # (split in C: the floor's to the fifo, in order)
+            self.fifo.extend(compress(entries, map(eq, keys, repeat(floor))))
+            entries = list(compress(entries, map(ne, keys, repeat(floor))))
         heap = self.heap
         if len(entries) * 8 > len(heap):
             heap.extend(entries)
@@ -201,10 +203,12 @@ class HeapOrder:
 
     def _put_back(self, indexed: Any) -> None:
         """The last walk's entries that still count go back into the heap."""
-        stamps, heap = self.stamps, self.heap
+        stamps, heap, dropped = self.stamps, self.heap, Phase.DROPPED
         for e in self.taken:
             page = e[2]
-            if stamps.get(page) == e[1]:
+            if page.phase is dropped:  # dead (most victims): none of its entries counts
+                stamps.pop(page, None)
+            elif stamps.get(page) == e[1]:
                 if indexed(page):
                     heappush(heap, e)
                 else:
@@ -223,16 +227,22 @@ class HeapOrder:
             live += [e for e in self.fifo if stamps.get(e[2]) == e[1] and indexed(e[2])]
             self.fifo.clear()
         if not self.policy.static_keys:
-            key, clock = self.policy.key, self.clock.clock
-            live = [(key(e[2], clock), e[1], e[2]) for e in live]
+            key, clock, floor = self.policy.key, self.clock.clock, self.floor
+            live = [e if e[0] == floor else (key(e[2], clock), e[1], e[2]) for e in live]
         return live
 
     def compact(self, indexed: Any) -> None:
-        """Forget entries that no longer count."""
+        """Forget entries that no longer count (the fifo's stay in it, in order)."""
+        stamps = self.stamps
+        if self.taken:
+            self._put_back(indexed)
+        fifo = deque([e for e in self.fifo if stamps.get(e[2]) == e[1] and indexed(e[2])])
+        self.fifo = deque()
         live = self._live(indexed)
         heapify(live)
-        self.heap = live
+        self.heap, self.fifo = live, fifo
         self.stamps = {e[2]: e[1] for e in live}
+        self.stamps.update([(e[2], e[1]) for e in fifo])
 
     def walk(self, indexed: Any, size: int, want: int = 1) -> Iterator["Page"]:
         """The candidates in order (``indexed``: the tier's index test; ``size``: its
@@ -255,7 +265,8 @@ class HeapOrder:
         clock = self.clock.clock
         taken: list[tuple[Any, int, "Page"]] = []
         switch = max(64, size // 4)  # a walk this long reads the rest sorted in place
-        stamp_of, pop, take = stamps.get, heappop, taken.append  # (hot: bound once)
+        floor = self.floor
+        stamp_of, pop, take, popleft = stamps.get, heappop, taken.append, fifo.popleft  # (hot)
         try:
             while heap or fifo:
                 if len(taken) == switch:
@@ -268,14 +279,25 @@ class HeapOrder:
                         yield e[2]
                     return
                 # the fifo's front or the heap's top, whichever comes first (stamps differ)
-                e = fifo.popleft() if fifo and (not heap or fifo[0] < heap[0]) else pop(heap)
+                if fifo and (not heap or fifo[0] < heap[0]):
+                    e = popleft()
+                    page = e[2]
+                    if stamp_of(page) != e[1]:
+                        continue  # superseded by a later entry
+                    if not indexed(page):
+                        del stamps[page]
+                        continue  # left the index
+                    take(e)  # (the floor key: it keeps it, nothing to check)
+                    yield page
+                    continue
+                e = pop(heap)
                 page = e[2]
                 if stamp_of(page) != e[1]:
                     continue  # superseded by a later entry
                 if not indexed(page):
                     del stamps[page]
                     continue  # left the index (a later entry comes if it returns)
-                if key is not None:
+                if key is not None and e[0] != floor:
                     now = key(page, clock)
                     if now != e[0] and e[0] < now:
                         self.n += 1
