@@ -11,6 +11,7 @@ ticks once per turn.
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from typer.testing import CliRunner
@@ -184,6 +185,51 @@ def test_a_floor_key_queued_beside_the_heap_keeps_the_heaps_order(seed):
 
     assert _drive(OneHitFirst(), seed) == _drive(OneHitFirstHeap(), seed)
     assert _drive(Belady(MadeUpFuture()), seed) == _drive(BeladyHeap(MadeUpFuture()), seed)
+
+
+
+def test_compacting_an_order_keeps_its_candidates_and_their_order():
+    """A compaction forgets superseded and departed entries only: the walk after it yields
+    the same pages in the same order, the floor-keyed ones (kept in the fifo) included."""
+    from types import SimpleNamespace
+
+    from kvsim.core.policy.base import HeapOrder
+    from kvsim.core.types import Phase
+
+    class Pg:
+        def __init__(self, i):
+            self.i, self.score, self.last_use, self.phase = i, 0, 0, Phase.RESIDENT
+
+    class ByScore(EvictionPolicy):  # score 0: never wanted again (the floor)
+        floor_key = -1
+
+        def key(self, page, clock):
+            return -1 if page.score == 0 else page.score
+
+    rnd = random.Random(7)
+    pages = [Pg(i) for i in range(40)]
+    for p in pages:
+        p.score = rnd.choice([0, 0, 3, 5, 9])
+    mgr = SimpleNamespace(clock=1, ticks=0)
+    order = HeapOrder(ByScore(), mgr)
+    indexed = set(pages)
+    order.touch_many(pages)
+    for _ in range(3):  # re-keyed pages leave superseded entries behind
+        again = rnd.sample(pages, 15)
+        for p in again:
+            p.score = rnd.choice([0, 2, 7])
+        order.touch_many(again)
+    for p in rnd.sample(pages, 10):  # pages that left the index
+        indexed.discard(p)
+    held = len(order.heap) + len(order.fifo)
+    # lowest key first, equal keys in the order they were keyed (their latest stamp)
+    expect = [p.i for p in sorted(indexed, key=lambda p: (-1 if p.score == 0 else p.score,
+                                                          order.stamps[p]))]
+    order.compact(indexed.__contains__)
+    assert len(order.heap) + len(order.fifo) == len(indexed) < held
+    assert len(order.fifo) == sum(p.score == 0 for p in indexed) > 0
+    assert [p.i for p in order.walk(indexed.__contains__, len(indexed))] == expect
+    assert [p.i for p in order.walk(indexed.__contains__, len(indexed))] == expect  # again
 
 
 # -- lfu ------------------------------------------------------------------------------------
