@@ -3,13 +3,14 @@
 ``_select`` is a dry run: the victims each tier must give up so that ``n`` slots are
 available in a tier (lowest priority, then least recently used, first; in the last tier
 only droppable leaves, children before parents), and the tier each tier's victims go to
-(the nearest colder one that can take them), or None, changing nothing. ``_reserve``
-applies a selection, deepest tier first: last-tier victims drop; others are pinned
-(MOVING) and get a destination slot in their colder tier; the slots they vacate are handed over
-to the pages coming in (``PlanRecord.handed`` remembers which evict batch each tier's incoming
-pages depend on). ``_settle`` puts a page where its owners say it belongs. With a placement policy other
-than the default, victims may drop or go further than the next colder tier
-(``kvsim.core.placing``).
+(the nearest colder one that can take them), or None, changing nothing. A placement
+policy other than the default may also drop a victim or send it past the next colder tier
+(``kvsim.core.placing`` decides, per victim). ``_reserve`` applies any selection, deepest
+tier first: dropped pages leave at once; the others are pinned (MOVING) and get a
+destination slot in their colder tier (or take their retained disk copy back); the slots
+they vacate are handed over to the pages coming in (``PlanRecord.handed`` remembers which
+evict batch each tier's incoming pages depend on). ``_settle`` puts a page where its
+owners say it belongs.
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from __future__ import annotations
 from itertools import filterfalse, islice
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from kvsim.core.copies import take_back_split
+from kvsim.core.copies import Copies, take_back_split
 from kvsim.core.pages import Page
-from kvsim.core.placing import Placing
+from kvsim.core.placing import place_victims
 from kvsim.core.plan import Batch, BatchKind, PlanKind
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
     from kvsim.core.policy.base import EvictionPolicy
+    from kvsim.core.policy.placement import PlacementPolicy
     from kvsim.core.request import Request
+    from kvsim.core.spec import Level
     from kvsim.core.stats import Counters
     from kvsim.core.tiers import Tier
     from kvsim.core.tree import PrefixTree
@@ -52,24 +55,36 @@ class PlanRecord:
 
 
 class Selection:
-    """A dry run's result: ``victims[t]`` leave tier t for tier ``dest[t]`` (dropped from
-    the last tier)."""
+    """A dry run's result, per tier t: ``victims[t]`` leave tier t for tier ``dest[t]``
+    (dropped from the last tier). With a placement policy (``kvsim.core.placing``), also
+    ``drops[t]``, dropped where they are, and ``far[t]``, sent to the last tier rather
+    than to ``dest[t]`` (tiers absent: none)."""
 
     __slots__ = ("victims", "dest", "reclaim", "taking", "drops", "far")
 
-    def __init__(self, ntiers: int, placing: bool = False):
+    def __init__(self, ntiers: int):
         self.victims: list[list[Page]] = [[] for _ in range(ntiers)]
         self.dest: list[int] = [0] * ntiers
         self.reclaim: list[Page] = []  # the disk tier's retained copies to free
         self.taking: set[Page] = set()  # victims that take their disk copy back
-        # with a placement policy (kvsim.core.placing): per tier, its victims dropped
-        # where they are, and those that go to the last tier rather than to ``dest``
-        self.drops: list[list[Page]] | None = [[] for _ in range(ntiers)] if placing else None
-        self.far: list[list[Page]] | None = [[] for _ in range(ntiers)] if placing else None
+        self.drops: dict[int, list[Page]] = {}
+        self.far: dict[int, list[Page]] = {}
+
+    def forget(self, start: int, disk: int) -> None:
+        """Forget the selection of tiers ``start`` on (a branch that failed; ``disk``: the
+        disk tier's position, -1 if none)."""
+        for j in range(start, len(self.victims)):
+            self.victims[j] = []
+            self.dest[j] = 0
+            self.drops.pop(j, None)
+            self.far.pop(j, None)
+        if start <= disk:
+            self.reclaim = []
 
 
-class Eviction(Placing):
-    """Mixin of TierManager (uses its tiers, tree, counters, live pages and page size)."""
+class Eviction(Copies):
+    """Mixin of TierManager (uses its tiers, tree, counters, live pages, page size and
+    placement policy)."""
 
     # set by TierManager.__init__; declared here for the type checker (and mypyc)
     tiers: list[Tier]
@@ -80,6 +95,9 @@ class Eviction(Placing):
     policy: EvictionPolicy
     policies: list[EvictionPolicy]
     _hooked: list[EvictionPolicy]
+    placement: PlacementPolicy
+    _placing: bool
+    _levels: list[Level]
     _fast: bool
     clock: int
     ticks: int
@@ -106,7 +124,7 @@ class Eviction(Placing):
         Victims go to the nearest colder tier that can take them (free slots, or room it
         makes the same way), so a full tier is skipped rather than blocking: e.g. GPU pages
         go straight to disk while the host tier is full of pages a resume is bringing up."""
-        sel = Selection(len(self.tiers), self._placing)
+        sel = Selection(len(self.tiers))
         return sel if self._select_at(pos, n, exclude, use_free, sel) else None
 
     def _select_at(self, t: int, n: int, exclude: set | None, use_free: bool,
@@ -132,9 +150,19 @@ class Eviction(Placing):
             return False
         start = t + 1
         if self._placing:  # a placement policy: some victims drop or go further
-            victims, start, placed = self._place_victims(t, victims, exclude, sel)
-            if placed is not None:
-                return placed
+            drops, near, far = place_victims(self.placement, t, victims, self._levels,
+                                             self.clock)
+            sel.drops[t] = drops
+            if not near and not far:
+                sel.victims[t] = []
+                return True
+            if far and self._select_far(t, near, far, exclude, sel):
+                return True
+            if far:  # the next tier cannot take them, or the last the far ones: all go further
+                victims = near + far
+                start = t + 2
+            else:
+                victims = near
         disk = self._disk_pos
         for d in range(start, len(self.tiers)):
             need = len(victims)
@@ -148,14 +176,33 @@ class Eviction(Placing):
                 sel.dest[t] = d
                 return True
             sel.taking.difference_update(take)
-            if self._placing:
-                self._forget(sel, d)
-                continue
-            for j in range(d, len(self.tiers)):  # forget the branch that failed
-                sel.victims[j] = []
-            if d == disk:
-                sel.reclaim = []
+            sel.forget(d, disk)  # the branch that failed
         return False
+
+    def _select_far(self, t: int, near: list[Page], far: list[Page], exclude: set | None,
+                    sel: Selection) -> bool:
+        """Select ``near`` going to tier t + 1 and ``far`` to the last tier (the disk),
+        which also takes the victims tier t + 1 sends it. False, the branch forgotten,
+        when either cannot take them."""
+        h = t + 1
+        last = len(self.tiers) - 1
+        disk = self._disk_pos
+        if near and not self._select_at(h, len(near), exclude, True, sel):
+            sel.forget(h, disk)
+            return False
+        need = 0
+        if sel.dest[h] == last:  # the host's own victims that the disk must take in
+            need = sum(1 for v in sel.victims[h] if v not in sel.taking)
+        take = take_back_split(far)[0] if last == disk and self._retained else []
+        sel.taking.update(take)
+        if not self._select_at(last, need + len(far) - len(take), exclude, True, sel):
+            sel.taking.difference_update(take)
+            sel.forget(h, disk)
+            return False
+        sel.victims[t] = near
+        sel.dest[t] = h
+        sel.far[t] = far
+        return True
 
     def _candidates(self, tier: "Tier", want: int) -> Iterator[Page]:
         """The tier's eviction candidates in the policy's order (``want``: how many the
@@ -210,51 +257,82 @@ class Eviction(Placing):
                 p = q
         return victims if partial else None
 
-    def _reserve(self, pos: int, n: int, sel: "Selection", rec: PlanRecord,
+    def _reserve(self, pos: int, n: int, sel: Selection, rec: PlanRecord,
                  batches: list[Batch], incoming: bool = True) -> list[int]:
-        """Apply a selection: ``n`` slots of tier ``pos`` for incoming pages (victims' slots
-        handed over after free ones). Evictions are added to ``batches``, deepest first."""
-        if sel.drops is not None:
-            return self._reserve_placed(pos, n, sel, rec, batches, incoming)
+        """Apply a selection to tier ``pos``, whatever the placement decided: ``n`` of its
+        slots for incoming pages (unless not ``incoming``), free ones first, then those
+        the leaving pages vacate, in this order:
+        - dropped: the last tier's victims (and reclaimed copies), or the pages a placement
+          dropped; freed at once. The last tier's are applied by its first reservation in
+          a plan (a placement may reserve it twice: for the host's victims and for pages
+          placed past the host); with a placement their slots go before its free ones;
+        - moved: the victims to ``sel.dest[pos]``, the pages placed far to the last tier;
+          pinned (MOVING), with a destination slot reserved there (recursively: evict
+          batches are added deepest first), or onto their ready disk copies (TAKEBACK)."""
         tier = self.tiers[pos]
-        victims = sel.victims[pos]
-        reclaim = sel.reclaim if tier.is_last else []
-        freed = len(victims) + len(reclaim)
-        slots = tier.alloc_many(n - freed) if incoming else []
+        last = len(self.tiers) - 1
+        if pos == last:  # its victims drop
+            drops = sel.victims[pos]
+            reclaim = sel.reclaim
+            near: list[Page] = []
+            far: list[Page] = []
+        else:
+            drops = sel.drops.get(pos, [])
+            reclaim = []
+            near = sel.victims[pos]
+            far = sel.far.get(pos, [])
+        gone = len(drops) + len(reclaim)  # slots freed where they are
+        moved = len(near) + len(far)
+        freed = gone + moved
+        # (kept from before the paths were one: it decides only which disk slots plans
+        # made with a placement use)
+        vacated_first = gone > 0 and pos == last and self._placing
+        slots = tier.alloc_many(n - freed) if incoming and n > freed and not vacated_first else []
         if not freed:
             return slots
-        if victims and not self._fast:
-            self.policies[pos].on_evict(victims, self.clock)
-        if tier.is_last:
-            if victims:
-                self._drop_each(tier, victims)
+        if not self._fast:
+            leaving = drops + near + far if drops or far else near
+            if leaving:
+                self.policies[pos].on_evict(leaving, self.clock)
+        if gone:
+            if drops:
+                self._drop_each(tier, drops)
             if reclaim:
                 self._reclaim(reclaim)
+            if pos == last:  # applied: a second reservation of it only allocates
+                sel.victims[pos] = []
                 sel.reclaim = []
-            if incoming:
-                slots.extend(tier.alloc_many(freed))
+            rest = n - len(slots) - moved  # the rest but the movers' slots, from the pool
+            if incoming and rest > 0:
+                slots.extend(tier.alloc_many(rest))
+        if not near and not far:
             return slots
-        d = sel.dest[pos]
-        take, write = take_back_split(victims) if d == self._disk_pos and sel.taking else ([], victims)
-        tier.index_discard_each(victims)
-        moving = Phase.MOVING
-        for v in victims:
-            v.phase = moving
         stage = len(self.tiers) - 2 - pos  # deeper sources first: their slots are reused above
-        handed = []
-        if write:
-            dst = self._reserve(d, len(write), sel, rec, batches)
-            handed.append(self._add_batch(rec, batches, BatchKind.EVICT, pos, d, write, dst, stage))
-        if take:  # onto their retained copies: no longer reclaimable
-            copies = self.tiers[d].copies
-            for v in take:
-                del copies[v]
-            handed.append(self._add_batch(rec, batches, BatchKind.TAKEBACK, pos, d, take,
-                                          [v.copy for v in take], stage))
+        moving = Phase.MOVING
+        handed: list[int] = []
+        for d, group in ((sel.dest[pos], near), (last, far)):
+            if not group:
+                continue
+            take, write = (take_back_split(group) if d == self._disk_pos and sel.taking
+                           else ([], group))
+            tier.index_discard_each(group)
+            for v in group:
+                v.phase = moving
+            if write:
+                dst = self._reserve(d, len(write), sel, rec, batches)
+                handed.append(self._add_batch(rec, batches, BatchKind.EVICT, pos, d, write,
+                                              dst, stage))
+            if take:  # onto their retained copies: no longer reclaimable
+                copies = self.tiers[d].copies
+                for v in take:
+                    del copies[v]
+                handed.append(self._add_batch(rec, batches, BatchKind.TAKEBACK, pos, d, take,
+                                              [v.copy for v in take], stage))
+            if incoming:
+                slots.extend([v.slot for v in write])
+                slots.extend([v.slot for v in take])
         if incoming:
             rec.handed[pos] = handed
-            slots.extend([v.slot for v in write])
-            slots.extend([v.slot for v in take])
         return slots
 
     def _rollback_slot(self, rec: PlanRecord, batches: Sequence[Batch], oks: list[bool], pos: int,
