@@ -153,6 +153,12 @@ class Copies:
         self.counters.copies_reclaimed += len(pages)
         self._retained -= len(pages)
 
+    def _pick_leaves(self, tier: Tier, k: int, exclude: set | None, partial: bool = False
+                     ) -> list[Page] | None:
+        """Droppable leaves of the last tier in the eviction policy's order: implemented by
+        ``Eviction``, which owns that order."""
+        raise NotImplementedError
+
     def _pick_disk(self, tier: Tier, k: int, exclude: set | None, taking: set
                    ) -> tuple[list[Page], list[Page]] | None:
         """``k`` slots of the disk tier from its droppable leaves and its retained copies
@@ -163,7 +169,7 @@ class Copies:
         over = len(tier.copies) - self.protected_copies()
         first = copies[:min(k, over)] if over > 0 else []
         rest = k - len(first)
-        victims = self._pick_leaves(tier, rest, exclude, partial=True) if rest else []  # type: ignore[attr-defined]
+        victims = (self._pick_leaves(tier, rest, exclude, partial=True) or []) if rest else []
         short = rest - len(victims)
         if short:
             more = copies[len(first):len(first) + short]
