@@ -64,8 +64,7 @@ class SimDiskPool:
         now = self.clock.now
         sizes = piece_sizes(page_bytes, pages, self.piece_bytes)
         job.left = len(sizes)
-        for n in sizes:
-            self.queues.push((job, n), cls, now, job.key)
+        self.queues.push_many([(job, n) for n in sizes], cls, now, job.key)
         self._dispatch()
 
     def promote(self, key: Hashable) -> int:

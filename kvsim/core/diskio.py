@@ -138,14 +138,6 @@ class IoRule:
                                            or not isinstance(self.write_cap, int) or self.write_cap < 1):
             raise ValueError(f"IoRule: write_cap must be None or a whole number >= 1, got {self.write_cap!r}")
 
-    def age_of(self, cls: IoClass) -> float | None:
-        """How long a head of ``cls`` waits before it jumps the order (None: never)."""
-        if cls is IoClass.WRITE:
-            return self.write_age_s
-        if cls is IoClass.BACKGROUND:
-            return self.background_age_s
-        return None
-
 
 @dataclass(frozen=True)
 class Pick:
@@ -204,17 +196,11 @@ class DiskQueues:
 
     def push(self, item: Any, cls: IoClass, now: float, transfer: Hashable) -> None:
         """Queue one piece of ``transfer`` (FIFO within its class)."""
-        q = self._q[IoClass(cls)]
-        e = _Entry(now, self._seq, transfer, item)
-        self._seq += 1
-        if len(q) > self._head[cls] and q[-1].key() > e.key():  # (a clock that went back)
-            bisect.insort(q, e, lo=self._head[cls], key=_Entry.key)
-        else:
-            q.append(e)
+        self.push_many((item,), cls, now, transfer)
 
     def push_many(self, items: Sequence[Any], cls: IoClass, now: float, transfer: Hashable) -> None:
-        """Queue ``items``, pieces of ``transfer`` in order, all at ``now``: as that many
-        ``push`` calls, in one (a transfer's pieces are queued at once)."""
+        """Queue ``items``, pieces of ``transfer`` in order, all at ``now`` (FIFO within
+        their class; a clock that went back sorts them in by time)."""
         c = IoClass(cls)
         q = self._q[c]
         seq = self._seq
