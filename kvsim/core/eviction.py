@@ -284,10 +284,7 @@ class Eviction(Copies):
         gone = len(drops) + len(reclaim)  # slots freed where they are
         moved = len(near) + len(far)
         freed = gone + moved
-        # (kept from before the paths were one: it decides only which disk slots plans
-        # made with a placement use)
-        vacated_first = gone > 0 and pos == last and self._placing
-        slots = tier.alloc_many(n - freed) if incoming and n > freed and not vacated_first else []
+        slots = tier.alloc_many(n - freed) if incoming and n > freed else []
         if not freed:
             return slots
         if not self._fast:
