@@ -1,7 +1,8 @@
 """Progressive host-tier fill of the hw backend, per backing and tier size (GPU or CPU mode).
 
 For each backing (``register``: fault in + cudaHostRegister in 512 MiB units;
-``pinned``: one cudaHostAlloc of the whole range) and each host-tier size, builds the hw
+``pinned``: one cudaHostAlloc of the whole range; ``cumem``: cuMemCreate unit by unit into
+one reserved range) and each host-tier size, builds the hw
 backend's own host tier (``kvsim_backends.hw.hostfill.HostFill``) and times:
 
 - ``first_serve_s``: from asking for the tier (reserve included) until its first unit is
@@ -19,11 +20,12 @@ fill of a size may also pay for the VM growing its memory on first touch).
 Each row also gives the sim's time to full for that tier at ``--profile``'s rate for the
 backing (``sim full``) and its ratio to the measured one (``sim/hw``; goal within 10%
 with a calibrated profile). Prints one row per (backing, size), the fill rates as profile values (``host.fill_rate``
-for register, ``host.pinned_fill_rate`` for pinned: feed them to the hardware profile),
+for register, ``host.pinned_fill_rate`` for pinned, ``host.cumem_fill_rate`` for cumem: feed
+them to the hardware profile),
 and LAST ``host_first_serve_s: X``, the worst first-serve time over the sizes for the
 default backing (register).
 
-    python3 benchmarks/host_fill.py [--sizes 1GiB] [--backings register,pinned]
+    python3 benchmarks/host_fill.py [--sizes 1GiB] [--backings register,pinned,cumem]
         [--device auto|cpu|gpu] [--unit 512MiB] [--huge-pages] [--numa auto|off|N]
         [--probe-gap 1ms] [--stall 1ms] [--profile h200-pcie] [--json PATH]
 
@@ -118,7 +120,7 @@ def fill_once(nbytes: int, backing: Backing, cp, unit: int, huge: bool, numa, ga
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1GiB", help="host-tier sizes, comma-separated")
-    ap.add_argument("--backings", default="register,pinned")
+    ap.add_argument("--backings", default="register,pinned,cumem")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--unit", default="512MiB", help="the commit unit")
     ap.add_argument("--huge-pages", action="store_true")
@@ -179,7 +181,8 @@ def main(argv=None) -> int:
             sys.stdout.flush()
     if rows:
         print("placement:", json.dumps(rows[-1]["info"]))
-    for backing, key in ((Backing.REGISTER, "fill_rate"), (Backing.PINNED, "pinned_fill_rate")):
+    for backing, key in ((Backing.REGISTER, "fill_rate"), (Backing.PINNED, "pinned_fill_rate"),
+                         (Backing.CUMEM, "cumem_fill_rate")):
         rs = [r for r in rows if r["backing"] == backing.value and r["ok"] and r["rate_Bps"]]
         if rs:  # the largest tier's rate: the one a startup of that size sees
             big = max(rs, key=lambda r: r["bytes"])

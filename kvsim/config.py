@@ -38,12 +38,12 @@ class FillConfig(_Strict):
     by the hw backend while it is built), ``progressive`` (unit by unit from the run's
     start; serving starts with the first unit), ``before_serve`` (unit by unit; serving
     starts with the last). ``backing``: ``register`` (fault in + cudaHostRegister) or
-    ``pinned`` (one cudaHostAlloc of the range). ``huge_pages`` (register only) and
+    ``pinned`` (one cudaHostAlloc of the range) or ``cumem`` (cuMemCreate unit by unit). ``huge_pages`` (register only) and
     ``numa`` (``auto``: the GPU's node where there are several; ``off``; a node) are the
     hw backend's; ``unit``: the commit unit (whole slots of it)."""
 
     mode: Literal["none", "progressive", "before_serve"] = "none"
-    backing: Literal["register", "pinned"] = "register"
+    backing: Literal["register", "pinned", "cumem"] = "register"
     huge_pages: bool = False
     numa: Union[Literal["auto", "off"], Annotated[int, Field(ge=0)]] = "auto"
     unit: Size = 512 << 20

@@ -221,18 +221,21 @@ class NVMeSpec(_Frozen):
 class HostSpec(_Frozen):
     """Host-tier fill rates per backing (``kvsim.core.hostfill.Backing``): ``fill_rate``
     faults in and registers (``register``), ``pinned_fill_rate`` is the driver's pinned
-    allocation (``pinned``; None: ``fill_rate``). ``benchmarks/host_fill.py`` measures both."""
+    allocation of the whole range (``pinned``), ``cumem_fill_rate`` the driver's unit by
+    unit (``cumem``); None: ``fill_rate``. ``benchmarks/host_fill.py`` measures each."""
 
     fill_rate: Rate  # host-tier commit (fault in + register) rate
     pinned_fill_rate: Rate | None = None
+    cumem_fill_rate: Rate | None = None
 
     def fill_rate_for(self, backing: str) -> float:
-        """Bytes per second the fill commits at with ``backing`` ('register' or 'pinned')."""
-        if backing == "register":
-            return self.fill_rate
-        if backing == "pinned":
-            return self.fill_rate if self.pinned_fill_rate is None else self.pinned_fill_rate
-        raise ValueError(f"backing: got {backing!r}; expected 'register' or 'pinned'")
+        """Bytes per second the fill commits at with ``backing`` ('register', 'pinned' or
+        'cumem')."""
+        rates = {"register": None, "pinned": self.pinned_fill_rate, "cumem": self.cumem_fill_rate}
+        if backing not in rates:
+            raise ValueError(f"backing: got {backing!r}; expected one of {', '.join(rates)}")
+        rate = rates[backing]
+        return self.fill_rate if rate is None else rate
 
 
 class GPUSpec(_Frozen):

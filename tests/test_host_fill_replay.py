@@ -40,14 +40,14 @@ def _wait(rt, w):
     return out["t"], out["v"]
 
 
-@pytest.mark.parametrize("backing", ["register", "pinned"])
+@pytest.mark.parametrize("backing", ["register", "pinned", "cumem"])
 def test_sim_fill_of_n_units_at_rate_r_takes_n_units_over_r(backing):
-    prof = load_profile("h200-pcie")
+    prof = load_profile("gh200-c2c")  # cumem has a rate of its own there
     rate = prof.host.fill_rate_for(backing)
     rt = SimRuntime()
     be = SimBackend(rt, prof, MiB, {Level.GPU: 8, Level.HOST: 64},
                     host_fill={"mode": "progressive", "backing": backing, "unit": 8 * MiB})
-    unit = 8 * MiB if backing == "register" else 64 * MiB  # pinned: the range in one piece
+    unit = 64 * MiB if backing == "pinned" else 8 * MiB  # pinned: the range in one piece
     assert be.slots_ready(Level.GPU, [7]) is None  # only the host tier fills
     w = be.slots_ready(Level.HOST, [0, 3])  # unit 0
     assert w is not None
@@ -166,7 +166,7 @@ from gpuskip import have_gpu as _have_gpu  # noqa: E402
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA GPU")
-@pytest.mark.parametrize("backing", ["register", "pinned"])
+@pytest.mark.parametrize("backing", ["register", "pinned", "cumem"])
 def test_gpu_replay_on_a_filling_host_tier(backing):
     cfg = load_config("default", [*HW, HW_TIERS % ("progressive", "4MiB"),
                                   f"cache.tiers[1].fill.backing={backing}"])

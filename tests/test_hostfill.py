@@ -7,6 +7,8 @@ watermark, and a tier capped where a failed fill stopped.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvsim.core.hostfill import FillLayout, FillMode, needed_watermark, ready
@@ -39,6 +41,19 @@ def test_layout_slot_larger_than_unit_and_whole():
     assert whole.units == 1 and whole.watermark(1) == 1000
     with pytest.raises(ValueError, match="slot_bytes"):
         FillLayout.of(0, 10)
+
+
+def test_aligned_layout_units_are_whole_slots_and_whole_granules():
+    g = 2 * MiB
+    for slot, unit, want in ((5 * MiB, 512 * MiB, 102), (3 * MiB, 512 * MiB, 170),
+                             (16 << 10, 512 * MiB, 32768), (5 * MiB, 4 * MiB, 2), (160 * MiB, 512 * MiB, 3)):
+        lay = FillLayout.aligned(slot, 100_000, unit, g)
+        assert lay.unit_slots == want, (slot, unit)
+        assert lay.unit_bytes % g == 0 and lay.unit_bytes % slot == 0
+        assert lay.unit_bytes <= max(unit, g * slot // math.gcd(slot, g))
+    assert FillLayout.aligned(5 * MiB, 3, 512 * MiB, g).unit_slots == 3  # the whole tier
+    with pytest.raises(ValueError, match="granule"):
+        FillLayout.aligned(MiB, 10, 4 * MiB, 0)
 
 
 def test_first_serve_and_fill_time():

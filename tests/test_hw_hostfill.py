@@ -58,6 +58,19 @@ def test_pinned_backing_comes_in_one_piece():
         fill.close()
 
 
+def test_cumem_backing_in_cpu_mode_fills_unit_by_unit():
+    lay = FillLayout.of(MiB, 16, 4 * MiB)
+    fill = HostFill(lay, Backing.CUMEM, None, unit_delay_s=0.05).start()
+    try:
+        assert fill.wait(4, timeout_s=5)
+        assert fill.layout.units == 4 and fill.ready(16) is None  # progressive, as register
+        fill.view[:4] = 5
+        assert fill.wait(16, timeout_s=5) and int(fill.view[:4].min()) == 5
+        assert fill.info["backing"] == "cumem" and fill.info["huge_pages"] is False
+    finally:
+        fill.close()
+
+
 def test_close_stops_a_fill_midway_and_is_idempotent():
     lay = FillLayout.of(MiB, 64, MiB)
     fill = HostFill(lay, Backing.REGISTER, None, unit_delay_s=0.02).start()
@@ -77,7 +90,7 @@ from gpuskip import have_gpu as _have_gpu  # noqa: E402
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _have_gpu(), reason="needs CuPy and a CUDA GPU")
-@pytest.mark.parametrize("backing", ["register", "pinned"])
+@pytest.mark.parametrize("backing", ["register", "pinned", "cumem"])
 def test_gpu_fill_pins_the_range_and_the_device_reads_it(backing):
     import cupy as cp
 

@@ -11,6 +11,11 @@ most 512 MiB), publishing a watermark: how many slots exist. Backings
 - ``pinned``: the driver allocates pinned memory (``cudaHostAlloc``, portable + mapped)
   for the whole range in one call: the range becomes usable at once. CPU mode: an
   anonymous mapping faulted in whole.
+- ``cumem``: the driver allocates each unit's pinned memory (``cuMemCreate`` on the
+  chosen NUMA node) and maps it into a range reserved once (``cuMemAddressReserve``;
+  ``backends.hw.cumem``); units are also whole allocation granules. Progressive, like
+  ``register``, through the driver's allocation path. CPU mode: as ``register`` without
+  the registration.
 
 ``prefault=False`` (CPU mode only; a GPU registers every page anyway) commits units
 without touching them: the mapping then grows as slots are written, as the hw backend's
@@ -136,6 +141,7 @@ class HostFill:
         self._registered: list[int] = []
         self._waiters: list[tuple[int, object]] = []  # (slots, callback) told by the worker
         self._pinned_ptr: int | None = None
+        self._units = None  # cumem on a GPU: the driver's HostUnits
         self._mm = None
         self.watermark = 0      # slots that exist (written by the worker only)
         self.units_done = 0
@@ -150,16 +156,33 @@ class HostFill:
                            "units": layout.units}
         self._node_cpus: set[int] = set()
         try:
-            if self.backing is Backing.REGISTER:
+            driver_units = self.backing is Backing.CUMEM and cuda is not None
+            if self.backing is Backing.REGISTER or (self.backing is Backing.CUMEM and cuda is None):
                 self._mm = _lazy_mmap(self.nbytes)
                 self._set_views(np.frombuffer(self._mm, dtype=np.uint8)[: self.nbytes])
-                self._advise_huge_pages(bool(huge_pages))
+                self._advise_huge_pages(bool(huge_pages) and self.backing is Backing.REGISTER)
             else:
                 self.info["huge_pages"] = "n/a (driver allocation)" if huge_pages else False
-            self._place(numa)
+            node = self._place(numa)
+            if driver_units:
+                self._reserve_units(node)
         except BaseException:
             self.close()
             raise
+
+    def _reserve_units(self, node: int | None) -> None:
+        """cumem on a GPU: reserve the range with the driver and lay units out on its
+        allocation granules (whole slots each)."""
+        from .cumem import HostUnits  # noqa: PLC0415 (needs cuda-bindings)
+
+        self._units = u = HostUnits(self.nbytes, self._device, node)
+        lay = self.layout
+        self.layout = FillLayout.aligned(lay.slot_bytes, lay.slots, lay.unit_bytes, u.granularity)
+        self.info.update(unit_bytes=self.layout.unit_bytes, units=self.layout.units,
+                         granularity=u.granularity)
+        arr = (ctypes.c_uint8 * self.nbytes).from_address(u.base)  # not touched until committed
+        self._set_views(np.frombuffer(arr, dtype=np.uint8))
+        self.dev_ptr = u.base  # one address for the CPU and the GPU
 
     # -- placement ----------------------------------------------------------------
     def _set_views(self, flat: np.ndarray) -> None:
@@ -183,12 +206,13 @@ class HostFill:
             self.info["huge_pages"] = False
         self.info["thp_mode"] = mode
 
-    def _place(self, numa) -> None:
+    def _place(self, numa) -> int | None:
+        """Apply ``numa``; the node the tier goes on (None: the kernel's choice)."""
         nodes = numa_nodes()
         self.info["numa_nodes"] = len(nodes)
         if numa == "off":
             self.info["numa"] = "off"
-            return
+            return None
         if isinstance(numa, bool) or not (numa == "auto" or isinstance(numa, int)):
             raise ValueError(f"numa: got {numa!r}; expected 'auto', 'off' or a node number")
         node = numa if isinstance(numa, int) else (gpu_node(self._cuda) if self._cuda is not None else None)
@@ -196,12 +220,13 @@ class HostFill:
             raise ValueError(f"numa: node {numa} is not one of this machine's nodes {nodes}")
         if node is None or (numa == "auto" and len(nodes) < 2):
             self.info["numa"] = "one node" if len(nodes) < 2 else "GPU's node unknown"
-            return
+            return None
         self._node_cpus = node_cpus(node) & set(os.sched_getaffinity(0))
         bound = False
-        if self.backing is Backing.REGISTER:
+        if self._mm is not None:
             bound = self._mbind(node)
         self.info["numa"] = {"node": node, "mbind": bound, "worker_cpus": len(self._node_cpus)}
+        return node
 
     def _mbind(self, node: int) -> bool:
         nr = _SYS_MBIND.get(platform.machine())
@@ -258,6 +283,10 @@ class HostFill:
     def _commit_unit(self, u: int) -> None:
         off, n = self.layout.byte_span(u)
         addr = self.ptr + off
+        if self._units is not None:  # cumem: the driver allocates, maps and zeroes it
+            self._units.commit(off + n)
+            self._publish(u + 1)
+            return
         if self._prefault:
             self._populate(off, n)
         cuda = self._cuda
@@ -359,6 +388,9 @@ class HostFill:
                 pass
         self._registered.clear()
         self.flat = self.view = None
+        units, self._units = self._units, None
+        if units is not None:
+            units.close()
         p, self._pinned_ptr = self._pinned_ptr, None
         if p is not None:
             try:

@@ -22,6 +22,7 @@ will never exist.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,10 +45,13 @@ class Backing(str, enum.Enum):
     the whole range, each unit faulted in and registered with the driver
     (cudaHostRegister). ``PINNED``: the driver allocates pinned memory (cudaHostAlloc):
     one allocation for the whole range (the runtime API cannot place it inside a
-    reserved range), so the range becomes usable at once when it returns."""
+    reserved range), so the range becomes usable at once when it returns. ``CUMEM``: the
+    driver allocates pinned memory unit by unit (cuMemCreate) and maps each unit into the
+    reserved range: progressive, like ``REGISTER``, with the driver's allocation path."""
 
     REGISTER = "register"
     PINNED = "pinned"
+    CUMEM = "cumem"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,20 @@ class FillLayout:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}: got {v!r}; expected a positive integer")
         return cls(slot_bytes, slots, min(slots, max(1, unit_bytes // slot_bytes)))
+
+    @classmethod
+    def aligned(cls, slot_bytes: int, slots: int, unit_bytes: int, granule: int) -> "FillLayout":
+        """``of``, with units that are also whole ``granule``s (a driver's allocation
+        granularity): as many slots as fit in ``unit_bytes``, rounded down to a multiple of
+        the slots that make whole granules (at least that many)."""
+        base = cls.of(slot_bytes, slots, unit_bytes)
+        if isinstance(granule, bool) or not isinstance(granule, int) or granule <= 0:
+            raise ValueError(f"granule: got {granule!r}; expected a positive integer")
+        if base.unit_slots >= slots:  # one unit: the whole tier (its end rounds up)
+            return base
+        step = granule // math.gcd(slot_bytes, granule)  # slots per whole number of granules
+        unit = max(step, base.unit_slots // step * step)
+        return cls(slot_bytes, slots, min(slots, unit))
 
     @classmethod
     def whole(cls, slot_bytes: int, slots: int) -> "FillLayout":
@@ -133,8 +151,8 @@ class FillLayout:
 
 def layout_for(backing: Backing | str, slot_bytes: int, slots: int,
                unit_bytes: int = UNIT_BYTES) -> FillLayout:
-    """The layout a backing commits in: units of ``unit_bytes`` (register), or the whole
-    range at once (pinned: one driver allocation)."""
+    """The layout a backing commits in: units of ``unit_bytes`` (register, cumem), or the
+    whole range at once (pinned: one driver allocation)."""
     if Backing(backing) is Backing.PINNED:
         return FillLayout.whole(slot_bytes, slots)
     return FillLayout.of(slot_bytes, slots, unit_bytes)
