@@ -225,7 +225,8 @@ def interference_fit(busy_cells, profile, idle_cells=()):
     - ``sm_kernel_slowdown`` at the profile's ``sm_kernel_ctas``, and
       ``copy_engine_slowdown``: from the compute's stretch, ``took = busy x compute.scale +
       copy x s / (1 + s)`` (the sim's fluid: compute runs at 1 / (1 + s) while the copy
-      moves bytes), medians over the cells."""
+      moves bytes, so ``copy`` leaves out the copy engines' per-page host cost), medians
+      over the cells."""
     from kvsim.fit import sim_cell  # noqa: PLC0415
     from kvsim.hardware import HardwareProfile  # noqa: PLC0415
 
@@ -269,6 +270,8 @@ def interference_fit(busy_cells, profile, idle_cells=()):
         took, busy, copy = c.get("compute_s"), c["busy_s"], c["seconds"]
         if c["path"] == "sm_kernel":  # (its bytes move, and slow compute, after its start)
             copy -= start or 0.0
+        else:  # (the engines' host-side cost a page moves no bytes: compute runs at full speed)
+            copy -= sum(n * profile.copy_engine.per_page_for(dr, c["page"]) for dr, n in c["batches"])
         if took is None or copy <= 0:
             continue
         x = (took - busy * profile.compute.scale) / copy
