@@ -274,16 +274,11 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     a, b = load_profile(committed).model_dump(), load_profile(out).model_dump()
     for d in (a, b):
         d.pop("notes")
-    # the committed profile adds, by hand, the disk's rewrite rate, from a ratio measured
-    # on another machine (the committed report predates calibrate's rewrite pass)
-    assert a["nvme"].pop("rewrite") == pytest.approx(2.474e9)
-    assert b["nvme"].pop("rewrite") is None
-    # and the SM kernel's CTA headroom the hw backend ran with when the cells were measured
-    assert (a["sm"].pop("cta_headroom"), b["sm"].pop("cta_headroom")) == (2.0, 1.0)
-    # and what benchmarks/hw_copy.py's busy cells imply (calibrate keeps the base's)
-    ia, ib = a["sm"]["interference"], b["sm"]["interference"]
-    assert (ia.pop("busy_cta_efficiency"), ib.pop("busy_cta_efficiency")) == (0.448, 0.4)
-    assert (ia.pop("busy_start"), ib.pop("busy_start")) == (pytest.approx(283e-6), 0.0)
+    # the report's base is the committed profile itself (calibrated on its predecessor), so
+    # what calibrate does not measure (the CTA headroom, the busy terms from hw_copy.py's
+    # cells, the fill rates of the driver's backings) comes back as committed
+    assert a["sm"]["cta_headroom"] == b["sm"]["cta_headroom"] == 2.0
+    assert a["sm"]["interference"]["busy_start"] == pytest.approx(283e-6)
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     num = [k for k in fa if isinstance(fa[k], (int, float)) and not isinstance(fa[k], bool)]
@@ -295,22 +290,14 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     for r, s in zip(new["fit_check"], old["fit_check"]):
         assert (r["page"], r["path"], r["dir"]) == (s["page"], s["path"], s["dir"])
         assert abs(r["rel_err"] - s["rel_err"]) < 1e-3
-    # issue 4 (5% a cell), the committed calibration: the large batches miss the copy engine
-    # both ways at 64 KiB (-8.7%) and 256 KiB (+6.7%); small batches of 2 MiB pages miss
-    # the copy engine's two-page batches and the SM kernel's one-page batches (7-9%)
+    # issue 4 (5% a cell), the committed calibration: every large batch within 5%; small
+    # batches of 2 MiB pages miss the one- and two-page batches of both paths (5-20%) and
+    # the SM kernel's 16-page batch back to the host (-9%)
     misses = [(r["page"], r["path"], r["dir"], r["pages"]) for r in new["fit_check"] if abs(r["rel_err"]) > 0.05]
-    assert misses == [(64 * 1024, "copy_engine", "both", 32768), (256 * 1024, "copy_engine", "both", 8192),
-                      (2 << 20, "copy_engine", "h2d", 2), (2 << 20, "copy_engine", "d2h", 2),
-                      (2 << 20, "sm_kernel", "h2d", 1), (2 << 20, "sm_kernel", "d2h", 1)]
-    # the out-of-sample cells the report keeps (hw_copy.py right after calibrate)
-    # are re-checked: 24 of 30 within 5%, every SM-kernel cell within 4.2%
-    assert [len(e["fit_check"]) for e in new["out_of_sample"]] == [30]
-    oos = new["out_of_sample"][0]["fit_check"]
-    assert sum(abs(r["rel_err"]) <= 0.05 for r in oos) == 24
-    assert max(abs(r["rel_err"]) for r in oos if r["path"] == "sm_kernel") < 0.043
-    for e, f in zip(new["out_of_sample"], old["out_of_sample"]):
-        assert [r["rel_err"] for r in e["fit_check"]] == pytest.approx([r["rel_err"] for r in f["fit_check"]],
-                                                                       abs=1e-3)
+    assert misses == [(2 << 20, "copy_engine", "h2d", 2), (2 << 20, "copy_engine", "d2h", 1),
+                      (2 << 20, "copy_engine", "d2h", 2), (2 << 20, "copy_engine", "d2h", 4),
+                      (2 << 20, "sm_kernel", "h2d", 1), (2 << 20, "sm_kernel", "d2h", 1),
+                      (2 << 20, "sm_kernel", "d2h", 16)]
 
 
 def test_the_disk_is_fitted_as_the_hw_backend_drives_it():

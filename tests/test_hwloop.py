@@ -268,10 +268,11 @@ def test_the_saved_h200_slice_run_is_predicted_as_before_the_move(tmp_path, refc
     for p in SLICE:
         shutil.copy(p, trace / p.name)
     cfg = load_config("agentic-slice", ["engine.fast_forward=false", f"engine.refcheck={str(refcheck).lower()}"])
-    # the config's profile with the busy SM kernel's terms as they were then (the check's
-    # kernel under compute runs at busy_cta_efficiency of the link, so the later fitted
-    # share moves the refcheck-on prediction: TTFT p50 0.2043 -> 0.1999 s)
-    d = load_profile(cfg.hardware).model_dump()
+    # the config's profile as it was then (its 2026-11-29 calibration), with the busy SM
+    # kernel's terms as they were then too (the check's kernel under compute runs at
+    # busy_cta_efficiency of the link, so the later fitted share moves the refcheck-on
+    # prediction: TTFT p50 0.2043 -> 0.1999 s)
+    d = load_profile(FIXTURE / "h200-pcie-calibrated-2324.yaml").model_dump()
     d["sm"]["interference"].update(busy_cta_efficiency=0.4, busy_start=0.0)
     then = HardwareProfile.model_validate(d)
     report, _ = compare_saved(cfg, FIXTURE, str(trace), profile=then)
