@@ -265,7 +265,7 @@ class Eviction(Copies):
         - dropped: the last tier's victims (and reclaimed copies), or the pages a placement
           dropped; freed at once. The last tier's are applied by its first reservation in
           a plan (a placement may reserve it twice: for the host's victims and for pages
-          placed past the host); with a placement their slots go before its free ones;
+          placed past the host);
         - moved: the victims to ``sel.dest[pos]``, the pages placed far to the last tier;
           pinned (MOVING), with a destination slot reserved there (recursively: evict
           batches are added deepest first), or onto their ready disk copies (TAKEBACK)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Hashable, Iterable, Sequence
 
 from kvsim.core.errors import CoreError
-from kvsim.core.eviction import PlanRecord, Selection
+from kvsim.core.eviction import PlanRecord
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.planning import Planning
@@ -221,8 +221,8 @@ class TierManager(Planning):
         if any(p.phase is not resident for p in pages):
             return self._refuse(RefusalReason.BUSY, "a page is moving for another plan")
         away = [p for p in pages if p.tier != 0]
-        sel: Selection | list[Page] | None = self._select(0, len(away), set(pages)) if away else []
-        if sel is None:
+        sel = self._select(0, len(away), set(pages)) if away else None
+        if away and sel is None:
             return self._refuse(RefusalReason.NO_ROOM, f"{len(away)} GPU slots for a resume")
         gpu = self.tiers[0]
         here = []
@@ -234,8 +234,8 @@ class TierManager(Planning):
         gpu.index_discard_each(here)
         rec = PlanRecord(PlanKind.RESUME, req)
         batches: list[Batch] = []
-        if away:
-            slots = self._reserve(0, len(away), sel, rec, batches)  # type: ignore[arg-type]
+        if sel is not None:  # (there are pages away)
+            slots = self._reserve(0, len(away), sel, rec, batches)
             by_src: dict[int, tuple[list[Page], list[int]]] = {}
             moving = Phase.MOVING
             for p, s in zip(away, slots):
@@ -267,16 +267,16 @@ class TierManager(Planning):
         cow = self._needs_copy(req, ntokens)
         n = new + cow
         gpu = self.tiers[0]
-        room = n <= gpu.free  # free slots suffice: no eviction to plan
-        sel: Selection | list[Page] | None = self._select(0, n, None) if n and not room else []
-        if sel is None:  # refused: the blocks are not appended, so a retry may pass them again
+        evict = n > gpu.free  # free slots do not suffice: plan an eviction
+        sel = self._select(0, n, None) if evict else None
+        if evict and sel is None:  # refused: the blocks are not appended, so a retry may pass them again
             return self._refuse(RefusalReason.NO_ROOM, f"{n} GPU pages for a grow")
         if blocks:
             req.blocks.extend(blocks)
         rec = PlanRecord(PlanKind.GROW, req)
         batches: list[Batch] = []
         if n:
-            slots = gpu.alloc_many(n) if room else self._reserve(0, n, sel, rec, batches)  # type: ignore[arg-type]
+            slots = gpu.alloc_many(n) if sel is None else self._reserve(0, n, sel, rec, batches)
             base = len(req.pages)
             b = self.tokens_per_block
             pid = self._next_pid
@@ -293,11 +293,12 @@ class TierManager(Planning):
             self._next_pid = pid + new
             rec.pending = pend
             if cow:
-                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens,  # type: ignore[union-attr]
-                            last.priority, Phase.PENDING)  # type: ignore[union-attr]
+                assert last is not None  # a copy-on-write copies the request's last page
+                copy = Page(self._next_pid, last.index, 0, slots[0], last.ntokens,
+                            last.priority, Phase.PENDING)
                 self._next_pid += 1
                 rec.cow = copy
-                self._add_batch(rec, batches, BatchKind.COPY, 0, 0, [last], [slots[0]],  # type: ignore[list-item]
+                self._add_batch(rec, batches, BatchKind.COPY, 0, 0, [last], [slots[0]],
                                 self._taker_stage)
         rec.target = ntokens
         req.state = ReqState.GROWING

@@ -20,7 +20,6 @@ from kvsim.core.eviction import Eviction, PlanRecord
 from kvsim.core.pages import Page
 from kvsim.core.plan import Batch, BatchKind, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.policy.base import EvictionPolicy
-from kvsim.core.request import Request
 from kvsim.core.spec import Level
 from kvsim.core.types import Phase, ReqState
 
@@ -183,7 +182,8 @@ class Planning(Eviction):
             tiers[pos].capacity = old
 
     def _finish_resume(self, rec: PlanRecord, plan: Plan, oks: list[bool], all_ok: bool) -> None:
-        req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
+        req = rec.req
+        assert req is not None  # a resume/grow plan has one
         req.plan = -1
         if all_ok:
             for bi, b in enumerate(plan.batches):
@@ -212,7 +212,8 @@ class Planning(Eviction):
 
     def _finish_grow(self, rec: PlanRecord, batches: tuple[Batch, ...], oks: list[bool],
                      all_ok: bool) -> None:
-        req: Request = rec.req  # type: ignore[assignment]  # a resume/grow plan has one
+        req = rec.req
+        assert req is not None  # a resume/grow plan has one
         req.plan = -1
         req.state = ReqState.ACTIVE
         ntokens = rec.target
