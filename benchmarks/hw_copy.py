@@ -35,6 +35,11 @@ of ``--cpu-pages`` pages), the sim's predictions are printed for the full-size b
     python3 benchmarks/hw_copy.py [--reps 3] [--rounds 2] [--sizes 16KiB,...,4MiB]
         [--batch-bytes 1GiB] [--busy-batch-bytes 256MiB] [--profile h200-pcie-calibrated]
         [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB] [--json PATH] [--device auto|gpu|cpu]
+
+``--sim-from RUN.json [RUN2.json ...]`` measures nothing: it prints each saved run's table
+with the sim's column recomputed on ``--profile`` and, given several runs, LAST
+``hw_copy_sim_within_5pct_across_runs: K of M``: of the M cells whose hw figure moves at
+most 5% across the runs, how many the sim predicts within 5% of their median.
 """
 
 from __future__ import annotations
@@ -381,18 +386,28 @@ def default_paths(profile, sizes):
     return {pb: choose_copy_path(**profile.copy_path_args("h2d", pb)) for pb in sizes}
 
 
-def sim_from(path, profile) -> None:
-    """The table and summary lines of a saved run (``--json``), the sim's column recomputed
-    with ``profile``: no device needed."""
+def _load_run(path) -> dict:
+    """A run saved with ``--json``; ValueError naming the file if it is not one."""
     import json  # noqa: PLC0415
 
     try:
         with open(path) as f:
             data = json.load(f)
-        idle_med = data["copies"]
-        busy_med = data.get("busy_copies") or []
+        if not isinstance(data["copies"], list) or not isinstance(data.get("busy_copies") or [], list):
+            raise TypeError("copies is not a list of cells")
+        for c in data["copies"] + (data.get("busy_copies") or []):
+            _key(c), c["bytes"], c["seconds"], c["batches"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--sim-from {path}: not a saved hw_copy.py run ({e})") from None
+    return data
+
+
+def sim_from(path, profile) -> None:
+    """The table and summary lines of a saved run (``--json``), the sim's column recomputed
+    with ``profile``: no device needed."""
+    data = _load_run(path)
+    idle_med = data["copies"]
+    busy_med = data.get("busy_copies") or []
     multi = data.get("spread") is not None
     idle_spread = data.get("spread") or [{**{k: c[k] for k in ("page", "path", "dir")}, "spread": 0.0}
                                          for c in idle_med]
@@ -405,6 +420,36 @@ def sim_from(path, profile) -> None:
     mins = summarize(sizes, idle_med, busy_med, idle_spread, busy_spread, multi, profile, on_gpu,
                      default_paths(profile, sizes), data.get("batch_bytes", 1 << 30), 256 << 20)
     print_min(mins, on_gpu)
+
+
+def across_runs(paths, profile) -> None:
+    """Over several saved runs: the cells whose GB/s moves at most 5% from run to run
+    ((max - min) / median of the runs' figures), and how many of them the sim on
+    ``profile`` predicts within 5% of that median. Prints the misses, then
+    ``hw_copy_sim_within_5pct_across_runs: GOOD of STEADY``."""
+    runs = [_load_run(p) for p in paths]
+    by: dict = {}
+    for data in runs:
+        for busy, cells in ((False, data["copies"]), (True, data.get("busy_copies") or [])):
+            for c in cells:
+                by.setdefault((busy, _key(c)), []).append(c)
+    good, steady = 0, 0
+    print(f"\n# across {len(runs)} runs: {', '.join(map(str, paths))}; the sim on {profile.name}")
+    for (busy, k), cs in sorted(by.items()):
+        rates = [c["bytes"] / c["seconds"] for c in cs]
+        med = float(np.median(rates))
+        if len(cs) < len(runs) or (max(rates) - min(rates)) / med > 0.05:
+            continue
+        steady += 1
+        c = cs[-1]
+        ratio = c["bytes"] / predict(profile, [c])[k][1] / med
+        if abs(ratio - 1) <= 0.05:
+            good += 1
+        else:
+            print(f"miss: {_label(k[0])} {k[1]} {k[2]} {'busy' if busy else 'idle'}: hw {med / 1e9:.1f} "
+                  f"GB/s (runs {min(rates) / 1e9:.1f}-{max(rates) / 1e9:.1f}), sim / hw {ratio:.3f}")
+    print(f"hw_copy_sim_within_5pct_across_runs: {good} of {steady} (cells whose hw moves at most 5% "
+          f"across the {len(runs)} runs; {len(by)} cells in all)")
 
 
 def main(argv=None) -> None:
@@ -428,13 +473,18 @@ def main(argv=None) -> None:
                     "and the sim predicts with")
     ap.add_argument("--json", default=None, help="also write every cell (pages, bytes, median seconds) "
                     "here, in calibrate's report format: `kvsim calibrate --check CELLS --profile P` replays them")
-    ap.add_argument("--sim-from", default=None, metavar="JSON", help="measure nothing: print the "
-                    "table of a run saved with --json, the sim column recomputed on --profile")
+    ap.add_argument("--sim-from", default=None, nargs="+", metavar="JSON", help="measure nothing: "
+                    "print the table of a run saved with --json, the sim column recomputed on "
+                    "--profile; with several runs, each one's, then the cells that repeat across them")
     a = ap.parse_args(argv)
     if a.sim_from:
         from kvsim.hardware import ProfileError  # noqa: PLC0415
         try:
-            sim_from(a.sim_from, load_profile(a.profile))
+            prof = load_profile(a.profile)
+            for path in a.sim_from:
+                sim_from(path, prof)
+            if len(a.sim_from) > 1:
+                across_runs(a.sim_from, prof)
         except ProfileError as e:
             ap.error(f"--profile: {e}")
         except ValueError as e:

@@ -125,6 +125,26 @@ def test_sim_from_counts_only_cells_that_repeat(tmp_path, capsys):
     assert "hw_copy_sim_within_5pct: 0 of 0" in capsys.readouterr().out
 
 
+def test_sim_from_several_runs_counts_cells_that_repeat_across_them(tmp_path, capsys):
+    """Two saved runs: the busy SM-kernel h2d cell is 10% slower than the sim in both (it
+    repeats, and is a miss); in the second run the idle copy-engine d2h cell is 20% slower
+    (it does not repeat across the runs, so it is not counted)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = _saved_run(tmp_path / "a"), _saved_run(tmp_path / "b")
+    data = json.loads(b.read_text())
+    for c in data["copies"]:
+        if (c["path"], c["dir"]) == ("copy_engine", "d2h"):
+            c["seconds"] *= 1.2
+    b.write_text(json.dumps(data))
+    hw_copy.main(["--sim-from", str(a), str(b)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == ("hw_copy_sim_within_5pct_across_runs: 10 of 11 (cells whose hw moves at "
+                         "most 5% across the 2 runs; 12 cells in all)")
+    assert [x for x in lines if x.startswith("miss: ")] == [
+        next(x for x in lines if x.startswith("miss: 1 MiB sm_kernel h2d busy"))]
+
+
 def test_sim_from_bad_file_is_a_clear_error(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text("{}")
