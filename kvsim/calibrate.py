@@ -3,7 +3,7 @@
 ``calibrate`` runs the hw backend's measurements (``kvsim_backends.hw.calibrate``, reached
 through the backend registry: ``kvsim.run.measure_hardware``), fits them (``kvsim.fit``)
 onto a base profile for what it cannot measure, and writes the profile through its
-pydantic model (``HardwareProfile``: ``model_dump`` -> YAML), with a header saying where
+pydantic model (``HardwareProfile``, in units: GB/s, us), with a header saying where
 each fitted value came from, plus ``OUT.report.json``: the measurements and the fit check
 (each measured batch replayed on the sim with the fitted profile).
 
@@ -22,24 +22,81 @@ from __future__ import annotations
 import json
 import os
 import time
+import typing
 from pathlib import Path
 
 import yaml
+from pydantic import BaseModel
 
 from kvsim.fit import check_cells, check_fit, check_small, fit
 from kvsim.measured import Measured, measured_from_report
 from kvsim.hardware import HardwareProfile, load_profile
+from kvsim.units import parse_rate, parse_time
+
+
+def _time(v: float) -> str:
+    for unit, f in (("us", 1e6), ("ms", 1e3)):
+        if abs(v) * f < 1000:
+            return f"{v * f:.6g}{unit}"
+    return f"{v:.6g}s"
+
+
+def _size(n: int) -> str | int:
+    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= f and n % f == 0:
+            return f"{n // f}{unit}"
+    return n
+
+
+def _parsers(annotation) -> set:
+    """The BeforeValidator functions anywhere in a field's annotation (Optional included)."""
+    out = set()
+    for m in getattr(annotation, "__metadata__", ()):
+        if getattr(m, "func", None) is not None:
+            out.add(m.func)
+    for a in typing.get_args(annotation):
+        out |= _parsers(a)
+    return out
+
+
+def _in_units(model) -> dict:
+    """A profile model's fields as YAML values in the units its files use (rates in GB/s,
+    times in us/ms/s, per-page tables keyed by page size), six significant digits; the
+    field's own parser reads each back (``kvsim.units``)."""
+    out: dict = {}
+    for name, field in type(model).model_fields.items():
+        v = getattr(model, name)
+        parsers = {getattr(m, "func", None) for m in field.metadata} | _parsers(field.annotation)
+        if isinstance(v, BaseModel):
+            out[name] = _in_units(v)
+        elif v is None or isinstance(v, bool):
+            out[name] = v
+        elif parse_rate in parsers:
+            out[name] = f"{v / 1e9:.6g}GB/s"
+        elif parse_time in parsers:
+            out[name] = _time(v)
+        elif isinstance(v, dict):  # a per-page table {bytes: seconds}
+            out[name] = {_size(k): _time(t) for k, t in v.items()}
+        elif name == "per_page" or name.startswith("per_page_"):
+            out[name] = _time(v)
+        elif isinstance(v, float):
+            out[name] = float(f"{v:.6g}")
+        else:
+            out[name] = v
+    return out
 
 
 def profile_text(d: dict, why: dict[str, str], base_name: str, header: str) -> str:
     """The profile ``d`` (a HardwareProfile's ``model_dump``) as YAML: validated through the
-    model and dumped from it, under a comment block of ``header`` and, per fitted key, where
-    its value came from (``why``); every other key is the base profile's."""
-    data = HardwareProfile.model_validate(d).model_dump()
+    model and written from it in units (``_in_units``), under a comment block of ``header``
+    and, per fitted key, where its value came from (``why``); every other key is the base
+    profile's."""
+    data = _in_units(HardwareProfile.model_validate(d))
     lines = [*header.splitlines(), "", "Where each value comes from:",
              *(f"  {k}: {v}" for k, v in sorted(why.items())),
              f"  every other key: base: {base_name}"]
-    return "".join(f"# {x}".rstrip() + "\n" for x in lines) + yaml.safe_dump(data, sort_keys=False)
+    return ("".join(f"# {x}".rstrip() + "\n" for x in lines)
+            + yaml.safe_dump(data, sort_keys=False, width=100))
 
 
 def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str,

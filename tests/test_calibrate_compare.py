@@ -649,14 +649,22 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     d = load_profile("h200-pcie").model_dump()
     d["compute"] = {"latency": 100e-6, "scale": 1.01}
     text = profile_text(d, {"compute.latency": "fitted"}, "h200-pcie", "test")
-    assert "compute:\n  latency: 0.0001\n  scale: 1.01\n" in text and "# test\n" in text
+    assert "compute:\n  latency: 100us\n  scale: 1.01\n" in text and "# test\n" in text
     assert "#   compute.latency: fitted\n" in text and "#   every other key: base: h200-pcie\n" in text
     import yaml
 
     from kvsim.hardware import HardwareProfile
     back = HardwareProfile.model_validate(yaml.safe_load(text))
-    assert (back.compute.latency, back.compute.scale) == (100e-6, 1.01)
-    assert back.model_dump() == HardwareProfile.model_validate(d).model_dump()
+    assert (back.compute.latency, back.compute.scale) == pytest.approx((100e-6, 1.01), rel=1e-12)
+    # every value reads back as written: in units, to six significant digits
+    fa, fb = flat(back.model_dump()), flat(HardwareProfile.model_validate(d).model_dump())
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        if isinstance(fb[k], float):
+            assert fa[k] == pytest.approx(fb[k], rel=1e-5), k
+        else:
+            assert fa[k] == fb[k], k
+    assert "  h2d: 55.5GB/s\n" in text  # a rate in GB/s, not bytes per second
     (tmp_path / "x.yaml").write_text(text)
     back = load_profile(tmp_path / "x.yaml")
     assert back.compute.latency == pytest.approx(100e-6) and back.compute.scale == pytest.approx(1.01)
