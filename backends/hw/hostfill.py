@@ -179,7 +179,7 @@ class HostFill:
         lay = self.layout
         self.layout = FillLayout.aligned(lay.slot_bytes, lay.slots, lay.unit_bytes, u.granularity)
         self.info.update(unit_bytes=self.layout.unit_bytes, units=self.layout.units,
-                         granularity=u.granularity)
+                         granularity=u.granularity, allocated_on_node=0 if node is None else node)
         arr = (ctypes.c_uint8 * self.nbytes).from_address(u.base)  # not touched until committed
         self._set_views(np.frombuffer(arr, dtype=np.uint8))
         self.dev_ptr = u.base  # one address for the CPU and the GPU
