@@ -188,6 +188,96 @@ def test_a_floor_key_queued_beside_the_heap_keeps_the_heaps_order(seed):
 
 
 
+class BeladyTuples(Belady):
+    int_keys = False  # the generic order: (key, stamp, page) tuples
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_belady_packed_int_entries_keep_the_tuple_orders_choices(seed):
+    from test_core_properties import MadeUpFuture
+
+    assert _drive(Belady(MadeUpFuture()), seed) == _drive(BeladyTuples(MadeUpFuture()), seed)
+
+
+def _order_trail(int_keys: bool, seed: int) -> list:
+    """A tier's order driven at random (pages keyed, re-keyed, used, leaving the index,
+    dropped; walks that take a few candidates, many, or all; the clock running) with keys
+    that fall as the clock passes them, as ``belady``'s do, so that when a compaction or a
+    sorted read re-keys the entries shows in the order: what each walk yields."""
+    from types import SimpleNamespace
+
+    from kvsim.core.policy.base import HeapOrder, IntHeapOrder
+    from kvsim.core.types import Phase
+
+    class Pg:
+        def __init__(self, i, rnd):
+            self.i, self.score, self.last_use, self.phase = i, 0, 0, Phase.RESIDENT
+            self.due = rnd.choice([0, 0, rnd.randrange(1, 80)])  # 0: never again
+
+    class Falling(EvictionPolicy):
+        floor_key = -1000
+
+        def key(self, page, clock):
+            due = page.due
+            while due and due <= clock:  # passed: the next one further on
+                due += 7
+            return -1000 if not due else -due
+
+    Falling.int_keys = int_keys
+    rnd = random.Random(seed)
+    mgr = SimpleNamespace(clock=1, ticks=0)
+    order = HeapOrder(Falling(), mgr)
+    assert type(order) is (IntHeapOrder if int_keys else HeapOrder)
+    pages = [Pg(i, rnd) for i in range(150)]
+    index: dict = {}  # the tier's index, insertion-ordered
+    trail: list = []
+    for step in range(1500):
+        op = rnd.random()
+        if op < 0.4:  # pages enter the index (or are touched there)
+            batch = rnd.sample(pages, rnd.randrange(1, 30))
+            batch = [p for p in batch if p.phase is Phase.RESIDENT]
+            for p in batch:
+                index.pop(p, None)
+                index[p] = None
+            order.touch_many(batch)
+        elif op < 0.5 and index:  # a page used while indexed: re-keyed in place
+            p = rnd.choice(list(index))
+            p.due = rnd.choice([0, mgr.clock + rnd.randrange(1, 30)])
+            order.push(p)
+        elif op < 0.6 and index:  # pages leave the index (locked), or die
+            for p in rnd.sample(list(index), min(len(index), rnd.randrange(1, 4))):
+                del index[p]
+                if rnd.random() < 0.5:
+                    p.phase = Phase.DROPPED
+                    pages[pages.index(p)] = Pg(100 + step, rnd)
+        elif op < 0.7:
+            mgr.clock += rnd.randrange(1, 4)
+        else:  # a walk: the victims it takes leave the index (most die)
+            want = rnd.choice([1, 1, 2, 3, 5, 20, 70, len(index) if step % 9 == 0 else 4])
+            took = rnd.choice([0, 1, 1, 2, want, want, want + 2, 10 ** 6])
+            got = []
+            for p in order.walk(index.__contains__, len(index), want):
+                if len(got) == took:
+                    break
+                got.append(p)
+            trail.append([p.i for p in got])
+            for p in got[:rnd.randrange(len(got) + 1)]:
+                del index[p]
+                if rnd.random() < 0.8:
+                    p.phase = Phase.DROPPED
+                    pages[pages.index(p)] = Pg(1000 + step, rnd)
+    return trail
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_int_order_yields_what_the_tuple_order_yields(seed):
+    """``IntHeapOrder`` (packed int entries, the fifo read in place) against the generic
+    ``HeapOrder`` under keys that fall with the clock: the same candidates, walk after
+    walk, whether a walk stops early, reads a long way (sorted) or compacts (when is
+    part of the order: a compaction re-keys what it keeps)."""
+    assert _order_trail(True, seed) == _order_trail(False, seed)
+
+
 def test_compacting_an_order_keeps_its_candidates_and_their_order():
     """A compaction forgets superseded and departed entries only: the walk after it yields
     the same pages in the same order, the floor-keyed ones (kept in the fifo) included."""

@@ -128,6 +128,7 @@ class Belady(EvictionPolicy):
     name = "belady"
     is_bound = True
     floor_key = -NEVER  # never used again: first out, the most common key
+    int_keys = True  # (``page.score`` may read back as a float: a compiled Page keeps one)
 
     def __init__(self, future: "Mapping[bytes, Sequence[int]] | NextUses") -> None:
         self.future = future
@@ -155,14 +156,14 @@ class Belady(EvictionPolicy):
         if not uses:
             return NEVER
         i = bisect_right(uses, clock)
-        return uses[i] if i < len(uses) else NEVER
+        return int(uses[i]) if i < len(uses) else NEVER
 
     def keys(self, pages: list["Page"], clock: int) -> list[Any]:
         # (``key`` of each, inlined: a turn's pages are keyed at its end)
         index = self._index
         if index is None:
             key = self.key
-            return [-s if (s := p.score) > clock else key(p, clock) for p in pages]
+            return [-int(s) if (s := p.score) > clock else key(p, clock) for p in pages]
         turns = self._turns
         out = []
         for p in pages:
@@ -181,6 +182,8 @@ class Belady(EvictionPolicy):
                     p.score = s
                 else:
                     s = NEVER
+            else:
+                s = int(s)
             out.append(-s)
         return out
 
@@ -192,4 +195,5 @@ class Belady(EvictionPolicy):
             s = self.next_use(page, clock)
             if page.key:  # (a page without its key yet may find its future later)
                 page.score = s
-        return -s
+            return -s
+        return -int(s)
