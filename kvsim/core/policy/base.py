@@ -377,12 +377,15 @@ class IntHeapOrder(HeapOrder):
         self.stamps.update(zip(pages, ns))
         keys = self.policy.keys(pages, clock)
         floor = self.floor
-        if floor is not None:  # (split in C: the floor's to the fifo, in order)
+        floored = 0 if floor is None else keys.count(floor)
+        if floored == len(keys):  # all to the fifo (the common case: never used again)
+            self.fifo.extend(ns)
+            self.fifo_pages.extend(pages)
+            return
+        if floored:  # (split in C: the floor's to the fifo, in order)
             at_floor = list(map(eq, keys, repeat(floor)))
             self.fifo.extend(compress(ns, at_floor))
             self.fifo_pages.extend(compress(pages, at_floor))
-            if all(at_floor):
-                return
             rest = list(map(not_, at_floor))
             ns_rest: Iterable[int] = list(compress(ns, rest))
             self.pages.update(zip(ns_rest, compress(pages, rest)))
@@ -487,19 +490,23 @@ class IntHeapOrder(HeapOrder):
         stamps = self.stamps
         if self.taken or self.mark:
             self._put_back(indexed)
-        kept = [(s, p) for s, p in zip(self.fifo, self.fifo_pages)
-                if stamps.get(p) == s and indexed(p)]
-        self.fifo.clear()
-        self.fifo_pages.clear()
+        fifo, fifo_pages = self.fifo, self.fifo_pages
+        # the fifo's entries that count, in order (checked in C, no object per entry)
+        kept = list(filter(indexed, compress(fifo_pages, map(eq, map(stamps.get, fifo_pages),
+                                                             fifo))))
+        kept_stamps = list(map(stamps.__getitem__, kept))
+        fifo.clear()
+        fifo_pages.clear()
         live = self._live(indexed)
         heapify(live)
         self.heap = live
-        self.fifo.extend([s for s, _ in kept])
-        self.fifo_pages.extend([p for _, p in kept])
+        fifo.extend(kept_stamps)
+        fifo_pages.extend(kept)
         pages = self.pages
-        self.pages = {s: pages[s] for s in [e & _STAMP for e in live]}
-        self.stamps = {p: s for s, p in self.pages.items()}
-        self.stamps.update([(p, s) for s, p in kept])
+        held = [e & _STAMP for e in live]
+        self.pages = dict(zip(held, map(pages.__getitem__, held)))
+        self.stamps = dict(zip(self.pages.values(), held))
+        self.stamps.update(zip(kept, kept_stamps))
 
     def _pop_read(self, upto: int, indexed: Any, taken: list[int], base: int) -> None:
         """Pop the fifo's front up to stamp ``upto``, read in place by the walk under way,
