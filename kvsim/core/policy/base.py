@@ -359,7 +359,7 @@ class IntHeapOrder(HeapOrder):
         self.mark = 0  # the fifo's front up to this stamp was read by the last walk
 
     def _stamps_left(self) -> None:
-        if self.n > _STAMP:
+        if self.n > _STAMP:  # (a trillion: far beyond any replay)
             raise OverflowError(f"eviction order: more than {_STAMP} entries pushed")
 
     def touch_many(self, pages: list["Page"]) -> None:
@@ -468,8 +468,8 @@ class IntHeapOrder(HeapOrder):
         live = [e for e in self.heap
                 if stamps.get(p := pages[(s := e & _STAMP)]) == s and indexed(p)]
         floor = self.floor
-        if self.fifo:
-            base = floor << STAMP_BITS
+        if self.fifo:  # (a fifo only with a floor key)
+            base = floor << STAMP_BITS  # type: ignore[operator]
             for s, p in zip(self.fifo, self.fifo_pages):
                 if stamps.get(p) == s and indexed(p):
                     live.append(base | s)
@@ -614,4 +614,4 @@ class IntHeapOrder(HeapOrder):
         finally:
             self.taken = taken  # back at the next walk: the victims will have left by then
             if last is not None:  # the walk stopped in the fifo read in place: the next
-                self.mark = stamp_of(last)  # settles it up to its last candidate
+                self.mark = stamps[last]  # settles it up to its last candidate
