@@ -19,6 +19,7 @@ import numpy as np
 from kvsim.config import ConfigFileError
 from kvsim.core.keys import _sha256, scope_root
 from kvsim.core.policy import POLICY_NAMES, EvictionPolicy, NextUses, make_policy
+from kvsim.core.policy.builtin import NEVER
 from kvsim.workload.blocks import cache_blocks
 from kvsim.workload.model import Session, Turn, Workload
 
@@ -110,7 +111,8 @@ def future_uses(workload: Workload, tokens_per_block: int,
     blocks; a block's key is hashed once per (parent key, block ids), however many turns
     share that prefix. The pass records each turn's block numbers in one flat array (a
     turn holds a block once: its keys along the chain are all distinct), then one stable
-    sort groups them by block: no list per block."""
+    sort groups them by block: no list per block. The same sort gives each occurrence
+    its block's next turn (``NextUses``' occurrence arrays)."""
     keys: list[bytes] = []  # block number -> chain key
     # what a block's chain key hashes (its parent's key, then its ids packed as chain_key
     # packs them) -> its block number: bytes, which the garbage collector need not track
@@ -160,4 +162,16 @@ def future_uses(workload: Workload, tokens_per_block: int,
     order = np.argsort(by_block, kind="stable")  # stable: each block's turns stay ascending
     counts = np.bincount(by_block, minlength=len(keys)).astype(np.int64)
     packed = ((np.cumsum(counts) - counts) << 32) | counts  # NextUses.index's start, count
-    return NextUses(dict(zip(keys, packed.tolist())), array("q", turn_of[order].tobytes()))
+    turns = turn_of[order]
+    # by occurrence (turn after turn, in prompt order): the next turn using the same block
+    later = np.full(len(turns), NEVER, dtype=np.int64)
+    if len(turns) > 1:
+        same = by_block[order[1:]] == by_block[order[:-1]]
+        later[:-1] = np.where(same, turns[1:], NEVER)
+    occ_next = np.empty(len(turns), dtype=np.int64)
+    occ_next[order] = later
+    turn_at = np.zeros(n_turns + 1, dtype=np.int64)  # turn_at[turn]: its first occurrence
+    if n_turns > 1:
+        turn_at[2:] = np.cumsum(np.frombuffer(lengths, dtype=np.int64))[:-1]
+    return NextUses(dict(zip(keys, packed.tolist())), array("q", turns.tobytes()),
+                    turn_at.tolist(), list(map(keys.__getitem__, blocks)), occ_next.tolist())

@@ -484,6 +484,76 @@ def test_future_uses_counts_each_blocks_turns(tpb):
     assert {k: list(got.get(k)) for k in expect} == expect
 
 
+def test_future_uses_by_occurrence_gives_each_blocks_next_turn():
+    """The occurrence arrays: block i of turn n's prompt is ``occ_keys[starts[n] + i]``,
+    and ``occ_next`` there is the next turn using it (NEVER: none), as the direct count
+    says."""
+    from kvsim.core.keys import chain_key as ck
+    from kvsim.core.policy.builtin import NEVER
+    from kvsim.policies import future_uses, turn_order
+    from kvsim.run import prepare_run
+    from kvsim.workload.blocks import cache_blocks
+
+    prep = prepare_run(load_config("configs/default.yaml", ["workload.synthetic.n_sessions=6"]))
+    wl = prep.workload
+    got = future_uses(wl, wl.block_tokens, prep.starts)
+    prompts = []
+    for scope, t in turn_order(wl, prep.starts):
+        key, chain = scope_root(scope), []
+        for ids in cache_blocks(t.hash_ids, wl.block_tokens, wl.block_tokens, t.input_tokens):
+            key = ck(key, ids)
+            chain.append(key)
+        prompts.append(chain)
+    assert len(got.starts) == len(prompts) + 1 and len(got.occ_keys) == sum(map(len, prompts))
+    later = 0
+    for n, chain in enumerate(prompts, start=1):
+        for i, key in enumerate(chain):
+            nxt = next((m for m in range(n + 1, len(prompts) + 1) if key in prompts[m - 1]), NEVER)
+            assert got.occ_keys[got.starts[n] + i] == key
+            assert got.occ_next[got.starts[n] + i] == nxt
+            later += nxt != NEVER
+    assert later > 50  # shared prefixes: next uses to find
+
+
+def test_belady_keys_by_occurrence_match_the_dict():
+    """``Belady.keys`` through the occurrence arrays (a page's expected turn, or the turn
+    its batch's last lookup found, checked by key) gives the next uses the dict gives,
+    whatever the pages' scores, depths and batch order (a wrong guess falls back)."""
+    from kvsim.policies import future_uses
+    from kvsim.run import prepare_run
+
+    prep = prepare_run(load_config("configs/default.yaml", ["workload.synthetic.n_sessions=8"]))
+    wl = prep.workload
+    full = future_uses(wl, wl.block_tokens, prep.starts)
+    plain = NextUses(full.index, full.turns)  # no occurrence arrays: the dict only
+    depth = {}  # chain key -> its depth
+    for n in range(1, len(full.starts)):
+        end = full.starts[n + 1] if n + 1 < len(full.starts) else len(full.occ_keys)
+        for i in range(full.starts[n], end):
+            depth[full.occ_keys[i]] = i - full.starts[n]
+
+    class Pg:
+        def __init__(self, key, score):
+            self.key, self.score, self.index = key, score, depth.get(key, 0)
+
+    rnd = random.Random(3)
+    keys = list(depth)
+    fast, slow = Belady(full), Belady(plain)
+    hits = 0
+    n_turns = len(full.starts) - 1
+    for clock in sorted(rnd.sample(range(1, n_turns + 3), 40)):
+        batch = rnd.sample(keys, 30) + [b"", key_of(77)]  # keyless; a key without a future
+        scores = [rnd.choice([0.0, 0.0, float(rnd.randrange(1, n_turns + 3)),
+                              float(slow.next_use(Pg(k, 0.0), max(0, clock - rnd.randrange(9))))])
+                  for k in batch]
+        a = [Pg(k, s) for k, s in zip(batch, scores)]
+        b = [Pg(k, s) for k, s in zip(batch, scores)]
+        assert fast.keys(a, clock) == slow.keys(b, clock)
+        assert [p.score for p in a] == [p.score for p in b]
+        hits += sum(1 for p, s in zip(a, scores) if 1 <= s <= clock)
+    assert hits > 100
+
+
 # -- priorities -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["priority-lru", "lfu", "s3-fifo", "gdsf"])

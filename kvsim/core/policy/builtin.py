@@ -85,13 +85,26 @@ class NextUses:
     a block's run of ``turns`` starts and how long it is (``start << 32 | count``). Ints
     and one array, built once per trace: nothing the garbage collector has to walk, and
     a next use is one dict lookup and a bisection within the run. ``get(key)`` reads like
-    a mapping of key -> sorted turns (``Belady`` takes either)."""
+    a mapping of key -> sorted turns (``Belady`` takes either).
 
-    __slots__ = ("index", "turns")
+    Optionally (``future_uses`` builds it) the same future by occurrence, turn after turn
+    in prompt order: ``occ_keys[starts[turn] + i]`` is the chain key of block ``i`` of that
+    turn's prompt, ``occ_next[...]`` the next turn that uses that block (``NEVER``: none).
+    A block's position in any prompt that holds it is its depth (its key hashes its whole
+    prefix), so a page at depth ``i`` whose block a turn ``t`` uses finds its next use
+    after ``t`` there, in the arrays a turn's pages read one after another, rather than
+    through the dict; ``Belady`` checks the key before it trusts the entry."""
 
-    def __init__(self, index: dict[bytes, int], turns: "array[int]") -> None:
+    __slots__ = ("index", "turns", "starts", "occ_keys", "occ_next")
+
+    def __init__(self, index: dict[bytes, int], turns: "array[int]",
+                 starts: Sequence[int] | None = None, occ_keys: Sequence[bytes] | None = None,
+                 occ_next: Sequence[int] | None = None) -> None:
         self.index = index
         self.turns = turns
+        self.starts = starts
+        self.occ_keys = occ_keys
+        self.occ_next = occ_next
 
     @classmethod
     def from_lists(cls, uses: Mapping[bytes, Sequence[int]]) -> "NextUses":
@@ -134,8 +147,12 @@ class Belady(EvictionPolicy):
         self.future = future
         self._index: dict[bytes, int] | None = None
         self._turns: "array[int] | None" = None
+        self._occ: tuple[Sequence[int], Sequence[bytes], Sequence[int]] | None = None
         if isinstance(future, NextUses):
             self._index, self._turns = future.index, future.turns
+            if future.starts is not None and future.occ_keys is not None \
+                    and future.occ_next is not None:
+                self._occ = future.starts, future.occ_keys, future.occ_next
 
     def next_use(self, page: "Page", clock: int) -> int:
         """The first turn after ``clock`` that uses ``page``'s block (``NEVER``: none)."""
@@ -165,7 +182,10 @@ class Belady(EvictionPolicy):
             key = self.key
             return [-int(s) if (s := p.score) > clock else key(p, clock) for p in pages]
         turns = self._turns
-        out = []
+        out: list[Any] = []
+        if self._occ is not None:
+            self._keys_by_occurrence(pages, clock, out)
+            return out
         for p in pages:
             s = p.score
             if s <= clock:
@@ -186,6 +206,52 @@ class Belady(EvictionPolicy):
                 s = int(s)
             out.append(-s)
         return out
+
+    def _keys_by_occurrence(self, pages: list["Page"], clock: int, out: list[Any]) -> None:
+        """``keys`` through the occurrence arrays: a page whose next use went by (or that
+        has none yet) looks at its depth in a turn that used its block, no later than
+        ``clock``: the one it last expected (``score``), else the one its batch's last
+        dict lookup found (a turn's pages end together: mostly the same turn), its key
+        checked there; then follows the block's next uses past ``clock``. Without such a
+        turn, the dict and a bisection, as ``keys`` does. The same next uses either way."""
+        index, turns = self._index, self._turns
+        starts, occ_keys, occ_next = self._occ  # type: ignore[misc]
+        assert index is not None and turns is not None
+        n_occ = len(occ_keys)
+        append = out.append
+        near = 0  # a turn, no later than clock, that used the last block looked up
+        for p in pages:
+            s = p.score
+            if s > clock:
+                append(-int(s))
+                continue
+            k = p.key
+            if not k:
+                append(-NEVER)
+                continue
+            t = int(s) if s >= 1 else near
+            if t:
+                idx = p.index
+                i = starts[t] + idx
+                if i < n_occ and occ_keys[i] == k:  # turn t used this block (at its depth)
+                    t = occ_next[i]
+                    while t <= clock:  # (rarely: uses since then)
+                        t = occ_next[starts[t] + idx]
+                    p.score = t
+                    append(-t)
+                    continue
+            v = index.get(k)
+            if v is None:
+                s = NEVER
+            else:
+                lo = v >> 32
+                hi = lo + (v & _COUNT)
+                i = bisect_right(turns, clock, lo, hi)  # type: ignore[arg-type]
+                s = turns[i] if i < hi else NEVER  # type: ignore[index]
+                if i > lo:
+                    near = turns[i - 1]  # type: ignore[index]
+            p.score = s
+            append(-s)
 
     def key(self, page: "Page", clock: int) -> Any:
         # ``page.score`` keeps the next use found last time: looked up again only once the
