@@ -206,7 +206,8 @@ def _order_trail(int_keys: bool, seed: int) -> list:
     sorted read re-keys the entries shows in the order: what each walk yields."""
     from types import SimpleNamespace
 
-    from kvsim.core.policy.base import HeapOrder, IntHeapOrder
+    from kvsim.core.policy.base import HeapOrder
+    from kvsim.core.policy.intheap import IntHeapOrder, order_for
     from kvsim.core.types import Phase
 
     class Pg:
@@ -226,7 +227,7 @@ def _order_trail(int_keys: bool, seed: int) -> list:
     Falling.int_keys = int_keys
     rnd = random.Random(seed)
     mgr = SimpleNamespace(clock=1, ticks=0)
-    order = HeapOrder(Falling(), mgr)
+    order = order_for(Falling(), mgr)
     assert type(order) is (IntHeapOrder if int_keys else HeapOrder)
     pages = [Pg(i, rnd) for i in range(150)]
     index: dict = {}  # the tier's index, insertion-ordered

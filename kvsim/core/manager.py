@@ -35,7 +35,7 @@ from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.planning import Planning
 from kvsim.core.policy import EvictionPolicy, PriorityLRU
-from kvsim.core.policy.base import HeapOrder
+from kvsim.core.policy.intheap import order_for
 from kvsim.core.policy.placement import Cascade, PlacementPolicy
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
@@ -83,7 +83,7 @@ class TierManager(Planning):
         ]
         if not self._fast:  # (an LRU tier walks its recency index, as on the fast path)
             for t, pol in zip(self.tiers, self.policies):
-                t.order = None if pol.fast_lru else HeapOrder(pol, self)
+                t.order = None if pol.fast_lru else order_for(pol, self)
         self._pos = {t.level: i for i, t in enumerate(self.tiers)}
         self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
