@@ -1,7 +1,10 @@
 """Replay speed per eviction policy against LRU: full replays of the Mooncake conversation
 trace with one GPU tier (the setup of benchmarks/policy_curves.py), run side by side in
-one process, alternating LRU and the other policies so that a change in the machine's
-load falls on all of them alike.
+one run, alternating LRU and the other policies so that a change in the machine's load
+falls on all of them alike. Each replay runs in a fresh interpreter of its own (a child
+process; ``--in-process`` runs them all in this one), so that no replay inherits another's
+heap: run in one process, a replay after belady's large tables took up to twice the CPU
+time of the same replay run first.
 
 Each replay is timed in CPU time (``time.process_time``: this process's own, so other
 work on a shared machine slows it far less than it slows wall time), whole and without
@@ -16,14 +19,16 @@ whole and of the loop alone, then per policy ``NAME_over_lru_loop_x`` and
 ``belady_over_lru_x`` (the whole replay's) last.
 
     python benchmarks/policy_speed.py [--policies belady] [--budgets 80,6400]
-                                      [--repeats 3] [--trace PATH] [--limit N]
+                                      [--repeats 3] [--trace PATH] [--limit N] [--in-process]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,6 +69,15 @@ def one_replay(policy: str, budget_gib: int, trace: Path, limit: int | None
     return cpu, spent[0], wall, res.metrics["requests_completed"]
 
 
+def child_replay(policy: str, budget_gib: int, trace: Path, limit: int | None
+                 ) -> tuple[float, float, float, int]:
+    """``one_replay`` in a fresh interpreter (this script with ``--one``)."""
+    cmd = [sys.executable, __file__, "--one", policy, "--budgets", str(budget_gib),
+           "--trace", str(trace)] + ([] if limit is None else ["--limit", str(limit)])
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return tuple(json.loads(out.strip().splitlines()[-1]))  # type: ignore[return-value]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policies", default="belady", help="compared with lru, comma-separated")
@@ -71,10 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trace", type=Path, default=policy_curves.TRACE)
     ap.add_argument("--limit", type=int, default=None, help="first N requests only")
+    ap.add_argument("--in-process", action="store_true", help="every replay in this process")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: one replay, as JSON
     a = ap.parse_args(argv)
     if not a.trace.exists():
         print(f"{a.trace}: no such trace (pass --trace)", file=sys.stderr)
         return 2
+    if a.one:
+        print(json.dumps(one_replay(a.one, int(a.budgets), a.trace, a.limit)))
+        return 0
+    run_one = one_replay if a.in_process else child_replay
     others = [p for p in a.policies.split(",") if p and p != "lru"]
     budgets = [int(b) for b in a.budgets.split(",")]
     cpus: dict[tuple[str, int], list[float]] = {}
@@ -83,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(a.repeats):
             order = ["lru", *others] if r % 2 == 0 else [*others, "lru"]
             for p in order:
-                cpu, build, wall, done = one_replay(p, b, a.trace, a.limit)
+                cpu, build, wall, done = run_one(p, b, a.trace, a.limit)
                 cpus.setdefault((p, b), []).append(cpu)
                 loops.setdefault((p, b), []).append(cpu - build)
                 print(f"{b} GiB run {r + 1}: {p:<8} cpu {cpu:7.2f} s (loop {cpu - build:6.2f} s, "
@@ -91,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{done} requests", flush=True)
     ratios: dict[tuple[str, int], float] = {}
     loop_ratios: dict[tuple[str, int], float] = {}
-    print(f"CPU time (process_time), {a.repeats} replays each, interleaved: the median, and "
+    print(f"CPU time (process_time), {a.repeats} replays each, interleaved, "
+          f"{'in this process' if a.in_process else 'each in its own process'}: the median, and "
           f"the median of the ratios to the lru replay of the same round (run back to back)")
     print(f"{'budget':>8} {'policy':<8} {'cpu s':>9} {'x lru':>7} {'loop s':>8} {'x lru':>7}")
     for b in budgets:
