@@ -163,26 +163,35 @@ class HeapOrder:
         page.last_use = m.ticks
         self.push(page)
 
-    def touch_many(self, pages: list["Page"]) -> None:
-        """``touch`` each page, in order (a batch in one go: a large one is heapified
-        with the rest rather than pushed entry by entry)."""
+    def _stamp(self, pages: list["Page"]) -> tuple[list, range]:
+        """Mark ``pages`` used, in order, and give each the next stamp: (their keys now,
+        their stamps)."""
         m = self.clock
         t = m.ticks
         for p in pages:
             t += 1
             p.last_use = t
         m.ticks = t
-        clock = m.clock
         n = self.n
         ns = range(n + 1, n + 1 + len(pages))
         self.n = n + len(pages)
         self.stamps.update(zip(pages, ns))
-        keys = self.policy.keys(pages, clock)
+        return self.policy.keys(pages, m.clock), ns
+
+    def touch_many(self, pages: list["Page"]) -> None:
+        """``touch`` each page, in order (a batch in one go: a large one is heapified
+        with the rest rather than pushed entry by entry)."""
+        keys, ns = self._stamp(pages)
         entries = list(zip(keys, ns, pages))
         floor = self.floor
         if floor is not None:  # (split in C: the floor's to the fifo, in order)
             self.fifo.extend(compress(entries, map(eq, keys, repeat(floor))))
             entries = list(compress(entries, map(ne, keys, repeat(floor))))
+        self._add(entries)
+
+    def _add(self, entries: list) -> None:
+        """Put ``entries`` in the heap: a large batch heapified with the rest, a small one
+        pushed entry by entry."""
         heap = self.heap
         if len(entries) * 8 > len(heap):
             heap.extend(entries)

@@ -181,42 +181,21 @@ class Belady(EvictionPolicy):
         if index is None:
             key = self.key
             return [-int(s) if (s := p.score) > clock else key(p, clock) for p in pages]
-        turns = self._turns
         out: list[Any] = []
-        if self._occ is not None:
-            self._keys_by_occurrence(pages, clock, out)
-            return out
-        for p in pages:
-            s = p.score
-            if s <= clock:
-                k = p.key
-                if k:
-                    v = index.get(k)
-                    if v is None:
-                        s = NEVER
-                    else:
-                        lo = v >> 32
-                        hi = lo + (v & _COUNT)
-                        i = bisect_right(turns, clock, lo, hi)  # type: ignore[arg-type]
-                        s = turns[i] if i < hi else NEVER  # type: ignore[index]
-                    p.score = s
-                else:
-                    s = NEVER
-            else:
-                s = int(s)
-            out.append(-s)
+        self._keys_looked_up(pages, clock, out)
         return out
 
-    def _keys_by_occurrence(self, pages: list["Page"], clock: int, out: list[Any]) -> None:
-        """``keys`` through the occurrence arrays: a page whose next use went by (or that
-        has none yet) looks at its depth in a turn that used its block, no later than
-        ``clock``: the one it last expected (``score``), else the one its batch's last
-        dict lookup found (a turn's pages end together: mostly the same turn), its key
-        checked there; then follows the block's next uses past ``clock``. Without such a
-        turn, the dict and a bisection, as ``keys`` does. The same next uses either way."""
+    def _keys_looked_up(self, pages: list["Page"], clock: int, out: list[Any]) -> None:
+        """``keys`` from the future: a page whose next use went by (or that has none yet)
+        looks, where the future has occurrence arrays, at its depth in a turn that used
+        its block, no later than ``clock``: the one it last expected (``score``), else the
+        one its batch's last dict lookup found (a turn's pages end together: mostly the
+        same turn), its key checked there; then follows the block's next uses past
+        ``clock``. Without such a turn (or arrays), the dict and a bisection. The same
+        next uses either way."""
         index, turns = self._index, self._turns
-        starts, occ_keys, occ_next = self._occ  # type: ignore[misc]
         assert index is not None and turns is not None
+        starts, occ_keys, occ_next = self._occ or ((), (), ())
         n_occ = len(occ_keys)
         append = out.append
         near = 0  # a turn, no later than clock, that used the last block looked up
@@ -230,7 +209,7 @@ class Belady(EvictionPolicy):
                 append(-NEVER)
                 continue
             t = int(s) if s >= 1 else near
-            if t:
+            if t and n_occ:
                 idx = p.index
                 i = starts[t] + idx
                 if i < n_occ and occ_keys[i] == k:  # turn t used this block (at its depth)

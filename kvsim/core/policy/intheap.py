@@ -66,19 +66,8 @@ class IntHeapOrder(HeapOrder):
             raise OverflowError(f"eviction order: more than {_STAMP} entries pushed")
 
     def touch_many(self, pages: list["Page"]) -> None:
-        m = self.clock
-        t = m.ticks
-        for p in pages:
-            t += 1
-            p.last_use = t
-        m.ticks = t
-        clock = m.clock
-        n = self.n
-        ns = range(n + 1, n + 1 + len(pages))
-        self.n = n + len(pages)
+        keys, ns = self._stamp(pages)
         self._stamps_left()
-        self.stamps.update(zip(pages, ns))
-        keys = self.policy.keys(pages, clock)
         floor = self.floor
         floored = 0 if floor is None else keys.count(floor)
         if floored == len(keys):  # all to the fifo (the common case: never used again)
@@ -97,13 +86,7 @@ class IntHeapOrder(HeapOrder):
         else:
             self.pages.update(zip(ns, pages))
             entries = list(map(or_, map(lshift, keys, repeat(STAMP_BITS)), ns))
-        heap = self.heap
-        if len(entries) * 8 > len(heap):
-            heap.extend(entries)
-            heapify(heap)
-        else:
-            for e in entries:
-                heappush(heap, e)
+        self._add(entries)
 
     def push(self, page: "Page") -> None:
         self.n += 1
