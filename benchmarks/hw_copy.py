@@ -396,7 +396,9 @@ def _load_run(path) -> dict:
         if not isinstance(data["copies"], list) or not isinstance(data.get("busy_copies") or [], list):
             raise TypeError("copies is not a list of cells")
         for c in data["copies"] + (data.get("busy_copies") or []):
-            _key(c), c["bytes"], c["seconds"], c["batches"]
+            missing = [k for k in ("page", "path", "dir", "bytes", "seconds", "batches") if k not in c]
+            if missing:
+                raise KeyError(f"a cell without {', '.join(missing)}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--sim-from {path}: not a saved hw_copy.py run ({e})") from None
     return data

@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from kvsim.fit import check_cells, check_fit, check_small, fit
 from kvsim.measured import Measured, measured_from_report
-from kvsim.hardware import HardwareProfile, load_profile
+from kvsim.hardware import HardwareProfile, load_profile, parse_page_cost
 from kvsim.units import parse_rate, parse_time
 
 
@@ -75,10 +75,9 @@ def _in_units(model) -> dict:
             out[name] = f"{v / 1e9:.6g}GB/s"
         elif parse_time in parsers:
             out[name] = _time(v)
-        elif isinstance(v, dict):  # a per-page table {bytes: seconds}
-            out[name] = {_size(k): _time(t) for k, t in v.items()}
-        elif name == "per_page" or name.startswith("per_page_"):
-            out[name] = _time(v)
+        elif parse_page_cost in parsers:  # a time, or a table {page bytes: seconds}
+            out[name] = ({_size(k): _time(t) for k, t in v.items()} if isinstance(v, dict)
+                         else _time(v))
         elif isinstance(v, float):
             out[name] = float(f"{v:.6g}")
         else:

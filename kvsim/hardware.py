@@ -64,7 +64,7 @@ Slowdown = Annotated[float, Field(ge=0)]
 MOVED_KEYS = ("loop", "refcheck")  # older profiles' software terms: kvsim.hwloop has them
 
 
-def _page_cost(value):
+def parse_page_cost(value):
     """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
     if value is None:
         return None
@@ -84,7 +84,7 @@ def _page_cost(value):
     return t
 
 
-PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(_page_cost)]
+PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_cost)]
 
 
 def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:

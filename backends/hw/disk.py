@@ -196,6 +196,13 @@ class PriorityPool(_Threads):
         if len(self.queues):
             self._cv.notify_all()
 
+    def _pop(self) -> Any:
+        """The next piece to run, counted (None: none startable now); under the lock."""
+        pick = self.queues.pop(time.perf_counter())
+        if pick is not None:
+            self.pieces_run += 1
+        return pick
+
     def _work(self) -> None:
         """Take a piece and run it. A piece that ran is ended in the queues and the next
         one taken on one hold of the lock; its future completes right after (before this
@@ -205,22 +212,16 @@ class PriorityPool(_Threads):
             with self._cv:
                 if done is not None:
                     self._ended(done[0])
-                pick = self.queues.pop(time.perf_counter())
-                if pick is not None:
-                    self.pieces_run += 1
+                pick = self._pop()
             if done is not None:
                 done[1].set_result(done[2])
                 done = None
             if pick is None:
                 with self._cv:
-                    while True:
-                        pick = self.queues.pop(time.perf_counter())
-                        if pick is not None or (self._closed and not len(self.queues)):
-                            break
+                    while (pick := self._pop()) is None:
+                        if self._closed and not len(self.queues):
+                            return  # shut down and drained
                         self._cv.wait()  # nothing queued, or the write cap holds the writes
-                    if pick is None:
-                        return  # shut down and drained
-                    self.pieces_run += 1
             fut, fn, job = pick.item
             if not fut.set_running_or_notify_cancel():
                 with self._cv:

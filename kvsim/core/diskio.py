@@ -214,11 +214,6 @@ class DiskQueues:
         else:
             q.extend(entries)
 
-    def _peek(self, cls: int) -> _Entry | None:
-        h = self._head[cls]
-        q = self._q[cls]
-        return q[h] if h < len(q) else None
-
     def _take(self, cls: int) -> _Entry:
         q = self._q[cls]
         e = q[self._head[cls]]
