@@ -4,7 +4,7 @@ nothing unless KVSIM_COMPILE=1 is set:
     KVSIM_COMPILE=1 pip install .        # not -e: mypyc builds extension modules
 
 compiles the simulator's hot modules (kvsim/core, kvsim/engine's step loop and turn
-lifecycle, kvsim/compute.py, backends/sim) with mypyc into C extensions that take
+lifecycle, kvsim/engine/compute.py, backends/kvsim_backends/sim) with mypyc into C extensions that take
 precedence over the .py files. Results are identical; benchmarks/compiled_speed.py
 measures the speed-up side by side (README: "Compiled build (optional)"). mypy is fetched
 as a build requirement only then.
@@ -19,29 +19,23 @@ from setuptools import setup
 COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 
 # Not compiled: kvsim/core/errors.py and kvsim/engine/refcheck.py (exceptions subclassing
-# builtins: unsupported by mypyc native classes), kvsim/core/copypath.py (its public
+# builtins: unsupported by mypyc native classes), kvsim/core/datapath/copypath.py (its public
 # function accepts a str where the annotation says CopyPath; mypyc would enforce it),
 # kvsim/core/audit.py (a checker, not type-clean), kvsim/engine/metrics.py (mypyc turns a
 # dataclass ClassVar into a field: mypyc/mypyc#1122), and the package __init__ files.
-CORE = ["copies", "eviction", "keys", "manager", "pages", "placing", "plan", "planning", "request",
+CORE = ["retained", "eviction", "keys", "manager", "pages", "destinations", "plan", "commits", "request",
         "spec", "stats", "tiers", "tree", "types"]
-ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "plans"]
-SIM = ["backend", "fluid", "runtime", "transfer", "units"]
+ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "stages", "compute"]
+SIM = ["backend", "fluid", "runtime", "transfer", "servers"]
 
 
 def _compiled():
     from mypyc.build import mypycify  # noqa: PLC0415 (a build requirement only when compiling)
 
-    root = Path(__file__).resolve().parent
-    # backends/ installs as kvsim_backends (pyproject's package-dir); mypyc names a module
-    # after its folders, so the sim backend is compiled through a link of that name
-    stage = root / "build" / "mypyc-src"
-    stage.mkdir(parents=True, exist_ok=True)
-    link = stage / "kvsim_backends"
-    if not link.exists():
-        link.symlink_to(root / "backends", target_is_directory=True)
+    # mypyc names a module after its folders: backends/kvsim_backends/sim/x.py is
+    # kvsim_backends.sim.x, the name it is imported by
     paths = ([f"kvsim/core/{m}.py" for m in CORE] + [f"kvsim/engine/{m}.py" for m in ENGINE]
-             + ["kvsim/compute.py"] + [f"build/mypyc-src/kvsim_backends/sim/{m}.py" for m in SIM])
+             + [f"backends/kvsim_backends/sim/{m}.py" for m in SIM])
     return mypycify(paths, opt_level="3")
 
 

@@ -11,7 +11,7 @@ in numpy); the refcheck then verifies the first run. Prints each run, the per-ph
 medians, and last the line ``core_burst_resize_ms: <median>``.
 
 Then probes while a resize is in flight: the same burst made through a ``SharedManager``
-(kvsim.sharedmanager: mutations exclusive, probes shared) on the main thread, while
+(kvsim.run.sharedmanager: mutations exclusive, probes shared) on the main thread, while
 ``--probers`` threads probe a 4K-token prompt of the cached scope (``probe_reuse``) in a
 loop. A probe's latency is wall time from the call to its answer; the ones that overlap
 the resize (from ``grow`` to the end of ``complete``) are reported as p50/p99/max, beside
@@ -41,15 +41,14 @@ import threading
 import time
 
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
+sys.path[:0] = [str(_ROOT), str(_ROOT / "backends")]  # the checkout, installed or not
 
 import numpy as np  # noqa: E402
 
 from kvsim.core import Level, ManagerSpec, ReqState, TierManager, TierSpec  # noqa: E402
 from kvsim.core.audit import audit  # noqa: E402
 from kvsim.core.policy import POLICY_NAMES, make_policy  # noqa: E402
-from kvsim.sharedmanager import SharedManager  # noqa: E402
+from kvsim.run.sharedmanager import SharedManager  # noqa: E402
 
 ONLINE = tuple(n for n in POLICY_NAMES if n != "belady")  # belady needs a trace's future
 

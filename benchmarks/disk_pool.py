@@ -31,7 +31,7 @@ unwritten extents read as zeros without touching the device).
 3. Restore latency: single restores of ``--restore-pages`` pages, one every 5 ms, on an
    idle pool, and under a write load of eviction batches of ``--write-pages`` pages kept
    ``--write-depth`` in flight, with priorities off (the round-robin pool), on without the
-   write cap (``kvsim.core.diskio``'s order, ``io_write_share`` 1.0), and on with the cap
+   write cap (``kvsim.core.datapath.diskio``'s order, ``io_write_share`` 1.0), and on with the cap
    (``--write-share``, default the tier's default: while a restore runs, at most
    ``write_cap(workers, share)`` write pieces in flight); ``--workers`` threads; the four
    cases interleaved in ``--rounds`` rounds. p50 / p99 of submit -> last piece done, and
@@ -66,11 +66,12 @@ from concurrent.futures import wait as wait_futures
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
-from backends.hw.disk import DiskStore  # noqa: E402
-from kvsim.core.diskio import WRITE_SHARE, write_cap  # noqa: E402
-from kvsim.units import parse_size  # noqa: E402
+from kvsim_backends.hw.disk import DiskStore  # noqa: E402
+from kvsim.core.datapath.diskio import WRITE_SHARE, write_cap  # noqa: E402
+from kvsim.config.units import parse_size  # noqa: E402
 
 THREADS = (1, 4, 16)
 BATCH_PAGES = 64

@@ -44,14 +44,15 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
-from backends.hw.gpu import load_cupy  # noqa: E402
-from backends.hw.hostfill import HostFill  # noqa: E402
-from backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
-from kvsim.core.hostfill import Backing, FillLayout, layout_for  # noqa: E402
-from kvsim.hardware import load_profile  # noqa: E402
-from kvsim.units import parse_size, parse_time  # noqa: E402
+from kvsim_backends.hw.gpu import load_cupy  # noqa: E402
+from kvsim_backends.hw.hostfill import HostFill  # noqa: E402
+from kvsim_backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
+from kvsim.core.datapath.fill import Backing, FillLayout, layout_for  # noqa: E402
+from kvsim.config.hardware import load_profile  # noqa: E402
+from kvsim.config.units import parse_size, parse_time  # noqa: E402
 
 SLOT = 5 << 20  # 5 MiB pages: the default config's (Llama 3 70B, tp 2, 32 tokens a page)
 

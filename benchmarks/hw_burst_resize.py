@@ -30,12 +30,13 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
-from backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
+from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
 from kvsim.core import Level, ManagerSpec, ReqState, TierManager, TierSpec  # noqa: E402
-from kvsim.core.copypath import CopyPath  # noqa: E402
-from kvsim.units import parse_size  # noqa: E402
+from kvsim.core.datapath.copypath import CopyPath  # noqa: E402
+from kvsim.config.units import parse_size  # noqa: E402
 
 TPB = 32
 SEED_MS = 14.9  # the seed's blocking resize of 200K tokens, 32-token pages, all to host

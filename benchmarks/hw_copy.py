@@ -20,7 +20,7 @@ Every cell is measured ``--rounds`` times (default 2), a round over all sizes af
 other (each a fresh backend); the table gives each cell's median over the rounds, how far
 the rounds part (``(max - min) / median`` of its time: the hw's own repeatability, the
 floor under any prediction of one run), the sim backend's prediction of the same batches
-on ``--profile`` (``kvsim.fit.sim_cell``; busy cells with the same compute started first)
+on ``--profile`` (``kvsim.tools.fit.sim_cell``; busy cells with the same compute started first)
 and sim / hw. Then the interference terms the busy cells imply (``sm.interference`` of a
 profile), and the summary lines
 
@@ -51,14 +51,15 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
-from backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
-from backends.hw import pattern  # noqa: E402
-from kvsim.core.copypath import CopyPath  # noqa: E402
+from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
+from kvsim_backends.hw import pattern  # noqa: E402
+from kvsim.core.datapath.copypath import CopyPath  # noqa: E402
 from kvsim.core.plan import Batch, BatchKind, Fill  # noqa: E402
 from kvsim.core.spec import Level  # noqa: E402
-from kvsim.units import parse_size  # noqa: E402
+from kvsim.config.units import parse_size  # noqa: E402
 
 SAMPLE = 64
 PROFILE = "h200-pcie-calibrated"  # the H200's own: its copy-path rule, CTAs and threads a CTA
@@ -201,7 +202,7 @@ def predict(profile, cells, pages=None):
     """The sim's (copy seconds, compute seconds or None) of each cell, by key; ``pages``
     (page -> pages a batch) replaces each cell's batch size (the cpu smoke test predicts
     the full-size batches)."""
-    from kvsim.fit import sim_cell  # noqa: PLC0415
+    from kvsim.tools.fit import sim_cell  # noqa: PLC0415
 
     out = {}
     for c in cells:
@@ -232,8 +233,8 @@ def interference_fit(busy_cells, profile, idle_cells=()):
       copy x s / (1 + s)`` (the sim's fluid: compute runs at 1 / (1 + s) while the copy
       moves bytes, so ``copy`` leaves out the copy engines' per-page host cost), medians
       over the cells."""
-    from kvsim.fit import sim_cell  # noqa: PLC0415
-    from kvsim.hardware import HardwareProfile  # noqa: PLC0415
+    from kvsim.tools.fit import sim_cell  # noqa: PLC0415
+    from kvsim.config.hardware import HardwareProfile  # noqa: PLC0415
 
     sm = profile.sm
     rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
@@ -381,7 +382,7 @@ def print_min(mins, on_gpu):
 def default_paths(profile, sizes):
     """Page size -> the copy path the profile's rule gives (the host -> GPU direction's, as
     the hw backend reports it)."""
-    from kvsim.core.copypath import choose_copy_path  # noqa: PLC0415
+    from kvsim.core.datapath.copypath import choose_copy_path  # noqa: PLC0415
 
     return {pb: choose_copy_path(**profile.copy_path_args("h2d", pb)) for pb in sizes}
 
@@ -455,7 +456,7 @@ def across_runs(paths, profile) -> None:
 
 
 def main(argv=None) -> None:
-    from kvsim.hardware import load_profile  # noqa: PLC0415
+    from kvsim.config.hardware import load_profile  # noqa: PLC0415
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="16KiB,64KiB,256KiB,1MiB,4MiB")
@@ -480,7 +481,7 @@ def main(argv=None) -> None:
                     "--profile; with several runs, each one's, then the cells that repeat across them")
     a = ap.parse_args(argv)
     if a.sim_from:
-        from kvsim.hardware import ProfileError  # noqa: PLC0415
+        from kvsim.config.hardware import ProfileError  # noqa: PLC0415
         try:
             prof = load_profile(a.profile)
             for path in a.sim_from:
@@ -499,7 +500,7 @@ def main(argv=None) -> None:
     t_start = time.perf_counter()
     device = a.device
     if device == "auto":
-        from backends.hw.gpu import load_cupy  # noqa: PLC0415
+        from kvsim_backends.hw.gpu import load_cupy  # noqa: PLC0415
         device = "gpu" if load_cupy() is not None else "cpu"
     on_gpu = device != "cpu"
     profile = load_profile(a.profile)

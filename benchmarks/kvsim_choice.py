@@ -24,7 +24,8 @@ def choose(script: str) -> bool:
         os.execv(py, [py, str(Path(script).resolve()), "--installed", *args])
     if "--installed" in sys.argv[1:]:  # nothing of the checkout on the path
         sys.path[:] = [p for p in sys.path
-                       if Path(p or ".").resolve() not in (ROOT, ROOT / "benchmarks")]
+                       if Path(p or ".").resolve() not in (ROOT, ROOT / "benchmarks",
+                                                           ROOT / "backends")]
         return True
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
     return False

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "backends")]  # the checkout, installed or not
 
 from kvsim.config import load_config  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402

@@ -35,11 +35,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "backends")]  # the checkout, installed or not
 
 import policy_curves  # noqa: E402
 
-import kvsim.run  # noqa: E402
+import kvsim.run.pipeline  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def one_replay(policy: str, budget_gib: int, trace: Path, limit: int | None
     """(replay CPU seconds, of which building the policy, replay wall seconds, requests
     completed); the trace is loaded untimed."""
     prep = prepare_run(policy_curves.config(policy, budget_gib, trace, limit))
-    build = kvsim.run.build_policy
+    build = kvsim.run.pipeline.build_policy
     spent = [0.0]
 
     def timed_build(*args, **kwargs):
@@ -58,14 +58,14 @@ def one_replay(policy: str, budget_gib: int, trace: Path, limit: int | None
         finally:
             spent[0] += time.process_time() - t
 
-    kvsim.run.build_policy = timed_build  # replay() looks it up when it runs
+    kvsim.run.pipeline.build_policy = timed_build  # replay() looks it up when it runs
     try:
         gc.collect()
         w0, c0 = time.perf_counter(), time.process_time()
         res = replay(prep)
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     finally:
-        kvsim.run.build_policy = build
+        kvsim.run.pipeline.build_policy = build
     return cpu, spent[0], wall, res.metrics["requests_completed"]
 
 

@@ -93,7 +93,7 @@ class Backend(Protocol):
 
     def slots_ready(self, level: Level, slots: Sequence[int]) -> Waitable | None:
         """Whether ``slots`` of the tier at ``level`` exist yet (a host tier that fills
-        progressively, ``kvsim.core.hostfill``): None if they do (a tier without a fill
+        progressively, ``kvsim.core.datapath.fill``): None if they do (a tier without a fill
         always); else a waitable that succeeds with True once they do, or with False if
         they never will (the fill failed below them: ``slot_limit`` says how far it got)."""
 

@@ -35,8 +35,8 @@ def run(
     """Replay a trace through the tier manager and write a results folder."""
     from kvsim.backend import CapacityError
     from kvsim.config import ConfigFileError, load_config
-    from kvsim.engine.plans import RefcheckError
-    from kvsim.results import Staging
+    from kvsim.engine.stages import RefcheckError
+    from kvsim.run.results import Staging
     from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_files
     from kvsim.workload import TraceError
 
@@ -109,7 +109,7 @@ def calibrate(
     profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
-    from kvsim.calibrate import calibrate as run_calibration, check_against, refit
+    from kvsim.tools.calibrate import calibrate as run_calibration, check_against, refit
 
     console = Console(stderr=True)
     if check and not profile:
@@ -169,11 +169,11 @@ def compare(
                                           "--saved-profile, the one that run's compare used)"),
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
-    from kvsim.compare import compare as run_compare, compare_saved
-    from kvsim.reports import report_tables, write_report
+    from kvsim.tools.compare import compare as run_compare, compare_saved
+    from kvsim.tools.reports import report_tables, write_report
     from kvsim.config import ConfigFileError, load_config
-    from kvsim.hwloop import load_hw_loop
-    from kvsim.results import Staging
+    from kvsim.tools.hwloop import load_hw_loop
+    from kvsim.run.results import Staging
     from kvsim.run import prepare_run, write_files
     from kvsim.workload import TraceError
 
@@ -209,7 +209,7 @@ def compare(
                     results = (("sim", sim_res),)
                 else:
                     if calibrate_first:
-                        from kvsim.calibrate import calibrate as run_calibration
+                        from kvsim.tools.calibrate import calibrate as run_calibration
 
                         prepare_run(cfg, trace)  # bad config or trace: fail before measuring
                         prof = stage.path / "hardware.yaml"
@@ -261,8 +261,8 @@ def diff(
 ):
     """Two finished replays side by side (e.g. two hw runs, or two policies): headline
     metrics with (a - b) / b, and how many turns found the same hits by tier."""
-    from kvsim.compare import diff_runs
-    from kvsim.reports import diff_table, write_whole
+    from kvsim.tools.compare import diff_runs
+    from kvsim.tools.reports import diff_table, write_whole
 
     console = Console(stderr=True)
     try:

@@ -5,30 +5,12 @@ then check the refcheck and the core's invariants.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 
-_ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-try:  # installed (pip install -e .): kvsim_backends -> backends/
-    import kvsim_backends  # noqa: F401
-except ImportError:  # not installed yet: map the name onto the source folder
-    _spec = importlib.util.spec_from_file_location(
-        "kvsim_backends", _ROOT / "backends" / "__init__.py",
-        submodule_search_locations=[str(_ROOT / "backends")])
-    _mod = importlib.util.module_from_spec(_spec)
-    sys.modules["kvsim_backends"] = _mod
-    _spec.loader.exec_module(_mod)
-
-from kvsim.core import Level, ManagerSpec, TierManager, TierSpec  # noqa: E402
-from kvsim.core.audit import audit  # noqa: E402
-from kvsim_backends.reference import ReferenceBackend  # noqa: E402
+from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
+from kvsim.core.audit import audit
+from kvsim_backends.reference import ReferenceBackend
 
 PAGE = 16          # bytes per page: small numbers keep the stories readable
 TPB = 4            # tokens per block
@@ -111,7 +93,7 @@ def be(mgr) -> ReferenceBackend:
 def round_profile(**over):
     """A hardware profile of round numbers for hand-computed timings; ``over`` replaces
     whole top-level sections."""
-    from kvsim.hardware import HardwareProfile
+    from kvsim.config.hardware import HardwareProfile
 
     d = {
         "name": "round",

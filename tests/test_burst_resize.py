@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.compute import ComputeModel, load_model
+from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.core.plan import BatchKind
 from kvsim.engine import Engine, EngineParams
-from kvsim.hardware import load_profile
+from kvsim.config.hardware import load_profile
 from kvsim.workload import Session, Turn, Workload
 from kvsim_backends.sim import SimBackend, SimRuntime
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvsim.calibrate import calibrate
+from kvsim.tools.calibrate import calibrate
 from kvsim.cli import app
-from kvsim.compare import compare, rel_err, transfer_table
+from kvsim.tools.compare import compare, rel_err, transfer_table
 from kvsim.config import load_config
-from kvsim.hardware import load_profile
+from kvsim.config.hardware import load_profile
 
 # 4 KiB pages of 32 tokens: the replay's shape at a tiny byte size (CPU mode stays fast)
 TINY = ["workload.synthetic.n_sessions=2", "model=llama-3-8b", "cache.page_bytes=4KiB",
@@ -101,8 +101,8 @@ def test_compare_tiny_config_cpu(tmp_path):
     assert all(len(r) == 3 and r[2] >= HOST_LOG_MIN_S for r in report["logs"]["hw_host"])
 
     # the hw side saved by the CLI's folder layout, re-predicted by the sim alone
-    from kvsim.compare import compare_saved
-    from kvsim.reports import write_report
+    from kvsim.tools.compare import compare_saved
+    from kvsim.tools.reports import write_report
     from kvsim.run import write_results
 
     write_report(report, tmp_path / "cmp")
@@ -119,7 +119,7 @@ def test_compare_tiny_config_cpu(tmp_path):
     with pytest.raises(ValueError, match="expected an earlier compare"):
         compare_saved(cfg, tmp_path / "nothing-here")
     # a damaged per-call log is refused by name
-    from kvsim.reports import CALL_LOGS_FILE
+    from kvsim.tools.reports import CALL_LOGS_FILE
 
     (tmp_path / "cmp" / CALL_LOGS_FILE).write_bytes(b"not gzip")
     with pytest.raises(ValueError, match=f"{CALL_LOGS_FILE}: expected gzipped JSON"):
@@ -199,7 +199,7 @@ def test_turn_timing_by_hand():
     turns matched by (session, turn); a replay's rows and a saved requests.csv's alike."""
     from types import SimpleNamespace as R
 
-    from kvsim.compare import turn_timing
+    from kvsim.tools.compare import turn_timing
 
     hw = [R(session="a", turn="1", arrival_s="0.0", ttft_s="0.100"),
           R(session="a", turn="2", arrival_s="5.0", ttft_s="0.200"),
@@ -221,8 +221,8 @@ def test_turn_timing_lists_the_turns_apart_and_the_races_behind_them():
     own session, or one that came back far from it, is not a race; captions say both."""
     from types import SimpleNamespace as R
 
-    from kvsim.compare import turn_timing
-    from kvsim.reports import _timing_caption
+    from kvsim.tools.compare import turn_timing
+    from kvsim.tools.reports import _timing_caption
 
     def rows(arr):  # (session, turn): (arrival, ttft)
         return [R(session=s, turn=str(t), arrival_s=str(a), ttft_s=str(f)) for (s, t), (a, f) in arr.items()]
@@ -265,7 +265,7 @@ def flat(d: dict, at: str = "") -> dict:
 def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_path):
     """kvsim calibrate --from-report: the fit is a function of the saved cells. (The committed
     profile was written with 4 significant digits a value, the refit writes them whole.)"""
-    from kvsim.hardware import CONFIG_DIR
+    from kvsim.config.hardware import CONFIG_DIR
 
     committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
     out = tmp_path / "h200-pcie-calibrated.yaml"
@@ -304,9 +304,9 @@ def test_the_disk_is_fitted_as_the_hw_backend_drives_it():
     """The nvme terms come from the cell at the queue depth and piece size the profile
     gives the hw backend (its I/O threads: the report's ``disk_setting``, the base
     profile's ``nvme``), not from the best cell measured; the fitted profile keeps them."""
-    from kvsim.fit import fit
-    from kvsim.measured import measured_from_report
-    from kvsim.hardware import CONFIG_DIR
+    from kvsim.tools.fit import fit
+    from kvsim.tools.measured import measured_from_report
+    from kvsim.config.hardware import CONFIG_DIR
 
     committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
     m = measured_from_report(json.loads(committed.with_name(committed.name + ".report.json").read_text()))
@@ -338,8 +338,8 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
     import os
     import time
 
-    from kvsim.measured import Measured
-    from kvsim_backends.hw.calibrate import Plan, measure_disk
+    from kvsim.tools.measured import Measured
+    from kvsim_backends.hw.microbench import Plan, measure_disk
 
     real, calls = os.fsync, []
 
@@ -361,12 +361,8 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
 def test_hw_and_sim_choose_the_same_path_per_direction():
     """With the calibrated H200 profile: SM kernel up to 256 KiB, copy engine from 1 MiB,
     both directions; the hw backend (CPU mode) agrees."""
-    try:
-        from kvsim_backends.hw import HwBackend, RealtimeRuntime
-        from kvsim_backends.sim import SimBackend, SimRuntime
-    except ImportError:
-        from backends.hw import HwBackend, RealtimeRuntime
-        from backends.sim import SimBackend, SimRuntime
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+    from kvsim_backends.sim import SimBackend, SimRuntime
     from kvsim.core.spec import Level
 
     prof = load_profile("h200-pcie-calibrated")
@@ -408,8 +404,8 @@ def test_check_against_replays_cells_measured_elsewhere(tmp_path):
 def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
     """tests/fixtures keeps an H200 replay of the agentic slice (a ``kvsim compare`` of
     2026-11-29, refcheck off, trimmed to what --hw-from reads); --hw-from reads it back."""
-    from kvsim.compare import saved_hw
-    from kvsim.reports import read_report
+    from kvsim.tools.compare import saved_hw
+    from kvsim.tools.reports import read_report
 
     folder = Path(__file__).resolve().parent / "fixtures" / "h200-agentic-slice"
     cfg = load_config("agentic-slice")
@@ -422,7 +418,7 @@ def test_the_committed_h200_slice_run_loads_as_a_saved_hw_side():
         saved_hw(folder, load_config("default"))
     # runs from before summaries recorded their profile: --saved-profile says what to do
     # (each such folder keeps the profile it ran with beside it, for --set hardware=PATH)
-    from kvsim.compare import compare_saved
+    from kvsim.tools.compare import compare_saved
 
     assert hw.profile is None and (folder / "h200-pcie-calibrated-1955.yaml").exists()
     with pytest.raises(ValueError, match="records no hardware profile.*--set hardware=PATH"):
@@ -436,7 +432,7 @@ def test_hw_refcheck_off_the_loop_catches_a_wrong_page(monkeypatch):
     from kvsim_backends.hw import HwBackend
 
     from kvsim.core.spec import Level
-    from kvsim.engine.plans import RefcheckError
+    from kvsim.engine.stages import RefcheckError
     from kvsim.run import prepare_run, replay
 
     cfg = load_config("default", TINY)
@@ -469,14 +465,11 @@ def test_sim_refcheck_catches_a_wrong_page(monkeypatch, where):
     """On the sim the refcheck compares the backend's tag lists with the core's: a resumed
     request's GPU pages (the engine's check) and every moved batch's destination (the
     plan's). A wrong tag found by either fails the replay, naming what it checked."""
-    try:
-        from kvsim_backends.sim import SimBackend
-    except ImportError:
-        from backends.sim import SimBackend
+    from kvsim_backends.sim import SimBackend
 
     from kvsim.core import TierManager
     from kvsim.core.spec import Level
-    from kvsim.engine.plans import RefcheckError
+    from kvsim.engine.stages import RefcheckError
     from kvsim.run import prepare_run, replay
 
     cfg = load_config("default", TINY)
@@ -512,7 +505,7 @@ def test_the_hw_loop_model_times_the_sims_refchecks_only_with_the_refcheck_on():
     the engine waits for takes the hw check's time, so turns start later on average; the
     refcheck still passes and the same turns complete. With the refcheck off they change
     nothing."""
-    from kvsim.hwloop import HwLoop, HwLoopModel, load_hw_loop
+    from kvsim.tools.hwloop import HwLoop, HwLoopModel, load_hw_loop
     from kvsim.run import prepare_run, replay
 
     checks = HwLoopModel(refcheck=load_hw_loop("h200").refcheck)
@@ -531,7 +524,7 @@ def test_kvsim_diff_puts_two_finished_runs_side_by_side(tmp_path):
     """``kvsim diff A B``: any two results folders (here two sim runs of one workload with
     different GPU tiers, and a run against itself), metrics with (a - b) / b and per-turn
     agreement; a folder that is not a run is refused by name, nothing written."""
-    from kvsim.compare import diff_runs
+    from kvsim.tools.compare import diff_runs
 
     runs = {}
     for name, gpu in (("small", "1MiB"), ("large", "16MiB")):
@@ -576,7 +569,7 @@ def test_bootstrap_interval_of_a_percentile():
     where a few large values sit near the percentile; None for no values."""
     import numpy as np
 
-    from kvsim.compare import bootstrap_ci
+    from kvsim.tools.compare import bootstrap_ci
 
     assert bootstrap_ci([2.0] * 50, 90) == (2.0, 2.0)
     assert bootstrap_ci([], 50) is None
@@ -591,7 +584,7 @@ def test_bootstrap_interval_of_a_percentile():
 
 
 def test_compute_summary_by_hand():
-    from kvsim.compare import compute_summary
+    from kvsim.tools.compare import compute_summary
 
     assert compute_summary(None) == {} and compute_summary([]) == {}
     # [start, nominal, took]: 2 ms ran 2.5 (x1.25), 4 ms ran 4 (x1), 0.5 ms ran 0.6 (< 1 ms:
@@ -611,7 +604,7 @@ def test_compute_summary_by_hand():
 
 
 def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
-    from kvsim.reports import CALL_LOGS_FILE, write_report
+    from kvsim.tools.reports import CALL_LOGS_FILE, write_report
 
     report = {"config": "x", "metrics": {}, "logs": {"sim": [], "hw_compute": [[0.0, 1e-3, 1e-3]]}}
     write_report(report, tmp_path)
@@ -631,8 +624,8 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     1.01; a slope below 0 (noise) or one duration only: scale 1 and the median."""
     import statistics
 
-    from kvsim.calibrate import profile_text
-    from kvsim.fit import fit_compute
+    from kvsim.tools.calibrate import profile_text
+    from kvsim.tools.fit import fit_compute
 
     rows = [{"requested_s": d, "wall_s": d + 100e-6 + 0.01 * d + e}
             for d in (0.002, 0.01, 0.05) for e in (-3e-6, 0.0, 3e-6)]
@@ -653,7 +646,7 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     assert "#   compute.latency: fitted\n" in text and "#   every other key: base: h200-pcie\n" in text
     import yaml
 
-    from kvsim.hardware import HardwareProfile
+    from kvsim.config.hardware import HardwareProfile
     back = HardwareProfile.model_validate(yaml.safe_load(text))
     assert (back.compute.latency, back.compute.scale) == pytest.approx((100e-6, 1.01), rel=1e-12)
     # every value reads back as written: in units, to six significant digits

@@ -167,7 +167,7 @@ def test_configs_are_found_in_a_checkout_or_an_installed_copy(tmp_path, monkeypa
     puts in site-packages as ``kvsim_configs`` (the compiled build is such an install)."""
     from types import SimpleNamespace
 
-    import kvsim.paths as P
+    import kvsim.config.paths as P
 
     (tmp_path / "co" / "configs").mkdir(parents=True)
     assert P.find_configs(tmp_path / "co") == tmp_path / "co" / "configs"

@@ -2,11 +2,11 @@
 
 import pytest
 
-from kvsim.compute import ComputeModel, ModelShape, kv_bytes_per_token, load_model
+from kvsim.engine.compute import ComputeModel, ModelShape, kv_bytes_per_token, load_model
 from conftest import round_profile as shared_round_profile
-from kvsim.hardware import ProfileError, load_profile
+from kvsim.config.hardware import ProfileError, load_profile
 
-from kvsim.hardware import HardwareProfile
+from kvsim.config.hardware import HardwareProfile
 
 
 def round_profile() -> HardwareProfile:

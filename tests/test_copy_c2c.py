@@ -23,9 +23,9 @@ import pytest
 from conftest import round_profile
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.spec import Level
-from kvsim.fit import sim_cell
-from kvsim.hardware import load_profile
-from kvsim.measured import batch
+from kvsim.tools.fit import sim_cell
+from kvsim.config.hardware import load_profile
+from kvsim.tools.measured import batch
 from kvsim.run import prepare_run, replay
 from kvsim_backends.sim import SimBackend, SimRuntime
 

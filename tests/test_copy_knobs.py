@@ -17,7 +17,7 @@ from kvsim.cli import app
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core import TierManager
 from kvsim.core.spec import Level
-from kvsim.hardware import HardwareProfile, load_profile
+from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run import BACKENDS, prepare_run, replay
 
 # 160 KiB pages (the copy engine's on h200-pcie: above 2.5 us x 55.5 GB/s), a GPU tier

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from kvsim.core.copypath import (CopyPath, choose_copy_path, copy_ctas, page_straddles,
+from kvsim.core.datapath.copypath import (CopyPath, choose_copy_path, copy_ctas, page_straddles,
                                  registration_forces_kernel, straddling_pages)
 
 PCIE = 55.5e9
@@ -91,7 +91,7 @@ def test_copy_ctas_is_always_even():
 
 
 def test_copypath_module_is_pure():
-    import kvsim.core.copypath as m
+    import kvsim.core.datapath.copypath as m
     src = open(m.__file__).read()
     for banned in ("simpy", "cupy", "time", "threading", "open(", "pydantic", "yaml"):
         assert f"import {banned}" not in src and not (banned == "open(" and banned in src)
@@ -99,14 +99,14 @@ def test_copypath_module_is_pure():
 
 def test_copy_ctas_headroom_multiplies_the_link():
     # 55.5 GB/s at 2.4 GB/s a CTA: 24 CTAs; twice the link: 48; below 1 refused
-    from kvsim.core.copypath import copy_ctas as cc
+    from kvsim.core.datapath.copypath import copy_ctas as cc
     assert cc(PCIE, 2.4e9, 132) == 24 and cc(PCIE, 2.4e9, 132, headroom=2.0) == 48
     with pytest.raises(ValueError, match="headroom"):
         cc(PCIE, 2.4e9, 132, headroom=0.5)
 
 
 def test_a_copy_path_setting_per_direction():
-    from kvsim.core.copypath import force_per_direction
+    from kvsim.core.datapath.copypath import force_per_direction
     assert force_per_direction(None) == force_per_direction("auto") == {"h2d": None, "d2h": None}
     assert force_per_direction("sm_kernel") == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.SM_KERNEL}
     assert force_per_direction({"h2d": "copy_engine", "d2h": "auto"}) == {"h2d": CopyPath.COPY_ENGINE,
@@ -119,7 +119,7 @@ def test_a_copy_path_setting_per_direction():
 
 
 def test_sm_ctas_auto_or_a_count_within_the_slots():
-    from kvsim.core.copypath import sm_ctas
+    from kvsim.core.datapath.copypath import sm_ctas
     assert sm_ctas("auto", PCIE, 2.4e9, 132) == copy_ctas(PCIE, 2.4e9, 132) == 24
     assert sm_ctas(None, PCIE, 2.4e9, 132, headroom=2.0) == 48
     assert sm_ctas(7, PCIE, 2.4e9, 132) == 7  # a count is taken as it is (odd too)

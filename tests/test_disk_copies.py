@@ -3,7 +3,7 @@
 A small replay (GPU 3 MiB, host 2 MiB, disk 32 MiB of 4 KiB pages, sessions held between
 turns, the refcheck on) evicts through host to disk and restores from disk, so pages keep
 disk copies, evictions take them back and write-through copies pages in the background.
-The refcheck reads back every taken-back copy's disk slot (``kvsim.engine.plans``): the
+The refcheck reads back every taken-back copy's disk slot (``kvsim.engine.stages``): the
 runs passing means every reused copy held its page's bytes, on the sim (tags) and on the
 hw backend in CPU mode (bytes in the disk tier's file). Controls: a copy made stale on
 purpose is caught; a failed write-through's copy is never taken back.

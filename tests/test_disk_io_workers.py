@@ -19,16 +19,12 @@ import pytest
 
 from conftest import round_profile  # noqa: E402
 from kvsim.config import ConfigFileError, load_config
-from kvsim.core.diskio import IoClass
+from kvsim.core.datapath.diskio import IoClass
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
 
-try:
-    from kvsim_backends.hw.disk import DiskStore
-    from kvsim_backends.sim import SimBackend, SimRuntime
-except ImportError:  # not installed: import from the source tree
-    from backends.hw.disk import DiskStore
-    from backends.sim import SimBackend, SimRuntime
+from kvsim_backends.hw.disk import DiskStore
+from kvsim_backends.sim import SimBackend, SimRuntime
 
 MiB = 2**20
 PB = 4 * MiB
@@ -256,12 +252,8 @@ def test_hw_a_failed_piece_fails_its_transfer_and_the_rest_do_not_run(tmp_path):
 
 
 def test_hw_backend_reads_io_workers(tmp_path):
-    try:
-        from kvsim_backends.hw import HwBackend, RealtimeRuntime
-        from kvsim_backends.hw.disk import FairPool, PriorityPool
-    except ImportError:
-        from backends.hw import HwBackend, RealtimeRuntime
-        from backends.hw.disk import FairPool, PriorityPool
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+    from kvsim_backends.hw.disk import FairPool, PriorityPool
     for n, kind, threads in ((0, FairPool, 4), (3, PriorityPool, 3)):
         be = HwBackend(RealtimeRuntime(), PB_HW, {Level.GPU: 4, Level.DISK: 8}, disk_dir=tmp_path,
                        device="cpu", profile=round_profile(), disk_io_workers=n)
@@ -324,11 +316,8 @@ def test_compares_sim_side_reads_disk_checks_as_pool_pieces():
     """kvsim compare's sim side (HwLoopSim) models the hw refcheck of disk pages: with
     io_workers on, as read pieces on the disk pool, queued before writes; promote passes
     through."""
-    try:
-        from kvsim_backends.sim.hwloop import HwLoopSim
-    except ImportError:
-        from backends.sim.hwloop import HwLoopSim
-    from kvsim.hwloop import HwLoop, load_hw_loop
+    from kvsim_backends.sim.loopcosts import HwLoopSim
+    from kvsim.tools.hwloop import HwLoop, load_hw_loop
 
     rt, be = sim(1)
     w = HwLoopSim(be, HwLoop(load_hw_loop("h200")))

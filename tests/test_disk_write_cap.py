@@ -1,7 +1,7 @@
 """The disk tier's write cap (``io_write_share``) on both backends, and its config key.
 
 While a restore's piece is queued or in flight, at most K = ``write_cap(N, share)`` write
-pieces may be in flight (``kvsim.core.diskio``). Sim, on the round profile (disk read
+pieces may be in flight (``kvsim.core.datapath.diskio``). Sim, on the round profile (disk read
 2 GB/s, write 1 GB/s, 1 ms an op, 4 MiB pieces and pages): four workers, an eviction of
 four pages holds them, a one-page restore A and a second eviction wait for them; when
 they end A and then one write (K = 1) or three (no cap) start, and a second restore B issued half a
@@ -24,16 +24,10 @@ from kvsim.config import ConfigFileError, load_config
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
 
-try:
-    from kvsim_backends.hw import HwBackend, RealtimeRuntime
-    from kvsim_backends.hw.build import build_hw_backend
-    from kvsim_backends.hw.disk import DiskStore
-    from kvsim_backends.sim import SimBackend, SimRuntime
-except ImportError:  # not installed: import from the source tree
-    from backends.hw import HwBackend, RealtimeRuntime
-    from backends.hw.build import build_hw_backend
-    from backends.hw.disk import DiskStore
-    from backends.sim import SimBackend, SimRuntime
+from kvsim_backends.hw import HwBackend, RealtimeRuntime
+from kvsim_backends.hw.build import build_hw_backend
+from kvsim_backends.hw.disk import DiskStore
+from kvsim_backends.sim import SimBackend, SimRuntime
 
 MiB = 2**20
 PB = 4 * MiB

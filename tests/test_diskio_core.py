@@ -1,4 +1,4 @@
-"""The disk I/O ordering rule of kvsim.core.diskio, on hand-built queues.
+"""The disk I/O ordering rule of kvsim.core.datapath.diskio, on hand-built queues.
 
 Each scenario pushes pieces at chosen times and pops them at chosen times, and checks
 which piece comes out: reads first, then required writes, then background writes; aging
@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from kvsim.core.diskio import (BACKGROUND_AGE_S, WRITE_AGE_S, WRITE_SHARE, DiskQueues, IoClass, IoRule,
+from kvsim.core.datapath.diskio import (BACKGROUND_AGE_S, WRITE_AGE_S, WRITE_SHARE, DiskQueues, IoClass, IoRule,
                                io_class, piece_sizes, pieces, write_cap)
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.compute import ComputeModel, load_model
+from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.config import validate_config
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
-from kvsim.engine.plans import run_plan
-from kvsim.hardware import load_profile
+from kvsim.engine.stages import run_plan
+from kvsim.config.hardware import load_profile
 from kvsim.run import prepare_run, replay
 from kvsim.workload import Session, Turn, Workload, ideal_reuse_ratio, load_mooncake
 from kvsim_backends.sim import SimBackend, SimRuntime
@@ -278,13 +278,13 @@ def test_closed_loop_session_think_time_and_held_prefix():
 
 
 def test_the_engine_tells_its_listener_of_resumes_and_a_modelled_loop_holds_the_step():
-    """The story above with the hw loop's host time modelled (``kvsim.hwloop``, what
+    """The story above with the hw loop's host time modelled (``kvsim.tools.hwloop``, what
     ``kvsim compare`` does): the engine tells ``on_resume`` of each resumed request's GPU
     pages, turn 1 (cold, no pages to walk) as 0 and is as before; turn 2 resumes the
     session's 2 GPU pages, so its first step starts resume + 2 x resume_per_page later,
     and its TTFT grows by exactly that."""
-    from kvsim.hwloop import HwLoop, HwLoopModel
-    from kvsim_backends.sim.hwloop import HwLoopSim
+    from kvsim.tools.hwloop import HwLoop, HwLoopModel
+    from kvsim_backends.sim.loopcosts import HwLoopSim
 
     def story(model: bool):
         shape = load_model("llama-3-8b")

@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 
 from kvsim.config import load_config
-from kvsim.core.hostfill import FillLayout
+from kvsim.core.datapath.fill import FillLayout
 from kvsim.core.spec import Level
-from kvsim.hardware import load_profile
+from kvsim.config.hardware import load_profile
 from kvsim.run import prepare_run, replay
 from kvsim_backends.sim import SimBackend, SimRuntime
 

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from kvsim.core.hostfill import FillLayout, FillMode, needed_watermark, ready
+from kvsim.core.datapath.fill import FillLayout, FillMode, needed_watermark, ready
 from kvsim.core.spec import Level
 from kvsim.core.tiers import Tier
 

@@ -17,15 +17,11 @@ import time
 import numpy as np
 import pytest
 
-try:
-    from kvsim_backends.hw import HwBackend, RealtimeRuntime
-    from kvsim_backends.hw import pattern
-except ImportError:  # running from a checkout without the package installed
-    from backends.hw import HwBackend, RealtimeRuntime
-    from backends.hw import pattern
+from kvsim_backends.hw import HwBackend, RealtimeRuntime
+from kvsim_backends.hw import pattern
 
 from kvsim.backend import Backend, Runtime
-from kvsim.core.copypath import CopyPath
+from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 
@@ -57,7 +53,7 @@ def run1(rt, waitable):
 
 def profile_with(**nvme):
     """The h200-pcie profile with its ``nvme`` keys replaced."""
-    from kvsim.hardware import HardwareProfile, load_profile
+    from kvsim.config.hardware import HardwareProfile, load_profile
 
     d = load_profile("h200-pcie").model_dump()
     d["nvme"].update(nvme)
@@ -293,10 +289,7 @@ def test_a_small_disk_batch_shares_the_threads_with_a_large_one_in_flight(tmp_pa
     behind a 40-page one starts within a job or two, not after all 40 (a FIFO pool's
     head-of-line blocking, which held such writes up to 0.58 s on the H200 machine)."""
     import threading
-    try:
-        from kvsim_backends.hw.disk import DiskStore
-    except ImportError:
-        from backends.hw.disk import DiskStore
+    from kvsim_backends.hw.disk import DiskStore
     gate, starts, lock = threading.Event(), [], threading.Lock()
 
     def hook(op, off, n):
@@ -523,7 +516,7 @@ def test_the_timing_log_times_a_disk_batchs_io_inside_its_transfer(make):
     """Every disk batch's log row says when its first piece started on an I/O thread and
     when its last ended, from the transfer call: 0 <= start <= end <= the batch's seconds;
     GPU <-> host rows have neither. The compare's transfer table takes their medians."""
-    from kvsim.compare import transfer_table
+    from kvsim.tools.compare import transfer_table
 
     log: list = []
     rt, be = make(pb=1 << 20, gpu_slots=16, host_slots=24, disk_slots=24, profile=profile_with(piece=256 << 10),

@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import hw_copy  # noqa: E402
 
-from kvsim.fit import sim_cell  # noqa: E402
-from kvsim.hardware import load_profile  # noqa: E402
+from kvsim.tools.fit import sim_cell  # noqa: E402
+from kvsim.config.hardware import load_profile  # noqa: E402
 
 MiB = 1 << 20
 
@@ -58,7 +58,7 @@ def test_median_rounds_gives_median_time_and_spread():
 
 
 def _with(p, **interference):
-    from kvsim.hardware import HardwareProfile  # noqa: PLC0415
+    from kvsim.config.hardware import HardwareProfile  # noqa: PLC0415
 
     d = p.model_dump()
     d["sm"]["interference"].update(interference)

@@ -1,5 +1,5 @@
-"""The hw backend's own host costs, as kvsim compare's sim side adds them (kvsim.hwloop,
-kvsim_backends.sim.hwloop), on the round-number profile of test_sim_backend (timings by
+"""The hw backend's own host costs, as kvsim compare's sim side adds them (kvsim.tools.hwloop,
+kvsim_backends.sim.loopcosts), on the round-number profile of test_sim_backend (timings by
 hand); the hardware profile refusing those terms; and the guard of the move: a saved H200
 run re-predicted as before.
 """
@@ -14,19 +14,15 @@ import pytest
 from conftest import round_profile  # noqa: E402
 from kvsim.backend import Backend
 from kvsim.config import load_config
-from kvsim.core.copypath import CopyPath
+from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
-from kvsim.hardware import HardwareProfile, ProfileError, load_profile
-from kvsim.hwloop import HwLoop, HwLoopModel, load_hw_loop
+from kvsim.config.hardware import HardwareProfile, ProfileError, load_profile
+from kvsim.tools.hwloop import HwLoop, HwLoopModel, load_hw_loop
 from test_sim_backend import DISK_LAT, H2D, batch, finish
 
-try:
-    from kvsim_backends.sim import SimBackend, SimRuntime
-    from kvsim_backends.sim.hwloop import HwLoopSim
-except ImportError:  # not installed: import from the source tree
-    from backends.sim import SimBackend, SimRuntime
-    from backends.sim.hwloop import HwLoopSim
+from kvsim_backends.sim import SimBackend, SimRuntime
+from kvsim_backends.sim.loopcosts import HwLoopSim
 
 KiB = 2**10
 CHECK = {"latency": "50us", "ctas": 4}
@@ -195,7 +191,7 @@ def test_a_hardware_profile_with_the_loops_terms_is_refused_naming_the_key(tmp_p
     src[key] = {"resume": 1e-3} if key == "loop" else {"latency": 1e-4, "ctas": 132}
     path = tmp_path / "old.yaml"
     path.write_text(json.dumps(src))  # (JSON is YAML)
-    with pytest.raises(ProfileError, match=f"{path}: .*{key}: not a hardware term.*kvsim.hwloop"):
+    with pytest.raises(ProfileError, match=f"{path}: .*{key}: not a hardware term.*kvsim.tools.hwloop"):
         load_profile(path)
     out = tmp_path / "res"
     r = CliRunner().invoke(app, ["run", "default", "--set", f"hardware={path}", "--out", str(out),
@@ -208,8 +204,8 @@ def test_a_saved_runs_recorded_profile_gives_up_its_loop_terms(tmp_path):
     there: --hw-from reads its profile without them and its hw-loop model from them (which
     --saved-profile then uses, unless told otherwise); one that records its compare's model
     gives that."""
-    from kvsim.compare import saved_hw
-    from kvsim.reports import read_report
+    from kvsim.tools.compare import saved_hw
+    from kvsim.tools.reports import read_report
 
     folder = tmp_path / "run"
     shutil.copytree(FIXTURE, folder)
@@ -261,7 +257,7 @@ def test_the_saved_h200_slice_run_is_predicted_as_before_the_move(tmp_path, refc
     disk terms) and with the refcheck on (the check's terms too): the same TTFT p50 / p90
     and hit tokens by tier as the code gave before the terms left the hardware profile.
     Without the model the prediction differs: the terms are in play."""
-    from kvsim.compare import compare_saved
+    from kvsim.tools.compare import compare_saved
 
     trace = tmp_path / "slice"
     trace.mkdir()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.results import MARKER
+from kvsim.run.results import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--no-progress", "--set", "workload.synthetic.n_sessions=2", "--set", "model=llama-3-8b",

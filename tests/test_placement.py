@@ -235,9 +235,9 @@ def test_every_builtin_is_registered_and_recompute_checks_its_depth():
 # -- recompute's depth from the model and the hardware ----------------------------------------
 
 def test_recompute_depth_is_where_recompute_starts_to_cost_more_than_disk():
-    from kvsim.compute import ComputeModel
+    from kvsim.engine.compute import ComputeModel
     from kvsim.config import load_config
-    from kvsim.placements import block_recompute_s, disk_page_s, recompute_depth
+    from kvsim.run.policies import block_recompute_s, disk_page_s, recompute_depth
     from kvsim.run import prepare_run
 
     prep = prepare_run(load_config("configs/default.yaml"))
@@ -301,7 +301,7 @@ def test_the_documented_example_placement_runs(tmp_path):
     from pathlib import Path
 
     from kvsim.cli import app
-    from kvsim.placements import PlacementError, load_user_placement
+    from kvsim.run.policies import PlacementError, load_user_placement
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "policies.md").read_text()
     code = [c for c in re.findall(r"```python\n(.*?)```", doc, re.S) if "PlacementPolicy" in c][0]

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvsim.plots import write_plots
+from kvsim.run.plots import write_plots
 
 pytest.importorskip("matplotlib")
 

@@ -465,7 +465,7 @@ def test_future_uses_counts_each_blocks_turns(tpb):
     """The next-use table is the direct count: every turn (in the engine's order) hashes
     its prompt's chain keys afresh and lists itself under each."""
     from kvsim.core.keys import chain_key as ck
-    from kvsim.policies import future_uses, turn_order
+    from kvsim.run.policies import future_uses, turn_order
     from kvsim.run import prepare_run
     from kvsim.workload.blocks import cache_blocks
 
@@ -491,7 +491,7 @@ def test_future_uses_by_occurrence_gives_each_blocks_next_turn():
     says."""
     from kvsim.core.keys import chain_key as ck
     from kvsim.core.policy.builtin import NEVER
-    from kvsim.policies import future_uses, turn_order
+    from kvsim.run.policies import future_uses, turn_order
     from kvsim.run import prepare_run
     from kvsim.workload.blocks import cache_blocks
 
@@ -520,7 +520,7 @@ def test_belady_keys_by_occurrence_match_the_dict():
     """``Belady.keys`` through the occurrence arrays (a page's expected turn, or the turn
     its batch's last lookup found, checked by key) gives the next uses the dict gives,
     whatever the pages' scores, depths and batch order (a wrong guess falls back)."""
-    from kvsim.policies import future_uses
+    from kvsim.run.policies import future_uses
     from kvsim.run import prepare_run
 
     prep = prepare_run(load_config("configs/default.yaml", ["workload.synthetic.n_sessions=8"]))
@@ -651,7 +651,7 @@ def test_workload_priorities_are_for_agentic_traces():
 
 
 def test_a_user_policy_loads_from_module_and_class():
-    from kvsim.policies import PolicyError, load_user_policy
+    from kvsim.run.policies import PolicyError, load_user_policy
 
     assert isinstance(load_user_policy("test_policies:ParentsFirst"), ParentsFirst)
     with pytest.raises(PolicyError, match="cannot load"):
@@ -694,7 +694,7 @@ def test_the_documented_example_policy_runs(tmp_path):
     import sys as _sys
     from pathlib import Path
 
-    from kvsim.policies import load_user_policy
+    from kvsim.run.policies import load_user_policy
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "policies.md").read_text()
     code = re.search(r"```python\n(.*?)```", doc, re.S).group(1)

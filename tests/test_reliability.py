@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import kvsim.console
 from kvsim import scratch
 from kvsim.cli import app
-from kvsim.results import MARKER
+from kvsim.run.results import MARKER
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""A tier manager shared between threads (kvsim.sharedmanager): the reader-writer lock,
+"""A tier manager shared between threads (kvsim.run.sharedmanager): the reader-writer lock,
 and probes answered while burst resizes run on another thread.
 
 The stress test's oracle is a serial replay. One writer thread runs a script of
@@ -26,7 +26,7 @@ import time
 import pytest
 
 from kvsim.core import Level, ManagerSpec, Plan, Request, TierManager, TierSpec
-from kvsim.sharedmanager import EXCLUSIVE_METHODS, SHARED_METHODS, RWLock, SharedManager
+from kvsim.run.sharedmanager import EXCLUSIVE_METHODS, SHARED_METHODS, RWLock, SharedManager
 
 TPB = 32
 PAGE = 4096

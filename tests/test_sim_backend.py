@@ -12,16 +12,13 @@ import numpy as np
 import pytest
 
 from kvsim.backend import Backend, Runtime
-from kvsim.core.copypath import CopyPath
+from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from conftest import round_profile  # noqa: E402  (shared with the compute-model tests)
-from kvsim.hardware import ProfileError, load_profile
+from kvsim.config.hardware import ProfileError, load_profile
 
-try:
-    from kvsim_backends.sim import SimBackend, SimRuntime
-except ImportError:  # not installed: import from the source tree
-    from backends.sim import SimBackend, SimRuntime
+from kvsim_backends.sim import SimBackend, SimRuntime
 
 KiB, MiB = 2**10, 2**20
 CALL, PER_PAGE, LAUNCH, DISK_LAT = 10e-6, 2e-6, 5e-6, 1e-3
@@ -754,7 +751,7 @@ def test_compute_scale_stretches_the_work_not_the_latency():
 
 
 def test_refcheck_is_free_and_immediate():
-    """The tags are not bytes: a check costs nothing (kvsim.hwloop models the hw one's)."""
+    """The tags are not bytes: a check costs nothing (kvsim.tools.hwloop models the hw one's)."""
     _, be = make()
     assert be.read_tags_later(Level.HOST, np.arange(4)) is None
     assert be.read_tags_later(Level.GPU, np.arange(4)) is None
@@ -796,8 +793,8 @@ def test_superseded_flow_wake_ups_leave_the_queue_head_and_change_nothing():
 def test_busy_start_delays_only_sm_kernel_copies_under_compute():
     """``sm.interference.busy_start``: an SM-kernel batch launched while compute runs moves
     its bytes that much later; idle, or on the copy engine, nothing changes."""
-    from kvsim.fit import sim_cell
-    from kvsim.hardware import HardwareProfile
+    from kvsim.tools.fit import sim_cell
+    from kvsim.config.hardware import HardwareProfile
 
     base = load_profile("h200-pcie-calibrated")
     d = base.model_dump()

@@ -1,6 +1,6 @@
 """The sim runtime's special form against plain SimPy.
 
-backends/sim/runtime.py is the one module that touches SimPy's private names (its own
+backends/kvsim_backends/sim/runtime.py is the one module that touches SimPy's private names (its own
 event loop, process driver and ``Clock``, for speed). These tests pin down what it relies
 on: the SimPy installed is in the range pyproject.toml pins and has those internals, and
 each ``Clock`` operation leaves SimPy's queue exactly as SimPy's own call would, so a run
@@ -16,10 +16,7 @@ import re
 import simpy
 from simpy.events import NORMAL, PENDING, URGENT
 
-try:
-    from kvsim_backends.sim.runtime import Clock, SimRuntime
-except ImportError:  # not installed: import from the source tree
-    from backends.sim.runtime import Clock, SimRuntime
+from kvsim_backends.sim.runtime import Clock, SimRuntime
 
 PYPROJECT = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
 

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.study.points import expand, labels_for
-from kvsim.study.spec import StudyFileError, load_study
+from kvsim.study.schema import StudyFileError, load_study
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -280,7 +280,7 @@ def test_workload_key_follows_the_workload_the_seed_and_the_trace_file(tmp_path)
 
 
 def test_the_ttft_cdf_points_are_known_once_the_first_ok_points_are_done():
-    from kvsim.study.plots import MAX_LINES, cdf_points
+    from kvsim.study.figures import MAX_LINES, cdf_points
     from kvsim.study.points import Point
 
     pts = [Point(f"p{i}", {}, {}, None, {}) for i in range(MAX_LINES + 3)]
@@ -296,7 +296,7 @@ def test_the_ttft_cdf_points_are_known_once_the_first_ok_points_are_done():
 def test_an_axis_of_many_values_labels_a_few_spread_along_it():
     import math
 
-    from kvsim.study.plots import MAX_TICKS, _tick_values
+    from kvsim.study.figures import MAX_TICKS, _tick_values
 
     few = [1, 2, 3, 5]
     assert _tick_values(few) == few

@@ -16,7 +16,7 @@ What it checks:
   dropped - freed;
 - the prefix tree: keys map to live pages marked in_tree, parents are live tree pages,
   ``nchildren`` counts them, non-tree pages have no parent and no children;
-- retained disk copies (``kvsim.core.copies``): a copy belongs to a live page that is not
+- retained disk copies (``kvsim.core.retained``): a copy belongs to a live page that is not
   on disk; its slot is owned by nothing else; a ready copy is fully committed and is in the
   disk tier's ``copies`` exactly when no in-flight TAKEBACK batch has it as destination;
   a copy not ready is a write-through's in flight; a write's slot whose page gave it up,

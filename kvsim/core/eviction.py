@@ -5,7 +5,7 @@ available in a tier (lowest priority, then least recently used, first; in the la
 only droppable leaves, children before parents), and the tier each tier's victims go to
 (the nearest colder one that can take them), or None, changing nothing. A placement
 policy other than the default may also drop a victim or send it past the next colder tier
-(``kvsim.core.placing`` decides, per victim). ``_reserve`` applies any selection, deepest
+(``kvsim.core.destinations`` decides, per victim). ``_reserve`` applies any selection, deepest
 tier first: dropped pages leave at once; the others are pinned (MOVING) and get a
 destination slot in their colder tier (or take their retained disk copy back); the slots
 they vacate are handed over to the pages coming in (``PlanRecord.handed`` remembers which
@@ -18,9 +18,9 @@ from __future__ import annotations
 from itertools import filterfalse, islice
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
-from kvsim.core.copies import Copies, take_back_split
+from kvsim.core.retained import Copies, take_back_split
 from kvsim.core.pages import Page
-from kvsim.core.placing import place_victims
+from kvsim.core.destinations import place_victims
 from kvsim.core.plan import Batch, BatchKind, PlanKind
 from kvsim.core.types import Phase
 
@@ -56,7 +56,7 @@ class PlanRecord:
 
 class Selection:
     """A dry run's result, per tier t: ``victims[t]`` leave tier t for tier ``dest[t]``
-    (dropped from the last tier). With a placement policy (``kvsim.core.placing``), also
+    (dropped from the last tier). With a placement policy (``kvsim.core.destinations``), also
     ``drops[t]``, dropped where they are, and ``far[t]``, sent to the last tier rather
     than to ``dest[t]`` (tiers absent: none)."""
 

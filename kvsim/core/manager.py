@@ -19,9 +19,9 @@ Eviction per tier: lowest priority first, then least recently used (the insertio
 of the tier's index is the logical clock), or the order of an eviction policy (one for
 all tiers, or a tier's own). The cascade is GPU -> host -> disk -> dropped: a victim moves
 one tier colder; only the last tier drops, and only droppable leaves. A placement policy
-may drop a victim of another tier or send it past the next one (``kvsim.core.placing``).
+may drop a victim of another tier or send it past the next one (``kvsim.core.destinations``).
 Held pages never drop. A tree page is never dropped before its children. With retained
-disk copies (``kvsim.core.copies``) an eviction to disk may take a page's copy back
+disk copies (``kvsim.core.retained``) an eviction to disk may take a page's copy back
 instead of writing it, and ``write_through()`` plans background copies to disk.
 """
 
@@ -33,7 +33,7 @@ from kvsim.core.errors import CoreError
 from kvsim.core.eviction import PlanRecord
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
-from kvsim.core.planning import Planning
+from kvsim.core.commits import Planning
 from kvsim.core.policy import EvictionPolicy, PriorityLRU
 from kvsim.core.policy.intheap import order_for
 from kvsim.core.policy.placement import Cascade, PlacementPolicy
@@ -59,7 +59,7 @@ class TierManager(Planning):
         self.spec = spec
         self.policy: EvictionPolicy = policy if policy is not None else PriorityLRU()
         self.placement: PlacementPolicy = placement if placement is not None else Cascade()
-        self._placing = not self.placement.is_default  # kvsim.core.placing decides
+        self._placing = not self.placement.is_default  # kvsim.core.destinations decides
         n = len(spec.tiers)
         over = dict(tier_policies or {})
         for pos in over:

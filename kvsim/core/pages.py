@@ -40,7 +40,7 @@ class Page:
         self.parent: Page | None = None
         self.nchildren = 0
         self.priority = priority
-        # a retained disk copy (kvsim.core.copies): its disk slot (-1: none), and whether
+        # a retained disk copy (kvsim.core.retained): its disk slot (-1: none), and whether
         # its bytes are complete (False: a write-through still writing it)
         self.copy = -1
         self.copy_ready = False

@@ -37,7 +37,7 @@ class ManagerSpec:
     page_bytes: int
     tokens_per_block: int
     tiers: tuple[TierSpec, ...]
-    # retained disk copies (kvsim.core.copies): keep a restored page's disk copy; write a
+    # retained disk copies (kvsim.core.retained): keep a restored page's disk copy; write a
     # page evicted GPU -> host to disk in the background too (needs host and disk tiers),
     # at most ``write_through_inflight_bytes`` in flight; the share of the disk retained
     # copies may hold ahead of disk-only pages

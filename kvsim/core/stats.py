@@ -32,7 +32,7 @@ class Counters:
     failed_batches: int = 0
     plans: int = 0
     refusals: int = 0
-    # retained disk copies (kvsim.core.copies): kept at a restore, taken back by an
+    # retained disk copies (kvsim.core.retained): kept at a restore, taken back by an
     # eviction to disk (no write), reclaimed for room; write-through copies written,
     # skipped (no free disk slot or past the protected share), failed, or given up (the
     # page left or was written to disk before its copy finished)

@@ -6,7 +6,7 @@ reserved range (progressive host fill relies on this). Invariant: every id below
 ``next_fresh`` is either in ``recycled`` or owned by exactly one page or reservation;
 ``used == next_fresh - len(recycled) - lost``; ids never reach ``limit`` (``max_slots``,
 the reserved range, unless a host fill failed: ``cap``). Progressive host fill
-(``kvsim.core.hostfill``) relies on the order: every slot ever handed out lies below
+(``kvsim.core.datapath.fill``) relies on the order: every slot ever handed out lies below
 ``next_fresh``, so a batch waits only for the unit holding its highest slot.
 
 The eviction index holds the pages an eviction may pick: resident (not moving, not
@@ -54,7 +54,7 @@ class Tier:
         # that enters the index or is touched in it (None: LRU, the index's own order)
         self.order: HeapOrder | None = None
         # the disk tier: the retained copies it may reclaim (complete, not being taken
-        # back), oldest first; each owns a slot of this tier (kvsim.core.copies)
+        # back), oldest first; each owns a slot of this tier (kvsim.core.retained)
         self.copies: dict[Page, None] = {}
 
     # -- slots ---------------------------------------------------------------------------

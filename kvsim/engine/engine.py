@@ -116,7 +116,7 @@ class Engine(Lifecycle):
 
     def _await_host(self, n: int):
         """Serving starts once the host tier's first ``n`` slots exist (its fill's first
-        unit, or all of it: ``kvsim.core.hostfill``), waited for through the backend as any
+        unit, or all of it: ``kvsim.core.datapath.fill``), waited for through the backend as any
         plan's slots are; if they never will, the tier is capped at what was committed."""
         w = self.backend.slots_ready(Level.HOST, [n - 1])
         if w is not None:

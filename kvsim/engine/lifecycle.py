@@ -20,14 +20,14 @@ from itertools import count
 from typing import Any, Callable
 
 from kvsim.backend import Backend, Runtime
-from kvsim.compute import ComputeModel
+from kvsim.engine.compute import ComputeModel
 from kvsim.core import Level, RefusalReason, Request, TierManager
 from kvsim.core.types import ReqState
 from kvsim.engine.arrivals import Arrivals
 from kvsim.engine.decoders import Decoders
 from kvsim.engine.live import EngineParams, Live, TurnState
 from kvsim.engine.metrics import Metrics
-from kvsim.engine.plans import check_tags, run_plan, tags_equal
+from kvsim.engine.stages import check_tags, run_plan, tags_equal
 from kvsim.engine.sessions import Cursor, Frame
 
 
@@ -38,7 +38,7 @@ class Lifecycle:
         """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
         decode_context_sum)`` gives a step's seconds, ``compute.decode_step_time(n_decode,
         decode_context_sum)`` the same for a step without prefill
-        (kvsim.compute.ComputeModel; typed, so the compiled build calls it natively).
+        (kvsim.engine.compute.ComputeModel; typed, so the compiled build calls it natively).
         ``on_resume(pages)``: told of every resumed request, with the GPU pages it holds
         (before its pages are checked)."""
         self.rt = rt

@@ -1,11 +1,11 @@
 """The refcheck's comparison: tags found in slots against the tags the core expects.
 
 Its own module, left out of the optional compiled build (an exception subclassing a
-builtin one is not a mypyc native class); ``kvsim.engine.plans`` re-exports both names.
+builtin one is not a mypyc native class); ``kvsim.engine.stages`` re-exports both names.
 
 Tags come as sequences of ints: the core's lists, the sim backend's lists, the hw
 backend's uint64 arrays. ``check_tags`` compares them through numpy; the hot paths first
-ask ``kvsim.engine.plans.tags_equal`` (compiled in the optional build), which compares two
+ask ``kvsim.engine.stages.tags_equal`` (compiled in the optional build), which compares two
 lists in place, and call ``check_tags`` only when it finds a difference.
 """
 

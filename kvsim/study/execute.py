@@ -224,7 +224,7 @@ def _write_json(path: Path, data: dict) -> None:
 def write_point(folder: Path, point: Point, payload: dict) -> Path:
     """The point's run folder from the files its worker rendered (staged beside it and
     swapped into place, as ``write_results`` does), then point.json."""
-    from kvsim.results import Staging
+    from kvsim.run.results import Staging
 
     with Staging.reserve(folder) as stage:
         for name, data in payload["files"].items():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvsim.study.execute import Outcome, is_complete, open_client, progress_bar, run_points
 from kvsim.study.points import Point, expand
-from kvsim.study.spec import StudySpec, load_study
+from kvsim.study.schema import StudySpec, load_study
 
 
 @dataclass
@@ -94,7 +94,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
         def on_done(p: Point, payload: dict) -> None:
             status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"
             if plots and not early:
-                from kvsim.study.plots import cdf_points, ttft_cdf
+                from kvsim.study.figures import cdf_points, ttft_cdf
 
                 shown = cdf_points(points, status)
                 if shown is not None:
@@ -128,7 +128,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
     timings["table"] = t2 - t1
     written = []
     if plots:
-        from kvsim.study.plots import write_study_plots
+        from kvsim.study.figures import write_study_plots
 
         drawn = early[0] if early else None
         written = write_study_plots(points, rows, folder_of, list(spec.plot_metrics), plots_dir,

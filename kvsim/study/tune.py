@@ -38,9 +38,9 @@ import yaml
 from kvsim.config import ConfigFileError, validate_config
 from kvsim.study.execute import is_complete, open_client, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base
-from kvsim.study.spec import Param, StudyFileError, TuneSpec, load_tune
+from kvsim.study.schema import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
-from kvsim.units import parse_size
+from kvsim.config.units import parse_size
 
 
 @dataclass

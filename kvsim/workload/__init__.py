@@ -10,7 +10,7 @@ starts in :mod:`.arrivals`; infinite-cache reuse analysis in :mod:`.analysis`; s
 
 from .agentic import load_agentic
 from .analysis import ideal_reuse_ratio, ideal_reuse_tokens
-from .arrivals import session_start_times
+from .starts import session_start_times
 from .blocks import cache_blocks
 from .model import START_POLICIES, Session, TraceError, Turn, Workload
 from .mooncake import load_mooncake, write_jsonl_mooncake

@@ -19,7 +19,7 @@ whether its disk slot stays as the page's retained copy (default: yes, every ful
 kept, and ``protected_copy_fraction`` governs the copies kept as before.
 
 The manager keeps the invariants whatever a placement answers, so no placement can break
-them (``kvsim.core.placing``):
+them (``kvsim.core.destinations``):
 - a plan is all-or-nothing: a victim goes where it is placed if that tier can take it
   (with its own victims), else the whole tier's victims go to the nearest colder tier
   that can, as without a placement; a refused plan changes nothing;
@@ -87,7 +87,7 @@ class RecomputeOverDisk(PlacementPolicy):
     are gone first), so its recompute cost is that of one block at its depth, which grows
     with the depth (attention over the prefix before it): a page at depth below
     ``max_depth`` is cheaper to recompute. ``max_depth`` comes from the model and the
-    hardware (``kvsim.placements`` works it out for a run); 0 drops nothing."""
+    hardware (``kvsim.run.policies`` works it out for a run); 0 drops nothing."""
 
     name = "recompute"
 

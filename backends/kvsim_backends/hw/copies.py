@@ -1,0 +1,181 @@
+"""GPU <-> host and GPU -> GPU copies of the hw backend, and the copy path each takes.
+
+GPU <-> host batches (the host tier, or a staging buffer of a disk transfer) take one of
+two paths: the copy engine (one batched ``cudaMemcpyBatchAsync`` per batch) or the SM
+kernel (gather/scatter CTAs reading mapped host memory zero-copy, ``ctas[direction]`` of
+them). In CPU mode every copy is a numpy row copy on the I/O pool.
+
+Invariants: a copy never decides which pages move (it executes the slots it is given);
+a GPU copy waits for the last fill (``StreamOrder.wait_fill``), and a write into GPU slots
+waits for an unseen check of them (``StreamOrder.wait_checks``); the arrays a copy reads
+live until its stream has passed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, choose_copy_path, registration_forces_kernel
+from kvsim.core.datapath.fill import Backing
+from kvsim.core.spec import Level
+
+from .memory import HostRegion
+
+SM_FIRST_PAGES = 1024  # the SM kernel's first piece of a batch (then doubling)
+
+
+def copy_rows(src_view: np.ndarray, src: np.ndarray, dst_view: np.ndarray, dst: np.ndarray) -> None:
+    dst_view[dst] = src_view[src]
+
+
+def choose_paths(profile, page_bytes: int, host, host_slots: int, on_gpu: bool, force: dict,
+                 kernel_on_coherent_link: bool = False) -> dict[str, CopyPath]:
+    """The copy path of each direction, by the rule the sim backend applies
+    (``kvsim.core.datapath.copypath`` with ``profile``'s arguments; ``force``: a path or None per
+    direction, ``force_per_direction``'s). ``host``: the host tier (a HostFill or None) of
+    ``host_slots`` slots. On a GPU, host memory without a mapped device address takes the
+    copy engine: forcing the SM kernel there, or pages that straddle its registration
+    units, is a ValueError."""
+    if on_gpu and host is not None and host.dev_ptr is None:
+        # host memory without a mapped device address: the SM kernel cannot reach it
+        for d in DIRECTIONS:
+            if force[d] is CopyPath.SM_KERNEL:
+                raise ValueError(f"copy_path.{d}: the SM kernel needs mapped host memory, "
+                                 "not available here")
+        force = {d: CopyPath.COPY_ENGINE for d in DIRECTIONS}
+    h = host  # registered unit by unit: the register backing, on a GPU
+    unit = h.layout.unit_bytes if (h is not None and on_gpu and h.backing is Backing.REGISTER) else None
+    chunked = registration_forces_kernel(page_bytes, unit, host_slots)
+    if chunked and on_gpu and host is not None and host.dev_ptr is None:
+        raise ValueError("host registration: pages straddle registration units, which needs "
+                         "the SM kernel, but the host memory has no mapped device address")
+    return {d: choose_copy_path(**profile.copy_path_args(d, page_bytes), force=force[d],
+                                chunked_registration=chunked,
+                                kernel_on_coherent_link=kernel_on_coherent_link)
+            for d in DIRECTIONS}
+
+
+class Copies:
+    """Copies between the GPU arena ``gpu`` and ``host`` (HostRegion or None), on
+    ``streams`` with ``kernels`` and ``copier`` (GPU mode) or on the I/O pool (``cp`` None).
+    ``paths`` and ``ctas``: per direction ('h2d', 'd2h')."""
+
+    def __init__(self, cp, page_bytes: int, gpu, host: HostRegion | None, waits, *,
+                 paths: dict[str, CopyPath], ctas: dict[str, int], threads_per_cta: int,
+                 streams: dict | None = None, kernels=None, copier=None, order=None):
+        self.cp = cp
+        self.page_bytes = page_bytes
+        self.gpu = gpu
+        self.host = host
+        self.waits = waits
+        self.paths = paths
+        self.ctas = ctas
+        self.threads_per_cta = threads_per_cta
+        self.streams = streams
+        self.kernels = kernels
+        self.copier = copier
+        self.order = order
+        self._size_arr: np.ndarray | None = None
+
+    def gpu_host(self, src_level: Level, src, dst, path: CopyPath) -> Any:
+        """Host tier <-> GPU; a waitable."""
+        if self.cp is None:
+            sv, dv = (self.host.view, self.gpu.view) if src_level == Level.HOST else (self.gpu.view, self.host.view)
+            return self.waits.on_pool(copy_rows, sv, src, dv, dst)
+        try:
+            s, keep = self.enqueue_gpu_host(src_level, src, dst, path, self.host)
+        except Exception as e:
+            return self.waits.fail("gpu<->host copy", e)
+        return self.waits.cuda_done(self.cp, s, keep)
+
+    def gpu_gpu(self, src, dst) -> Any:
+        if self.cp is None:
+            return self.waits.on_pool(copy_rows, self.gpu.view, src, self.gpu.view, dst)
+        cp, s = self.cp, self.streams["d2d"]
+        self.order.wait_fill(s)
+        self.order.wait_checks(s, dst)
+        try:
+            with s:
+                ds, dd = cp.asarray(src), cp.asarray(dst)
+                self.gpu.view[dd] = self.gpu.view[ds]
+        except Exception as e:
+            return self.waits.fail("gpu->gpu copy", e)
+        return self.waits.cuda_done(cp, s, (ds, dd))
+
+    def to_staging(self, buf: HostRegion, g_slots) -> Any:
+        """Copy GPU slots into staging rows 0..k-1; a waitable."""
+        rows = np.arange(len(g_slots), dtype=np.int64)
+        if self.cp is None:
+            return self.waits.on_pool(copy_rows, self.gpu.view, g_slots, buf.view, rows)
+        s, keep = self.enqueue_gpu_host(Level.GPU, g_slots, rows, self.paths["d2h"], buf)
+        return self.waits.cuda_done(self.cp, s, keep)
+
+    def from_staging(self, buf: HostRegion, g_slots) -> Any:
+        """Copy staging rows 0..k-1 into GPU slots; a waitable."""
+        rows = np.arange(len(g_slots), dtype=np.int64)
+        if self.cp is None:
+            return self.waits.on_pool(copy_rows, buf.view, rows, self.gpu.view, g_slots)
+        s, keep = self.enqueue_gpu_host(Level.HOST, rows, g_slots, self.paths["h2d"], buf)
+        return self.waits.cuda_done(self.cp, s, keep)
+
+    def enqueue_gpu_host(self, src_level: Level, src, dst, path: CopyPath, host: HostRegion):
+        """Enqueue a GPU <-> host copy (``host`` is the host tier or a staging buffer);
+        returns (stream, arrays to keep alive)."""
+        pb = self.page_bytes
+        d = "h2d" if src_level == Level.HOST else "d2h"
+        s = self.streams[d]
+        self.order.wait_fill(s)
+        if d == "h2d":
+            self.order.wait_checks(s, dst)
+        g_ptr = self.gpu.ptr
+        if path == CopyPath.SM_KERNEL and host.dev_ptr is not None:
+            # Pieces of growing size (SM_FIRST_PAGES, then doubling; the last takes the rest
+            # when it is at most twice the step): the host prepares and uploads piece k+1
+            # while the kernel of piece k runs, so only the first piece's preparation is
+            # outside the copy (65536 slots cost ~0.5 ms of host time before one launch,
+            # 2.3% of a 1 GiB batch of 16 KiB pages).
+            sp, dp = (host.dev_ptr, g_ptr) if d == "h2d" else (g_ptr, host.dev_ptr)
+            keep, n, a, step = [], len(src), 0, SM_FIRST_PAGES
+            while a < n:
+                b = n if n - a <= 2 * step else a + step
+                ds, dd, k = self.upload_slots(s, src[a:b], dst[a:b])
+                self.kernels.copy_pages(s, sp, dp, ds, dd, pb, self.ctas[d], self.threads_per_cta)
+                keep.append(k)
+                a, step = b, 2 * step
+            return s, keep
+        sb, db = (host.ptr, g_ptr) if d == "h2d" else (g_ptr, host.ptr)
+        pbu = np.uint64(pb)
+        srcs = src.astype(np.uint64)
+        srcs *= pbu
+        srcs += np.uint64(sb)
+        dsts = dst.astype(np.uint64)
+        dsts *= pbu
+        dsts += np.uint64(db)
+        sizes = self._sizes(len(src))
+        self.copier.copy(s, dsts, srcs, sizes, attrs=d)
+        return s, (srcs, dsts, sizes)
+
+    def _sizes(self, n: int) -> np.ndarray:
+        """``n`` page sizes (uint64) for a batched copy-engine call: a slice of one array
+        kept for the backend's life (never written after it is made)."""
+        z = self._size_arr
+        if z is None or len(z) < n:
+            z = self._size_arr = np.full(max(n, 1024), self.page_bytes, dtype=np.uint64)
+        return z[:n]
+
+    def upload_slots(self, stream, src, dst):
+        """Two int64 slot arrays on the device: one array [src..., dst...] written into
+        pinned memory from CuPy's pinned pool and copied with one async memcpy on
+        ``stream`` (no pageable staging, no synchronous upload); returns (src view, dst
+        view, what to keep alive until the stream passes the kernel that reads them)."""
+        cp = self.cp
+        n = len(src)
+        mem = cp.cuda.alloc_pinned_memory(16 * n)
+        h = np.ndarray((2 * n,), dtype=np.int64, buffer=mem)
+        h[:n] = src
+        h[n:] = dst
+        dev = cp.empty(2 * n, dtype=cp.int64)
+        cp.cuda.runtime.memcpyAsync(dev.data.ptr, h.ctypes.data, 16 * n, 1, stream.ptr)
+        return dev[:n], dev[n:], (mem, h, dev)

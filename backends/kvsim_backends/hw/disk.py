@@ -1,0 +1,485 @@
+"""The disk tier: one preallocated file of slots, read and written in pieces by a thread pool.
+
+The file is a scratch file (``kvsim.scratch.make_file``: O_EXCL, mode 0600, private to the
+user, its name carrying its owner's pid and start time, so the next run's sweep of the
+folder removes it if this process is killed before ``close``), preallocated with posix_fallocate (a full disk fails construction with the sizes; with
+``preallocate=False`` the file is sparse and a full disk fails later writes with ENOSPC,
+which fail their transfer), and removed on close. Pages are read and written with pread/pwrite in pieces of at most
+``piece_bytes``; pieces are grouped into jobs of at most ``piece_bytes`` (so small pages
+do not cost one future each) and run on ``io_threads`` threads that serve the batches in
+flight round robin (``FairPool``): a one-page write issued while a 512-page eviction is
+being written shares the threads with it, as the sim's disk shares the device among the
+transfers in flight, instead of waiting behind all its pieces (a FIFO pool made such
+writes wait up to 0.58 s on the H200 machine). With ``priorities`` (the disk tier's
+``io_workers`` > 0) the threads instead take pieces in the order of
+``kvsim.core.datapath.diskio`` (``PriorityPool``): restores first, then required writes, then
+background writes, with aging, and while a restore is queued or running at most
+``write_cap(io_threads, write_share)`` write pieces in flight (the disk tier's
+``io_write_share``), the rule the sim models too; a failed piece fails its
+transfer and its pieces not yet started are not run. O_DIRECT
+is used where the filesystem takes it and the buffer, offset and length are aligned;
+otherwise, or after the first EINVAL, the buffered descriptor.
+
+Invariants:
+- a slot is *valid* only after a write to it completed in full; a write marks it invalid
+  when submitted, and a failed write leaves it invalid. ``check_readable`` refuses a read
+  of an invalid slot, so no page is ever served from a copy whose write did not complete;
+- ``io_hook(op, offset, nbytes)`` (tests' fault injection) runs before each system call
+  that touches the file and may raise OSError, exactly as a failing call would: ``open``
+  (creating the file; the O_DIRECT descriptor), ``allocate`` (posix_fallocate or
+  ftruncate), and, on the I/O thread, ``write`` (pwrite) and ``read`` (pread). There is
+  no fsync: the tier is scratch, never read after the process ends, so a write is done
+  when its pwrite returned (a later writeback error on the buffered path would show as
+  a page whose tags the refcheck does not find);
+- the file's removal (its directory deleted) fails later writes with ENOENT; reads of
+  completed writes still work through the open descriptor.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import os
+import shutil
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from kvsim import scratch
+from kvsim.core.datapath.diskio import WRITE_SHARE, DiskQueues, IoClass, IoRule, pieces, write_cap
+
+_ALIGN = 4096
+IoHook = Callable[[str, int, int], None]
+
+
+class DiskTierError(OSError):
+    """The disk tier cannot be used as configured (directory, permissions, free space)."""
+
+
+class _Threads:
+    """The threads of a pool (``_work`` is the subclass's loop, under ``_cv``) and what both
+    pools do alike: run one job for its future, and shut down."""
+
+    def __init__(self, workers: int, name: str):
+        self._cv = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(workers)]
+
+    def _start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def _work(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _run(fut: Future, fn: Callable[[Any], Any], job: Any) -> tuple[Any, BaseException | None]:
+        """Run ``fn(job)``; its result or exception, with ``kv_span`` set on ``fut``."""
+        t0 = time.perf_counter()
+        out, exc = None, None
+        try:
+            out = fn(job)
+        except BaseException as e:  # noqa: BLE001 - delivered through the future
+            exc = e
+        fut.kv_span = (t0, time.perf_counter())  # type: ignore[attr-defined]
+        return out, exc
+
+    def shutdown(self, wait: bool = True) -> None:
+        """No new groups; the threads finish the jobs already submitted, then exit."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if wait:
+            for t in self._threads:
+                if t is not threading.current_thread():
+                    t.join()
+
+
+class FairPool(_Threads):
+    """``workers`` threads that run groups of jobs, the groups round robin: an idle thread
+    takes the next job of the group after the one it last served from. A group is one
+    batch's pieces, so batches in flight share the threads (and the device) instead of
+    each waiting for every piece submitted before it. A job's future carries ``kv_span``,
+    (start, end) of the job on its thread (``time.perf_counter``), set before it is done."""
+
+    def __init__(self, workers: int, name: str):
+        super().__init__(workers, name)
+        self._groups: collections.deque = collections.deque()  # deques of (future, fn, job)
+        self._start()
+
+    def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
+                     cls: IoClass = IoClass.WRITE, transfer: Hashable | None = None) -> list[Future]:
+        """Run ``fn(job)`` for each job; their futures, in order (``cls`` and ``transfer``:
+        PriorityPool's, unused here: every group is served alike)."""
+        futs = [Future() for _ in jobs]
+        if not futs:
+            return futs
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the disk tier's I/O pool is shut down")
+            self._groups.append(collections.deque((f, fn, job) for f, job in zip(futs, jobs)))
+            self._cv.notify(len(futs))
+        return futs
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._groups and not self._closed:
+                    self._cv.wait()
+                if not self._groups:
+                    return  # shut down and drained
+                group = self._groups.popleft()
+                fut, fn, job = group.popleft()
+                if group:
+                    self._groups.append(group)  # its next job after the other groups' turns
+            if not fut.set_running_or_notify_cancel():
+                continue
+            out, exc = self._run(fut, fn, job)
+            if exc is None:
+                fut.set_result(out)
+            else:
+                fut.set_exception(exc)
+
+    def promote(self, transfer: Hashable) -> int:
+        """Nothing to promote: no group has a priority here."""
+        return 0
+
+class PriorityPool(_Threads):
+    """``workers`` threads that run pieces in the order of ``kvsim.core.datapath.diskio``: every
+    time a thread is free it takes the piece ``DiskQueues.pop`` names (reads, then required
+    writes, then background writes; aging; the write cap while reads run: ``rule``'s
+    ``write_cap``), the clock ``time.perf_counter``. A group is one
+    transfer's pieces (``transfer``: its key, for ``promote``; default a new one). When a
+    piece raises, the group's pieces not yet started are not run: their futures get an
+    OSError saying so, after the failed piece's own (so the first error a caller sees is
+    the real one). A job's future carries ``kv_span`` as FairPool's, and ``kv_wait``: the
+    seconds it waited in its queue."""
+
+    def __init__(self, workers: int, name: str, rule: IoRule | None = None):
+        super().__init__(workers, name)
+        self.queues = DiskQueues(rule)
+        self.pieces_run = 0      # pieces taken by a thread
+        self.pieces_dropped = 0  # queued pieces of failed transfers, never run
+        self._ids = itertools.count()
+        self._start()
+
+    def submit_group(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
+                     cls: IoClass = IoClass.WRITE, transfer: Hashable | None = None) -> list[Future]:
+        """Run ``fn(job)`` for each job, queued in ``cls``; their futures, in order."""
+        futs = [Future() for _ in jobs]
+        if not futs:
+            return futs
+        key = ("group", next(self._ids)) if transfer is None else transfer
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the disk tier's I/O pool is shut down")
+            self.queues.push_many([(f, fn, job) for f, job in zip(futs, jobs)], cls,
+                                  time.perf_counter(), key)
+            self._cv.notify(len(futs))
+        return futs
+
+    def promote(self, transfer: Hashable) -> int:
+        """Move ``transfer``'s queued background pieces to the required writes."""
+        with self._cv:
+            return self.queues.promote(transfer)
+
+    def _ended(self, pick) -> None:
+        """``pick``'s piece is no longer in flight (under ``_cv``): a write the cap held
+        back may start now, on any waiting thread."""
+        self.queues.done(pick)
+        if len(self.queues):
+            self._cv.notify_all()
+
+    def _pop(self) -> Any:
+        """The next piece to run, counted (None: none startable now); under the lock."""
+        pick = self.queues.pop(time.perf_counter())
+        if pick is not None:
+            self.pieces_run += 1
+        return pick
+
+    def _work(self) -> None:
+        """Take a piece and run it. A piece that ran is ended in the queues and the next
+        one taken on one hold of the lock; its future completes right after (before this
+        thread waits for work, if there is none)."""
+        done: tuple[Any, Future, Any] | None = None  # (pick, future, result): ran, not ended
+        while True:
+            with self._cv:
+                if done is not None:
+                    self._ended(done[0])
+                pick = self._pop()
+            if done is not None:
+                done[1].set_result(done[2])
+                done = None
+            if pick is None:
+                with self._cv:
+                    while (pick := self._pop()) is None:
+                        if self._closed and not len(self.queues):
+                            return  # shut down and drained
+                        self._cv.wait()  # nothing queued, or the write cap holds the writes
+            fut, fn, job = pick.item
+            if not fut.set_running_or_notify_cancel():
+                with self._cv:
+                    self._ended(pick)
+                continue
+            out, exc = self._run(fut, fn, job)
+            fut.kv_wait = pick.waited_s  # type: ignore[attr-defined]
+            if exc is None:
+                done = (pick, fut, out)
+                continue
+            with self._cv:
+                self._ended(pick)
+                rest = self.queues.fail(pick.transfer)
+                self.pieces_dropped += len(rest)
+            fut.set_exception(exc)
+            for f, _, _ in rest:
+                if f.set_running_or_notify_cancel():
+                    f.set_exception(OSError(errno.ECANCELED, "not run: another piece of its "
+                                                             f"transfer failed ({exc})"))
+
+class DiskStore:
+    """``io_threads`` threads run the tier's pieces of at most ``piece_bytes``: round robin
+    over the transfers in flight (``FairPool``), or with ``priorities`` in the order of
+    ``kvsim.core.datapath.diskio`` (``PriorityPool``: the disk tier's ``io_workers`` setting), with
+    its write cap from ``write_share`` (the tier's ``io_write_share``)."""
+
+    def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
+                 io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
+                 direct: bool = True, preallocate: bool = True, priorities: bool = False,
+                 write_share: float = WRITE_SHARE):
+        # (bad settings fail before the file exists)
+        rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, write_share))
+                if priorities else None)
+        self.slots = slots
+        self.page_bytes = page_bytes
+        self.piece_bytes = piece_bytes
+        self.io_hook = io_hook
+        self.nbytes = slots * page_bytes
+        d = os.fspath(disk_dir)
+        if not os.path.exists(d):
+            raise DiskTierError(errno.ENOENT, f"disk_dir: {d!r} does not exist")
+        if not os.path.isdir(d):
+            raise DiskTierError(errno.ENOTDIR, f"disk_dir: {d!r} is not a directory")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise DiskTierError(errno.EACCES, f"disk_dir: {d!r} is not writable by this user")
+        try:
+            if io_hook is not None:
+                io_hook("open", 0, 0)
+            path, self.fd = scratch.make_file(d, "kvsim-disk", ".bin")
+        except OSError as e:
+            raise DiskTierError(e.errno, f"disk_dir: cannot create the disk tier file "
+                                         f"in {d!r}: {e.strerror or e}") from None
+        self.path = os.fspath(path)
+        self.direct_fd: int | None = None
+        self.pool: FairPool | PriorityPool | None = None
+        self.priorities = bool(priorities)
+        # removed by close(), else when collected or at interpreter exit
+        self._unlink = weakref.finalize(self, _unlink_quietly, self.path)
+        try:
+            if io_hook is not None:
+                try:
+                    io_hook("allocate", 0, self.nbytes)
+                except OSError as e:
+                    raise DiskTierError(e.errno, f"disk_dir: cannot allocate the disk tier's "
+                                                 f"{self.nbytes} bytes in {d!r}: {e.strerror or e}") from None
+            if preallocate:
+                self._preallocate(d)
+            else:  # a sparse file: a full disk shows up later as ENOSPC on a write
+                os.ftruncate(self.fd, self.nbytes)
+            if direct:
+                self.direct_fd = self._open_direct()
+        except BaseException:
+            self.close()
+            raise
+        self.valid = np.zeros(slots, dtype=bool)
+        self._layouts: dict[int, list[list[tuple[int, int, int]]]] = {}  # pages -> pieces
+        self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
+                     else FairPool(io_threads, "kvsim-disk"))
+        self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
+
+    # -- setup ------------------------------------------------------------------------
+
+    def _preallocate(self, d: str) -> None:
+        try:
+            os.posix_fallocate(self.fd, 0, self.nbytes)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                free = shutil.disk_usage(d).free
+                raise DiskTierError(errno.ENOSPC, f"slots[DISK]: the disk tier needs {self.nbytes} "
+                                                  f"bytes in {d!r}, which has {free} free") from None
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+                raise DiskTierError(e.errno, f"disk_dir: cannot preallocate {self.nbytes} bytes "
+                                             f"in {d!r}: {e.strerror}") from None
+            os.ftruncate(self.fd, self.nbytes)  # no fallocate here: a sparse file
+
+    def _open_direct(self) -> int | None:
+        o_direct = getattr(os, "O_DIRECT", 0)
+        if not o_direct or self.page_bytes % _ALIGN or self.nbytes < _ALIGN:
+            return None
+        try:
+            if self.io_hook is not None:
+                self.io_hook("open", 0, 0)
+            fd = os.open(self.path, os.O_RDWR | o_direct | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None  # buffered I/O on the first descriptor
+        import mmap  # noqa: PLC0415 - an aligned probe buffer
+        probe = mmap.mmap(-1, _ALIGN)
+        try:
+            os.pwrite(fd, probe, 0)
+            os.preadv(fd, [probe], 0)
+        except OSError:
+            os.close(fd)
+            return None
+        finally:
+            probe.close()
+        return fd
+
+    @property
+    def uses_direct(self) -> bool:
+        return self.direct_fd is not None
+
+    # -- I/O --------------------------------------------------------------------------
+
+    def _fd_for(self, addr: int, off: int, nbytes: int) -> int:
+        """The O_DIRECT descriptor if it is open and the buffer's address ``addr``, the file
+        offset and the length are aligned; else the buffered one."""
+        fd = self.direct_fd
+        if fd is not None and not (addr % _ALIGN or off % _ALIGN or nbytes % _ALIGN):
+            return fd
+        return self.fd
+
+    def _pwrite(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
+        if self.io_hook is not None:
+            self.io_hook("write", off, buf.nbytes)
+        mv = memoryview(buf).cast("B")
+        total = len(mv)
+        if addr is None:
+            addr = buf.ctypes.data if self.direct_fd is not None else 0
+        done = 0
+        while done < total:
+            fd = self._fd_for(addr + done, off + done, total - done)
+            try:
+                n = os.pwrite(fd, mv[done:], off + done)
+            except OSError as e:
+                if e.errno == errno.EINVAL and fd == self.direct_fd:
+                    self.direct_fd = None  # the filesystem refused O_DIRECT after all
+                    continue
+                raise
+            if n <= 0:
+                raise OSError(errno.EIO, f"pwrite wrote nothing at offset {off + done}")
+            done += n
+
+    def _pread(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
+        if self.io_hook is not None:
+            self.io_hook("read", off, buf.nbytes)
+        mv = memoryview(buf).cast("B")
+        total = len(mv)
+        if addr is None:
+            addr = buf.ctypes.data if self.direct_fd is not None else 0
+        done = 0
+        while done < total:
+            fd = self._fd_for(addr + done, off + done, total - done)
+            try:
+                n = os.preadv(fd, [mv[done:]], off + done)
+            except OSError as e:
+                if e.errno == errno.EINVAL and fd == self.direct_fd:
+                    self.direct_fd = None
+                    continue
+                raise
+            if n <= 0:
+                raise OSError(errno.EIO, f"pread hit the end of the disk tier at offset {off + done}")
+            done += n
+
+    def _pieces(self, slots: Sequence[int] | np.ndarray,
+                rows: Sequence[np.ndarray] | np.ndarray) -> list[list[tuple[int, np.ndarray, int | None]]]:
+        """Slot ``slots[i]`` and its buffer ``rows[i]`` (as far as the shorter goes) ->
+        jobs: lists of (file offset, buffer, its address or None) of <= piece_bytes total
+        (``kvsim.core.datapath.diskio.pieces``: the cut the sim models; kept per page count). The
+        addresses (for O_DIRECT's alignment) come from one look-up when ``rows`` is one
+        array of byte rows; else each piece looks its buffer's up."""
+        sl = np.asarray(slots).tolist()
+        n = min(len(sl), len(rows))
+        layout = self._layouts.get(n)
+        if layout is None:
+            if len(self._layouts) >= 64:
+                self._layouts.clear()
+            layout = self._layouts[n] = pieces(self.page_bytes, n, self.piece_bytes)
+        pb = self.page_bytes
+        if (isinstance(rows, np.ndarray) and rows.ndim == 2 and rows.itemsize == 1
+                and rows.strides[1] == 1 and self.direct_fd is not None):
+            base, step = rows.ctypes.data, rows.strides[0]
+            return [[(sl[i] * pb + a, rows[i][a:b], base + i * step + a) for i, a, b in piece]
+                    for piece in layout]
+        return [[(sl[i] * pb + a, rows[i][a:b], None) for i, a, b in piece] for piece in layout]
+
+    def _write_job(self, job) -> None:
+        for off, buf, addr in job:
+            self._pwrite(buf, off, addr)
+
+    def _read_job(self, job) -> None:
+        for off, buf, addr in job:
+            self._pread(buf, off, addr)
+
+    def check_writable(self) -> None:
+        if os.fstat(self.fd).st_nlink == 0:
+            raise OSError(errno.ENOENT, f"the disk tier file {self.path!r} was removed")
+
+    def check_readable(self, slots: np.ndarray) -> None:
+        bad = np.asarray(slots, dtype=np.int64)[~self.valid[slots]]
+        if bad.size:
+            raise OSError(errno.EIO, f"disk slots {bad[:8].tolist()} hold no completed write")
+
+    def submit_writes(self, slots: np.ndarray, rows: np.ndarray, cls: IoClass = IoClass.WRITE,
+                      transfer: Hashable | None = None) -> list[Future]:
+        """Write ``rows[i]`` into disk slot ``slots[i]``. Marks the slots invalid until
+        ``mark_written`` (call it only when every future succeeded). ``cls``: WRITE (a
+        required write) or BACKGROUND; ``transfer``: the key its pieces are queued under
+        (one per transfer: ``promote`` and a failed piece act on all of them)."""
+        self.check_writable()
+        self.valid[slots] = False
+        return self.pool.submit_group(self._write_job, self._pieces(slots, rows), cls, transfer)
+
+    def mark_written(self, slots: np.ndarray) -> None:
+        self.valid[slots] = True
+
+    def submit_reads(self, slots: np.ndarray, rows: np.ndarray,
+                     transfer: Hashable | None = None) -> list[Future]:
+        """Read disk slot ``slots[i]`` into ``rows[i]`` (rows must be writable views)."""
+        self.check_readable(slots)
+        return self.pool.submit_group(self._read_job, self._pieces(slots, rows), IoClass.READ,
+                                      transfer)
+
+    def read_rows(self, slots: np.ndarray) -> np.ndarray:
+        """Synchronous read of whole slots (for read_tags); no validity check."""
+        out = np.empty((len(slots), self.page_bytes), dtype=np.uint8)
+        for f in self.pool.submit_group(self._read_job, self._pieces(slots, out), IoClass.READ):
+            f.result()
+        return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        for name in ("direct_fd", "fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+                setattr(self, name, None)
+        unlink = getattr(self, "_unlink", None)
+        if unlink is not None:
+            unlink()
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,310 @@
+"""Calibration measurements on this machine, with the hw backend (real bytes; on a GPU with
+CuPy, else CPU mode with tiny sizes). ``kvsim calibrate`` reaches ``measure`` through the
+backend registry (``kvsim.run.measure_hardware``) and fits the result (``kvsim.tools.fit``; what it measures is ``kvsim.tools.measured``).
+
+Measured:
+- GPU <-> host batches per page size (16 KiB .. 4 MiB on a GPU), per copy path (copy
+  engine, SM kernel), host -> GPU, GPU -> host and both at once; an SM-kernel CTA sweep;
+- disk reads, writes and rewrites (the same slots again) per I/O thread count and piece
+  size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
+  which the hw backend runs at;
+- host-tier fill (map, touch, pin);
+- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy, and of a
+  ``compute()`` call the fixed cost and the overrun in proportion to its time; the
+  refcheck of one GPU page as a replay waits for it (``read_tags_later``; in the report
+  only: ``kvsim.tools.hwloop``'s ``refcheck.latency``);
+- small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
+  replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
+  copy-engine call's own host time.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvsim import scratch
+from kvsim.config import RunConfig
+from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.plan import Fill
+from kvsim.core.spec import Level
+from kvsim.tools.measured import Measured, batch as _batch
+from kvsim.config.hardware import HardwareProfile, load_profile
+
+from .backend import HwBackend
+from .disk import DiskStore
+from .gpu import load_cupy
+from .memory import HostRegion
+from .runtime import RealtimeRuntime
+
+KiB, MiB = 1 << 10, 1 << 20
+GPU_PAGES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
+CPU_PAGES = (16 * KiB, 64 * KiB)
+
+
+@dataclass
+@dataclass
+class Plan:
+    """What to measure. ``quick`` (CPU mode) keeps every size tiny."""
+
+    page_sizes: tuple[int, ...]
+    batch_bytes: int
+    repeats: int
+    cta_counts: tuple[int, ...]
+    disk_bytes: int
+    disk_threads: tuple[int, ...]
+    disk_pieces: tuple[int, ...]
+    host_fill_bytes: int
+    compute: bool
+    small_page: int = 2 * MiB             # small batches: page size,
+    small_counts: tuple[int, ...] = ()    # pages a batch,
+    small_repeats: int = 25               # batches timed a cell (median; the first 3 dropped)
+
+    @staticmethod
+    def for_device(on_gpu: bool) -> "Plan":
+        if on_gpu:
+            return Plan(GPU_PAGES, 1024 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
+                        (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25)
+        return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False,
+                    64 * KiB, (1, 4), 6)
+
+
+
+def _wait(rt, waitables):
+    def proc():
+        return (yield rt.all_of(waitables))
+    return rt.run(rt.process(proc()))
+
+
+def _time_batches(rt, be, batches, path) -> float:
+    t0 = time.perf_counter()
+    _wait(rt, [be.transfer(b, path) for b in batches])
+    return time.perf_counter() - t0
+
+
+def measure_copies(plan: Plan, device: str, m: Measured, profile: HardwareProfile | None = None) -> None:
+    rng = np.random.default_rng(0)
+    for pb in plan.page_sizes:
+        n = max(2, plan.batch_bytes // pb)
+        rt = RealtimeRuntime()
+        # the geometry of benchmarks/hw_copy.py: a batch of n pages a direction, both
+        # directions at once = n each way, 2n slots a tier, random slots
+        be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, refcheck=False,
+                       profile=profile)
+        try:
+            m.device = be.info["device"]
+            paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
+            hs, gs = rng.permutation(2 * n), rng.permutation(2 * n)
+            cells = {"h2d": [_batch(Level.HOST, Level.GPU, hs[:n], gs[:n], pb)],
+                     "d2h": [_batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)],
+                     "both": [_batch(Level.HOST, Level.GPU, hs[:n], gs[:n], pb),
+                              _batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)]}
+            for path in paths:
+                name = path.value if be.on_gpu else "cpu"
+                for d, batches in cells.items():
+                    _time_batches(rt, be, batches, path)  # warm-up
+                    secs = [_time_batches(rt, be, batches, path) for _ in range(plan.repeats)]
+                    pages = sum(b.pages for b in batches)
+                    m.copies.append({"page": pb, "path": name, "dir": d, "pages": int(pages),
+                                     "bytes": int(pages) * pb, "seconds": statistics.median(secs),
+                                     "batches": [["h2d" if b.src == Level.HOST else "d2h", int(b.pages)]
+                                                 for b in batches],
+                                     "ctas": dict(be.ctas) if path is CopyPath.SM_KERNEL else None})
+            if be.on_gpu and pb == 64 * KiB:
+                for c in plan.cta_counts:
+                    be.ctas = {"h2d": c, "d2h": c}
+                    for d in ("h2d", "d2h"):
+                        secs = [_time_batches(rt, be, cells[d], CopyPath.SM_KERNEL)
+                                for _ in range(plan.repeats)]
+                        s = statistics.median(secs)
+                        m.ctas.append({"ctas": c, "dir": d, "GBps": n * pb / s / 1e9})
+        finally:
+            be.close()
+
+
+def measure_small(plan: Plan, device: str, m: Measured, profile: HardwareProfile | None = None) -> None:
+    """Batches of ``plan.small_counts`` pages, each path and direction, random slots, timed
+    from ``transfer()`` to the runtime seeing the completion (a replay's runtime: default
+    polling); median of ``small_repeats`` after 3 dropped. Copy-engine cells also keep the
+    median host time of the batched call itself (``call_s``)."""
+    if not plan.small_counts:
+        return
+    rng = np.random.default_rng(1)
+    pb, slots = plan.small_page, 4 * max(plan.small_counts)
+    rt = RealtimeRuntime()
+    be = HwBackend(rt, pb, {Level.GPU: slots, Level.HOST: slots}, device=device, refcheck=False,
+                   profile=profile)
+    try:
+        paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
+        copier = getattr(be, "copier", None)
+        for path in paths:
+            name = path.value if be.on_gpu else "cpu"
+            for d in ("h2d", "d2h"):
+                src, dst = (Level.HOST, Level.GPU) if d == "h2d" else (Level.GPU, Level.HOST)
+                for k in plan.small_counts:
+                    secs, calls = [], []
+                    for i in range(plan.small_repeats + 3):
+                        b = _batch(src, dst, rng.choice(slots, k, replace=False),
+                                   rng.choice(slots, k, replace=False), pb)
+                        if copier is not None:
+                            copier.last_call_s = None
+                        t = _time_batches(rt, be, [b], path)
+                        if i >= 3:
+                            secs.append(t)
+                            if copier is not None and copier.last_call_s is not None:
+                                calls.append(copier.last_call_s)
+                    m.small.append({"page": pb, "path": name, "dir": d, "pages": k, "bytes": k * pb,
+                                    "seconds": statistics.median(secs),
+                                    "call_s": statistics.median(calls) if calls else None})
+    finally:
+        be.close()
+
+
+def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None, cuda=None) -> None:
+    """The disk tier's file as the hw backend drives it, per I/O thread count and piece
+    size: writes, rewrites of the same slots, reads. ``cuda`` (on a GPU): the source and
+    destination buffer is pinned, as the backend's host tier and staging buffers are."""
+    page = 4 * MiB if plan.disk_bytes >= 64 * MiB else 1 * MiB
+    n = max(1, plan.disk_bytes // page)
+    buf = HostRegion(n, page, cuda)
+    buf.flat[:] = 7
+    # each DiskStore is an owned scratch file, removed on close; a killed calibration's
+    # file is swept by the next start that uses the folder (kvsim.scratch)
+    d = disk_dir or tempfile.gettempdir()
+    scratch.sweep(d)
+    try:
+        for threads in plan.disk_threads:
+            for piece in plan.disk_pieces:
+                ds = DiskStore(d, n, page, io_threads=threads, piece_bytes=piece)
+                try:
+                    slots = np.arange(n)
+                    t0 = time.perf_counter()
+                    for f in ds.submit_writes(slots, buf.view):
+                        f.result()
+                    # timed as the hw backend completes a write: when its pieces return
+                    # (it never fsyncs); the fsync after, untimed, keeps the reads clean
+                    tw = time.perf_counter() - t0
+                    os.fsync(ds.fd)
+                    # the same slots again: the first pass also converted the file's
+                    # preallocated extents (NVMeSpec.rewrite)
+                    t0 = time.perf_counter()
+                    for f in ds.submit_writes(slots, buf.view):
+                        f.result()
+                    trw = time.perf_counter() - t0
+                    os.fsync(ds.fd)
+                    ds.mark_written(slots)
+                    t0 = time.perf_counter()
+                    for f in ds.submit_reads(slots, buf.view):
+                        f.result()
+                    tr = time.perf_counter() - t0
+                    m.disk.append({"threads": threads, "piece": piece, "bytes": n * page,
+                                   "write_Bps": n * page / tw, "rewrite_Bps": n * page / trw,
+                                   "read_Bps": n * page / tr,
+                                   "direct": ds.uses_direct, "pinned": cuda is not None})
+                finally:
+                    ds.close()
+    finally:
+        buf.close()
+
+
+def measure_host_fill(plan: Plan, m: Measured, cuda) -> None:
+    page = 2 * MiB
+    n = max(1, plan.host_fill_bytes // page)
+    t0 = time.perf_counter()
+    r = HostRegion(n, page)
+    r.flat[::4096] = 1  # fault every page in
+    if cuda is not None:
+        r._cuda = cuda
+        r._register(512 * MiB)
+    dt = time.perf_counter() - t0
+    r.close()
+    m.host_fill_Bps = n * page / dt
+
+
+def measure_compute(m: Measured) -> None:
+    import cupy as cp  # noqa: PLC0415
+
+    n = 8192
+    a = cp.ones((n, n), dtype=cp.float16)
+    b = cp.ones((n, n), dtype=cp.float16)
+    cp.matmul(a, b)
+    cp.cuda.Device().synchronize()
+    secs = []
+    for _ in range(5):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        cp.matmul(a, b)
+        e1.record()
+        e1.synchronize()
+        secs.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+    m.compute["matmul_fp16_flops"] = 2 * n**3 / statistics.median(secs)
+    x = cp.empty(1 << 30, dtype=cp.uint8)
+    y = cp.empty_like(x)
+    secs = []
+    for _ in range(5):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        y[...] = x
+        e1.record()
+        e1.synchronize()
+        secs.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+    m.compute["hbm_copy_Bps"] = 2 * x.nbytes / statistics.median(secs[1:])
+    del a, b, x, y
+
+
+def measure_busy(m: Measured, device: str) -> None:
+    """compute(d) of the hw backend: requested vs measured seconds."""
+    rt = RealtimeRuntime()
+    be = HwBackend(rt, 64 * KiB, {Level.GPU: 4}, device=device)
+    try:
+        rows = []
+        for d in (0.002, 0.01, 0.05):
+            for i in range(21):  # the call's fixed cost (compute.latency) is a median of these
+                t0 = time.perf_counter()
+                got = _wait(rt, [be.compute(d)])
+                if i:  # the first call of a duration is a warm-up (it captures its CUDA graphs)
+                    rows.append({"requested_s": d, "wall_s": time.perf_counter() - t0,
+                                 "reported_s": list(got.values())[0]})
+        m.compute["busy"] = rows
+        # the refcheck of one page, as a replay waits for it (from read_tags_later to the
+        # runtime seeing the tags): kvsim.tools.hwloop's refcheck.latency (a page's bytes are ~0 on a GPU)
+        be.fill(Fill(Level.GPU, np.arange(1), np.ones(1, dtype=np.uint64)))
+        secs = []
+        for _ in range(16):
+            t0 = time.perf_counter()
+            _wait(rt, [be.read_tags_later(Level.GPU, np.arange(1))])
+            secs.append(time.perf_counter() - t0)
+        m.compute["refcheck"] = {"seconds": secs[1:], "how": "one 64 KiB GPU page, read_tags_later "
+                                 "to the runtime seeing the tags (the first call a warm-up)"}
+    finally:
+        be.close()
+
+
+def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None = None,
+            profile: HardwareProfile | None = None) -> tuple[Measured, Plan]:
+    """Everything calibrate measures, with the hw backend built on ``profile`` (default
+    the default config's); the disk also at the profile's queue depth and piece size."""
+    cp = load_cupy() if device != "cpu" else None
+    if device == "gpu" and cp is None:
+        raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
+    on_gpu = cp is not None
+    plan = plan or Plan.for_device(on_gpu)
+    profile = profile or load_profile(RunConfig.model_fields["hardware"].default)
+    nv = profile.nvme
+    plan = replace(plan, disk_threads=tuple(sorted({*plan.disk_threads, nv.queue_depth})),
+                   disk_pieces=tuple(sorted({*plan.disk_pieces, nv.piece})))
+    dev = "gpu" if on_gpu else "cpu"
+    m = Measured(device=dev, disk_setting={"queue_depth": nv.queue_depth, "piece": nv.piece})
+    measure_copies(plan, dev, m, profile)
+    measure_small(plan, dev, m, profile)
+    measure_disk(plan, m, disk_dir, cp.cuda.runtime if on_gpu else None)
+    measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
+    if on_gpu and plan.compute:
+        measure_compute(m)
+    measure_busy(m, dev)
+    return m, plan

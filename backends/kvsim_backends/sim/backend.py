@@ -1,0 +1,314 @@
+"""SimBackend: the Backend protocol over a SimPy model of one GPU's data paths.
+
+The cost model it implements is the package's (``kvsim_backends.sim``'s docstring).
+
+Content tags: one list of ints per level, a slot's tag at its index (the core hands slots
+and tags as lists: indexing lists costs a fraction of building numpy arrays for a batch's
+few pages); a completed transfer copies the source slots' tags to the destination slots,
+a failed one writes garbage (0xDEAD) there and succeeds with False. Stats count bytes and
+busy seconds per direction. Deterministic; the only per-page work is the tags' copy (and,
+with ``nvme.rewrite``, which disk slots were written); O(1) SimPy events per transfer: a
+transfer is a chain of callbacks (``transfer.Transfer``), each step run by the event it
+waited for, not a process; copy engines and call threads are taken first come, first
+served without events of their own (``Units``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final, Sequence
+
+import simpy
+
+from kvsim.core.datapath.copypath import choose_copy_path, force_per_direction, registration_forces_kernel
+from kvsim.core.datapath.copypath import sm_ctas as cta_count
+from kvsim.core.datapath.diskio import WRITE_SHARE
+from kvsim.core.plan import Batch, BatchKind, Fill
+from kvsim.core.spec import Level
+from kvsim.config.hardware import HardwareProfile, load_profile
+
+from .diskpool import SimDiskPool
+from .fluid import Fluid
+from .hostfill import SimHostFill, registration_unit_of
+from .routes import DIRECTIONS, ROUTES
+from .runtime import SimRuntime
+from .transfer import Transfer, Transfers
+from .servers import Units
+
+_INF: Final = math.inf
+
+
+class SimBackend(Transfers):
+    """``slots[level]``: how many slots each tier's tag array has (its reserved range).
+    ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path (one, or
+    one per direction: ``force_per_direction``); ``sm_ctas``: ``auto`` or a CTA count;
+    ``kernel_on_coherent_link``: the SM kernel on a c2c link (the rule's opt-in).
+    ``chunked_registration`` or ``registration_unit`` (bytes: the host tier registered in
+    units of that size from its start; default: the units of the host fill's ``register``
+    backing, which hold whole slots) force the SM kernel where a host page could straddle
+    two registrations (``registration_forces_kernel``)."""
+
+    name = "sim"
+
+    def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
+                 slots: dict[Level, int], refcheck: bool = True,
+                 copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
+                 timing_log: list | None = None, compute_log: list | None = None,
+                 host_fill: dict | None = None, fail_fill_at_unit: int | None = None,
+                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False,
+                 registration_unit: int | None = None, disk_io_write_share: float = WRITE_SHARE):
+        if page_bytes <= 0:
+            raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
+        if not isinstance(profile, HardwareProfile):
+            profile = load_profile(profile)
+        self.runtime = runtime
+        self.env = runtime.env
+        self.profile = profile
+        self.page_bytes = page_bytes
+        self.refcheck = refcheck
+        self.on_traffic = None
+        # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
+        self.timing_log = timing_log
+        # optional per-compute log: [start s, nominal s, seconds it took] (the stretch of
+        # copies' interference included, the backend's fixed latency not: the hw backend's
+        # figure is its GPU time between two events)
+        self.compute_log = compute_log
+        p = profile
+        link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
+        force = force_per_direction(copy_path)
+        if registration_unit is None:
+            registration_unit = registration_unit_of(host_fill, page_bytes, slots)
+        chunked = chunked_registration or registration_forces_kernel(
+            page_bytes, registration_unit, int(slots.get(Level.HOST, 0)))
+        self.paths = {
+            d: choose_copy_path(**p.copy_path_args(d, page_bytes), force=force[d],
+                                chunked_registration=chunked,
+                                kernel_on_coherent_link=kernel_on_coherent_link)
+            for d in ("h2d", "d2h")}
+        self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
+        self.ctas = {d: cta_count(sm_ctas, **p.cta_args(d)) for d in ("h2d", "d2h")}
+        self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
+        op = min(page_bytes, nv.piece)
+        self.ops_per_page = -(-page_bytes // nv.piece)
+        if isinstance(disk_io_workers, bool) or not isinstance(disk_io_workers, int) or disk_io_workers < 0:
+            raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
+        pooled = disk_io_workers > 0
+        if isinstance(disk_io_write_share, bool) or not isinstance(disk_io_write_share, (int, float)) \
+                or not 0 <= disk_io_write_share <= 1:
+            raise ValueError(f"disk_io_write_share: got {disk_io_write_share!r}; expected a number in [0, 1]")
+
+        def disk_rate(bw: float) -> float:
+            if pooled:  # the pieces on the workers model the queue: the device's own rate
+                return bw
+            return min(bw, nv.queue_depth * op / (nv.latency + op / bw))
+        disk = {"disk_read": disk_rate(nv.read), "disk_write": disk_rate(nv.write)}
+        # nvme.rewrite: a write into disk slots written before moves at the rewrite rate; the
+        # flow carries such bytes as write / rewrite of a first write's (its link leg, if
+        # any, far faster than the disk, is shortened alike); which slots were written is
+        # kept only when the profile gives the rate
+        self._rewrite_cost = 1.0  # (a rewritten byte's share of a first write's time)
+        self._disk_written = None  # 1: the disk slot was written
+        if nv.rewrite is not None and Level.DISK in slots:
+            self._rewrite_cost = disk["disk_write"] / disk_rate(nv.rewrite)
+            self._disk_written = bytearray(int(slots[Level.DISK]))
+        self.fluid = Fluid(self.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
+                                      "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
+                                      "sm_both": p.sm_ceiling("both"),
+                                      "hbm": p.gpu.hbm / 2, **disk},
+                           per_cta_slowdown=sm.interference.per_cta_slowdown,
+                           copy_engine_slowdown=sm.interference.copy_engine_slowdown,
+                           busy_cta_efficiency=sm.interference.busy_cta_efficiency)
+        self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
+        self.disk_pool = (SimDiskPool(self.fluid, disk_io_workers, nv.latency, nv.piece,
+                                      disk_io_write_share) if pooled else None)
+        self.copy_engines = Units(ce.count)
+        # the host side of copy-engine calls, when the profile gives its threads
+        self.call_threads = Units(ce.call_threads) if ce.call_threads else None
+        self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
+        # (0: no content; a list of n references to one int takes 8n bytes, as uint64s would)
+        self.tags = {lv: [0] * int(n) for lv, n in slots.items()}
+        self._fail = 0
+        self.errors: list[str] = []  # what failed, newest last (injected failures here)
+        self._bytes = dict.fromkeys(DIRECTIONS, 0)
+        self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
+                        "sm_kernel_calls": 0, "compute_calls": 0}
+        self._compute_s = 0.0
+        self._compute_nominal_s = 0.0
+        self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
+        # the SM kernel's lasting cost a compute call: 0 until it has run enough batches
+        self._lasting = sm.interference.lasting_step_penalty
+        self._lasting_after = sm.interference.lasting_after_batches
+        self.step_penalty_s = 0.0
+        self.step_penalty_since_s = None  # when it began (None: not yet)
+        self._penalized_calls = 0
+        self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
+        # the profile's per-transfer constants, read once (a transfer reads them all)
+        self._disk_latency = nv.latency
+        self._ce_per_call = ce.per_call
+        self._sm_launch = sm.launch
+        self._busy_start = sm.interference.busy_start  # an SM kernel's later start under compute
+        self._fixed = (p.transfer.latency_for(False), p.transfer.latency_for(True))  # by SM
+        # a caller's addition to the fixed cost: a transfer with a GPU-link leg, one with a
+        # disk leg (GPU <-> disk: both)
+        self.link_leg_s = 0.0
+        self.disk_leg_s = 0.0
+        # the host tier's fill: when its slots exist (a tier without one: at once)
+        self.host_fill = SimHostFill(runtime, profile, page_bytes, host_fill, slots,
+                                     fail_fill_at_unit, self.errors)
+
+    def slots_ready(self, level: Level, slots: Sequence[int]) -> simpy.Event | None:
+        return self.host_fill.slots_ready(slots) if level == Level.HOST else None
+
+    def slot_limit(self, level: Level) -> int | None:
+        return self.host_fill.slot_limit() if level == Level.HOST else None
+
+    # -- Backend protocol -------------------------------------------------------------
+
+    def transfer(self, batch: Batch) -> simpy.Event:
+        route = ROUTES.get((batch.src, batch.dst))
+        if route is None:
+            raise ValueError(f"sim backend: no data path {batch.src.name} -> {batch.dst.name}")
+        if batch.page_bytes != self.page_bytes:
+            raise ValueError(f"batch page_bytes {batch.page_bytes} != backend page_bytes {self.page_bytes}")
+        if batch.kind is BatchKind.TAKEBACK:  # the retained disk copy is there: no bytes move
+            return self._take_back(batch)
+        fail = self._fail > 0
+        if fail:
+            self._fail -= 1
+            self.errors.append(f"injected failure of a {batch.src.name}->{batch.dst.name} batch")
+        if batch.pages == 0:
+            return self.env.timeout(0, not fail)
+        x = Transfer(self, batch, route, fail)
+        x.start()
+        return x.done
+
+    def _take_back(self, batch: Batch) -> simpy.Event:
+        """An eviction onto the pages' retained disk copies: done at once, nothing written
+        (the tags stay those the copies' earlier writes left). Counted as
+        ``takeback_pages`` (present once one happened)."""
+        self._counts["takeback_pages"] = self._counts.get("takeback_pages", 0) + batch.pages
+        return self.env.timeout(0, True)
+
+    def compute(self, duration_s: float) -> simpy.Event:
+        self._counts["compute_calls"] += 1
+        done = self.fluid.add_job(duration_s * self.compute_scale)
+        done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
+                              self._count_compute(ev.value, d, t0))
+        lat = self.compute_latency
+        if self.step_penalty_s > 0:
+            lat += self.step_penalty_s
+            self._penalized_calls += 1
+        if lat > 0:
+            return self.env.process(self._after(done, lat))
+        return done
+
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        if quiet:
+            horizon = _INF
+        else:
+            self.fluid.drop_stale()  # (a superseded flow wake-up changes nothing)
+            queue = self.clock.queue  # (what env.peek() reads: the next event's time)
+            horizon = queue[0][0] if queue else _INF
+        lat = self.compute_latency
+        penalty = self.step_penalty_s
+        if penalty > 0:
+            lat += penalty
+        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
+        if end is None:
+            return None
+        if penalty > 0:
+            self._penalized_calls += 1
+        self._counts["compute_calls"] += 1
+        self._compute_s += end - start_s  # _count_compute, inline (once per engine step)
+        self._compute_nominal_s += seconds
+        if self.compute_log is not None:
+            self.compute_log.append([start_s, seconds, end - start_s])
+        return end + lat  # (+ 0.0 when there is none: the same float)
+
+    def catch_up(self, until_s: float) -> simpy.Event:
+        self.fluid.drop_stale()  # (a superseded flow wake-up at the head changes nothing)
+        return self.runtime.advance_to(until_s)
+
+    def fill(self, fill: Fill) -> None:
+        # (slots and tags typed Any: any ints, numpy's included, where the compiled build
+        # would check that each is a Python int)
+        slots: Any = fill.slots
+        if self.refcheck:
+            store = self.tags[fill.level]
+            tags: Any = fill.tags
+            for s, t in zip(slots, tags):
+                store[s] = t
+        written = self._disk_written
+        if written is not None and fill.level == Level.DISK:
+            for s in slots:
+                written[s] = 1  # (written into the file, as on hw)
+
+    def read_tags(self, level: Level, slots: Sequence[Any]) -> list:
+        """The tags in ``slots`` (a list of ints). (``Sequence[Any]``: numpy's ints too.)"""
+        if not self.refcheck:
+            raise RuntimeError("sim backend: read_tags needs refcheck=True (tags are not kept)")
+        store = self.tags[level]
+        return [store[s] for s in slots]
+
+    def read_tags_later(self, level: Level, slots: Sequence[Any]) -> simpy.Event | None:
+        """None: ``read_tags`` is immediate and free (tags, not bytes)."""
+        return None
+
+    def close(self) -> None:
+        pass
+
+    # -- test hooks and statistics ----------------------------------------------------
+
+    def promote(self, batch: Batch) -> int:
+        """A background write (a ``BatchKind.BACKGROUND`` batch to disk) that a required
+        write came to depend on: its pieces still queued move to the required writes'
+        queue (with ``disk_io_workers`` > 0; else nothing to do). How many moved."""
+        return self.disk_pool.promote(batch) if self.disk_pool is not None else 0
+
+    def fail_next_transfer(self, n: int = 1) -> None:
+        """The next ``n`` transfers (in submission order) fail: they take their time, leave
+        garbage in their destination slots and succeed with False. With ``disk_io_workers``
+        > 0 a disk transfer fails at its first piece: its pieces still queued never run."""
+        self._fail += n
+
+    def stats(self) -> dict:
+        busy = self.fluid.busy_s
+        out: dict = {f"{d}_bytes": self._bytes[d] for d in DIRECTIONS}
+        for d, r in (("h2d", "h2d"), ("d2h", "d2h"), ("disk_read", "disk_read"),
+                     ("disk_write", "disk_write"), ("gpu_copy", "hbm")):
+            out[f"{d}_busy_s"] = busy[r]
+        # the names the engine's metrics summary reads (bytes)
+        out["host_to_gpu"] = self._bytes["h2d"]
+        out["gpu_to_host"] = self._bytes["d2h"]
+        out["disk_read"] = self._bytes["disk_read"]
+        out["disk_write"] = self._bytes["disk_write"]
+        out.update(self._counts)
+        out["compute_s"] = self._compute_s
+        out["compute_stretch_s"] = self._compute_s - self._compute_nominal_s
+        out["copy_path_h2d"] = self.paths["h2d"].value
+        out["copy_path_d2h"] = self.paths["d2h"].value
+        if self.disk_pool is not None:
+            q = self.disk_pool.queues
+            out["disk_pieces"] = self.disk_pool.pieces_run
+            out["disk_pieces_dropped"] = self.disk_pool.pieces_dropped
+            out["disk_jumps"] = q.jumps
+        if self._lasting > 0:  # (only where the profile has one: other runs' columns unchanged)
+            out["step_penalty_s"] = self.step_penalty_s
+            out["step_penalty_since_s"] = self.step_penalty_since_s
+            out["penalized_compute_calls"] = self._penalized_calls
+        return out
+
+    # -- mechanics ------------------------------------------------------------------
+
+    def _after(self, done: simpy.Event, latency: float):
+        """A compute's completion ``latency`` after its work (the profile's
+        ``compute.latency``: the backend's own cost per call)."""
+        took = yield done
+        yield self.env.timeout(latency)
+        return took + latency
+
+    def _count_compute(self, took_s: float, nominal_s: float, t0: float) -> None:
+        self._compute_s += took_s
+        self._compute_nominal_s += nominal_s
+        if self.compute_log is not None:
+            self.compute_log.append([t0, nominal_s, took_s])

@@ -1,0 +1,253 @@
+"""Transfers of the sim backend: one batch's way through the model, step by step, and
+what its end writes (bytes, counters, tags, the timing log).
+
+``Transfers`` is the backend's side of a transfer: the profile's per-transfer constants,
+the resources a transfer takes (copy engines, call threads, copy-CTA slots, the disk pool,
+the fluid) and the counters, tags and logs it updates. ``SimBackend`` is a ``Transfers``
+and sets all of them in its constructor; a ``Transfer`` reads them through it (a base
+class here, so that this module needs nothing from ``backend``).
+
+Invariants: a transfer takes what its path needs before its bytes flow and gives it all
+back before its fixed cost; its bytes, tags and timing-log row are written once, when it
+completes (``_finish``, ``_log``), never at submit; a failed transfer writes garbage
+(``GARBAGE``) into its destination slots' tags and completes with False.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Final
+
+import simpy
+
+from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.diskio import io_class
+from kvsim.core.plan import Batch
+from kvsim.core.spec import Level
+
+from .diskpool import DiskJob, SimDiskPool
+from .fluid import Fluid
+from .routes import SM_RES
+from .runtime import Clock
+from .servers import Units
+
+GARBAGE: Final = 0xDEAD
+
+
+class Transfers:
+    """What a transfer reads and updates on its backend (set by ``SimBackend.__init__``,
+    whose comments say what each is)."""
+
+    env: simpy.Environment
+    clock: Clock
+    fluid: Fluid
+    refcheck: bool
+    paths: dict[str, CopyPath]
+    per_page: dict[str, float]
+    ctas: dict[str, int]
+    _cta_rate: dict[str, float]
+    copy_engines: Units
+    call_threads: Units | None
+    cta_pool: simpy.Container
+    disk_pool: SimDiskPool | None
+    tags: dict[Level, list]
+    timing_log: list | None
+    on_traffic: Callable[[float, str, int], None] | None
+    _bytes: dict[str, int]
+    _counts: dict[str, int]
+    _disk_written: bytearray | None
+    _rewrite_cost: float
+    _disk_latency: float
+    _ce_per_call: float
+    _sm_launch: float
+    _busy_start: float
+    _fixed: tuple[float, float]
+    _lasting: float
+    _lasting_after: int
+    step_penalty_s: float
+    step_penalty_since_s: float | None
+    link_leg_s: float
+    disk_leg_s: float
+
+    def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float) -> None:
+        if link_dir is None:
+            path = "disk" if disk_dir else "gpu_copy"
+        else:
+            path = self.paths[link_dir].value
+            if disk_dir:
+                path = f"disk+{path}"
+        self.timing_log.append({"t_s": t0,  # type: ignore[union-attr]  # only called when set
+                                "src": batch.src.name.lower(), "dst": batch.dst.name.lower(),
+                                "pages": int(batch.pages), "bytes": int(batch.nbytes), "path": path,
+                                "seconds": self.env.now - t0, "ok": not fail})
+
+    def _finish(self, batch: Batch, kinds: tuple[str, ...], fail: bool) -> None:
+        nbytes = batch.nbytes
+        for k in kinds:
+            self._bytes[k] += nbytes
+        self._counts["transfers"] += 1
+        written = self._disk_written
+        dsts: Any = batch.dst_slots  # (Any: as in fill)
+        if not fail and written is not None and batch.dst == Level.DISK:
+            for d in dsts:
+                written[d] = 1
+        if self.refcheck:
+            dst = self.tags[batch.dst]
+            if fail:
+                for d in dsts:
+                    dst[d] = GARBAGE
+            else:  # (read all first: a GPU -> GPU copy reads and writes one list)
+                src = self.tags[batch.src]
+                srcs: Any = batch.src_slots
+                for d, t in zip(dsts, [src[s] for s in srcs]):
+                    dst[d] = t
+        if fail:
+            self._counts["failed_transfers"] += 1
+        cb = self.on_traffic
+        if cb is not None:
+            now = self.clock.now
+            for k in kinds:
+                cb(now, k, nbytes)
+
+
+class Transfer:
+    """One batch on its way through the model, a step at a time: each step is the callback
+    of the event it waited for (a generator process would cost two more events and a
+    resume each step, a transfer at a time). The steps read the backend's profile
+    constants and update its counters."""
+
+    __slots__ = ("be", "batch", "route", "fail", "t0", "done", "res", "start_s", "cap",
+                 "ctas", "ce", "host_s")
+
+    def __init__(self, be: Transfers, batch: Batch, route, fail: bool):
+        self.be = be
+        self.batch = batch
+        self.route = route
+        self.fail = fail
+        self.t0 = be.clock.now
+        self.done = be.clock.new_event()  # succeeds with True, or False for a failed batch
+        self.res: tuple[str, ...] = route[2]
+        self.start_s = 0.0
+        self.cap = 0.0
+        self.ctas = 0
+        self.ce = False
+        self.host_s = 0.0
+
+    def after(self, delay: float, step: Callable[..., None]) -> None:
+        """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
+        if delay > 0:
+            self.be.clock.wake_after(delay, step)
+        else:
+            step()
+
+    # the steps, in order (an event's callback passes the event: unused)
+    def start(self) -> None:
+        """Take what the path needs (a copy engine, or copy-CTA slots), or, with no link
+        leg, wait the start cost."""
+        be = self.be
+        link_dir, disk_dir, res, _ = self.route
+        self.start_s = be._disk_latency if disk_dir and be.disk_pool is None else 0.0
+        if link_dir is not None:
+            if be.paths[link_dir] is CopyPath.COPY_ENGINE:
+                be.copy_engines.take(self.ce_held)
+            else:
+                self.ctas = be.ctas[link_dir]
+                be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
+            return
+        if res == ("hbm",):
+            self.start_s += be._sm_launch
+        self.after(self.start_s, self.flow)
+
+    def ce_held(self, _: object = None) -> None:
+        """A copy engine is this transfer's: the disk leg's latency first (GPU <-> disk),
+        then the batched call's host time."""
+        if self.start_s > 0:
+            start, self.start_s = self.start_s, 0.0
+            self.after(start, self.ce_call)
+            return
+        self.ce_call()
+
+    def ce_call(self, _: object = None) -> None:
+        """The call's host time, on a call thread when the profile has them."""
+        be = self.be
+        be._counts["copy_engine_calls"] += 1
+        self.ce = True
+        self.host_s = be._ce_per_call + self.batch.pages * be.per_page[self.route[0]]
+        if be.call_threads is None:
+            self.after(self.host_s, self.flow)
+        else:
+            be.call_threads.take(self.thread_held)
+
+    def thread_held(self) -> None:
+        self.after(self.host_s, self.thread_done)
+
+    def thread_done(self, _: object = None) -> None:
+        self.be.call_threads.give()  # type: ignore[union-attr]  # (only taken when set)
+        self.flow()
+
+    def sm_held(self, _: object = None) -> None:
+        """Copy-CTA slots are this transfer's: the kernel's launch (and, while compute
+        runs, ``busy_start`` more: its CTAs wait for the compute's to retire), then its
+        flow."""
+        be = self.be
+        link_dir = self.route[0]
+        self.start_s += be._sm_launch
+        if be.fluid.jobs:
+            self.start_s += be._busy_start
+        self.cap = self.ctas * be._cta_rate[link_dir]
+        self.res = self.res + SM_RES[link_dir]
+        n = be._counts["sm_kernel_calls"] = be._counts["sm_kernel_calls"] + 1
+        if n == be._lasting_after and be._lasting > 0:  # from now on, every compute call
+            be.step_penalty_s = be._lasting
+            be.step_penalty_since_s = be.clock.now
+        self.after(self.start_s, self.flow)
+
+    def flow(self, _: object = None) -> None:
+        """The bytes, as one fluid flow over the route's resources."""
+        be, batch = self.be, self.batch
+        nbytes = batch.nbytes
+        flow_bytes = float(nbytes)
+        written = be._disk_written
+        if written is not None and self.route[1] == "disk_write":
+            dsts: Any = batch.dst_slots  # (Any: as in fill)
+            again = sum([written[d] for d in dsts])
+            if again:
+                flow_bytes = nbytes - again * batch.page_bytes * (1.0 - be._rewrite_cost)
+        pool = be.disk_pool
+        if pool is not None and self.route[1]:
+            # the disk leg in pieces on the pool's workers (a GPU <-> disk piece also moves
+            # over the link: the staged pipeline; its SM kernel's CTAs are not counted per
+            # piece)
+            job = DiskJob(self.res, self.cap, self.ce, flow_bytes / nbytes, self.fail,
+                          self.pieces_done, batch)
+            pool.submit(job, io_class(batch), batch.page_bytes, batch.pages)  # type: ignore[arg-type]
+            return
+        be.fluid.add_flow_then(self.moved, flow_bytes, self.res, self.cap, self.ctas, self.ce)
+
+    def pieces_done(self, ok: bool) -> None:
+        """The disk pool ran the last piece (``ok`` False: one failed, the rest dropped)."""
+        self.moved()
+
+    def moved(self) -> None:
+        """The bytes have moved: give back what the path took, then the backend's fixed
+        cost (it holds nothing), then the transfer completes."""
+        be = self.be
+        if self.ce:
+            be.copy_engines.give()
+        elif self.ctas:
+            be.cta_pool.put(self.ctas)
+        fixed = be._fixed[self.ctas > 0]
+        if self.route[0] is not None:
+            fixed += be.link_leg_s
+        if self.route[1]:
+            fixed += be.disk_leg_s
+        if fixed > 0:
+            self.after(fixed, self.end)
+            return
+        self.end()
+
+    def end(self, _: object = None) -> None:
+        be, batch, fail = self.be, self.batch, self.fail
+        be._finish(batch, self.route[3], fail)
+        if be.timing_log is not None:
+            be._log(batch, self.route[0], self.route[1], fail, self.t0)
+        self.be.clock.succeed(self.done, not fail)

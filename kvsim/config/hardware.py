@@ -1,0 +1,361 @@
+"""Hardware profiles: every constant the sim backend and the compute model use, from YAML.
+
+A ``HardwareProfile`` is a frozen pydantic model (unknown keys are refused). Sizes, times and
+rates accept unit strings (``'4MiB'``, ``'2.5us'``, ``'55.5GB/s'``) through ``kvsim.config.units``;
+inside the model they are plain bytes, seconds and bytes per second. ``load_profile`` takes
+a path or a name (``'h200-pcie'`` -> ``configs/hardware/h200-pcie.yaml`` of the repository)
+and raises ``ProfileError`` naming the file and the key path of every bad value. A profile
+describes hardware: the hw backend's own software costs, which ``kvsim compare`` adds to
+predict a hw replay, are ``kvsim.tools.hwloop``'s; a profile with their older keys (``loop``,
+``refcheck``) is refused, naming the key.
+
+Optional terms (absent: the older, simpler model):
+- ``copy_engine.per_page_h2d`` / ``per_page_d2h``: the batched call's host time per page in
+  one direction, a time or a table ``{page size: time}`` (log-linear in the page size
+  between its points, flat beyond its ends); default ``per_page``;
+- ``sm.h2d`` / ``sm.d2h`` / ``sm.both``: the SM copy kernel's own ceilings (zero-copy
+  reads and writes of host memory), per direction and for both directions at once;
+  default the link's. They bound SM-kernel flows only.
+- ``transfer.latency`` / ``transfer.latency_sm_kernel``: a fixed time every transfer
+  takes on top of its data path: the backend's own cost, outside the copy engine's
+  ``per_call`` (the DMA call's host time) and the SM kernel's ``launch``. On the hw backend
+  that is the Python ``transfer()`` call, recording the completion event and the runtime
+  seeing it. The sim adds it after the bytes have moved (it delays the completion, holds
+  no engine, CTA or link). ``latency_sm_kernel`` is SM-kernel batches' own (their call
+  uploads slot arrays and launches a kernel); default ``latency``. Default 0 (the older
+  model). ``kvsim calibrate`` fits both from batches of 1-16 pages.
+- ``compute.latency`` / ``compute.scale``: a compute call of ``d`` nominal seconds takes
+  ``d x scale`` of work on the SMs, then ``latency`` more: on the hw backend the busy
+  kernel runs ~1% over what it is asked for (``scale``), and the launch, its completion
+  event and the runtime seeing it cost a fixed time (``latency``; each engine step is one
+  call when stepping, so both add to every step). The sim adds the latency after the
+  compute (SMs free, nothing held). Default 0 and 1. ``kvsim calibrate`` fits both from
+  its timed ``compute()`` calls (wall - d = latency + (scale - 1) x d, least squares).
+- ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
+  the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
+  Default None: every write at ``nvme.write``.
+
+Invariants: positive rates, counts and sizes; the both-directions link total is at least
+the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
+efficiencies in (0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from kvsim.config.paths import CONFIGS
+from kvsim.config.units import parse_rate, parse_size, parse_time
+
+CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.config.paths)
+
+Bytes = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
+PosSeconds = Annotated[float, BeforeValidator(parse_time), Field(gt=0)]
+Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1)]
+Slowdown = Annotated[float, Field(ge=0)]
+MOVED_KEYS = ("loop", "refcheck")  # older profiles' software terms: kvsim.tools.hwloop has them
+
+
+def parse_page_cost(value):
+    """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise ValueError("expected a time or a non-empty table {page size: time}")
+        out = {}
+        for k, v in value.items():
+            size, t = parse_size(k), parse_time(v)
+            if size <= 0 or t < 0:
+                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and a time >= 0")
+            out[size] = t
+        return dict(sorted(out.items()))
+    t = parse_time(value)
+    if t < 0:
+        raise ValueError(f"expected a time >= 0, got {value!r}")
+    return t
+
+
+PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_cost)]
+
+
+def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:
+    """``cost`` at ``page_bytes``: a scalar as is; a table linear in log2(page size)
+    between its two nearest points, its end value beyond either end."""
+    if not isinstance(cost, dict):
+        return float(cost)
+    pts = list(cost.items())
+    if page_bytes <= pts[0][0]:
+        return pts[0][1]
+    for (p0, t0), (p1, t1) in zip(pts, pts[1:]):
+        if page_bytes <= p1:
+            w = math.log2(page_bytes / p0) / math.log2(p1 / p0)
+            return t0 + w * (t1 - t0)
+    return pts[-1][1]
+
+
+class ProfileError(ValueError):
+    """A profile file is missing or has a bad value; the message names file and key path."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LinkSpec(_Frozen):
+    """The GPU <-> host link. Bandwidths are what a large copy achieves, per direction."""
+
+    kind: Literal["pcie", "c2c"]
+    h2d: Rate
+    d2h: Rate
+    both: Rate  # total of both directions at once
+
+    @model_validator(mode="after")
+    def _both_covers_one(self) -> "LinkSpec":
+        if self.both < max(self.h2d, self.d2h):
+            raise ValueError(f"both ({self.both:g} B/s) must be at least the faster direction "
+                             f"({max(self.h2d, self.d2h):g} B/s)")
+        return self
+
+
+class CopyEngineSpec(_Frozen):
+    """Async copy engines; one batched call costs per_call + pages * per_page of host time,
+    then its bytes move. ``per_page_h2d`` and ``per_page_d2h`` (a time or a table by page
+    size) override ``per_page`` per direction. ``call_threads``: host threads making the
+    calls (the hw backend makes every CUDA call on one), so calls' host times take turns;
+    None: every call's host time runs at once (the older model)."""
+
+    count: Annotated[int, Field(gt=0)]
+    per_call: Seconds
+    per_page: Seconds
+    per_page_h2d: PageCost = None
+    per_page_d2h: PageCost = None
+    call_threads: Annotated[int, Field(gt=0)] | None = None
+
+    def per_page_for(self, direction: str, page_bytes: int) -> float:
+        """Host seconds a page of ``page_bytes`` costs in ``direction`` ('h2d' or 'd2h')."""
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"direction: got {direction!r}; expected 'h2d' or 'd2h'")
+        cost = self.per_page_h2d if direction == "h2d" else self.per_page_d2h
+        return self.per_page if cost is None else page_cost_at(cost, page_bytes)
+
+
+class InterferenceSpec(_Frozen):
+    """How copies slow compute: an SM copy kernel of ``sm_kernel_ctas`` CTAs stretches a
+    compute kernel by ``sm_kernel_slowdown`` (linear in the CTA count); any copy-engine
+    transfer in flight stretches it by ``copy_engine_slowdown``. ``busy_cta_efficiency``:
+    the share of its idle bandwidth a copy CTA gets while compute occupies the SMs.
+
+    ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
+    the host link ``lasting_after_batches`` times: every later compute call (an engine
+    step) takes this much longer, for the rest of the run, whatever path copies then. The
+    seed measured it on a coherent link: SM idle gaps between kernels grow, no kernel gets
+    slower, so the sim adds it after the step's work (it holds no SM and stretches no
+    copy). Default 0: no lasting effect (nothing like it was measured on PCIe).
+
+    ``busy_start``: how much later an SM copy kernel launched while compute runs starts
+    moving bytes than on an idle GPU: its CTAs get SM room only as the compute's CTAs
+    retire. A fixed cost per kernel, so it weighs on small batches and vanishes in large
+    ones. Default 0."""
+
+    sm_kernel_slowdown: Slowdown
+    sm_kernel_ctas: Annotated[int, Field(gt=0)]
+    copy_engine_slowdown: Slowdown
+    busy_cta_efficiency: Fraction
+    lasting_step_penalty: Seconds = 0.0
+    lasting_after_batches: Annotated[int, Field(gt=0)] = 3
+    busy_start: Seconds = 0.0
+
+    @property
+    def per_cta_slowdown(self) -> float:
+        return self.sm_kernel_slowdown / self.sm_kernel_ctas
+
+
+class SMSpec(_Frozen):
+    """Streaming multiprocessors, as SM copy kernels see them. ``h2d`` / ``d2h`` / ``both``:
+    the copy kernel's own ceilings (None: the link's). ``cta_headroom``: a copy kernel gets
+    CTAs for this many times its link (``kvsim.core.datapath.copypath.copy_ctas``), since the per-CTA
+    rates, measured with few CTAs, sag as the link fills; default 1."""
+
+    count: Annotated[int, Field(ge=2)]
+    cta_offload: Rate   # one copy CTA, GPU -> host
+    cta_onboard: Rate   # one copy CTA, host -> GPU
+    threads_per_cta: Annotated[int, Field(gt=0)]
+    copy_cta_slots: Annotated[int, Field(ge=2)]  # copy CTAs resident at once, all kernels
+    launch: Seconds
+    interference: InterferenceSpec
+    h2d: Rate | None = None
+    d2h: Rate | None = None
+    both: Rate | None = None
+    cta_headroom: Annotated[float, Field(ge=1)] = 1.0
+
+
+class NVMeSpec(_Frozen):
+    """The disk tier's device. A transfer is cut into pieces of at most ``piece`` bytes;
+    ``queue_depth`` of them in flight; each costs ``latency`` plus its bytes at the rate.
+    Both backends read ``queue_depth`` and ``piece``: the sim's queue model, the hw
+    backend's I/O threads and the most bytes one of its pread / pwrite calls moves. A
+    disk tier with ``io_workers`` N > 0 (``kvsim.core.datapath.diskio``) has N workers instead of
+    ``queue_depth`` in both backends; ``piece`` stays the profile's.
+    ``write`` is the rate of a first write into the tier's (preallocated) file space,
+    ``rewrite`` that into space written before (None: ``write``): the file system converts
+    a preallocated extent on its first write (on the H200 machine 2.09-2.36 GB/s first,
+    2.84-2.98 GB/s again)."""
+
+    read: Rate
+    write: Rate
+    queue_depth: Annotated[int, Field(gt=0)]
+    latency: Seconds
+    piece: Bytes
+    rewrite: Rate | None = None
+
+
+class HostSpec(_Frozen):
+    """Host-tier fill rates per backing (``kvsim.core.datapath.fill.Backing``): ``fill_rate``
+    faults in and registers (``register``), ``pinned_fill_rate`` is the driver's pinned
+    allocation of the whole range (``pinned``), ``cumem_fill_rate`` the driver's unit by
+    unit (``cumem``); None: ``fill_rate``. ``benchmarks/host_fill.py`` measures each."""
+
+    fill_rate: Rate  # host-tier commit (fault in + register) rate
+    pinned_fill_rate: Rate | None = None
+    cumem_fill_rate: Rate | None = None
+
+    def fill_rate_for(self, backing: str) -> float:
+        """Bytes per second the fill commits at with ``backing`` ('register', 'pinned' or
+        'cumem')."""
+        rates = {"register": None, "pinned": self.pinned_fill_rate, "cumem": self.cumem_fill_rate}
+        if backing not in rates:
+            raise ValueError(f"backing: got {backing!r}; expected one of {', '.join(rates)}")
+        rate = rates[backing]
+        return self.fill_rate if rate is None else rate
+
+
+class GPUSpec(_Frozen):
+    name: str
+    memory: Bytes
+    flops_bf16: Annotated[float, Field(gt=0)]  # dense bf16 FLOP/s, a plain number
+    hbm: Rate
+    prefill_efficiency: Fraction
+    decode_efficiency: Fraction
+    step_overhead: Seconds
+
+
+class TransferSpec(_Frozen):
+    """A fixed time per transfer beyond its data path (see the module docstring): the
+    backend's own call, completion event and polling. ``latency`` for every transfer,
+    ``latency_sm_kernel`` for SM-kernel batches (None: ``latency``)."""
+
+    latency: Seconds = 0.0
+    latency_sm_kernel: Seconds | None = None
+
+    def latency_for(self, sm_kernel: bool) -> float:
+        """The fixed time of one transfer (``sm_kernel``: the batch runs on the SM kernel)."""
+        if sm_kernel and self.latency_sm_kernel is not None:
+            return self.latency_sm_kernel
+        return self.latency
+
+
+class ComputeSpec(_Frozen):
+    """A fixed time per compute call beyond the step's work, and how much longer than
+    nominal the work itself runs (see the module docstring)."""
+
+    latency: Seconds = 0.0
+    scale: float = Field(1.0, gt=0)
+
+
+class HardwareProfile(_Frozen):
+    name: str
+    link: LinkSpec
+    copy_engine: CopyEngineSpec
+    sm: SMSpec
+    nvme: NVMeSpec
+    host: HostSpec
+    gpu: GPUSpec
+    transfer: TransferSpec = TransferSpec()
+    compute: ComputeSpec = ComputeSpec()
+    notes: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_software_terms(cls, data):
+        for key in MOVED_KEYS:
+            if isinstance(data, dict) and key in data:
+                raise PydanticCustomError(
+                    "moved_key", "{key}: not a hardware term: the hw backend's own loop and refcheck "
+                    "costs are kvsim compare's hw-loop model (kvsim.tools.hwloop, configs/hwloop/*.yaml); "
+                    "move the numbers there and delete the key here", {"key": key})
+        return data
+
+    @model_validator(mode="after")
+    def _sm_both_covers_one(self) -> "HardwareProfile":
+        if self.sm.both is not None:
+            one = max(self.sm_ceiling("h2d"), self.sm_ceiling("d2h"))
+            if self.sm.both < one:
+                raise ValueError(f"sm.both ({self.sm.both:g} B/s) must be at least the SM kernel's "
+                                 f"faster direction ({one:g} B/s)")
+        return self
+
+    def copy_path_args(self, direction: str, page_bytes: int) -> dict:
+        """Keyword arguments of ``kvsim.core.datapath.copypath.choose_copy_path`` for ``direction``
+        ('h2d' or 'd2h'): the direction's link rate and per-page host cost, and the SM
+        kernel's ceiling where the profile gives one (the time-per-page rule; else the
+        older overlap rule). Both backends call this so they choose alike."""
+        own = getattr(self.sm, direction)
+        return {"link_kind": self.link.kind, "page_bytes": page_bytes,
+                "per_copy_host_s": self.copy_engine.per_page_for(direction, page_bytes),
+                "link_bytes_per_s": getattr(self.link, direction), "sm_bytes_per_s": own}
+
+    def cta_args(self, direction: str) -> dict:
+        """Keyword arguments of ``kvsim.core.datapath.copypath.sm_ctas`` (after the setting) for
+        ``direction`` ('h2d' or 'd2h'). Both backends call this so they size alike."""
+        per = self.sm.cta_onboard if direction == "h2d" else self.sm.cta_offload
+        return {"link_bytes_per_s": getattr(self.link, direction), "per_cta_bytes_per_s": per,
+                "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.cta_headroom}
+
+    def sm_ceiling(self, direction: str) -> float:
+        """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""
+        own = getattr(self.sm, direction)
+        return getattr(self.link, direction) if own is None else own
+
+
+def _resolve(path_or_name: str | Path, kind: str) -> Path:
+    p = Path(path_or_name)
+    if p.suffix in (".yaml", ".yml") or p.exists() or len(p.parts) > 1:
+        return p
+    return CONFIG_DIR / kind / f"{path_or_name}.yaml"
+
+
+def load_yaml_model(model: type[BaseModel], path_or_name: str | Path, kind: str):
+    """Load and validate ``model`` from a YAML file or a preset name under configs/<kind>/."""
+    path = _resolve(path_or_name, kind)
+    if not path.is_file():
+        presets = sorted(q.stem for q in (CONFIG_DIR / kind).glob("*.yaml"))
+        raise ProfileError(f"{path}: no such file (presets in configs/{kind}: {presets})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            where = ".".join(str(x) for x in err["loc"])
+            got = "" if not where else f" (got {err.get('input')!r})"  # (not the whole file)
+            lines.append(f"{path}: {where or '(top)'}: {err['msg']}{got}")
+        raise ProfileError("\n".join(lines)) from None
+
+
+def load_profile(path_or_name: str | Path) -> HardwareProfile:
+    """A hardware profile from a YAML path or a preset name such as ``'h200-pcie'``."""
+    return load_yaml_model(HardwareProfile, path_or_name, "hardware")

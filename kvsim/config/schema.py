@@ -1,0 +1,411 @@
+"""Run configurations: YAML in, a validated, immutable RunConfig out.
+
+Sizes and times accept units ('160GiB', '10ms'); unknown keys, wrong types and impossible
+sizes are errors that name the file and the key path (``cache.tiers[1].quota``).
+``--set key.path=value`` overrides are applied to the raw YAML before validation, so they
+are validated exactly like the file. Nothing here touches a trace, a result or a disk
+tier's bytes; building the run does (kvsim.run).
+
+The ``workload`` section's models are in ``kvsim.config.workload``; the strict base model
+and the size and duration field types every section uses, in ``kvsim.config.strict``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
+
+from kvsim.config.strict import PositiveSeconds, Size
+from kvsim.config.strict import Strict as _Strict
+from kvsim.config.workload import WorkloadConfig
+from kvsim.core.datapath.diskio import WRITE_SHARE
+from kvsim.core.policy import PLACEMENT_NAMES, POLICY_NAMES
+from kvsim.config.paths import CONFIGS
+
+
+class ConfigFileError(ValueError):
+    """A configuration file or override is wrong; the message says where and what."""
+
+
+class FillConfig(_Strict):
+    """How the host tier comes to exist (``kvsim.core.datapath.fill``; docs/config.md).
+    ``mode``: ``none`` (at once before the run: not modelled by the sim, committed whole
+    by the hw backend while it is built), ``progressive`` (unit by unit from the run's
+    start; serving starts with the first unit), ``before_serve`` (unit by unit; serving
+    starts with the last). ``backing``: ``register`` (fault in + cudaHostRegister) or
+    ``pinned`` (one cudaHostAlloc of the range) or ``cumem`` (cuMemCreate unit by unit). ``huge_pages`` (register only) and
+    ``numa`` (``auto``: the GPU's node where there are several; ``off``; a node) are the
+    hw backend's; ``unit``: the commit unit (whole slots of it)."""
+
+    mode: Literal["none", "progressive", "before_serve"] = "none"
+    backing: Literal["register", "pinned", "cumem"] = "register"
+    huge_pages: bool = False
+    numa: Union[Literal["auto", "off"], Annotated[int, Field(ge=0)]] = "auto"
+    unit: Size = 512 << 20
+
+
+MAX_IO_WORKERS = 256
+
+
+def _builtin_or_class(v: str, names: tuple[str, ...], what: str) -> str:
+    """``v`` if it names a built-in policy or has the shape module:Class, else an error."""
+    if v in names or (":" in v and all(v.partition(":")[::2])):
+        return v
+    raise ValueError(f"unknown {what} policy {v!r}; expected one of "
+                     f"{', '.join(names)}, or module:Class for your own")
+
+
+class TierConfig(_Strict):
+    level: Literal["gpu", "host", "disk"]
+    quota: Size
+    max_quota: Optional[Size] = None   # reserved address range (host fill); default: quota
+    path: Optional[str] = None         # disk tier: directory for the tier's file (hw backend)
+    fill: Optional[FillConfig] = None  # host tier: how it comes to exist; default: at once
+    # disk tier: N > 0 prioritised disk I/O workers in both backends (kvsim.core.datapath.diskio);
+    # 0: off, the profile's nvme.queue_depth pieces in flight, no priorities
+    io_workers: Annotated[int, Field(ge=0, le=MAX_IO_WORKERS, strict=True)] = 0
+    # disk tier, with io_workers N > 0: while a restore is queued or running, writes hold
+    # at most this share of the N workers (at least one; 1.0: no cap)
+    io_write_share: Annotated[float, Field(ge=0.0, le=1.0)] = WRITE_SHARE
+    # disk tier: retained copies (kvsim.core.retained). keep_copy: a restore keeps a full
+    # page's disk copy, and its next eviction to disk takes it back with no write;
+    # write_through: a page evicted GPU -> host is also copied to disk in the background
+    # (needs a host tier), at most write_through_inflight bytes in flight;
+    # protected_copy_fraction: the share of the disk copies may hold ahead of disk-only pages
+    keep_copy: bool = False
+    write_through: bool = False
+    write_through_inflight: Size = 1 << 30
+    protected_copy_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    # this tier's own eviction order (a built-in name or module:Class), instead of
+    # cache.policy.eviction's; not belady (a bound over the whole cache)
+    eviction: Optional[str] = None
+
+    @field_validator("eviction")
+    @classmethod
+    def _known_eviction(cls, v: Optional[str]) -> Optional[str]:
+        if v == "belady":
+            raise ValueError("belady is an offline bound over the whole cache: set it as "
+                             "cache.policy.eviction, not for one tier")
+        return v if v is None else _builtin_or_class(
+            v, tuple(n for n in POLICY_NAMES if n != "belady"), "eviction")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TierConfig":
+        if self.max_quota is not None and self.max_quota < self.quota:
+            raise ValueError(f"max_quota ({self.max_quota}) is below quota ({self.quota})")
+        if self.fill is not None and self.level != "host":
+            raise ValueError("fill is only for the host tier")
+        if self.io_workers and self.level != "disk":
+            raise ValueError("io_workers is only for the disk tier")
+        if self.level == "disk" and not self.io_workers \
+                and self.io_write_share != type(self).model_fields["io_write_share"].default:
+            raise ValueError("io_write_share needs io_workers > 0 (it caps the disk I/O "
+                             "workers' writes while restores run)")
+        if self.level != "disk":  # (a resolved config dumps the defaults: compare to them)
+            for k in ("keep_copy", "write_through", "write_through_inflight",
+                      "protected_copy_fraction", "io_write_share"):
+                if getattr(self, k) != type(self).model_fields[k].default:
+                    raise ValueError(f"{k} is only for the disk tier")
+        if self.path is not None:
+            if self.level != "disk":
+                raise ValueError("path is only for the disk tier")
+            p = Path(os.path.expanduser(self.path))
+            if p.exists() and not p.is_dir():
+                raise ValueError(f"path {self.path!r} exists and is not a directory")
+        return self
+
+
+class PolicyConfig(_Strict):
+    """The eviction order within a tier, and the placement (where a victim goes, which
+    restored pages keep their disk copy): each a built-in name or ``module:Class``."""
+    eviction: str = "lru"
+    placement: str = "cascade"
+
+    @field_validator("eviction")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return _builtin_or_class(v, POLICY_NAMES, "eviction")
+
+    @field_validator("placement")
+    @classmethod
+    def _known_placement(cls, v: str) -> str:
+        return _builtin_or_class(v, PLACEMENT_NAMES, "placement")
+
+
+class CacheConfig(_Strict):
+    tokens_per_block: Annotated[int, Field(gt=0)] = 32
+    page_bytes: Optional[Size] = None   # default: the model's KV bytes per token x block
+    tiers: list[TierConfig]
+    policy: PolicyConfig = PolicyConfig()
+
+    @property
+    def disk_io_workers(self) -> int:
+        """The disk tier's ``io_workers`` (0: off, or no disk tier)."""
+        return next((t.io_workers for t in self.tiers if t.level == "disk"), 0)
+
+    @property
+    def disk_io_write_share(self) -> float:
+        """The disk tier's ``io_write_share`` (its default without a disk tier)."""
+        return next((t.io_write_share for t in self.tiers if t.level == "disk"), WRITE_SHARE)
+
+    @model_validator(mode="after")
+    def _order(self) -> "CacheConfig":
+        order = {"gpu": 0, "host": 1, "disk": 2}
+        levels = [t.level for t in self.tiers]
+        if not levels or levels[0] != "gpu" or any(order[b] <= order[a] for a, b in zip(levels, levels[1:])):
+            raise ValueError(f"tiers must be ordered gpu -> host -> disk (host and disk "
+                             f"optional), got {' -> '.join(levels) or 'none'}")
+        if self.policy.eviction == "belady" and any(t.eviction for t in self.tiers):
+            i = next(i for i, t in enumerate(self.tiers) if t.eviction)
+            raise ValueError(f"tiers[{i}].eviction: belady (cache.policy.eviction) orders every "
+                             f"tier; a tier's own eviction policy cannot be mixed with it")
+        for i, t in enumerate(self.tiers):
+            if t.write_through and "host" not in levels:
+                raise ValueError(f"tiers[{i}].write_through needs a host tier above the disk "
+                                 f"tier (write-through copies pages evicted GPU -> host)")
+            if t.write_through and t.io_workers == 0:
+                raise ValueError(f"tiers[{i}].write_through needs tiers[{i}].io_workers > 0 "
+                                 f"(its writes are the disk I/O workers' background class)")
+        return self
+
+    @property
+    def disk_tier(self) -> "TierConfig | None":
+        return next((t for t in self.tiers if t.level == "disk"), None)
+
+
+CopyPathName = Literal["auto", "copy_engine", "sm_kernel"]
+
+
+def _both_directions(v: Any) -> Any:
+    """``copy_path: sm_kernel`` (one name) sets both directions."""
+    return {"h2d": v, "d2h": v} if isinstance(v, str) else v
+
+
+def _cta_setting(v: Any) -> Any:
+    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return v
+    raise ValueError("expected 'auto' or a positive number of CTAs")
+
+
+class CopyPathConfig(_Strict):
+    """The GPU <-> host copy path of each direction: ``auto`` (kvsim.core.datapath.copypath's rule
+    on the hardware profile), or forced (``copy_engine``, ``sm_kernel``). Both backends."""
+
+    h2d: CopyPathName = "auto"
+    d2h: CopyPathName = "auto"
+
+
+class EngineConfig(_Strict):
+    max_batch_tokens: Annotated[int, Field(gt=0)] = 8192
+    max_running: Annotated[int, Field(gt=0)] = 256
+    fast_forward: bool = True
+    refcheck: bool = True
+    refcheck_disk_writes: bool = True
+    hold_sessions: bool = True
+    gpu_free_watermark: Annotated[float, Field(ge=0, lt=0.5)] = 0.0
+    max_plan_failures: Annotated[int, Field(gt=0)] = 3
+    copy_path: Annotated[CopyPathConfig, BeforeValidator(_both_directions)] = CopyPathConfig()
+    # on a coherent (c2c) link, opt in to the SM copy kernel where the rule would take the
+    # copy engine (the seed's opt-in); no effect on PCIe (kvsim.core.datapath.copypath, rule 3)
+    kernel_on_coherent_link: bool = False
+    # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
+    sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
+
+
+class OutputConfig(_Strict):
+    dir: str = "results/{name}"
+    timeline_interval: PositiveSeconds = 1.0
+    plots: bool = True
+
+
+def host_fill(cfg: "RunConfig") -> FillConfig:
+    """The host tier's fill settings (the default ``mode: none`` where it has none or there
+    is no host tier)."""
+    for t in cfg.cache.tiers:
+        if t.level == "host" and t.fill is not None:
+            return t.fill
+    return FillConfig()
+
+
+class RunConfig(_Strict):
+    name: str = "run"
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    model: str = "llama-3-70b"          # preset under configs/models or a YAML path
+    tp: Optional[Annotated[int, Field(gt=0)]] = None   # overrides the model's tp
+    hardware: str = "h200-pcie"         # preset under configs/hardware or a YAML path
+    cache: CacheConfig
+    engine: EngineConfig = EngineConfig()
+    workload: WorkloadConfig = WorkloadConfig()
+    output: OutputConfig = OutputConfig()
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _format(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = ()) -> str:
+    """One line per error: the key path, what is wrong, and what was given. An error in a
+    key that a ``--set`` wrote (or one inside it) names that ``--set`` argument, not the
+    file."""
+    lines, from_file = [], False
+    for e in err.errors():
+        loc = _loc(tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        got_s = "" if isinstance(got, (dict, list)) or got is None or repr(got) in msg \
+            else f" (got {got!r})"
+        arg = next((text for key, text in reversed(overrides) if _within(loc, key)), None)
+        if arg is not None:
+            lines.append(f"--set {arg}: {loc}: {msg}{got_s}")
+        else:
+            from_file = True
+            lines.append(f"  {loc}: {msg}{got_s}")
+    head = [f"{source}: invalid configuration"] if from_file else []
+    return "\n".join(head + lines)
+
+
+def _within(loc: str, key: str) -> bool:
+    """Whether config path ``loc`` is ``key`` or inside it (``a.b[1].c`` is inside ``a.b``)."""
+    return loc == key or loc.startswith((key + ".", key + "["))
+
+
+def _normal_key(dotted: str) -> str:
+    return dotted.replace(" ", "")
+
+
+def split_key(dotted: str) -> list:
+    """``a.b[1].c`` -> ['a', 'b', 1, 'c'] (the syntax of ``--set``)."""
+    parts: list = []
+    for piece in dotted.split("."):
+        while "[" in piece:
+            head, _, rest = piece.partition("[")
+            if head:
+                parts.append(head)
+            idx, _, piece = rest.partition("]")
+            parts.append(int(idx))
+        if piece:
+            parts.append(piece)
+    return parts
+
+
+def set_path(data: dict, dotted: str, value: Any) -> None:
+    """Set ``a.b[1].c`` in nested dicts/lists, creating dicts on the way."""
+    parts = split_key(dotted)
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise ConfigFileError(f"--set {dotted}: no list item [{part}] there")
+            node = node[part]
+        else:
+            if not isinstance(node, dict):
+                raise ConfigFileError(f"--set {dotted}: {part!r} is not inside a mapping")
+            node = node.setdefault(part, [] if isinstance(nxt, int) else {})
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ConfigFileError(f"--set {dotted}: no list item [{last}] there")
+        node[last] = value
+    else:
+        if not isinstance(node, dict):
+            raise ConfigFileError(f"--set {dotted}: {last!r} is not inside a mapping")
+        node[last] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise ConfigFileError(f"--set {text!r}: expected key.path=value")
+    key, _, raw = text.partition("=")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigFileError(f"--set {text!r}: the value is not valid YAML ({e})") from None
+    return key.strip(), value
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    p = Path(path)
+    if p.exists():
+        return p
+    for cand in (CONFIGS / p, CONFIGS / f"{p}.yaml"):
+        if cand.exists():
+            return cand
+    raise ConfigFileError(f"{path}: no such config file (nor under {CONFIGS})")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's content, strictly: UTF-8 text, no duplicate keys in a mapping. Errors
+    name the file (and the line and column where YAML tells them)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigFileError(f"{p}: cannot read ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigFileError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); expected a "
+                              f"YAML file in UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        raise ConfigFileError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (by
+    default the last one silently wins)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # an unhashable key: the base class reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read, override and validate a run configuration."""
+    p = resolve_config_path(path)
+    data = read_yaml(p)
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    data = copy.deepcopy(data)
+    given = []
+    for ov in overrides:
+        key, value = parse_override(ov)
+        set_path(data, key, value)
+        given.append((_normal_key(key), ov))
+    return validate_config(data, str(p), tuple(given))
+
+
+def validate_config(data: dict, source: str = "<config>",
+                    overrides: tuple[tuple[str, str], ...] = ()) -> RunConfig:
+    """``overrides``: (key path, ``--set`` argument) pairs that wrote into ``data``; errors
+    in those keys name the argument."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigFileError(_format(e, source, overrides)) from None

@@ -1,0 +1,42 @@
+"""What ``kvsim calibrate`` measures, as data: ``Measured`` (filled by
+``kvsim_backends.hw.microbench``, read back from a saved report by ``measured_from_report``)
+and ``batch``, the one-batch transfer both the measurement and the fit check replay. Kept
+apart from ``kvsim.tools.fit`` so that the hw backend's measurement needs nothing of the fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvsim.core.plan import Batch, BatchKind
+
+
+@dataclass
+class Measured:
+    device: str
+    copies: list[dict] = field(default_factory=list)   # page, path, dir, pages, bytes, seconds
+    ctas: list[dict] = field(default_factory=list)
+    disk: list[dict] = field(default_factory=list)
+    host_fill_Bps: float | None = None
+    compute: dict = field(default_factory=dict)
+    small: list[dict] = field(default_factory=list)    # page, path, dir, pages, seconds, call_s
+    # the profile's nvme.queue_depth and nvme.piece, which the hw backend runs its disk at:
+    # the fit takes the disk cells measured at them (None: the best cells)
+    disk_setting: dict | None = None
+
+
+
+def measured_from_report(report: dict) -> Measured:
+    """The measurements a saved ``.report.json`` holds (nothing fitted)."""
+    return Measured(device=report["device"], copies=list(report["copies"]), ctas=list(report.get("ctas", [])),
+                    disk=list(report.get("disk", [])), host_fill_Bps=report.get("host_fill_Bps"),
+                    compute=dict(report.get("compute", {})), small=list(report.get("small", [])),
+                    disk_setting=report.get("disk_setting"))
+
+
+def batch(src, dst, ss, ds, pb) -> Batch:
+    """A batch of pages of ``pb`` bytes from slots ``ss`` of ``src`` to ``ds`` of ``dst``."""
+    ss, ds = np.asarray(ss, np.int64), np.asarray(ds, np.int64)
+    return Batch(BatchKind.EVICT, src, dst, ss, ds, np.zeros(len(ss), np.uint64), pb, 0)
