@@ -50,7 +50,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, install
 from kvsim_backends.hw.gpu import load_cupy  # noqa: E402
 from kvsim_backends.hw.hostfill import HostFill  # noqa: E402
 from kvsim_backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
-from kvsim.core.datapath.fill import Backing, FillLayout, layout_for  # noqa: E402
+from kvsim.core.datapath.fill import Backing, layout_for  # noqa: E402
 from kvsim.config.hardware import load_profile  # noqa: E402
 from kvsim.config.units import parse_size, parse_time  # noqa: E402
 
@@ -87,13 +87,12 @@ def probe_call(cp):
 def fill_once(nbytes: int, backing: Backing, cp, unit: int, huge: bool, numa, gap_s: float,
               stall_s: float) -> dict:
     slots = max(1, nbytes // SLOT)
-    layout = FillLayout.of(SLOT, slots, unit)
     probe = Probe(probe_call(cp), gap_s)
     probe.start()
     time.sleep(0.2)  # the idle baseline
     idle = [d for _, d in probe.samples]
     t0 = time.perf_counter()
-    fill = HostFill(layout, backing, cp.cuda.runtime if cp is not None else None,
+    fill = HostFill(SLOT, slots, unit, backing, cp.cuda.runtime if cp is not None else None,
                     huge_pages=huge, numa=numa)
     try:
         fill.start()
@@ -169,7 +168,8 @@ def main(argv=None) -> int:
                 print(f"{backing.value:<9} {fmt_bytes(nbytes):>10}  FAILED: {type(e).__name__}: {e}")
                 continue
             rows.append(r)
-            lay = layout_for(backing, SLOT, r["bytes"] // SLOT, unit)  # the sim's fill of it
+            granule = prof.host.cumem_granule if backing is Backing.CUMEM else None
+            lay = layout_for(backing, SLOT, r["bytes"] // SLOT, unit, granule)  # the sim's fill of it
             r["sim_full_s"] = lay.seconds(lay.units, prof.host.fill_rate_for(backing.value))
             r["sim_first_serve_s"] = lay.seconds(1, prof.host.fill_rate_for(backing.value))
             rate = f"{r['rate_Bps'] / 1e9:.2f} GB/s" if r["rate_Bps"] else "-"

@@ -33,6 +33,7 @@ import numpy as np
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
+from kvsim.run.seam import settings_for
 from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
 from kvsim.core import Level, ManagerSpec, ReqState, TierManager, TierSpec  # noqa: E402
 from kvsim.core.datapath.copypath import CopyPath  # noqa: E402
@@ -108,8 +109,7 @@ def main(argv=None) -> None:
     pages = -(-a.tokens // TPB)
     path = None if a.path == "auto" else CopyPath(a.path)
     rt = RealtimeRuntime(poll_interval_s=5e-6)
-    be = HwBackend(rt, page, {Level.GPU: pages, Level.HOST: 2 * pages}, device=a.device,
-                   profile=a.profile)
+    be = HwBackend(rt, settings_for(page, {Level.GPU: pages, Level.HOST: 2 * pages}, device=a.device, profile=a.profile))
     try:
         used = (path or be.copy_paths["d2h"]).value
         print(f"burst resize on the hw backend ({be.info.get('device')}): grow to {a.tokens:,} "

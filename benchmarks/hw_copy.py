@@ -54,6 +54,7 @@ import numpy as np
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
+from kvsim.run.seam import settings_for
 from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
 from kvsim_backends.hw import pattern  # noqa: E402
 from kvsim.core.datapath.copypath import CopyPath  # noqa: E402
@@ -118,7 +119,7 @@ def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, p
     n = max(min_pages, batch_bytes // pb)
     nb = max(min_pages, min(n, busy_bytes // pb))  # pages a busy cell's batch
     rt = RealtimeRuntime(poll_interval_s=5e-6)
-    be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, profile=profile)
+    be = HwBackend(rt, settings_for(pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, profile=profile))
     cp = be.cp
     try:
         host = rng.permutation(2 * n)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Generator, Iterable, Protocol, Sequence, runtime_checkable
 
+from kvsim.core.datapath.fill import FillLayout
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
 
@@ -100,6 +101,11 @@ class Backend(Protocol):
     def slot_limit(self, level: Level) -> int | None:
         """The slots of the tier at ``level`` that will ever exist, where its fill failed
         (the committed prefix); None where nothing failed."""
+
+    def fill_layout(self, level: Level) -> FillLayout | None:
+        """The units the tier at ``level`` fills in (``kvsim.core.datapath.fill.layout_for``,
+        as this backend laid them out: the hw backend's with the driver's granule), or None
+        where it exists whole from the start. The engine's serve watermark reads it."""
 
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,

@@ -15,6 +15,7 @@ import itertools
 import numpy as np
 import pytest
 
+from kvsim.run.seam import settings_for
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 
@@ -37,12 +38,11 @@ def pair(request, tmp_path):
     if kind == "sim":
         from kvsim_backends.sim import SimBackend, SimRuntime
         rt = SimRuntime()
-        be = SimBackend(rt, "h200-pcie", PB, slots, refcheck=True, disk_io_workers=workers)
+        be = SimBackend(rt, settings_for(PB, slots, "h200-pcie", refcheck=True, io_workers=workers))
     else:
         from kvsim_backends.hw import HwBackend, RealtimeRuntime
         rt = RealtimeRuntime()
-        be = HwBackend(rt, PB, slots, disk_dir=tmp_path, refcheck=True,
-                       device="cpu" if kind == "hw-cpu" else "gpu", disk_io_workers=workers)
+        be = HwBackend(rt, settings_for(PB, slots, disk_dir=tmp_path, refcheck=True, device="cpu" if kind == "hw-cpu" else "gpu", io_workers=workers))
     yield rt, be
     be.close()
 

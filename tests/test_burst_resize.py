@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvsim.run.seam import settings_for
 from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.core.plan import BatchKind
@@ -38,7 +39,7 @@ def _run(max_batch_tokens: int):
         TierSpec(Level.GPU, (PAGES + 1) * page), TierSpec(Level.HOST, 2 * PAGES * page))))
     profile = load_profile("h200-pcie")
     rt = SimRuntime()
-    be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers})
+    be = SimBackend(rt, settings_for(page, {t.level: t.max_slots for t in mgr.tiers}, profile))
     batches = []
     transfer = be.transfer
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from kvsim.run.seam import settings_for
 from kvsim.tools.calibrate import calibrate
 from kvsim.cli import app
 from kvsim.tools.compare import compare, rel_err, transfer_table
@@ -371,8 +372,8 @@ def test_hw_and_sim_choose_the_same_path_per_direction():
             4096: ("copy_engine", "copy_engine")}
     for kib, (h2d, d2h) in want.items():
         pb = kib * 1024
-        sim = SimBackend(SimRuntime(), prof, pb, {Level.GPU: 2, Level.HOST: 2}, refcheck=False)
-        hw = HwBackend(RealtimeRuntime(), pb, {Level.GPU: 2, Level.HOST: 2}, device="cpu", profile=prof)
+        sim = SimBackend(SimRuntime(), settings_for(pb, {Level.GPU: 2, Level.HOST: 2}, prof, refcheck=False))
+        hw = HwBackend(RealtimeRuntime(), settings_for(pb, {Level.GPU: 2, Level.HOST: 2}, device="cpu", profile=prof))
         try:
             got_sim = (sim.paths["h2d"].value, sim.paths["d2h"].value)
             got_hw = (hw.copy_paths["h2d"].value, hw.copy_paths["d2h"].value)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import round_profile
+from kvsim.run.seam import settings_for
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.spec import Level
 from kvsim.tools.fit import sim_cell
@@ -44,7 +45,7 @@ def penalized_profile(penalty="1ms", after=2):
 
 def backend(profile, path):
     rt = SimRuntime()
-    return rt, SimBackend(rt, profile, MiB, {Level.GPU: 64, Level.HOST: 64}, copy_path=path)
+    return rt, SimBackend(rt, settings_for(MiB, {Level.GPU: 64, Level.HOST: 64}, profile, copy_path=path))
 
 
 def copy(rt, be, n=4, src=Level.HOST, dst=Level.GPU):

@@ -13,12 +13,13 @@ import threading
 import pytest
 from typer.testing import CliRunner
 
+from kvsim.run.seam import settings_for
 from kvsim.cli import app
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core import TierManager
 from kvsim.core.spec import Level
 from kvsim.config.hardware import HardwareProfile, load_profile
-from kvsim.run import BACKENDS, prepare_run, replay
+from kvsim.run import build_backend, prepare_run, replay
 
 # 160 KiB pages (the copy engine's on h200-pcie: above 2.5 us x 55.5 GB/s), a GPU tier
 # small enough that the replay offloads
@@ -29,8 +30,8 @@ TINY = ["workload.synthetic.n_sessions=2", "model=llama-3-8b", "cache.page_bytes
 def backends(overrides, tmp_path):
     """(sim backend, hw backend in CPU mode) built from the default config with ``overrides``."""
     prep = prepare_run(load_config("default", [*TINY, *overrides]))
-    _, sim = BACKENDS["sim"](prep, TierManager(prep.spec), {})
-    _, hw = BACKENDS["hw"](prep, TierManager(prep.spec), {"device": "cpu", "disk_dir": str(tmp_path)})
+    _, _, sim = build_backend(prep, TierManager(prep.spec), "sim")
+    _, _, hw = build_backend(prep, TierManager(prep.spec), "hw", {"device": "cpu", "disk_dir": str(tmp_path)})
     return prep, sim, hw
 
 
@@ -104,8 +105,7 @@ def test_the_hw_backends_io_threads_are_the_profiles_queue_depth(tmp_path):
         return sum(t.name.startswith("kvsim-disk") for t in threading.enumerate())
 
     before = disk_threads()
-    be = HwBackend(RealtimeRuntime(), 1 << 16, {Level.GPU: 4, Level.DISK: 4}, disk_dir=tmp_path,
-                   device="cpu", profile=profile_with(queue_depth=3, piece=1 << 15))
+    be = HwBackend(RealtimeRuntime(), settings_for(1 << 16, {Level.GPU: 4, Level.DISK: 4}, disk_dir=tmp_path, device="cpu", profile=profile_with(queue_depth=3, piece=1 << 15)))
     try:
         assert disk_threads() - before == 3 and be.disk.piece_bytes == 1 << 15
     finally:
@@ -132,28 +132,26 @@ def test_a_registration_unit_that_splits_pages_forces_the_sim_kernel():
     from kvsim_backends.sim import SimBackend, SimRuntime
     MiB = 1 << 20
     slots = {Level.GPU: 8, Level.HOST: 300}  # 300 pages of 5 MiB: 1500 MiB of host
-    paths = lambda **kw: {d: p.value for d, p in SimBackend(  # noqa: E731
-        SimRuntime(), "h200-pcie", 5 * MiB, slots, **kw).paths.items()}
+    paths = lambda **kw: {d: p.value for d, p in SimBackend(SimRuntime(), settings_for(5 * MiB, slots, "h200-pcie", **kw)).paths.items()}
     assert paths() == {"h2d": "copy_engine", "d2h": "copy_engine"}
     # 512 MiB units: pages 102 and 204 straddle -> the kernel, both directions
     assert paths(registration_unit=512 * MiB) == {"h2d": "sm_kernel", "d2h": "sm_kernel"}
     # 510 MiB units hold 102 whole pages each: none straddles
     assert paths(registration_unit=510 * MiB) == {"h2d": "copy_engine", "d2h": "copy_engine"}
     with pytest.raises(ValueError, match="chunked"):
-        SimBackend(SimRuntime(), "h200-pcie", 5 * MiB, slots, registration_unit=512 * MiB,
-                   copy_path="copy_engine")
+        SimBackend(SimRuntime(), settings_for(5 * MiB, slots, "h200-pcie", registration_unit=512 * MiB, copy_path="copy_engine"))
 
 
 def test_the_host_fills_units_hold_whole_pages_so_the_copy_engine_stays():
     """The progressive fill registers 512 MiB units of whole slots: 5 MiB pages, 102 a unit,
     none straddles, so its registration forces nothing (the rule's own check, not a flag)."""
+    from kvsim.core.datapath.fill import layout_for, registration_unit
     from kvsim_backends.sim import SimBackend, SimRuntime
-    from kvsim_backends.sim.hostfill import registration_unit_of
     MiB = 1 << 20
     slots = {Level.GPU: 8, Level.HOST: 300}
     fill = {"mode": "progressive", "backing": "register", "unit": 512 * MiB}
-    assert registration_unit_of(fill, 5 * MiB, slots) == 510 * MiB
-    assert registration_unit_of({**fill, "backing": "pinned"}, 5 * MiB, slots) is None
-    assert registration_unit_of({"mode": "none"}, 5 * MiB, slots) is None
-    be = SimBackend(SimRuntime(), "h200-pcie", 5 * MiB, slots, host_fill=fill)
+    assert registration_unit("register", layout_for("register", 5 * MiB, 300, 512 * MiB)) == 510 * MiB
+    assert registration_unit("pinned", layout_for("pinned", 5 * MiB, 300, 512 * MiB)) is None
+    assert registration_unit("register", None) is None  # no fill: one registration
+    be = SimBackend(SimRuntime(), settings_for(5 * MiB, slots, "h200-pcie", host_fill=fill))
     assert {d: p.value for d, p in be.paths.items()} == {"h2d": "copy_engine", "d2h": "copy_engine"}

@@ -118,14 +118,13 @@ def test_a_copy_path_setting_per_direction():
         force_per_direction({"up": "auto"})
 
 
-def test_sm_ctas_auto_or_a_count_within_the_slots():
+def test_sm_ctas_auto_or_a_count():
+    """A count is taken as it is; its range is the config model's and the profile fit's
+    (``tests/test_copy_knobs.py``: bad settings refused naming engine.sm_ctas)."""
     from kvsim.core.datapath.copypath import sm_ctas
     assert sm_ctas("auto", PCIE, 2.4e9, 132) == copy_ctas(PCIE, 2.4e9, 132) == 24
     assert sm_ctas(None, PCIE, 2.4e9, 132, headroom=2.0) == 48
     assert sm_ctas(7, PCIE, 2.4e9, 132) == 7  # a count is taken as it is (odd too)
-    for bad in (0, -2, 133, True, 2.5, "many"):
-        with pytest.raises(ValueError, match="sm_ctas"):
-            sm_ctas(bad, PCIE, 2.4e9, 132)
 
 
 # -- the link kind and chunked host registration (seed 000) --------------------------------

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import round_profile  # noqa: E402
+from kvsim.run.seam import settings_for
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.datapath.diskio import IoClass
 from kvsim.core.plan import Batch, BatchKind
@@ -35,7 +36,7 @@ W = LAT + PB / 1e9
 
 def sim(workers=1):
     rt = SimRuntime()
-    return rt, SimBackend(rt, round_profile(), PB, {lv: 64 for lv in Level}, disk_io_workers=workers)
+    return rt, SimBackend(rt, settings_for(PB, {lv: 64 for lv in Level}, round_profile(), io_workers=workers))
 
 
 def batch(src, dst, n, kind, s0=0, d0=0, page=PB):
@@ -125,7 +126,7 @@ def test_sim_io_workers_zero_is_todays_model():
     assert be.disk_pool is None and "disk_pieces" not in be.stats()
     out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD))})
     assert out["r"][0] == pytest.approx(LAT + PB / 2e9, rel=1e-9)
-    with pytest.raises(ValueError, match="disk_io_workers"):
+    with pytest.raises(ValueError, match=r"cache\.tiers\[2\]\.io_workers"):
         sim(-1)
 
 
@@ -253,10 +254,9 @@ def test_hw_a_failed_piece_fails_its_transfer_and_the_rest_do_not_run(tmp_path):
 
 def test_hw_backend_reads_io_workers(tmp_path):
     from kvsim_backends.hw import HwBackend, RealtimeRuntime
-    from kvsim_backends.hw.disk import FairPool, PriorityPool
+    from kvsim_backends.hw.iopools import FairPool, PriorityPool
     for n, kind, threads in ((0, FairPool, 4), (3, PriorityPool, 3)):
-        be = HwBackend(RealtimeRuntime(), PB_HW, {Level.GPU: 4, Level.DISK: 8}, disk_dir=tmp_path,
-                       device="cpu", profile=round_profile(), disk_io_workers=n)
+        be = HwBackend(RealtimeRuntime(), settings_for(PB_HW, {Level.GPU: 4, Level.DISK: 8}, disk_dir=tmp_path, device="cpu", profile=round_profile(), io_workers=n))
         try:
             assert type(be.disk.pool) is kind and len(be.disk.pool._threads) == threads
             rt = be.runtime
@@ -265,8 +265,8 @@ def test_hw_backend_reads_io_workers(tmp_path):
             assert ("disk_pieces" in be.stats()) == (n > 0)
         finally:
             be.close()
-    with pytest.raises(ValueError, match="disk_io_workers"):
-        HwBackend(RealtimeRuntime(), PB_HW, {Level.GPU: 4}, device="cpu", disk_io_workers=1.5)
+    with pytest.raises(ValueError, match=r"cache\.tiers\[1\]\.io_workers"):  # the config model's check
+        settings_for(PB_HW, {Level.GPU: 4, Level.DISK: 8}, device="cpu", io_workers=1.5)
 
 
 # -- the config key -------------------------------------------------------------------

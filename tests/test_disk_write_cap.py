@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from conftest import round_profile  # noqa: E402
+from kvsim.run.seam import settings_for
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
 
 from kvsim_backends.hw import HwBackend, RealtimeRuntime
-from kvsim_backends.hw.build import build_hw_backend
 from kvsim_backends.hw.disk import DiskStore
 from kvsim_backends.sim import SimBackend, SimRuntime
 
@@ -42,8 +42,7 @@ def batch(src, dst, n, kind, s0=0, d0=0, page=PB):
 
 def two_restores_behind_an_eviction(share):
     rt = SimRuntime()
-    be = SimBackend(rt, round_profile(), PB, {lv: 64 for lv in Level}, disk_io_workers=4,
-                    disk_io_write_share=share)
+    be = SimBackend(rt, settings_for(PB, {lv: 64 for lv in Level}, round_profile(), io_workers=4, io_write_share=share))
     out = {}
 
     def watch(name, ev):
@@ -85,8 +84,7 @@ def test_sim_the_cap_leaves_a_write_only_load_alone():
     ends = []
     for share in (0.25, 1.0):
         rt = SimRuntime()
-        be = SimBackend(rt, round_profile(), PB, {lv: 64 for lv in Level}, disk_io_workers=4,
-                        disk_io_write_share=share)
+        be = SimBackend(rt, settings_for(PB, {lv: 64 for lv in Level}, round_profile(), io_workers=4, io_write_share=share))
         ev = be.transfer(batch(Level.HOST, Level.DISK, 8, BatchKind.EVICT))
         rt.run()
         ends.append(rt.now)
@@ -230,7 +228,7 @@ def test_hw_a_failed_piece_under_the_cap_frees_its_place(tmp_path):
 
 def test_both_backends_built_from_a_config_read_the_key(tmp_path):
     from kvsim.core.manager import TierManager
-    from kvsim.run import BACKENDS, prepare_run
+    from kvsim.run import build_backend, prepare_run
 
     cfg = load_config("configs/default.yaml", ["workload.synthetic.n_sessions=2",
                                                "cache.tiers[0].quota=1GiB",
@@ -239,22 +237,23 @@ def test_both_backends_built_from_a_config_read_the_key(tmp_path):
                                                "cache.tiers[2].io_workers=8",
                                                "cache.tiers[2].io_write_share=0.5"])
     prep = prepare_run(cfg)
-    _, sim_be = BACKENDS["sim"](prep, TierManager(prep.spec), {})
+    _, _, sim_be = build_backend(prep, TierManager(prep.spec), "sim")
     assert sim_be.disk_pool.queues.rule.write_cap == 4
-    _, hw_be = build_hw_backend(prep, TierManager(prep.spec), device="cpu", disk_dir=str(tmp_path))
+    _, _, hw_be = build_backend(prep, TierManager(prep.spec), "hw",
+                                {"device": "cpu", "disk_dir": str(tmp_path)})
     try:
         assert hw_be.disk.pool.queues.rule.write_cap == 4
     finally:
         hw_be.close()
 
 
-def test_backends_refuse_a_bad_share_naming_it(tmp_path):
-    with pytest.raises(ValueError, match="disk_io_write_share"):
-        SimBackend(SimRuntime(), round_profile(), PB, {Level.GPU: 4, Level.DISK: 4},
-                   disk_io_workers=4, disk_io_write_share=1.5)
-    with pytest.raises(ValueError, match="disk_io_write_share"):
-        HwBackend(RealtimeRuntime(), PB_HW, {Level.GPU: 4, Level.DISK: 4}, disk_dir=tmp_path,
-                  device="cpu", profile=round_profile(), disk_io_workers=4, disk_io_write_share=-0.1)
+def test_backend_settings_with_a_bad_share_cannot_be_made_naming_it():
+    """The share's range is checked once, by the config model: settings for either
+    backend go through it (``kvsim.run.seam``), so a bad share never reaches one."""
+    for share in (1.5, -0.1):
+        with pytest.raises(ConfigFileError, match=r"cache\.tiers\[1\]\.io_write_share"):
+            settings_for(PB, {Level.GPU: 4, Level.DISK: 4}, round_profile(), io_workers=4,
+                         io_write_share=share)
 
 
 @pytest.mark.parametrize("sets, msg", [

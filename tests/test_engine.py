@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.run.seam import settings_for
 from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.config import validate_config
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
@@ -37,7 +38,7 @@ def _setup(gpu_pages=64, host_pages=256, disk_pages=0, model="llama-3-8b", param
         tiers.append(TierSpec(Level.DISK, disk_pages * page))
     mgr = TierManager(ManagerSpec(page_bytes=page, tokens_per_block=B, tiers=tuple(tiers)))
     rt = SimRuntime()
-    be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers})
+    be = SimBackend(rt, settings_for(page, {t.level: t.max_slots for t in mgr.tiers}, profile))
     cm = ComputeModel(shape, profile)
     eng = Engine(rt, be, mgr, cm, params or EngineParams())
     return mgr, rt, be, cm, eng, profile
@@ -293,7 +294,7 @@ def test_the_engine_tells_its_listener_of_resumes_and_a_modelled_loop_holds_the_
         mgr = TierManager(ManagerSpec(page_bytes=page, tokens_per_block=B,
                                       tiers=(TierSpec(Level.GPU, 64 * page), TierSpec(Level.HOST, 64 * page))))
         rt = SimRuntime()
-        be = SimBackend(rt, profile, page, {t.level: t.max_slots for t in mgr.tiers})
+        be = SimBackend(rt, settings_for(page, {t.level: t.max_slots for t in mgr.tiers}, profile))
         loop = HwLoop(HwLoopModel(resume=1e-3, resume_per_page=1e-4))
         told: list[int] = []
         eng = Engine(rt, HwLoopSim(be, loop) if model else be, mgr, ComputeModel(shape, profile),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvsim.run.seam import settings_for
 from kvsim.config import load_config
 from kvsim.core.datapath.fill import FillLayout
 from kvsim.core.spec import Level
@@ -45,8 +46,7 @@ def test_sim_fill_of_n_units_at_rate_r_takes_n_units_over_r(backing):
     prof = load_profile("gh200-c2c")  # cumem has a rate of its own there
     rate = prof.host.fill_rate_for(backing)
     rt = SimRuntime()
-    be = SimBackend(rt, prof, MiB, {Level.GPU: 8, Level.HOST: 64},
-                    host_fill={"mode": "progressive", "backing": backing, "unit": 8 * MiB})
+    be = SimBackend(rt, settings_for(MiB, {Level.GPU: 8, Level.HOST: 64}, prof, host_fill={"mode": "progressive", "backing": backing, "unit": 8 * MiB}))
     unit = 64 * MiB if backing == "pinned" else 8 * MiB  # pinned: the range in one piece
     assert be.slots_ready(Level.GPU, [7]) is None  # only the host tier fills
     w = be.slots_ready(Level.HOST, [0, 3])  # unit 0
@@ -62,8 +62,7 @@ def test_sim_fill_of_n_units_at_rate_r_takes_n_units_over_r(backing):
 def test_sim_waits_only_for_the_unit_holding_the_highest_slot():
     prof = load_profile("h200-pcie")
     rt = SimRuntime()
-    be = SimBackend(rt, prof, MiB, {Level.GPU: 8, Level.HOST: 64},
-                    host_fill={"mode": "progressive", "unit": 8 * MiB})
+    be = SimBackend(rt, settings_for(MiB, {Level.GPU: 8, Level.HOST: 64}, prof, host_fill={"mode": "progressive", "unit": 8 * MiB}))
     t, _ = _wait(rt, be.slots_ready(Level.HOST, [2, 17, 9]))  # slot 17: unit 2, the third
     assert t == pytest.approx(3 * 8 * MiB / prof.host.fill_rate, rel=1e-12)
 
@@ -71,8 +70,7 @@ def test_sim_waits_only_for_the_unit_holding_the_highest_slot():
 def test_sim_failed_fill_keeps_the_prefix_and_says_no_beyond_it():
     prof = load_profile("h200-pcie")
     rt = SimRuntime()
-    be = SimBackend(rt, prof, MiB, {Level.GPU: 8, Level.HOST: 64},
-                    host_fill={"mode": "progressive", "unit": 8 * MiB}, fail_fill_at_unit=2)
+    be = SimBackend(rt, settings_for(MiB, {Level.GPU: 8, Level.HOST: 64}, prof, host_fill={"mode": "progressive", "unit": 8 * MiB}, fail_fill_at_unit=2))
     t, ok = _wait(rt, be.slots_ready(Level.HOST, [15]))
     assert ok is True
     t, ok = _wait(rt, be.slots_ready(Level.HOST, [16]))

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from kvsim.run.seam import settings_for
 from kvsim_backends.hw import HwBackend, RealtimeRuntime
 from kvsim_backends.hw import pattern
 
@@ -71,7 +72,7 @@ def make(tmp_path):
             slots[Level.HOST] = host_slots
         if disk_slots:
             slots[Level.DISK] = disk_slots
-        be = HwBackend(rt, pb, slots, disk_dir=tmp_path if disk_slots else None, device=device, **kw)
+        be = HwBackend(rt, settings_for(pb, slots, disk_dir=tmp_path if disk_slots else None, device=device, **kw))
         made.append(be)
         return rt, be
 
@@ -252,13 +253,13 @@ def test_backend_satisfies_the_protocol(make):
     (dict(sm_ctas=0), "sm_ctas"),
     (dict(sm_ctas=133), "sm_ctas"),
     (dict(device="tpu"), "device"),
-    (dict(slots={Level.GPU: 4, Level.DISK: 4}), "disk_dir"),
+    (dict(slots={Level.GPU: 4, Level.DISK: 4}), "disk.dir"),
 ])
 def test_impossible_sizes_are_rejected_naming_the_parameter(kw, field):
     args = dict(page_bytes=PB, slots={Level.GPU: 4}, device="cpu")
     args.update(kw)
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        HwBackend(RealtimeRuntime(), args.pop("page_bytes"), args.pop("slots"), **args)
+        HwBackend(RealtimeRuntime(), settings_for(args.pop("page_bytes"), args.pop("slots"), **args))
 
 
 def test_disk_dir_must_be_a_writable_directory(tmp_path):
@@ -266,12 +267,12 @@ def test_disk_dir_must_be_a_writable_directory(tmp_path):
     f.write_text("x")
     for bad, why in ((tmp_path / "missing", "does not exist"), (f, "not a directory")):
         with pytest.raises(OSError, match=why):
-            HwBackend(RealtimeRuntime(), PB, {Level.GPU: 4, Level.DISK: 4}, disk_dir=bad, device="cpu")
+            HwBackend(RealtimeRuntime(), settings_for(PB, {Level.GPU: 4, Level.DISK: 4}, disk_dir=bad, device="cpu"))
     if os.geteuid() != 0:  # root may write anywhere
         ro = tmp_path / "ro"
         ro.mkdir(mode=0o500)
         with pytest.raises(OSError, match="not writable"):
-            HwBackend(RealtimeRuntime(), PB, {Level.GPU: 4, Level.DISK: 4}, disk_dir=ro, device="cpu")
+            HwBackend(RealtimeRuntime(), settings_for(PB, {Level.GPU: 4, Level.DISK: 4}, disk_dir=ro, device="cpu"))
 
 
 def test_the_disk_file_is_private_preallocated_and_removed_on_close(make, tmp_path):
@@ -323,7 +324,7 @@ def test_a_disk_too_small_for_the_tier_fails_construction_with_the_sizes(tmp_pat
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(os, "posix_fallocate", no_space)
     with pytest.raises(OSError, match=r"slots\[DISK\].*needs"):
-        HwBackend(RealtimeRuntime(), PB, {Level.GPU: 4, Level.DISK: 8}, disk_dir=tmp_path, device="cpu")
+        HwBackend(RealtimeRuntime(), settings_for(PB, {Level.GPU: 4, Level.DISK: 8}, disk_dir=tmp_path, device="cpu"))
     assert os.listdir(tmp_path) == []  # nothing left behind
 
 
@@ -687,7 +688,7 @@ def test_gpu_compute_log_measures_the_loops_host_lag_and_the_streams_gap(tmp_pat
     has no gap (nothing before it)."""
     rt = RealtimeRuntime()
     log: list = []
-    be = HwBackend(rt, PB, {Level.GPU: 16}, device="gpu", compute_log=log)
+    be = HwBackend(rt, settings_for(PB, {Level.GPU: 16}, device="gpu", compute_log=log))
     try:
         def proc():
             yield be.compute(0.01)

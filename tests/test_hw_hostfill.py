@@ -16,8 +16,7 @@ MiB = 1 << 20
 
 
 def test_register_fill_publishes_unit_by_unit():
-    lay = FillLayout.of(MiB, 16, 4 * MiB)  # 4 units of 4 slots
-    fill = HostFill(lay, Backing.REGISTER, None, unit_delay_s=0.05).start()
+    fill = HostFill(MiB, 16, 4 * MiB, Backing.REGISTER, None, unit_delay_s=0.05).start()
     try:
         assert fill.wait(4, timeout_s=5)
         first = fill.watermark
@@ -33,8 +32,7 @@ def test_register_fill_publishes_unit_by_unit():
 
 
 def test_failed_fill_keeps_the_committed_prefix():
-    lay = FillLayout.of(MiB, 16, 4 * MiB)
-    fill = HostFill(lay, Backing.REGISTER, None, fail_at_unit=2).start()
+    fill = HostFill(MiB, 16, 4 * MiB, Backing.REGISTER, None, fail_at_unit=2).start()
     try:
         assert not fill.wait(9, timeout_s=5)  # slot 8 is in unit 2: it never comes
         assert fill.failed and fill.watermark == 8 and fill.limit == 8
@@ -48,8 +46,7 @@ def test_failed_fill_keeps_the_committed_prefix():
 
 
 def test_pinned_backing_comes_in_one_piece():
-    lay = FillLayout.of(MiB, 10, 4 * MiB)
-    fill = HostFill(lay, Backing.PINNED, None).start()
+    fill = HostFill(MiB, 10, 4 * MiB, Backing.PINNED, None).start()
     try:
         assert fill.layout.units == 1
         assert fill.wait(1, timeout_s=5) and fill.watermark == 10
@@ -59,8 +56,7 @@ def test_pinned_backing_comes_in_one_piece():
 
 
 def test_cumem_backing_in_cpu_mode_fills_unit_by_unit():
-    lay = FillLayout.of(MiB, 16, 4 * MiB)
-    fill = HostFill(lay, Backing.CUMEM, None, unit_delay_s=0.05).start()
+    fill = HostFill(MiB, 16, 4 * MiB, Backing.CUMEM, None, unit_delay_s=0.05).start()
     try:
         assert fill.wait(4, timeout_s=5)
         assert fill.layout.units == 4 and fill.ready(16) is None  # progressive, as register
@@ -72,8 +68,7 @@ def test_cumem_backing_in_cpu_mode_fills_unit_by_unit():
 
 
 def test_close_stops_a_fill_midway_and_is_idempotent():
-    lay = FillLayout.of(MiB, 64, MiB)
-    fill = HostFill(lay, Backing.REGISTER, None, unit_delay_s=0.02).start()
+    fill = HostFill(MiB, 64, MiB, Backing.REGISTER, None, unit_delay_s=0.02).start()
     fill.wait(1, timeout_s=5)
     fill.close()
     assert fill.done and fill.watermark < 64
@@ -82,7 +77,7 @@ def test_close_stops_a_fill_midway_and_is_idempotent():
 
 def test_bad_numa_setting_is_refused():
     with pytest.raises(ValueError, match="numa"):
-        HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None, numa="near")
+        HostFill(MiB, 4, MiB, Backing.REGISTER, None, numa="near")
 
 
 from gpuskip import have_gpu as _have_gpu  # noqa: E402
@@ -95,7 +90,7 @@ def test_gpu_fill_pins_the_range_and_the_device_reads_it(backing):
     import cupy as cp
 
     rt = cp.cuda.runtime
-    fill = HostFill(FillLayout.of(MiB, 64, 8 * MiB), backing, rt).start()
+    fill = HostFill(MiB, 64, 8 * MiB, backing, rt).start()
     try:
         assert fill.wait(64, timeout_s=60), fill.error
         assert fill.dev_ptr is not None and not fill.failed
@@ -131,8 +126,8 @@ def test_numa_and_thp_are_read_from_sysfs(tmp_path):
 
 
 def test_huge_pages_off_by_default_and_recorded():
-    off = HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None)
-    on = HostFill(FillLayout.of(MiB, 4, MiB), Backing.REGISTER, None, huge_pages=True)
+    off = HostFill(MiB, 4, MiB, Backing.REGISTER, None)
+    on = HostFill(MiB, 4, MiB, Backing.REGISTER, None, huge_pages=True)
     try:
         assert off.info["huge_pages"] is False
         # asked for: applied where the kernel has transparent huge pages

@@ -31,6 +31,7 @@ import pytest
 from typer.testing import CliRunner
 
 import kvsim.backend
+from kvsim.run.seam import settings_for
 from kvsim import scratch
 from kvsim.cli import app
 from kvsim.config import load_config
@@ -38,8 +39,8 @@ from kvsim.core import TierManager
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
 from kvsim.engine.refcheck import RefcheckError
-from kvsim.run import prepare_run, replay
-from kvsim_backends.hw import CapacityError, HwBackend, RealtimeRuntime, build_hw_backend
+from kvsim.run import build_backend, prepare_run, replay
+from kvsim_backends.hw import CapacityError, HwBackend, RealtimeRuntime
 from kvsim_backends.hw import build as hw_build
 from kvsim_backends.hw import resources
 from kvsim_backends.hw.disk import DiskStore, DiskTierError
@@ -79,7 +80,7 @@ def no_allocation(monkeypatch):
 
 def _build(sets, **kw):
     prep = prepare_run(load_config("default", sets))
-    return build_hw_backend(prep, TierManager(prep.spec), device="cpu", **kw)
+    return build_backend(prep, TierManager(prep.spec), "hw", {"device": "cpu", **kw})[1:]
 
 
 @pytest.mark.parametrize("key,size,label,page", [("cache.tiers[0].quota", "1TiB", "gpu tier", "4KiB"),
@@ -413,8 +414,7 @@ def test_a_failing_o_direct_open_falls_back_to_buffered_io(tmp_path):
             if len(opens) == 2:
                 raise OSError(errno.EIO, "injected EIO")
 
-    be = HwBackend(RealtimeRuntime(), 4096, {Level.GPU: 8, Level.DISK: 8}, disk_dir=tmp_path,
-                   device="cpu", io_hook=hook)
+    be = HwBackend(RealtimeRuntime(), settings_for(4096, {Level.GPU: 8, Level.DISK: 8}, disk_dir=tmp_path, device="cpu", io_hook=hook))
     try:
         assert len(opens) == 2 and not be.disk.uses_direct
         tags = np.arange(1, 5, dtype=np.uint64)

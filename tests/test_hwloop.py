@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import round_profile  # noqa: E402
+from kvsim.run.seam import settings_for
 from kvsim.backend import Backend
 from kvsim.config import load_config
 from kvsim.core.datapath.copypath import CopyPath
@@ -32,8 +33,7 @@ CHECK_LAT = 50e-6
 def make(profile=None, page_bytes=256 * KiB, **model):
     """A SimBackend on ``profile`` (round) wrapped in a HwLoop of ``model``'s terms."""
     rt = SimRuntime()
-    inner = SimBackend(rt, profile or round_profile(), page_bytes, {lv: 64 for lv in Level},
-                       copy_path=model.pop("copy_path", None))
+    inner = SimBackend(rt, settings_for(page_bytes, {lv: 64 for lv in Level}, profile or round_profile(), copy_path=model.pop("copy_path", None)))
     loop = HwLoop(HwLoopModel.model_validate(model))
     return rt, HwLoopSim(inner, loop), loop
 
@@ -43,7 +43,7 @@ def test_the_wrapped_sim_is_a_backend_and_charges_nothing_by_default():
     assert isinstance(be, Backend) and be.name == "sim" and be.runtime is rt
     t, ok = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 4)))
     rt2 = SimRuntime()
-    plain = SimBackend(rt2, round_profile(), 256 * KiB, {lv: 64 for lv in Level})
+    plain = SimBackend(rt2, settings_for(256 * KiB, {lv: 64 for lv in Level}, round_profile()))
     assert (t, ok) == finish(rt2, plain.transfer(batch(Level.HOST, Level.GPU, 4)))
     loop.resumed(100)
     assert loop.owed_s == 0.0  # the model "none" charges nothing
@@ -52,7 +52,7 @@ def test_the_wrapped_sim_is_a_backend_and_charges_nothing_by_default():
 
 def test_a_check_without_tags_is_immediate():
     rt = SimRuntime()
-    inner = SimBackend(rt, round_profile(), 256 * KiB, {lv: 64 for lv in Level}, refcheck=False)
+    inner = SimBackend(rt, settings_for(256 * KiB, {lv: 64 for lv in Level}, round_profile(), refcheck=False))
     be = HwLoopSim(inner, HwLoop(HwLoopModel(refcheck=CHECK)))
     assert be.read_tags_later(Level.HOST, np.arange(4)) is None
 

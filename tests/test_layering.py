@@ -230,3 +230,139 @@ def test_no_import_circles_in_kvsim_and_its_backends():
     described = [" -> ".join(find_cycle({m: graph[m] & c for m in c}) or sorted(c)) for c in new]
     assert not new, "import circle: " + "; ".join(described)
     assert not gone, f"no longer a circle, remove it from KNOWN_CIRCLES: {[sorted(c) for c in gone]}"
+
+
+# -- the package map (README, "Layout"): what may import what --------------------------
+
+#: a part of the product (a package, or a top-level module) -> the parts it may import.
+#: Every import counts: function-level and TYPE_CHECKING ones too.
+MAY_IMPORT: dict[str, set[str]] = {
+    "kvsim.core": set(),                       # pure policy (tested above: stdlib + numpy)
+    "kvsim.backend": {"kvsim.core"},           # the Backend and Runtime protocols
+    "kvsim.settings": {"kvsim.core", "kvsim.config"},  # what a backend is built from
+    "kvsim.scratch": set(),
+    "kvsim.config": {"kvsim.core"},
+    "kvsim.workload": {"kvsim.core"},
+    "kvsim.engine": {"kvsim.core", "kvsim.backend", "kvsim.config", "kvsim.workload"},
+    # the backends: the core, the protocols and their settings; never the config
+    "kvsim_backends": {"kvsim.core", "kvsim.backend", "kvsim.settings", "kvsim.scratch",
+                       "kvsim.tools.measured", "kvsim.tools.hwloop"},
+    "kvsim.run": {"kvsim", "kvsim.core", "kvsim.backend", "kvsim.settings", "kvsim.scratch",
+                  "kvsim.config", "kvsim.workload", "kvsim.engine", "kvsim_backends"},
+    "kvsim.tools": {"kvsim.core", "kvsim.backend", "kvsim.settings", "kvsim.config",
+                    "kvsim.workload", "kvsim.engine", "kvsim.run"},
+    "kvsim.study": {"kvsim.core", "kvsim.config", "kvsim.workload", "kvsim.run",
+                    "kvsim.tools", "kvsim.console", "kvsim.scratch"},
+    "kvsim.console": {"kvsim.config", "kvsim.run", "kvsim.scratch"},
+    "kvsim.cli": {"kvsim", "kvsim.core", "kvsim.backend", "kvsim.config", "kvsim.workload",
+                  "kvsim.engine", "kvsim.run", "kvsim.tools", "kvsim.study", "kvsim.console",
+                  "kvsim.scratch"},
+    "kvsim.entry": {"kvsim.cli"},
+    "kvsim": set(),                            # the package's face: its version
+}
+
+
+def _part(mod: str) -> str:
+    """The part of the map ``mod`` belongs to: the longest key that is it or encloses it
+    (``kvsim.tools.measured`` is its own, for the backends' sake)."""
+    best = ""
+    for k in MAY_IMPORT:
+        if (mod == k or mod.startswith(k + ".")) and len(k) > len(best):
+            best = k
+    for k in ("kvsim.tools.measured", "kvsim.tools.hwloop"):
+        if mod == k:
+            return k
+    return best
+
+
+def test_every_module_is_in_the_map_and_imports_only_what_it_may():
+    graph = import_graph(_modules())
+    problems = []
+    for mod, deps in sorted(graph.items()):
+        me = _part(mod)
+        if me == "kvsim" and mod != "kvsim":
+            problems.append(f"{mod}: not in the package map (add it to MAY_IMPORT and README)")
+            continue
+        allowed = MAY_IMPORT.get(me, MAY_IMPORT.get(me.rpartition(".")[0], set()))
+        for d in sorted(deps):
+            them = _part(d)
+            if them == me or them.startswith(me + ".") or me.startswith(them + "."):
+                continue  # within one part
+            if them not in allowed and not any(them.startswith(a + ".") for a in allowed):
+                problems.append(f"{mod} imports {d} ({them}), which {me} may not")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_backends_are_built_from_the_settings_alone():
+    """Both backends are built as ``Backend(runtime, settings)``: the same two parameters,
+    the settings typed as ``kvsim.settings.BackendSettings``."""
+    import inspect
+
+    from kvsim_backends.hw import HwBackend
+    from kvsim_backends.sim import SimBackend
+
+    for cls in (SimBackend, HwBackend):
+        params = list(inspect.signature(cls.__init__).parameters.values())
+        assert [p.name for p in params] == ["self", "runtime", "settings"], cls
+        assert "BackendSettings" in str(params[2].annotation), cls
+
+
+def _private_reaches(tree: ast.AST, own: str) -> list[tuple[int, str]]:
+    """``_name``s imported from another module, or read as ``module._name`` off an
+    imported module (``own``: this module's dotted name)."""
+    out = []
+    modules: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            src = node.module or ""
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__") and src != own:
+                    out.append((node.lineno, f"from {'.' * node.level}{src} import {a.name}"))
+                else:
+                    modules.add(a.asname or a.name)  # (may be a module)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                modules.add(a.asname or a.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not node.attr.startswith("__") and isinstance(node.value, ast.Name) \
+                and node.value.id in modules and node.value.id[:1].islower():
+            out.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return out
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    problems = []
+    for mod, f in _modules().items():
+        for line, what in _private_reaches(ast.parse(f.read_text()), mod):
+            problems.append(f"{f.relative_to(ROOT)}:{line}: {what}")
+    assert not problems, "private names used from outside their module:\n" + "\n".join(problems)
+
+
+def test_the_private_reach_check_can_fail():
+    tree = ast.parse("from kvsim.core.keys import _x\nimport os\nos._exit(0)\n")
+    assert [w for _, w in _private_reaches(tree, "m")] == ["from kvsim.core.keys import _x", "os._exit"]
+
+
+#: file names that may repeat: the paired roles of the two backends, and the protocol
+PAIRED = {"backend.py", "runtime.py", "hostfill.py"}
+
+
+def test_module_names_are_unique_and_files_small():
+    seen: dict[str, list[str]] = {}
+    long = []
+    for f in _modules().values():
+        rel = str(f.relative_to(ROOT))
+        seen.setdefault(f.name, []).append(rel)
+        n = len(f.read_text().splitlines())
+        if n > 450:
+            long.append(f"{rel}: {n} lines")
+    dup = {k: v for k, v in seen.items() if len(v) > 1 and k != "__init__.py"}
+    for name, where in list(dup.items()):
+        backends = [w for w in where if w.startswith("backends/")]
+        paired = name in PAIRED and sorted(w.split("/")[2] for w in backends) == ["hw", "sim"] \
+            and set(where) - set(backends) <= {"kvsim/backend.py"}
+        if paired:
+            del dup[name]
+    assert not dup, f"module file names that repeat: {dup}"
+    assert not long, "modules over 450 lines (one job a module):\n" + "\n".join(long)

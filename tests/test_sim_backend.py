@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from kvsim.run.seam import settings_for
 from kvsim.backend import Backend, Runtime
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.plan import Batch, BatchKind, Fill
@@ -27,8 +28,7 @@ H2D, D2H, BOTH = 50e9, 40e9, 80e9
 
 def make(page_bytes=256 * KiB, slots=1024, **kw):
     rt = SimRuntime()
-    be = SimBackend(rt, round_profile(), page_bytes,
-                    {Level.GPU: slots, Level.HOST: slots, Level.DISK: slots}, **kw)
+    be = SimBackend(rt, settings_for(page_bytes, {Level.GPU: slots, Level.HOST: slots, Level.DISK: slots}, round_profile(), **kw))
     return rt, be
 
 
@@ -118,9 +118,8 @@ def test_a_third_copy_engine_call_waits_for_an_engine():
 def test_waiting_copy_engine_calls_go_first_come_first_served():
     # one engine: four one-page calls submitted together run one after another, in order
     rt = SimRuntime()
-    be = SimBackend(rt, round_profile(copy_engine={"count": 1, "per_call": "10us",
-                                                   "per_page": "2us"}),
-                    256 * KiB, {Level.GPU: 8, Level.HOST: 8})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 8, Level.HOST: 8}, round_profile(copy_engine={"count": 1, "per_call": "10us",
+                                                   "per_page": "2us"})))
     ends: list[tuple[int, float]] = []
     for i in range(4):
         ev = be.transfer(batch(Level.HOST, Level.GPU, 1, src0=i, dst0=i))
@@ -145,7 +144,7 @@ def test_sm_kernel_rate_is_capped_by_its_ctas():
     # 4 offload CTAs at 10 GB/s = 40 GB/s; force the kernel with one engine's worth fewer CTAs
     prof = round_profile(sm={**round_profile().sm.model_dump(), "cta_offload": 5e9})
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 8, Level.HOST: 8}, copy_path=CopyPath.SM_KERNEL)
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 8, Level.HOST: 8}, prof, copy_path=CopyPath.SM_KERNEL))
     assert be.ctas["d2h"] == 8   # 40 / 5 = 8
     t, _ = finish(rt, be.transfer(batch(Level.GPU, Level.HOST, 4, kind=BatchKind.EVICT)))
     assert t == pytest.approx(LAUNCH + MiB / 40e9, rel=1e-12)
@@ -222,7 +221,7 @@ def test_a_write_into_disk_slots_written_before_moves_at_the_rewrite_rate():
 
     def sim(nvme):
         rt = SimRuntime()
-        return rt, SimBackend(rt, round_profile(nvme=nvme), MiB, {lv: 16 for lv in Level})
+        return rt, SimBackend(rt, settings_for(MiB, {lv: 16 for lv in Level}, round_profile(nvme=nvme)))
 
     def write(rt, be, dst0, n=2):
         t0 = rt.now
@@ -354,7 +353,7 @@ def test_h200_profile_reproduces_hardware_md_in_scale():
     16 KiB pages at ~51 GB/s; compute +5% beside a copy-engine transfer."""
     def rate(page, pages, **kw):
         rt = SimRuntime()
-        be = SimBackend(rt, "h200-pcie", page, {Level.GPU: pages, Level.HOST: pages}, **kw)
+        be = SimBackend(rt, settings_for(page, {Level.GPU: pages, Level.HOST: pages}, "h200-pcie", **kw))
         t, _ = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, pages, page_bytes=page)))
         return pages * page / t, be
     ce, be = rate(MiB, 2048)
@@ -364,7 +363,7 @@ def test_h200_profile_reproduces_hardware_md_in_scale():
     forced, _ = rate(16 * KiB, 32768, copy_path=CopyPath.COPY_ENGINE)
     assert forced < sm / 3          # HARDWARE.md: "at 16 KiB the SM gather kernel is 3-14x faster"
     rt = SimRuntime()
-    be = SimBackend(rt, "h200-pcie", 4 * MiB, {Level.GPU: 1024, Level.HOST: 1024})
+    be = SimBackend(rt, settings_for(4 * MiB, {Level.GPU: 1024, Level.HOST: 1024}, "h200-pcie"))
     be.transfer(batch(Level.HOST, Level.GPU, 1024, page_bytes=4 * MiB))   # 4 GiB, ~80 ms
 
     def later():   # after the call's 2.6 ms of host time, while the bytes move
@@ -395,7 +394,7 @@ def test_sm_kernel_both_directions_capped_by_its_own_ceiling():
     # max-min fair, both rise to 30 GB/s where sm_both fills (the link's 80 is not reached):
     # 1 MiB each way -> launch + 1 MiB / 30 GB/s.
     rt = SimRuntime()
-    be = SimBackend(rt, _sm_wide(both="60GB/s"), 4 * KiB, {Level.GPU: 512, Level.HOST: 512})
+    be = SimBackend(rt, settings_for(4 * KiB, {Level.GPU: 512, Level.HOST: 512}, _sm_wide(both="60GB/s")))
     assert be.paths == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.SM_KERNEL}
     up = be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB))
     down = be.transfer(batch(Level.GPU, Level.HOST, 256, page_bytes=4 * KiB, src0=256, dst0=256,
@@ -404,7 +403,7 @@ def test_sm_kernel_both_directions_capped_by_its_own_ceiling():
     assert t == pytest.approx(LAUNCH + MiB / 30e9, rel=1e-12)
     # without sm.both: the link's 80 GB/s total, D2H's 40 GB/s fills first -> 40 each
     rt = SimRuntime()
-    be = SimBackend(rt, _sm_wide(), 4 * KiB, {Level.GPU: 512, Level.HOST: 512})
+    be = SimBackend(rt, settings_for(4 * KiB, {Level.GPU: 512, Level.HOST: 512}, _sm_wide()))
     up = be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB))
     down = be.transfer(batch(Level.GPU, Level.HOST, 256, page_bytes=4 * KiB, src0=256, dst0=256,
                              kind=BatchKind.EVICT))
@@ -415,12 +414,12 @@ def test_sm_kernel_both_directions_capped_by_its_own_ceiling():
 def test_sm_ceilings_bind_sm_flows_only():
     # one direction: the SM kernel's own 45 GB/s H2D ceiling, below the link's 50
     rt = SimRuntime()
-    be = SimBackend(rt, _sm_wide(h2d="45GB/s", both="60GB/s"), 4 * KiB, {Level.GPU: 512, Level.HOST: 512})
+    be = SimBackend(rt, settings_for(4 * KiB, {Level.GPU: 512, Level.HOST: 512}, _sm_wide(h2d="45GB/s", both="60GB/s")))
     t, _ = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB)))
     assert t == pytest.approx(LAUNCH + MiB / 45e9, rel=1e-12)
     # copy-engine flows both ways (256 KiB pages) ignore sm.both: the link's 40 + 40
     rt = SimRuntime()
-    be = SimBackend(rt, _sm_wide(both="60GB/s"), 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, _sm_wide(both="60GB/s")))
     assert be.paths["h2d"] is CopyPath.COPY_ENGINE
     up = be.transfer(batch(Level.HOST, Level.GPU, 4))
     down = be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8, kind=BatchKind.EVICT))
@@ -448,7 +447,7 @@ def test_copy_engine_per_page_cost_per_direction_and_page_size():
     assert _ce_dir().copy_engine.per_page_for("d2h", MiB) == pytest.approx(PER_PAGE)  # default
     # 4 pages of 256 KiB each way, one at a time: per_call + 4 x the direction's cost + bytes
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, prof))
     t, _ = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 4)))
     assert t == pytest.approx(CALL + 4 * 3e-6 + MiB / H2D, rel=1e-12)
     t0 = rt.now
@@ -462,7 +461,7 @@ def test_one_cuda_thread_serialises_copy_engine_host_time():
     # 80 GB/s total fill together) until H2D is done; then D2H alone at 40 GB/s.
     prof = _ce_dir(per_page_h2d="3us", per_page_d2h="0.5us", call_threads=1)
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, prof))
     ends = {}
 
     def watch(name, ev):
@@ -478,8 +477,7 @@ def test_one_cuda_thread_serialises_copy_engine_host_time():
     assert ends["down"] == pytest.approx(t_up + alone / D2H, rel=1e-9)
     # without call_threads the host times overlap: D2H starts at 12 us
     rt = SimRuntime()
-    be = SimBackend(rt, _ce_dir(per_page_h2d="3us", per_page_d2h="0.5us"), 256 * KiB,
-                    {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, _ce_dir(per_page_h2d="3us", per_page_d2h="0.5us")))
     down = be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8, kind=BatchKind.EVICT))
     t, _ = finish(rt, down)
     assert t == pytest.approx(12e-6 + MiB / D2H, rel=1e-12)
@@ -492,7 +490,7 @@ def test_path_per_direction_compares_time_per_page_with_sm_ceilings():
                                       "per_page_h2d": "1us", "per_page_d2h": "0us"},
                          sm={**_sm_wide().sm.model_dump(), "h2d": 45e9, "d2h": 39e9})
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, prof))
     assert be.paths == {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.COPY_ENGINE}
     assert (be.stats()["copy_path_h2d"], be.stats()["copy_path_d2h"]) == ("sm_kernel", "copy_engine")
 
@@ -514,18 +512,18 @@ def test_transfer_latency_is_added_to_each_transfer_and_holds_nothing():
     prof = round_profile(transfer={"latency": "60us", "latency_sm_kernel": "80us"})
     # copy engine, 4 pages of 256 KiB H2D: per_call + 4 x per_page + bytes, then 60 us
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, prof))
     t, ok = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 4)))
     assert ok and t == pytest.approx(CALL + 4 * PER_PAGE + MiB / H2D + 60e-6, rel=1e-12)
     # SM kernel, 256 pages of 4 KiB H2D: launch + bytes at the link, then 80 us
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 4 * KiB, {Level.GPU: 256, Level.HOST: 256})
+    be = SimBackend(rt, settings_for(4 * KiB, {Level.GPU: 256, Level.HOST: 256}, prof))
     assert be.paths["h2d"] is CopyPath.SM_KERNEL
     t, ok = finish(rt, be.transfer(batch(Level.HOST, Level.GPU, 256, page_bytes=4 * KiB)))
     assert ok and t == pytest.approx(LAUNCH + MiB / H2D + 80e-6, rel=1e-12)
     # disk -> host, one 4 MiB piece: latency + bytes at the read rate, then 60 us
     rt = SimRuntime()
-    be = SimBackend(rt, prof, 4 * MiB, {Level.HOST: 4, Level.DISK: 4})
+    be = SimBackend(rt, settings_for(4 * MiB, {Level.HOST: 4, Level.DISK: 4}, prof))
     t, ok = finish(rt, be.transfer(batch(Level.DISK, Level.HOST, 1, page_bytes=4 * MiB)))
     assert ok and t == pytest.approx(DISK_LAT + 4 * MiB / 2e9 + 60e-6, rel=1e-12)
     # it holds no copy engine: with one engine, a second call starts when the first's bytes
@@ -533,7 +531,7 @@ def test_transfer_latency_is_added_to_each_transfer_and_holds_nothing():
     one = round_profile(transfer={"latency": "60us"},
                         copy_engine={"count": 1, "per_call": "10us", "per_page": "2us"})
     rt = SimRuntime()
-    be = SimBackend(rt, one, 256 * KiB, {Level.GPU: 16, Level.HOST: 16})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, one))
     e1 = be.transfer(batch(Level.HOST, Level.GPU, 4))
     e2 = be.transfer(batch(Level.HOST, Level.GPU, 4, src0=4, dst0=4))
     t2, _ = finish(rt, e2)
@@ -718,8 +716,7 @@ def test_compute_latency_delays_every_call_and_run_ahead_agrees():
     """compute.latency (the hw backend's fixed cost a call): a compute of d completes at
     d + latency, with the SMs free during the latency; compute_ahead says the same float."""
     rt = SimRuntime()
-    be = SimBackend(rt, round_profile(compute={"latency": "200us"}), 256 * KiB,
-                    {Level.GPU: 8, Level.HOST: 8})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 8, Level.HOST: 8}, round_profile(compute={"latency": "200us"})))
     t, took = finish(rt, be.compute(0.003))
     assert t == 0.003 + 200e-6 and took == pytest.approx(0.0032)
     assert be.fluid.compute_busy_s == pytest.approx(0.003)  # the latency is not SM time
@@ -735,8 +732,7 @@ def test_compute_scale_stretches_the_work_not_the_latency():
     overrun against the nominal d (as the hw backend's stats count its GPU time), not the
     latency (no SM time)."""
     rt = SimRuntime()
-    be = SimBackend(rt, round_profile(compute={"latency": "200us", "scale": 1.01}), 256 * KiB,
-                    {Level.GPU: 8, Level.HOST: 8})
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 8, Level.HOST: 8}, round_profile(compute={"latency": "200us", "scale": 1.01})))
     t, took = finish(rt, be.compute(0.003))
     assert t == 0.003 * 1.01 + 200e-6
     assert took == pytest.approx(0.003 * 1.01 + 200e-6)

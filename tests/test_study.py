@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.study.points import expand, labels_for
-from kvsim.study.schema import StudyFileError, load_study
+from kvsim.study.definition import StudyFileError, load_study
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

@@ -51,6 +51,9 @@ class ReferenceBackend:
     def slot_limit(self, level: Level) -> None:
         return None
 
+    def fill_layout(self, level: Level) -> None:
+        return None  # every tier exists whole
+
     def fail_next(self, n: int = 1) -> None:
         self._fail += n
 

@@ -11,7 +11,7 @@
 Nothing here runs a replay; the rest of kvsim reads a config only through these models.
 """
 
-from kvsim.config.schema import (ConfigFileError, RunConfig, host_fill, load_config,
+from kvsim.config.runconfig import (ConfigFileError, RunConfig, host_fill, load_config,
                                  parse_override, read_yaml, resolve_config_path, set_path,
                                  split_key, validate_config)
 

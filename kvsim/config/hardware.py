@@ -227,6 +227,9 @@ class HostSpec(_Frozen):
     fill_rate: Rate  # host-tier commit (fault in + register) rate
     pinned_fill_rate: Rate | None = None
     cumem_fill_rate: Rate | None = None
+    # the driver's allocation granularity for pinned host memory (cuMemCreate): a cumem
+    # fill's units are whole granules (kvsim.core.datapath.fill.layout_for); None: none
+    cumem_granule: Bytes | None = None
 
     def fill_rate_for(self, backing: str) -> float:
         """Bytes per second the fill commits at with ``backing`` ('register', 'pinned' or

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-import numpy as np
 
 from kvsim.core.errors import ConfigError, CoreError
 from kvsim.core.eviction import Eviction, PlanRecord
@@ -101,14 +100,13 @@ class Planning(Eviction):
         A batch after a failed stage is rolled back whatever its flag (it must not have run
         on a slot still owned by a page that failed to leave)."""
         if plan.kind is PlanKind.WRITE_THROUGH and plan.pid in self._wt:
-            self._finish_write_through(plan, bool(ok) if isinstance(ok, (bool, np.bool_))
-                                       else all(bool(x) for x in ok))
+            self._finish_write_through(plan, all(_flags(ok, 1)))
             return
         rec = self._plans.pop(plan.pid, None)
         if rec is None:
             raise CoreError(f"complete: plan {plan.pid} is not in flight")
         batches = plan.batches
-        oks = [bool(ok)] * len(batches) if isinstance(ok, (bool, np.bool_)) else [bool(x) for x in ok]
+        oks = _flags(ok, len(batches))
         if len(oks) != len(batches):
             raise CoreError(f"complete: {len(oks)} flags for {len(batches)} batches")
         if not batches:  # nothing moved (a grow into free slots, a resume of GPU pages)
@@ -302,3 +300,9 @@ class Planning(Eviction):
             rec.req.plan = pid
         self.counters.plans += 1
         return Plan(pid, kind, tuple(batches), new_pages)
+
+
+def _flags(ok, n: int) -> list[bool]:
+    """``ok`` as one flag per batch: a sequence of flags as it is, one flag (any truth
+    value: a bool, a backend's numpy bool) ``n`` times."""
+    return [bool(x) for x in ok] if hasattr(ok, "__len__") else [bool(ok)] * n

@@ -22,7 +22,7 @@ _TAG_MASK: Final = (1 << 63) - 1
 
 
 def _fastest_sha256():
-    """SHA-256 as the per-block hot path calls it (``_sha256(data).digest()``): CPython's
+    """SHA-256 as the per-block hot path calls it (``sha256(data).digest()``): CPython's
     own module ``_sha256`` where the interpreter has it (up to 3.11), else hashlib's. The
     digests are the same; on a key's 40-odd bytes the built-in one costs about a quarter
     less on 3.11 (hashlib's OpenSSL constructor looks the digest up by name every call, and
@@ -36,21 +36,21 @@ def _fastest_sha256():
 
 
 # bound methods of immutable codecs, hoisted for the per-block hot path
-_sha256: Final = _fastest_sha256()
+sha256: Final = _fastest_sha256()  # (public: belady's future table hashes as the core does)
 _pack_i64: Final = struct.Struct("<q").pack
 _unpack_u64: Final = struct.Struct("<Q").unpack_from
 
 
 def scope_root(scope: Hashable) -> bytes:
     """The chain's starting key for a reuse scope (tenant, session namespace, ...)."""
-    return _sha256(_SCOPE_PREFIX + repr(scope).encode()).digest()
+    return sha256(_SCOPE_PREFIX + repr(scope).encode()).digest()
 
 
 def chain_key(parent: bytes, ids: BlockIds) -> bytes:
     """Key of a block whose parent key is ``parent`` (a scope root for the first block):
     SHA-256 of the parent key and the block's ids as little-endian int64s (one id:
     ``ids.to_bytes(8, "little", signed=True)``, packed the faster way)."""
-    return _sha256(parent + (_pack_i64(ids) if isinstance(ids, int)
+    return sha256(parent + (_pack_i64(ids) if isinstance(ids, int)
                              else array("q", ids).tobytes())).digest()
 
 

@@ -15,14 +15,13 @@ Every state change that moves bytes is two-phase: planning picks victims, reserv
 destination slots and pins sources, and returns a frozen Plan; ``complete(plan, ok)``
 commits it or rolls it back, batch by batch. A plan that cannot be made changes nothing.
 
-Eviction per tier: lowest priority first, then least recently used (the insertion order
-of the tier's index is the logical clock), or the order of an eviction policy (one for
-all tiers, or a tier's own). The cascade is GPU -> host -> disk -> dropped: a victim moves
-one tier colder; only the last tier drops, and only droppable leaves. A placement policy
-may drop a victim of another tier or send it past the next one (``kvsim.core.destinations``).
-Held pages never drop. A tree page is never dropped before its children. With retained
-disk copies (``kvsim.core.retained``) an eviction to disk may take a page's copy back
-instead of writing it, and ``write_through()`` plans background copies to disk.
+Eviction per tier: lowest priority first, then least recently used, or an eviction
+policy's order (one for all tiers, or a tier's own). The cascade is GPU -> host -> disk ->
+dropped: a victim moves one tier colder; only the last tier drops, only droppable leaves;
+a placement policy may drop a victim earlier or send it past the next tier
+(``kvsim.core.destinations``). Held pages never drop; children drop before parents. With
+retained disk copies (``kvsim.core.retained``) an eviction to disk may take a page's copy
+back instead of writing it, and ``write_through()`` plans background copies to disk.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from kvsim.core.eviction import PlanRecord
 from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
 from kvsim.core.pages import Page
 from kvsim.core.commits import Planning
-from kvsim.core.policy import EvictionPolicy, PriorityLRU
+from kvsim.core.policy import EvictionPolicy, PriorityLRU, distinct, per_tier
 from kvsim.core.policy.intheap import order_for
 from kvsim.core.policy.placement import Cascade, PlacementPolicy
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
@@ -61,15 +60,8 @@ class TierManager(Planning):
         self.placement: PlacementPolicy = placement if placement is not None else Cascade()
         self._placing = not self.placement.is_default  # kvsim.core.destinations decides
         n = len(spec.tiers)
-        over = dict(tier_policies or {})
-        for pos in over:
-            if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < n:
-                raise CoreError(f"tier_policies: no tier at position {pos!r} (0..{n - 1})")
-        self.policies: list[EvictionPolicy] = [over.get(i, self.policy) for i in range(n)]
-        self._hooked: list[EvictionPolicy] = []  # each distinct policy once
-        for p in (self.policy, *self.policies):
-            if all(p is not q for q in self._hooked):
-                self._hooked.append(p)
+        self.policies: list[EvictionPolicy] = per_tier(self.policy, tier_policies, n)
+        self._hooked = distinct([self.policy, *self.policies])  # each distinct policy once
         # walk the recency index; no page metadata (unless a policy or the placement reads it)
         self._fast = all(p.fast_lru for p in self.policies) and not self.placement.reads_use
         self.clock = 0  # logical: one tick per prepared turn
@@ -92,9 +84,7 @@ class TierManager(Planning):
         self._pages: dict[int, Page] = {}   # every live page, by pid
         self._requests: dict[int, Request] = {}
         self._plans: dict[int, PlanRecord] = {}
-        self._next_pid = 0
-        self._next_rid = 0
-        self._next_plan = 0
+        self._next_pid = self._next_rid = self._next_plan = 0
 
     # == read-only ======================================================================
     def _needs(self, ntokens: int, nblocks: int) -> list[int]:

@@ -16,19 +16,21 @@ import json
 import os
 import time
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from kvsim.engine.compute import ComputeModel, ModelShape, load_model
 from kvsim.config import ConfigFileError, RunConfig, host_fill
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
-from kvsim.core.datapath.fill import FillMode, layout_for
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import build_placement, build_policy, build_tier_policies, describe
 from kvsim.run.results import Staging, kvsim_version, mark
+from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
+from kvsim.settings import BackendSettings
 from kvsim.workload import TraceError, Workload, session_start_times
 
 LEVELS = {"gpu": Level.GPU, "host": Level.HOST, "disk": Level.DISK}
@@ -143,10 +145,7 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
         profile = profile or load_profile(cfg.hardware)
     except (ValueError, OSError) as e:
         raise ConfigFileError(str(e)) from None
-    ctas, slots = cfg.engine.sm_ctas, profile.sm.copy_cta_slots
-    if ctas != "auto" and ctas > slots:
-        raise ConfigFileError(f"engine.sm_ctas: got {ctas}; the hardware profile {profile.name} "
-                              f"has {slots} copy CTA slots (sm.copy_cta_slots)")
+    check_profile_fit(cfg, profile)
     spec = build_spec(cfg, shape)
     disk = next((t for t in cfg.cache.tiers if t.level == "disk"), None)
     if workload is None:
@@ -183,53 +182,59 @@ def _check_span(cfg: RunConfig, workload: Workload, starts: list[float] | None,
                               f"raise the rate or lower the time scale")
 
 
-def _build_sim(prep: Prepared, mgr: TierManager, options: dict):
+def _build_sim(settings: BackendSettings, hw_loop=None):
     """The sim backend; with ``hw_loop`` (a ``kvsim.tools.hwloop.HwLoop``: kvsim compare's),
     wrapped in the hw backend's own host costs."""
     from kvsim_backends.sim import SimBackend, SimRuntime
 
     rt = SimRuntime()
-    slots = {t.level: t.max_slots for t in mgr.tiers}
-    e = prep.cfg.engine
-    be = SimBackend(rt, prep.profile, mgr.page_bytes, slots, refcheck=e.refcheck,
-                    copy_path=e.copy_path.model_dump(), sm_ctas=e.sm_ctas,
-                    kernel_on_coherent_link=e.kernel_on_coherent_link,
-                    timing_log=options.get("timing_log"), compute_log=options.get("compute_log"),
-                    host_fill=host_fill(prep.cfg).model_dump(),
-                    fail_fill_at_unit=options.get("fail_fill_at_unit"),
-                    disk_io_workers=prep.cfg.cache.disk_io_workers,
-                    disk_io_write_share=prep.cfg.cache.disk_io_write_share)
-    if options.get("hw_loop") is not None:
+    be = SimBackend(rt, settings)
+    if hw_loop is not None:
         from kvsim_backends.sim.loopcosts import HwLoopSim
 
-        return rt, HwLoopSim(be, options["hw_loop"])
+        return rt, HwLoopSim(be, hw_loop)
     return rt, be
 
 
-def _build_hw(prep: Prepared, mgr: TierManager, options: dict):
+def _build_hw(settings: BackendSettings, hw_loop=None):
     from kvsim_backends.hw import build_hw_backend
 
-    return build_hw_backend(prep, mgr, **options)
+    if hw_loop is not None:
+        raise TypeError("hw_loop: the sim side's model of the hw backend, not for the hw backend")
+    return build_hw_backend(settings)
 
 
+#: backend name -> build(settings, hw_loop=None) -> (runtime, backend)
 BACKENDS: dict[str, Callable] = {"sim": _build_sim, "hw": _build_hw}
 
 
-def sim_backend(profile: HardwareProfile, page_bytes: int, slots: dict, **options):
-    """(runtime, sim backend) on ``profile`` outside a replay (calibrate's fit check)."""
-    from kvsim_backends.sim import SimBackend, SimRuntime
+def build_backend(prep: Prepared, mgr: TierManager, backend: str,
+                  options: dict | None = None) -> tuple[BackendSettings, Any, Any]:
+    """(settings, runtime, backend) for a prepared run on ``backend``: the settings built
+    once from its config and ``options`` (``kvsim.run.seam.backend_settings``; besides,
+    ``hw_loop``: compare's wrapper of the sim backend), then the registry's builder."""
+    options = dict(options or {})
+    hw_loop = options.pop("hw_loop", None)
+    settings = backend_settings(prep.cfg, prep.profile, mgr.page_bytes,
+                                {t.level: t.max_slots for t in mgr.tiers}, options)
+    return (settings, *BACKENDS[backend](settings, hw_loop))
 
-    rt = SimRuntime()
-    return rt, SimBackend(rt, profile, page_bytes, slots, **options)
+
+def sim_backend(settings: BackendSettings):
+    """(runtime, sim backend) for ``settings`` outside a replay (calibrate's fit check;
+    ``kvsim.run.seam.settings_for`` builds them)."""
+    return _build_sim(settings)
 
 
 def measure_hardware(device: str = "auto", plan=None, disk_dir: str | None = None,
                      profile: HardwareProfile | None = None):
-    """``kvsim calibrate``'s measurements of this machine on the hw backend:
-    (``kvsim.tools.fit.Measured``, the plan measured); see ``kvsim_backends.hw.microbench``."""
+    """``kvsim calibrate``'s measurements of this machine on the hw backend, its backends
+    built on ``profile`` (default: the default config's): (``kvsim.tools.fit.Measured``,
+    the plan measured); see ``kvsim_backends.hw.microbench``."""
     from kvsim_backends.hw.microbench import measure
 
-    return measure(device, plan, disk_dir, profile)
+    profile = profile or load_profile(RunConfig.model_fields["hardware"].default)
+    return measure(partial(settings_for, profile=profile), device, plan, disk_dir)
 
 
 def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,
@@ -247,7 +252,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     placement = build_placement(cfg, prep.shape, prep.profile, prep.spec.page_bytes)
     tier_policies = build_tier_policies(cfg)
     mgr = TierManager(prep.spec, policy, placement, tier_policies)
-    rt, be = BACKENDS[backend](prep, mgr, backend_options or {})
+    settings, rt, be = build_backend(prep, mgr, backend, backend_options)
     try:  # from here on the backend holds memory and files: close it on every exit
         model = ComputeModel(prep.shape, prep.profile)
         e = cfg.engine
@@ -258,7 +263,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                               gpu_free_watermark=e.gpu_free_watermark,
                               max_plan_failures=e.max_plan_failures,
                               timeline_interval_s=cfg.output.timeline_interval,
-                              host_serve_slots=host_serve_slots(cfg, mgr))
+                              host_serve_slots=host_serve_slots(settings, be))
         engine = Engine(rt, be, mgr, model, params, on_resume=on_resume)
         if pinned_arrivals is not None:
             engine.pin_arrivals(pinned_arrivals)
@@ -296,15 +301,12 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
 FIRST_REQUESTS = 10  # host_fill.ttft_first_*: the TTFT of this many first arrivals
 
 
-def host_serve_slots(cfg: RunConfig, mgr: TierManager) -> int:
+def host_serve_slots(settings: BackendSettings, be) -> int:
     """Host slots that must exist before serving starts: none without a fill, the first
-    unit (progressive), the whole tier (before_serve); ``kvsim.core.datapath.fill``."""
-    fill = host_fill(cfg)
-    host = next((t for t in mgr.tiers if t.level == Level.HOST), None)
-    if host is None or fill.mode == "none":
-        return 0
-    layout = layout_for(fill.backing, mgr.page_bytes, host.max_slots, fill.unit)
-    return layout.first_serve(FillMode(fill.mode))
+    unit (progressive), the whole tier (before_serve), in the units the backend fills
+    (``Backend.fill_layout``; ``kvsim.core.datapath.fill``)."""
+    layout = be.fill_layout(Level.HOST)
+    return 0 if layout is None else layout.first_serve(settings.host_fill.mode)
 
 
 def host_fill_metrics(cfg: RunConfig, m, limit: int | None = None) -> dict:

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from kvsim.config import ConfigFileError
-from kvsim.core.keys import _sha256, scope_root
-from kvsim.core.policy import (PLACEMENT_NAMES, POLICY_NAMES, EvictionPolicy, NextUses,
+from kvsim.core.keys import scope_root, sha256
+from kvsim.core.policy import (BOUND_NAMES, PLACEMENT_NAMES, POLICY_NAMES, EvictionPolicy, NextUses,
                                PlacementPolicy, RecomputeOverDisk, make_placement, make_policy)
 from kvsim.core.policy.builtin import NEVER
 from kvsim.engine.compute import ComputeModel
@@ -54,12 +54,12 @@ class PolicyError(ConfigFileError):
 def build_policy(cfg: "RunConfig", workload: Workload, backend: str,
                  starts: list[float] | None = None) -> EvictionPolicy:
     name = cfg.cache.policy.eviction
-    if name == "belady":
+    if name in BOUND_NAMES:  # an offline bound: built on the trace's future uses
         if backend != "sim":
-            raise PolicyError(f"{KEY}: belady is an offline bound that reads the trace's "
+            raise PolicyError(f"{KEY}: {name} is an offline bound that reads the trace's "
                               f"future; it runs on the sim backend only, not {backend!r}")
-        return make_policy("belady", future=future_uses(workload, cfg.cache.tokens_per_block,
-                                                         starts))
+        return make_policy(name, future=future_uses(workload, cfg.cache.tokens_per_block,
+                                                     starts))
     if name in POLICY_NAMES:
         return make_policy(name)
     return load_user_policy(name)
@@ -132,7 +132,7 @@ def future_uses(workload: Workload, tokens_per_block: int,
     roots: dict[str, bytes] = {}
     blocks = array("q")  # the block numbers of each turn's prompt, turn after turn
     lengths = array("q")  # ... how many each turn holds
-    sha = _sha256
+    sha = sha256
     for scope, turn in turn_order(workload, starts):
         key = roots.get(scope)
         if key is None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from kvsim.config import (ConfigFileError, load_config, read_yaml, resolve_config_path, set_path,
                           split_key, validate_config)
-from kvsim.study.schema import StudyFileError, StudySpec
+from kvsim.study.definition import StudyFileError, StudySpec
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvsim.study.execute import Outcome, is_complete, open_client, progress_bar, run_points
 from kvsim.study.points import Point, expand
-from kvsim.study.schema import StudySpec, load_study
+from kvsim.study.definition import StudySpec, load_study
 
 
 @dataclass

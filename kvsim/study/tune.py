@@ -38,7 +38,7 @@ import yaml
 from kvsim.config import ConfigFileError, validate_config
 from kvsim.study.execute import is_complete, open_client, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base
-from kvsim.study.schema import Param, StudyFileError, TuneSpec, load_tune
+from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
 from kvsim.config.units import parse_size
 

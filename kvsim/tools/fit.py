@@ -244,14 +244,15 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0) -> tuple
     the hw backend's (its GPU time: the stretch of copies' interference, not the
     backend's fixed latency per call)."""
     from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
+    from kvsim.run.seam import settings_for  # noqa: PLC0415
 
     pb = c["page"]
     batches = _cell_batches(c)
     path = CopyPath.SM_KERNEL if c["path"] == "sm_kernel" else CopyPath.COPY_ENGINE
     n = sum(k for _, k in batches)
     log: list = []
-    rt, be = sim_backend(profile, pb, {Level.GPU: n, Level.HOST: n}, refcheck=False, copy_path=path,
-                         compute_log=log)
+    rt, be = sim_backend(settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
+                                      copy_path=path.value, compute_log=log))
     job = be.compute(compute_s) if compute_s > 0 else None
     idx, a, evs = np.arange(n), 0, []
     for dr, k in batches:

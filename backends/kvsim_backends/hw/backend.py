@@ -34,18 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from kvsim.config import RunConfig
-from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, force_per_direction
-from kvsim.core.datapath.copypath import sm_ctas as cta_count
-from kvsim.core.datapath.diskio import WRITE_SHARE, io_class
+from kvsim.core.datapath.copypath import CopyPath, direction_ctas
+from kvsim.core.datapath.diskio import io_class, io_threads
+from kvsim.core.datapath.fill import FillMode
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
-from kvsim.config.hardware import HardwareProfile, load_profile
+from kvsim.settings import BackendSettings
 
 from .batchslots import batch_slots
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
 from .copies import Copies, choose_paths
-from .disk import DiskStore, PriorityPool
+from .disk import DiskStore
+from .iopools import PriorityPool
 from .gpu import BatchCopier, Kernels, load_cupy
 from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
 from .hostfill import HostFill
@@ -56,104 +56,76 @@ from .staged import StagedDisk
 from .waits import Waits
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name}: got {value!r}; expected a positive integer")
-    return int(value)
-
-
 class HwBackend:
-    """See the module docstring. ``runtime`` must be a RealtimeRuntime (or offer its
-    ``watch`` and ``external``). ``profile`` (a HardwareProfile or a preset name; default
-    the default config's) gives what the sim backend reads too: the copy-path and CTA
-    rules' inputs, the SM kernel's threads a CTA, and the disk tier's I/O threads and
-    piece size (``nvme.queue_depth``, ``nvme.piece``). ``disk_io_workers`` (the disk
-    tier's ``io_workers``): 0, the disk's pieces run round robin over the transfers in
-    flight on ``nvme.queue_depth`` threads; N > 0, on N threads in the order of
-    ``kvsim.core.datapath.diskio`` (restores, then required writes, then background writes, aging;
-    while a restore runs at most ``write_cap(N, disk_io_write_share)`` write pieces in
-    flight), as the sim models them. ``copy_path``: ``auto``, one path,
-    or one a direction (``kvsim.core.datapath.copypath.force_per_direction``); ``sm_ctas``: ``auto``
-    or a CTA count (``kvsim.core.datapath.copypath.sm_ctas``); ``kernel_on_coherent_link``: the SM
-    kernel on a c2c link (the rule's opt-in). The host tier's registration units (the
-    fill's, with the ``register`` backing) force the SM kernel where a page could straddle
-    two (``registration_forces_kernel``; the fill's units hold whole slots, so none does)."""
+    """See the module docstring. Built from ``settings`` (``kvsim.settings.BackendSettings``)
+    alone; ``runtime`` must be a RealtimeRuntime (or offer its ``watch`` and
+    ``external``). The profile gives what the sim backend reads too: the copy-path and
+    CTA rules' inputs, the SM kernel's threads a CTA, and the disk tier's I/O threads and
+    piece size (``nvme.queue_depth``, ``nvme.piece``). The disk tier's ``io_workers``: 0,
+    its pieces run round robin over the transfers in flight on ``nvme.queue_depth``
+    threads; N > 0, on N threads in the order of ``kvsim.core.datapath.diskio`` (restores,
+    then required writes, then background writes, aging; while a restore runs at most
+    ``write_cap(N, io_write_share)`` write pieces in flight), as the sim models them. The
+    copy path a direction comes from ``direction_paths`` (the host tier's registration
+    units, the fill's with the ``register`` backing, force the SM kernel where a page
+    could straddle two; the fill's units hold whole slots, so none does)."""
 
     name = "hw"
 
-    def __init__(self, runtime, page_bytes: int, slots: dict[Level, int], disk_dir=None,
-                 device: str = "auto", copy_path=None, refcheck: bool = True, *,
-                 profile: HardwareProfile | str | None = None, sm_ctas="auto",
-                 staging_bytes: int = 64 << 20, compute_chunk_s: float = 0.5e-3, io_hook=None,
-                 direct_io: bool = True, disk_preallocate: bool = True, compute_graphs: bool = True,
-                 timing_log: list | None = None, compute_log: list | None = None,
-                 host_log: list | None = None, host_fill: dict | None = None,
-                 fail_fill_at_unit: int | None = None, fill_unit_delay_s: float = 0.0,
-                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False,
-                 disk_io_write_share: float = WRITE_SHARE):
+    def __init__(self, runtime, settings: BackendSettings):
         for attr in ("watch", "external", "process", "event", "timeout"):
             if not hasattr(runtime, attr):
                 raise TypeError(f"runtime: {type(runtime).__name__} has no {attr}(); "
                                 "HwBackend needs a RealtimeRuntime")
+        # what this backend can hold (the settings' ranges are the config model's)
+        if Level.GPU not in settings.slots:
+            raise ValueError("slots: the hw backend needs a GPU tier")
+        if settings.page_bytes % 16:
+            raise ValueError(f"page_bytes: got {settings.page_bytes}; the hw backend moves and "
+                             f"checks pages in 16-byte words: expected a multiple of 16")
+        for lv, n in settings.slots.items():
+            if n < 1:
+                raise ValueError(f"slots[{Level(lv).name}]: got {n}; expected at least one slot")
+        if Level.DISK in settings.slots and (settings.disk is None or settings.disk.dir is None):
+            raise ValueError("settings.disk.dir: a disk tier needs a directory")
         self.runtime = runtime
-        self.page_bytes = _positive_int("page_bytes", page_bytes)
-        if self.page_bytes % 16:
-            raise ValueError(f"page_bytes: got {page_bytes!r}; expected a multiple of 16 bytes")
-        if not isinstance(slots, dict) or Level.GPU not in slots:
-            raise ValueError(f"slots: got {slots!r}; expected a dict with at least Level.GPU")
-        self.slots = {Level(k): _positive_int(f"slots[{Level(k).name}]", v) for k, v in slots.items()}
-        if device not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"device: got {device!r}; expected 'auto', 'cpu' or 'gpu'")
-        if Level.DISK in self.slots and disk_dir is None:
-            raise ValueError("disk_dir: a disk tier (slots[DISK]) needs a directory")
-        if profile is None:
-            profile = RunConfig.model_fields["hardware"].default
-        self.profile = profile if isinstance(profile, HardwareProfile) else load_profile(profile)
-        # bad settings fail here, before any allocation
-        force = force_per_direction(copy_path)
-        ctas = {d: cta_count(sm_ctas, **self.profile.cta_args(d)) for d in DIRECTIONS}
-        if isinstance(disk_io_workers, bool) or not isinstance(disk_io_workers, (int, np.integer)) \
-                or disk_io_workers < 0:
-            raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
-        self.disk_io_workers = int(disk_io_workers)
-        if isinstance(disk_io_write_share, bool) or not isinstance(disk_io_write_share, (int, float)) \
-                or not 0 <= disk_io_write_share <= 1:
-            raise ValueError(f"disk_io_write_share: got {disk_io_write_share!r}; expected a number in [0, 1]")
-        self.disk_io_write_share = disk_io_write_share
-        self.refcheck = bool(refcheck)
-        self._kernel_on_c2c = bool(kernel_on_coherent_link)
+        self.settings = settings
+        self.page_bytes = settings.page_bytes
+        self.slots = dict(settings.slots)
+        self.profile = settings.profile
+        self.refcheck = settings.refcheck
+        self.disk_settings = settings.disk
+        hw, probes = settings.hw, settings.probes
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
-        self.logs = HwLogs(runtime, self.page_bytes, self.path_name, timing_log, compute_log, host_log)
+        self.logs = HwLogs(runtime, self.page_bytes, self.path_name, probes.timing_log,
+                           probes.compute_log, probes.host_log)
         self._fail_next = 0
-        self.cp = load_cupy() if device != "cpu" else None
-        if device == "gpu" and self.cp is None:
+        self.cp = load_cupy() if hw.device != "cpu" else None
+        if hw.device == "gpu" and self.cp is None:
             raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
         self.on_gpu = self.cp is not None
         self.threads_per_cta = self.profile.sm.threads_per_cta
-        self.compute_chunk_s = compute_chunk_s
-        self._compute_graphs = compute_graphs  # launch_busy through CUDA graphs (gpu.Kernels)
+        self.compute_chunk_s = hw.compute_chunk_s
         self._closed = False
         self.disk: DiskStore | None = None
         self.host: HostFill | None = None
-        self._host_fill = dict(host_fill or {})
-        self._fill_hooks = (fail_fill_at_unit, fill_unit_delay_s)
         self.info: dict[str, Any] = {"device": "gpu" if self.on_gpu else "cpu"}
         try:
-            self._build(disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate)
+            self._build()
             self._compose()
-            self._choose_paths(force, ctas)
+            self._choose_paths()
         except BaseException:
             self.close()
             raise
 
     # -- construction ---------------------------------------------------------------
 
-    def _build(self, disk_dir, io_hook, direct_io, staging_bytes, disk_preallocate=True) -> None:
+    def _build(self) -> None:
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
         cp = self.cp
-        io_threads, piece = self.profile.nvme.queue_depth, self.profile.nvme.piece
+        io_threads_q, piece = self.profile.nvme.queue_depth, self.profile.nvme.piece
         cuda_rt = cp.cuda.runtime if cp is not None else None
-        self.pool = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="kvsim-hw")
+        self.pool = ThreadPoolExecutor(max_workers=io_threads_q, thread_name_prefix="kvsim-hw")
         # the refcheck's host-side verification (host and disk pages; numpy, which
         # releases the GIL): tiles of the pages checked on every core, where there are
         # enough of them (on 2 vCPUs a pool measured no gain)
@@ -161,17 +133,19 @@ class HwBackend:
         self.check_pool = (ThreadPoolExecutor(max_workers=min(16, cores), thread_name_prefix="kvsim-check")
                            if cores >= 4 else None)
         self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
+        st = self.settings
         if Level.HOST in self.slots:
             self.host, self.info["host_fill"] = start_host_fill(
-                self.page_bytes, self.slots[Level.HOST], self._host_fill, cuda_rt, *self._fill_hooks)
+                self.page_bytes, self.slots[Level.HOST], st.host_fill, cuda_rt,
+                st.probes.fail_fill_at_unit, st.probes.fill_unit_delay_s)
         if Level.DISK in self.slots:
-            workers = self.disk_io_workers
-            self.disk = DiskStore(disk_dir, self.slots[Level.DISK], self.page_bytes,
-                                  workers or io_threads, piece, io_hook, direct=direct_io,
-                                  preallocate=disk_preallocate, priorities=workers > 0,
-                                  write_share=self.disk_io_write_share)
+            d = st.disk
+            self.disk = DiskStore(d.dir, self.slots[Level.DISK], self.page_bytes,
+                                  io_threads(d.io_workers, io_threads_q), piece, st.probes.io_hook,
+                                  direct=d.direct_io, preallocate=d.preallocate,
+                                  priorities=d.io_workers > 0, write_share=d.io_write_share)
             self.info["disk_direct_io"] = self.disk.uses_direct
-        staging_pages = max(1, staging_bytes // self.page_bytes)
+        staging_pages = max(1, st.hw.staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)
         self.streams: dict = {}
         self.kernels = self.copier = None
@@ -195,7 +169,7 @@ class HwBackend:
         finally:
             self.staging.put(probe)
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
-        self.kernels.use_graphs = self.info["compute_graphs"] = bool(self._compute_graphs)
+        self.kernels.use_graphs = self.info["compute_graphs"] = bool(st.hw.compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
 
     def slots_ready(self, level: Level, slots) -> Any:
@@ -204,6 +178,13 @@ class HwBackend:
 
     def slot_limit(self, level: Level) -> int | None:
         return self.host_slots.limit() if level == Level.HOST else None
+
+    def fill_layout(self, level: Level):
+        """The host tier's units as its fill lays them out (with ``cumem`` on a GPU, on
+        the driver's granules), where it fills after the run starts; else None."""
+        if level != Level.HOST or self.host is None or self.settings.host_fill.mode is FillMode.NONE:
+            return None
+        return self.host.layout
 
     def _compose(self) -> None:
         cp, logs = self.cp, self.logs
@@ -221,12 +202,13 @@ class HwBackend:
                                cp=cp, streams=self.streams, kernels=self.kernels, order=self.order,
                                copies=self.copies)
 
-    def _choose_paths(self, force: dict, ctas: dict[str, int]) -> None:
+    def _choose_paths(self) -> None:
         """The copy path of each direction (``copies.choose_paths``) and the SM kernel's CTAs."""
+        c = self.settings.copy
         self.copies.paths = choose_paths(self.profile, self.page_bytes, self.host,
-                                         self.slots.get(Level.HOST, 0), self.on_gpu, force,
-                                         self._kernel_on_c2c)
-        self.ctas = ctas
+                                         self.slots.get(Level.HOST, 0), self.on_gpu, c.force,
+                                         c.kernel_on_coherent_link)
+        self.ctas = direction_ctas(c.sm_ctas, self.profile)
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
         self.info["sm_ctas"] = dict(self.ctas)
@@ -273,7 +255,7 @@ class HwBackend:
     def promote(self, batch: Batch) -> int:
         """A background write (a ``BatchKind.BACKGROUND`` batch to disk) that a required
         write came to depend on: its pieces still queued move to the required writes'
-        queue (with ``disk_io_workers`` > 0; else nothing to do). How many moved."""
+        queue (with ``io_workers`` > 0; else nothing to do). How many moved."""
         return self.disk.pool.promote(batch) if self.disk is not None and self.disk.pool else 0
 
     def _take_back(self, batch: Batch) -> Any:
@@ -286,7 +268,7 @@ class HwBackend:
     def fail_next_transfer(self, n: int = 1) -> None:
         """Test hook: the next ``n`` transfers fail: their destination slots get garbage (a
         disk slot is marked as holding no completed write) and they succeed with False."""
-        self._fail_next += _positive_int("n", n)
+        self._fail_next += int(n)
 
     def _injected_failure(self, batch: Batch) -> Any:
         dst = np.asarray(batch.dst_slots, dtype=np.int64)

@@ -13,12 +13,12 @@ live until its stream has passed it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, choose_copy_path, registration_forces_kernel
-from kvsim.core.datapath.fill import Backing
+from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, direction_paths
+from kvsim.core.datapath.fill import registration_unit
 from kvsim.core.spec import Level
 
 from .memory import HostRegion
@@ -30,31 +30,31 @@ def copy_rows(src_view: np.ndarray, src: np.ndarray, dst_view: np.ndarray, dst: 
     dst_view[dst] = src_view[src]
 
 
-def choose_paths(profile, page_bytes: int, host, host_slots: int, on_gpu: bool, force: dict,
+def choose_paths(profile, page_bytes: int, host, host_slots: int, on_gpu: bool,
+                 force: Mapping[str, CopyPath | None],
                  kernel_on_coherent_link: bool = False) -> dict[str, CopyPath]:
     """The copy path of each direction, by the rule the sim backend applies
-    (``kvsim.core.datapath.copypath`` with ``profile``'s arguments; ``force``: a path or None per
-    direction, ``force_per_direction``'s). ``host``: the host tier (a HostFill or None) of
-    ``host_slots`` slots. On a GPU, host memory without a mapped device address takes the
-    copy engine: forcing the SM kernel there, or pages that straddle its registration
-    units, is a ValueError."""
+    (``kvsim.core.datapath.copypath.direction_paths``; ``force``: a path or None per
+    direction). ``host``: the host tier (a HostFill or None) of ``host_slots`` slots, its
+    registration units those of its fill (``registration_unit``), registered on a GPU
+    only. On a GPU, host memory without a mapped device address takes the copy engine:
+    forcing the SM kernel there, or pages that straddle its registration units, is a
+    ValueError."""
     if on_gpu and host is not None and host.dev_ptr is None:
         # host memory without a mapped device address: the SM kernel cannot reach it
         for d in DIRECTIONS:
-            if force[d] is CopyPath.SM_KERNEL:
+            if force.get(d) is CopyPath.SM_KERNEL:
                 raise ValueError(f"copy_path.{d}: the SM kernel needs mapped host memory, "
                                  "not available here")
         force = {d: CopyPath.COPY_ENGINE for d in DIRECTIONS}
-    h = host  # registered unit by unit: the register backing, on a GPU
-    unit = h.layout.unit_bytes if (h is not None and on_gpu and h.backing is Backing.REGISTER) else None
-    chunked = registration_forces_kernel(page_bytes, unit, host_slots)
-    if chunked and on_gpu and host is not None and host.dev_ptr is None:
-        raise ValueError("host registration: pages straddle registration units, which needs "
-                         "the SM kernel, but the host memory has no mapped device address")
-    return {d: choose_copy_path(**profile.copy_path_args(d, page_bytes), force=force[d],
-                                chunked_registration=chunked,
-                                kernel_on_coherent_link=kernel_on_coherent_link)
-            for d in DIRECTIONS}
+    unit = registration_unit(host.backing, host.layout) if (host is not None and on_gpu) else None
+    try:
+        return direction_paths(profile, page_bytes, force, unit, host_slots, kernel_on_coherent_link)
+    except ValueError:
+        if host is not None and host.dev_ptr is None:
+            raise ValueError("host registration: pages straddle registration units, which needs "
+                             "the SM kernel, but the host memory has no mapped device address") from None
+        raise
 
 
 class Copies:

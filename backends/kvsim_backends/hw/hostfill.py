@@ -47,9 +47,9 @@ import time
 
 import numpy as np
 
-from kvsim.core.datapath.fill import Backing, FillLayout
+from kvsim.core.datapath.fill import UNIT_BYTES, Backing, layout_for
 
-from .memory import _HOST_REGISTER_MAPPED, _HOST_REGISTER_PORTABLE, _lazy_mmap, device_pointer
+from .memory import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, lazy_mmap, device_pointer
 
 MADV_HUGEPAGE = 14
 MADV_NOHUGEPAGE = 15
@@ -114,19 +114,21 @@ def gpu_node(cuda) -> int | None:
 
 
 class HostFill:
-    """The host tier: ``layout.slots`` slots of ``layout.slot_bytes``, committed unit by
-    unit on a worker thread (``start``). ``cuda``: ``cupy.cuda.runtime`` on a GPU, None in
+    """The host tier: ``slots`` slots of ``slot_bytes``, committed unit by unit on a worker
+    thread (``start``) in the layout of ``kvsim.core.datapath.fill.layout_for`` (units of
+    ``unit_bytes``; with ``cumem`` on a GPU, also whole allocation granules of the
+    driver's). ``cuda``: ``cupy.cuda.runtime`` on a GPU, None in
     CPU mode. ``prefault``: see the module docstring. ``fail_at_unit``: a test hook,
     the worker fails instead of committing that unit. ``unit_delay_s``: a test hook, the
     worker sleeps this long before each unit."""
 
-    def __init__(self, layout: FillLayout, backing: Backing | str = Backing.REGISTER, cuda=None, *,
+    def __init__(self, slot_bytes: int, slots: int, unit_bytes: int = UNIT_BYTES,
+                 backing: Backing | str = Backing.REGISTER, cuda=None, *,
                  huge_pages: bool = False, numa: str | int = "auto", prefault: bool = True,
                  fail_at_unit: int | None = None, unit_delay_s: float = 0.0):
         self.backing = Backing(backing)
-        if self.backing is Backing.PINNED:
-            layout = FillLayout.whole(layout.slot_bytes, layout.slots)
-        self.layout = layout
+        self._unit_bytes = unit_bytes
+        self.layout = layout = layout_for(self.backing, slot_bytes, slots, unit_bytes)
         self.slots = layout.slots
         self.page_bytes = layout.slot_bytes
         self.nbytes = layout.nbytes
@@ -158,7 +160,7 @@ class HostFill:
         try:
             driver_units = self.backing is Backing.CUMEM and cuda is not None
             if self.backing is Backing.REGISTER or (self.backing is Backing.CUMEM and cuda is None):
-                self._mm = _lazy_mmap(self.nbytes)
+                self._mm = lazy_mmap(self.nbytes)
                 self._set_views(np.frombuffer(self._mm, dtype=np.uint8)[: self.nbytes])
                 self._advise_huge_pages(bool(huge_pages) and self.backing is Backing.REGISTER)
             else:
@@ -176,8 +178,8 @@ class HostFill:
         from .cumem import HostUnits  # noqa: PLC0415 (needs cuda-bindings)
 
         self._units = u = HostUnits(self.nbytes, self._device, node)
-        lay = self.layout
-        self.layout = FillLayout.aligned(lay.slot_bytes, lay.slots, lay.unit_bytes, u.granularity)
+        self.layout = layout_for(self.backing, self.page_bytes, self.slots, self._unit_bytes,
+                                 u.granularity)
         self.info.update(unit_bytes=self.layout.unit_bytes, units=self.layout.units,
                          granularity=u.granularity, allocated_on_node=0 if node is None else node)
         arr = (ctypes.c_uint8 * self.nbytes).from_address(u.base)  # not touched until committed
@@ -291,7 +293,7 @@ class HostFill:
             self._populate(off, n)
         cuda = self._cuda
         if cuda is not None:
-            cuda.hostRegister(addr, n, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED)
+            cuda.hostRegister(addr, n, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
             self._registered.append(addr)
             dev = device_pointer(cuda, addr)
             if u == 0:
@@ -311,12 +313,12 @@ class HostFill:
     def _commit_pinned(self) -> None:
         cuda = self._cuda
         if cuda is None:  # CPU mode: a mapping faulted in whole
-            self._mm = _lazy_mmap(self.nbytes)
+            self._mm = lazy_mmap(self.nbytes)
             self._set_views(np.frombuffer(self._mm, dtype=np.uint8)[: self.nbytes])
             if self._prefault:
                 self._populate(0, self.nbytes)
         else:
-            ptr = int(cuda.hostAlloc(self.nbytes, _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED))
+            ptr = int(cuda.hostAlloc(self.nbytes, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED))
             self._pinned_ptr = ptr
             arr = (ctypes.c_uint8 * self.nbytes).from_address(ptr)
             self._set_views(np.frombuffer(arr, dtype=np.uint8))

@@ -13,23 +13,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvsim.core.datapath.fill import UNIT_BYTES, FillLayout, FillMode, needed_watermark
+from kvsim.core.datapath.fill import FillMode, needed_watermark
+from kvsim.settings import HostFillSettings
 
 from .hostfill import HostFill
 
 
-def start_host_fill(page_bytes: int, slots: int, settings: dict, cuda_rt,
+def start_host_fill(page_bytes: int, slots: int, fill: HostFillSettings, cuda_rt,
                     fail_at_unit: int | None = None, unit_delay_s: float = 0.0) -> tuple[HostFill, dict]:
-    """The host tier (``hostfill.HostFill``) of ``slots`` pages, its fill started by
-    ``settings`` (the config's ``fill`` keys), and what the backend's ``info`` reports of
-    it. Mode ``none``: wait until it is all in (an unfilled CPU-mode tier is not faulted
-    in: it grows as it is written); otherwise until its first unit is, so the copy path can
-    see its mapping. Nothing usable by then: RuntimeError, naming the fill's error."""
-    hf = settings
-    mode = FillMode(hf.get("mode", "none"))
-    layout = FillLayout.of(page_bytes, slots, int(hf.get("unit", UNIT_BYTES)))
-    host = HostFill(layout, hf.get("backing", "register"), cuda_rt,
-                    huge_pages=bool(hf.get("huge_pages", False)), numa=hf.get("numa", "auto"),
+    """The host tier (``hostfill.HostFill``) of ``slots`` pages, its fill started as
+    ``fill`` says, and what the backend's ``info`` reports of it. Mode ``none``: wait until
+    it is all in (an unfilled CPU-mode tier is not faulted in: it grows as it is written);
+    otherwise until its first unit is, so the copy path can see its mapping. Nothing
+    usable by then: RuntimeError, naming the fill's error."""
+    mode = fill.mode
+    host = HostFill(page_bytes, slots, fill.unit_bytes, fill.backing, cuda_rt,
+                    huge_pages=fill.huge_pages, numa=fill.numa,
                     prefault=mode is not FillMode.NONE, fail_at_unit=fail_at_unit,
                     unit_delay_s=unit_delay_s).start()
     need = host.slots if mode is FillMode.NONE else host.layout.watermark(1)

@@ -21,8 +21,8 @@ import sys
 import numpy as np
 
 REGISTER_UNIT_BYTES = 512 << 20
-_HOST_REGISTER_PORTABLE = 1
-_HOST_REGISTER_MAPPED = 2
+HOST_REGISTER_PORTABLE = 1
+HOST_REGISTER_MAPPED = 2
 
 
 class DeviceArena:
@@ -35,7 +35,7 @@ class DeviceArena:
         self._mm = None
         try:
             if xp is np:  # CPU mode: a lazily committed mapping (only touched slots cost RAM)
-                self._mm = _lazy_mmap(slots * page_bytes)
+                self._mm = lazy_mmap(slots * page_bytes)
                 self.flat = np.frombuffer(self._mm, dtype=np.uint8)[: slots * page_bytes]
             else:
                 self.flat = xp.zeros(slots * page_bytes, dtype=xp.uint8)
@@ -58,7 +58,7 @@ class DeviceArena:
                 pass
 
 
-def _lazy_mmap(nbytes: int) -> mmap.mmap:
+def lazy_mmap(nbytes: int) -> mmap.mmap:
     """An anonymous private mapping of ``nbytes`` (rounded up to a page), MAP_NORESERVE
     where the platform has it: memory is committed page by page on first touch."""
     size = max(mmap.PAGESIZE, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
@@ -84,7 +84,7 @@ class HostRegion:
         self._registered: list[int] = []
         self.dev_ptr: int | None = None
         # CPU mode maps lazily (MAP_NORESERVE); on a GPU every page is pinned anyway
-        self._mm = _lazy_mmap(self.nbytes)
+        self._mm = lazy_mmap(self.nbytes)
         self.flat = np.frombuffer(self._mm, dtype=np.uint8)[: self.nbytes]
         self.view = self.flat.reshape(slots, page_bytes)
         self.ptr = int(self.flat.ctypes.data)
@@ -98,7 +98,7 @@ class HostRegion:
     def _register(self, unit_bytes: int) -> None:
         cuda = self._cuda
         unit = max(self.page_bytes, (unit_bytes // self.page_bytes) * self.page_bytes)
-        flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_MAPPED
+        flags = HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED
         dev = []
         for off in range(0, self.nbytes, unit):
             n = min(unit, self.nbytes - off)

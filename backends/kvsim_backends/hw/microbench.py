@@ -25,16 +25,16 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
 from kvsim import scratch
-from kvsim.config import RunConfig
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
+from kvsim.settings import BackendSettings
 from kvsim.tools.measured import Measured, batch as _batch
-from kvsim.config.hardware import HardwareProfile, load_profile
 
 from .backend import HwBackend
 from .disk import DiskStore
@@ -87,15 +87,20 @@ def _time_batches(rt, be, batches, path) -> float:
     return time.perf_counter() - t0
 
 
-def measure_copies(plan: Plan, device: str, m: Measured, profile: HardwareProfile | None = None) -> None:
+#: (page_bytes, slots, **settings) -> BackendSettings on the profile being calibrated
+#: (``kvsim.run.seam.settings_for`` with it): how the measurements build their backends
+SettingsFor = Callable[..., BackendSettings]
+
+
+def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsFor) -> None:
     rng = np.random.default_rng(0)
     for pb in plan.page_sizes:
         n = max(2, plan.batch_bytes // pb)
         rt = RealtimeRuntime()
         # the geometry of benchmarks/hw_copy.py: a batch of n pages a direction, both
         # directions at once = n each way, 2n slots a tier, random slots
-        be = HwBackend(rt, pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device, refcheck=False,
-                       profile=profile)
+        be = HwBackend(rt, settings_for(pb, {Level.GPU: 2 * n, Level.HOST: 2 * n}, device=device,
+                                        refcheck=False))
         try:
             m.device = be.info["device"]
             paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
@@ -127,7 +132,7 @@ def measure_copies(plan: Plan, device: str, m: Measured, profile: HardwareProfil
             be.close()
 
 
-def measure_small(plan: Plan, device: str, m: Measured, profile: HardwareProfile | None = None) -> None:
+def measure_small(plan: Plan, device: str, m: Measured, settings_for: SettingsFor) -> None:
     """Batches of ``plan.small_counts`` pages, each path and direction, random slots, timed
     from ``transfer()`` to the runtime seeing the completion (a replay's runtime: default
     polling); median of ``small_repeats`` after 3 dropped. Copy-engine cells also keep the
@@ -137,8 +142,8 @@ def measure_small(plan: Plan, device: str, m: Measured, profile: HardwareProfile
     rng = np.random.default_rng(1)
     pb, slots = plan.small_page, 4 * max(plan.small_counts)
     rt = RealtimeRuntime()
-    be = HwBackend(rt, pb, {Level.GPU: slots, Level.HOST: slots}, device=device, refcheck=False,
-                   profile=profile)
+    be = HwBackend(rt, settings_for(pb, {Level.GPU: slots, Level.HOST: slots}, device=device,
+                                    refcheck=False))
     try:
         paths = (CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL) if be.on_gpu else (CopyPath.COPY_ENGINE,)
         copier = getattr(be, "copier", None)
@@ -257,10 +262,10 @@ def measure_compute(m: Measured) -> None:
     del a, b, x, y
 
 
-def measure_busy(m: Measured, device: str) -> None:
+def measure_busy(m: Measured, device: str, settings_for: SettingsFor) -> None:
     """compute(d) of the hw backend: requested vs measured seconds."""
     rt = RealtimeRuntime()
-    be = HwBackend(rt, 64 * KiB, {Level.GPU: 4}, device=device)
+    be = HwBackend(rt, settings_for(64 * KiB, {Level.GPU: 4}, device=device))
     try:
         rows = []
         for d in (0.002, 0.01, 0.05):
@@ -285,26 +290,26 @@ def measure_busy(m: Measured, device: str) -> None:
         be.close()
 
 
-def measure(device: str = "auto", plan: Plan | None = None, disk_dir: str | None = None,
-            profile: HardwareProfile | None = None) -> tuple[Measured, Plan]:
-    """Everything calibrate measures, with the hw backend built on ``profile`` (default
-    the default config's); the disk also at the profile's queue depth and piece size."""
+def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None = None,
+            disk_dir: str | None = None) -> tuple[Measured, Plan]:
+    """Everything calibrate measures, with hw backends built from ``settings_for``'s
+    settings (on the profile being calibrated); the disk also at the profile's queue
+    depth and piece size."""
     cp = load_cupy() if device != "cpu" else None
     if device == "gpu" and cp is None:
         raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
     on_gpu = cp is not None
     plan = plan or Plan.for_device(on_gpu)
-    profile = profile or load_profile(RunConfig.model_fields["hardware"].default)
-    nv = profile.nvme
+    nv = settings_for(4096, {Level.GPU: 1}).profile.nvme
     plan = replace(plan, disk_threads=tuple(sorted({*plan.disk_threads, nv.queue_depth})),
                    disk_pieces=tuple(sorted({*plan.disk_pieces, nv.piece})))
     dev = "gpu" if on_gpu else "cpu"
     m = Measured(device=dev, disk_setting={"queue_depth": nv.queue_depth, "piece": nv.piece})
-    measure_copies(plan, dev, m, profile)
-    measure_small(plan, dev, m, profile)
+    measure_copies(plan, dev, m, settings_for)
+    measure_small(plan, dev, m, settings_for)
     measure_disk(plan, m, disk_dir, cp.cuda.runtime if on_gpu else None)
     measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
     if on_gpu and plan.compute:
         measure_compute(m)
-    measure_busy(m, dev)
+    measure_busy(m, dev, settings_for)
     return m, plan

@@ -19,11 +19,11 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
 - disk: one op latency, then a fluid flow at the device's rate for this page size:
   ``min(bw, queue_depth * op / (latency + op / bw))`` with ``op = min(page, piece)``. With
   ``nvme.rewrite``, bytes written into disk slots written before move at that rate. With
-  ``disk_io_workers`` N > 0 (the disk tier's ``io_workers``) the disk leg is instead
+  the disk tier's ``io_workers`` N > 0 the disk leg is instead
   pieces on N modelled workers in ``kvsim.core.datapath.diskio``'s order (``diskpool``): each
   piece one op latency, then its bytes over the device's own bandwidth (``read``,
   ``write``), shared; N replaces ``queue_depth``; while a restore runs, at most
-  ``write_cap(N, disk_io_write_share)`` write pieces are in flight, as on hw.
+  ``write_cap(N, io_write_share)`` write pieces are in flight, as on hw.
 - GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth

@@ -20,16 +20,15 @@ from typing import Any, Final, Sequence
 
 import simpy
 
-from kvsim.core.datapath.copypath import choose_copy_path, force_per_direction, registration_forces_kernel
-from kvsim.core.datapath.copypath import sm_ctas as cta_count
-from kvsim.core.datapath.diskio import WRITE_SHARE
+from kvsim.core.datapath.copypath import direction_ctas, direction_paths
+from kvsim.core.datapath.fill import FillLayout, registration_unit
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
-from kvsim.config.hardware import HardwareProfile, load_profile
+from kvsim.settings import BackendSettings
 
 from .diskpool import SimDiskPool
 from .fluid import Fluid
-from .hostfill import SimHostFill, registration_unit_of
+from .hostfill import SimHostFill
 from .routes import DIRECTIONS, ROUTES
 from .runtime import SimRuntime
 from .transfer import Transfer, Transfers
@@ -39,63 +38,50 @@ _INF: Final = math.inf
 
 
 class SimBackend(Transfers):
-    """``slots[level]``: how many slots each tier's tag array has (its reserved range).
-    ``profile``: a HardwareProfile or a preset name; ``copy_path`` forces a path (one, or
-    one per direction: ``force_per_direction``); ``sm_ctas``: ``auto`` or a CTA count;
-    ``kernel_on_coherent_link``: the SM kernel on a c2c link (the rule's opt-in).
-    ``chunked_registration`` or ``registration_unit`` (bytes: the host tier registered in
-    units of that size from its start; default: the units of the host fill's ``register``
-    backing, which hold whole slots) force the SM kernel where a host page could straddle
-    two registrations (``registration_forces_kernel``)."""
+    """Built from ``settings`` (``kvsim.settings.BackendSettings``) alone: ``slots``, how
+    many slots each tier's tag array has (its reserved range); the profile's constants;
+    the copy path of each direction by ``direction_paths`` (forced or the rule's; the
+    host tier's registration units, the fill's with the ``register`` backing, or the
+    probe's ``registration_unit``, force the SM kernel where a host page could straddle
+    two registrations); the SM kernel's CTAs by ``direction_ctas``; the disk tier's
+    ``io_workers`` and ``io_write_share``; the host tier's fill."""
 
     name = "sim"
 
-    def __init__(self, runtime: SimRuntime, profile: HardwareProfile | str, page_bytes: int,
-                 slots: dict[Level, int], refcheck: bool = True,
-                 copy_path=None, chunked_registration: bool = False, sm_ctas="auto",
-                 timing_log: list | None = None, compute_log: list | None = None,
-                 host_fill: dict | None = None, fail_fill_at_unit: int | None = None,
-                 disk_io_workers: int = 0, kernel_on_coherent_link: bool = False,
-                 registration_unit: int | None = None, disk_io_write_share: float = WRITE_SHARE):
-        if page_bytes <= 0:
-            raise ValueError(f"page_bytes: got {page_bytes!r}; expected a positive number of bytes")
-        if not isinstance(profile, HardwareProfile):
-            profile = load_profile(profile)
+    def __init__(self, runtime: SimRuntime, settings: BackendSettings):
         self.runtime = runtime
         self.env = runtime.env
-        self.profile = profile
-        self.page_bytes = page_bytes
-        self.refcheck = refcheck
+        self.settings = settings
+        self.profile = p = settings.profile
+        self.page_bytes = page_bytes = settings.page_bytes
+        slots = settings.slots
+        self.refcheck = settings.refcheck
         self.on_traffic = None
+        probes = settings.probes
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
-        self.timing_log = timing_log
+        self.timing_log = probes.timing_log
         # optional per-compute log: [start s, nominal s, seconds it took] (the stretch of
         # copies' interference included, the backend's fixed latency not: the hw backend's
         # figure is its GPU time between two events)
-        self.compute_log = compute_log
-        p = profile
+        self.compute_log = probes.compute_log
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
-        force = force_per_direction(copy_path)
-        if registration_unit is None:
-            registration_unit = registration_unit_of(host_fill, page_bytes, slots)
-        chunked = chunked_registration or registration_forces_kernel(
-            page_bytes, registration_unit, int(slots.get(Level.HOST, 0)))
-        self.paths = {
-            d: choose_copy_path(**p.copy_path_args(d, page_bytes), force=force[d],
-                                chunked_registration=chunked,
-                                kernel_on_coherent_link=kernel_on_coherent_link)
-            for d in ("h2d", "d2h")}
+        self.errors: list[str] = []  # what failed, newest last (injected failures here)
+        # the host tier's fill: when its slots exist (a tier without one: at once)
+        self.host_fill = SimHostFill(runtime, p, page_bytes, settings.host_fill, slots,
+                                     probes.fail_fill_at_unit, self.errors)
+        unit = probes.registration_unit or registration_unit(settings.host_fill.backing,
+                                                             self.host_fill.layout)
+        c = settings.copy
+        self.paths = direction_paths(p, page_bytes, c.force, unit, int(slots.get(Level.HOST, 0)),
+                                     c.kernel_on_coherent_link)
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
-        self.ctas = {d: cta_count(sm_ctas, **p.cta_args(d)) for d in ("h2d", "d2h")}
+        self.ctas = direction_ctas(c.sm_ctas, p)
         self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
         op = min(page_bytes, nv.piece)
         self.ops_per_page = -(-page_bytes // nv.piece)
-        if isinstance(disk_io_workers, bool) or not isinstance(disk_io_workers, int) or disk_io_workers < 0:
-            raise ValueError(f"disk_io_workers: got {disk_io_workers!r}; expected a whole number >= 0")
-        pooled = disk_io_workers > 0
-        if isinstance(disk_io_write_share, bool) or not isinstance(disk_io_write_share, (int, float)) \
-                or not 0 <= disk_io_write_share <= 1:
-            raise ValueError(f"disk_io_write_share: got {disk_io_write_share!r}; expected a number in [0, 1]")
+        disk_cfg = settings.disk
+        workers = disk_cfg.io_workers if disk_cfg is not None else 0
+        pooled = workers > 0
 
         def disk_rate(bw: float) -> float:
             if pooled:  # the pieces on the workers model the queue: the device's own rate
@@ -119,8 +105,8 @@ class SimBackend(Transfers):
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
-        self.disk_pool = (SimDiskPool(self.fluid, disk_io_workers, nv.latency, nv.piece,
-                                      disk_io_write_share) if pooled else None)
+        self.disk_pool = (SimDiskPool(self.fluid, workers, nv.latency, nv.piece,
+                                      disk_cfg.io_write_share) if pooled else None)
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None
@@ -128,7 +114,6 @@ class SimBackend(Transfers):
         # (0: no content; a list of n references to one int takes 8n bytes, as uint64s would)
         self.tags = {lv: [0] * int(n) for lv, n in slots.items()}
         self._fail = 0
-        self.errors: list[str] = []  # what failed, newest last (injected failures here)
         self._bytes = dict.fromkeys(DIRECTIONS, 0)
         self._counts = {"transfers": 0, "failed_transfers": 0, "copy_engine_calls": 0,
                         "sm_kernel_calls": 0, "compute_calls": 0}
@@ -152,15 +137,15 @@ class SimBackend(Transfers):
         # disk leg (GPU <-> disk: both)
         self.link_leg_s = 0.0
         self.disk_leg_s = 0.0
-        # the host tier's fill: when its slots exist (a tier without one: at once)
-        self.host_fill = SimHostFill(runtime, profile, page_bytes, host_fill, slots,
-                                     fail_fill_at_unit, self.errors)
 
     def slots_ready(self, level: Level, slots: Sequence[int]) -> simpy.Event | None:
         return self.host_fill.slots_ready(slots) if level == Level.HOST else None
 
     def slot_limit(self, level: Level) -> int | None:
         return self.host_fill.slot_limit() if level == Level.HOST else None
+
+    def fill_layout(self, level: Level) -> FillLayout | None:
+        return self.host_fill.layout if level == Level.HOST else None
 
     # -- Backend protocol -------------------------------------------------------------
 
@@ -262,12 +247,12 @@ class SimBackend(Transfers):
     def promote(self, batch: Batch) -> int:
         """A background write (a ``BatchKind.BACKGROUND`` batch to disk) that a required
         write came to depend on: its pieces still queued move to the required writes'
-        queue (with ``disk_io_workers`` > 0; else nothing to do). How many moved."""
+        queue (with ``io_workers`` > 0; else nothing to do). How many moved."""
         return self.disk_pool.promote(batch) if self.disk_pool is not None else 0
 
     def fail_next_transfer(self, n: int = 1) -> None:
         """The next ``n`` transfers (in submission order) fail: they take their time, leave
-        garbage in their destination slots and succeed with False. With ``disk_io_workers``
+        garbage in their destination slots and succeed with False. With ``io_workers``
         > 0 a disk transfer fails at its first piece: its pieces still queued never run."""
         self._fail += n
 

@@ -10,19 +10,20 @@ from typing import Sequence
 
 import simpy
 
-from kvsim.core.datapath.fill import UNIT_BYTES, Backing, FillLayout, FillMode, layout_for, needed_watermark
+from kvsim.core.datapath.fill import Backing, FillLayout, FillMode, layout_for, needed_watermark
 from kvsim.core.spec import Level
-from kvsim.config.hardware import HardwareProfile
+from kvsim.settings import HostFillSettings
 
 from .runtime import SimRuntime
 
 
 class SimHostFill:
-    """``host_fill``: the config's ``fill`` keys; ``fail_at``: a test hook, the fill stops
-    before that unit (reported once in ``errors``)."""
+    """``fill``: the host tier's fill settings; ``profile``: the hardware profile (its fill
+    rate per backing, and the driver's allocation granule for ``cumem``); ``fail_at``: a
+    test hook, the fill stops before that unit (reported once in ``errors``)."""
 
-    def __init__(self, runtime: SimRuntime, profile: HardwareProfile, page_bytes: int,
-                 host_fill: dict | None, slots: dict[Level, int], fail_at: int | None,
+    def __init__(self, runtime: SimRuntime, profile, page_bytes: int,
+                 fill: HostFillSettings, slots: dict[Level, int], fail_at: int | None,
                  errors: list[str]):
         self.runtime = runtime
         self.layout: FillLayout | None = None
@@ -30,14 +31,12 @@ class SimHostFill:
         self.errors = errors
         self.rate = 0.0
         self.t0 = runtime.env.now
-        hf = host_fill or {}
-        mode = FillMode(hf.get("mode", "none"))
-        if mode is FillMode.NONE or Level.HOST not in slots:
+        if fill.mode is FillMode.NONE or Level.HOST not in slots:
             return
-        backing = Backing(hf.get("backing", "register"))
-        self.layout = layout_for(backing, page_bytes, int(slots[Level.HOST]),
-                                 int(hf.get("unit", UNIT_BYTES)))
-        self.rate = profile.host.fill_rate_for(backing.value)
+        granule = profile.host.cumem_granule if fill.backing is Backing.CUMEM else None
+        self.layout = layout_for(fill.backing, page_bytes, int(slots[Level.HOST]),
+                                 fill.unit_bytes, granule)
+        self.rate = profile.host.fill_rate_for(fill.backing.value)
 
     def done_at(self, units: int) -> float:
         """When the host tier's first ``units`` units are in (its fill configured)."""
@@ -71,14 +70,3 @@ class SimHostFill:
             return None
         return f.watermark(fail)
 
-
-def registration_unit_of(host_fill: dict | None, page_bytes: int, slots: dict) -> int | None:
-    """Bytes a registration of the host tier when its fill registers it unit by unit (the
-    ``register`` backing of a progressive or before-serve fill), else None (one)."""
-    hf = host_fill or {}
-    if FillMode(hf.get("mode", "none")) is FillMode.NONE or Level.HOST not in slots:
-        return None
-    if Backing(hf.get("backing", "register")) is not Backing.REGISTER:
-        return None
-    return layout_for(Backing.REGISTER, page_bytes, int(slots[Level.HOST]),
-                      int(hf.get("unit", UNIT_BYTES))).unit_bytes

@@ -93,6 +93,9 @@ class HwLoopSim:
     def slot_limit(self, level: Level) -> int | None:
         return self.inner.slot_limit(level)
 
+    def fill_layout(self, level: Level):
+        return self.inner.fill_layout(level)
+
     def stats(self) -> dict:
         return self.inner.stats()
 

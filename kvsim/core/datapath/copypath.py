@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Mapping
 
 LINK_KINDS = ("pcie", "c2c")
 DIRECTIONS = ("h2d", "d2h")
@@ -174,7 +175,25 @@ def sm_ctas(setting, link_bytes_per_s: float, per_cta_bytes_per_s: float, max_ct
     it by ``copy_ctas``; a positive integer up to ``max_ctas`` is taken as it is."""
     if setting is None or setting == AUTO:
         return copy_ctas(link_bytes_per_s, per_cta_bytes_per_s, max_ctas, headroom)
-    if isinstance(setting, bool) or not isinstance(setting, int) or not 0 < setting <= max_ctas:
-        raise ValueError(f"sm_ctas: got {setting!r}; expected 'auto' or a number of CTAs "
-                         f"from 1 to {max_ctas} (the copy CTA slots)")
-    return setting
+    return setting  # (its range: the config model and kvsim.run.seam.check_profile_fit)
+
+
+def direction_paths(profile, page_bytes: int, force: Mapping[str, CopyPath | None],
+                    registration_unit: int | None, host_slots: int,
+                    kernel_on_coherent_link: bool) -> dict[str, CopyPath]:
+    """The copy path of each direction for pages of ``page_bytes``: ``choose_copy_path``
+    on ``profile``'s arguments (a hardware profile: its ``copy_path_args``), ``force``'s
+    path or None a direction, chunked registration where host memory registered in
+    ``registration_unit`` bytes (None: one registration) could split one of
+    ``host_slots`` pages. The one rule both backends build their paths by."""
+    chunked = registration_forces_kernel(page_bytes, registration_unit, host_slots)
+    return {d: choose_copy_path(**profile.copy_path_args(d, page_bytes), force=force.get(d),
+                                chunked_registration=chunked,
+                                kernel_on_coherent_link=kernel_on_coherent_link)
+            for d in DIRECTIONS}
+
+
+def direction_ctas(setting: int | None, profile) -> dict[str, int]:
+    """The SM copy kernel's CTAs each direction: ``setting`` (None: Little's law on
+    ``profile``'s rates, ``cta_args``)."""
+    return {d: sm_ctas(setting, **profile.cta_args(d)) for d in DIRECTIONS}

@@ -110,13 +110,16 @@ def piece_sizes(page_bytes: int, pages: int, piece_bytes: int = PIECE_BYTES) -> 
 
 def write_cap(workers: int, share: float = WRITE_SHARE) -> int:
     """K, the write pieces that may be in flight while a read is queued or in flight, for
-    ``workers`` workers and the disk tier's ``io_write_share``: ``share`` of the workers,
-    rounded down, at least 1 (so writes never starve); ``share`` 1.0 gives N, no cap."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"write_cap: workers {workers!r}: expected a whole number >= 1")
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"write_cap: share {share!r}: expected a number in [0, 1]")
+    ``workers`` workers (>= 1) and the disk tier's ``io_write_share`` (in [0, 1]: the
+    config model checks both): ``share`` of the workers, rounded down, at least 1 (so
+    writes never starve); ``share`` 1.0 gives N, no cap."""
     return max(1, math.floor(share * workers + 1e-9))
+
+
+def io_threads(io_workers: int, queue_depth: int) -> int:
+    """The disk tier's I/O threads: its ``io_workers`` N > 0 (prioritised, in this
+    module's order), else the device's queue depth (round robin, no priorities)."""
+    return io_workers if io_workers > 0 else queue_depth
 
 
 _CLASSES = (IoClass.READ, IoClass.WRITE, IoClass.BACKGROUND)  # by value, without a lookup

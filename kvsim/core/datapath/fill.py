@@ -150,12 +150,27 @@ class FillLayout:
 
 
 def layout_for(backing: Backing | str, slot_bytes: int, slots: int,
-               unit_bytes: int = UNIT_BYTES) -> FillLayout:
-    """The layout a backing commits in: units of ``unit_bytes`` (register, cumem), or the
-    whole range at once (pinned: one driver allocation)."""
-    if Backing(backing) is Backing.PINNED:
+               unit_bytes: int = UNIT_BYTES, granule: int | None = None) -> FillLayout:
+    """The layout a backing commits in, the one rule for the engine's serve watermark, the
+    sim's fill and the hw backend's: the whole range at once (pinned: one driver
+    allocation), or units of whole slots in ``unit_bytes`` (register), also whole
+    ``granule``s of the driver's allocation where one is given (cumem: the hw backend
+    passes the driver's granularity; the sim, the profile's ``host.cumem_granule``)."""
+    backing = Backing(backing)
+    if backing is Backing.PINNED:
         return FillLayout.whole(slot_bytes, slots)
+    if backing is Backing.CUMEM and granule:
+        return FillLayout.aligned(slot_bytes, slots, unit_bytes, granule)
     return FillLayout.of(slot_bytes, slots, unit_bytes)
+
+
+def registration_unit(backing: Backing | str, layout: FillLayout | None) -> int | None:
+    """Bytes a registration of the host tier: its fill's units when they are registered
+    one by one with the driver (``register``), else None (one registration, or memory the
+    driver allocated). A copy engine copy may not span two (``copypath``)."""
+    if layout is None or Backing(backing) is not Backing.REGISTER:
+        return None
+    return layout.unit_bytes
 
 
 def needed_watermark(slots: Sequence[int]) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvsim.core.errors import CoreError
 from kvsim.core.policy.base import LRU, EvictionPolicy, PriorityLRU
 from kvsim.core.policy.builtin import GDSF, LFU, S3FIFO, Belady, NextUses
 from kvsim.core.policy.placement import (DROP, PLACEMENT_NAMES, PLACEMENTS, Cascade,
@@ -23,6 +24,28 @@ POLICIES: tuple[tuple[str, type], ...] = (
     ("lru", LRU), ("priority-lru", PriorityLRU), ("lfu", LFU), ("s3-fifo", S3FIFO), ("gdsf", GDSF),
     ("belady", Belady))
 POLICY_NAMES: tuple[str, ...] = tuple(n for n, _ in POLICIES)
+#: the built-ins that are offline bounds (``is_bound``: they read the trace's future)
+BOUND_NAMES: tuple[str, ...] = tuple(n for n, cls in POLICIES if cls.is_bound)
+
+
+def per_tier(policy: EvictionPolicy, tier_policies: dict[int, EvictionPolicy] | None,
+             tiers: int) -> list[EvictionPolicy]:
+    """Each tier's eviction policy: its own (``tier_policies``: tier position -> policy),
+    else ``policy``."""
+    over = dict(tier_policies or {})
+    for pos in over:
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < tiers:
+            raise CoreError(f"tier_policies: no tier at position {pos!r} (0..{tiers - 1})")
+    return [over.get(i, policy) for i in range(tiers)]
+
+
+def distinct(policies: list[EvictionPolicy]) -> list[EvictionPolicy]:
+    """Each policy once (by identity), in order."""
+    out: list[EvictionPolicy] = []
+    for p in policies:
+        if all(p is not q for q in out):
+            out.append(p)
+    return out
 
 
 def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
@@ -34,5 +57,5 @@ def make_policy(name: str, **kwargs: Any) -> EvictionPolicy:
 
 
 __all__ = ["EvictionPolicy", "LRU", "PriorityLRU", "LFU", "GDSF", "S3FIFO", "Belady", "NextUses",
-           "POLICIES", "POLICY_NAMES", "make_policy", "DROP", "PlacementPolicy", "Cascade",
+           "POLICIES", "POLICY_NAMES", "BOUND_NAMES", "make_policy", "DROP", "PlacementPolicy", "Cascade",
            "RecomputeOverDisk", "SkipHost", "PLACEMENTS", "PLACEMENT_NAMES", "make_placement"]

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsim.config.schema import ConfigFileError, _format, parse_override, read_yaml
+from kvsim.config.runconfig import ConfigFileError, format_error, parse_override, read_yaml
 from kvsim.config.units import parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -332,7 +332,7 @@ def _validate(model: type[BaseModel], data: dict, source: str, what: str) -> Any
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise StudyFileError(_format(e, source).replace("invalid configuration", f"invalid {what}")) from None
+        raise StudyFileError(format_error(e, source).replace("invalid configuration", f"invalid {what}")) from None
 
 
 def load_study(path: str | Path) -> StudySpec:

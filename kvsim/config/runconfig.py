@@ -24,7 +24,7 @@ from kvsim.config.strict import PositiveSeconds, Size
 from kvsim.config.strict import Strict as _Strict
 from kvsim.config.workload import WorkloadConfig
 from kvsim.core.datapath.diskio import WRITE_SHARE
-from kvsim.core.policy import PLACEMENT_NAMES, POLICY_NAMES
+from kvsim.core.policy import BOUND_NAMES, PLACEMENT_NAMES, POLICY_NAMES
 from kvsim.config.paths import CONFIGS
 
 
@@ -88,11 +88,11 @@ class TierConfig(_Strict):
     @field_validator("eviction")
     @classmethod
     def _known_eviction(cls, v: Optional[str]) -> Optional[str]:
-        if v == "belady":
-            raise ValueError("belady is an offline bound over the whole cache: set it as "
+        if v in BOUND_NAMES:
+            raise ValueError(f"{v} is an offline bound over the whole cache: set it as "
                              "cache.policy.eviction, not for one tier")
         return v if v is None else _builtin_or_class(
-            v, tuple(n for n in POLICY_NAMES if n != "belady"), "eviction")
+            v, tuple(n for n in POLICY_NAMES if n not in BOUND_NAMES), "eviction")
 
     @model_validator(mode="after")
     def _check(self) -> "TierConfig":
@@ -160,10 +160,10 @@ class CacheConfig(_Strict):
         if not levels or levels[0] != "gpu" or any(order[b] <= order[a] for a, b in zip(levels, levels[1:])):
             raise ValueError(f"tiers must be ordered gpu -> host -> disk (host and disk "
                              f"optional), got {' -> '.join(levels) or 'none'}")
-        if self.policy.eviction == "belady" and any(t.eviction for t in self.tiers):
+        if self.policy.eviction in BOUND_NAMES and any(t.eviction for t in self.tiers):
             i = next(i for i, t in enumerate(self.tiers) if t.eviction)
-            raise ValueError(f"tiers[{i}].eviction: belady (cache.policy.eviction) orders every "
-                             f"tier; a tier's own eviction policy cannot be mixed with it")
+            raise ValueError(f"tiers[{i}].eviction: {self.policy.eviction} (cache.policy.eviction) "
+                             f"orders every tier; a tier's own eviction policy cannot be mixed with it")
         for i, t in enumerate(self.tiers):
             if t.write_through and "host" not in levels:
                 raise ValueError(f"tiers[{i}].write_through needs a host tier above the disk "
@@ -254,7 +254,7 @@ def _loc(loc: tuple) -> str:
     return out or "(top level)"
 
 
-def _format(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = ()) -> str:
+def format_error(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = ()) -> str:
     """One line per error: the key path, what is wrong, and what was given. An error in a
     key that a ``--set`` wrote (or one inside it) names that ``--set`` argument, not the
     file."""
@@ -408,4 +408,4 @@ def validate_config(data: dict, source: str = "<config>",
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigFileError(_format(e, source, overrides)) from None
+        raise ConfigFileError(format_error(e, source, overrides)) from None

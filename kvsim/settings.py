@@ -1,0 +1,130 @@
+"""What a backend is built from: ``BackendSettings``, one frozen, typed object.
+
+Both backends (and, on a node, every rank) are built as ``Backend(runtime, settings)``
+from it and read nothing else: never ``kvsim.config``. The run builds it once from the
+validated config (``kvsim.run.seam``), where every range is checked and every default
+written; nothing here checks or defaults a setting that comes from the config. The
+dataclass defaults below are the hw backend's own run options (device, staging, ...)
+and the probes a caller may attach, which no config key sets.
+
+A rule both backends apply to these settings is one pure function in
+``kvsim.core.datapath`` (the copy path, the disk-I/O order, the host-fill layout),
+called with values from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, Union
+
+from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.fill import Backing, FillMode
+from kvsim.core.spec import Level
+
+if TYPE_CHECKING:
+    from kvsim.config.hardware import HardwareProfile
+
+Device = Literal["auto", "cpu", "gpu"]
+
+
+@dataclass(frozen=True)
+class CopySettings:
+    """GPU <-> host copies. ``force``: the path each direction must take (``h2d``,
+    ``d2h``; None: the rule's choice, ``kvsim.core.datapath.copypath``); ``sm_ctas``: the
+    SM kernel's CTAs a direction (None: by Little's law on the profile);
+    ``kernel_on_coherent_link``: the rule's opt-in to the SM kernel on a c2c link."""
+
+    force: Mapping[str, Optional[CopyPath]]
+    sm_ctas: Optional[int]
+    kernel_on_coherent_link: bool
+
+
+@dataclass(frozen=True)
+class DiskSettings:
+    """The disk tier. ``io_workers``: N > 0 prioritised I/O workers in the order of
+    ``kvsim.core.datapath.diskio``; 0, the profile's ``nvme.queue_depth`` pieces in flight
+    round robin. ``io_write_share``: the share of the N workers writes may hold while a
+    restore waits. ``dir``: the folder of the hw backend's tier file; ``preallocate``: the
+    file's space reserved up front (else sparse: a full disk fails writes with ENOSPC);
+    ``direct_io``: O_DIRECT where the file system allows."""
+
+    io_workers: int
+    io_write_share: float
+    dir: Optional[str] = None
+    preallocate: bool = True
+    direct_io: bool = True
+
+
+@dataclass(frozen=True)
+class HostFillSettings:
+    """How the host tier comes to exist (``kvsim.core.datapath.fill``): ``mode``,
+    ``backing``, ``unit_bytes`` (the commit unit), and the hw backend's ``huge_pages``
+    and ``numa`` (``auto``, ``off`` or a node)."""
+
+    mode: FillMode
+    backing: Backing
+    unit_bytes: int
+    huge_pages: bool
+    numa: Union[Literal["auto", "off"], int]
+
+
+@dataclass(frozen=True)
+class HwSettings:
+    """How the hw backend runs (no config key: the command line's and callers' options).
+    ``device``: the GPU when CuPy finds one (``auto``), or ``cpu``/``gpu``; ``time_scale``:
+    simulated seconds a wall second; ``staging_bytes``: pinned staging for GPU <-> disk;
+    ``compute_graphs``: the busy kernel launched through CUDA graphs; ``compute_chunk_s``:
+    one busy kernel's length; ``check_capacity``: refuse tiers larger than the machine
+    can give, before allocating."""
+
+    device: Device = "auto"
+    time_scale: float = 1.0
+    staging_bytes: int = 64 << 20
+    compute_graphs: bool = True
+    compute_chunk_s: float = 0.5e-3
+    check_capacity: bool = True
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What a caller watches or injects (tests, ``kvsim compare``, ``kvsim calibrate``),
+    none by default. Logs are lists the backend appends to: ``timing_log`` (a record per
+    batch), ``compute_log`` (per compute call), ``host_log`` (hw: the loop's host time).
+    Faults: ``fail_fill_at_unit`` (the host fill stops before that unit),
+    ``fill_unit_delay_s`` (hw: a pause before each unit), ``io_hook`` (hw: called before
+    each disk piece, may raise OSError), ``registration_unit`` (sim: the host tier
+    registered in units of that many bytes, in place of its fill's)."""
+
+    timing_log: Optional[list] = None
+    compute_log: Optional[list] = None
+    host_log: Optional[list] = None
+    fail_fill_at_unit: Optional[int] = None
+    fill_unit_delay_s: float = 0.0
+    io_hook: Optional[Callable[..., Any]] = None
+    registration_unit: Optional[int] = None
+
+
+NO_PROBES = Probes()
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """Everything a backend is built from. ``slots``: slots a tier (its reserved range),
+    by level; ``tier_keys``: the config key that sizes each tier (for errors that name
+    it); ``profile``: the hardware profile (the sim's constants; both backends' copy-path
+    and CTA rules read it)."""
+
+    page_bytes: int
+    slots: Mapping[Level, int]
+    profile: "HardwareProfile"
+    refcheck: bool
+    copy: CopySettings
+    disk: Optional[DiskSettings]  # None: no disk tier
+    host_fill: HostFillSettings
+    hw: HwSettings = HwSettings()
+    probes: Probes = NO_PROBES
+    tier_keys: Mapping[Level, str] = field(default_factory=dict)
+
+    def key(self, level: Level) -> str:
+        """The config key that sizes the tier at ``level``."""
+        return self.tier_keys.get(level, f"slots[{level.name}]")
