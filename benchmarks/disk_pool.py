@@ -128,7 +128,7 @@ def direct_io(path: str, size: int, piece: int, threads: int, write: bool, secon
 def store(d: str, size: int, page: int, piece: int, workers: int, priorities: bool,
           share: float = WRITE_SHARE) -> DiskStore:
     return DiskStore(d, size // page, page, workers, piece, priorities=priorities,
-                     write_share=share)
+                     io_write_share=share)
 
 
 def fill(ds: DiskStore, rows: np.ndarray) -> None:

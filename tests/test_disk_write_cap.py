@@ -145,7 +145,7 @@ def started_during_a_read(tmp_path, share, expect):
     them once it ended."""
     gate = SlotGate()
     ds = DiskStore(tmp_path, 64, PB_HW, io_threads=4, piece_bytes=PB_HW, io_hook=gate,
-                   priorities=True, write_share=share)
+                   priorities=True, io_write_share=share)
     try:
         rows = np.zeros((8, PB_HW), np.uint8)
         wr = ds.submit_writes(np.arange(8), rows)
@@ -198,7 +198,7 @@ def test_hw_a_failed_piece_under_the_cap_frees_its_place(tmp_path):
             read_go.wait(10)
 
     ds = DiskStore(tmp_path, 64, PB_HW, io_threads=2, piece_bytes=PB_HW, io_hook=hook,
-                   priorities=True, write_share=0.5)
+                   priorities=True, io_write_share=0.5)
     try:
         assert ds.pool.queues.rule.write_cap == 1
         rows = np.zeros((4, PB_HW), np.uint8)

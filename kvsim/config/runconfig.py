@@ -24,6 +24,7 @@ from kvsim.config.strict import PositiveSeconds, Size
 from kvsim.config.strict import Strict as _Strict
 from kvsim.config.workload import WorkloadConfig
 from kvsim.core.datapath.diskio import WRITE_SHARE
+from kvsim.core.datapath.fill import UNIT_BYTES
 from kvsim.core.policy import BOUND_NAMES, PLACEMENT_NAMES, POLICY_NAMES
 from kvsim.config.paths import CONFIGS
 
@@ -46,7 +47,7 @@ class FillConfig(_Strict):
     backing: Literal["register", "pinned", "cumem"] = "register"
     huge_pages: bool = False
     numa: Union[Literal["auto", "off"], Annotated[int, Field(ge=0)]] = "auto"
-    unit: Size = 512 << 20
+    unit: Size = UNIT_BYTES
 
 
 MAX_IO_WORKERS = 256

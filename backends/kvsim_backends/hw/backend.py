@@ -143,7 +143,7 @@ class HwBackend:
             self.disk = DiskStore(d.dir, self.slots[Level.DISK], self.page_bytes,
                                   io_threads(d.io_workers, io_threads_q), piece, st.probes.io_hook,
                                   direct=d.direct_io, preallocate=d.preallocate,
-                                  priorities=d.io_workers > 0, write_share=d.io_write_share)
+                                  priorities=d.io_workers > 0, io_write_share=d.io_write_share)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, st.hw.staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)

@@ -14,7 +14,7 @@ writes wait up to 0.58 s on the H200 machine). With ``priorities`` (the disk tie
 ``io_workers`` > 0) the threads instead take pieces in the order of
 ``kvsim.core.datapath.diskio`` (``PriorityPool``): restores first, then required writes, then
 background writes, with aging, and while a restore is queued or running at most
-``write_cap(io_threads, write_share)`` write pieces in flight (the disk tier's
+``write_cap(io_threads, io_write_share)`` write pieces in flight (the disk tier's
 ``io_write_share``), the rule the sim models too; a failed piece fails its
 transfer and its pieces not yet started are not run. O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
@@ -63,14 +63,14 @@ class DiskStore:
     """``io_threads`` threads run the tier's pieces of at most ``piece_bytes``: round robin
     over the transfers in flight (``FairPool``), or with ``priorities`` in the order of
     ``kvsim.core.datapath.diskio`` (``PriorityPool``: the disk tier's ``io_workers`` setting), with
-    its write cap from ``write_share`` (the tier's ``io_write_share``)."""
+    its write cap from ``io_write_share`` (the tier's ``io_write_share``)."""
 
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
                  io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
                  direct: bool = True, preallocate: bool = True, priorities: bool = False,
-                 write_share: float = WRITE_SHARE):
+                 io_write_share: float = WRITE_SHARE):
         # (bad settings fail before the file exists)
-        rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, write_share))
+        rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, io_write_share))
                 if priorities else None)
         self.slots = slots
         self.page_bytes = page_bytes

@@ -47,7 +47,7 @@ import time
 
 import numpy as np
 
-from kvsim.core.datapath.fill import UNIT_BYTES, Backing, layout_for
+from kvsim.core.datapath.fill import Backing, layout_for
 
 from .memory import HOST_REGISTER_MAPPED, HOST_REGISTER_PORTABLE, lazy_mmap, device_pointer
 
@@ -122,8 +122,8 @@ class HostFill:
     the worker fails instead of committing that unit. ``unit_delay_s``: a test hook, the
     worker sleeps this long before each unit."""
 
-    def __init__(self, slot_bytes: int, slots: int, unit_bytes: int = UNIT_BYTES,
-                 backing: Backing | str = Backing.REGISTER, cuda=None, *,
+    def __init__(self, slot_bytes: int, slots: int, unit_bytes: int, backing: Backing | str,
+                 cuda=None, *,
                  huge_pages: bool = False, numa: str | int = "auto", prefault: bool = True,
                  fail_at_unit: int | None = None, unit_delay_s: float = 0.0):
         self.backing = Backing(backing)

@@ -20,7 +20,8 @@ import sys
 
 import numpy as np
 
-REGISTER_UNIT_BYTES = 512 << 20
+from kvsim.core.datapath.fill import UNIT_BYTES
+
 HOST_REGISTER_PORTABLE = 1
 HOST_REGISTER_MAPPED = 2
 
@@ -76,7 +77,7 @@ class HostRegion:
     ``cuda``: the CuPy runtime module (``cupy.cuda.runtime``) or None (CPU mode).
     """
 
-    def __init__(self, slots: int, page_bytes: int, cuda=None, unit_bytes: int = REGISTER_UNIT_BYTES):
+    def __init__(self, slots: int, page_bytes: int, cuda=None, unit_bytes: int = UNIT_BYTES):
         self.slots = slots
         self.page_bytes = page_bytes
         self.nbytes = slots * page_bytes

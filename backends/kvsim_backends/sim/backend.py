@@ -80,8 +80,8 @@ class SimBackend(Transfers):
         op = min(page_bytes, nv.piece)
         self.ops_per_page = -(-page_bytes // nv.piece)
         disk_cfg = settings.disk
-        workers = disk_cfg.io_workers if disk_cfg is not None else 0
-        pooled = workers > 0
+        io_workers = disk_cfg.io_workers if disk_cfg is not None else 0
+        pooled = io_workers > 0
 
         def disk_rate(bw: float) -> float:
             if pooled:  # the pieces on the workers model the queue: the device's own rate
@@ -105,7 +105,7 @@ class SimBackend(Transfers):
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
-        self.disk_pool = (SimDiskPool(self.fluid, workers, nv.latency, nv.piece,
+        self.disk_pool = (SimDiskPool(self.fluid, io_workers, nv.latency, nv.piece,
                                       disk_cfg.io_write_share) if pooled else None)
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads

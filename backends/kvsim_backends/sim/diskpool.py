@@ -7,7 +7,7 @@ device's op latency (``nvme.latency``), then its bytes as a fluid flow over its 
 resources (the disk's read or write bandwidth, plus the link's for GPU <-> disk), shared
 max-min fair with every other flow. So N pieces in flight give the rate today's model
 gives for ``queue_depth`` N, and a restore's pieces overtake queued eviction writes as on
-hw. While a restore's piece is queued or running, at most ``write_cap(N, write_share)``
+hw. While a restore's piece is queued or running, at most ``write_cap(N, io_write_share)``
 write pieces are in flight (the disk tier's ``io_write_share``): the hw pool's cap, the
 same rule (``kvsim.core.datapath.diskio``); a piece is in flight from its pop to its end.
 
@@ -44,18 +44,18 @@ class DiskJob:
 
 
 class SimDiskPool:
-    """``workers`` disk workers on ``fluid``'s clock, ``latency`` seconds an op; at most
-    ``write_cap(workers, write_share)`` write pieces in flight while reads run."""
+    """``io_workers`` disk workers on ``fluid``'s clock, ``latency`` seconds an op; at most
+    ``write_cap(io_workers, io_write_share)`` write pieces in flight while reads run."""
 
-    def __init__(self, fluid, workers: int, latency: float, piece_bytes: int,
-                 write_share: float = WRITE_SHARE):
+    def __init__(self, fluid, io_workers: int, latency: float, piece_bytes: int,
+                 io_write_share: float = WRITE_SHARE):
         self.fluid = fluid
         self.clock = fluid.clock
-        self.free = workers
+        self.free = io_workers
         self.latency = latency
         self.piece_bytes = piece_bytes
         self.queues = DiskQueues(IoRule(piece_bytes=piece_bytes,
-                                        write_cap=write_cap(workers, write_share)))
+                                        write_cap=write_cap(io_workers, io_write_share)))
         self.pieces_run = 0
         self.pieces_dropped = 0
 
