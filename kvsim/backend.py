@@ -13,7 +13,7 @@ A transfer's or compute's waitable succeeds with ``True`` when the work complete
 
 from __future__ import annotations
 
-from typing import Any, Generator, Iterable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Generator, Iterable, Protocol, Sequence, runtime_checkable
 
 from kvsim.core.datapath.fill import FillLayout
 from kvsim.core.plan import Batch, Fill
@@ -50,6 +50,11 @@ class Runtime(Protocol):
 
     def run(self, until: Waitable | float | None = None) -> None:
         """Drive the processes until ``until`` (an event or a time) or until idle."""
+
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        """A part of the node that its ranks share (a disk drive, the driver's lock): the
+        one ``make()`` built when a backend on this runtime first asked for ``name``. A
+        runtime is one node's clock, so what it holds is that node's."""
 
 
 @runtime_checkable

@@ -124,6 +124,10 @@ class BackendSettings:
     hw: HwSettings = HwSettings()
     probes: Probes = NO_PROBES
     tier_keys: Mapping[Level, str] = field(default_factory=dict)
+    #: this backend's rank on its node, of ``ranks`` (the node's shared parts, its disk
+    #: drive and the driver's lock, come from the runtime: ``Runtime.shared``)
+    rank: int = 0
+    ranks: int = 1
 
     def key(self, level: Level) -> str:
         """The config key that sizes the tier at ``level``."""

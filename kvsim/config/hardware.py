@@ -31,6 +31,9 @@ Optional terms (absent: the older, simpler model):
   call when stepping, so both add to every step). The sim adds the latency after the
   compute (SMs free, nothing held). Default 0 and 1. ``kvsim calibrate`` fits both from
   its timed ``compute()`` calls (wall - d = latency + (scale - 1) x d, least squares).
+- ``driver``: the CUDA driver's node-wide lock (``DriverSpec``): what a host fill holds it
+  for, per backing, and an executor's call; the sim then makes a node's ranks wait for it.
+  Default None: the driver costs nothing and holds nothing.
 - ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
   the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
   Default None: every write at ``nvme.write``.
@@ -241,6 +244,20 @@ class HostSpec(_Frozen):
         return self.fill_rate if rate is None else rate
 
 
+class DriverSpec(_Frozen):
+    """The CUDA driver's lock, which every driver call on the machine takes (FIELD.md s.2):
+    ``call``, an executor's call (a kernel launch, a copy call, a memory query);
+    ``register_rate``, the bytes ``cudaHostRegister`` pins a second, the lock held
+    throughout (the rest of a ``register`` unit's fill, faulting it in, takes no lock);
+    ``cumem_lock_share``, the share of a ``cumem`` unit's fill the lock is held
+    (``cuMemCreate`` and ``cuMemMap``). A ``pinned`` fill's one ``cudaHostAlloc`` holds it
+    throughout."""
+
+    call: Seconds = 0.0
+    register_rate: Rate
+    cumem_lock_share: Fraction
+
+
 class GPUSpec(_Frozen):
     name: str
     memory: Bytes
@@ -284,6 +301,7 @@ class HardwareProfile(_Frozen):
     gpu: GPUSpec
     transfer: TransferSpec = TransferSpec()
     compute: ComputeSpec = ComputeSpec()
+    driver: DriverSpec | None = None
     notes: str = ""
 
     @model_validator(mode="before")

@@ -22,6 +22,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator, m
 
 from kvsim.config.strict import PositiveSeconds, Size
 from kvsim.config.strict import Strict as _Strict
+from kvsim.config.node import NodeConfig, RouterConfig
 from kvsim.config.workload import WorkloadConfig
 from kvsim.core.datapath.diskio import WRITE_SHARE
 from kvsim.core.datapath.fill import UNIT_BYTES
@@ -243,6 +244,8 @@ class RunConfig(_Strict):
     engine: EngineConfig = EngineConfig()
     workload: WorkloadConfig = WorkloadConfig()
     output: OutputConfig = OutputConfig()
+    node: NodeConfig = NodeConfig()
+    router: RouterConfig = RouterConfig()
 
 
 def _loc(loc: tuple) -> str:

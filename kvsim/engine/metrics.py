@@ -35,6 +35,7 @@ class Row:
     preemptions: int = 0
     serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
     failed: str = ""
+    rank: int = 0                    # the node's rank that served it (kvsim.run.ranks)
 
     @property
     def ttft_s(self) -> float:
@@ -70,7 +71,7 @@ class Row:
 LONG_INPUT_TOKENS = 100_000
 
 
-def _dist(values: list[float]) -> dict:
+def dist(values: list[float]) -> dict:
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
     a = np.asarray(values, dtype=np.float64)
@@ -110,18 +111,18 @@ class Metrics:
             "hit_tokens": {**hit, "total": sum(hit.values())},
             "hit_ratio": (sum(hit.values()) / inp) if inp else 0.0,
             "computed_tokens": sum(r.computed_tokens for r in done),
-            "ttft_s": _dist([r.ttft_s for r in done]),
+            "ttft_s": dist([r.ttft_s for r in done]),
             "ttft_s_by_input": {  # short prompts, and long ones (LONG_INPUT_TOKENS or more)
-                "short": _dist([r.ttft_s for r in done if r.input_tokens < LONG_INPUT_TOKENS]),
-                "long": _dist([r.ttft_s for r in done if r.input_tokens >= LONG_INPUT_TOKENS]),
+                "short": dist([r.ttft_s for r in done if r.input_tokens < LONG_INPUT_TOKENS]),
+                "long": dist([r.ttft_s for r in done if r.input_tokens >= LONG_INPUT_TOKENS]),
             },
             # turns that found part of their prefix in the host tier (it was onboarded first)
-            "ttft_host_hit_s": _dist([r.ttft_s for r in done if r.hit_host > 0]),
-            "tpot_s": _dist([r.tpot_s for r in done if r.output_tokens > 1]),
+            "ttft_host_hit_s": dist([r.ttft_s for r in done if r.hit_host > 0]),
+            "tpot_s": dist([r.tpot_s for r in done if r.output_tokens > 1]),
             # steps of decodes only (no prefill chunk): their duration, mean and percentiles
-            "decode_step_s": _dist([t / NS for t in self.decode_step_ns]),
+            "decode_step_s": dist([t / NS for t in self.decode_step_ns]),
             "decode_steps": len(self.decode_step_ns),
-            "e2e_s": _dist([r.e2e_s for r in done]),
+            "e2e_s": dist([r.e2e_s for r in done]),
             "throughput": {
                 "requests_per_s": len(done) / span if span > 0 else 0.0,
                 "output_tokens_per_s": out / span if span > 0 else 0.0,

@@ -25,9 +25,10 @@ from kvsim.engine.compute import ComputeModel, ModelShape, load_model
 from kvsim.config import ConfigFileError, RunConfig, host_fill
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
-from kvsim.engine.metrics import Row
+from kvsim.engine.metrics import Row, dist
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import build_placement, build_policy, build_tier_policies, describe
+from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
 from kvsim.run.results import Staging, kvsim_version, mark
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
@@ -147,6 +148,7 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
         raise ConfigFileError(str(e)) from None
     check_profile_fit(cfg, profile)
     spec = build_spec(cfg, shape)
+    check_node_fit(cfg, shape, profile, spec.page_bytes)
     disk = next((t for t in cfg.cache.tiers if t.level == "disk"), None)
     if workload is None:
         workload = load_workload(cfg, trace)
@@ -182,12 +184,13 @@ def _check_span(cfg: RunConfig, workload: Workload, starts: list[float] | None,
                               f"raise the rate or lower the time scale")
 
 
-def _build_sim(settings: BackendSettings, hw_loop=None):
-    """The sim backend; with ``hw_loop`` (a ``kvsim.tools.hwloop.HwLoop``: kvsim compare's),
-    wrapped in the hw backend's own host costs."""
+def _build_sim(settings: BackendSettings, runtime=None, hw_loop=None):
+    """The sim backend on ``runtime`` (a new one when None); with ``hw_loop`` (a
+    ``kvsim.tools.hwloop.HwLoop``: kvsim compare's), wrapped in the hw backend's own host
+    costs."""
     from kvsim_backends.sim import SimBackend, SimRuntime
 
-    rt = SimRuntime()
+    rt = runtime if runtime is not None else SimRuntime()
     be = SimBackend(rt, settings)
     if hw_loop is not None:
         from kvsim_backends.sim.loopcosts import HwLoopSim
@@ -196,28 +199,31 @@ def _build_sim(settings: BackendSettings, hw_loop=None):
     return rt, be
 
 
-def _build_hw(settings: BackendSettings, hw_loop=None):
+def _build_hw(settings: BackendSettings, runtime=None, hw_loop=None):
     from kvsim_backends.hw import build_hw_backend
 
     if hw_loop is not None:
         raise TypeError("hw_loop: the sim side's model of the hw backend, not for the hw backend")
-    return build_hw_backend(settings)
+    return build_hw_backend(settings, runtime)
 
 
-#: backend name -> build(settings, hw_loop=None) -> (runtime, backend)
+#: backend name -> build(settings, runtime=None, hw_loop=None) -> (runtime, backend)
 BACKENDS: dict[str, Callable] = {"sim": _build_sim, "hw": _build_hw}
 
 
 def build_backend(prep: Prepared, mgr: TierManager, backend: str,
-                  options: dict | None = None) -> tuple[BackendSettings, Any, Any]:
-    """(settings, runtime, backend) for a prepared run on ``backend``: the settings built
-    once from its config and ``options`` (``kvsim.run.seam.backend_settings``; besides,
-    ``hw_loop``: compare's wrapper of the sim backend), then the registry's builder."""
+                  options: dict | None = None, rank: int = 0,
+                  runtime=None) -> tuple[BackendSettings, Any, Any]:
+    """(settings, runtime, backend) for a prepared run's ``rank`` on ``backend``: the
+    settings built once from its config and ``options`` (``kvsim.run.seam.backend_settings``;
+    besides, ``hw_loop``: compare's wrapper of the sim backend), then the registry's
+    builder, on ``runtime`` (the node's, made by the first rank's build when None)."""
     options = dict(options or {})
     hw_loop = options.pop("hw_loop", None)
     settings = backend_settings(prep.cfg, prep.profile, mgr.page_bytes,
-                                {t.level: t.max_slots for t in mgr.tiers}, options)
-    return (settings, *BACKENDS[backend](settings, hw_loop))
+                                {t.level: t.max_slots for t in mgr.tiers}, options,
+                                rank=rank)
+    return (settings, *BACKENDS[backend](settings, runtime, hw_loop))
 
 
 def sim_backend(settings: BackendSettings):
@@ -248,53 +254,80 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     cfg = prep.cfg
     if backend not in BACKENDS:
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
-    policy = build_policy(cfg, prep.workload, backend, prep.starts)  # belady: sim only
-    placement = build_placement(cfg, prep.shape, prep.profile, prep.spec.page_bytes)
-    tier_policies = build_tier_policies(cfg)
-    mgr = TierManager(prep.spec, policy, placement, tier_policies)
-    settings, rt, be = build_backend(prep, mgr, backend, backend_options)
-    try:  # from here on the backend holds memory and files: close it on every exit
+    n = cfg.node.ranks
+    ranks = []
+    for r, (workload, starts) in enumerate(split(prep.workload, prep.starts, n)):
+        policy = build_policy(cfg, workload, backend, starts)  # belady: sim only
+        placement = build_placement(cfg, prep.shape, prep.profile, prep.spec.page_bytes)
+        tier_policies = build_tier_policies(cfg)
+        ranks.append(RankRun(r, workload, starts, policy, placement, tier_policies,
+                             TierManager(prep.spec, policy, placement, tier_policies)))
+    rt = None
+    try:  # from here on the backends hold memory and files: close them on every exit
+        for rk in ranks:
+            rk.settings, rt, rk.backend = build_backend(prep, rk.mgr, backend, backend_options,
+                                                        rank=rk.rank, runtime=rt)
         model = ComputeModel(prep.shape, prep.profile)
         e = cfg.engine
-        params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
-                              fast_forward=e.fast_forward, refcheck=e.refcheck,
-                              refcheck_disk_writes=e.refcheck_disk_writes,
-                              hold_sessions=e.hold_sessions,
-                              gpu_free_watermark=e.gpu_free_watermark,
-                              max_plan_failures=e.max_plan_failures,
-                              timeline_interval_s=cfg.output.timeline_interval,
-                              host_serve_slots=host_serve_slots(settings, be))
-        engine = Engine(rt, be, mgr, model, params, on_resume=on_resume)
-        if pinned_arrivals is not None:
-            engine.pin_arrivals(pinned_arrivals)
-        engine.load(prep.workload, prep.starts)
+        for rk in ranks:
+            params = EngineParams(max_batch_tokens=e.max_batch_tokens, max_running=e.max_running,
+                                  fast_forward=e.fast_forward, refcheck=e.refcheck,
+                                  refcheck_disk_writes=e.refcheck_disk_writes,
+                                  hold_sessions=e.hold_sessions,
+                                  gpu_free_watermark=e.gpu_free_watermark,
+                                  max_plan_failures=e.max_plan_failures,
+                                  timeline_interval_s=cfg.output.timeline_interval,
+                                  host_serve_slots=host_serve_slots(rk.settings, rk.backend))
+            rk.engine = Engine(rt, rk.backend, rk.mgr, model, params, on_resume=on_resume)
+            if pinned_arrivals is not None:
+                rk.engine.pin_arrivals(pinned_arrivals)
+            rk.engine.load(rk.workload, rk.starts)
         if progress is not None:
-            engine.on_progress = lambda t_ns: progress(t_ns / 1e9, len(engine.metrics.rows))
+            engines = [rk.engine for rk in ranks]
+            for eng in engines:
+                eng.on_progress = lambda t_ns: progress(t_ns / 1e9, sum(len(x.metrics.rows) for x in engines))
         wall0 = time.perf_counter()
         with _gc_for_replay():
-            done = rt.process(engine.serve())
-            rt.run(until=done)
-        fill_limit = be.slot_limit(Level.HOST)  # a host fill that failed: the slots it made
+            done = [rt.process(rk.engine.serve()) for rk in ranks]
+            rt.run(until=done[0] if n == 1 else rt.all_of(done))
+        # a host fill that failed: the slots it made
+        fill_limit = ranks[0].backend.slot_limit(Level.HOST)
     finally:
-        be.close()
+        for rk in ranks:
+            if rk.backend is not None:
+                rk.backend.close()
     wall = time.perf_counter() - wall0
-    traffic = be.stats()
+    traffic = sum_counts([rk.backend.stats() for rk in ranks])
+    mgr = ranks[0].mgr
     levels = {int(t.level): t.level.name.lower() for t in mgr.tiers}
-    counters = mgr.counters.snapshot()
-    if mgr.copies_on:
-        counters["retained_slots"] = mgr.retained_slots()
-    metrics = engine.metrics.summary(counters, traffic, engine.t, wall, levels)
+    counters = []
+    for rk in ranks:
+        c = rk.mgr.counters.snapshot()
+        if rk.mgr.copies_on:
+            c["retained_slots"] = rk.mgr.retained_slots()
+        counters.append(c)
+    node = merge([rk.engine.metrics for rk in ranks], n)
+    end = max(rk.engine.t for rk in ranks)
+    metrics = node.summary(sum_counts(counters), traffic, end, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
     if any(t.fill is not None for t in cfg.cache.tiers):
-        metrics["host_fill"] = host_fill_metrics(cfg, engine.metrics, fill_limit)
-    info = getattr(be, "info", {})
+        done = [rk.backend.stats().get("host_fill_done_s") for rk in ranks]
+        metrics["host_fill"] = host_fill_metrics(
+            cfg, node, fill_limit, max(done) if all(d is not None and d >= 0 for d in done) else None)
+    if "driver_wait_s" in traffic:  # executor calls' waits for the driver's lock
+        metrics["driver"] = {"executor_wait_s": traffic["driver_wait_s"],
+                             "executor_waits": traffic["driver_waits"]}
+    if n > 1:
+        metrics["ranks"] = [rk.engine.metrics.summary(c, rk.backend.stats(), rk.engine.t, wall, levels)
+                            for rk, c in zip(ranks, counters)]
+    info = getattr(ranks[0].backend, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
                 "git_commit": git_commit(), "policy": cfg.cache.policy.eviction,
-                "policy_is_bound": bool(policy.is_bound),
-                **describe(cfg, placement, tier_policies)}
-    return Result(cfg, backend, metrics, engine.metrics.rows, engine.metrics.timeline, counters,
+                "policy_is_bound": bool(ranks[0].policy.is_bound), "ranks": n,
+                **describe(cfg, ranks[0].placement, ranks[0].tier_policies)}
+    return Result(cfg, backend, metrics, node.rows, node.timeline, sum_counts(counters),
                   prep.profile, run_info)
 
 
@@ -309,18 +342,25 @@ def host_serve_slots(settings: BackendSettings, be) -> int:
     return 0 if layout is None else layout.first_serve(settings.host_fill.mode)
 
 
-def host_fill_metrics(cfg: RunConfig, m, limit: int | None = None) -> dict:
+def host_fill_metrics(cfg: RunConfig, m, limit: int | None = None,
+                      done_s: float | None = None) -> dict:
     """What a host fill did to the start of a replay: when serving started, when the
     first token came, the TTFT of the first requests to arrive (mean and worst), and,
-    where the fill failed, the host slots it made usable (``usable_slots``; else None)."""
+    where the fill failed, the host slots it made usable (``usable_slots``; else None).
+    ``done_s``: when the (last rank's) fill was complete, where the backend says: then
+    also that time and the TTFT of the turns that arrived before it (``ttft_during_s``)."""
     fill = host_fill(cfg)
     firsts = [r.first_token_ns for r in m.rows if r.first_token_ns >= 0]
     early = sorted(m.rows, key=lambda r: (r.arrival_ns, r.rid))[:FIRST_REQUESTS]
     ttft = [r.ttft_s for r in early if r.first_token_ns >= 0]
-    return {"mode": fill.mode, "backing": fill.backing, "serve_start_s": m.serve_start_ns / 1e9,
-            "first_token_s": min(firsts) / 1e9 if firsts else None,
-            "ttft_first_mean_s": sum(ttft) / len(ttft) if ttft else None,
-            "ttft_first_max_s": max(ttft) if ttft else None, "usable_slots": limit}
+    out = {"mode": fill.mode, "backing": fill.backing, "serve_start_s": m.serve_start_ns / 1e9,
+           "first_token_s": min(firsts) / 1e9 if firsts else None,
+           "ttft_first_mean_s": sum(ttft) / len(ttft) if ttft else None,
+           "ttft_first_max_s": max(ttft) if ttft else None, "usable_slots": limit}
+    if done_s is not None:
+        during = [r.ttft_s for r in m.rows if r.first_token_ns >= 0 and r.arrival_ns < done_s * 1e9]
+        out.update(done_s=done_s, ttft_during_s=dist(during))
+    return out
 
 
 def git_commit() -> str | None:
@@ -373,11 +413,12 @@ def write_files(result: Result, folder: Path, plots: bool = True) -> None:
     mark(folder)
     (folder / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True,
                                                     allow_nan=False) + "\n")
+    ranks = result.run_info.get("ranks", 1) > 1  # (the rank column: only for a node of several)
     with open(folder / "requests.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(Row.COLUMNS)
+        w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
         for r in result.rows:
-            w.writerow(r.csv_values())
+            w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
     if result.timeline:
         keys = list(dict.fromkeys(k for row in result.timeline for k in row))
         with open(folder / "timeline.csv", "w", newline="") as f:

@@ -48,8 +48,8 @@ def check_profile_fit(cfg: RunConfig, profile: HardwareProfile) -> None:
 
 
 def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
-                     slots: Mapping[Level, int], options: Mapping[str, Any] | None = None
-                     ) -> BackendSettings:
+                     slots: Mapping[Level, int], options: Mapping[str, Any] | None = None,
+                     rank: int = 0) -> BackendSettings:
     """The settings both backends are built from, for ``cfg`` on ``profile`` with tiers of
     ``slots`` slots of ``page_bytes``. ``options``: the run's own (``HwSettings``' and
     ``Probes``' fields, ``disk_dir``, ``disk_preallocate``, ``direct_io``); an unknown
@@ -81,7 +81,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         host_fill=HostFillSettings(mode=FillMode(fill.mode), backing=Backing(fill.backing),
                                    unit_bytes=fill.unit, huge_pages=fill.huge_pages, numa=fill.numa),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
-        tier_keys=tier_keys(cfg))
+        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks)
 
 
 def settings_for(page_bytes: int, slots: Mapping[Level, int],

@@ -42,8 +42,9 @@ from .resources import Tier, check_capacity as _check_capacity
 from .runtime import RealtimeRuntime
 
 
-def build_hw_backend(settings: BackendSettings):
-    """(RealtimeRuntime, HwBackend) for ``settings``."""
+def build_hw_backend(settings: BackendSettings, runtime: RealtimeRuntime | None = None):
+    """(RealtimeRuntime, HwBackend) for ``settings``, on ``runtime`` (the node's; a new one
+    when None)."""
     slots, page, hw = settings.slots, settings.page_bytes, settings.hw
     disk = settings.disk
     if Level.DISK in slots:
@@ -61,7 +62,7 @@ def build_hw_backend(settings: BackendSettings):
         seen = _check_capacity(tiers, on_gpu=cp is not None,
                                disk_dir=disk.dir if disk is not None else None,
                                cuda=cp.cuda.runtime if cp is not None else None)
-    rt = RealtimeRuntime(time_scale=hw.time_scale)
+    rt = runtime if runtime is not None else RealtimeRuntime(time_scale=hw.time_scale)
     be = HwBackend(rt, settings)
     if Level.DISK in slots:
         be.info["disk_dir"] = disk.dir

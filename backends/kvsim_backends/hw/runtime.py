@@ -230,12 +230,21 @@ class RealtimeRuntime:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._externals = 0  # external events handed out and not yet triggered
         self.max_lag_s = 0.0  # worst lateness of a timer, in sim seconds
+        self._shared: dict[str, Any] = {}  # the node's shared parts, by name (``shared``)
 
     # -- the Runtime protocol -------------------------------------------------------
 
     @property
     def now(self) -> float:
         return self._now
+
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        """The node's shared part ``name`` (built by ``make`` the first time; the loop's
+        thread builds and reads them all)."""
+        part = self._shared.get(name)
+        if part is None:
+            part = self._shared[name] = make()
+        return part
 
     def wall_now(self) -> float:
         """The wall clock, in sim seconds since start (what ``now`` would be if idle)."""

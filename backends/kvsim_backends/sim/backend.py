@@ -27,6 +27,7 @@ from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
 
 from .diskpool import SimDiskPool
+from .driver import DriverLock
 from .fluid import Fluid
 from .hostfill import SimHostFill
 from .routes import DIRECTIONS, ROUTES
@@ -66,9 +67,17 @@ class SimBackend(Transfers):
         self.compute_log = probes.compute_log
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         self.errors: list[str] = []  # what failed, newest last (injected failures here)
+        # the node's driver lock (a profile with a ``driver``): fills hold it, executor
+        # calls wait for it while any fill of the node is under way
+        self.driver: DriverLock | None = None
+        if p.driver is not None:
+            call_s = p.driver.call
+            self.driver = runtime.shared("driver", lambda: DriverLock(call_s))
+        self.driver_wait_s = 0.0  # executor calls' waits for the lock, in all
+        self.driver_waits = 0
         # the host tier's fill: when its slots exist (a tier without one: at once)
         self.host_fill = SimHostFill(runtime, p, page_bytes, settings.host_fill, slots,
-                                     probes.fail_fill_at_unit, self.errors)
+                                     probes.fail_fill_at_unit, self.errors, self.driver)
         unit = probes.registration_unit or registration_unit(settings.host_fill.backing,
                                                              self.host_fill.layout)
         c = settings.copy
@@ -105,8 +114,21 @@ class SimBackend(Transfers):
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency)
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
-        self.disk_pool = (SimDiskPool(self.fluid, io_workers, nv.latency, nv.piece,
-                                      disk_cfg.io_write_share) if pooled else None)
+        # the node's disk drive: one rank's own fluid holds it; ranks of a node share one
+        # (its fluid and its I/O pool: ``Runtime.shared``), where a GPU <-> disk flow is
+        # bounded by its link leg's rate instead of sharing the rank's link resources
+        self._split_disk = settings.ranks > 1
+        self._link_bw = {"h2d": link.h2d, "d2h": link.d2h}
+
+        def node_disk() -> tuple[Fluid, SimDiskPool | None]:
+            fluid = Fluid(self.env, disk, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
+                          busy_cta_efficiency=1.0) if self._split_disk else self.fluid
+            return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece,
+                                       disk_cfg.io_write_share) if pooled else None)
+        if self._split_disk:
+            self.disk_fluid, self.disk_pool = runtime.shared("disk", node_disk)
+        else:
+            self.disk_fluid, self.disk_pool = node_disk()
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None
@@ -164,8 +186,23 @@ class SimBackend(Transfers):
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
         x = Transfer(self, batch, route, fail)
-        x.start()
+        wait = self._driver_call()
+        if wait > 0:  # its copy call waits for the node's driver lock
+            self.clock.wake_after(wait, lambda _w: x.start())
+        else:
+            x.start()
         return x.done
+
+    def _driver_call(self) -> float:
+        """An executor call now: how long it waits for (and holds) the node's driver lock;
+        0 without a lock or while no fill of the node holds it."""
+        lock = self.driver
+        if lock is None or not lock.fills:
+            return 0.0
+        wait = lock.call_delay(self.clock.now)
+        self.driver_wait_s += wait
+        self.driver_waits += 1
+        return wait
 
     def _take_back(self, batch: Batch) -> simpy.Event:
         """An eviction onto the pages' retained disk copies: done at once, nothing written
@@ -175,6 +212,17 @@ class SimBackend(Transfers):
         return self.env.timeout(0, True)
 
     def compute(self, duration_s: float) -> simpy.Event:
+        wait = self._driver_call()
+        if wait > 0:  # its launch waits for the node's driver lock
+            return self.env.process(self._later(wait, duration_s))
+        return self._compute(duration_s)
+
+    def _later(self, wait: float, duration_s: float):
+        yield self.env.timeout(wait)
+        took = yield self._compute(duration_s)
+        return took
+
+    def _compute(self, duration_s: float) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s * self.compute_scale)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
@@ -188,6 +236,8 @@ class SimBackend(Transfers):
         return done
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+        if self.driver is not None and self.driver.fills:
+            return None  # (its launch may wait for the lock: step on the clock)
         if quiet:
             horizon = _INF
         else:
@@ -257,11 +307,11 @@ class SimBackend(Transfers):
         self._fail += n
 
     def stats(self) -> dict:
-        busy = self.fluid.busy_s
+        busy, disk_busy = self.fluid.busy_s, self.disk_fluid.busy_s  # (the node's disk)
         out: dict = {f"{d}_bytes": self._bytes[d] for d in DIRECTIONS}
         for d, r in (("h2d", "h2d"), ("d2h", "d2h"), ("disk_read", "disk_read"),
                      ("disk_write", "disk_write"), ("gpu_copy", "hbm")):
-            out[f"{d}_busy_s"] = busy[r]
+            out[f"{d}_busy_s"] = (disk_busy if r.startswith("disk") else busy)[r]
         # the names the engine's metrics summary reads (bytes)
         out["host_to_gpu"] = self._bytes["h2d"]
         out["gpu_to_host"] = self._bytes["d2h"]
@@ -277,6 +327,11 @@ class SimBackend(Transfers):
             out["disk_pieces"] = self.disk_pool.pieces_run
             out["disk_pieces_dropped"] = self.disk_pool.pieces_dropped
             out["disk_jumps"] = q.jumps
+        hf = self.host_fill
+        if hf.layout is not None and hf.lock is not None:  # a fill that takes the driver's lock
+            out["host_fill_done_s"] = hf.ends[-1] if len(hf.ends) >= hf.layout.units else -1.0
+            out["driver_wait_s"] = self.driver_wait_s  # (other runs' columns unchanged)
+            out["driver_waits"] = self.driver_waits
         if self._lasting > 0:  # (only where the profile has one: other runs' columns unchanged)
             out["step_penalty_s"] = self.step_penalty_s
             out["step_penalty_since_s"] = self.step_penalty_since_s

@@ -142,11 +142,12 @@ class _Proc:
 class SimRuntime:
     """Simulated time. ``env`` is exposed for backends built on the same clock."""
 
-    __slots__ = ("env", "clock", "_passed")
+    __slots__ = ("env", "clock", "_passed", "_shared")
 
     def __init__(self, env: simpy.Environment | None = None, initial_time: float = 0.0):
         self.env = env if env is not None else simpy.Environment(initial_time=initial_time)
         self.clock = Clock(self.env)
+        self._shared: dict[str, Any] = {}  # the node's shared parts, by name (``shared``)
         # an event already processed: a process that yields it goes on at once (SimPy
         # resumes a process at once for an event whose callbacks are gone)
         self._passed = simpy.Event(self.env)
@@ -157,6 +158,13 @@ class SimRuntime:
     @property
     def now(self) -> float:
         return self.env._now
+
+    def shared(self, name: str, make: Callable[[], Any]) -> Any:
+        """The node's shared part ``name`` (built by ``make`` the first time)."""
+        part = self._shared.get(name)
+        if part is None:
+            part = self._shared[name] = make()
+        return part
 
     def timeout(self, delay_s: float, value: Any = None) -> simpy.Event:
         return self.env.timeout(delay_s, value)

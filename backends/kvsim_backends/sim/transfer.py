@@ -40,6 +40,9 @@ class Transfers:
     env: simpy.Environment
     clock: Clock
     fluid: Fluid
+    disk_fluid: Fluid
+    _split_disk: bool
+    _link_bw: dict[str, float]
     refcheck: bool
     paths: dict[str, CopyPath]
     per_page: dict[str, float]
@@ -212,16 +215,24 @@ class Transfer:
             again = sum([written[d] for d in dsts])
             if again:
                 flow_bytes = nbytes - again * batch.page_bytes * (1.0 - be._rewrite_cost)
+        res, cap, fluid = self.res, self.cap, be.fluid
+        if self.route[1]:
+            fluid = be.disk_fluid
+            if be._split_disk:  # the node's disk: the link leg bounds the pipeline's rate
+                res = tuple([r for r in res if r.startswith("disk")])
+                link = self.route[0]
+                if link is not None and not cap:
+                    cap = be._link_bw[link]
         pool = be.disk_pool
         if pool is not None and self.route[1]:
             # the disk leg in pieces on the pool's workers (a GPU <-> disk piece also moves
             # over the link: the staged pipeline; its SM kernel's CTAs are not counted per
             # piece)
-            job = DiskJob(self.res, self.cap, self.ce, flow_bytes / nbytes, self.fail,
+            job = DiskJob(res, cap, self.ce, flow_bytes / nbytes, self.fail,
                           self.pieces_done, batch)
             pool.submit(job, io_class(batch), batch.page_bytes, batch.pages)  # type: ignore[arg-type]
             return
-        be.fluid.add_flow_then(self.moved, flow_bytes, self.res, self.cap, self.ctas, self.ce)
+        fluid.add_flow_then(self.moved, flow_bytes, res, cap, self.ctas, self.ce)
 
     def pieces_done(self, ok: bool) -> None:
         """The disk pool ran the last piece (``ok`` False: one failed, the rest dropped)."""
