@@ -142,3 +142,49 @@ def test_bad_node_settings_are_refused_naming_the_key(sets, key):
     res = CliRunner().invoke(app, ["run", "default", "--no-progress",
                                    *[x for s in [*SMALL, *sets] for x in ("--set", s)]])
     assert res.exit_code == 2 and "Traceback" not in res.output
+
+
+HW = ["model=llama-3-8b", "cache.page_bytes=256KiB", "workload.synthetic.n_sessions=6",
+      "workload.max_turns=4", "node.ranks=2",
+      "cache.tiers=[{level: gpu, quota: 128MiB}, {level: host, quota: 64MiB}, "
+      "{level: disk, quota: 256MiB, io_workers: 4}]"]
+
+
+def test_hw_ranks_share_one_set_of_disk_threads_each_its_own_file(tmp_path):
+    """The hw backend's ranks on one runtime: each has its own disk file (its partition)
+    and they all queue on the node's one set of I/O threads, which the last to close
+    shuts down."""
+    from kvsim.core.spec import Level
+    from kvsim.run.seam import settings_for
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+    import dataclasses
+
+    rt = RealtimeRuntime()
+    base = settings_for(1 << 16, {Level.GPU: 4, Level.DISK: 8}, device="cpu",
+                        disk_dir=str(tmp_path), io_workers=2)
+    bes = [HwBackend(rt, dataclasses.replace(base, rank=r, ranks=2)) for r in range(2)]
+    try:
+        assert bes[0].disk.pool is bes[1].disk.pool
+        assert bes[0].disk.path != bes[1].disk.path
+        pool = bes[0].disk.pool
+        bes[0].close()
+        assert pool.queues is not None and not pool._closed  # rank 1 still uses it
+    finally:
+        for be in bes:
+            be.close()
+    assert pool._closed
+
+
+def test_hw_node_in_cpu_mode_replays_with_the_refcheck_on(tmp_path):
+    """Two ranks on the hw backend (numpy standing in for device memory), sharing the
+    disk's I/O threads, the refcheck on: every page each rank restores or moves carries
+    the bytes it wrote; the node goes to disk; the sim's node serves the same turns."""
+    hw = replay(prepare_run(load_config("default", HW)), "hw",
+                backend_options={"device": "cpu", "time_scale": 200.0, "disk_dir": str(tmp_path)})
+    sim = replay(prepare_run(load_config("default", HW)))
+    for res in (hw, sim):
+        assert res.metrics["requests_completed"] == sim.metrics["requests_completed"] > 0
+        assert res.metrics["bytes"]["disk_write"] > 0 and res.metrics["bytes"]["disk_read"] > 0
+    assert sorted((r.rank, r.session, r.turn) for r in hw.rows) == \
+        sorted((r.rank, r.session, r.turn) for r in sim.rows)
+    assert hw.metrics["requests_failed"] == sim.metrics["requests_failed"]

@@ -44,7 +44,7 @@ from kvsim.settings import BackendSettings
 from .batchslots import batch_slots
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
 from .copies import Copies, choose_paths
-from .disk import DiskStore
+from .disk import DiskStore, SharedPool
 from .iopools import PriorityPool
 from .gpu import BatchCopier, Kernels, load_cupy
 from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
@@ -140,10 +140,15 @@ class HwBackend:
                 st.probes.fail_fill_at_unit, st.probes.fill_unit_delay_s)
         if Level.DISK in self.slots:
             d = st.disk
-            self.disk = DiskStore(d.dir, self.slots[Level.DISK], self.page_bytes,
-                                  io_threads(d.io_workers, io_threads_q), piece, st.probes.io_hook,
-                                  direct=d.direct_io, preallocate=d.preallocate,
-                                  priorities=d.io_workers > 0, io_write_share=d.io_write_share)
+            threads = io_threads(d.io_workers, io_threads_q)
+            shared = None
+            if st.ranks > 1:  # the node's drive: one set of I/O threads for every rank's file
+                shared = self.runtime.shared("disk_pool", lambda: SharedPool(
+                    threads, piece, d.io_workers > 0, d.io_write_share))
+            self.disk = DiskStore(d.dir, self.slots[Level.DISK], self.page_bytes, threads, piece,
+                                  st.probes.io_hook, direct=d.direct_io, preallocate=d.preallocate,
+                                  priorities=d.io_workers > 0, io_write_share=d.io_write_share,
+                                  pool=shared)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, st.hw.staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)

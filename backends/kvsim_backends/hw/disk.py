@@ -68,7 +68,7 @@ class DiskStore:
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
                  io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
                  direct: bool = True, preallocate: bool = True, priorities: bool = False,
-                 io_write_share: float = WRITE_SHARE):
+                 io_write_share: float = WRITE_SHARE, pool: SharedPool | None = None):
         # (bad settings fail before the file exists)
         rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, io_write_share))
                 if priorities else None)
@@ -115,6 +115,11 @@ class DiskStore:
             raise
         self.valid = np.zeros(slots, dtype=bool)
         self._layouts: dict[int, list[list[tuple[int, int, int]]]] = {}  # pages -> pieces
+        if pool is not None:  # a node's drive: its I/O threads, shared by the ranks' stores
+            self._shared = pool
+            self.pool = pool.join()
+            return
+        self._shared = None
         self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
                      else FairPool(io_threads, "kvsim-disk"))
         self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
@@ -280,7 +285,10 @@ class DiskStore:
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.shutdown(wait=True)
+            if getattr(self, "_shared", None) is not None:
+                self._shared.leave()  # (the last store to leave shuts the threads down)
+            else:
+                self.pool.shutdown(wait=True)
             self.pool = None
         for name in ("direct_fd", "fd"):
             fd = getattr(self, name, None)
@@ -293,6 +301,30 @@ class DiskStore:
         unlink = getattr(self, "_unlink", None)
         if unlink is not None:
             unlink()
+
+
+class SharedPool:
+    """A node's disk I/O threads, shared by its ranks' stores (each its own file): the
+    pool ``FairPool``/``PriorityPool`` of ``io_threads`` threads a ``DiskStore`` would make
+    (``priorities``: in ``kvsim.core.datapath.diskio``'s order, ``io_write_share`` capping
+    writes), made by the first store that joins and shut down when the last one leaves."""
+
+    def __init__(self, io_threads: int, piece_bytes: int, priorities: bool,
+                 io_write_share: float = WRITE_SHARE):
+        rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, io_write_share))
+                if priorities else None)
+        self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
+                     else FairPool(io_threads, "kvsim-disk"))
+        self.users = 0
+
+    def join(self) -> FairPool | PriorityPool:
+        self.users += 1
+        return self.pool
+
+    def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            self.pool.shutdown(wait=True)
 
 
 def _unlink_quietly(path: str) -> None:
