@@ -130,7 +130,12 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", default="h200-pcie",
                     help="hardware profile whose fill rates the sim uses: its prediction of each row")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ranks", default=None,
+                    help="R[,R...]: R ranks fill at once, one process each (host_fill_ranks.py)")
+    ap.add_argument("--rank-size", default=None, help="with --ranks: cap a rank's tier")
     a = ap.parse_args(argv)
+    if a.ranks:
+        return main_ranks(a)
     try:
         sizes = [parse_size(s) for s in a.sizes.split(",")]
         backings = [Backing(b) for b in a.backings.split(",")]
@@ -197,6 +202,55 @@ def main(argv=None) -> int:
         print("host_first_serve_s: nan")
         return 1
     print(f"host_first_serve_s: {max(reg):.3f}")
+    return 0
+
+
+def main_ranks(a) -> int:
+    """``--ranks``: seed 001's table, hw beside the sim (``host_fill_ranks``). Last line:
+    ``host_fill_ranks_order_agrees: K of N`` (the (R, stat) cells whose backings come in
+    the same order by probe-blocked share and by worst stall on hw and in the sim)."""
+    from host_fill_ranks import hw_node, order_agrees, rank_size, sim_node  # noqa: PLC0415
+
+    try:
+        ranks = [int(r) for r in a.ranks.split(",")]
+        backings = [Backing(b) for b in a.backings.split(",")]
+        unit, gap, stall = parse_size(a.unit), parse_time(a.probe_gap), parse_time(a.stall)
+        cap = parse_size(a.rank_size) if a.rank_size else None
+        prof = load_profile(a.profile)
+    except ValueError as e:
+        print(f"host_fill.py: {e}", file=sys.stderr)
+        return 2
+    if prof.driver is None:
+        print(f"host_fill.py: --profile {a.profile}: it has no driver section to predict with",
+              file=sys.stderr)
+        return 2
+    cp = load_cupy() if a.device != "cpu" else None
+    print(f"device: {'gpu' if cp is not None else 'cpu (no driver: hw rows time a numpy copy)'}; "
+          f"page {fmt_bytes(SLOT)}, unit {fmt_bytes(unit)}; sim on {prof.name}")
+    print(f"{'R':>3} {'backing':<9} {'per rank':>10} | {'rate':>10} {'first':>8} {'blocked':>8} "
+          f"{'worst':>9} | sim: {'rate':>10} {'first':>8} {'blocked':>8} {'worst':>9}")
+    agree = cells = 0
+    out = []
+    for r in ranks:
+        nbytes = rank_size(r, host_available(), cap, SLOT)
+        hw_rows, sim_rows = [], []
+        for b in backings:
+            hw = hw_node(r, nbytes, b, unit, SLOT, gap, stall)
+            sim = sim_node(prof, r, nbytes, b, unit, SLOT, gap, stall)
+            hw_rows.append(hw)
+            sim_rows.append(sim)
+            out.append({"hw": hw, "sim": sim})
+            f = lambda x: (f"{x['rate_Bps'] / 1e9:>7.2f}GB/s {x['first_s']:>7.3f}s "  # noqa: E731
+                           f"{x['blocked_share']:>7.1%} {x['worst_s'] * 1e3:>7.1f}ms")
+            print(f"{r:>3} {b.value:<9} {fmt_bytes(nbytes):>10} | {f(hw)} | sim: {f(sim)}"
+                  + ("" if hw["ok"] else f"  FAILED: {hw['error']}"), flush=True)
+        for key in ("blocked_share", "worst_s"):
+            cells += 1
+            agree += order_agrees(hw_rows, sim_rows, key)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": "gpu" if cp is not None else "cpu", "rows": out}, fh, indent=1)
+    print(f"host_fill_ranks_order_agrees: {agree} of {cells}")
     return 0
 
 

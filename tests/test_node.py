@@ -19,6 +19,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from gpuskip import have_gpu
 from kvsim.cli import app
 from kvsim.config import ConfigFileError, load_config
 from kvsim.run import prepare_run, replay
@@ -188,3 +189,18 @@ def test_hw_node_in_cpu_mode_replays_with_the_refcheck_on(tmp_path):
     assert sorted((r.rank, r.session, r.turn) for r in hw.rows) == \
         sorted((r.rank, r.session, r.turn) for r in sim.rows)
     assert hw.metrics["requests_failed"] == sim.metrics["requests_failed"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_hw_node_of_two_ranks_on_one_gpu(tmp_path):
+    """Two ranks sharing the one GPU (each its own device memory share and streams), the
+    disk's I/O threads shared, the refcheck on (a check kernel on the GPU): the same turns
+    served as the sim's node, with no failed transfer."""
+    hw = replay(prepare_run(load_config("default", HW)), "hw",
+                backend_options={"device": "gpu", "time_scale": 20.0, "disk_dir": str(tmp_path)})
+    sim = replay(prepare_run(load_config("default", HW)))
+    assert hw.run_info["device"] == "gpu"
+    assert sorted((r.rank, r.session, r.turn) for r in hw.rows) == \
+        sorted((r.rank, r.session, r.turn) for r in sim.rows)
+    assert hw.metrics["failed_batches"] == 0 and hw.metrics["bytes"]["disk_read"] > 0

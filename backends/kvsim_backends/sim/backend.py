@@ -186,14 +186,14 @@ class SimBackend(Transfers):
         if batch.pages == 0:
             return self.env.timeout(0, not fail)
         x = Transfer(self, batch, route, fail)
-        wait = self._driver_call()
+        wait = self.driver_call()
         if wait > 0:  # its copy call waits for the node's driver lock
             self.clock.wake_after(wait, lambda _w: x.start())
         else:
             x.start()
         return x.done
 
-    def _driver_call(self) -> float:
+    def driver_call(self) -> float:
         """An executor call now: how long it waits for (and holds) the node's driver lock;
         0 without a lock or while no fill of the node holds it."""
         lock = self.driver
@@ -212,7 +212,7 @@ class SimBackend(Transfers):
         return self.env.timeout(0, True)
 
     def compute(self, duration_s: float) -> simpy.Event:
-        wait = self._driver_call()
+        wait = self.driver_call()
         if wait > 0:  # its launch waits for the node's driver lock
             return self.env.process(self._later(wait, duration_s))
         return self._compute(duration_s)
