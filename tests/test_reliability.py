@@ -41,7 +41,7 @@ def test_a_folder_kvsim_did_not_write_is_refused_before_the_replay(tmp_path):
     # --trace names a file that does not exist: had the replay started, that would be the error
     r = _run("--out", str(home), "--trace", str(tmp_path / "nope.jsonl"))
     assert r.exit_code == 2, r.output
-    assert f"--out {home}: exists and is not a kvsim results folder" in r.output
+    assert f"--out {home}: exists and was not written by kvsim" in r.output
     assert _tree(home) == before and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
 
 
@@ -50,7 +50,7 @@ def test_output_dir_in_a_config_is_held_to_the_same_rule(tmp_path):
     mine.mkdir()
     (mine / "keep").write_text("x")
     r = _run("--set", f"output.dir={mine}")
-    assert r.exit_code == 2 and f"output.dir {mine}: exists and is not a kvsim results folder" in r.output
+    assert r.exit_code == 2 and f"output.dir {mine}: exists and was not written by kvsim" in r.output
     assert (mine / "keep").read_text() == "x"
 
 
@@ -106,7 +106,7 @@ def test_diff_out_replaces_only_its_own_report(tmp_path):
     precious = tmp_path / "notes.json"
     precious.write_text('{"mine": 1}')
     r = runner.invoke(app, ["diff", str(a), str(a), "--out", str(precious)])
-    assert r.exit_code == 2 and "exists and is not a kvsim diff report" in r.output
+    assert r.exit_code == 2 and "exists and was not written by kvsim diff" in r.output
     assert precious.read_text() == '{"mine": 1}'
     rep = tmp_path / "d.json"
     for _ in range(2):

@@ -145,13 +145,13 @@ grid:
   cache.tiers[0].quota: [4GiB, 24GiB]
 variants:
   - {name: hold, set: {engine.hold_sessions: true}}
-  - {name: broken, set: {workload.kind: mooncake, workload.path: /nonexistent/trace.jsonl}}
+  - {name: broken, set: {workload.kind: mooncake, workload.path: TRACE}}
 baseline: hold__quota=24GiB
-""")
+""".replace("TRACE", str(tmp_path / "later" / "trace.jsonl")))
     out = tmp_path / "out"
     r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress"])
     assert r.exit_code == 1, r.output              # a point failed; the others finished
-    assert "point broken__quota=4GiB" in r.output and "/nonexistent/trace.jsonl" in r.output
+    assert "point broken__quota=4GiB" in r.output and "later/trace.jsonl" in r.output
     rows = {row["point"]: row for row in _table(out)}
     assert set(rows) == {"hold__quota=4GiB", "hold__quota=24GiB", "broken__quota=4GiB",
                          "broken__quota=24GiB"}
@@ -163,7 +163,7 @@ baseline: hold__quota=24GiB
         assert row["requests_completed"] == summary["metrics"]["requests_completed"] > 0
         assert (out / "points" / name / "requests.csv").exists()
     assert rows["broken__quota=4GiB"]["status"] == "failed"
-    assert "/nonexistent/trace.jsonl" in rows["broken__quota=4GiB"]["error"]
+    assert "later/trace.jsonl" in rows["broken__quota=4GiB"]["error"]
     assert json.loads((out / "failures.json").read_text()).keys() == {"broken__quota=4GiB",
                                                                       "broken__quota=24GiB"}
     # a 4 GiB GPU tier against 24 GiB: the smaller one must show in the metrics
@@ -175,24 +175,27 @@ baseline: hold__quota=24GiB
     assert {f.name for f in (out / "plots").iterdir()} >= {"axis-quota.png", "ttft_cdf.png"}
     assert "hold" in r.output and "quota" in r.output          # the rich table
 
-    # again, with the broken variant fixed and one point's config changed by --set on the
-    # base: the unchanged point is skipped, the rest run
+    # again, the trace now there (the same study: the same config hash): the points done
+    # are skipped, the failed ones run
     stamp = (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns
-    p.write_text(p.read_text().replace("workload.kind: mooncake, workload.path: /nonexistent/trace.jsonl",
-                                       "engine.hold_sessions: false"))
+    (tmp_path / "later").mkdir()
+    shutil.copyfile(ROOT / "traces" / "fixtures" / "mooncake_ok.jsonl", tmp_path / "later" / "trace.jsonl")
     r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
     assert r.exit_code == 0, r.output
     assert "2 run, 2 already done, 0 failed" in r.output
     assert (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns == stamp
     assert {row["status"] for row in _table(out)} == {"ok"}
     assert json.loads((out / "failures.json").read_text()) == {}
-    # --set on the base changes every point: each is replayed into its existing folder
+    # --set on the base changes every point: another study, refused in this one's folder
+    # (kvsim.run.outputs), naming both config hashes; nothing in the folder changes
+    before = {f: f.stat().st_mtime_ns for f in out.rglob("*")}
     r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress",
                             "--no-plots", "--set", "engine.max_batch_tokens=4096"])
-    assert r.exit_code == 0, r.output
-    assert "4 run, 0 already done, 0 failed" in r.output
-    summary = json.loads((out / "points" / "hold__quota=24GiB" / "summary.json").read_text())
-    assert summary["config"]["engine"]["max_batch_tokens"] == 4096
+    assert r.exit_code == 2, r.output
+    old = json.loads((out / ".kvsim-results").read_text())["hash"]
+    assert re.search(rf"holds a study of config hash {old}; this study's config hash is [0-9a-f]{{16}} ",
+                     r.output), r.output
+    assert {f: f.stat().st_mtime_ns for f in out.rglob("*")} == before
 
 
 def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):

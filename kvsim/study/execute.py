@@ -154,6 +154,32 @@ def _preload_fork_server(settings: dict) -> None:
     forkserver.ensure_running()   # it imports them while this process starts the scheduler
 
 
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
+def check_scheduler(address: str) -> None:
+    """A Dask scheduler address kvsim can connect to, checked before any work:
+    ``[tcp|tls|ws|wss|ucx]://HOST:PORT`` (no scheme: tcp), the port in 1..65535.
+    ValueError naming the address (whether it answers is known only on connecting)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    why = None
+    try:
+        scheme, loc = parse_address(address, strict=False)
+        if scheme not in SCHEMES:
+            why = f"unknown scheme {scheme!r} (expected one of {', '.join(SCHEMES)})"
+        else:
+            host, port = parse_host_port(loc)
+            if not host:
+                why = "no host"
+            elif not 0 < int(port) < 65536:
+                why = f"port {port} is not in 1..65535"
+    except (ValueError, TypeError) as e:
+        why = str(e)
+    if why:
+        raise ValueError(f"--scheduler {address}: {why}; expected tcp://HOST:PORT")
+
+
 @contextmanager
 def open_client(workers: int | None = None, scheduler: str | None = None) -> Iterator:
     """A dask.distributed Client: on ``scheduler`` (tcp://HOST:PORT), or on a LocalCluster
@@ -216,9 +242,9 @@ def is_complete(folder: Path, hash_: str) -> bool:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from kvsim.run.outputs import write_whole
+
+    write_whole(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def write_point(folder: Path, point: Point, payload: dict) -> Path:

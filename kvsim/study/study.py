@@ -2,17 +2,21 @@
 
 The study folder holds ``study.yaml`` (the study as run), ``points/<name>/`` (one run
 folder per point), ``study.csv`` and ``study.parquet`` (one row per point), ``failures.json``
-(the points that failed this time, with their errors) and ``plots/``.
+(the points that failed this time, with their errors) and ``plots/``. Which folder a study
+may write into is kvsim.run.outputs' rule: a study resumes only a folder of its own whose
+config hash (``study_hash``: every point's name and resolved config) is its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from kvsim.run.outputs import Target, check_folder, write_whole
 
 from kvsim.study.execute import Outcome, is_complete, open_client, progress_bar, run_points
 from kvsim.study.points import Point, expand
@@ -66,17 +70,48 @@ def plan_study(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[
     return spec, expand(spec, str(path), overrides)
 
 
+def study_hash(points: list[Point]) -> str:
+    """The study's config hash: its points, by name and resolved config (and backend)."""
+    blob = json.dumps([[p.name, p.hash] for p in points])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def study_target(spec: StudySpec, points: list[Point], out: str | None,
+                 force: bool = False) -> Target:
+    """The study folder, checked by the output rule (``--out``, else the study's ``out``,
+    else results/study-NAME); nothing written."""
+    what = "--out" if out else ("out" if spec.out else "the default folder")
+    return check_folder(study_folder(spec, out), "study", what, study_hash(points), force)
+
+
 def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers: int | None = None,
               scheduler: str | None = None, out: str | None = None, progress: bool = True,
-              plots: bool = True) -> StudyReport:
+              plots: bool = True, force: bool = False,
+              planned: tuple[StudySpec, list[Point], Target] | None = None) -> StudyReport:
+    """Run the study (``planned``: ``plan_study`` and ``study_target``'s answers, if the
+    caller has them). Its folder is claimed before the cluster starts; a study that could
+    not start leaves nothing behind."""
+    t0 = time.perf_counter()
+    if planned is None:
+        spec, points = plan_study(path, overrides)
+        target = study_target(spec, points, out, force)
+    else:
+        spec, points, target = planned
+    target.claim()
+    try:
+        return _run(path, spec, points, target, t0, workers, scheduler, progress, plots)
+    except BaseException:
+        target.abandon_if_unused()
+        raise
+    finally:
+        target.finish()
+
+
+def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: float,
+         workers: int | None, scheduler: str | None, progress: bool, plots: bool) -> StudyReport:
     from kvsim.study.table import build_rows, write_table
 
-    t0 = time.perf_counter()
-    spec, points = plan_study(path, overrides)
-    folder = study_folder(spec, out)
-    folder.mkdir(parents=True, exist_ok=True)
-    if Path(path).resolve() != (folder / "study.yaml").resolve():
-        shutil.copyfile(path, folder / "study.yaml")
+    folder = target.path
     pdir, plots_dir = folder / "points", folder / "plots"
 
     def folder_of(p: Point) -> Path:
@@ -121,7 +156,9 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
         timings["close"] = time.perf_counter() - t0
     timings["points"] = outcome.wall_s
     t1 = time.perf_counter()
-    (folder / "failures.json").write_text(json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n")
+    write_whole(folder / "study.yaml", Path(path).read_bytes())   # the study as run
+    write_whole(folder / "failures.json",
+                (json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n").encode())
     rows = build_rows(points, folder_of, list(spec.metrics), outcome.failures, spec.baseline)
     paths = write_table(rows, folder)
     t2 = time.perf_counter()

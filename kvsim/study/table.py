@@ -93,26 +93,27 @@ def _num(metrics: dict, path: str):
 
 
 def write_table(rows: list[dict], out: Path, stem: str = "study") -> tuple[Path, Path]:
-    """``stem.csv`` and ``stem.parquet`` in ``out`` (written beside, then renamed)."""
+    """``stem.csv`` and ``stem.parquet`` in ``out``, each written whole (kvsim.run.outputs)."""
     import csv
-    import os
+    import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from kvsim.run.outputs import write_whole
+
     cols = list(dict.fromkeys(k for r in rows for k in r))
     data = {c: _column([r.get(c) for r in rows]) for c in cols}
     csv_path, pq_path = out / f"{stem}.csv", out / f"{stem}.parquet"
-    tmp = out / f".{stem}.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for i in range(len(rows)):
-            w.writerow(["" if data[c][i] is None else data[c][i] for c in cols])
-    os.replace(tmp, csv_path)
-    tmp = out / f".{stem}.parquet.tmp"
-    pq.write_table(pa.table({c: pa.array(v) for c, v in data.items()}), tmp)
-    os.replace(tmp, pq_path)
+    text = io.StringIO(newline="")
+    w = csv.writer(text)
+    w.writerow(cols)
+    for i in range(len(rows)):
+        w.writerow(["" if data[c][i] is None else data[c][i] for c in cols])
+    write_whole(csv_path, text.getvalue().encode())
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table({c: pa.array(v) for c, v in data.items()}), buf)
+    write_whole(pq_path, buf.getvalue().to_pybytes())
     return csv_path, pq_path
 
 
