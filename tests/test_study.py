@@ -499,3 +499,109 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     assert r.exit_code == 2, r.output
     assert str(p) in r.output and what.split(": Value error, ")[0] in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------- resuming a tune
+
+RESUME = """\
+name: r
+base: default
+set:
+  workload.synthetic.n_sessions: 4
+  output.plots: false
+space:
+  engine.gpu_free_watermark: {type: float, low: 0.0, high: 0.3}
+  engine.max_batch_tokens: {type: int, low: 1024, high: 16384}
+objective:
+  minimize: ttft_s.p90
+trials: 2
+split: null
+"""
+
+
+def _trials(out: Path) -> list[dict]:
+    import pandas as pd
+
+    return pd.read_csv(out / "trials.csv", keep_default_na=False).to_dict("records")
+
+
+def _params(row: dict) -> tuple:
+    return (row["engine.gpu_free_watermark"], row["engine.max_batch_tokens"])
+
+
+def test_a_resumed_tune_proposes_new_parameters_and_retries_a_killed_trial_once(tmp_path):
+    import optuna
+
+    p = tmp_path / "r.yaml"
+    p.write_text(RESUME)
+    out = tmp_path / "tune"
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    first = {_params(t) for t in _trials(out)}
+    assert len(first) == 2
+    # a tune killed (SIGKILL) while a trial ran: the trial stays RUNNING in the storage
+    study = optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}")
+    killed = study.ask()
+    killed.suggest_float("engine.gpu_free_watermark", 0.0, 0.3)
+    killed.suggest_int("engine.max_batch_tokens", 1024, 16384)
+    lost = (killed.params["engine.gpu_free_watermark"], killed.params["engine.max_batch_tokens"])
+    # the next start: that trial is interrupted (not failed), asked again once, and the two
+    # new trials of the budget of 5 propose parameters none of the earlier ones had
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+                            "--trials", "5"])
+    assert r.exit_code == 0, r.output
+    assert "5 trials complete, 0 failed, 1 interrupted (3 run now)" in r.output, r.output
+    rows = _trials(out)
+    assert [t["state"] for t in rows] == ["COMPLETE", "COMPLETE", "INTERRUPTED", "COMPLETE",
+                                          "COMPLETE", "COMPLETE"]
+    retry = [t for t in rows if t["retry_of"] != ""]
+    assert len(retry) == 1 and int(float(retry[0]["retry_of"])) == killed.number
+    assert _params(retry[0]) == pytest.approx(lost)
+    new = [_params(t) for t in rows[3:] if t["retry_of"] == ""]
+    assert len(new) == 2 and not set(new) & first and len(set(new)) == 2
+    assert optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}").trials[
+        killed.number].state == optuna.trial.TrialState.PRUNED
+
+
+def test_an_interrupted_tune_prints_a_command_that_continues_it(tmp_path):
+    import shlex
+
+    p = tmp_path / "r.yaml"
+    p.write_text(RESUME.replace("trials: 2", "trials: 4"))
+    out = tmp_path / "my tune"              # a space: the printed command quotes it
+    exe = Path(sys.executable).with_name("kvsim")
+    cmd = [str(exe), "tune", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+           "--set", "workload.synthetic.n_sessions=12"]   # trials of about a second
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(out.glob("trials/*/point.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(out.glob("trials/*/point.json")), "no trial finished within 90 s"
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, err
+    hint = re.search(r"to continue: (kvsim tune .*)$", err, re.M)
+    assert hint, err
+    again = shlex.split(hint.group(1))
+    assert again[again.index("--out") + 1] == str(out)
+    assert again[again.index("--set") + 1] == "workload.synthetic.n_sessions=12"
+    done = sum(1 for t in _trials_db(out) if t.state.name == "COMPLETE")
+    assert 1 <= done < 4
+    r = subprocess.run([str(exe), *again[1:]], cwd=tmp_path,   # exactly as printed
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    states = [t["state"] for t in _trials(out)]
+    assert "FAIL" not in states and states.count("COMPLETE") == 4, states
+    assert states.count("INTERRUPTED") == len([t for t in _trials(out) if t["retry_of"] != ""])
+
+
+def _trials_db(out: Path):
+    import optuna
+
+    return optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}").trials
