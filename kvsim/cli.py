@@ -21,6 +21,22 @@ FORCE_HELP = ("write into a folder kvsim did not write, beside the files there (
               "one of them)")
 
 
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def _check_hw_options(time_scale: float, device: str) -> None:
+    """The hw backend's options, before any work (ConfigFileError naming the option)."""
+    import math
+
+    from kvsim.config import ConfigFileError
+
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ConfigFileError(f"--time-scale {time_scale:g}: expected simulated seconds per wall "
+                              f"second, a number > 0")
+    if device not in DEVICES:
+        raise ConfigFileError(f"--device {device}: expected one of {', '.join(DEVICES)}")
+
+
 @app.command()
 def run(
     config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
@@ -38,7 +54,7 @@ def run(
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from kvsim.backend import CapacityError
-    from kvsim.config import ConfigFileError, load_config
+    from kvsim.config import ConfigFileError, blame, load_config
     from kvsim.engine.stages import RefcheckError
     from kvsim.run.results import Staging
     from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_files
@@ -49,6 +65,8 @@ def run(
         try:
             if backend not in BACKENDS:
                 raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
+            if backend == "hw":
+                _check_hw_options(time_scale, device)
             cfg = load_config(config, set_)
             # the destination first: a path that cannot take the results fails now, not
             # after minutes of loading and replay
@@ -63,7 +81,10 @@ def run(
             try:
                 pause_at("load")
                 prep = prepare_run(cfg, trace)
-            except (ConfigFileError, TraceError, ValueError, OSError) as e:
+            except ConfigFileError as e:
+                error(console, blame(str(e), config, set_))
+                raise typer.Exit(2)
+            except (TraceError, ValueError, OSError) as e:
                 error(console, str(e))
                 raise typer.Exit(2)
             except KeyboardInterrupt as e:
@@ -77,7 +98,7 @@ def run(
                 error(console, f"{backend} backend: {e or 'out of memory'}")
                 raise typer.Exit(2)
             except ConfigFileError as e:  # a setting this backend cannot run (belady on hw)
-                error(console, str(e))
+                error(console, blame(str(e), config, set_))
                 raise typer.Exit(2)
             except (ValueError, OSError, RuntimeError, RefcheckError) as e:
                 # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
@@ -182,7 +203,7 @@ def compare(
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.tools.compare import compare as run_compare, compare_saved
     from kvsim.tools.reports import report_tables, write_report
-    from kvsim.config import ConfigFileError, load_config
+    from kvsim.config import ConfigFileError, blame, load_config
     from kvsim.tools.hwloop import load_hw_loop
     from kvsim.run.results import Staging
     from kvsim.run import prepare_run, write_files
@@ -197,6 +218,8 @@ def compare(
         error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
     try:
+        if not hw_from:
+            _check_hw_options(time_scale, device)
         cfg = load_config(config, set_)
         loop = load_hw_loop(hw_loop) if hw_loop else None
     except (ConfigFileError, ValueError, OSError) as e:
@@ -237,7 +260,10 @@ def compare(
                         final = {"hardware": str(dest / "hardware.yaml")}
                         for _, res in results:
                             res.cfg = res.cfg.model_copy(update=final)
-            except (ConfigFileError, TraceError, ValueError, OSError, RuntimeError) as e:
+            except ConfigFileError as e:
+                error(console, blame(str(e), config, set_))
+                raise typer.Exit(2)
+            except (TraceError, ValueError, OSError, RuntimeError) as e:
                 error(console, str(e))
                 raise typer.Exit(2)
             except KeyboardInterrupt as e:

@@ -67,7 +67,7 @@ def apply(data: dict, overrides: dict, where: str) -> None:
         try:
             set_path(data, key, value)
         except ConfigFileError as e:
-            raise StudyFileError(f"{where}: {str(e).removeprefix('--set ')}") from None
+            raise StudyFileError(f"{where}: {e}") from None
 
 
 def _tokens(key: str) -> list[str]:
@@ -122,9 +122,12 @@ def overridden_base(spec, source: str, cli_overrides: list[str] | tuple[str, ...
     for ov in cli_overrides:
         try:
             key, value = parse_override(ov)
-            set_path(base, key, value)
         except ConfigFileError as e:
             raise StudyFileError(str(e)) from None
+        try:
+            set_path(base, key, value)
+        except ConfigFileError as e:
+            raise StudyFileError(f"--set {ov}: {str(e).removeprefix(key + ': ')}") from None
     return base
 
 
