@@ -24,6 +24,15 @@ FORCE_HELP = ("write into a folder kvsim did not write, beside the files there (
 DEVICES = ("auto", "cpu", "gpu")
 
 
+def _sweep(*cfgs) -> None:
+    """At a command's start: what killed runs left in the temporary folder and in these
+    configs' disk tier folders goes (kvsim.scratch.sweep_start: only scratch paths whose
+    owner is gone)."""
+    from kvsim.scratch import sweep_start
+
+    sweep_start(*(c.cache.disk_tier.path for c in cfgs if c.cache.disk_tier is not None))
+
+
 def _check_hw_options(time_scale: float, device: str) -> None:
     """The hw backend's options, before any work (ConfigFileError naming the option)."""
     import math
@@ -68,6 +77,7 @@ def run(
             if backend == "hw":
                 _check_hw_options(time_scale, device)
             cfg = load_config(config, set_)
+            _sweep(cfg)
             # the destination first: a path that cannot take the results fails now, not
             # after minutes of loading and replay
             stage = Staging.reserve(output_dir(cfg, out), what="--out" if out else "output.dir",
@@ -139,6 +149,7 @@ def calibrate(
     from kvsim.tools.calibrate import calibrate as run_calibration, check_against, refit
 
     console = Console(stderr=True)
+    _sweep()
     if check and not profile:
         error(console, "--check: needs --profile")
         raise typer.Exit(2)
@@ -221,6 +232,7 @@ def compare(
         if not hw_from:
             _check_hw_options(time_scale, device)
         cfg = load_config(config, set_)
+        _sweep(cfg)
         loop = load_hw_loop(hw_loop) if hw_loop else None
     except (ConfigFileError, ValueError, OSError) as e:
         error(console, str(e))
@@ -290,6 +302,7 @@ def diff(
     from kvsim.tools.reports import diff_table
 
     console = Console(stderr=True)
+    _sweep()
     try:
         if out:
             check_file(out, "diff")

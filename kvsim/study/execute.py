@@ -82,6 +82,16 @@ def split_workload(workload, part: str, held_out: float, seed: int):
     return replace(workload, sessions=tuple(workload.sessions[i] for i in keep))
 
 
+def disk_dirs(configs) -> list[str]:
+    """The disk tier folders that resolved configs (dicts) name, each once."""
+    out: list[str] = []
+    for c in configs:
+        for t in (c.get("cache") or {}).get("tiers") or ():
+            if isinstance(t, dict) and t.get("level") == "disk" and t.get("path") and t["path"] not in out:
+                out.append(t["path"])
+    return out
+
+
 def run_point(config: dict, backend: str = "sim", split: dict | None = None,
               plots: bool | None = None) -> dict:
     """Replay one point (on a worker) and render its run folder's files there. Returns
@@ -93,10 +103,12 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
     try:
         from kvsim.config import validate_config
         from kvsim.run import prepare_run, replay, write_files
+        from kvsim.scratch import sweep_start
         from kvsim.study.cache import worker_cache
         from kvsim.workload import session_start_times
 
         cfg = validate_config(config, f"point {config.get('name')}")
+        sweep_start(*disk_dirs([config]))   # what killed runs left on this worker's host
         cache = worker_cache()
         workload, kept = cache.workload(cfg) if cache is not None else (None, False)
         prep = prepare_run(cfg, workload=workload)

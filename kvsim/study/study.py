@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.run.outputs import Target, check_folder, write_whole
+from kvsim.scratch import sweep_start
 
-from kvsim.study.execute import Outcome, is_complete, open_client, progress_bar, run_points
+from kvsim.study.execute import Outcome, disk_dirs, is_complete, open_client, progress_bar, run_points
 from kvsim.study.points import Point, expand
 from kvsim.study.schema import StudySpec, load_study
 
@@ -99,6 +100,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
         spec, points, target = planned
     target.claim()
     try:
+        sweep_start(*disk_dirs(p.config for p in points))
         return _run(path, spec, points, target, t0, workers, scheduler, progress, plots)
     except BaseException:
         target.abandon_if_unused()

@@ -47,7 +47,8 @@ import yaml
 
 from kvsim.config import ConfigFileError, validate_config
 from kvsim.run.outputs import Target, check_folder, write_whole
-from kvsim.study.execute import is_complete, open_client, progress_bar, run_point, write_point
+from kvsim.scratch import sweep_start
+from kvsim.study.execute import disk_dirs, is_complete, open_client, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base
 from kvsim.study.schema import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
@@ -266,6 +267,7 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
         spec, base, target = planned
     target.claim()
     try:
+        sweep_start(*disk_dirs([_point(base, {}, spec, path, "base", None).config]))
         return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress)
     except BaseException:
         target.abandon_if_unused()
