@@ -605,3 +605,93 @@ def _trials_db(out: Path):
     import optuna
 
     return optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}").trials
+
+
+# ----------------------------------------------------------------- honest, legible output
+
+
+def test_a_point_with_failed_requests_says_so_and_equal_points_are_flagged(tmp_path):
+    import csv
+
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[0].quota: [2GiB, 24GiB]
+variants:
+  - {name: default, set: {}}
+  - {name: same, set: {engine.hold_sessions: true}}     # the default already: changes nothing
+  - {name: smaller-batch, set: {engine.max_batch_tokens: 1024}}
+""")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    rows = {row["point"]: row for row in _table(out)}
+
+    def failed(name: str) -> int:   # counted from the point's own requests.csv
+        with open(out / "points" / name / "requests.csv", newline="") as f:
+            return sum(1 for row in csv.DictReader(f) if row["failed"])
+
+    small = rows["default__quota=2GiB"]
+    n = failed("default__quota=2GiB")
+    assert n > 0, "a 2 GiB GPU tier should fail some of these requests"
+    assert small["status"] == "requests failed" and small["requests_failed"] == n
+    assert small["error"].startswith(f"{n} of {n + small['requests_completed']} requests failed (")
+    assert rows["default__quota=24GiB"]["status"] == "ok" and failed("default__quota=24GiB") == 0
+    assert "requests failed: " in r.output                       # the printed table says so too
+    # same_as: the points whose requests.csv is byte for byte an earlier point's
+    data = {name: (out / "points" / name / "requests.csv").read_bytes() for name in rows}
+    for name, row in rows.items():
+        earlier = [o for o in rows if o != name and list(rows).index(o) < list(rows).index(name)
+                   and data[o] == data[name]]
+        assert row["same_as"] == (earlier[0] if earlier else ""), name
+    assert rows["same__quota=24GiB"]["same_as"] == "default__quota=24GiB"
+    assert rows["smaller-batch__quota=24GiB"]["same_as"] == ""
+
+
+def test_plots_have_titles_units_numeric_legends_distinct_series_and_seed_bands(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from kvsim.study.figures import natural, style, write_study_plots
+    from kvsim.study.points import axis_keys
+    from kvsim.study.table import build_rows
+
+    assert sorted(["10", "2", "1", "64GiB", "8GiB", "x"], key=natural) == ["1", "2", "10", "8GiB", "64GiB", "x"]
+    looks = {tuple(style(i).values()) for i in range(12)}
+    assert len(looks) == 12                                       # 12 series, 12 looks
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[0].quota: [4GiB, 24GiB]
+  engine.max_running: [1, 2, 10]
+variants:
+  - {name: a, set: {}}
+  - {name: b, set: {engine.max_batch_tokens: 4096}}
+seeds: [0, 1]
+""")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress",
+                            "--no-plots"])
+    assert r.exit_code == 0, r.output
+    spec, points = load_study(p), _points(p)
+    rows = build_rows(points, lambda q: out / "points" / q.name, list(spec.metrics), {}, None)
+    drawn: dict[str, Figure] = {}
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: drawn.setdefault(Path(path).name, self))
+    write_study_plots(points, rows, lambda q: out / "points" / q.name, list(spec.plot_metrics),
+                      tmp_path / "plots", axes=axis_keys(spec), study=spec.name)
+    assert set(drawn) == {"axis-quota.png", "axis-max_running.png", "ttft_cdf.png", "variants.png"}
+    for name, fig in drawn.items():
+        title = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+        assert title.startswith("small"), (name, title)
+        for ax in fig.axes:
+            for label in (ax.get_xlabel(), ax.get_ylabel()):
+                if label or name != "variants.png":
+                    assert re.search(r"\(.+\)$", label), (name, label)   # a unit in parentheses
+    quota = drawn["axis-quota.png"]
+    assert quota.axes[0].get_xlabel() == "cache.tiers[0].quota (GiB)"
+    assert quota.axes[0].get_ylabel() == "TTFT p90 (s)"
+    legend = [t.get_text() for t in quota.legends[0].get_texts()]
+    assert legend == ["a max_running=1", "a max_running=2", "a max_running=10",
+                      "b max_running=1", "b max_running=2", "b max_running=10"]
+    assert "mean over 2 seeds" in quota._suptitle.get_text()
+    assert all(ax.collections for ax in quota.axes)               # a band per series
+    bars = drawn["variants.png"]
+    assert all(ax.containers and ax.containers[-1].errorbar is not None for ax in bars.axes)
+    assert "error bars: lowest to highest" in bars._suptitle.get_text()

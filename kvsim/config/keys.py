@@ -124,3 +124,24 @@ def unknown_key(parts: tuple, model: type[BaseModel]) -> str | None:
             return None if not seqs else f"{here} is a list; expected [N] before {part!r}"
         return f"{here} is a value, not a section (no key {part!r} in it)"
     return None
+
+
+def field_at(parts: tuple, model: type[BaseModel]):
+    """The pydantic field a key path ends at (None: a list item, a mapping's value, or no
+    such key)."""
+    kinds: list = [model]
+    field = None
+    for part in parts:
+        models = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if isinstance(part, int):
+            seqs = [k for k in kinds if typing.get_origin(k) in (list, tuple)]
+            if not seqs:
+                return None
+            args = typing.get_args(seqs[0])
+            kinds, field = (_unwrap(args[0]) if args else [Any]), None
+            continue
+        if not models or part not in models[0].model_fields:
+            return None
+        field = models[0].model_fields[part]
+        kinds = _unwrap(field.annotation)
+    return field

@@ -97,6 +97,12 @@ def labels_for(keys: list[str], given: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def axis_keys(spec: StudySpec) -> dict[str, str]:
+    """Column label -> the config key of each grid and zip axis."""
+    keys = [*spec.zipped, *spec.grid]
+    return {label: key for key, label in labels_for(keys, spec.labels).items()}
+
+
 def _show(v: Any) -> str:
     if isinstance(v, bool):
         return "on" if v else "off"

@@ -20,7 +20,7 @@ from kvsim.run.outputs import Target, check_folder, write_whole
 from kvsim.scratch import sweep_start
 
 from kvsim.study.execute import Outcome, disk_dirs, is_complete, open_client, progress_bar, run_points
-from kvsim.study.points import Point, expand
+from kvsim.study.points import Point, axis_keys, expand
 from kvsim.study.schema import StudySpec, load_study
 
 
@@ -129,7 +129,7 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
         loader = threading.Thread(target=_preload, args=(plots,), daemon=True)
 
         def on_done(p: Point, payload: dict) -> None:
-            status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"
+            status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"  # (drawn or not)
             if plots and not early:
                 from kvsim.study.figures import cdf_points, ttft_cdf
 
@@ -138,7 +138,7 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
                     loader.join()   # matplotlib is not to be used from two threads at once
                     try:
                         plots_dir.mkdir(parents=True, exist_ok=True)
-                        early.append(ttft_cdf(shown, len(points), folder_of, plots_dir))
+                        early.append(ttft_cdf(shown, len(points), folder_of, plots_dir, spec.name))
                     except Exception:  # the points go on; the plot is tried again at the end
                         early.append(None)
 
@@ -171,6 +171,7 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
 
         drawn = early[0] if early else None
         written = write_study_plots(points, rows, folder_of, list(spec.plot_metrics), plots_dir,
-                                    cdf=drawn is None) + (drawn or [])
+                                    cdf=drawn is None, axes=axis_keys(spec),
+                                    study=spec.name) + (drawn or [])
     timings["plots"] = time.perf_counter() - t2
     return StudyReport(spec, points, rows, outcome, folder, paths, written, timings)

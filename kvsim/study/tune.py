@@ -489,8 +489,29 @@ def _optuna_plots(study, out: Path, spec: TuneSpec) -> list[Path]:
                 plt.close("all")
                 continue
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        _label(ax, name, spec)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
+        fig.savefig(out / name, dpi=80)
         plt.close(fig)
         written.append(out / name)
     return written
+
+
+def _label(ax, name: str, spec: TuneSpec) -> None:
+    """Optuna's plots with the tune's title and axes in words and units."""
+    from kvsim.study.units import metric_label
+
+    weights = spec.objective.weights
+    if len(weights) == 1 and next(iter(weights.values())) == 1.0:
+        objective = metric_label(next(iter(weights)))[0]
+    else:
+        objective = "objective: " + " + ".join(f"{w:g} x {metric_label(m)[0]}" for m, w in weights.items())
+    if name == "history.png":
+        ax.set_title(f"tune {spec.name}: objective by trial ({spec.objective.sense}), train sessions",
+                     fontsize="medium")
+        ax.set_xlabel("trial (number)")
+        ax.set_ylabel(objective)
+    else:
+        ax.set_title(f"tune {spec.name}: what the objective depends on", fontsize="medium")
+        ax.set_xlabel("importance for the objective (fraction; the parameters' sum to 1)")
+        ax.set_ylabel("search parameter")
