@@ -103,7 +103,7 @@ def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
     workload = _load_workload(cfg, trace)
     if cfg.workload.max_turns is not None:
         workload = wl.first_turns(workload, cfg.workload.max_turns)
-    return workload
+    return wl.scoped(workload, cfg.workload.scope)
 
 
 def workload_key(cfg: RunConfig, trace: str | None = None) -> str:
