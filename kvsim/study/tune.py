@@ -287,19 +287,20 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     new_api = hasattr(optuna.trial.Trial, "set_constraint")
     own = not (storage or spec.storage)
-    study = _open_study(spec, _storage(spec, folder, storage), bool(storage))
-    if own:  # our own SQLite: trials left running by a tune that was killed
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            _interrupted(study, t._trial_id, t.number, t.params, t.user_attrs)
-    study.sampler = _sampler(spec, len(study.get_trials(deepcopy=False)))
-    done_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
-    n_done = len(study.get_trials(deepcopy=False, states=done_states))
     n_run = 0
 
     def folder_of(kind: str):
         return lambda p: folder / kind / p.name
 
+    # the cluster first: a tune whose cluster cannot start leaves no storage behind
     with open_client(workers, scheduler) as client:
+        study = _open_study(spec, _storage(spec, folder, storage), bool(storage))
+        if own:  # our own SQLite: trials left running by a tune that was killed
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                _interrupted(study, t._trial_id, t.number, t.params, t.user_attrs)
+        study.sampler = _sampler(spec, len(study.get_trials(deepcopy=False)))
+        done_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+        n_done = len(study.get_trials(deepcopy=False, states=done_states))
         width = spec.parallel or max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
         running: dict = {}
         ac = as_completed()
