@@ -75,12 +75,16 @@ def home(tmp_path_factory):
     r = runner.invoke(app, ["study", str(h / "s.yaml"), "--out", str(h / "a-study"), "--workers", "1",
                             "--no-progress", "--no-plots"])
     assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["tune", str(h / "t.yaml"), "--out", str(h / "a-tune"), "--workers", "1",
+                            "--no-progress", "--trials", "1"])
+    assert r.exit_code == 0, r.output
     return h
 
 
 def _cases(h: Path) -> list[tuple[list[str], str]]:
     s, t = str(h / "s.yaml"), str(h / "t.yaml")
     study_hash = json.loads((h / "a-study" / MARKER).read_text())["hash"]
+    tune_hash = json.loads((h / "a-tune" / MARKER).read_text())["hash"]
     return [
         (["study", s, "--out", "."], "--out .: is the current folder or holds it"),
         (["study", s, "--out", str(h / "mine")], f"--out {h / 'mine'}: exists and was not written by kvsim"),
@@ -94,6 +98,9 @@ def _cases(h: Path) -> list[tuple[list[str], str]]:
         (["run", "default", *TINY, "--out", str(h / "a-study")], f"--out {h / 'a-study'}: is a kvsim study folder"),
         (["run", "default", *TINY, "--out", str(h / "mine")], f"--out {h / 'mine'}: exists and was not written"),
         (["compare", "default", *TINY, "--out", str(h / "a-run")], f"--out {h / 'a-run'}: is a kvsim run folder"),
+        (["tune", t, "--out", str(h / "a-tune"), "--set", "engine.max_batch_tokens=4096"],
+         f"--out {h / 'a-tune'}: holds a tune of config hash {tune_hash}; this tune's config hash is "),
+        (["tune", t, "--out", str(h / "a-study")], f"--out {h / 'a-study'}: is a kvsim study folder"),
         (["tune", t, "--out", str(h / "db")], f"--out {h / 'db'}: exists and was not written by kvsim"),
         (["tune", t, "--out", str(h / "db"), "--force"],
          f"--force: {h / 'db' / 'optuna.db'} exists and kvsim did not write it"),
