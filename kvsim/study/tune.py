@@ -507,12 +507,18 @@ def _label(ax, name: str, spec: TuneSpec) -> None:
         objective = metric_label(next(iter(weights)))[0]
     else:
         objective = "objective: " + " + ".join(f"{w:g} x {metric_label(m)[0]}" for m, w in weights.items())
+    fig = ax.figure
     if name == "history.png":
-        ax.set_title(f"tune {spec.name}: objective by trial ({spec.objective.sense}), train sessions",
-                     fontsize="medium")
+        title = f"tune {spec.name}: objective by trial ({spec.objective.sense}), train sessions"
         ax.set_xlabel("trial (number)")
         ax.set_ylabel(objective)
     else:
-        ax.set_title(f"tune {spec.name}: what the objective depends on", fontsize="medium")
-        ax.set_xlabel("importance for the objective (fraction; the parameters' sum to 1)")
+        title = f"tune {spec.name}: what the objective depends on"
+        ax.set_xlabel("importance (fraction; all sum to 1)")
         ax.set_ylabel("search parameter")
+    for loc in ("left", "center", "right"):   # Optuna titles its plots on the left
+        ax.set_title("", loc=loc)
+    if fig._suptitle is not None:   # Optuna's own title: replaced, not overlaid
+        fig._suptitle.set_text("")
+    fig.suptitle(title, fontsize="medium")
+    fig.set_size_inches(max(7.0, fig.get_figwidth()), fig.get_figheight())

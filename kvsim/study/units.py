@@ -67,6 +67,8 @@ def metric_label(path: str) -> tuple[str, float]:
     if root == "host_fill" and rest:
         unit = "s" if rest[-1].endswith("_s") else "slots"
         return f"host fill {rest[-1].removesuffix('_s').replace('_', ' ')} ({unit})", 1.0
+    if root == "ttft_s_by_input" and len(rest) == 2:   # {short, long}.{percentile}
+        return f"TTFT of {rest[0]} prompts {PERCENTILES.get(rest[1], rest[1])} (s)", 1.0
     if root in METRICS:
         words, unit, scale = METRICS[root]
         tail = " ".join(PERCENTILES.get(r, r.replace("_", " ")) for r in rest)
