@@ -158,7 +158,8 @@ baseline: hold__quota=24GiB
     for name in ("hold__quota=4GiB", "hold__quota=24GiB"):
         row = rows[name]
         summary = json.loads((out / "points" / name / "summary.json").read_text())
-        assert row["status"] == "ok"
+        failed = summary["metrics"]["requests_failed"]   # (a 4 GiB GPU tier fails a few)
+        assert row["status"] == ("requests failed" if failed else "ok"), (name, failed)
         assert row["ttft_s.p90"] == summary["metrics"]["ttft_s"]["p90"]
         assert row["requests_completed"] == summary["metrics"]["requests_completed"] > 0
         assert (out / "points" / name / "requests.csv").exists()
@@ -184,7 +185,7 @@ baseline: hold__quota=24GiB
     assert r.exit_code == 0, r.output
     assert "2 run, 2 already done, 0 failed" in r.output
     assert (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns == stamp
-    assert {row["status"] for row in _table(out)} == {"ok"}
+    assert {row["status"] for row in _table(out)} <= {"ok", "requests failed"}
     assert json.loads((out / "failures.json").read_text()) == {}
     # --set on the base changes every point: another study, refused in this one's folder
     # (kvsim.run.outputs), naming both config hashes; nothing in the folder changes
@@ -392,7 +393,7 @@ def test_study_on_a_dask_cluster_matches_a_local_run(tmp_path):
     finally:
         _stop(procs)
     remote = {row["point"]: row for row in _table(out)}
-    assert len(remote) == 4 and {row["status"] for row in remote.values()} == {"ok"}
+    assert len(remote) == 4 and {row["status"] for row in remote.values()} <= {"ok", "requests failed"}
     workers = {json.loads((out / "points" / n / "point.json").read_text())["worker"] for n in remote}
     assert all(not w.endswith(f":{os.getpid()}") for w in workers)   # ran in the workers
     # the same study in this process's own LocalCluster: the same metrics
