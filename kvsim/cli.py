@@ -17,6 +17,34 @@ from kvsim.scratch import terminate_raises
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kvsim: replay LLM request traces through a tiered KV cache.")
 
+FORCE_HELP = ("write into a folder kvsim did not write, beside the files there (never replacing "
+              "one of them)")
+
+
+DEVICES = ("auto", "cpu", "gpu")
+
+
+def _sweep(*cfgs) -> None:
+    """At a command's start: what killed runs left in the temporary folder and in these
+    configs' disk tier folders goes (kvsim.scratch.sweep_start: only scratch paths whose
+    owner is gone)."""
+    from kvsim.scratch import sweep_start
+
+    sweep_start(*(c.cache.disk_tier.path for c in cfgs if c.cache.disk_tier is not None))
+
+
+def _check_hw_options(time_scale: float, device: str) -> None:
+    """The hw backend's options, before any work (ConfigFileError naming the option)."""
+    import math
+
+    from kvsim.config import ConfigFileError
+
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise ConfigFileError(f"--time-scale {time_scale:g}: expected simulated seconds per wall "
+                              f"second, a number > 0")
+    if device not in DEVICES:
+        raise ConfigFileError(f"--device {device}: expected one of {', '.join(DEVICES)}")
+
 
 @app.command()
 def run(
@@ -25,6 +53,7 @@ def run(
     trace: Optional[str] = typer.Option(None, help="trace file or directory (overrides workload.path)"),
     set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
     out: Optional[str] = typer.Option(None, help="results folder (default: output.dir)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     progress: bool = typer.Option(True, help="show a progress bar"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
@@ -34,7 +63,7 @@ def run(
 ):
     """Replay a trace through the tier manager and write a results folder."""
     from kvsim.backend import CapacityError
-    from kvsim.config import ConfigFileError, load_config
+    from kvsim.config import ConfigFileError, blame, load_config
     from kvsim.engine.stages import RefcheckError
     from kvsim.run.results import Staging
     from kvsim.run import BACKENDS, output_dir, prepare_run, replay, write_files
@@ -45,10 +74,14 @@ def run(
         try:
             if backend not in BACKENDS:
                 raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
+            if backend == "hw":
+                _check_hw_options(time_scale, device)
             cfg = load_config(config, set_)
+            _sweep(cfg)
             # the destination first: a path that cannot take the results fails now, not
             # after minutes of loading and replay
-            stage = Staging.reserve(output_dir(cfg, out), what="--out" if out else "output.dir")
+            stage = Staging.reserve(output_dir(cfg, out), what="--out" if out else "output.dir",
+                                    force=force)
         except (ConfigFileError, ValueError, OSError) as e:
             error(console, str(e))
             raise typer.Exit(2)
@@ -58,7 +91,10 @@ def run(
             try:
                 pause_at("load")
                 prep = prepare_run(cfg, trace)
-            except (ConfigFileError, TraceError, ValueError, OSError) as e:
+            except ConfigFileError as e:
+                error(console, blame(str(e), config, set_))
+                raise typer.Exit(2)
+            except (TraceError, ValueError, OSError) as e:
                 error(console, str(e))
                 raise typer.Exit(2)
             except KeyboardInterrupt as e:
@@ -72,7 +108,7 @@ def run(
                 error(console, f"{backend} backend: {e or 'out of memory'}")
                 raise typer.Exit(2)
             except ConfigFileError as e:  # a setting this backend cannot run (belady on hw)
-                error(console, str(e))
+                error(console, blame(str(e), config, set_))
                 raise typer.Exit(2)
             except (ValueError, OSError, RuntimeError, RefcheckError) as e:
                 # a backend that cannot start (no GPU, a bad disk folder, a full disk...) or a
@@ -109,9 +145,11 @@ def calibrate(
     profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
+    from kvsim.run.outputs import check_file, write_whole
     from kvsim.tools.calibrate import calibrate as run_calibration, check_against, refit
 
     console = Console(stderr=True)
+    _sweep()
     if check and not profile:
         error(console, "--check: needs --profile")
         raise typer.Exit(2)
@@ -119,10 +157,14 @@ def calibrate(
         error(console, "--out: give the profile to write")
         raise typer.Exit(2)
     try:
+        if check and out:
+            check_file(out, "calibrate-check")
         if check:
             report = check_against(check, profile)
             if out:
-                Path(out).write_text(json.dumps(report, indent=2) + "\n")
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+                write_whole(Path(out), (json.dumps({"kvsim_report": "calibrate-check", **report},
+                                                   indent=2) + "\n").encode())
         elif from_report:
             report = refit(from_report, out, base=None if base == "h200-pcie" else base)
         else:
@@ -149,6 +191,7 @@ def compare(
     trace: Optional[str] = typer.Option(None, help="trace file or directory (overrides workload.path)"),
     set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
     out: Optional[str] = typer.Option(None, help="folder for compare.json (default: output.dir + '-compare')"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
     compute_graphs: bool = typer.Option(True, "--compute-graphs/--no-compute-graphs",
@@ -171,7 +214,7 @@ def compare(
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.tools.compare import compare as run_compare, compare_saved
     from kvsim.tools.reports import report_tables, write_report
-    from kvsim.config import ConfigFileError, load_config
+    from kvsim.config import ConfigFileError, blame, load_config
     from kvsim.tools.hwloop import load_hw_loop
     from kvsim.run.results import Staging
     from kvsim.run import prepare_run, write_files
@@ -186,7 +229,10 @@ def compare(
         error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
     try:
+        if not hw_from:
+            _check_hw_options(time_scale, device)
         cfg = load_config(config, set_)
+        _sweep(cfg)
         loop = load_hw_loop(hw_loop) if hw_loop else None
     except (ConfigFileError, ValueError, OSError) as e:
         error(console, str(e))
@@ -197,7 +243,8 @@ def compare(
         raise typer.Exit(2)
     with terminate_raises():
         try:  # before minutes of replay, not after
-            stage = Staging.reserve(dest, kind="compare")
+            stage = Staging.reserve(dest, kind="compare", what="--out" if out else "output.dir",
+                                    force=force)
         except ValueError as e:
             error(console, str(e))
             raise typer.Exit(2)
@@ -225,7 +272,10 @@ def compare(
                         final = {"hardware": str(dest / "hardware.yaml")}
                         for _, res in results:
                             res.cfg = res.cfg.model_copy(update=final)
-            except (ConfigFileError, TraceError, ValueError, OSError, RuntimeError) as e:
+            except ConfigFileError as e:
+                error(console, blame(str(e), config, set_))
+                raise typer.Exit(2)
+            except (TraceError, ValueError, OSError, RuntimeError) as e:
                 error(console, str(e))
                 raise typer.Exit(2)
             except KeyboardInterrupt as e:
@@ -239,20 +289,6 @@ def compare(
     Console().print(f"report: {path}")
 
 
-def _check_report_path(dest: Path) -> None:
-    """``kvsim diff --out`` replaces only an earlier diff report, never another file."""
-    if dest.is_dir() or (dest.exists() and not dest.is_file()):
-        raise ValueError(f"--out {dest}: is a folder; expected a JSON file name")
-    if dest.exists():
-        try:
-            ok = json.loads(dest.read_text()).get("kvsim_report") == "diff"
-        except (OSError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            raise ValueError(f"--out {dest}: exists and is not a kvsim diff report; kvsim replaces "
-                             f"only files it wrote: choose another --out")
-
-
 @app.command()
 def diff(
     a: str = typer.Argument(..., help="a results folder (kvsim run --out, or a compare's sim/ or hw/)"),
@@ -261,13 +297,15 @@ def diff(
 ):
     """Two finished replays side by side (e.g. two hw runs, or two policies): headline
     metrics with (a - b) / b, and how many turns found the same hits by tier."""
+    from kvsim.run.outputs import check_file, write_whole
     from kvsim.tools.compare import diff_runs
-    from kvsim.tools.reports import diff_table, write_whole
+    from kvsim.tools.reports import diff_table
 
     console = Console(stderr=True)
+    _sweep()
     try:
         if out:
-            _check_report_path(Path(out))
+            check_file(out, "diff")
         report = diff_runs(a, b)
     except ValueError as e:
         error(console, str(e))
@@ -283,23 +321,54 @@ def diff(
     Console().print(diff_table(report))
 
 
-def _plan_and_run(console: Console, kind: str, plan: Callable, run: Callable, kept: str):
-    """A study's or tune's two steps: ``plan`` (a bad file: exit 2), then ``run`` on Dask
-    (a cluster it cannot reach or start: exit 1; SIGINT/SIGTERM: exit 130/143, keeping
-    ``kept``). Returns (spec, report)."""
+def _plan_and_run(console: Console, kind: str, plan: Callable, run: Callable, kept: Callable):
+    """A study's or tune's two steps: ``plan`` (the file, its points, the folder, the
+    scheduler and storage checked; nothing written: a problem is exit 2), then ``run``
+    (the folder claimed, the work on Dask: a cluster or storage it cannot reach, exit 1;
+    SIGINT/SIGTERM: exit 130/143, saying ``kept(planned)``). Returns (plan's answer,
+    report)."""
+    from kvsim.run.outputs import OutputError
+
     try:
-        spec = plan()
-    except (ValueError, OSError) as e:  # ConfigFileError and the study file's errors included
+        planned = plan()
+    except (ValueError, OSError) as e:  # ConfigFileError, OutputError, the study file's errors
         error(console, str(e))
         raise typer.Exit(2)
     try:
         with terminate_raises():
-            return spec, run()
+            return planned, run(planned)
+    except OutputError as e:  # the folder changed since it was checked
+        error(console, str(e))
+        raise typer.Exit(2)
     except (ConnectionError, TimeoutError, OSError) as e:
-        error(console, f"{kind} {spec.name}: {type(e).__name__}: {e}")
+        error(console, f"{kind} {planned[0].name}: {type(e).__name__}: {e}")
         raise typer.Exit(1)
     except KeyboardInterrupt as e:
-        raise interrupted(console, e, kept)
+        raise interrupted(console, e, kept(planned))
+
+
+def _again(kind: str, file: str, folder, set_: List[str], storage: Optional[str] = None) -> str:
+    """The command that continues this study or tune, as a shell reads it (its folder,
+    its --set and storage: the same config hash)."""
+    import shlex
+
+    words = ["kvsim", kind, file, "--out", str(folder)]
+    for ov in set_:
+        words += ["--set", ov]
+    if storage:
+        words += ["--storage", storage]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _check_cluster(scheduler: Optional[str]) -> None:
+    if scheduler is not None:
+        from kvsim.study.execute import check_scheduler
+
+        check_scheduler(scheduler)
+
+
+def _wide() -> Console:
+    return Console() if Console().is_terminal else Console(width=200)
 
 
 @app.command()
@@ -310,28 +379,35 @@ def study(
     scheduler: Optional[str] = typer.Option(None, help="run on this Dask cluster (tcp://HOST:PORT)"),
     out: Optional[str] = typer.Option(None, help="study folder (default: the study's out, or "
                                                    "results/study-NAME)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     progress: bool = typer.Option(True, help="show a progress bar"),
     plots: bool = typer.Option(True, help="draw the study's plots"),
 ):
     """Run a what-if study: every point of a grid / zip / variants / seeds / traces over a
     base config, on Dask; one run folder per point, a table (CSV, Parquet) and plots.
     Points already complete (same resolved config) are skipped."""
-    from kvsim.study.study import plan_study, run_study
+    from kvsim.study.study import plan_study, run_study, study_target
     from kvsim.study.table import rich_table
 
     console = Console(stderr=True)
-    spec, rep = _plan_and_run(
-        console, "study", lambda: plan_study(study_file, set_)[0],
-        lambda: run_study(study_file, set_, workers=workers, scheduler=scheduler, out=out,
-                          progress=progress, plots=plots),
-        f"the points finished so far are kept; run `kvsim study {study_file}` again to continue")
+
+    def plan():
+        _check_cluster(scheduler)
+        spec, points = plan_study(study_file, set_)
+        return spec, points, study_target(spec, points, out, force)
+
+    (spec, _, _), rep = _plan_and_run(
+        console, "study", plan,
+        lambda planned: run_study(study_file, set_, workers=workers, scheduler=scheduler,
+                                  progress=progress, plots=plots, planned=planned),
+        lambda planned: (f"the points finished so far are kept; to continue: "
+                         f"{_again('study', study_file, planned[2].path, set_)}"))
     params = list(dict.fromkeys(["variant"] * any(p.variant for p in rep.points)
                                 + [k for p in rep.points for k in p.params]))
-    wide = Console() if Console().is_terminal else Console(width=200)
-    wide.print(rich_table(rep.rows, f"study {spec.name}: {len(rep.points)} points "
-                               f"({rep.outcome.ran} run, {rep.outcome.skipped} already done, "
-                               f"{len(rep.outcome.failures)} failed)", params, list(spec.metrics),
-                               rel=spec.baseline is not None))
+    _wide().print(rich_table(rep.rows, f"study {spec.name}: {len(rep.points)} points "
+                                 f"({rep.outcome.ran} run, {rep.outcome.skipped} already done, "
+                                 f"{len(rep.outcome.failures)} failed)", params, list(spec.metrics),
+                                 rel=spec.baseline is not None))
     Console().print(f"table: {rep.table_paths[0]}  plots: {rep.folder / 'plots'}", markup=False, soft_wrap=True)
     if rep.outcome.failures:
         for name, err in rep.outcome.failures.items():
@@ -346,6 +422,7 @@ def tune(
     workers: Optional[int] = typer.Option(None, min=1, help="local worker processes (default: the cores)"),
     scheduler: Optional[str] = typer.Option(None, help="run on this Dask cluster (tcp://HOST:PORT)"),
     out: Optional[str] = typer.Option(None, help="tune folder (default: the file's out, or results/tune-NAME)"),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in the folder)"),
     trials: Optional[int] = typer.Option(None, min=1, help="trial budget (default: the file's trials)"),
     progress: bool = typer.Option(True, help="show a progress bar"),
@@ -353,24 +430,31 @@ def tune(
     """Search config keys with Optuna (trials on Dask, on the train sessions), then replay
     the best configs on held-out sessions; writes best.yaml, the top trials and plots.
     Runs again continue the same study up to the trial budget."""
-    from kvsim.study.tune import plan_tune, run_tune
+    from kvsim.study.tune import plan_tune, run_tune, tune_target
 
     console = Console(stderr=True)
-    spec, rep = _plan_and_run(
-        console, "tune", lambda: plan_tune(tune_file, set_)[0],
-        lambda: run_tune(tune_file, set_, workers=workers, scheduler=scheduler, out=out,
-                         storage=storage, trials=trials, progress=progress),
-        f"the finished trials are kept; run `kvsim tune {tune_file}` again to continue")
-    t = Table(title=f"tune {spec.name}: {rep.n_complete} trials complete, {rep.n_failed} failed "
-                    f"({rep.n_run} run now); objective: {spec.objective.sense} "
+
+    def plan():
+        _check_cluster(scheduler)
+        spec, base = plan_tune(tune_file, set_)
+        return spec, base, tune_target(spec, base, out, force, storage)
+
+    (spec, _, _), rep = _plan_and_run(
+        console, "tune", plan,
+        lambda planned: run_tune(tune_file, set_, workers=workers, scheduler=scheduler,
+                                 storage=storage, trials=trials, progress=progress, planned=planned),
+        lambda planned: (f"the finished trials are kept; to continue: "
+                         f"{_again('tune', tune_file, planned[2].path, set_, storage)}"))
+    interrupted_ = f", {rep.n_interrupted} interrupted" if rep.n_interrupted else ""
+    t = Table(title=f"tune {spec.name}: {rep.n_complete} trials complete, {rep.n_failed} failed"
+                    f"{interrupted_} ({rep.n_run} run now); objective: {spec.objective.sense} "
                     + " + ".join(f"{w:g} x {m}" for m, w in spec.objective.weights.items()))
     cols = list(dict.fromkeys(k for r in rep.top for k in r))
     for c in cols:
         t.add_column(c, justify="right")
     for r in rep.top:
         t.add_row(*[fmt(r.get(c)) for c in cols])
-    wide = Console() if Console().is_terminal else Console(width=200)
-    wide.print(t)
+    _wide().print(t)
     for problem in rep.problems:
         error(console, problem)
     if rep.best_yaml:

@@ -11,6 +11,9 @@ creates the path, so there is no moment when an unowned scratch path exists.
   and no process with that pid and start time runs. A live run's paths, paths of other
   hosts (a shared file system), and anything whose name is not a scratch name are never
   touched: kvsim deletes only what it created.
+- ``sweep_start(*folders)``: what every command and every study or tune worker does when
+  it starts: sweep the temporary folder and the configured disk tiers' folders, so what a
+  killed hw run left there goes with the next start of any kind (a sim run included).
 - ``terminate_raises()`` turns SIGTERM (and SIGHUP) into ``Terminated``, a
   ``KeyboardInterrupt``, so ``finally`` blocks and context managers clean up on a kill
   the process can see, exactly as on Ctrl-C. SIGKILL and the OOM killer leave scratch
@@ -26,6 +29,7 @@ import secrets
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,6 +134,22 @@ def sweep(parent: str | Path) -> list[Path]:
             removed.append(Path(e.path))
         except OSError:
             pass
+    return removed
+
+
+def sweep_start(*folders: str | Path | None) -> list[Path]:
+    """What every kvsim command (and each study or tune worker) does when it starts: sweep
+    the temporary folder (where the hw backend's disk tier goes by default) and the given
+    folders (the configured disk tiers' paths), each once. Returns what was removed."""
+    removed: list[Path] = []
+    seen: set[str] = set()
+    for f in (tempfile.gettempdir(), *folders):
+        if f is None:
+            continue
+        key = os.path.realpath(os.path.expanduser(os.fspath(f)))
+        if key not in seen:
+            seen.add(key)
+            removed += sweep(key)
     return removed
 
 

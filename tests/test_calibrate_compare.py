@@ -611,9 +611,9 @@ def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
     write_report(report, tmp_path)
     before = (tmp_path / "compare.json").read_bytes()
 
-    def broken(self, target):
+    def broken(src, dst):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(Path, "replace", broken)
+    monkeypatch.setattr("kvsim.run.outputs.os.replace", broken)
     with pytest.raises(OSError, match="No space left"):
         write_report({**report, "config": "y"}, tmp_path)
     assert (tmp_path / "compare.json").read_bytes() == before  # the old report stands

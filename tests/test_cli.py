@@ -126,7 +126,8 @@ def test_page_bigger_than_tier_is_rejected_with_the_field(tmp_path):
     r = runner.invoke(app, ["run", "configs/default.yaml", "--set", "cache.tiers[0].quota=1MiB",
                             "--out", str(tmp_path / "res"), "--no-progress"])
     assert r.exit_code == 2
-    assert "tiers[0] (gpu).quota_bytes" in r.output
+    assert "--set cache.tiers[0].quota=1MiB: cache.tiers[0].quota: 1,048,576 bytes hold no page of " \
+        "5,242,880 bytes" in r.output, r.output
     assert not (tmp_path / "res").exists()
 
 

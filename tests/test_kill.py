@@ -91,3 +91,61 @@ def test_a_kill_at_any_phase_loses_nothing_and_leaves_nothing(tmp_path, backend,
     assert (work / "data" / "x.bin").read_bytes() == b"\0" * 1000
     assert list(tmp.iterdir()) == []
     assert "metrics" in json.loads((out / "summary.json").read_text())
+
+
+def _kvsim_cmd(cmd: str, args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvsim.cli", cmd, *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["run-sim", "study"])
+def test_what_a_killed_hw_run_left_goes_with_the_next_start_of_any_kind(tmp_path, then):
+    """A hw run SIGKILLed in its replay leaves its disk-tier file in the temporary folder;
+    the next kvsim start removes it whatever it is: a sim run (no disk file of its own), or
+    a study."""
+    from kvsim import scratch
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "KVSIM_PAUSE_AT": "replay"}
+    proc = _kvsim([*BACKEND["hw"], *TINY, "--out", str(tmp_path / "hw")], env)
+    _wait_for(proc, "kvsim: paused at replay")
+    left = [p for p in tmp.iterdir() if scratch.is_scratch(p)]
+    assert left and all(p.stat().st_size >= 8 << 20 or p.is_dir() for p in left), left  # the disk tier
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert [p for p in tmp.iterdir() if scratch.is_scratch(p)] == left   # nothing sees a SIGKILL
+    env.pop("KVSIM_PAUSE_AT")
+    if then == "run-sim":
+        r = _kvsim_cmd("run", ["default", *TINY, "--out", str(tmp_path / "sim")], env)
+        assert r.returncode == 0, r.stderr
+        assert list(tmp.iterdir()) == []
+    else:
+        study = tmp_path / "s.yaml"
+        study.write_text("name: s\nbase: default\nset: {workload.synthetic.n_sessions: 2, "
+                         "output.plots: false}\nseeds: [0]\n")
+        r = _kvsim_cmd("study", [str(study), "--out", str(tmp_path / "study"), "--workers", "1",
+                                 "--no-progress", "--no-plots"], env)
+        assert r.returncode == 0, r.stderr
+        assert [p for p in tmp.iterdir() if scratch.is_scratch(p)] == []   # (Dask's own may stay)
+
+
+def test_a_study_worker_sweeps_its_configured_disk_folder(tmp_path):
+    """A worker on another host has its own temporary folder and disk paths: run_point
+    sweeps them before it replays (here: a dead owner's file in the disk tier's path)."""
+    from kvsim import scratch
+    from kvsim.config import load_config
+    from kvsim.study.execute import run_point
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    dead = disk / f"disk.kvsim-{2**22 + 11}-1-{scratch._host()}-abcdefgh.bin"   # no such pid
+    dead.write_bytes(b"\0" * 4096)
+    mine = disk / "user.bin"
+    mine.write_bytes(b"keep")
+    cfg = load_config("default", ["workload.synthetic.n_sessions=1", "output.plots=false",
+                                  f"cache.tiers[2].path={disk}"]).model_dump(mode="json")
+    out = run_point(cfg)
+    assert "error" not in out, out
+    assert not dead.exists() and mine.read_bytes() == b"keep"

@@ -41,7 +41,7 @@ def test_a_folder_kvsim_did_not_write_is_refused_before_the_replay(tmp_path):
     # --trace names a file that does not exist: had the replay started, that would be the error
     r = _run("--out", str(home), "--trace", str(tmp_path / "nope.jsonl"))
     assert r.exit_code == 2, r.output
-    assert f"--out {home}: exists and is not a kvsim results folder" in r.output
+    assert f"--out {home}: exists and was not written by kvsim" in r.output
     assert _tree(home) == before and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
 
 
@@ -50,7 +50,7 @@ def test_output_dir_in_a_config_is_held_to_the_same_rule(tmp_path):
     mine.mkdir()
     (mine / "keep").write_text("x")
     r = _run("--set", f"output.dir={mine}")
-    assert r.exit_code == 2 and f"output.dir {mine}: exists and is not a kvsim results folder" in r.output
+    assert r.exit_code == 2 and f"output.dir {mine}: exists and was not written by kvsim" in r.output
     assert (mine / "keep").read_text() == "x"
 
 
@@ -106,7 +106,7 @@ def test_diff_out_replaces_only_its_own_report(tmp_path):
     precious = tmp_path / "notes.json"
     precious.write_text('{"mine": 1}')
     r = runner.invoke(app, ["diff", str(a), str(a), "--out", str(precious)])
-    assert r.exit_code == 2 and "exists and is not a kvsim diff report" in r.output
+    assert r.exit_code == 2 and "exists and was not written by kvsim diff" in r.output
     assert precious.read_text() == '{"mine": 1}'
     rep = tmp_path / "d.json"
     for _ in range(2):
@@ -250,3 +250,105 @@ def test_arrivals_beyond_the_clocks_range_are_refused(tmp_path, args, expect):
     (the float clock no longer moved by a step)."""
     r = runner.invoke(app, ["run", *args, "--no-progress", "--out", str(tmp_path / "res")])
     assert r.exit_code == 2 and expect in r.output, r.output
+
+
+# -- the --set grammar, and every error naming its source -------------------------------------
+@pytest.mark.parametrize("arg, expect", [
+    ("=3", "--set =3: the key is empty"),
+    (".=3", "--set .=3: an empty part at column 1"),
+    (" =3", "--set  =3: the key is empty"),
+    ("cache..quota=3", "--set cache..quota=3: an empty part at column 7"),
+    ("cache.tiers[x].quota=1GiB", "--set cache.tiers[x].quota=1GiB: bad list index [x] at column 12"),
+    ("cache.tiers[-1].quota=1GiB", "--set cache.tiers[-1].quota=1GiB: bad list index [-1]"),
+    ("cache.tiers[].quota=1GiB", "--set cache.tiers[].quota=1GiB: bad list index []"),
+    ("cache.tiers[0.quota=1GiB", "--set cache.tiers[0.quota=1GiB: bad list index [0.quota"),
+    ("cache.tiers[9].quota=1GiB", "--set cache.tiers[9].quota=1GiB: no list item [9] there"),
+    ("cache.tiers.quota=1GiB", "--set cache.tiers.quota=1GiB: cache.tiers is a list"),
+    ("cache.tierz[0].quota=1GiB", "--set cache.tierz[0].quota=1GiB: cache.tierz: no such key in cache"),
+    ("nonsense.key=1", "--set nonsense.key=1: nonsense: no such key in the configuration"),
+    ("seed.low=1", "--set seed.low=1: seed is a value, not a section"),
+    ("engine max_running=3", "--set engine max_running=3: ' ' at column 7 cannot be in a key"),
+    ("cache.tiers[0].level=host", "--set cache.tiers[0].level=host: cache: tiers must be ordered"),
+])
+def test_set_paths_are_parsed_by_one_grammar_and_name_the_argument(tmp_path, arg, expect):
+    r = _run("--set", arg, "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2, r.output
+    assert r.output == f"error: {expect}" + r.output.split(expect, 1)[1], r.output
+    assert r.output.count("\n") == 1 and "Traceback" not in r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_an_error_in_the_file_names_its_line_and_one_from_set_the_argument(tmp_path):
+    cfg = _config(tmp_path, CONFIG + "engine:\n  max_running: 0\n")   # line 6
+    r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2 and f"error: {cfg}:7: engine.max_running: Input should be greater than 0" \
+        in r.output, r.output
+    # the file is fine on its own; a --set breaks a rule across keys: the --set is named
+    cfg = _config(tmp_path, CONFIG)
+    r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res"),
+                            "--set", "cache.tiers=[{level: host, quota: 1GiB}]"])
+    assert r.exit_code == 2 and r.output.startswith(
+        "error: --set cache.tiers=[{level: host, quota: 1GiB}]: cache: tiers must be ordered"), r.output
+
+
+@pytest.mark.parametrize("where, expect", [
+    ("file", r"c\.yaml:7: workload\.synthetic\.burst\.input_tokens: the synthetic workload would take "
+             r"about [\d,.]+ GiB of memory \(4 burst requests of 1,000,000,000,000 tokens\); this "
+             r"machine has [\d,.]+ GiB available"),
+    ("set", r"--set workload\.synthetic\.n_sessions=1000000000: workload\.synthetic\.n_sessions: the "
+            r"synthetic workload would take about [\d,.]+ GiB"),
+])
+def test_a_workload_larger_than_memory_is_refused_from_an_estimate(tmp_path, where, expect):
+    """Found by a new user: input_tokens 1e12 allocated for minutes, then a MemoryError."""
+    import time
+
+    text = CONFIG.replace("{n_sessions: 2}", "\n    n_sessions: 2\n    burst: {input_tokens: 1000000000000}")
+    cfg = _config(tmp_path, text if where == "file" else CONFIG)
+    extra = [] if where == "file" else ["--set", "workload.synthetic.n_sessions=1000000000"]
+    t0 = time.monotonic()
+    r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res"), *extra])
+    assert r.exit_code == 2 and re.search(expect, r.output), r.output
+    assert time.monotonic() - t0 < 10 and not (tmp_path / "res").exists()
+
+
+def test_the_workload_estimate_is_near_what_the_generator_holds():
+    import tracemalloc
+
+    from kvsim.config import load_config
+    from kvsim.run import load_workload
+    from kvsim.run.budget import check_workload_memory, synthetic_bytes
+
+    for sets in (["workload.synthetic.n_sessions=300"],
+                 ["workload.synthetic.n_sessions=100", "workload.synthetic.turns=[20, 40]",
+                  "workload.synthetic.max_context_tokens=200000"],
+                 ["workload.synthetic.burst={requests: 2, input_tokens: 2000000}"]):
+        cfg = load_config("default", sets)
+        tracemalloc.start()
+        w = load_workload(cfg)
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        est = synthetic_bytes(cfg)[0]
+        assert 0.5 * est <= held <= est, (sets, held, est)
+        assert w.request_count() > 0
+        check_workload_memory(cfg, available=int(est) + 1)       # fits: no error
+        with pytest.raises(ValueError, match="lower workload.synthetic"):
+            check_workload_memory(cfg, available=int(est) - 1)
+
+
+def test_tokens_per_block_too_large_names_its_own_key(tmp_path):
+    r = _run("--set", "cache.tokens_per_block=1000000000", "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: --set cache.tokens_per_block=1000000000: cache.tokens_per_block: "
+                               "1,000,000,000 tokens a block make pages of 163,840,000,000,000 bytes"), r.output
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--time-scale", "0"], "--time-scale 0: expected simulated seconds per wall second, a number > 0"),
+    (["--time-scale", "-1"], "--time-scale -1: expected"),
+    (["--time-scale", "nan"], "--time-scale nan: expected"),
+    (["--device", "tpu"], "--device tpu: expected one of auto, cpu, gpu"),
+])
+def test_hw_options_are_checked_before_any_work(tmp_path, args, expect):
+    r = _run("--backend", "hw", *args, "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2 and r.output == f"error: {expect}" + r.output.split(expect, 1)[1], r.output
+    assert not (tmp_path / "res").exists()

@@ -145,25 +145,26 @@ grid:
   cache.tiers[0].quota: [4GiB, 24GiB]
 variants:
   - {name: hold, set: {engine.hold_sessions: true}}
-  - {name: broken, set: {workload.kind: mooncake, workload.path: /nonexistent/trace.jsonl}}
+  - {name: broken, set: {workload.kind: mooncake, workload.path: TRACE}}
 baseline: hold__quota=24GiB
-""")
+""".replace("TRACE", str(tmp_path / "later" / "trace.jsonl")))
     out = tmp_path / "out"
     r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress"])
     assert r.exit_code == 1, r.output              # a point failed; the others finished
-    assert "point broken__quota=4GiB" in r.output and "/nonexistent/trace.jsonl" in r.output
+    assert "point broken__quota=4GiB" in r.output and "later/trace.jsonl" in r.output
     rows = {row["point"]: row for row in _table(out)}
     assert set(rows) == {"hold__quota=4GiB", "hold__quota=24GiB", "broken__quota=4GiB",
                          "broken__quota=24GiB"}
     for name in ("hold__quota=4GiB", "hold__quota=24GiB"):
         row = rows[name]
         summary = json.loads((out / "points" / name / "summary.json").read_text())
-        assert row["status"] == "ok"
+        failed = summary["metrics"]["requests_failed"]   # (a 4 GiB GPU tier fails a few)
+        assert row["status"] == ("requests failed" if failed else "ok"), (name, failed)
         assert row["ttft_s.p90"] == summary["metrics"]["ttft_s"]["p90"]
         assert row["requests_completed"] == summary["metrics"]["requests_completed"] > 0
         assert (out / "points" / name / "requests.csv").exists()
     assert rows["broken__quota=4GiB"]["status"] == "failed"
-    assert "/nonexistent/trace.jsonl" in rows["broken__quota=4GiB"]["error"]
+    assert "later/trace.jsonl" in rows["broken__quota=4GiB"]["error"]
     assert json.loads((out / "failures.json").read_text()).keys() == {"broken__quota=4GiB",
                                                                       "broken__quota=24GiB"}
     # a 4 GiB GPU tier against 24 GiB: the smaller one must show in the metrics
@@ -175,24 +176,27 @@ baseline: hold__quota=24GiB
     assert {f.name for f in (out / "plots").iterdir()} >= {"axis-quota.png", "ttft_cdf.png"}
     assert "hold" in r.output and "quota" in r.output          # the rich table
 
-    # again, with the broken variant fixed and one point's config changed by --set on the
-    # base: the unchanged point is skipped, the rest run
+    # again, the trace now there (the same study: the same config hash): the points done
+    # are skipped, the failed ones run
     stamp = (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns
-    p.write_text(p.read_text().replace("workload.kind: mooncake, workload.path: /nonexistent/trace.jsonl",
-                                       "engine.hold_sessions: false"))
+    (tmp_path / "later").mkdir()
+    shutil.copyfile(ROOT / "traces" / "fixtures" / "mooncake_ok.jsonl", tmp_path / "later" / "trace.jsonl")
     r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
     assert r.exit_code == 0, r.output
     assert "2 run, 2 already done, 0 failed" in r.output
     assert (out / "points" / "hold__quota=24GiB" / "point.json").stat().st_mtime_ns == stamp
-    assert {row["status"] for row in _table(out)} == {"ok"}
+    assert {row["status"] for row in _table(out)} <= {"ok", "requests failed"}
     assert json.loads((out / "failures.json").read_text()) == {}
-    # --set on the base changes every point: each is replayed into its existing folder
+    # --set on the base changes every point: another study, refused in this one's folder
+    # (kvsim.run.outputs), naming both config hashes; nothing in the folder changes
+    before = {f: f.stat().st_mtime_ns for f in out.rglob("*")}
     r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress",
                             "--no-plots", "--set", "engine.max_batch_tokens=4096"])
-    assert r.exit_code == 0, r.output
-    assert "4 run, 0 already done, 0 failed" in r.output
-    summary = json.loads((out / "points" / "hold__quota=24GiB" / "summary.json").read_text())
-    assert summary["config"]["engine"]["max_batch_tokens"] == 4096
+    assert r.exit_code == 2, r.output
+    old = json.loads((out / ".kvsim-results").read_text())["hash"]
+    assert re.search(rf"holds a study of config hash {old}; this study's config hash is [0-9a-f]{{16}} ",
+                     r.output), r.output
+    assert {f: f.stat().st_mtime_ns for f in out.rglob("*")} == before
 
 
 def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):
@@ -389,7 +393,7 @@ def test_study_on_a_dask_cluster_matches_a_local_run(tmp_path):
     finally:
         _stop(procs)
     remote = {row["point"]: row for row in _table(out)}
-    assert len(remote) == 4 and {row["status"] for row in remote.values()} == {"ok"}
+    assert len(remote) == 4 and {row["status"] for row in remote.values()} <= {"ok", "requests failed"}
     workers = {json.loads((out / "points" / n / "point.json").read_text())["worker"] for n in remote}
     assert all(not w.endswith(f":{os.getpid()}") for w in workers)   # ran in the workers
     # the same study in this process's own LocalCluster: the same metrics
@@ -496,3 +500,199 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     assert r.exit_code == 2, r.output
     assert str(p) in r.output and what.split(": Value error, ")[0] in r.output and "Traceback" not in r.output
     assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------- resuming a tune
+
+RESUME = """\
+name: r
+base: default
+set:
+  workload.synthetic.n_sessions: 4
+  output.plots: false
+space:
+  engine.gpu_free_watermark: {type: float, low: 0.0, high: 0.3}
+  engine.max_batch_tokens: {type: int, low: 1024, high: 16384}
+objective:
+  minimize: ttft_s.p90
+trials: 2
+split: null
+"""
+
+
+def _trials(out: Path) -> list[dict]:
+    import pandas as pd
+
+    return pd.read_csv(out / "trials.csv", keep_default_na=False).to_dict("records")
+
+
+def _params(row: dict) -> tuple:
+    return (row["engine.gpu_free_watermark"], row["engine.max_batch_tokens"])
+
+
+def test_a_resumed_tune_proposes_new_parameters_and_retries_a_killed_trial_once(tmp_path):
+    import optuna
+
+    p = tmp_path / "r.yaml"
+    p.write_text(RESUME)
+    out = tmp_path / "tune"
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    first = {_params(t) for t in _trials(out)}
+    assert len(first) == 2
+    # a tune killed (SIGKILL) while a trial ran: the trial stays RUNNING in the storage
+    study = optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}")
+    killed = study.ask()
+    killed.suggest_float("engine.gpu_free_watermark", 0.0, 0.3)
+    killed.suggest_int("engine.max_batch_tokens", 1024, 16384)
+    lost = (killed.params["engine.gpu_free_watermark"], killed.params["engine.max_batch_tokens"])
+    # the next start: that trial is interrupted (not failed), asked again once, and the two
+    # new trials of the budget of 5 propose parameters none of the earlier ones had
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+                            "--trials", "5"])
+    assert r.exit_code == 0, r.output
+    assert "5 trials complete, 0 failed, 1 interrupted (3 run now)" in r.output, r.output
+    rows = _trials(out)
+    assert [t["state"] for t in rows] == ["COMPLETE", "COMPLETE", "INTERRUPTED", "COMPLETE",
+                                          "COMPLETE", "COMPLETE"]
+    retry = [t for t in rows if t["retry_of"] != ""]
+    assert len(retry) == 1 and int(float(retry[0]["retry_of"])) == killed.number
+    assert _params(retry[0]) == pytest.approx(lost)
+    new = [_params(t) for t in rows[3:] if t["retry_of"] == ""]
+    assert len(new) == 2 and not set(new) & first and len(set(new)) == 2
+    assert optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}").trials[
+        killed.number].state == optuna.trial.TrialState.PRUNED
+
+
+def test_an_interrupted_tune_prints_a_command_that_continues_it(tmp_path):
+    import shlex
+
+    p = tmp_path / "r.yaml"
+    p.write_text(RESUME.replace("trials: 2", "trials: 4"))
+    out = tmp_path / "my tune"              # a space: the printed command quotes it
+    exe = Path(sys.executable).with_name("kvsim")
+    cmd = [str(exe), "tune", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+           "--set", "workload.synthetic.n_sessions=12"]   # trials of about a second
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not list(out.glob("trials/*/point.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(out.glob("trials/*/point.json")), "no trial finished within 90 s"
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert proc.returncode == 130, err
+    hint = re.search(r"to continue: (kvsim tune .*)$", err, re.M)
+    assert hint, err
+    again = shlex.split(hint.group(1))
+    assert again[again.index("--out") + 1] == str(out)
+    assert again[again.index("--set") + 1] == "workload.synthetic.n_sessions=12"
+    done = sum(1 for t in _trials_db(out) if t.state.name == "COMPLETE")
+    assert 1 <= done < 4
+    r = subprocess.run([str(exe), *again[1:]], cwd=tmp_path,   # exactly as printed
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    states = [t["state"] for t in _trials(out)]
+    assert "FAIL" not in states and states.count("COMPLETE") == 4, states
+    assert states.count("INTERRUPTED") == len([t for t in _trials(out) if t["retry_of"] != ""])
+
+
+def _trials_db(out: Path):
+    import optuna
+
+    return optuna.load_study(study_name="r", storage=f"sqlite:///{out / 'optuna.db'}").trials
+
+
+# ----------------------------------------------------------------- honest, legible output
+
+
+def test_a_point_with_failed_requests_says_so_and_equal_points_are_flagged(tmp_path):
+    import csv
+
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[0].quota: [2GiB, 24GiB]
+variants:
+  - {name: default, set: {}}
+  - {name: same, set: {engine.hold_sessions: true}}     # the default already: changes nothing
+  - {name: smaller-batch, set: {engine.max_batch_tokens: 1024}}
+""")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    rows = {row["point"]: row for row in _table(out)}
+
+    def failed(name: str) -> int:   # counted from the point's own requests.csv
+        with open(out / "points" / name / "requests.csv", newline="") as f:
+            return sum(1 for row in csv.DictReader(f) if row["failed"])
+
+    small = rows["default__quota=2GiB"]
+    n = failed("default__quota=2GiB")
+    assert n > 0, "a 2 GiB GPU tier should fail some of these requests"
+    assert small["status"] == "requests failed" and small["requests_failed"] == n
+    assert small["error"].startswith(f"{n} of {n + small['requests_completed']} requests failed (")
+    assert rows["default__quota=24GiB"]["status"] == "ok" and failed("default__quota=24GiB") == 0
+    assert "requests failed: " in r.output                       # the printed table says so too
+    # same_as: the points whose requests.csv is byte for byte an earlier point's
+    data = {name: (out / "points" / name / "requests.csv").read_bytes() for name in rows}
+    for name, row in rows.items():
+        earlier = [o for o in rows if o != name and list(rows).index(o) < list(rows).index(name)
+                   and data[o] == data[name]]
+        assert row["same_as"] == (earlier[0] if earlier else ""), name
+    assert rows["same__quota=24GiB"]["same_as"] == "default__quota=24GiB"
+    assert rows["smaller-batch__quota=24GiB"]["same_as"] == ""
+
+
+def test_plots_have_titles_units_numeric_legends_distinct_series_and_seed_bands(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from kvsim.study.figures import natural, style, write_study_plots
+    from kvsim.study.points import axis_keys
+    from kvsim.study.table import build_rows
+
+    assert sorted(["10", "2", "1", "64GiB", "8GiB", "x"], key=natural) == ["1", "2", "10", "8GiB", "64GiB", "x"]
+    looks = {tuple(style(i).values()) for i in range(12)}
+    assert len(looks) == 12                                       # 12 series, 12 looks
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[0].quota: [4GiB, 24GiB]
+  engine.max_running: [1, 2, 10]
+variants:
+  - {name: a, set: {}}
+  - {name: b, set: {engine.max_batch_tokens: 4096}}
+seeds: [0, 1]
+""")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "2", "--no-progress",
+                            "--no-plots"])
+    assert r.exit_code == 0, r.output
+    spec, points = load_study(p), _points(p)
+    rows = build_rows(points, lambda q: out / "points" / q.name, list(spec.metrics), {}, None)
+    drawn: dict[str, Figure] = {}
+    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: drawn.setdefault(Path(path).name, self))
+    write_study_plots(points, rows, lambda q: out / "points" / q.name, list(spec.plot_metrics),
+                      tmp_path / "plots", axes=axis_keys(spec), study=spec.name)
+    assert set(drawn) == {"axis-quota.png", "axis-max_running.png", "ttft_cdf.png", "variants.png"}
+    for name, fig in drawn.items():
+        title = fig._suptitle.get_text() if fig._suptitle else fig.axes[0].get_title()
+        assert title.startswith("small"), (name, title)
+        for ax in fig.axes:
+            for label in (ax.get_xlabel(), ax.get_ylabel()):
+                if label or name != "variants.png":
+                    assert re.search(r"\(.+\)$", label), (name, label)   # a unit in parentheses
+    quota = drawn["axis-quota.png"]
+    assert quota.axes[0].get_xlabel() == "cache.tiers[0].quota (GiB)"
+    assert quota.axes[0].get_ylabel() == "TTFT p90 (s)"
+    legend = [t.get_text() for t in quota.legends[0].get_texts()]
+    assert legend == ["a max_running=1", "a max_running=2", "a max_running=10",
+                      "b max_running=1", "b max_running=2", "b max_running=10"]
+    assert "mean over 2 seeds" in quota._suptitle.get_text()
+    assert all(ax.collections for ax in quota.axes)               # a band per series
+    bars = drawn["variants.png"]
+    assert all(ax.containers and ax.containers[-1].errorbar is not None for ax in bars.axes)
+    assert "error bars: lowest to highest" in bars._suptitle.get_text()

@@ -1,7 +1,9 @@
 """Configuration: what a user writes and what it resolves to, validated once.
 
-- ``schema``: the run configuration (``RunConfig``, pydantic, strict and frozen),
-  ``load_config`` / ``validate_config`` and the ``--set`` grammar;
+- ``runconfig``: the run configuration (``RunConfig``, pydantic, strict and frozen),
+  ``load_config`` / ``validate_config``, ``--set`` and where an error came from;
+- ``keys``: the grammar of a key path (``--set``'s and the study files'), and whether the
+  configuration has that key;
 - ``workload``: the ``workload`` section's models; ``strict``: the shared base model and
   the size and time types;
 - ``hardware``: hardware profiles (``configs/hardware/``); ``modelshape``: model shapes
@@ -11,9 +13,9 @@
 Nothing here runs a replay; the rest of kvsim reads a config only through these models.
 """
 
-from kvsim.config.runconfig import (ConfigFileError, RunConfig, host_fill, load_config,
+from kvsim.config.runconfig import (ConfigFileError, RunConfig, blame, host_fill, load_config,
                                  parse_override, read_yaml, resolve_config_path, set_path,
                                  split_key, validate_config)
 
-__all__ = ["ConfigFileError", "RunConfig", "host_fill", "load_config", "parse_override",
+__all__ = ["ConfigFileError", "RunConfig", "blame", "host_fill", "load_config", "parse_override",
            "read_yaml", "resolve_config_path", "set_path", "split_key", "validate_config"]

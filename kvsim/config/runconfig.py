@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import BeforeValidator, Field, ValidationError, field_validator, model_validator
 
+from kvsim.config.keypaths import KeyPathError, format_key, parse_key, unknown_key
 from kvsim.config.strict import PositiveSeconds, Size
 from kvsim.config.strict import Strict as _Strict
 from kvsim.config.node import NodeConfig, RouterConfig
@@ -249,20 +250,18 @@ class RunConfig(_Strict):
 
 
 def _loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
+    return format_key(loc) or "(top level)"
 
 
-def format_error(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = ()) -> str:
-    """One line per error: the key path, what is wrong, and what was given. An error in a
-    key that a ``--set`` wrote (or one inside it) names that ``--set`` argument, not the
-    file."""
-    lines, from_file = [], False
+def format_error(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = (),
+            lines: dict[str, int] | None = None, alone: set[str] | None = None) -> str:
+    """One line per error, naming its source: the ``--set`` argument that wrote the key
+    (or one inside it), else ``FILE:LINE`` (``lines``: key path -> line in the file; the
+    nearest enclosing key's line for a key the file does not have), and the key path,
+    what is wrong and what was given. ``alone``: the key paths of the errors the file
+    has without the overrides; an error the file alone does not have was caused by an
+    override (the one that wrote inside the key at fault, else the last)."""
+    out = []
     for e in err.errors():
         loc = _loc(tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
         msg = e["msg"].removeprefix("Value error, ")
@@ -270,13 +269,53 @@ def format_error(err: ValidationError, source: str, overrides: tuple[tuple[str, 
         got_s = "" if isinstance(got, (dict, list)) or got is None or repr(got) in msg \
             else f" (got {got!r})"
         arg = next((text for key, text in reversed(overrides) if _within(loc, key)), None)
+        if arg is None and overrides and alone is not None and loc not in alone:
+            arg = next((text for key, text in reversed(overrides) if _within(key, loc)),
+                       overrides[-1][1])
         if arg is not None:
-            lines.append(f"--set {arg}: {loc}: {msg}{got_s}")
+            out.append(f"--set {arg}: {loc}: {msg}{got_s}")
         else:
-            from_file = True
-            lines.append(f"  {loc}: {msg}{got_s}")
-    head = [f"{source}: invalid configuration"] if from_file else []
-    return "\n".join(head + lines)
+            out.append(f"{_where(source, loc, lines)}: {loc}: {msg}{got_s}")
+    return "\n".join(out)
+
+
+def _where(source: str, loc: str, lines: dict[str, int] | None) -> str:
+    """``source:LINE`` for key path ``loc`` (or its nearest enclosing key the file has)."""
+    if not lines:
+        return source
+    key = loc
+    while key and key not in lines:
+        cut = max(key.rfind("."), key.rfind("["))
+        key = key[:cut] if cut > 0 else ""
+    line = lines.get(key) if key else lines.get("")
+    return f"{source}:{line}" if line else source
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Key path -> the (1-based) line where a YAML document gives it ('' -> the first)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    out: dict[str, int] = {}
+
+    def walk(node, parts: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    here = parts + (k.value,)
+                    out.setdefault(format_key(here), k.start_mark.line + 1)
+                    walk(v, here)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                here = parts + (i,)
+                out.setdefault(format_key(here), v.start_mark.line + 1)
+                walk(v, here)
+
+    if root is not None:
+        out[""] = root.start_mark.line + 1
+        walk(root, ())
+    return out
 
 
 def _within(loc: str, key: str) -> bool:
@@ -284,23 +323,35 @@ def _within(loc: str, key: str) -> bool:
     return loc == key or loc.startswith((key + ".", key + "["))
 
 
-def _normal_key(dotted: str) -> str:
-    return dotted.replace(" ", "")
+def blame(message: str, config: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """An error found after validation that starts with a key path (``cache.tiers[0].quota:
+    ...``), prefixed with its source: the ``--set`` argument that wrote that key (or one
+    inside or around it), else the config file and the line that gives the key (or the
+    nearest enclosing one). Any other message is returned as it is."""
+    head = message.split(": ", 1)[0]
+    try:
+        key = format_key(parse_key(head))
+    except KeyPathError:
+        return message
+    for ov in reversed(overrides):
+        k = ov.partition("=")[0].strip()
+        if _within(key, k) or _within(k, key):
+            return f"--set {ov}: {message}"
+    try:
+        p = resolve_config_path(config)
+        lines = key_lines(p.read_text(encoding="utf-8"))
+    except (ConfigFileError, OSError, UnicodeDecodeError):
+        return message
+    return f"{_where(str(p), key, lines)}: {message}"
 
 
 def split_key(dotted: str) -> list:
-    """``a.b[1].c`` -> ['a', 'b', 1, 'c'] (the syntax of ``--set``)."""
-    parts: list = []
-    for piece in dotted.split("."):
-        while "[" in piece:
-            head, _, rest = piece.partition("[")
-            if head:
-                parts.append(head)
-            idx, _, piece = rest.partition("]")
-            parts.append(int(idx))
-        if piece:
-            parts.append(piece)
-    return parts
+    """``a.b[1].c`` -> ['a', 'b', 1, 'c'] (kvsim.config.keypaths' grammar); ConfigFileError
+    naming the path when it is not one."""
+    try:
+        return list(parse_key(dotted))
+    except KeyPathError as e:
+        raise ConfigFileError(f"{dotted}: {e}") from None
 
 
 def set_path(data: dict, dotted: str, value: Any) -> None:
@@ -311,32 +362,44 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
         nxt = parts[i + 1]
         if isinstance(part, int):
             if not isinstance(node, list) or part >= len(node):
-                raise ConfigFileError(f"--set {dotted}: no list item [{part}] there")
+                raise ConfigFileError(f"{dotted}: no list item [{part}] there")
             node = node[part]
         else:
             if not isinstance(node, dict):
-                raise ConfigFileError(f"--set {dotted}: {part!r} is not inside a mapping")
+                raise ConfigFileError(f"{dotted}: {part!r} is not inside a mapping")
             node = node.setdefault(part, [] if isinstance(nxt, int) else {})
     last = parts[-1]
     if isinstance(last, int):
         if not isinstance(node, list) or last >= len(node):
-            raise ConfigFileError(f"--set {dotted}: no list item [{last}] there")
+            raise ConfigFileError(f"{dotted}: no list item [{last}] there")
         node[last] = value
     else:
         if not isinstance(node, dict):
-            raise ConfigFileError(f"--set {dotted}: {last!r} is not inside a mapping")
+            raise ConfigFileError(f"{dotted}: {last!r} is not inside a mapping")
         node[last] = value
 
 
 def parse_override(text: str) -> tuple[str, Any]:
+    """``key.path=value`` -> (the key path, its value read as YAML). ConfigFileError naming
+    the argument: no '=', a key the grammar does not accept or the configuration does not
+    have (kvsim.config.keypaths), a value that is not YAML."""
     if "=" not in text:
-        raise ConfigFileError(f"--set {text!r}: expected key.path=value")
+        raise ConfigFileError(f"--set {text}: expected key.path=value")
     key, _, raw = text.partition("=")
+    key = key.strip()
+    try:
+        parts = parse_key(key)
+    except KeyPathError as e:
+        raise ConfigFileError(f"--set {text}: {e}") from None
+    why = unknown_key(parts, RunConfig)
+    if why:
+        raise ConfigFileError(f"--set {text}: {why}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigFileError(f"--set {text!r}: the value is not valid YAML ({e})") from None
-    return key.strip(), value
+        raise ConfigFileError(f"--set {text}: the value is not valid YAML "
+                              f"({str(e).splitlines()[0]})") from None
+    return key, value
 
 
 def resolve_config_path(path: str | Path) -> Path:
@@ -391,18 +454,39 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read, override and validate a run configuration."""
+    """Read, override and validate a run configuration. Errors name their source: the
+    ``--set`` argument, or the file and line."""
     p = resolve_config_path(path)
     data = read_yaml(p)
     if not isinstance(data, dict):
         raise ConfigFileError(f"{p}: expected a mapping at the top level, got {type(data).__name__}")
+    original = data
     data = copy.deepcopy(data)
     given = []
     for ov in overrides:
         key, value = parse_override(ov)
-        set_path(data, key, value)
-        given.append((_normal_key(key), ov))
-    return validate_config(data, str(p), tuple(given))
+        try:
+            set_path(data, key, value)
+        except ConfigFileError as e:
+            raise ConfigFileError(f"--set {ov}: {str(e).removeprefix(key + ': ')}") from None
+        given.append((key, ov))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        try:
+            lines = key_lines(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            lines = {}
+        alone = None
+        if given:
+            try:
+                RunConfig.model_validate(original)
+                alone = set()
+            except ValidationError as e0:
+                alone = {_loc(tuple(x for x in er["loc"] if not (isinstance(x, str) and
+                                                                 x.startswith("function-"))))
+                         for er in e0.errors()}
+        raise ConfigFileError(format_error(e, str(p), tuple(given), lines, alone)) from None
 
 
 def validate_config(data: dict, source: str = "<config>",

@@ -78,6 +78,10 @@ class WorkloadConfig(Strict):
     concurrency: Annotated[int, Field(gt=0)] = 16
     synthetic: SyntheticConfig = SyntheticConfig()
     priorities: Optional[PrioritiesConfig] = None  # agentic: priorities by part of a prompt
+    # who may share KV: tenant (as the trace's ids allow, within one tenant: the trace's
+    # 'tenant' field; none given: one tenant) or session (nothing across sessions). Two
+    # tenants never share, whichever is chosen.
+    scope: Literal["tenant", "session"] = "tenant"
 
     @model_validator(mode="after")
     def _path(self) -> "WorkloadConfig":

@@ -74,6 +74,16 @@ MAX_SLOTS = 1 << 28  # slots a tier: the backends keep a word or more per slot
 def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
     page = cfg.cache.page_bytes or shape.kv_bytes_per_token * cfg.cache.tokens_per_block
     for i, t in enumerate(cfg.cache.tiers):
+        if page > t.quota:   # no slot fits: name the key at fault (the one set off its default)
+            if cfg.cache.page_bytes or cfg.cache.tokens_per_block != 32:
+                key, why = (("cache.page_bytes", f"{page:,} bytes") if cfg.cache.page_bytes else
+                            ("cache.tokens_per_block", f"{cfg.cache.tokens_per_block:,} tokens a block "
+                             f"make pages of {page:,} bytes ({shape.kv_bytes_per_token:,} a token)"))
+                raise ConfigFileError(f"{key}: {why}, more than cache.tiers[{i}].quota "
+                                      f"({t.quota:,} bytes): no page fits in the {t.level} tier")
+            raise ConfigFileError(f"cache.tiers[{i}].quota: {t.quota:,} bytes hold no page of {page:,} "
+                                  f"bytes (cache.tokens_per_block {cfg.cache.tokens_per_block} x "
+                                  f"{shape.kv_bytes_per_token:,} bytes a token); expected at least one page")
         n = (t.max_quota or t.quota) // page
         if n > MAX_SLOTS:
             key = f"cache.tiers[{i}].{'max_quota' if t.max_quota else 'quota'}"
@@ -96,7 +106,7 @@ def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
     workload = _load_workload(cfg, trace)
     if cfg.workload.max_turns is not None:
         workload = wl.first_turns(workload, cfg.workload.max_turns)
-    return workload
+    return wl.scoped(workload, cfg.workload.scope)
 
 
 def workload_key(cfg: RunConfig, trace: str | None = None) -> str:
@@ -116,7 +126,9 @@ def workload_key(cfg: RunConfig, trace: str | None = None) -> str:
 
 def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
     from kvsim import workload as wl
+    from kvsim.run.budget import check_workload_memory
 
+    check_workload_memory(cfg)  # a generator asked for more than memory holds: refused now
     w = cfg.workload
     path = trace or w.path
     if w.kind == "mooncake":

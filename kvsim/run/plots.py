@@ -12,6 +12,7 @@ def write_plots(result, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
+    name = getattr(getattr(result, "cfg", None), "name", "run")
     tl = result.timeline
     if len(tl) >= 2:
         t = [r["t_s"] for r in tl]
@@ -19,7 +20,7 @@ def write_plots(result, out: Path) -> list[Path]:
         for key in tl[0]:
             if key.endswith("_used_slots"):
                 ax1.plot(t, [r.get(key, 0) for r in tl], label=key.removesuffix("_used_slots"))
-        ax1.set_ylabel("slots used")
+        ax1.set_ylabel("slots used (pages)")
         ax1.legend(loc="upper left")
         # the cumulative bytes every backend reports (Backend.counters), per route
         for key in ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write"):
@@ -28,8 +29,9 @@ def write_plots(result, out: Path) -> list[Path]:
                 rate = [0.0] + [(b - a) / max(1e-9, t1 - t0) / 1e9
                                 for a, b, t0, t1 in zip(vals, vals[1:], t, t[1:])]
                 ax2.plot(t, rate, label=key.replace("_", " "))
-        ax2.set_ylabel("GB/s")
-        ax2.set_xlabel("time (s)")
+        ax1.set_title(f"{name}: tier occupancy and link traffic over time", fontsize="medium")
+        ax2.set_ylabel("traffic (GB/s)")
+        ax2.set_xlabel("simulated time (s)")
         if ax2.lines:
             ax2.legend(loc="upper left")
         fig.tight_layout()
@@ -42,8 +44,9 @@ def write_plots(result, out: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))])
         ax.set_xscale("log")
-        ax.set_xlabel("TTFT (s)")
-        ax.set_ylabel("fraction of requests")
+        ax.set_xlabel("TTFT (s, log scale)")
+        ax.set_ylabel("completed requests (cumulative fraction)")
+        ax.set_title(f"{name}: TTFT CDF ({len(ttft)} requests)", fontsize="medium")
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         p = out / "ttft_cdf.png"

@@ -17,11 +17,11 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kvsim.config.runconfig import ConfigFileError, format_error, parse_override, read_yaml
+from kvsim.config.keypaths import KeyPathError, parse_key, unknown_key
+from kvsim.config.runconfig import ConfigFileError, RunConfig, format_error, key_lines, parse_override, read_yaml
 from kvsim.config.units import parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[\d+\])*(\.[A-Za-z_][A-Za-z0-9_]*(\[\d+\])*)*$")
 
 # The summary metrics a study tabulates by default (dotted paths into summary.json's metrics)
 DEFAULT_METRICS = (
@@ -48,8 +48,14 @@ class StudyFileError(ConfigFileError):
 
 
 def _check_key(key: str) -> str:
-    if not KEY.match(key):
-        raise ValueError(f"{key!r} is not a config key path (e.g. cache.tiers[1].quota)")
+    """A key of the run configuration, by kvsim.config.keypaths' grammar and schema walk."""
+    try:
+        parts = parse_key(key)
+    except KeyPathError as e:
+        raise ValueError(f"{key!r} is not a config key path ({e})") from None
+    why = unknown_key(parts, RunConfig)
+    if why:
+        raise ValueError(f"{key!r}: {why}")
     return key
 
 
@@ -332,7 +338,11 @@ def _validate(model: type[BaseModel], data: dict, source: str, what: str) -> Any
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise StudyFileError(format_error(e, source).replace("invalid configuration", f"invalid {what}")) from None
+        try:
+            lines = key_lines(Path(source).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError):
+            lines = {}
+        raise StudyFileError(format_error(e, source, lines=lines)) from None
 
 
 def load_study(path: str | Path) -> StudySpec:

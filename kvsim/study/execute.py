@@ -82,6 +82,16 @@ def split_workload(workload, part: str, held_out: float, seed: int):
     return replace(workload, sessions=tuple(workload.sessions[i] for i in keep))
 
 
+def disk_dirs(configs) -> list[str]:
+    """The disk tier folders that resolved configs (dicts) name, each once."""
+    out: list[str] = []
+    for c in configs:
+        for t in (c.get("cache") or {}).get("tiers") or ():
+            if isinstance(t, dict) and t.get("level") == "disk" and t.get("path") and t["path"] not in out:
+                out.append(t["path"])
+    return out
+
+
 def run_point(config: dict, backend: str = "sim", split: dict | None = None,
               plots: bool | None = None) -> dict:
     """Replay one point (on a worker) and render its run folder's files there. Returns
@@ -93,10 +103,12 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
     try:
         from kvsim.config import validate_config
         from kvsim.run import prepare_run, replay, write_files
+        from kvsim.scratch import sweep_start
         from kvsim.study.cache import worker_cache
         from kvsim.workload import session_start_times
 
         cfg = validate_config(config, f"point {config.get('name')}")
+        sweep_start(*disk_dirs([config]))   # what killed runs left on this worker's host
         cache = worker_cache()
         workload, kept = cache.workload(cfg) if cache is not None else (None, False)
         prep = prepare_run(cfg, workload=workload)
@@ -152,6 +164,32 @@ def _preload_fork_server(settings: dict) -> None:
     from multiprocessing import forkserver
 
     forkserver.ensure_running()   # it imports them while this process starts the scheduler
+
+
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+
+
+def check_scheduler(address: str) -> None:
+    """A Dask scheduler address kvsim can connect to, checked before any work:
+    ``[tcp|tls|ws|wss|ucx]://HOST:PORT`` (no scheme: tcp), the port in 1..65535.
+    ValueError naming the address (whether it answers is known only on connecting)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    why = None
+    try:
+        scheme, loc = parse_address(address, strict=False)
+        if scheme not in SCHEMES:
+            why = f"unknown scheme {scheme!r} (expected one of {', '.join(SCHEMES)})"
+        else:
+            host, port = parse_host_port(loc)
+            if not host:
+                why = "no host"
+            elif not 0 < int(port) < 65536:
+                why = f"port {port} is not in 1..65535"
+    except (ValueError, TypeError) as e:
+        why = str(e)
+    if why:
+        raise ValueError(f"--scheduler {address}: {why}; expected tcp://HOST:PORT")
 
 
 @contextmanager
@@ -216,9 +254,9 @@ def is_complete(folder: Path, hash_: str) -> bool:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from kvsim.run.outputs import write_whole
+
+    write_whole(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
 
 
 def write_point(folder: Path, point: Point, payload: dict) -> Path:

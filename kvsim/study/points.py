@@ -67,7 +67,7 @@ def apply(data: dict, overrides: dict, where: str) -> None:
         try:
             set_path(data, key, value)
         except ConfigFileError as e:
-            raise StudyFileError(f"{where}: {str(e).removeprefix('--set ')}") from None
+            raise StudyFileError(f"{where}: {e}") from None
 
 
 def _tokens(key: str) -> list[str]:
@@ -97,6 +97,12 @@ def labels_for(keys: list[str], given: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def axis_keys(spec: StudySpec) -> dict[str, str]:
+    """Column label -> the config key of each grid and zip axis."""
+    keys = [*spec.zipped, *spec.grid]
+    return {label: key for key, label in labels_for(keys, spec.labels).items()}
+
+
 def _show(v: Any) -> str:
     if isinstance(v, bool):
         return "on" if v else "off"
@@ -122,9 +128,12 @@ def overridden_base(spec, source: str, cli_overrides: list[str] | tuple[str, ...
     for ov in cli_overrides:
         try:
             key, value = parse_override(ov)
-            set_path(base, key, value)
         except ConfigFileError as e:
             raise StudyFileError(str(e)) from None
+        try:
+            set_path(base, key, value)
+        except ConfigFileError as e:
+            raise StudyFileError(f"--set {ov}: {str(e).removeprefix(key + ': ')}") from None
     return base
 
 

@@ -2,20 +2,25 @@
 
 The study folder holds ``study.yaml`` (the study as run), ``points/<name>/`` (one run
 folder per point), ``study.csv`` and ``study.parquet`` (one row per point), ``failures.json``
-(the points that failed this time, with their errors) and ``plots/``.
+(the points that failed this time, with their errors) and ``plots/``. Which folder a study
+may write into is kvsim.run.outputs' rule: a study resumes only a folder of its own whose
+config hash (``study_hash``: every point's name and resolved config) is its own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim.study.execute import Outcome, is_complete, open_client, progress_bar, run_points
-from kvsim.study.points import Point, expand
+from kvsim.run.outputs import Target, check_folder, write_whole
+from kvsim.scratch import sweep_start
+
+from kvsim.study.execute import Outcome, disk_dirs, is_complete, open_client, progress_bar, run_points
+from kvsim.study.points import Point, axis_keys, expand
 from kvsim.study.definition import StudySpec, load_study
 
 
@@ -66,17 +71,49 @@ def plan_study(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[
     return spec, expand(spec, str(path), overrides)
 
 
+def study_hash(points: list[Point]) -> str:
+    """The study's config hash: its points, by name and resolved config (and backend)."""
+    blob = json.dumps([[p.name, p.hash] for p in points])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def study_target(spec: StudySpec, points: list[Point], out: str | None,
+                 force: bool = False) -> Target:
+    """The study folder, checked by the output rule (``--out``, else the study's ``out``,
+    else results/study-NAME); nothing written."""
+    what = "--out" if out else ("out" if spec.out else "the default folder")
+    return check_folder(study_folder(spec, out), "study", what, study_hash(points), force)
+
+
 def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers: int | None = None,
               scheduler: str | None = None, out: str | None = None, progress: bool = True,
-              plots: bool = True) -> StudyReport:
+              plots: bool = True, force: bool = False,
+              planned: tuple[StudySpec, list[Point], Target] | None = None) -> StudyReport:
+    """Run the study (``planned``: ``plan_study`` and ``study_target``'s answers, if the
+    caller has them). Its folder is claimed before the cluster starts; a study that could
+    not start leaves nothing behind."""
+    t0 = time.perf_counter()
+    if planned is None:
+        spec, points = plan_study(path, overrides)
+        target = study_target(spec, points, out, force)
+    else:
+        spec, points, target = planned
+    target.claim()
+    try:
+        sweep_start(*disk_dirs(p.config for p in points))
+        return _run(path, spec, points, target, t0, workers, scheduler, progress, plots)
+    except BaseException:
+        target.abandon_if_unused()
+        raise
+    finally:
+        target.finish()
+
+
+def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: float,
+         workers: int | None, scheduler: str | None, progress: bool, plots: bool) -> StudyReport:
     from kvsim.study.table import build_rows, write_table
 
-    t0 = time.perf_counter()
-    spec, points = plan_study(path, overrides)
-    folder = study_folder(spec, out)
-    folder.mkdir(parents=True, exist_ok=True)
-    if Path(path).resolve() != (folder / "study.yaml").resolve():
-        shutil.copyfile(path, folder / "study.yaml")
+    folder = target.path
     pdir, plots_dir = folder / "points", folder / "plots"
 
     def folder_of(p: Point) -> Path:
@@ -92,7 +129,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
         loader = threading.Thread(target=_preload, args=(plots,), daemon=True)
 
         def on_done(p: Point, payload: dict) -> None:
-            status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"
+            status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"  # (drawn or not)
             if plots and not early:
                 from kvsim.study.figures import cdf_points, ttft_cdf
 
@@ -101,7 +138,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
                     loader.join()   # matplotlib is not to be used from two threads at once
                     try:
                         plots_dir.mkdir(parents=True, exist_ok=True)
-                        early.append(ttft_cdf(shown, len(points), folder_of, plots_dir))
+                        early.append(ttft_cdf(shown, len(points), folder_of, plots_dir, spec.name))
                     except Exception:  # the points go on; the plot is tried again at the end
                         early.append(None)
 
@@ -121,7 +158,9 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
         timings["close"] = time.perf_counter() - t0
     timings["points"] = outcome.wall_s
     t1 = time.perf_counter()
-    (folder / "failures.json").write_text(json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n")
+    write_whole(folder / "study.yaml", Path(path).read_bytes())   # the study as run
+    write_whole(folder / "failures.json",
+                (json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n").encode())
     rows = build_rows(points, folder_of, list(spec.metrics), outcome.failures, spec.baseline)
     paths = write_table(rows, folder)
     t2 = time.perf_counter()
@@ -132,6 +171,7 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
 
         drawn = early[0] if early else None
         written = write_study_plots(points, rows, folder_of, list(spec.plot_metrics), plots_dir,
-                                    cdf=drawn is None) + (drawn or [])
+                                    cdf=drawn is None, axes=axis_keys(spec),
+                                    study=spec.name) + (drawn or [])
     timings["plots"] = time.perf_counter() - t2
     return StudyReport(spec, points, rows, outcome, folder, paths, written, timings)

@@ -18,6 +18,15 @@ through their gains: a gain on train that does not hold on held-out is overfitti
 writes the best config as a ready-to-run YAML, the top trials as a table (CSV, Parquet)
 and Optuna's optimization-history and parameter-importance plots.
 
+A tune that runs again continues the same Optuna study: its folder must be a tune folder
+of the same config hash (``tune_hash``: the search, the objective, the split and the base
+config; not the trial budget), as kvsim.run.outputs' rule says. Trials that were running
+when a tune stopped (Ctrl-C, SIGTERM, or a kill that the next start finds) are marked
+interrupted (Optuna's PRUNED state with the user attribute ``interrupted``; never FAIL,
+and they do not count against the budget) and their parameters are asked again once
+(``retry_of``). The sampler's seed moves on with the trials the study holds, so that a
+resumed tune does not propose its first run's parameters again.
+
 Folder: ``optuna.db``, ``trials/<number>/``, ``held_out/<number>/`` and
 ``base/{train,held_out}/`` (run folders),
 ``trials.csv``/``.parquet``, ``top.csv``/``.parquet``, ``best.yaml``, ``plots/``.
@@ -26,6 +35,7 @@ Folder: ``optuna.db``, ``trials/<number>/``, ``held_out/<number>/`` and
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import warnings
@@ -36,7 +46,9 @@ from typing import Any
 import yaml
 
 from kvsim.config import ConfigFileError, validate_config
-from kvsim.study.execute import is_complete, open_client, progress_bar, run_point, write_point
+from kvsim.run.outputs import Target, check_folder, write_whole
+from kvsim.scratch import sweep_start
+from kvsim.study.execute import disk_dirs, is_complete, open_client, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base
 from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
@@ -54,6 +66,7 @@ class TuneReport:
     best_yaml: Path | None
     plots: list[Path] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)   # evaluations that failed
+    n_interrupted: int = 0
 
 
 def tune_folder(spec: TuneSpec, out: str | None) -> Path:
@@ -136,37 +149,159 @@ def _storage(spec: TuneSpec, folder: Path, storage: str | None) -> str:
     return url or f"sqlite:///{(folder / 'optuna.db').resolve()}"
 
 
-def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers: int | None = None,
-             scheduler: str | None = None, out: str | None = None, storage: str | None = None,
-             trials: int | None = None, progress: bool = True) -> TuneReport:
-    import optuna
-    from distributed import as_completed
+def check_storage(url: str, what: str = "--storage") -> None:
+    """An Optuna storage URL kvsim can open, checked before any work: a URL SQLAlchemy
+    knows with a dialect installed; a SQLite file that exists must be an Optuna storage
+    (kvsim never changes a database it did not write). ValueError naming the URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    spec, base = plan_tune(path, overrides)
-    folder = tune_folder(spec, out)
-    folder.mkdir(parents=True, exist_ok=True)
-    budget = trials or spec.trials
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler_cls = optuna.samplers.TPESampler if spec.sampler == "tpe" else optuna.samplers.RandomSampler
+    try:
+        u = make_url(url)
+        u.get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as e:
+        raise ValueError(f"{what} {url}: not a storage URL kvsim can open ({type(e).__name__}: "
+                         f"{e}); expected e.g. sqlite:///PATH.db or "
+                         f"postgresql://USER@HOST/DB") from None
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return
+    db = Path(u.database).expanduser()
+    if db.is_dir():
+        raise ValueError(f"{what} {url}: {db} is a folder; expected a SQLite file")
+    if not db.exists():
+        if not db.parent.is_dir():
+            raise ValueError(f"{what} {url}: {db.parent} is not a folder")
+        return
+    if not _is_optuna_db(db):
+        raise ValueError(f"{what} {url}: {db} exists and is not an Optuna storage; kvsim never "
+                         f"changes a file it did not write: name a new file or an Optuna storage")
+
+
+def _is_optuna_db(db: Path) -> bool:
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            names = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return {"studies", "trials", "version_info"} <= names
+
+
+def tune_hash(spec: TuneSpec, base: dict) -> str:
+    """The tune's config hash: what its trials' results depend on (the search space, the
+    objective and constraints, the sampler and its seed, the split, the backend and the
+    base config with every override), not the trial budget or where things are written."""
+    keep = spec.model_dump(mode="json", exclude={"trials", "parallel", "out", "storage", "top"})
+    blob = json.dumps({"spec": keep, "base": base}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def tune_target(spec: TuneSpec, base: dict, out: str | None, force: bool = False,
+                storage: str | None = None) -> Target:
+    """The tune folder checked by the output rule, and the storage URL checked; nothing
+    written."""
+    if storage or spec.storage:
+        check_storage(storage or spec.storage, "--storage" if storage else "storage")
+    what = "--out" if out else ("out" if spec.out else "the default folder")
+    return check_folder(tune_folder(spec, out), "tune", what, tune_hash(spec, base), force)
+
+
+def _sampler(spec: TuneSpec, n_trials: int):
+    """The sampler, its seed moved on by the trials the study already holds (0 on a new
+    tune: the file's seed), so that a resumed tune does not propose its first run's
+    parameters again; the same seed and history give the same proposals."""
+    import optuna
+
+    seed = (spec.seed + 7919 * n_trials) % 2**32
     # Optuna >= 5 takes constraints from the trial (set_constraint); older ones from a function
     new_api = hasattr(optuna.trial.Trial, "set_constraint")
     kw = {"constraints_func": _constraints} \
         if spec.constraints and spec.sampler == "tpe" and not new_api else {}
-    sampler = sampler_cls(seed=spec.seed, **kw)
-    url = _storage(spec, folder, storage)
-    study = optuna.create_study(study_name=spec.name, storage=url, sampler=sampler,
-                                direction=spec.objective.sense, load_if_exists=True)
-    if not (storage or spec.storage):  # our own SQLite: trials left running by a stopped tune
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-    done_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
-    n_done = len(study.get_trials(deepcopy=False, states=done_states))
+    if spec.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, **kw)
+    return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _interrupted(study, trial_id: int, number: int, params: dict, user_attrs: dict) -> None:
+    """Mark a trial that was running when its tune stopped: PRUNED with ``interrupted``
+    (not FAIL: nothing went wrong with its parameters), and ask its parameters again once
+    (``retry_of``; a retry interrupted in turn is not asked a third time). A trial stopped
+    before its parameters were drawn never ran: PRUNED with ``unstarted``, not retried."""
+    import optuna
+
+    study._storage.set_trial_user_attr(trial_id, "interrupted" if params else "unstarted", True)
+    study.tell(number, state=optuna.trial.TrialState.PRUNED)
+    if "retry_of" not in user_attrs and params:
+        study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
+
+
+def _open_study(spec: TuneSpec, url: str, given: bool):
+    import optuna
+
+    try:
+        return optuna.create_study(study_name=spec.name, storage=url,
+                                   sampler=optuna.samplers.RandomSampler(seed=spec.seed),
+                                   direction=spec.objective.sense, load_if_exists=True)
+    except Exception as e:  # SQLAlchemy's and Optuna's own errors: a storage it cannot use
+        if isinstance(e, (KeyboardInterrupt, MemoryError)):
+            raise
+        where = f"--storage {url}" if given else str(url)
+        raise ConnectionError(f"{where}: cannot open the Optuna storage ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers: int | None = None,
+             scheduler: str | None = None, out: str | None = None, storage: str | None = None,
+             trials: int | None = None, progress: bool = True, force: bool = False,
+             planned: tuple[TuneSpec, dict, Target] | None = None) -> TuneReport:
+    """Run (or continue) the tune; ``planned``: ``plan_tune`` and ``tune_target``'s
+    answers, if the caller has them. The folder is claimed before the storage opens and
+    the cluster starts; a tune that could not start leaves nothing behind."""
+    if planned is None:
+        spec, base = plan_tune(path, overrides)
+        target = tune_target(spec, base, out, force, storage)
+    else:
+        spec, base, target = planned
+    target.claim()
+    try:
+        sweep_start(*disk_dirs([_point(base, {}, spec, path, "base", None).config]))
+        return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress)
+    except BaseException:
+        target.abandon_if_unused()
+        raise
+    finally:
+        target.finish()
+
+
+def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | None,
+          scheduler: str | None, storage: str | None, trials: int | None,
+          progress: bool) -> TuneReport:
+    import optuna
+    from distributed import as_completed
+
+    folder = target.path
+    budget = trials or spec.trials
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    new_api = hasattr(optuna.trial.Trial, "set_constraint")
+    own = not (storage or spec.storage)
     n_run = 0
 
     def folder_of(kind: str):
         return lambda p: folder / kind / p.name
 
+    # the cluster first: a tune whose cluster cannot start leaves no storage behind
     with open_client(workers, scheduler) as client:
+        study = _open_study(spec, _storage(spec, folder, storage), bool(storage))
+        if own:  # our own SQLite: trials left running by a tune that was killed
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                _interrupted(study, t._trial_id, t.number, t.params, t.user_attrs)
+        study.sampler = _sampler(spec, len(study.get_trials(deepcopy=False)))
+        done_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
+        n_done = len(study.get_trials(deepcopy=False, states=done_states))
         width = spec.parallel or max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
         running: dict = {}
         ac = as_completed()
@@ -186,39 +321,48 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
                 ac.add(fut)
                 remaining -= 1
 
-        with progress_bar(remaining, f"tune {spec.name}", progress) as bar:
-            launch()
-            failed = 0
-            for fut in ac:
-                trial, pt = running.pop(fut)
-                try:
-                    payload = fut.result()
-                except Exception as e:
-                    payload = {"error": f"{type(e).__name__}: {e}"}
-                fut.release()
-                n_run += 1
-                try:
-                    if "error" in payload:
-                        raise RuntimeError(payload["error"])
-                    m = payload["metrics"]
-                    value = objective_value(spec, m)
-                    if math.isnan(value):
-                        raise ValueError("the objective is NaN (no request completed?)")
-                    trial.set_user_attr("constraints", violations(spec, m))
-                    if new_api:
-                        for i, v in enumerate(violations(spec, m)):
-                            trial.set_constraint(f"c{i}", v)
-                    trial.set_user_attr("point", pt.name)
-                    trial.set_user_attr("overrides", json.loads(json.dumps(pt.params)))
-                    write_point(folder_of("trials")(pt), pt, payload)
-                    study.tell(trial, value)
-                except (RuntimeError, ValueError, KeyError, OSError) as e:
-                    trial.set_user_attr("error", str(e)[:2000])
-                    study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                    failed += 1
-                if bar:
-                    bar(n_run, len(running), failed)
+        try:
+            with progress_bar(remaining, f"tune {spec.name}", progress) as bar:
                 launch()
+                failed = 0
+                for fut in ac:
+                    trial, pt = running.pop(fut)
+                    try:
+                        payload = fut.result()
+                    except Exception as e:
+                        payload = {"error": f"{type(e).__name__}: {e}"}
+                    fut.release()
+                    n_run += 1
+                    try:
+                        if "error" in payload:
+                            raise RuntimeError(payload["error"])
+                        m = payload["metrics"]
+                        value = objective_value(spec, m)
+                        if math.isnan(value):
+                            raise ValueError("the objective is NaN (no request completed?)")
+                        trial.set_user_attr("constraints", violations(spec, m))
+                        if new_api:
+                            for i, v in enumerate(violations(spec, m)):
+                                trial.set_constraint(f"c{i}", v)
+                        trial.set_user_attr("point", pt.name)
+                        trial.set_user_attr("overrides", json.loads(json.dumps(pt.params)))
+                        write_point(folder_of("trials")(pt), pt, payload)
+                        study.tell(trial, value)
+                    except (RuntimeError, ValueError, KeyError, OSError) as e:
+                        trial.set_user_attr("error", str(e)[:2000])
+                        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                        failed += 1
+                    if bar:
+                        bar(n_run, len(running), failed)
+                    launch()
+        except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the running trials were interrupted
+            for trial, _ in running.values():
+                try:
+                    _interrupted(study, trial._trial_id, trial.number, trial.params,
+                                 study._storage.get_trial(trial._trial_id).user_attrs)
+                except Exception:  # noqa: BLE001 (what stays RUNNING, the next start marks)
+                    pass
+            raise
 
         # the held-out evaluation of the best feasible trials
         complete = [t for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
@@ -257,7 +401,8 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
             row["objective.held_out"] = None
             row["error"] = ev["error"]
         top.append(row)
-    all_rows = [{"trial": t.number, "state": t.state.name, "value": t.value, **t.params,
+    all_rows = [{"trial": t.number, "state": _state(t), "value": t.value, **t.params,
+                 "retry_of": t.user_attrs.get("retry_of"),
                  "feasible": all(c <= 0 for c in t.user_attrs.get("constraints", [])),
                  "error": t.user_attrs.get("error", "")} for t in study.get_trials(deepcopy=False)]
     if all_rows:
@@ -269,13 +414,22 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
         cfg = _point(base, best[0].user_attrs["overrides"], spec, path, "best", None).config
         cfg["name"] = f"{spec.name}-best"
         best_yaml = folder / "best.yaml"
-        best_yaml.write_text(f"# kvsim tune {spec.name}: trial {best[0].number}, objective "
-                             f"{best[0].value:.6g} ({spec.objective.sense}) on the train sessions\n"
-                             + yaml.safe_dump(cfg, sort_keys=False))
-    plots = _optuna_plots(study, folder / "plots")
-    n_complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    n_failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
-    return TuneReport(spec, folder, top, n_complete, n_failed, n_run, best_yaml, plots, problems)
+        write_whole(best_yaml, (f"# kvsim tune {spec.name}: trial {best[0].number}, objective "
+                                f"{best[0].value:.6g} ({spec.objective.sense}) on the train sessions\n"
+                                + yaml.safe_dump(cfg, sort_keys=False)).encode())
+    plots = _optuna_plots(study, folder / "plots", spec)
+    states = [_state(t) for t in study.get_trials(deepcopy=False)]
+    return TuneReport(spec, folder, top, states.count("COMPLETE"), states.count("FAIL"), n_run,
+                      best_yaml, plots, problems, states.count("INTERRUPTED"))
+
+
+def _state(t) -> str:
+    """A trial's state as kvsim reports it: Optuna's, or INTERRUPTED / UNSTARTED (kept
+    as PRUNED)."""
+    if t.user_attrs.get("interrupted"):
+        return "INTERRUPTED"
+    return "UNSTARTED" if t.user_attrs.get("unstarted") else t.state.name
+
 
 
 def _gain(spec: TuneSpec, value: float, base: float) -> float | None:
@@ -315,7 +469,7 @@ def _evaluate(client, jobs: dict) -> dict:
     return out
 
 
-def _optuna_plots(study, out: Path) -> list[Path]:
+def _optuna_plots(study, out: Path, spec: TuneSpec) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -340,8 +494,35 @@ def _optuna_plots(study, out: Path) -> list[Path]:
                 plt.close("all")
                 continue
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
+        _label(ax, name, spec)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=100)
+        fig.savefig(out / name, dpi=80)
         plt.close(fig)
         written.append(out / name)
     return written
+
+
+def _label(ax, name: str, spec: TuneSpec) -> None:
+    """Optuna's plots with the tune's title and axes in words and units."""
+    from kvsim.study.labels import metric_label
+
+    weights = spec.objective.weights
+    if len(weights) == 1 and next(iter(weights.values())) == 1.0:
+        objective = metric_label(next(iter(weights)))[0]
+    else:
+        objective = "objective: " + " + ".join(f"{w:g} x {metric_label(m)[0]}" for m, w in weights.items())
+    fig = ax.figure
+    if name == "history.png":
+        title = f"tune {spec.name}: objective by trial ({spec.objective.sense}), train sessions"
+        ax.set_xlabel("trial (number)")
+        ax.set_ylabel(objective)
+    else:
+        title = f"tune {spec.name}: what the objective depends on"
+        ax.set_xlabel("importance (fraction; all sum to 1)")
+        ax.set_ylabel("search parameter")
+    for loc in ("left", "center", "right"):   # Optuna titles its plots on the left
+        ax.set_title("", loc=loc)
+    if fig._suptitle is not None:   # Optuna's own title: replaced, not overlaid
+        fig._suptitle.set_text("")
+    fig.suptitle(title, fontsize="medium")
+    fig.set_size_inches(max(7.0, fig.get_figwidth()), fig.get_figheight())

@@ -20,7 +20,6 @@ then renamed over ``out``).
 from __future__ import annotations
 
 import json
-import os
 import time
 import typing
 from pathlib import Path
@@ -105,41 +104,41 @@ def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: s
     d["name"] = name
     d["notes"] = notes
     text = profile_text(d, why, base_p.name, header)
+    from kvsim.run.outputs import write_whole  # noqa: PLC0415
+
+    fitted = load_profile_text(text, out)  # validate before it replaces anything
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    try:
-        fitted = load_profile(tmp)  # validate before it replaces anything
-    except Exception:
-        tmp.unlink()
-        raise
-    os.replace(tmp, out)
+    write_whole(out, text.encode())
     return fitted, check_fit(m, fitted) + check_small(m, fitted)
+
+
+def load_profile_text(text: str, out: Path) -> HardwareProfile:
+    """The profile ``text`` validated, as ``load_profile`` would read it from ``out``."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    try:
+        return HardwareProfile.model_validate(yaml.safe_load(text))
+    except ValidationError as e:
+        raise ValueError(f"{out}: the fitted profile is not valid: {e}") from None
+
+
+def _write_report(out: Path, report: dict) -> None:
+    from kvsim.run.outputs import write_whole  # noqa: PLC0415
+
+    write_whole(Path(str(out) + ".report.json"),
+                (json.dumps(report, indent=2, default=str) + "\n").encode())
 
 
 def _check_yaml(out) -> None:
     """``out`` must be a .yaml name, and kvsim replaces only a profile (and report) that
-    calibrate wrote: never another file."""
+    calibrate wrote: never another file (kvsim.run.outputs)."""
+    from kvsim.run.outputs import check_file  # noqa: PLC0415
+
     out = Path(out)
     if out.suffix not in (".yaml", ".yml"):
         raise ValueError(f"--out: got {str(out)!r}; expected a .yaml file")
-    if out.exists():
-        try:
-            first = out.read_text(errors="replace").split("\n", 1)[0]
-        except OSError as e:
-            raise ValueError(f"--out {out}: cannot be read ({e.strerror})") from None
-        if not first.startswith(("# Written by `kvsim calibrate`", "# Re-fitted by `kvsim calibrate")):
-            raise ValueError(f"--out {out}: exists and was not written by kvsim calibrate; kvsim "
-                             f"replaces only profiles it wrote: choose another --out")
-    report = Path(str(out) + ".report.json")
-    if report.exists():
-        try:
-            ours = "fit_check" in json.loads(report.read_text())
-        except (OSError, ValueError, TypeError):
-            ours = False
-        if not ours:
-            raise ValueError(f"--out {out}: {report} exists and is not a calibrate report; kvsim "
-                             f"replaces only files it wrote: choose another --out")
+    check_file(out, "profile")
+    check_file(Path(str(out) + ".report.json"), "profile-report", f"--out {out}: its report")
 
 
 def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
@@ -165,7 +164,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
               "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
-    Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    _write_report(out, report)
     return report
 
 
@@ -205,7 +204,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
         oos.append({**entry, "fit_check": c, "fit_max_abs_err": max((abs(r["rel_err"]) for r in c), default=None)})
     if oos:
         report["out_of_sample"] = oos
-    Path(str(out) + ".report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    _write_report(out, report)
     return report
 
 

@@ -63,15 +63,10 @@ def write_report(report: dict, out: Path) -> Path:
 
 
 def write_whole(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all: a temporary file beside it, renamed
-    into place (removed if anything fails)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` whole or not at all (kvsim.run.outputs.write_whole)."""
+    from kvsim.run.outputs import write_whole as whole  # noqa: PLC0415
+
+    whole(path, data)
 
 
 def saved_call_logs(folder: str | Path) -> dict:

@@ -10,7 +10,9 @@ What the loader does, and what the real data taught it:
 
 - Each session becomes a Session ``<id>`` with scope ``session:<id>``; a sub-agent
   becomes a nested Session ``<id>/<agent_id>`` with its parent's scope (the trace puts
-  sub-agents in the parent's id namespace).
+  sub-agents in the parent's id namespace). An optional top-level ``tenant`` (a tenant or
+  user id: a string or an integer) puts the session's scope inside that tenant's
+  namespace: sessions of two tenants never share KV, ``shared_prefix`` or not.
 - Coverage: in the real files ``len(hash_ids) == floor(in / 64)`` on every request: ids
   cover *full* blocks only and the trailing partial block has no id. Both floor and ceil
   are accepted; with floor and a remainder the loader appends one synthetic id for the
@@ -51,7 +53,8 @@ import json
 import math
 import os
 
-from .model import PRIORITY_MAX, PRIORITY_MIN, Session, TraceError, Turn, Workload, check_start_policy
+from .model import (PRIORITY_MAX, PRIORITY_MIN, Session, TraceError, Turn, Workload, check_start_policy,
+                    tenant_of, tenant_scope)
 
 PREFIX_NS_BITS = 20
 PRIVATE_SPAN = 1 << 32
@@ -114,9 +117,11 @@ def load_agentic(path_or_dir, shared_prefix: bool = False, limit: int | None = N
             raise TraceError(f"{fp}: session id {sid!r} already used by {seen[sid]}; expected unique ids")
         seen[sid] = fp
         b = _Builder(fp, bs, shared_prefix, k, prefix_ns, max_think_s, priorities)
-        scope = "shared" if shared_prefix else f"session:{sid}"
+        tenant = tenant_of(doc.get("tenant"), f"{fp}: ")
+        scope = tenant_scope(tenant, "shared" if shared_prefix else f"session:{sid}")
         p = (doc["tool_tokens"] + doc["system_tokens"]) // bs
-        sessions.append(Session(sid, scope, b.items(doc["requests"], "requests", p, sid, scope)))
+        sessions.append(Session(sid, scope, b.items(doc["requests"], "requests", p, sid, scope),
+                                tenant=tenant))
     if name is None:
         name = os.path.basename(os.path.normpath(os.fspath(path_or_dir)))
     return Workload(name=name, block_tokens=block_tokens or 64, closed_loop=True,

@@ -17,12 +17,15 @@ Invariants every loader and generator in this package keeps (the engine may rely
   ``think_s`` after the previous item of its session completes (the first item of a
   session: after the session starts). A nested Session is a sub-agent: it runs to completion, then its
   parent continues; it shares its parent's reuse scope.
+- Tenants never share KV: a session of a tenant (the trace's ``tenant`` field) has a scope
+  inside that tenant's namespace (``tenant_scope``), and a sub-agent its parent's tenant.
 
 All classes are frozen and slotted; nothing here holds mutable state.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Union
@@ -58,6 +61,7 @@ class Session:
     scope: str  # reuse scope; sub-agents share their parent's scope
     items: tuple  # tuple[Turn | Session, ...]; a nested Session is a sub-agent
     start_s: float | None = None  # open loop: when the session starts; closed loop: None
+    tenant: str | None = None  # the trace's tenant (or user) id; None: the one tenant
 
     def iter_turns(self) -> Iterator[tuple["Session", Turn]]:
         """(owning session, turn) in replay order, depth first through sub-agents."""
@@ -111,6 +115,30 @@ class Workload:
     @property
     def input_tokens(self) -> int:
         return sum(t.input_tokens for _, t in self.iter_turns())
+
+
+TENANT_MAX_CHARS = 256
+
+
+def tenant_scope(tenant: str | None, scope: str) -> str:
+    """The reuse scope of a session of ``tenant`` whose trace scope is ``scope``: the
+    tenant is an outer namespace, so two tenants never share a scope (and so never a
+    block key, kvsim.core.keys), whatever their ids say. The tenant is JSON-quoted: no
+    tenant name can make another's scope."""
+    return scope if tenant is None else f"tenant:{json.dumps(tenant)}|{scope}"
+
+
+def tenant_of(value, where: str) -> str | None:
+    """A trace's tenant field as text (a string of 1-256 characters or an integer; absent:
+    None), or TraceError starting with ``where``."""
+    if value is None:
+        return None
+    if type(value) is int:
+        return str(value)
+    if type(value) is str and 0 < len(value) <= TENANT_MAX_CHARS:
+        return value
+    raise TraceError(f"{where}field 'tenant' must be a tenant or user id: a string of 1 to "
+                     f"{TENANT_MAX_CHARS} characters or an integer, got {value!r}")
 
 
 def check_start_policy(start: str, sessions_per_s: float, concurrency: int) -> None:

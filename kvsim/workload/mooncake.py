@@ -4,7 +4,9 @@ Format: one JSON object a line with ``timestamp`` (ms from trace start), ``input
 ``output_length`` and ``hash_ids`` (prefix block ids, 512 tokens a block, global to the
 file), and optionally ``priority`` (the request's priority in the cache: an integer in
 ``[-2**31, 2**31)``, higher kept longer by priority-aware eviction policies; absent: the
-default). Blank lines are skipped.
+default) and ``tenant`` (a tenant or user id: a string or an integer; requests of two
+tenants never share KV, whatever their hash ids; absent: one tenant). Blank lines are
+skipped.
 
 The loader validates every line and raises TraceError with ``<path>:<line>: <problem>``:
 text that is not UTF-8, malformed JSON, a line that is not an object, a missing field, a wrong type (bools are not
@@ -16,8 +18,8 @@ corrupted trace should not silently replay in a different order); ``sort=True`` 
 them and stable-sorts requests by timestamp instead (sids keep their line numbers).
 
 Each request becomes one Session ``req-<line>`` (1-based physical line) with one Turn,
-scope ``global`` (the ids are global to the file), ``arrival_s = start_s =
-timestamp / 1000 * time_scale``.
+scope ``global`` (the ids are global to the file) within its tenant's namespace
+(``tenant_scope``), ``arrival_s = start_s = timestamp / 1000 * time_scale``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import json
 import math
 import os
 
-from .model import PRIORITY_MAX, PRIORITY_MIN, Session, TraceError, Turn, Workload
+from .model import PRIORITY_MAX, PRIORITY_MIN, Session, TraceError, Turn, Workload, tenant_of, tenant_scope
 
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _INT = frozenset((int,))
@@ -113,10 +115,11 @@ def load_mooncake(path, time_scale: float = 1.0, limit: int | None = None, *,
             if prio is not None and (not _is_int(prio) or not PRIORITY_MIN <= prio <= PRIORITY_MAX):
                 raise TraceError(f"{where}field 'priority' must be an integer in [-2**31, 2**31), "
                                  f"got {prio!r}")
+            tenant = tenant_of(row.get("tenant"), where)
             prev_ts, prev_line = ts, lineno
             t = ts * scale
             turn = Turn(n_in, n_out, tuple(ids), 0.0, t, prio)
-            sessions.append(Session(f"req-{lineno}", "global", (turn,), t))
+            sessions.append(Session(f"req-{lineno}", tenant_scope(tenant, "global"), (turn,), t, tenant))
     if sort:
         sessions.sort(key=lambda s: s.start_s)  # stable: ties keep file order
     if name is None:
@@ -137,14 +140,16 @@ def write_jsonl_mooncake(workload: Workload, path) -> int:
             raise ValueError(f"session {s.sid!r} has a turn without arrival_s")
         if not all(type(h) is int for h in t.hash_ids):
             raise ValueError(f"session {s.sid!r}: Mooncake hash_ids must be ints")
-        rows.append((t.arrival_s, t))
+        rows.append((t.arrival_s, t, s))
     rows.sort(key=lambda r: r[0])
     with open(os.fspath(path), "w", encoding="utf-8") as f:
-        for arr, t in rows:
+        for arr, t, s in rows:
             row = {"timestamp": round(arr * 1000), "input_length": t.input_tokens,
                    "output_length": t.output_tokens, "hash_ids": list(t.hash_ids)}
             if t.priority is not None:
                 row["priority"] = t.priority
+            if s.tenant is not None:
+                row["tenant"] = s.tenant
             f.write(json.dumps(row))
             f.write("\n")
     return len(rows)

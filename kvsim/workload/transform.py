@@ -1,16 +1,21 @@
-"""Cutting a workload down to a slice: the first turns of each session.
+"""Reshaping a loaded workload: a slice of it, and who may share KV with whom.
 
 ``first_turns(workload, n)`` keeps, for every top-level session, its items up to and
 including its n-th turn in replay order (a sub-agent's turns count, and a sub-agent cut
-mid-way keeps its first turns). Sessions keep their scopes, ids and timing fields; the
-result satisfies every invariant of kvsim.workload.model. Pure functions.
+mid-way keeps its first turns). Sessions keep their scopes, ids and timing fields.
+
+``scoped(workload, scope)`` applies ``workload.scope``: ``tenant`` (as loaded: sharing as
+the trace's ids allow, within a tenant) or ``session`` (every top-level session a scope of
+its own inside its tenant's, its sub-agents with it: nothing shared across sessions).
+
+Results satisfy every invariant of kvsim.workload.model. Pure functions.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .model import Session, Turn, Workload
+from .model import Session, Turn, Workload, tenant_scope
 
 
 def _cut(session: Session, budget: int) -> tuple[Session, int]:
@@ -37,3 +42,21 @@ def first_turns(workload: Workload, n: int) -> Workload:
         raise ValueError(f"first_turns: n must be a positive integer, got {n!r}")
     sessions = tuple(_cut(s, n)[0] for s in workload.sessions)
     return replace(workload, sessions=tuple(s for s in sessions if s.items))
+
+
+SCOPES = ("tenant", "session")
+
+
+def _rescope(session: Session, scope: str) -> Session:
+    items = tuple(_rescope(i, scope) if isinstance(i, Session) else i for i in session.items)
+    return replace(session, scope=scope, items=items)
+
+
+def scoped(workload: Workload, scope: str) -> Workload:
+    """The workload with ``workload.scope`` applied (module docstring)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    if scope == "tenant":
+        return workload
+    return replace(workload, sessions=tuple(
+        _rescope(s, tenant_scope(s.tenant, f"session:{s.sid}")) for s in workload.sessions))
