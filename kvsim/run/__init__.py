@@ -10,9 +10,9 @@
   on several threads.
 """
 
-from kvsim.run.pipeline import (BACKENDS, Prepared, Result, build_backend, load_workload, measure_hardware,
-                              output_dir, prepare_run, replay, sim_backend, workload_key,
-                              write_files, write_results)
+from kvsim.run.pipeline import (BACKENDS, Prepared, Result, build_backend, load_workload,
+                                measure_hardware, prepare_run, replay, sim_backend, workload_key)
+from kvsim.run.results import output_dir, write_files, write_results
 
 __all__ = ["BACKENDS", "Prepared", "Result", "build_backend", "load_workload", "measure_hardware", "output_dir",
            "prepare_run", "replay", "sim_backend", "workload_key", "write_files", "write_results"]

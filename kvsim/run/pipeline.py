@@ -2,7 +2,7 @@
 
 ``prepare_run`` validates everything and loads the trace before anything is written, so
 a run that fails validation leaves no results folder. ``replay`` runs the engine on the
-chosen backend; ``write_results`` writes the folder through ``kvsim.run.results`` (which
+chosen backend; ``kvsim.run.results.write_results`` writes the folder (which
 folders it may replace, staging, the atomic swap). Backends are built through a registry
 (``BACKENDS``; ``sim_backend`` and ``measure_hardware`` for calibrate): the one module of
 kvsim that imports ``kvsim_backends``; the rest of kvsim never asks which backend it has.
@@ -10,7 +10,6 @@ kvsim that imports ``kvsim_backends``; the rest of kvsim never asks which backen
 
 from __future__ import annotations
 
-import csv
 import gc
 import json
 import os
@@ -29,7 +28,7 @@ from kvsim.engine.metrics import Row, dist
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import build_placement, build_policy, build_tier_policies, describe
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
-from kvsim.run.results import Staging, kvsim_version, mark
+from kvsim.run.results import kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
 from kvsim.workload import TraceError, Workload, session_start_times
@@ -411,41 +410,3 @@ def _gc_for_replay(young: int = 20_000, older: int = 20):
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
-
-
-def output_dir(cfg: RunConfig, out: str | None) -> Path:
-    return Path(out or cfg.output.dir.format(name=cfg.name))
-
-
-def write_files(result: Result, folder: Path, plots: bool = True) -> None:
-    """summary.json, requests.csv, timeline.csv (and plots) into ``folder`` (created if
-    absent), marked as a results folder."""
-    folder = Path(folder)
-    folder.mkdir(exist_ok=True)
-    mark(folder)
-    (folder / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True,
-                                                    allow_nan=False) + "\n")
-    ranks = result.run_info.get("ranks", 1) > 1  # (the rank column: only for a node of several)
-    with open(folder / "requests.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
-        for r in result.rows:
-            w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
-    if result.timeline:
-        keys = list(dict.fromkeys(k for row in result.timeline for k in row))
-        with open(folder / "timeline.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(result.timeline)
-    if plots:
-        from kvsim.run.plots import write_plots
-
-        write_plots(result, folder)
-
-
-def write_results(result: Result, out: Path, plots: bool = True) -> Path:
-    """Write the results folder ``out`` (kvsim.run.results: refused unless ``out`` is absent,
-    empty or an earlier results folder; staged beside it and swapped into place)."""
-    with Staging.reserve(out) as stage:
-        write_files(result, stage.path, plots)
-        return stage.commit()

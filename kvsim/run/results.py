@@ -20,12 +20,15 @@ the reservation created.
 
 from __future__ import annotations
 
+import csv
 import ctypes
 import errno
+import json
 import os
 from pathlib import Path
 
 from kvsim import scratch
+from kvsim.engine.metrics import Row
 from kvsim.run.outputs import (MARKER, OutputError, Target, check_folder, kvsim_version, make_parents,
                                mark, read_marker, replace_owned)
 
@@ -124,3 +127,41 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err), os.fspath(b))
+
+
+def output_dir(cfg, out: str | None) -> Path:
+    return Path(out or cfg.output.dir.format(name=cfg.name))
+
+
+def write_files(result, folder: Path, plots: bool = True) -> None:
+    """summary.json, requests.csv, timeline.csv (and plots) into ``folder`` (created if
+    absent), marked as a results folder."""
+    folder = Path(folder)
+    folder.mkdir(exist_ok=True)
+    mark(folder)
+    (folder / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True,
+                                                    allow_nan=False) + "\n")
+    ranks = result.run_info.get("ranks", 1) > 1  # (the rank column: only for a node of several)
+    with open(folder / "requests.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
+        for r in result.rows:
+            w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
+    if result.timeline:
+        keys = list(dict.fromkeys(k for row in result.timeline for k in row))
+        with open(folder / "timeline.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(result.timeline)
+    if plots:
+        from kvsim.run.plots import write_plots
+
+        write_plots(result, folder)
+
+
+def write_results(result, out: Path, plots: bool = True) -> Path:
+    """Write the results folder ``out`` (kvsim.run.results: refused unless ``out`` is absent,
+    empty or an earlier results folder; staged beside it and swapped into place)."""
+    with Staging.reserve(out) as stage:
+        write_files(result, stage.path, plots)
+        return stage.commit()

@@ -18,7 +18,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvsim.config.keypaths import KeyPathError, parse_key, unknown_key
-from kvsim.config.runconfig import ConfigFileError, RunConfig, format_error, key_lines, parse_override, read_yaml
+from kvsim.config.loading import format_error, key_lines, parse_override, read_yaml
+from kvsim.config.runconfig import ConfigFileError, RunConfig
 from kvsim.config.units import parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -52,6 +52,8 @@ from kvsim.study.execute import disk_dirs, is_complete, open_client, progress_ba
 from kvsim.study.points import Point, apply, config_hash, overridden_base
 from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
+from kvsim.study.trials import (check_storage, mark_interrupted, open_study, sampler_for,
+                                storage_url, trial_state)
 from kvsim.config.units import parse_size
 
 
@@ -106,10 +108,6 @@ def violations(spec: TuneSpec, metrics: dict) -> list[float]:
     return out
 
 
-def _constraints(frozen) -> list[float]:
-    return frozen.user_attrs.get("constraints", [])
-
-
 def _point(base: dict, overrides: dict, spec: TuneSpec, source: str, label: str,
            part: str | None) -> Point:
     data = copy.deepcopy(base)
@@ -144,53 +142,6 @@ def plan_tune(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[T
     return spec, base
 
 
-def _storage(spec: TuneSpec, folder: Path, storage: str | None) -> str:
-    url = storage or spec.storage
-    return url or f"sqlite:///{(folder / 'optuna.db').resolve()}"
-
-
-def check_storage(url: str, what: str = "--storage") -> None:
-    """An Optuna storage URL kvsim can open, checked before any work: a URL SQLAlchemy
-    knows with a dialect installed; a SQLite file that exists must be an Optuna storage
-    (kvsim never changes a database it did not write). ValueError naming the URL."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    try:
-        u = make_url(url)
-        u.get_dialect()
-    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as e:
-        raise ValueError(f"{what} {url}: not a storage URL kvsim can open ({type(e).__name__}: "
-                         f"{e}); expected e.g. sqlite:///PATH.db or "
-                         f"postgresql://USER@HOST/DB") from None
-    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
-        return
-    db = Path(u.database).expanduser()
-    if db.is_dir():
-        raise ValueError(f"{what} {url}: {db} is a folder; expected a SQLite file")
-    if not db.exists():
-        if not db.parent.is_dir():
-            raise ValueError(f"{what} {url}: {db.parent} is not a folder")
-        return
-    if not _is_optuna_db(db):
-        raise ValueError(f"{what} {url}: {db} exists and is not an Optuna storage; kvsim never "
-                         f"changes a file it did not write: name a new file or an Optuna storage")
-
-
-def _is_optuna_db(db: Path) -> bool:
-    import sqlite3
-
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            names = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return False
-    return {"studies", "trials", "version_info"} <= names
-
-
 def tune_hash(spec: TuneSpec, base: dict) -> str:
     """The tune's config hash: what its trials' results depend on (the search space, the
     objective and constraints, the sampler and its seed, the split, the backend and the
@@ -208,50 +159,6 @@ def tune_target(spec: TuneSpec, base: dict, out: str | None, force: bool = False
         check_storage(storage or spec.storage, "--storage" if storage else "storage")
     what = "--out" if out else ("out" if spec.out else "the default folder")
     return check_folder(tune_folder(spec, out), "tune", what, tune_hash(spec, base), force)
-
-
-def _sampler(spec: TuneSpec, n_trials: int):
-    """The sampler, its seed moved on by the trials the study already holds (0 on a new
-    tune: the file's seed), so that a resumed tune does not propose its first run's
-    parameters again; the same seed and history give the same proposals."""
-    import optuna
-
-    seed = (spec.seed + 7919 * n_trials) % 2**32
-    # Optuna >= 5 takes constraints from the trial (set_constraint); older ones from a function
-    new_api = hasattr(optuna.trial.Trial, "set_constraint")
-    kw = {"constraints_func": _constraints} \
-        if spec.constraints and spec.sampler == "tpe" and not new_api else {}
-    if spec.sampler == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, **kw)
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
-def _interrupted(study, trial_id: int, number: int, params: dict, user_attrs: dict) -> None:
-    """Mark a trial that was running when its tune stopped: PRUNED with ``interrupted``
-    (not FAIL: nothing went wrong with its parameters), and ask its parameters again once
-    (``retry_of``; a retry interrupted in turn is not asked a third time). A trial stopped
-    before its parameters were drawn never ran: PRUNED with ``unstarted``, not retried."""
-    import optuna
-
-    study._storage.set_trial_user_attr(trial_id, "interrupted" if params else "unstarted", True)
-    study.tell(number, state=optuna.trial.TrialState.PRUNED)
-    if "retry_of" not in user_attrs and params:
-        study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
-
-
-def _open_study(spec: TuneSpec, url: str, given: bool):
-    import optuna
-
-    try:
-        return optuna.create_study(study_name=spec.name, storage=url,
-                                   sampler=optuna.samplers.RandomSampler(seed=spec.seed),
-                                   direction=spec.objective.sense, load_if_exists=True)
-    except Exception as e:  # SQLAlchemy's and Optuna's own errors: a storage it cannot use
-        if isinstance(e, (KeyboardInterrupt, MemoryError)):
-            raise
-        where = f"--storage {url}" if given else str(url)
-        raise ConnectionError(f"{where}: cannot open the Optuna storage ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''})") from None
 
 
 def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers: int | None = None,
@@ -295,11 +202,11 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
 
     # the cluster first: a tune whose cluster cannot start leaves no storage behind
     with open_client(workers, scheduler) as client:
-        study = _open_study(spec, _storage(spec, folder, storage), bool(storage))
+        study = open_study(spec, storage_url(spec, folder, storage), bool(storage))
         if own:  # our own SQLite: trials left running by a tune that was killed
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                _interrupted(study, t._trial_id, t.number, t.params, t.user_attrs)
-        study.sampler = _sampler(spec, len(study.get_trials(deepcopy=False)))
+                mark_interrupted(study, t._trial_id, t.number, t.params, t.user_attrs)
+        study.sampler = sampler_for(spec, len(study.get_trials(deepcopy=False)))
         done_states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)
         n_done = len(study.get_trials(deepcopy=False, states=done_states))
         width = spec.parallel or max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
@@ -358,7 +265,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
         except KeyboardInterrupt:   # Ctrl-C or SIGTERM: the running trials were interrupted
             for trial, _ in running.values():
                 try:
-                    _interrupted(study, trial._trial_id, trial.number, trial.params,
+                    mark_interrupted(study, trial._trial_id, trial.number, trial.params,
                                  study._storage.get_trial(trial._trial_id).user_attrs)
                 except Exception:  # noqa: BLE001 (what stays RUNNING, the next start marks)
                     pass
@@ -401,7 +308,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
             row["objective.held_out"] = None
             row["error"] = ev["error"]
         top.append(row)
-    all_rows = [{"trial": t.number, "state": _state(t), "value": t.value, **t.params,
+    all_rows = [{"trial": t.number, "state": trial_state(t), "value": t.value, **t.params,
                  "retry_of": t.user_attrs.get("retry_of"),
                  "feasible": all(c <= 0 for c in t.user_attrs.get("constraints", [])),
                  "error": t.user_attrs.get("error", "")} for t in study.get_trials(deepcopy=False)]
@@ -418,18 +325,9 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
                                 f"{best[0].value:.6g} ({spec.objective.sense}) on the train sessions\n"
                                 + yaml.safe_dump(cfg, sort_keys=False)).encode())
     plots = _optuna_plots(study, folder / "plots", spec)
-    states = [_state(t) for t in study.get_trials(deepcopy=False)]
+    states = [trial_state(t) for t in study.get_trials(deepcopy=False)]
     return TuneReport(spec, folder, top, states.count("COMPLETE"), states.count("FAIL"), n_run,
                       best_yaml, plots, problems, states.count("INTERRUPTED"))
-
-
-def _state(t) -> str:
-    """A trial's state as kvsim reports it: Optuna's, or INTERRUPTED / UNSTARTED (kept
-    as PRUNED)."""
-    if t.user_attrs.get("interrupted"):
-        return "INTERRUPTED"
-    return "UNSTARTED" if t.user_attrs.get("unstarted") else t.state.name
-
 
 
 def _gain(spec: TuneSpec, value: float, base: float) -> float | None:
