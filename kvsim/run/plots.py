@@ -14,22 +14,36 @@ def write_plots(result, out: Path) -> list[Path]:
     written = []
     name = getattr(getattr(result, "cfg", None), "name", "run")
     tl = result.timeline
+    ranks = sorted({r["rank"] for r in tl}) if tl and "rank" in tl[0] else [None]
     if len(tl) >= 2:
-        t = [r["t_s"] for r in tl]
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-        for key in tl[0]:
-            if key.endswith("_used_slots"):
-                ax1.plot(t, [r.get(key, 0) for r in tl], label=key.removesuffix("_used_slots"))
+        tiers = [k for k in tl[0] if k.endswith("_used_slots")]
+        colours = {k: f"C{i}" for i, k in enumerate(tiers)}
+        node: dict[float, dict[str, float]] = {}  # the node's traffic: ranks' rates by interval
+        step = getattr(getattr(getattr(result, "cfg", None), "output", None), "timeline_interval", 1.0)
+        for rank in ranks:
+            rows = [r for r in tl if r.get("rank") == rank] if rank is not None else tl
+            t = [r["t_s"] for r in rows]
+            for key in tiers:
+                tier = key.removesuffix("_used_slots")
+                ax1.plot(t, [r.get(key, 0) for r in rows], color=colours[key],
+                         alpha=1.0 if rank is None else 0.6, linewidth=1.0 if rank is None else 0.8,
+                         label=tier if rank in (None, ranks[0]) else None)
+            # the cumulative bytes every backend reports (Backend.stats), per route
+            for key in ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write"):
+                if key in rows[0]:
+                    vals = [r.get(key, 0) for r in rows]
+                    for a, b, t0, t1 in zip(vals, vals[1:], t, t[1:]):
+                        slot = node.setdefault(round(t1 / step) * step, {})
+                        slot[key] = slot.get(key, 0.0) + (b - a) / max(1e-9, t1 - t0) / 1e9
+        times = sorted(node)
+        for key in ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write"):
+            if any(key in node[x] for x in times):
+                ax2.plot(times, [node[x].get(key, 0.0) for x in times], label=key.replace("_", " "))
+        who = "" if ranks == [None] else f" ({len(ranks)} ranks: a line a rank; traffic the node's)"
+        ax1.set_title(f"{name}: tier occupancy and link traffic over time{who}", fontsize="medium")
         ax1.set_ylabel("slots used (pages)")
         ax1.legend(loc="upper left")
-        # the cumulative bytes every backend reports (Backend.counters), per route
-        for key in ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write"):
-            if key in tl[0]:
-                vals = [r.get(key, 0) for r in tl]
-                rate = [0.0] + [(b - a) / max(1e-9, t1 - t0) / 1e9
-                                for a, b, t0, t1 in zip(vals, vals[1:], t, t[1:])]
-                ax2.plot(t, rate, label=key.replace("_", " "))
-        ax1.set_title(f"{name}: tier occupancy and link traffic over time", fontsize="medium")
         ax2.set_ylabel("traffic (GB/s)")
         ax2.set_xlabel("simulated time (s)")
         if ax2.lines:
