@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import selectors
 import signal
 import subprocess
@@ -106,8 +107,18 @@ def test_what_a_killed_hw_run_left_goes_with_the_next_start_of_any_kind(tmp_path
     a study."""
     from kvsim import scratch
 
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    import tempfile
+
+    # a short temporary folder: Dask's local cluster puts its sockets there, and a socket's
+    # path has at most 107 bytes (pytest's own folders can be longer)
+    tmp = Path(tempfile.mkdtemp(prefix="kk", dir="/tmp"))
+    try:
+        _killed_then(tmp, tmp_path, then, scratch)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _killed_then(tmp, tmp_path, then, scratch) -> None:
     env = {**os.environ, "TMPDIR": str(tmp), "KVSIM_PAUSE_AT": "replay"}
     proc = _kvsim([*BACKEND["hw"], *TINY, "--out", str(tmp_path / "hw")], env)
     _wait_for(proc, "kvsim: paused at replay")
