@@ -37,6 +37,7 @@ import numpy as np
 from kvsim.core.datapath.copypath import CopyPath, direction_ctas
 from kvsim.core.datapath.diskio import io_class, io_threads
 from kvsim.core.datapath.fill import FillMode
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
@@ -325,7 +326,7 @@ class HwBackend:
             return self.runtime.process(staged.disk_to_gpu(src, dst, io, batch))
         raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
 
-    def compute(self, duration_s: float) -> Any:
+    def compute(self, duration_s: float, work: StepWork | None = None) -> Any:
         if duration_s < 0:
             raise ValueError(f"duration_s: got {duration_s!r}; expected >= 0")
         rt, logs = self.runtime, self.logs
@@ -352,7 +353,8 @@ class HwBackend:
             logs.host_time("compute", h0)
         return ev
 
-    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
+                      work: StepWork | None = None) -> float | None:
         # real time cannot be predicted with transfers in flight; with none, the engine
         # may run ahead and the GPU computes the whole span at catch_up
         return start_s + seconds if quiet else None

@@ -22,6 +22,7 @@ import simpy
 
 from kvsim.core.datapath.copypath import direction_ctas, direction_paths
 from kvsim.core.datapath.fill import FillLayout, registration_unit
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
@@ -174,7 +175,7 @@ class SimBackend(Transfers):
         self._counts["takeback_pages"] = self._counts.get("takeback_pages", 0) + batch.pages
         return self.env.timeout(0, True)
 
-    def compute(self, duration_s: float) -> simpy.Event:
+    def compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         self._counts["compute_calls"] += 1
         done = self.fluid.add_job(duration_s * self.compute_scale)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
@@ -187,7 +188,8 @@ class SimBackend(Transfers):
             return self.env.process(self._after(done, lat))
         return done
 
-    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
+                      work: StepWork | None = None) -> float | None:
         if quiet:
             horizon = _INF
         else:
