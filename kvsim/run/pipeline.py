@@ -216,7 +216,7 @@ def build_backend(prep: Prepared, mgr: TierManager, backend: str,
     options = dict(options or {})
     hw_loop = options.pop("hw_loop", None)
     settings = backend_settings(prep.cfg, prep.profile, mgr.page_bytes,
-                                {t.level: t.max_slots for t in mgr.tiers}, options)
+                                {t.level: t.max_slots for t in mgr.tiers}, options, prep.shape)
     return (settings, *BACKENDS[backend](settings, hw_loop))
 
 

@@ -22,6 +22,7 @@ import simpy
 
 from kvsim.core.datapath.copypath import direction_ctas, direction_paths
 from kvsim.core.datapath.fill import FillLayout, registration_unit
+from kvsim.core.datapath.interference import MixTable
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
@@ -36,6 +37,15 @@ from .transfer import Transfer, Transfers
 from .servers import Units
 
 _INF: Final = math.inf
+
+
+def mix_table(profile, model) -> MixTable | None:
+    """The structural interference model for ``model``'s GEMMs (``ModelSettings``) on
+    ``profile``, or None where the profile has only the older terms."""
+    structure = profile.interference_structure()
+    if structure is None:
+        return None
+    return MixTable(structure, model.projections, model.min_rows, model.max_rows)
 
 
 class SimBackend(Transfers):
@@ -104,7 +114,8 @@ class SimBackend(Transfers):
                                       "hbm": p.gpu.hbm / 2, **disk},
                            per_cta_slowdown=sm.interference.per_cta_slowdown,
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
-                           busy_cta_efficiency=sm.interference.busy_cta_efficiency)
+                           busy_cta_efficiency=sm.interference.busy_cta_efficiency,
+                           kinds=mix_table(p, settings.model))
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
         self.disk_pool = (SimDiskPool(self.fluid, io_workers, nv.latency, nv.piece,
                                       disk_cfg.io_write_share) if pooled else None)
@@ -177,7 +188,7 @@ class SimBackend(Transfers):
 
     def compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         self._counts["compute_calls"] += 1
-        done = self.fluid.add_job(duration_s * self.compute_scale)
+        done = self.fluid.add_job(duration_s * self.compute_scale, work)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0))
         lat = self.compute_latency
@@ -200,7 +211,7 @@ class SimBackend(Transfers):
         penalty = self.step_penalty_s
         if penalty > 0:
             lat += penalty
-        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
+        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat, work)
         if end is None:
             return None
         if penalty > 0:
