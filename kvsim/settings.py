@@ -93,15 +93,19 @@ class HwSettings:
     """How the hw backend runs (no config key: the command line's and callers' options).
     ``device``: the GPU when CuPy finds one (``auto``), or ``cpu``/``gpu``; ``time_scale``:
     simulated seconds a wall second; ``staging_bytes``: pinned staging for GPU <-> disk;
-    ``compute_graphs``: the busy kernel launched through CUDA graphs; ``compute_chunk_s``:
-    one busy kernel's length; ``check_capacity``: refuse tiers larger than the machine
-    can give, before allocating."""
+    ``compute_graphs``: the busy kernel and the stand-in's reads launched through CUDA
+    graphs; ``compute_chunk_s``: one busy or read kernel's length; ``compute_standin``:
+    a step's work runs as the compute stand-in (GEMMs and HBM reads,
+    ``kvsim_backends.hw.standin``), else as the busy kernel (a load of the SMs alone);
+    ``check_capacity``: refuse tiers larger than the machine can give, before
+    allocating."""
 
     device: Device = "auto"
     time_scale: float = 1.0
     staging_bytes: int = 64 << 20
     compute_graphs: bool = True
     compute_chunk_s: float = 0.5e-3
+    compute_standin: bool = True
     check_capacity: bool = True
 
 

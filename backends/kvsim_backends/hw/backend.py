@@ -37,7 +37,7 @@ import numpy as np
 from kvsim.core.datapath.copypath import CopyPath, direction_ctas
 from kvsim.core.datapath.diskio import io_class, io_threads
 from kvsim.core.datapath.fill import FillMode
-from kvsim.core.datapath.work import StepWork
+from kvsim.core.datapath.work import StepWork, merge
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
@@ -54,6 +54,7 @@ from .hosttier import HostSlots, start_host_fill
 from .memory import DeviceArena, StagingPool
 from .order import StreamOrder
 from .staged import StagedDisk
+from .standin import StandIn
 from .waits import Waits
 
 
@@ -107,6 +108,7 @@ class HwBackend:
         self.on_gpu = self.cp is not None
         self.threads_per_cta = self.profile.sm.threads_per_cta
         self.compute_chunk_s = hw.compute_chunk_s
+        self._ahead: list[tuple[float, StepWork]] = []  # steps run ahead, not yet computed
         self._closed = False
         self.disk: DiskStore | None = None
         self.host: HostFill | None = None
@@ -150,6 +152,7 @@ class HwBackend:
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)
         self.streams: dict = {}
         self.kernels = self.copier = None
+        self.standin: StandIn | None = None  # a step's work on the GPU (None: the busy kernel)
         if cp is None:
             return
         self.kernels = Kernels(cp)
@@ -172,6 +175,10 @@ class HwBackend:
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
         self.kernels.use_graphs = self.info["compute_graphs"] = bool(st.hw.compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
+        if st.hw.compute_standin:
+            self.standin = StandIn(cp, st.model, self.kernels.read, st.hw.compute_chunk_s,
+                                   self.kernels.l2_bytes, use_graphs=bool(st.hw.compute_graphs))
+            self.info["standin"] = self.standin.calibrate(self.streams["compute"])
 
     def slots_ready(self, level: Level, slots) -> Any:
         """None if ``slots`` of the tier exist; else a waitable (``HostSlots.ready``)."""
@@ -340,7 +347,10 @@ class HwBackend:
             cp, s = self.cp, self.streams["compute"]
             a, b = cp.cuda.Event(), cp.cuda.Event()
             a.record(s)
-            self.kernels.launch_busy(s, rt.sim_to_wall(duration_s), self.compute_chunk_s)
+            if work is not None and self.standin is not None and work.seconds > 0:
+                self.standin.launch(s, rt.sim_to_wall(duration_s), work)
+            else:
+                self.kernels.launch_busy(s, rt.sim_to_wall(duration_s), self.compute_chunk_s)
             b.record(s)
             ev = rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
                           if b.done else (False, None))
@@ -356,11 +366,17 @@ class HwBackend:
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
                       work: StepWork | None = None) -> float | None:
         # real time cannot be predicted with transfers in flight; with none, the engine
-        # may run ahead and the GPU computes the whole span at catch_up
-        return start_s + seconds if quiet else None
+        # may run ahead and the GPU computes the whole span at catch_up, as the steps'
+        # work merged (kvsim.core.datapath.work.merge)
+        if not quiet:
+            return None
+        if work is not None and work.seconds > 0:
+            self._ahead.append((seconds, work))
+        return start_s + seconds
 
     def catch_up(self, until_s: float) -> Any:
-        return self.compute(max(0.0, until_s - self.runtime.now))
+        parts, self._ahead = self._ahead, []
+        return self.compute(max(0.0, until_s - self.runtime.now), merge(parts) if parts else None)
 
     def fill(self, fill: Fill) -> None:
         t0 = _clock()
