@@ -100,7 +100,8 @@ def test_a_run_ahead_span_is_computed_at_catch_up_as_the_steps_work_merged():
     rt = RealtimeRuntime()
     be = HwBackend(rt, settings_for(1 << 16, {Level.GPU: 4}, device="cpu"))
     seen = []
-    be.compute = lambda d, work=None, _c=be.compute: (seen.append((d, work)), _c(d, work))[1]
+    st = be.steps
+    st.compute = lambda d, work=None, _c=st.compute: (seen.append((d, work)), _c(d, work))[1]
     try:
         w = _work(0.001, 0.009, decode=8)
         assert be.compute_ahead(0.0, 0.01, True, w) == 0.01
@@ -114,7 +115,7 @@ def test_a_run_ahead_span_is_computed_at_catch_up_as_the_steps_work_merged():
         assert d == pytest.approx(0.02, abs=5e-3)
         assert merged.seconds == pytest.approx(0.02)
         assert merged.flop_s == pytest.approx(0.001 * 0.02 / w.seconds)
-        assert be._ahead == []
+        assert be.steps.ahead == []
     finally:
         be.close()
 

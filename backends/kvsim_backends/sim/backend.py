@@ -20,9 +20,10 @@ from typing import Any, Final, Sequence
 
 import simpy
 
-from kvsim.core.datapath.copypath import direction_ctas, direction_paths
+from kvsim.core.datapath.copypath import CopyPath, direction_ctas, direction_paths, pinned_paths
 from kvsim.core.datapath.fill import FillLayout, registration_unit
 from kvsim.core.datapath.interference import MixTable
+from kvsim.core.datapath.pathcost import other_path, path_chooser
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
@@ -83,7 +84,8 @@ class SimBackend(Transfers):
         unit = probes.registration_unit or registration_unit(settings.host_fill.backing,
                                                              self.host_fill.layout)
         c = settings.copy
-        self.paths = direction_paths(p, page_bytes, c.force, unit, int(slots.get(Level.HOST, 0)),
+        host_slots = int(slots.get(Level.HOST, 0))
+        self.paths = direction_paths(p, page_bytes, c.force, unit, host_slots,
                                      c.kernel_on_coherent_link)
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         self.ctas = direction_ctas(c.sm_ctas, p)
@@ -117,6 +119,12 @@ class SimBackend(Transfers):
                            busy_cta_efficiency=sm.interference.busy_cta_efficiency,
                            kinds=mix_table(p, settings.model))
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
+        # each GPU <-> host batch's path by what it costs (kvsim.core.datapath.pathcost),
+        # from the batches whose bytes are moving, by direction and path
+        self.chooser = path_chooser(p, page_bytes, pinned_paths(p, page_bytes, c.force, unit, host_slots,
+                                                                c.kernel_on_coherent_link),
+                                    self.paths, c.sm_ctas, self.fluid.kinds)
+        self._flowing = {d: {CopyPath.COPY_ENGINE: 0, CopyPath.SM_KERNEL: 0} for d in ("h2d", "d2h")}
         self.disk_pool = (SimDiskPool(self.fluid, io_workers, nv.latency, nv.piece,
                                       disk_cfg.io_write_share) if pooled else None)
         self.copy_engines = Units(ce.count)
@@ -178,6 +186,13 @@ class SimBackend(Transfers):
         x = Transfer(self, batch, route, fail)
         x.start()
         return x.done
+
+    def pick_path(self, d: str, pages: int) -> tuple[CopyPath, int]:
+        """(path, SM CTAs) of a batch of ``pages`` in direction ``d`` now: the chooser's,
+        from the other direction's flows and the compute running (its first job's work)."""
+        jobs = self.fluid.jobs
+        return self.chooser.pick(d, pages, other_path(self._flowing["d2h" if d == "h2d" else "h2d"]),
+                                 bool(jobs), jobs[0].work if jobs else None)
 
     def _take_back(self, batch: Batch) -> simpy.Event:
         """An eviction onto the pages' retained disk copies: done at once, nothing written
