@@ -25,7 +25,6 @@ from dataclasses import replace
 
 import numpy as np
 
-from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.spec import Level
 from kvsim.config.hardware import HardwareProfile
@@ -269,11 +268,12 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
 
     pb = c["page"]
     batches = _cell_batches(c)
-    path = CopyPath.SM_KERNEL if c["path"] == "sm_kernel" else CopyPath.COPY_ENGINE
+    # a cell's path: one of the two, or "default" (the rule's own choice, batch by batch)
+    path = {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
     n = sum(k for _, k in batches)
     log: list = []
     st = settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
-                      copy_path=path.value, compute_log=log)
+                      copy_path=path, compute_log=log)
     if c.get("projections"):
         st = replace(st, model=replace(st.model, projections=tuple(tuple(x) for x in c["projections"])))
     rt, be = sim_backend(st)

@@ -13,8 +13,9 @@ Otherwise, for a batch of ``n`` pages of ``p`` bytes in direction ``d``:
   link's where not given) and its CTAs x the per-CTA rate (x ``busy_cta_efficiency``
   while compute runs);
 - **CTAs**: a direction alone gets CTAs for its link by Little's law (``copy_ctas``, as
-  before); with the other direction on the SM kernel too, for half the kernel's
-  both-directions ceiling, so the pair holds no more CTAs than it can keep busy;
+  before); a batch the rule puts on the SM kernel beside the other direction's SM-kernel
+  batch, for half the kernel's both-directions ceiling, so the pair holds no more CTAs
+  than it can keep busy (a pinned path keeps a direction's own);
 - **time**: the copy engine ``per_call + n x per_page + n x p / rate`` (the H200's
   measured additive model, where the profile gives the SM kernel's ceilings; else
   ``n x max(per_page, p / rate)``, the older overlap model), the SM kernel ``launch`` (+
@@ -164,8 +165,8 @@ class PathChooser:
         compute's stretch under a load (None: nothing computes), ``key`` naming it (the
         decision is cached under it)."""
         p = self.pinned.get(d)
-        if p is not None:
-            return p, self.ctas(d, p, other)
+        if p is not None:  # (a pinned path keeps its CTAs too: what it was sized and measured at)
+            return p, self.inputs.ctas_one[d]
         if other is None and stretch is None:  # alone, nothing computing: the older rule
             p = self.idle[d]
             return p, self.inputs.ctas_one[d]
