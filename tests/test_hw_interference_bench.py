@@ -84,3 +84,28 @@ def test_a_file_that_is_not_a_run_is_refused(tmp_path):
     p.write_text('{"copies": []}')
     with pytest.raises(SystemExit):
         hw_interference.main(["--sim-from", str(p)])
+
+
+from gpuskip import have_gpu  # noqa: E402
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_cells_measure_the_compute_alone_and_with_the_copy():
+    """Two cells on the GPU, two reps each: the compute alone lasts about what was asked
+    (the stand-in), the copy moves at a plausible rate, the stretch is the medians' ratio."""
+    from kvsim.run.seam import settings_for
+    from kvsim.tools.fitkinds import kind_works
+    from kvsim_backends.hw.interfere import Cell, measure_cells
+
+    prof = load_profile(hw_interference.PROFILE)
+    cells = [Cell("gemm", 0.02, "sm_kernel", "both", 64 << 10, 256 << 20),
+             Cell("memory", 0.01, "copy_engine", "h2d", 1 << 20, 256 << 20)]
+    rows = measure_cells(lambda pb, slots, **kw: settings_for(pb, slots, prof, model="llama-3-8b", **kw),
+                         cells, kind_works(prof), "gpu", reps=2, gap_s=0.05)
+    for c, r in zip(cells, rows):
+        assert r["device"] == "gpu" and r["kind"] == c.kind
+        assert abs(r["alone_s"] - c.compute_s) < 0.1 * c.compute_s, r
+        assert 10e9 < r["bytes"] / r["copy_s"] < 120e9, r
+        assert r["stretch"] == pytest.approx(r["with_s"] / r["alone_s"] - 1)
+        assert r["spread"] >= 0 and len(r["with_reps"]) == 2

@@ -118,11 +118,11 @@ class StandIn:
         self.chunk_s = chunk_s
         self.use_graphs = use_graphs
         self.rows = row_buckets(model.min_rows, model.max_rows)
-        rng = cp.random.default_rng(1)
+        rng = cp.random.RandomState(1)
         f16 = cp.float16
 
         def rand(shape):  # values in [-0.5, 0.5): real toggling bits, no fp16 overflow
-            return (rng.random(shape, dtype=cp.float32) - 0.5).astype(f16)
+            return (rng.random_sample(shape, dtype=cp.float32) - 0.5).astype(f16)
 
         r = model.max_rows
         self._a = {k: rand((r, k)) for k in sorted({k for k, _ in model.projections})}
