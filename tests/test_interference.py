@@ -200,3 +200,16 @@ def test_a_profile_gives_both_kinds_or_neither():
     assert round_profile().interference_structure() is None
     s = _profile().interference_structure()
     assert (s.sms, s.hbm_Bps, s.tile) == (8, 4e12 * 0.5, (128, 256))
+
+
+def test_the_mix_tables_kept_parts_give_the_structures_floats():
+    """The table keeps each kind's stretch for the last load: the same floats as the
+    structure computed afresh, across loads and steps of every share and M."""
+    t = MixTable(S, ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)), 128, 8192)
+    loads = [CopyLoad(36, 14, False, 6e10), CopyLoad(0, 0, True, 5e10), CopyLoad(36, 0, False, 5e10)]
+    for load in loads + loads[::-1]:
+        for tokens, fs, ms in ((4096, 0.1, 0.004), (8, 1e-4, 0.02), (256, 0.005, 0.008), (3000, 0.0, 0.0)):
+            w = StepWork(0.1, 1.0, 0.0, 0.0, 0.0, tokens, 0, fs, ms)
+            from kvsim.core.datapath.work import gemm_share
+            want = S.stretch(gemm_share(w), t.gemms_for(w), load)
+            assert t.stretch(w, load).hex() == want.hex()

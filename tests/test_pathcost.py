@@ -94,9 +94,9 @@ def test_pinned_paths_stay_whatever_runs():
 
 
 def test_other_path_prefers_the_sm_kernel():
-    assert other_path({CE: 0, SM: 0}) is None
-    assert other_path({CE: 2, SM: 0}) is CE
-    assert other_path({CE: 2, SM: 1}) is SM
+    assert other_path([0, 0]) is None
+    assert other_path([2, 0]) is CE
+    assert other_path([2, 1]) is SM
 
 
 def _batch(src, dst, n, page, base):

@@ -228,7 +228,7 @@ class HwBackend:
                  if structure is not None else None)
         self.chooser = path_chooser(self.profile, self.page_bytes, pinned_for(*args),
                                     self.copies.paths, c.sm_ctas, kinds)
-        self._flowing = {d: {CopyPath.COPY_ENGINE: 0, CopyPath.SM_KERNEL: 0} for d in ("h2d", "d2h")}
+        self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
         self.info["sm_ctas"] = dict(self.ctas)
@@ -349,11 +349,11 @@ class HwBackend:
                 path, ctas = self.pick_path(d, int(batch.pages))
             chosen[0] = path
             ev = self.copies.gpu_host(batch.src, src, dst, path, ctas)
-            flowing = self._flowing[d]
-            flowing[path] += 1
+            flowing, i = self._flowing[d], int(path is CopyPath.SM_KERNEL)
+            flowing[i] += 1
 
-            def gone(_e, flowing=flowing, path=path):
-                flowing[path] -= 1
+            def gone(_e, flowing=flowing, i=i):
+                flowing[i] -= 1
             if ev.callbacks is None:
                 gone(ev)
             else:

@@ -124,7 +124,7 @@ class SimBackend(Transfers):
         self.chooser = path_chooser(p, page_bytes, pinned_paths(p, page_bytes, c.force, unit, host_slots,
                                                                 c.kernel_on_coherent_link),
                                     self.paths, c.sm_ctas, self.fluid.kinds)
-        self._flowing = {d: {CopyPath.COPY_ENGINE: 0, CopyPath.SM_KERNEL: 0} for d in ("h2d", "d2h")}
+        self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         self.disk_pool = (SimDiskPool(self.fluid, io_workers, nv.latency, nv.piece,
                                       disk_cfg.io_write_share) if pooled else None)
         self.copy_engines = Units(ce.count)

@@ -205,7 +205,7 @@ class Fluid:
         if kinds is None or work is None:
             return self._slow
         load = self._load
-        if load is IDLE:
+        if load is IDLE:  # (no flow moves bytes: the allocation hands out IDLE itself)
             return 0.0
         return kinds.stretch(work, load)
 

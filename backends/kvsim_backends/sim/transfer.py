@@ -44,7 +44,7 @@ class Transfers:
     refcheck: bool
     paths: dict[str, CopyPath]
     chooser: PathChooser
-    _flowing: dict[str, dict[CopyPath, int]]
+    _flowing: dict[str, list[int]]
     per_page: dict[str, float]
     ctas: dict[str, int]
     _cta_rate: dict[str, float]
@@ -157,7 +157,7 @@ class Transfer:
             else:
                 path, ctas = be.pick_path(link_dir, self.batch.pages)
             self.path = path
-            be._flowing[link_dir][path] += 1
+            be._flowing[link_dir][int(path is CopyPath.SM_KERNEL)] += 1
             if path is CopyPath.COPY_ENGINE:
                 be.copy_engines.take(self.ce_held)
             else:
@@ -247,7 +247,7 @@ class Transfer:
         elif self.ctas:
             be.cta_pool.put(self.ctas)
         if self.path is not None:
-            be._flowing[self.route[0]][self.path] -= 1
+            be._flowing[self.route[0]][int(self.path is CopyPath.SM_KERNEL)] -= 1
         fixed = be._fixed[self.ctas > 0]
         if self.route[0] is not None:
             fixed += be.link_leg_s

@@ -139,7 +139,9 @@ def wave_stretch(gemms: Sequence[tuple[int, float]], sms: int, lost: float) -> f
 class MixTable:
     """The stretch of a ``StepWork`` under a load, for one model's GEMMs: ``projections``
     (K, N) of a layer on one GPU, M from ``gemm_rows`` within [``min_rows``,
-    ``max_rows``]; the GEMMs' (tiles, FLOP weight) of each M are worked out once."""
+    ``max_rows``]; the GEMMs' (tiles, FLOP weight) of each M are worked out once, and
+    each kind's stretch once per load (the last load's are kept: a load holds over many
+    steps), so that a step's costs a division and two products."""
 
     def __init__(self, structure: Structure, projections: Sequence[tuple[int, int]],
                  min_rows: int, max_rows: int):
@@ -149,15 +151,36 @@ class MixTable:
         self.gemms = {m: tuple((gemm_tiles(m, n, structure.tile), float(m) * k * n)
                                for k, n in projections)
                       for m in row_buckets(min_rows, max_rows)}
+        self._load: CopyLoad = IDLE   # the load the parts below are for
+        self._memory = 0.0            # the memory kind's stretch under it
+        self._gemm: dict[int, float] = {}  # M -> the GEMM kind's stretch under it
 
     def gemms_for(self, work: StepWork) -> tuple[tuple[int, float], ...]:
         return self.gemms[gemm_rows(work.tokens, self.min_rows, self.max_rows)]
 
     def stretch(self, work: StepWork, load: CopyLoad) -> float:
-        """How much longer ``work`` runs while ``load`` holds (0.0 with none)."""
-        if load.idle:
-            return 0.0
-        return self.structure.stretch(gemm_share(work), self.gemms_for(work), load)
+        """How much longer ``work`` runs while ``load`` holds (0.0 with none): the same
+        float as ``structure.stretch``. (Once per step the engine runs ahead beside a
+        copy: ``gemm_share`` and ``tokens`` inline.)"""
+        if load is not self._load:
+            if load.idle:
+                return 0.0
+            if load != self._load:
+                self._memory = self.structure.memory_stretch(load)
+                self._gemm = {}
+            self._load = load
+        total = work.flop_s + work.memory_s
+        share = work.flop_s / total if total > 0 else 0.0
+        out = 0.0
+        if share > 0.0:
+            rows = gemm_rows(work.prefill_tokens + work.decode_tokens, self.min_rows, self.max_rows)
+            g = self._gemm.get(rows)
+            if g is None:
+                g = self._gemm[rows] = self.structure.gemm_stretch(self.gemms[rows], load)
+            out += share * g
+        if share < 1.0:
+            out += (1.0 - share) * self._memory
+        return out
 
 
 def legacy_stretch(per_cta: float, copy_engine: float, load: CopyLoad) -> float:

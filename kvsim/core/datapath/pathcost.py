@@ -251,9 +251,10 @@ def path_chooser(profile, page_bytes: int, pinned: Mapping[str, CopyPath | None]
                        i.per_cta_slowdown, i.copy_engine_slowdown)
 
 
-def other_path(counts: Mapping[CopyPath, int]) -> CopyPath | None:
-    """The other direction's path as the rule sees it from its batches in flight by path:
-    the SM kernel if any runs there, else the copy engine if any, else None."""
-    if counts.get(SM):
+def other_path(counts) -> CopyPath | None:
+    """The other direction's path as the rule sees it from its batches in flight, counted
+    as [copy engine, SM kernel]: the SM kernel if any runs there, else the copy engine if
+    any, else None."""
+    if counts[1]:
         return SM
-    return CE if counts.get(CE) else None
+    return CE if counts[0] else None
