@@ -71,6 +71,11 @@ class Transfers:
     link_leg_s: float
     disk_leg_s: float
 
+    def pick_path(self, d: str, pages: int) -> tuple[CopyPath, int]:
+        """(path, SM CTAs) of a host-tier batch of ``pages`` in direction ``d`` now
+        (``SimBackend``'s)."""
+        raise NotImplementedError
+
     def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float,
              link_path: CopyPath | None = None) -> None:
         if link_dir is None or link_path is None:
