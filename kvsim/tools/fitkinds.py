@@ -27,7 +27,7 @@ from kvsim.core.datapath.interference import CopyLoad, KindTerms, MixTable, Stru
 from kvsim.core.datapath.work import StepWork, gemm_share
 from kvsim.settings import ModelSettings
 
-SHARES = np.round(np.arange(0.0, 1.5001, 0.025), 4)  # the grid of a copy CTA's SM share
+SHARES = tuple(round(0.025 * i, 4) for i in range(61))  # the grid of a copy CTA's SM share: 0-1.5
 MIN_CELLS = 3  # a kind is fitted from at least this many cells
 
 

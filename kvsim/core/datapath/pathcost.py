@@ -46,7 +46,6 @@ from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, copy_ctas
 from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
 from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share
 
-OTHER = {"h2d": "d2h", "d2h": "h2d"}
 CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
 Stretch = Callable[[CopyLoad], float]
 
@@ -187,7 +186,7 @@ class PathChooser:
         ci = self.inputs
         computing = stretch is not None
         eff = ci.busy_eff if computing else 1.0
-        od = OTHER[d]
+        od = "d2h" if d == "h2d" else "h2d"
 
         def cap(dd: str, pp: CopyPath, oth: CopyPath | None) -> float:
             if pp is CE:
