@@ -6,8 +6,9 @@ reads, one after the other on the compute stream, so the step lasts what the com
 model says and occupies the GPU the way its kind of work would:
 
 - **GEMMs**: one layer's projections (QKV, attention output, gate and up, down; shapes
-  from the model, ``ModelSettings``), fp16 on cuBLAS (``cupy.matmul`` into preallocated
-  outputs), at M = the step's tokens rounded down to a power of two (``gemm_rows``). A
+  from the model, ``ModelSettings``), fp16 on cuBLAS into preallocated outputs (its
+  ``gemmEx`` called as CuPy's matmul calls it, checked against ``cupy.matmul`` at start,
+  which it falls back to), at M = the step's tokens rounded down to a power of two (``gemm_rows``). A
   span of GEMM time is filled with whole chains of the four at that M, then chains at
   smaller M for the rest, by each chain's calibrated time; what no chain fits (less than
   the smallest chain) goes to the reads;
@@ -133,11 +134,44 @@ class StandIn:
         self._buf = cp.zeros(nbytes // 4, dtype=cp.uint32)  # (read as uint4 words)
         self._sink = cp.zeros(1, dtype=cp.uint32)
         cp.cuda.Device().synchronize()
+        self._gemm, self.gemm_call = self._direct_gemm(rand), "matmul"
+        if self._gemm is not None:
+            self.gemm_call = "cublas"
         self.chain_s: dict[int, float] = {}   # M -> seconds of one chain of the projections
         self.read_Bps = 0.0
         self._graphs: dict[tuple[int, int], Any] = {}
         self._capture_stream = None
         self.gemm_calls = 0  # cuBLAS calls launched (each costs host time on the caller's thread)
+
+    def _direct_gemm(self, rand):
+        """``gemm(a, b, c, m, k, n)``: ``c[:m] = a[:m] @ b`` (row-major, contiguous fp16)
+        through cuBLAS's ``gemmEx`` as CuPy's own matmul calls it (the product as the
+        column-major ``c^T = b^T a^T``, fp32 accumulate), a few microseconds of host time
+        where ``cupy.matmul`` takes tens; None where it is not there or does not give
+        ``cupy.matmul``'s result on a small product (then ``cupy.matmul`` is used)."""
+        cp = self.cp
+        try:
+            from cupy_backends.cuda.api import runtime as rt  # noqa: PLC0415
+            from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+            handle = cp.cuda.device.get_cublas_handle()
+            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            coef = np.array([1.0, 0.0], dtype=np.float32)  # alpha, beta (kept alive here)
+            one, zero = coef.ctypes.data, coef.ctypes.data + 4
+            f16, f32, op_n, algo = rt.CUDA_R_16F, rt.CUDA_R_32F, cublas.CUBLAS_OP_N, cublas.CUBLAS_GEMM_DEFAULT
+
+            def gemm(a, b, c, m, k, n, _keep=coef):
+                cublas.gemmEx(handle, op_n, op_n, n, m, k, one, b.data.ptr, f16, n, a.data.ptr, f16, k,
+                              zero, c.data.ptr, f16, n, f32, algo)
+
+            a, b = rand((256, 512)), rand((512, 384))
+            c = cp.empty((256, 384), dtype=cp.float16)
+            gemm(a, b, c, 256, 512, 384)
+            if not bool(cp.allclose(c, cp.matmul(a, b), rtol=1e-2, atol=1e-2)):
+                return None
+            return gemm
+        except Exception:  # an older or newer CuPy without these names: cupy.matmul
+            return None
 
     # -- calibration ------------------------------------------------------------------
 
@@ -180,7 +214,7 @@ class StandIn:
         self.read_Bps = ctas * READ_CTA_BYTES / secs
         flops = {m: 2.0 * m * sum(k * n for k, n in self.model.projections) / s
                  for m, s in self.chain_s.items()}
-        return {"chain_s": {str(m): s for m, s in self.chain_s.items()},
+        return {"gemm_call": self.gemm_call, "chain_s": {str(m): s for m, s in self.chain_s.items()},
                 "gemm_flops": {str(m): f for m, f in flops.items()},
                 "read_Bps": self.read_Bps, "read_buffer_bytes": self.read_bytes}
 
@@ -188,9 +222,14 @@ class StandIn:
 
     def _chain(self, m: int) -> None:
         """One chain of the layer's projections at M = ``m`` on the current stream."""
-        cp = self.cp
-        for (k, n), b in zip(self.model.projections, self._b):
-            cp.matmul(self._a[k][:m], b, out=self._c[n][:m])
+        gemm = self._gemm
+        if gemm is not None:
+            for (k, n), b in zip(self.model.projections, self._b):
+                gemm(self._a[k], b, self._c[n], m, k, n)
+        else:
+            cp = self.cp
+            for (k, n), b in zip(self.model.projections, self._b):
+                cp.matmul(self._a[k][:m], b, out=self._c[n][:m])
         self.gemm_calls += len(self._b)
 
     def _read(self, stream, ctas: int) -> None:
