@@ -7,26 +7,34 @@ For pages of 16 KiB .. 4 MiB: batches of about ``--batch-bytes`` (at least 512 p
 GPU), host pages in random order, pinned host memory, GPU pages in random order. Each cell
 is the median of ``--reps`` timed batches after one warm-up, timed from ``transfer()`` to
 the runtime seeing the completion (so the copy engine's host time per call and the index
-upload count). H2D, D2H and both at once (total of both directions), on the copy engine
-and on the SM kernel. Every measured transfer is checked: a sample of pages carries
-refcheck patterns, cleared at the destination before each run and verified after it.
+upload count). H2D, D2H and both at once (total of both directions), on the copy engine,
+on the SM kernel and on the default path (``default``: each batch on the path the
+backend's rule picks as it is submitted, ``kvsim.core.datapath.pathcost``: host -> GPU
+first, then GPU -> host beside it). Every measured transfer is checked: a sample of pages
+carries refcheck patterns, cleared at the destination before each run and verified after it.
 
-*Busy* cells: the same copies of ``--busy-batch-bytes`` started right after a compute (the
-hw backend's busy kernel on every SM) long enough to outlast them (4x the idle cell's time
-+ 10 ms): the copy's GB/s under compute and the compute's stretch (its GPU time over the
-time asked for). Field s.1: the copy engines are "1.2-4x faster when the SMs are busy".
+*Busy* cells: the same copies of ``--busy-batch-bytes`` started right after a compute
+long enough to outlast them (4x the idle cell's time + 10 ms): a prefill step's stand-in
+(``--busy-work prefill``, the default: a 4096-token chunk of Llama 3 8B, GEMMs) or the SMs
+alone (``sms``: the busy kernel on every SM). The copy's GB/s under compute and the
+compute's stretch (its GPU time over its time alone, measured once a backend). Field
+s.1: the copy engines are "1.2-4x faster when the SMs are busy".
 
 Every cell is measured ``--rounds`` times (default 2), a round over all sizes after the
 other (each a fresh backend); the table gives each cell's median over the rounds, how far
 the rounds part (``(max - min) / median`` of its time: the hw's own repeatability, the
 floor under any prediction of one run), the sim backend's prediction of the same batches
 on ``--profile`` (``kvsim.tools.fit.sim_cell``; busy cells with the same compute started first)
-and sim / hw. Then the interference terms the busy cells imply (``sm.interference`` of a
-profile), and the summary lines
+and sim / hw. Then, with ``--busy-work sms``, the older interference terms the busy cells
+imply (``sm.interference`` of a profile), and the summary lines
 
+    hw_copy_default_both_min_GBps (pages from 256 KiB): <the default path both ways>
+    hw_copy_default_64KiB_both_over_better: <its GB/s over the better path's at 64 KiB>
+    hw_copy_default_busy_cost_within_5pct: K of M (copy + compute stretch, against the
+        cheaper of the two paths, under the busy compute)
     hw_copy_cells_within_5pct_run_to_run: K of M
     hw_copy_sim_within_5pct: K of M (cells whose hw repeats within 5%)
-    hw_copy_min_GBps: <lowest idle cell on the default path>      (the LAST line)
+    hw_copy_min_GBps: <lowest idle cell on a batch's path alone>   (the LAST line)
 
 On a machine without a GPU (``--device cpu``, the default there) the hw backend runs on
 numpy: the measured cells are only a smoke test of this script and print as n/a (batches
@@ -35,6 +43,7 @@ of ``--cpu-pages`` pages), the sim's predictions are printed for the full-size b
     python3 benchmarks/hw_copy.py [--reps 3] [--rounds 2] [--sizes 16KiB,...,4MiB]
         [--batch-bytes 1GiB] [--busy-batch-bytes 256MiB] [--profile h200-pcie-calibrated]
         [--sweep 16,32,64 --sweep-sizes 16KiB,256KiB] [--json PATH] [--device auto|gpu|cpu]
+        [--busy-work prefill|sms]
 
 ``--sim-from RUN.json [RUN2.json ...]`` measures nothing: it prints each saved run's table
 with the sim's column recomputed on ``--profile`` and, given several runs, LAST
@@ -58,6 +67,7 @@ from kvsim.run.seam import settings_for
 from kvsim_backends.hw import HwBackend, RealtimeRuntime  # noqa: E402
 from kvsim_backends.hw import pattern  # noqa: E402
 from kvsim.core.datapath.copypath import CopyPath  # noqa: E402
+from kvsim.core.datapath.work import StepWork  # noqa: E402
 from kvsim.core.plan import Batch, BatchKind, Fill  # noqa: E402
 from kvsim.core.spec import Level  # noqa: E402
 from kvsim.config.units import parse_size  # noqa: E402
@@ -66,6 +76,8 @@ SAMPLE = 64
 PROFILE = "h200-pcie-calibrated"  # the H200's own: its copy-path rule, CTAs and threads a CTA
 DIRS = ("h2d", "d2h", "both")
 CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
+DEFAULT = "default"  # the backend's own choice, batch by batch (kvsim.core.datapath.pathcost)
+PATHS = (CE, SM, None)  # None: the default path
 
 
 def run_wait(rt, waitables):
@@ -73,10 +85,10 @@ def run_wait(rt, waitables):
     return list(rt.run(ev).values())
 
 
-def measure(rt, be, cp, batches, path, checks, reps, busy_s=0.0):
-    """Median seconds of running ``batches`` together on ``path`` (and, with ``busy_s``, the
-    median GPU seconds of a compute of ``busy_s`` started just before them, else None);
-    checks the sample pages."""
+def measure(rt, be, cp, batches, path, checks, reps, busy_s=0.0, work=None):
+    """Median seconds of running ``batches`` together on ``path`` (None: the backend's own
+    choice, batch by batch) (and, with ``busy_s``, the median GPU seconds of a compute of
+    ``busy_s`` of ``work`` started just before them, else None); checks the sample pages."""
     times, took = [], []
     for r in range(reps + 1):
         for lv, slots, _ in checks:  # clear the sample at the destination
@@ -85,18 +97,19 @@ def measure(rt, be, cp, batches, path, checks, reps, busy_s=0.0):
                 cp.cuda.Device().synchronize()
             else:
                 (be.gpu.view if lv == Level.GPU else be.host.view)[slots] = 0
-        job = be.compute(busy_s) if busy_s > 0 else None
+        job = be.compute(busy_s, work) if busy_s > 0 else None
         t0 = time.perf_counter()
         oks = run_wait(rt, [be.transfer(b, path=path) for b in batches])
         dt = time.perf_counter() - t0
         c_s = run_wait(rt, [job])[0] if job is not None else None
+        name = path.value if path is not None else "default"
         if not all(oks):
-            raise SystemExit(f"a transfer failed on {path.value}: {list(be.errors)}")
+            raise SystemExit(f"a transfer failed on {name}: {list(be.errors)}")
         for lv, slots, tags in checks:
             got = be.read_tags(lv, slots)
             if not np.array_equal(got, tags):
                 bad = int((got != tags).sum())
-                raise SystemExit(f"{path.value}: {bad} of {len(slots)} sample pages wrong at {lv.name}")
+                raise SystemExit(f"{name}: {bad} of {len(slots)} sample pages wrong at {lv.name}")
         if r:
             times.append(dt)
             took.append(c_s)
@@ -104,18 +117,21 @@ def measure(rt, be, cp, batches, path, checks, reps, busy_s=0.0):
 
 
 def _cell(pb, path, d, n, bs, seconds, ctas, **extra):
-    return {"page": pb, "path": path.value, "dir": d, "pages": n * len(bs), "bytes": n * len(bs) * pb,
+    return {"page": pb, "path": path.value if path is not None else DEFAULT, "dir": d,
+            "pages": n * len(bs), "bytes": n * len(bs) * pb,
             "seconds": seconds, "batches": [["h2d" if b.src == Level.HOST else "d2h", n] for b in bs],
             "ctas": dict(ctas) if path is SM else None, **extra}
 
 
 def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, profile=PROFILE,
-               busy_cells=None, busy_bytes=256 << 20, min_pages=512):
+               busy_cells=None, busy_bytes=256 << 20, min_pages=512, work=None):
     """One page size: the default path, CTAs and info; appends each idle cell to ``cells``
     (calibrate's report format: page, path, dir, pages, bytes, seconds, batches, ctas) and
     each busy cell to ``busy_cells`` (the same, plus ``busy_s``: the compute asked for,
-    ``compute_s``: its GPU time). ``profile``: the hardware profile the backend decides the
-    default path, the SM kernel's CTAs and threads a CTA from."""
+    ``compute_s``: its GPU time, ``alone_ratio``: a compute's GPU time over its nominal one
+    with nothing copying). ``profile``: the hardware profile the backend decides the
+    default path, the SM kernel's CTAs and threads a CTA from; ``work``: the busy cells'
+    step (None: the SMs alone, the busy kernel)."""
     n = max(min_pages, batch_bytes // pb)
     nb = max(min_pages, min(n, busy_bytes // pb))  # pages a busy cell's batch
     rt = RealtimeRuntime(poll_interval_s=5e-6)
@@ -144,18 +160,21 @@ def bench_size(pb, batch_bytes, reps, rng, device="gpu", sweep=(), cells=None, p
         row = {"pages": n, "busy_pages": nb, "default": be.copy_path, "ctas": dict(be.ctas),
                "info": dict(be.info)}
         idle_s = {}
-        for path in (CE, SM):
+        for path in PATHS:
             for d, bs, ch in cases(n):
                 idle_s[path, d] = sec = measure(rt, be, cp, bs, path, ch, reps)[0]
                 if cells is not None:
                     cells.append(_cell(pb, path, d, n, bs, sec, be.ctas))
         if busy_cells is not None:
-            for path in (CE, SM):
+            alone = [run_wait(rt, [be.compute(0.02, work)])[0] / 0.02 for _ in range(4)][1:]
+            ratio = float(np.median(alone))
+            for path in PATHS:
                 for d, bs, ch in cases(nb):
                     busy = round(4 * idle_s[path, d] * nb / n + 0.01, 4)  # outlasts the copy
-                    sec, took = measure(rt, be, cp, bs, path, ch, reps, busy_s=busy)
+                    sec, took = measure(rt, be, cp, bs, path, ch, reps, busy_s=busy, work=work)
                     busy_cells.append(_cell(pb, path, d, nb, bs, sec, be.ctas, busy_s=busy,
-                                            compute_s=took))
+                                            compute_s=took, alone_ratio=ratio,
+                                            work=list(work) if work is not None else None))
         for c in sweep:
             be.ctas = {"h2d": c, "d2h": c}
             v = [nbytes / measure(rt, be, cp, bs, SM, ch, 2)[0] / 1e9
@@ -211,7 +230,8 @@ def predict(profile, cells, pages=None):
             m = pages[c["page"]]
             bs = [[d, m] for d, _ in c["batches"]]
             c = {**c, "batches": bs, "pages": m * len(bs), "bytes": m * len(bs) * c["page"]}
-        out[_key(c)] = (c["bytes"],) + sim_cell(profile, c, c.get("busy_s") or 0.0)
+        work = StepWork(*c["work"]) if c.get("work") else None
+        out[_key(c)] = (c["bytes"],) + sim_cell(profile, c, c.get("busy_s") or 0.0, work)
     return out
 
 
@@ -299,9 +319,10 @@ def _fmt(v, spec, na="n/a"):
     return na if v is None else format(v, spec)
 
 
-def print_table(sizes, idle, busy, spread, pred, on_gpu):
+def print_table(sizes, idle, busy, spread, pred, on_gpu, scale=1.0):
     """The cells: hw GB/s (median over the rounds), run-to-run spread, sim GB/s, sim / hw;
-    busy cells also the compute's stretch (GPU time over the time asked for, - 1)."""
+    busy cells also the compute's stretch (GPU time over its time alone, - 1; the sim's
+    alone: the time asked for x ``scale``, the profile's ``compute.scale``)."""
     print("\nGB/s (1e9 B/s); both = total of both directions at once; spread = (max - min) / median "
           "of the rounds; sim = the sim backend's prediction on the profile; ratio = sim / hw of GB/s")
     hdr = (f"| page | path | dir | idle hw | spread | sim | ratio | busy hw | spread | sim | ratio "
@@ -309,7 +330,7 @@ def print_table(sizes, idle, busy, spread, pred, on_gpu):
     print(hdr)
     print("|" + " --- |" * 13)
     for pb in sizes:
-        for path in (CE.value, SM.value):
+        for path in (CE.value, SM.value, DEFAULT):
             for d in DIRS:
                 k = (pb, path, d)
                 cols = []
@@ -322,8 +343,9 @@ def print_table(sizes, idle, busy, spread, pred, on_gpu):
                     cols += [_fmt(hw, ".1f"), _fmt(None if sp is None else sp * 100, ".1f") + ("%" if sp is not None else ""),
                              _fmt(sim, ".1f"), _fmt(sim / hw if (sim and hw) else None, ".3f")]
                 c, p = busy.get(k), pred.get((True, k))
-                st_hw = (c["compute_s"] / c["busy_s"] - 1) * 100 if (c and on_gpu and c.get("compute_s")) else None
-                st_sim = (p[2] / c["busy_s"] - 1) * 100 if (p and c and p[2] is not None) else None
+                st_hw = (c["compute_s"] / (c["busy_s"] * c.get("alone_ratio", 1.0)) - 1) * 100 \
+                    if (c and on_gpu and c.get("compute_s")) else None
+                st_sim = (p[2] / (c["busy_s"] * scale) - 1) * 100 if (p and c and p[2] is not None) else None
                 cols += [_fmt(st_hw, "+.1f") + ("%" if st_hw is not None else ""),
                          _fmt(st_sim, "+.1f") + ("%" if st_sim is not None else "")]
                 print(f"| {_label(pb)} | {path} | {d} | " + " | ".join(cols) + " |")
@@ -349,12 +371,15 @@ def summarize(sizes, idle_med, busy_med, idle_spread, busy_spread, multi_round, 
     busy_by = {_key(c): c for c in busy_med}
     spread = {(False, _key(c)): c for c in idle_spread}
     spread.update({(True, _key(c)): c for c in busy_spread})
-    print_table(sizes, idle, busy_by, spread, pred, on_gpu)
-    print("\nthe default path (the profile's rule): " + ", ".join(
-        f"{_label(pb)} {defaults[pb].value}" for pb in sizes))
+    print_table(sizes, idle, busy_by, spread, pred, on_gpu, profile.compute.scale)
+    print("\nthe default path of a batch alone (the profile's rule): " + ", ".join(
+        f"{_label(pb)} {defaults[pb].value}" for pb in sizes) + "; rows 'default': each batch "
+        "on the backend's own choice (kvsim.core.datapath.pathcost)")
     mins = [idle[pb, defaults[pb].value, d]["bytes"] / idle[pb, defaults[pb].value, d]["seconds"] / 1e9
             for pb in sizes for d in DIRS if (pb, defaults[pb].value, d) in idle]
-    if on_gpu and busy_med:
+    if on_gpu:
+        default_figures(sizes, idle, busy_by)
+    if on_gpu and busy_med and all(c.get("work") is None for c in busy_med):
         fit_ = interference_fit(busy_med, profile, idle_med)
         print("interference the busy cells imply (profile now: "
               + ", ".join(f"{k} {getattr(profile.sm.interference, k):g}" for k in fit_) + "): "
@@ -374,6 +399,35 @@ def summarize(sizes, idle_med, busy_med, idle_spread, busy_spread, multi_round, 
     else:
         print("hw cells n/a on the cpu (numpy stands in for the GPU: a smoke test of the measurement)")
     return mins
+
+
+def busy_cost(c) -> float:
+    """A busy cell's copy-plus-stretch cost: its copy's seconds and the seconds its compute
+    took beyond its time alone."""
+    return c["seconds"] + c["compute_s"] - c["busy_s"] * c.get("alone_ratio", 1.0)
+
+
+def default_figures(sizes, idle, busy) -> None:
+    """The default path's goals, from the measured cells (hw): both ways, its GB/s at every
+    page size from 256 KiB (the lowest of them) and at 64 KiB against the better path's;
+    under a prefill, its copy-plus-stretch cost within 5% of the cheaper path's."""
+    rate = lambda c: c["bytes"] / c["seconds"] / 1e9  # noqa: E731
+    big = [rate(idle[pb, DEFAULT, "both"]) for pb in sizes if pb >= 256 << 10 and (pb, DEFAULT, "both") in idle]
+    if big:
+        print(f"hw_copy_default_both_min_GBps (pages from 256 KiB): {min(big):.1f}")
+    k = (64 << 10, DEFAULT, "both")
+    if k in idle and (64 << 10, CE.value, "both") in idle and (64 << 10, SM.value, "both") in idle:
+        best = max(rate(idle[64 << 10, p, "both"]) for p in (CE.value, SM.value))
+        print(f"hw_copy_default_64KiB_both_over_better: {rate(idle[k]) / best:.3f}")
+    good = n = 0
+    for pb in sizes:
+        for d in DIRS:
+            cs = [busy.get((pb, p, d)) for p in (CE.value, SM.value, DEFAULT)]
+            if all(c is not None and c.get("compute_s") is not None for c in cs):
+                n += 1
+                good += busy_cost(cs[2]) <= 1.05 * min(busy_cost(cs[0]), busy_cost(cs[1]))
+    if n:
+        print(f"hw_copy_default_busy_cost_within_5pct: {good} of {n}")
 
 
 def print_min(mins, on_gpu):
@@ -464,6 +518,10 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-bytes", default="1GiB")
     ap.add_argument("--busy-batch-bytes", default="256MiB", help="bytes a direction of a busy cell's batch")
     ap.add_argument("--no-busy", action="store_true", help="idle cells only")
+    ap.add_argument("--busy-work", default="prefill", choices=("prefill", "sms"),
+                    help="the busy cells' compute: a prefill step's stand-in (GEMMs, the "
+                    "default) or the SMs alone (the busy kernel; the older interference terms "
+                    "are fitted from those)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="measure every cell this many times, "
                     "a round after the other; report medians and the run-to-run spread")
@@ -510,6 +568,11 @@ def main(argv=None) -> None:
     sweep_sizes = {parse_size(s) for s in a.sweep_sizes.split(",") if s}
     batch_bytes, busy_bytes = parse_size(a.batch_bytes), parse_size(a.busy_batch_bytes)
     min_pages = 512 if on_gpu else a.cpu_pages
+    work = None
+    if a.busy_work == "prefill":
+        from kvsim.tools.fitkinds import kind_works  # noqa: PLC0415
+
+        work = kind_works(profile)["gemm"]
     rounds: list[list[dict]] = []
     busy_rounds: list[list[dict]] = []
     first: dict = {}
@@ -520,7 +583,7 @@ def main(argv=None) -> None:
             t0 = time.perf_counter()
             sweep = [int(c) for c in a.sweep.split(",") if c] if pb in sweep_sizes and i == 0 else []
             r = bench_size(pb, batch_bytes if on_gpu else 0, a.reps, rng, device, sweep, cells,
-                           a.profile, busy, busy_bytes if on_gpu else 0, min_pages)
+                           a.profile, busy, busy_bytes if on_gpu else 0, min_pages, work)
             first.setdefault(pb, r)
             print(f"# round {i + 1}, {_label(pb)}: {r['pages']} pages a batch ({r['busy_pages']} busy), "
                   f"default {r['default'].value}, SM CTAs {r['ctas']}, {time.perf_counter() - t0:.1f} s; "

@@ -9,6 +9,8 @@ Waitables are whatever the runtime's ``timeout``/``event``/``all_of``/``any_of``
 ``process`` return; a generator process yields them and is resumed with their value.
 A transfer's or compute's waitable succeeds with ``True`` when the work completed and
 ``False`` when it failed (the failure is reported, never raised into the engine).
+``StepWork`` (``kvsim.core.datapath.work``, re-exported here) is what one engine step
+computes, as the engine hands it to ``compute`` and ``compute_ahead``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from __future__ import annotations
 from typing import Any, Callable, Generator, Iterable, Protocol, Sequence, runtime_checkable
 
 from kvsim.core.datapath.fill import FillLayout
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, Fill
 from kvsim.core.spec import Level
+
+__all__ = ["Backend", "CapacityError", "Process", "Runtime", "StepWork", "Waitable"]
 
 Waitable = Any
 Process = Generator[Waitable, Any, Any]
@@ -68,22 +73,29 @@ class Backend(Protocol):
     def transfer(self, batch: Batch) -> Waitable:
         """Move one batch of pages. Succeeds with True, or False if the batch failed."""
 
-    def compute(self, duration_s: float) -> Waitable:
-        """Occupy the GPU's SMs with model compute for ``duration_s`` (the compute model's
-        estimate; the sim may stretch it under contention). Succeeds with the seconds it took."""
+    def compute(self, duration_s: float, work: StepWork | None = None) -> Waitable:
+        """Run one step's model compute for ``duration_s`` (the compute model's estimate;
+        the sim may stretch it under contention). ``work``: what the step computes (the
+        compute model's ``StepWork``: FLOPs, bytes, tokens); the hw backend runs a stand-in
+        of it (GEMMs and HBM reads, ``kvsim_backends.hw.standin``), the sim stretches it
+        by its kind. None: a load of the SMs alone (the hw backend's FMA kernel), for tests
+        and benchmarks that need one. Succeeds with the seconds it took."""
 
-    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
+                      work: StepWork | None = None) -> float | None:
         """Run-ahead: the engine computes steps before the runtime's clock reaches them, and
-        asks when a compute of ``seconds`` started at ``start_s`` (at or after ``now``;
-        nothing submitted since the last run-ahead step) would end. The answer is the end
-        time if the backend can tell for certain that nothing it runs changes before then
-        (the compute is then accounted as if it had run); None if it cannot, and the engine
-        catches up and yields ``compute`` instead. ``quiet``: the engine has nothing in
-        flight on the backend, so no pending event of the backend's can matter."""
+        asks when a compute of ``seconds`` (of ``work``, as ``compute``) started at
+        ``start_s`` (at or after ``now``; nothing submitted since the last run-ahead step)
+        would end. The answer is the end time if the backend can tell for certain that
+        nothing it runs changes before then (the compute is then accounted as if it had
+        run); None if it cannot, and the engine catches up and yields ``compute``
+        instead. ``quiet``: the engine has nothing in flight on the backend, so no pending
+        event of the backend's can matter."""
 
     def catch_up(self, until_s: float) -> Waitable:
         """After a run-ahead: bring the runtime's clock to ``until_s`` (the sim lands on
-        exactly that time; the hw backend spends the span computing on the GPU)."""
+        exactly that time; the hw backend spends the span computing the work of the steps
+        it ran ahead on the GPU)."""
 
     def fill(self, fill: Fill) -> None:
         """Write freshly computed pages' content (their tags) into their slots."""

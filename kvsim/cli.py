@@ -142,6 +142,8 @@ def calibrate(
         None, "--check", help="replay cells measured elsewhere (benchmarks/hw_copy.py --json) on the "
                               "sim with --profile"),
     profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
+    model: str = typer.Option("llama-3-8b", help="the model whose steps the compute calls and the "
+                              "interference cells run (a preset or a YAML path)"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
     from kvsim.run.outputs import check_file, write_whole
@@ -167,7 +169,7 @@ def calibrate(
         elif from_report:
             report = refit(from_report, out, base=None if base == "h200-pcie" else base)
         else:
-            report = run_calibration(out, base=base, device=device)
+            report = run_calibration(out, base=base, device=device, model=model)
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
         raise typer.Exit(2)

@@ -69,19 +69,43 @@ class HostFillSettings:
 
 
 @dataclass(frozen=True)
+class ModelSettings:
+    """The model's GEMMs, as the hw backend's compute stand-in runs them and the sim counts
+    their waves (``kvsim.core.datapath.work``): ``projections``, one layer's projection
+    GEMMs on one GPU as (K, N) (``ModelShape.projections_per_gpu``), each dimension capped
+    at ``max_dim`` by ``capped``; their M is the step's tokens rounded down to a power of
+    two within [``min_rows``, ``max_rows``] (``gemm_rows``)."""
+
+    projections: tuple[tuple[int, int], ...]
+    min_rows: int = 128
+    max_rows: int = 8192
+    max_dim: int = 16384
+
+    @classmethod
+    def capped(cls, projections) -> "ModelSettings":
+        """Settings for ``projections`` (K, N) with each dimension at most ``max_dim``."""
+        cap = cls.max_dim
+        return cls(tuple((min(int(k), cap), min(int(n), cap)) for k, n in projections))
+
+
+@dataclass(frozen=True)
 class HwSettings:
     """How the hw backend runs (no config key: the command line's and callers' options).
     ``device``: the GPU when CuPy finds one (``auto``), or ``cpu``/``gpu``; ``time_scale``:
     simulated seconds a wall second; ``staging_bytes``: pinned staging for GPU <-> disk;
-    ``compute_graphs``: the busy kernel launched through CUDA graphs; ``compute_chunk_s``:
-    one busy kernel's length; ``check_capacity``: refuse tiers larger than the machine
-    can give, before allocating."""
+    ``compute_graphs``: the busy kernel and the stand-in's reads launched through CUDA
+    graphs; ``compute_chunk_s``: one busy or read kernel's length; ``compute_standin``:
+    a step's work runs as the compute stand-in (GEMMs and HBM reads,
+    ``kvsim_backends.hw.standin``), else as the busy kernel (a load of the SMs alone);
+    ``check_capacity``: refuse tiers larger than the machine can give, before
+    allocating."""
 
     device: Device = "auto"
     time_scale: float = 1.0
     staging_bytes: int = 64 << 20
     compute_graphs: bool = True
     compute_chunk_s: float = 0.5e-3
+    compute_standin: bool = True
     check_capacity: bool = True
 
 
@@ -112,7 +136,7 @@ class BackendSettings:
     """Everything a backend is built from. ``slots``: slots a tier (its reserved range),
     by level; ``tier_keys``: the config key that sizes each tier (for errors that name
     it); ``profile``: the hardware profile (the sim's constants; both backends' copy-path
-    and CTA rules read it)."""
+    and CTA rules read it); ``model``: the model's GEMM shapes (the compute stand-in)."""
 
     page_bytes: int
     slots: Mapping[Level, int]
@@ -121,6 +145,7 @@ class BackendSettings:
     copy: CopySettings
     disk: Optional[DiskSettings]  # None: no disk tier
     host_fill: HostFillSettings
+    model: ModelSettings
     hw: HwSettings = HwSettings()
     probes: Probes = NO_PROBES
     tier_keys: Mapping[Level, str] = field(default_factory=dict)

@@ -126,3 +126,30 @@ def test_step_time_is_cheap():
     for _ in range(10_000):
         m.step_time(pre, dec)
     assert (time.perf_counter() - t0) / 10_000 < 50e-6
+
+
+def test_step_work_is_the_step_time_with_what_it_came_from():
+    """A mixed step of one 1000-token prefill chunk over 500 tokens of context and three
+    decodes (contexts 1000, 2000, 3000), by hand on the round profile: its ``seconds`` is
+    step_time_sum's float, bit for bit, and its fields are the roofline's parts."""
+    m = model()
+    w = m.step_work([(1000, 500)], 3, 6000)
+    assert w.seconds.hex() == m.step_time_sum([(1000, 500)], 3, 6000).hex()
+    dense = 2e9 * 1003                                   # 2 x params a token, 1003 tokens
+    attn = 4 * 2 * 4 * 16 * (1000 * (500 + 500) + 6000)  # 4 x layers x heads x head_dim x ...
+    kv = 256 * (1500 + 6000)                             # KV bytes a token x context read
+    weights = 1e9 * 2
+    assert (w.dense_flops, w.attn_flops) == (pytest.approx(dense), pytest.approx(attn))
+    assert (w.weight_bytes, w.kv_bytes) == (pytest.approx(weights), pytest.approx(kv))
+    assert (w.prefill_tokens, w.decode_tokens, w.tokens) == (1000, 3, 1003)
+    assert w.flop_s == pytest.approx((dense + attn) / FLOPS)
+    assert w.memory_s == pytest.approx((weights + kv) / BW)
+    assert w.seconds == pytest.approx(max(w.flop_s, w.memory_s) + OVH)
+    assert m.step_work([], 0, 0).seconds == 0.0
+
+
+def test_decode_work_is_the_same_float_as_step_work():
+    for m in (model(), ComputeModel(load_model("llama-3-70b"), load_profile("h200-pcie"))):
+        for n, ctx in [(0, 0), (1, 1), (7, 12_345), (128, 1_234_567), (3, 2**40 + 17)]:
+            assert m.decode_work(n, ctx) == m.step_work((), n, ctx)
+            assert m.decode_work(n, ctx).seconds.hex() == m.decode_step_time(n, ctx).hex()

@@ -67,9 +67,11 @@ def test_a_forced_path_is_the_one_a_replay_runs_on_each_backend():
         gpu_host = [r["path"] for r in log if {r["src"], r["dst"]} == {"gpu", "host"}]
         assert gpu_host and set(gpu_host) == {"sm_kernel"}
     assert sim.metrics["requests_completed"] == hw.metrics["requests_completed"] > 0
+    # left to the rule (auto), a batch alone takes the profile's one-direction path, the
+    # copy engine here; one beside a batch the other way, or beside compute, its cost's
     default_log: list = []
     replay(prepare_run(load_config("default", TINY)), "sim", backend_options={"timing_log": default_log})
-    assert {r["path"] for r in default_log if {r["src"], r["dst"]} == {"gpu", "host"}} == {"copy_engine"}
+    assert "copy_engine" in {r["path"] for r in default_log if {r["src"], r["dst"]} == {"gpu", "host"}}
 
 
 @pytest.mark.parametrize("override, key", [

@@ -378,3 +378,45 @@ def test_the_engine_gives_the_manager_the_workloads_priorities():
     tree = sorted((p.priority, p.index) for p in mgr.pages() if p.in_tree)
     # the sub-agent's 3 blocks at 1; the session's blocks 2-3 at 2, 0-1 (the prefix) at 5
     assert tree == [(1, 0), (1, 1), (1, 2), (2, 2), (2, 3), (5, 0), (5, 1)]
+
+
+class _Recording:
+    """A backend that records the work each step hands it, else the sim backend's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.works = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def compute(self, duration_s, work=None):
+        self.works.append(("compute", duration_s, work))
+        return self.inner.compute(duration_s, work)
+
+    def compute_ahead(self, start_s, seconds, quiet, work=None):
+        end = self.inner.compute_ahead(start_s, seconds, quiet, work)
+        if end is not None:
+            self.works.append(("ahead", seconds, work))
+        return end
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_every_step_reaches_the_backend_with_its_work(fast):
+    """Stepped or run ahead, each engine step hands the backend the compute model's record
+    of it: a prefill step's work holds its chunk's tokens, a decode step's its decoders;
+    its seconds are the step's nominal time, so over the run they add up to the steps'."""
+    mgr, rt, be, cm, eng, _ = _setup(params=EngineParams(fast_forward=fast))
+    rec = _Recording(be)
+    eng.backend = rec
+    eng.load(_open([Turn(input_tokens=100, output_tokens=20, hash_ids=(1, 2, 3, 4), arrival_s=1.0)]))
+    rt.run(until=rt.process(eng.serve()))
+    works = [w for _, _, w in rec.works]
+    assert len(works) == eng.metrics.steps
+    assert works[0] == cm.step_work([(100, 0)], 0, 0)
+    assert (works[0].prefill_tokens, works[0].decode_tokens) == (100, 0)
+    assert works[1] == cm.decode_work(1, 100)
+    assert all(w.decode_tokens == 1 and w.prefill_tokens == 0 for w in works[1:])
+    row = eng.metrics.rows[0]
+    assert sum(round(w.seconds * NS) for w in works) == row.done_ns - row.arrival_ns
+    assert any(kind == "ahead" for kind, _, _ in rec.works) == fast

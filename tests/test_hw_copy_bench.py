@@ -36,7 +36,14 @@ def test_cpu_run_prints_sim_cells_and_na_hw(capsys):
     lines = out.strip().splitlines()
     assert lines[-1] == "hw_copy_min_GBps: n/a (cpu)"
     rows = [x for x in lines if x.startswith("| 1 MiB |")]
-    assert len(rows) == 6  # two paths x three directions
+    p = load_profile(hw_copy.PROFILE)
+    assert len(rows) == 9  # two paths and the default (the rule's, batch by batch) x three directions
+    # both ways on the default path: the sim's prediction of the rule's own pair (1 MiB:
+    # host -> GPU alone on the copy engine, then GPU -> host beside it)
+    both = next(r for r in rows if "| default | both |" in r).split("|")
+    c = {"page": MiB, "path": "default", "dir": "both", "pages": 2048, "bytes": 2048 * MiB,
+         "batches": [["h2d", 1024], ["d2h", 1024]]}
+    assert float(both[6]) == pytest.approx(2048 * MiB / sim_cell(p, c)[0] / 1e9, abs=0.05)
     p = load_profile(hw_copy.PROFILE)
     ce = next(r for r in rows if "| copy_engine | h2d |" in r).split("|")
     # idle sim column: the sim's own prediction of a 1 GiB batch of 1 MiB pages

@@ -79,7 +79,9 @@ def test_two_transfers_in_one_direction_share_the_link():
 
 def test_opposite_directions_are_capped_by_the_both_directions_total():
     # max-min fair: H2D and D2H each rise to 40 GB/s, where D2H and the 80 GB/s total fill
-    rt, be = make()
+    # (both on the copy engine: left to the rule, the second would take the SM kernel,
+    # kvsim.core.datapath.pathcost)
+    rt, be = make(copy_path=CopyPath.COPY_ENGINE)
     up = be.transfer(batch(Level.HOST, Level.GPU, 4))
     down = be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8, kind=BatchKind.EVICT))
     t, _ = finish(rt, rt.all_of([up, down]))
@@ -419,7 +421,8 @@ def test_sm_ceilings_bind_sm_flows_only():
     assert t == pytest.approx(LAUNCH + MiB / 45e9, rel=1e-12)
     # copy-engine flows both ways (256 KiB pages) ignore sm.both: the link's 40 + 40
     rt = SimRuntime()
-    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, _sm_wide(both="60GB/s")))
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, _sm_wide(both="60GB/s"),
+                                     copy_path="copy_engine"))
     assert be.paths["h2d"] is CopyPath.COPY_ENGINE
     up = be.transfer(batch(Level.HOST, Level.GPU, 4))
     down = be.transfer(batch(Level.GPU, Level.HOST, 4, src0=8, dst0=8, kind=BatchKind.EVICT))
@@ -461,7 +464,8 @@ def test_one_cuda_thread_serialises_copy_engine_host_time():
     # 80 GB/s total fill together) until H2D is done; then D2H alone at 40 GB/s.
     prof = _ce_dir(per_page_h2d="3us", per_page_d2h="0.5us", call_threads=1)
     rt = SimRuntime()
-    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, prof))
+    be = SimBackend(rt, settings_for(256 * KiB, {Level.GPU: 16, Level.HOST: 16}, prof,
+                                     copy_path="copy_engine"))
     ends = {}
 
     def watch(name, ev):

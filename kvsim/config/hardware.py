@@ -54,6 +54,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from pydantic_core import PydanticCustomError
 
 from kvsim.config.paths import CONFIGS
+from kvsim.core.datapath.interference import KindTerms, Structure
 from kvsim.config.units import parse_rate, parse_size, parse_time
 
 CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.config.paths)
@@ -151,6 +152,24 @@ class CopyEngineSpec(_Frozen):
         return self.per_page if cost is None else page_cost_at(cost, page_bytes)
 
 
+class KindSpec(_Frozen):
+    """How copies slow one kind of a step's work (``kvsim.core.datapath.interference``):
+    ``cta_sm_share_h2d`` / ``_d2h``, the share of an SM one SM copy CTA of that direction
+    takes from the work's CTAs while it moves bytes (a GEMM's CTAs fill an SM: about 1; a
+    memory-bound kernel's small CTAs leave room: about the copy CTA's threads over the
+    SM's); ``copy_engine_slowdown``, the stretch while a copy-engine copy moves bytes;
+    ``hbm_weight``, the HBM bytes a copied byte takes from the work's reads (1: one)."""
+
+    cta_sm_share_h2d: Annotated[float, Field(ge=0)]
+    cta_sm_share_d2h: Annotated[float, Field(ge=0)]
+    copy_engine_slowdown: Slowdown
+    hbm_weight: Annotated[float, Field(ge=0)] = 1.0
+
+    def terms(self) -> KindTerms:
+        return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
+                         self.copy_engine_slowdown, self.hbm_weight)
+
+
 class InterferenceSpec(_Frozen):
     """How copies slow compute: an SM copy kernel of ``sm_kernel_ctas`` CTAs stretches a
     compute kernel by ``sm_kernel_slowdown`` (linear in the CTA count); any copy-engine
@@ -167,7 +186,14 @@ class InterferenceSpec(_Frozen):
     ``busy_start``: how much later an SM copy kernel launched while compute runs starts
     moving bytes than on an idle GPU: its CTAs get SM room only as the compute's CTAs
     retire. A fixed cost per kernel, so it weighs on small batches and vanishes in large
-    ones. Default 0."""
+    ones. Default 0.
+
+    ``gemm`` and ``memory`` (``KindSpec``, both or neither): the structural model of how
+    copies slow a step by the kind of its work (``kvsim.core.datapath.interference``):
+    the GEMMs of its FLOP-bound share lose waves to the SMs copy CTAs take (GEMM CTAs of
+    ``gemm_tile`` output each), its HBM reads lose SM slots and HBM bytes. Without them
+    every step is stretched by ``sm_kernel_slowdown`` and ``copy_engine_slowdown`` (the
+    older model), which stay the terms of a compute of the SMs alone (no ``StepWork``)."""
 
     sm_kernel_slowdown: Slowdown
     sm_kernel_ctas: Annotated[int, Field(gt=0)]
@@ -176,10 +202,19 @@ class InterferenceSpec(_Frozen):
     lasting_step_penalty: Seconds = 0.0
     lasting_after_batches: Annotated[int, Field(gt=0)] = 3
     busy_start: Seconds = 0.0
+    gemm: KindSpec | None = None
+    memory: KindSpec | None = None
+    gemm_tile: tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]] = (128, 256)
 
     @property
     def per_cta_slowdown(self) -> float:
         return self.sm_kernel_slowdown / self.sm_kernel_ctas
+
+    @model_validator(mode="after")
+    def _both_kinds(self) -> "InterferenceSpec":
+        if (self.gemm is None) != (self.memory is None):
+            raise ValueError("gemm and memory: give both kinds' terms or neither")
+        return self
 
 
 class SMSpec(_Frozen):
@@ -340,6 +375,16 @@ class HardwareProfile(_Frozen):
         per = self.sm.cta_onboard if direction == "h2d" else self.sm.cta_offload
         return {"link_bytes_per_s": getattr(self.link, direction), "per_cta_bytes_per_s": per,
                 "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.cta_headroom}
+
+    def interference_structure(self) -> Structure | None:
+        """The structural interference model's constants
+        (``kvsim.core.datapath.interference.Structure``), or None where the profile has
+        no ``sm.interference.gemm`` / ``memory`` terms (the older model)."""
+        i = self.sm.interference
+        if i.gemm is None or i.memory is None:
+            return None
+        return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
+                         tuple(i.gemm_tile), i.gemm.terms(), i.memory.terms())
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

@@ -32,6 +32,9 @@ class ModelShape(BaseModel):
     dtype_bytes: PosInt = 2
     params: Annotated[float, Field(gt=0)]
     tp: PosInt = 1
+    # the MLP's width (config.json's intermediate_size); None: from params, as what is left
+    # of a layer's share of them after its attention projections, over 3 x hidden
+    intermediate: PosInt | None = None
     notes: str = ""
 
     @model_validator(mode="after")
@@ -55,6 +58,27 @@ class ModelShape(BaseModel):
     @property
     def weight_bytes_per_gpu(self) -> int:
         return int(self.params * self.dtype_bytes / self.tp)
+
+    @property
+    def intermediate_size(self) -> int:
+        """The MLP's width: ``intermediate``, else derived from ``params`` (a layer's share
+        less its attention projections, over gate, up and down, rounded to 256; the share
+        holds the embeddings too, so this errs large for small models)."""
+        if self.intermediate is not None:
+            return self.intermediate
+        attn = self.hidden * (2 * self.heads + 2 * self.kv_heads) * self.head_dim
+        mlp = self.params / self.layers - attn
+        return max(256, int(round(mlp / (3 * self.hidden) / 256)) * 256)
+
+    def projections_per_gpu(self) -> tuple[tuple[int, int], ...]:
+        """One layer's projection GEMMs on one GPU as (K, N): QKV, the attention output,
+        gate and up (one GEMM), down; tensor parallel splits heads and the MLP's width
+        (KV heads replicated where ``tp`` exceeds them)."""
+        tp = self.tp
+        q = self.heads // tp * self.head_dim
+        qkv = q + 2 * self.kv_heads_per_gpu * self.head_dim
+        ffn = max(1, self.intermediate_size // tp)
+        return ((self.hidden, qkv), (q, self.hidden), (self.hidden, 2 * ffn), (ffn, self.hidden))
 
 
 def kv_bytes_per_token(shape: ModelShape) -> int:

@@ -14,7 +14,11 @@ A prefill-heavy step is compute-bound, a decode-only step memory-bound; a mixed 
 the larger of the two, not the sum (they overlap in one pass). An empty step costs 0.
 KV writes and activations are left out. All per-GPU (tensor parallel degree ``tp``).
 ``step_time`` is plain float arithmetic: it runs once per engine step (and once per step
-the engine runs ahead). The model shape's schema is ``kvsim.config.modelshape`` (re-exported
+the engine runs ahead). ``step_work`` and ``decode_work`` give the same step time as the
+``seconds`` of a ``StepWork`` (``kvsim.core.datapath.work``), with the FLOPs, bytes,
+tokens and the two roofline times it came from: what the engine hands the backend with
+each step, so that the hw backend computes like the step and the sim stretches it by the
+kind of work it is. The model shape's schema is ``kvsim.config.modelshape`` (re-exported
 here).
 """
 
@@ -23,11 +27,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from kvsim.config.modelshape import ModelShape, kv_bytes_per_token, load_model
+from kvsim.core.datapath.work import EMPTY, StepWork
 
 if TYPE_CHECKING:
     from kvsim.config.hardware import HardwareProfile
 
-__all__ = ["ComputeModel", "ModelShape", "kv_bytes_per_token", "load_model"]
+__all__ = ["ComputeModel", "ModelShape", "StepWork", "kv_bytes_per_token", "load_model"]
 
 
 class ComputeModel:
@@ -83,6 +88,41 @@ class ComputeModel:
         nbytes = self._weights + self._kv * decode_context_sum
         compute, memory = flops / self._flops, nbytes / self._bw
         return (memory if memory > compute else compute) + self._overhead  # max(), inline
+
+    def step_work(self, prefill: Sequence[tuple[int, int]], n_decode: int,
+                  decode_context_sum: int) -> StepWork:
+        """``step_time_sum``'s step as a ``StepWork``: its ``seconds`` the very same float,
+        beside the FLOPs, bytes, tokens and roofline times it came from."""
+        tokens = 0
+        attn = 0.0
+        ctx = 0
+        for new, before in prefill:
+            tokens += new
+            attn += new * (before + new * 0.5)
+            ctx += before + new
+        if not tokens and not n_decode:
+            return EMPTY
+        prefill_tokens = tokens
+        tokens += n_decode
+        attn += decode_context_sum
+        ctx += decode_context_sum
+        dense = self._dense * tokens
+        at = self._attn * attn
+        kv = self._kv * ctx
+        compute, memory = (dense + at) / self._flops, (self._weights + kv) / self._bw
+        return StepWork((memory if memory > compute else compute) + self._overhead, dense, at,
+                        self._weights, kv, prefill_tokens, n_decode, compute, memory)
+
+    def decode_work(self, n_decode: int, decode_context_sum: int) -> StepWork:
+        """``decode_step_time``'s step as a ``StepWork`` (its ``seconds`` the same float)."""
+        if not n_decode:
+            return EMPTY
+        dense = self._dense * n_decode
+        at = self._attn * (0.0 + decode_context_sum)
+        kv = self._kv * decode_context_sum
+        compute, memory = (dense + at) / self._flops, (self._weights + kv) / self._bw
+        return StepWork((memory if memory > compute else compute) + self._overhead, dense, at,
+                        self._weights, kv, 0, n_decode, compute, memory)
 
     def prefill_time(self, new_tokens: int, context_before: int = 0) -> float:
         return self.step_time(((new_tokens, context_before),), ())

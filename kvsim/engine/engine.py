@@ -18,7 +18,8 @@ of identical decode steps (no block boundary, no finish, no arrival before it en
 ahead in one tight loop. The runtime catches up (``catch_up``) before any plan starts and
 before any wait. Each step's end is the float a ``compute`` from the same start would end
 at, rounded to a nanosecond, so decisions and metrics equal a step-by-step replay's (a test
-and benchmarks/sim_speed.py check it).
+and benchmarks/sim_speed.py check it). Every step goes to the backend with its
+``StepWork`` (the compute model's record of what it computes), stepped or run ahead.
 
 The turns' lifecycle (admission, plans, preemption, finishing) is ``Lifecycle``'s
 (kvsim.engine.lifecycle); ``Engine`` adds the step loop and its clock.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.spec import Level
 from kvsim.engine.lifecycle import Lifecycle
 from kvsim.engine.live import EngineParams, Live, TurnState
@@ -89,14 +91,15 @@ class Engine(Lifecycle):
                 self._wake = None
                 self._tick()
                 continue
-            first = self._step_ns(batch)
-            n = self._run_ahead(batch, first) if self.p.fast_forward else 0
+            work = self._step_work(batch)
+            first = round(work.seconds * NS)
+            n = self._run_ahead(batch, first, work) if self.p.fast_forward else 0
             if not n:
                 yield from self._catch_up()
                 # ask for the time left to an absolute target: float error never accumulates
                 left = (self.t + first) / NS - rt.now
                 t0 = self.t
-                yield self.backend.compute(left if left > 0.0 else 0.0)
+                yield self.backend.compute(left if left > 0.0 else 0.0, work)
                 self._tick()
                 if not batch:  # (a step of decodes only)
                     self.metrics.decode_step_ns.append(self.t - t0)
@@ -202,18 +205,18 @@ class Engine(Lifecycle):
                 self._stalled.append(lv)
 
     # == stepping =======================================================================
-    def _step_ns(self, prefill: list[tuple[Live, int]]) -> int:
-        """The next step's duration (ns) at nominal speed."""
-        return round(self.compute.step_time_sum([(c, lv.kv) for lv, c in prefill],
-                                                len(self.dec.members), self.dec.dsum) * NS)
+    def _step_work(self, prefill: list[tuple[Live, int]]) -> StepWork:
+        """The next step's work; its ``seconds`` the duration at nominal speed."""
+        return self.compute.step_work([(c, lv.kv) for lv, c in prefill],
+                                      len(self.dec.members), self.dec.dsum)
 
-    def _run_ahead(self, prefill: list[tuple[Live, int]], first: int) -> int:
+    def _run_ahead(self, prefill: list[tuple[Live, int]], first: int, work: StepWork) -> int:
         """Run steps ahead of the runtime's clock while the backend can say when each ends
         and that nothing it runs changes before then: the first step, and after it, when
         nothing can change between them, the identical decode steps up to the next step at
         which a decoder finishes or must grow, or an arrival is due. Returns the steps run
-        (0: the first could not be; compute it on the runtime)."""
-        if not self._ahead(first, not prefill):
+        (0: the first could not be; compute it on the runtime). ``work``: the first's."""
+        if not self._ahead(first, not prefill, work):
             return 0
         if prefill or self._dirty or self._stalled or self._evict_low():
             return 1  # (the next boundary admits, grows, or starts a background eviction)
@@ -224,18 +227,20 @@ class Engine(Lifecycle):
         cm, nd, dsum = self.compute, len(dec.members), dec.dsum
         n = 1
         while n < k and (arr is None or self.t < arr):
-            if not self._ahead(round(cm.decode_step_time(nd, dsum + nd * n) * NS), True):
+            w = cm.decode_work(nd, dsum + nd * n)
+            if not self._ahead(round(w.seconds * NS), True, w):
                 break
             n += 1
         return n
 
-    def _ahead(self, d: int, decode_only: bool) -> bool:
+    def _ahead(self, d: int, decode_only: bool, work: StepWork) -> bool:
         """Run one step of ``d`` ns ahead, asking the backend for its end (the same float a
         ``compute`` from the same start would end at); False if it cannot tell.
-        ``decode_only``: a step of decodes only (its duration is recorded)."""
+        ``decode_only``: a step of decodes only (its duration is recorded); ``work``: what
+        the step computes."""
         v = self._vnow
         left = (self.t + d) / NS - v
-        end = self.backend.compute_ahead(v, left if left > 0.0 else 0.0, not self._inflight)
+        end = self.backend.compute_ahead(v, left if left > 0.0 else 0.0, not self._inflight, work)
         if end is None:
             return False
         if self._inflight:

@@ -35,8 +35,8 @@ class Lifecycle:
     def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute: ComputeModel,
                  params: EngineParams, *, on_progress: Callable[[int], None] | None = None,
                  on_resume: Callable[[int], None] | None = None):
-        """``compute.step_time_sum(prefill: [(new_tokens, context_before)], n_decode,
-        decode_context_sum)`` gives a step's seconds, ``compute.decode_step_time(n_decode,
+        """``compute.step_work(prefill: [(new_tokens, context_before)], n_decode,
+        decode_context_sum)`` gives a step's work and seconds, ``compute.decode_work(n_decode,
         decode_context_sum)`` the same for a step without prefill
         (kvsim.engine.compute.ComputeModel; typed, so the compiled build calls it natively).
         ``on_resume(pages)``: told of every resumed request, with the GPU pages it holds

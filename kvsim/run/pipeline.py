@@ -232,7 +232,7 @@ def build_backend(prep: Prepared, mgr: TierManager, backend: str,
     options = dict(options or {})
     hw_loop = options.pop("hw_loop", None)
     settings = backend_settings(prep.cfg, prep.profile, mgr.page_bytes,
-                                {t.level: t.max_slots for t in mgr.tiers}, options,
+                                {t.level: t.max_slots for t in mgr.tiers}, options, prep.shape,
                                 rank=rank)
     return (settings, *BACKENDS[backend](settings, runtime, hw_loop))
 
@@ -244,14 +244,17 @@ def sim_backend(settings: BackendSettings):
 
 
 def measure_hardware(device: str = "auto", plan=None, disk_dir: str | None = None,
-                     profile: HardwareProfile | None = None):
+                     profile: HardwareProfile | None = None, model: str | None = None,
+                     works: dict | None = None):
     """``kvsim calibrate``'s measurements of this machine on the hw backend, its backends
-    built on ``profile`` (default: the default config's): (``kvsim.tools.fit.Measured``,
-    the plan measured); see ``kvsim_backends.hw.microbench``."""
+    built on ``profile`` (default: the default config's) for ``model``'s GEMMs (default:
+    the config's): (``kvsim.tools.fit.Measured``, the plan measured); ``works``: a step's
+    work of each kind; see ``kvsim_backends.hw.microbench``."""
     from kvsim_backends.hw.microbench import measure
 
     profile = profile or load_profile(RunConfig.model_fields["hardware"].default)
-    return measure(partial(settings_for, profile=profile), device, plan, disk_dir)
+    return measure(partial(settings_for, profile=profile, model=model), device, plan, disk_dir,
+                   works)
 
 
 def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,

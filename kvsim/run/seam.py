@@ -16,11 +16,12 @@ from typing import Any, Mapping
 
 from kvsim.config import ConfigFileError, RunConfig, host_fill, validate_config
 from kvsim.config.hardware import HardwareProfile, load_profile
+from kvsim.config.modelshape import ModelShape, load_model
 from kvsim.core.datapath.copypath import AUTO, CopyPath, force_per_direction
 from kvsim.core.datapath.fill import Backing, FillMode
 from kvsim.core.spec import Level
 from kvsim.settings import (BackendSettings, CopySettings, DiskSettings, HostFillSettings,
-                            HwSettings, Probes)
+                            HwSettings, ModelSettings, Probes)
 
 #: run options a caller may pass (``replay(backend_options=...)``) besides ``hw_loop``
 #: (the backend registry's: kvsim compare's wrapper of the sim backend)
@@ -49,11 +50,12 @@ def check_profile_fit(cfg: RunConfig, profile: HardwareProfile) -> None:
 
 def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
                      slots: Mapping[Level, int], options: Mapping[str, Any] | None = None,
-                     rank: int = 0) -> BackendSettings:
+                     shape: ModelShape | None = None, rank: int = 0) -> BackendSettings:
     """The settings both backends are built from, for ``cfg`` on ``profile`` with tiers of
     ``slots`` slots of ``page_bytes``. ``options``: the run's own (``HwSettings``' and
     ``Probes``' fields, ``disk_dir``, ``disk_preallocate``, ``direct_io``); an unknown
-    one is a TypeError (a caller's mistake, not a user's)."""
+    one is a TypeError (a caller's mistake, not a user's). ``shape``: the config's model
+    (None: loaded from ``cfg.model`` and ``cfg.tp``)."""
     options = dict(options or {})
     unknown = set(options) - HW_OPTIONS - PROBE_OPTIONS - set(DISK_OPTIONS)
     if unknown:
@@ -65,6 +67,11 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
                               f"seconds per wall second > 0")
     if hw.device not in ("auto", "cpu", "gpu"):
         raise ConfigFileError(f"--device: got {hw.device!r}; expected auto, cpu or gpu")
+    if shape is None:
+        try:
+            shape = load_model(cfg.model, tp=cfg.tp)
+        except (ValueError, OSError) as err:
+            raise ConfigFileError(str(err)) from None
     e, disk, fill = cfg.engine, cfg.cache.disk_tier, host_fill(cfg)
     d = None
     if disk is not None:
@@ -80,6 +87,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         disk=d,
         host_fill=HostFillSettings(mode=FillMode(fill.mode), backing=Backing(fill.backing),
                                    unit_bytes=fill.unit, huge_pages=fill.huge_pages, numa=fill.numa),
+        model=ModelSettings.capped(shape.projections_per_gpu()),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
         tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks)
 
@@ -89,13 +97,14 @@ def settings_for(page_bytes: int, slots: Mapping[Level, int],
                  sm_ctas: Any = None, kernel_on_coherent_link: bool | None = None,
                  refcheck: bool | None = None, io_workers: int | None = None,
                  io_write_share: float | None = None, host_fill: Mapping | None = None,
-                 **options: Any) -> BackendSettings:
+                 model: str | None = None, **options: Any) -> BackendSettings:
     """Settings for ``slots`` (level -> slots) of ``page_bytes`` outside a replay (tests,
     benchmarks, calibrate): the config keys given here (``engine.copy_path``,
     ``engine.sm_ctas``, ``engine.kernel_on_coherent_link``, ``engine.refcheck``, the disk
     tier's ``io_workers`` and ``io_write_share``, the host tier's ``fill``) validated by
     the config model, the rest its defaults; ``profile``: a profile or a preset name
-    (default: the config's); ``options``: ``backend_settings``'."""
+    (default: the config's); ``model``: a model preset or path (default: the config's);
+    ``options``: ``backend_settings``'."""
     tiers = []
     for lv in (Level.GPU, Level.HOST, Level.DISK):  # (the config's: a GPU tier first)
         if lv not in slots and lv != Level.GPU:
@@ -117,6 +126,8 @@ def settings_for(page_bytes: int, slots: Mapping[Level, int],
     data: dict[str, Any] = {"cache": {"page_bytes": int(page_bytes), "tiers": tiers}, "engine": engine}
     if isinstance(profile, str):
         data["hardware"] = profile
+    if model is not None:
+        data["model"] = model
     cfg = validate_config(data, source="settings_for")
     if not isinstance(profile, HardwareProfile):
         profile = load_profile(cfg.hardware)

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel
 
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
+from kvsim.tools.fitkinds import KIND_MODEL, kind_works
 from kvsim.tools.measured import Measured, measured_from_report
 from kvsim.config.hardware import HardwareProfile, load_profile, parse_page_cost
 from kvsim.config.units import parse_rate, parse_time
@@ -142,16 +143,19 @@ def _check_yaml(out) -> None:
 
 
 def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
-              plan=None, name: str | None = None, disk_dir: str | None = None) -> dict:
+              plan=None, name: str | None = None, disk_dir: str | None = None,
+              model: str = KIND_MODEL) -> dict:
     """Measure, fit, write ``out`` (YAML) and ``out`` with ``.report.json``; returns the report.
-    ``plan``: what to measure (``kvsim_backends.hw.microbench.Plan``; default the device's)."""
+    ``plan``: what to measure (``kvsim_backends.hw.microbench.Plan``; default the device's);
+    ``model``: the model whose steps the compute calls and interference cells run
+    (``kvsim.tools.fitkinds.kind_works``)."""
     from kvsim.run import measure_hardware  # noqa: PLC0415 (the backend registry)
 
     _check_yaml(out)
     out = Path(out)
     base_p = load_profile(base)
     t0 = time.perf_counter()
-    m, plan = measure_hardware(device, plan, disk_dir, base_p)
+    m, plan = measure_hardware(device, plan, disk_dir, base_p, model, kind_works(base_p, model))
     name = name or out.stem
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     notes = (f"kvsim calibrate on {m.device} ({stamp}); base {base_p.name} for what was "
@@ -162,7 +166,8 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
-              "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting, "fit_check": check,
+              "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting,
+              "interference": m.interference, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
     _write_report(out, report)
     return report

@@ -9,22 +9,26 @@ Fitted into kvsim.config.hardware.HardwareProfile: link rates (the copy engine's
 kernel's own ceilings (per direction and both at once), the copy engine's host time per
 page per direction and page size, per-CTA rates, NVMe rates/latency at the queue depth and
 piece size the hw backend runs at, host fill rate, prefill/decode efficiencies, the copy
-engine's ``per_call`` (the batched call's host time for one page) and the backend's fixed
+engine's ``per_call`` (the batched call's host time for one page), the backend's fixed
 cost per transfer (``transfer.latency``, ``transfer.latency_sm_kernel``: what small batches
-take beyond everything else the sim models). Everything else (interference, launch, step
-overhead, public peaks) is kept from a base profile. ``fit`` also says, per key, where its
+take beyond everything else the sim models) and the structural interference terms per kind
+of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``). Everything else
+(the older interference terms, launch, step overhead, public peaks) is kept from a base
+profile. ``fit`` also says, per key, where its
 value came from; its docstring says why each term has the form it has.
 """
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import numpy as np
 
-from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.spec import Level
 from kvsim.config.hardware import HardwareProfile
+from kvsim.tools.fitkinds import cell_work, fit_interference
 from kvsim.tools.measured import Measured, batch
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -156,11 +160,25 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     if m.host_fill_Bps:
         d["host"]["fill_rate"] = m.host_fill_Bps
         why["host.fill_rate"] = "measured: anonymous map, touch every page, register (GPU)"
-    if "matmul_fp16_flops" in m.compute:
+    standin = m.compute.get("standin")
+    if standin:
+        # the rates the hw backend's compute stand-in runs at: its GEMM chains at the
+        # largest M (a prefill chunk's), its reads (a decode step's)
+        top = max(standin["gemm_flops"], key=int)
+        d["gpu"]["prefill_efficiency"] = min(1.0, standin["gemm_flops"][top] / base.gpu.flops_bf16)
+        d["gpu"]["decode_efficiency"] = min(1.0, standin["read_Bps"] / base.gpu.hbm)
+        why["gpu.prefill_efficiency"] = (f"measured: the compute stand-in's fp16 GEMM chains at M = "
+                                         f"{top} (the model's projections), FLOP/s over the base's peak")
+        why["gpu.decode_efficiency"] = "measured: the compute stand-in's HBM reads, over the base's peak"
+    elif "matmul_fp16_flops" in m.compute:
         d["gpu"]["prefill_efficiency"] = min(1.0, m.compute["matmul_fp16_flops"] / base.gpu.flops_bf16)
         d["gpu"]["decode_efficiency"] = min(1.0, m.compute["hbm_copy_Bps"] / base.gpu.hbm)
         why["gpu.prefill_efficiency"] = "measured: fp16 8192^3 matmul FLOP/s over the base's peak"
         why["gpu.decode_efficiency"] = "measured: 1 GiB device copy bandwidth over the base's peak"
+    if m.interference:
+        kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
+        d["sm"]["interference"].update(kinds)
+        why.update(kinds_why)
     if m.device == "gpu":
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"
@@ -237,23 +255,29 @@ def _sim_seconds(profile: HardwareProfile, c: dict) -> float:
     return sim_cell(profile, c)[0]
 
 
-def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0) -> tuple[float, float | None]:
+def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
+             work: StepWork | None = None) -> tuple[float, float | None]:
     """(seconds the sim backend takes for a measured cell's batches, started together;
-    seconds a compute of ``compute_s`` started just before them took, None without one):
-    the copy time counts from the start to the last batch's completion, the compute's as
-    the hw backend's (its GPU time: the stretch of copies' interference, not the
-    backend's fixed latency per call)."""
+    seconds a compute of ``compute_s`` (of ``work``: a step's, or None: the SMs alone)
+    started just before them took, None without one): the copy time counts from the start
+    to the last batch's completion, the compute's as the hw backend's (its GPU time: the
+    stretch of copies' interference, not the backend's fixed latency per call). A cell's
+    ``projections`` (where it has them) are the GEMMs the hw stand-in ran."""
     from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
     from kvsim.run.seam import settings_for  # noqa: PLC0415
 
     pb = c["page"]
     batches = _cell_batches(c)
-    path = CopyPath.SM_KERNEL if c["path"] == "sm_kernel" else CopyPath.COPY_ENGINE
+    # a cell's path: one of the two, or "default" (the rule's own choice, batch by batch)
+    path = {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
     n = sum(k for _, k in batches)
     log: list = []
-    rt, be = sim_backend(settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
-                                      copy_path=path.value, compute_log=log))
-    job = be.compute(compute_s) if compute_s > 0 else None
+    st = settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
+                      copy_path=path, compute_log=log)
+    if c.get("projections"):
+        st = replace(st, model=replace(st.model, projections=tuple(tuple(x) for x in c["projections"])))
+    rt, be = sim_backend(st)
+    job = be.compute(compute_s, work) if compute_s > 0 else None
     idx, a, evs = np.arange(n), 0, []
     for dr, k in batches:
         src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
@@ -265,6 +289,23 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0) -> tuple
         return copy_s, None
     rt.run(job)
     return copy_s, float(log[-1][2])
+
+
+def predict_cell(profile: HardwareProfile, row: dict, nominal: bool = False) -> tuple[float, float]:
+    """The sim's (stretch, copy seconds) of a measured cell: its compute (its ``work``,
+    for its ``compute_s``) and its copy started together on the sim backend with
+    ``profile``; the stretch is the compute's time over its time alone, less 1.
+    ``nominal``: the cell's full-size batches (``dir_bytes`` a direction), not the ones
+    measured (the CPU mode's are cut short)."""
+    c = dict(row)
+    if nominal:
+        k = max(1, row["dir_bytes"] // row["page"])
+        c["batches"] = [[d, k] for d, _ in row["batches"]]
+        c["pages"] = k * len(c["batches"])
+        c["bytes"] = c["pages"] * row["page"]
+    copy_s, took = sim_cell(profile, c, row["compute_s"], cell_work(row))
+    alone = row["compute_s"] * profile.compute.scale
+    return float(took) / alone - 1.0, copy_s
 
 
 def check_cells(cells: list[dict], profile: HardwareProfile) -> list[dict]:

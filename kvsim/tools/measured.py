@@ -25,6 +25,8 @@ class Measured:
     # the profile's nvme.queue_depth and nvme.piece, which the hw backend runs its disk at:
     # the fit takes the disk cells measured at them (None: the best cells)
     disk_setting: dict | None = None
+    # compute with copies, per kind of work (kvsim_backends.hw.interfere's rows)
+    interference: list[dict] = field(default_factory=list)
 
 
 
@@ -33,7 +35,8 @@ def measured_from_report(report: dict) -> Measured:
     return Measured(device=report["device"], copies=list(report["copies"]), ctas=list(report.get("ctas", [])),
                     disk=list(report.get("disk", [])), host_fill_Bps=report.get("host_fill_Bps"),
                     compute=dict(report.get("compute", {})), small=list(report.get("small", [])),
-                    disk_setting=report.get("disk_setting"))
+                    disk_setting=report.get("disk_setting"),
+                    interference=list(report.get("interference", [])))
 
 
 def batch(src, dst, ss, ds, pb) -> Batch:

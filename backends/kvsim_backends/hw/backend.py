@@ -10,6 +10,7 @@ one cudaHostAlloc; CPU mode: plain mmap), whose watermark ``slots_ready`` waits 
 ``kvsim.core.datapath.copypath``), ``staged.StagedDisk`` (host <-> disk, and GPU <-> disk through
 pinned staging buffers), ``checker.Checker`` (fills and the refcheck's tag reads),
 ``order.StreamOrder`` (what a GPU stream waits for), ``waits.Waits`` (the waitables),
+``steps.Steps`` (each step's compute, and the span run ahead),
 ``hosttier.HostSlots`` (which host slots the fill has made) and ``logs.HwLogs`` (counters
 and the optional timing, compute and host logs); ``batchslots`` checks a batch's slots.
 
@@ -37,13 +38,16 @@ import numpy as np
 from kvsim.core.datapath.copypath import CopyPath, direction_ctas
 from kvsim.core.datapath.diskio import io_class, io_threads
 from kvsim.core.datapath.fill import FillMode
+from kvsim.core.datapath.interference import MixTable
+from kvsim.core.datapath.pathcost import other_path, path_chooser
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
 
 from .batchslots import batch_slots
 from .checker import CHECK_SPAN_WORDS, FILL_SPAN_WORDS, Checker  # noqa: F401 (re-exported)
-from .copies import Copies, choose_paths
+from .copies import Copies, choose_paths, pinned_for
 from .disk import DiskStore, SharedPool
 from .iopools import PriorityPool
 from .gpu import BatchCopier, Kernels, load_cupy
@@ -53,6 +57,8 @@ from .hosttier import HostSlots, start_host_fill
 from .memory import DeviceArena, StagingPool
 from .order import StreamOrder
 from .staged import StagedDisk
+from .standin import StandIn
+from .steps import Steps
 from .waits import Waits
 
 
@@ -154,6 +160,7 @@ class HwBackend:
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)
         self.streams: dict = {}
         self.kernels = self.copier = None
+        self.standin: StandIn | None = None  # a step's work on the GPU (None: the busy kernel)
         if cp is None:
             return
         self.kernels = Kernels(cp)
@@ -176,6 +183,10 @@ class HwBackend:
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
         self.kernels.use_graphs = self.info["compute_graphs"] = bool(st.hw.compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
+        if st.hw.compute_standin:
+            self.standin = StandIn(cp, st.model, self.kernels.read, st.hw.compute_chunk_s,
+                                   self.kernels.l2_bytes, use_graphs=bool(st.hw.compute_graphs))
+            self.info["standin"] = self.standin.calibrate(self.streams["compute"])
 
     def slots_ready(self, level: Level, slots) -> Any:
         """None if ``slots`` of the tier exist; else a waitable (``HostSlots.ready``)."""
@@ -202,6 +213,8 @@ class HwBackend:
                              kernels=self.kernels, copier=self.copier, order=self.order)
         self.staged = (StagedDisk(self.disk, self.host, self.staging, self.copies, self.waits, self.errors)
                        if self.disk is not None else None)
+        self.steps = Steps(self.runtime, logs, cp, self.streams, self.kernels, self.standin,
+                           self.compute_chunk_s)
         self.checker = Checker(self.runtime, self.page_bytes, self.refcheck, self.gpu, self.host,
                                self.disk, self.waits, logs, self.errors, self.pool, self.check_pool,
                                cp=cp, streams=self.streams, kernels=self.kernels, order=self.order,
@@ -210,10 +223,17 @@ class HwBackend:
     def _choose_paths(self) -> None:
         """The copy path of each direction (``copies.choose_paths``) and the SM kernel's CTAs."""
         c = self.settings.copy
-        self.copies.paths = choose_paths(self.profile, self.page_bytes, self.host,
-                                         self.slots.get(Level.HOST, 0), self.on_gpu, c.force,
-                                         c.kernel_on_coherent_link)
+        args = (self.profile, self.page_bytes, self.host, self.slots.get(Level.HOST, 0), self.on_gpu,
+                c.force, c.kernel_on_coherent_link)
+        self.copies.paths = choose_paths(*args)
         self.ctas = direction_ctas(c.sm_ctas, self.profile)
+        structure = self.profile.interference_structure()
+        m = self.settings.model
+        kinds = (MixTable(structure, m.projections, m.min_rows, m.max_rows)
+                 if structure is not None else None)
+        self.chooser = path_chooser(self.profile, self.page_bytes, pinned_for(*args),
+                                    self.copies.paths, c.sm_ctas, kinds)
+        self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}
         self.info["sm_ctas"] = dict(self.ctas)
@@ -245,16 +265,17 @@ class HwBackend:
         io: list = []  # a disk batch's jobs: (start, end) of each on its I/O thread
         if batch.kind is BatchKind.TAKEBACK:  # onto the pages' retained disk copies
             return self._take_back(batch)
+        chosen = [path]
         if self._fail_next > 0 and batch.pages:
             self._fail_next -= 1
             ev = self._injected_failure(batch)
         else:
-            ev = self._transfer(batch, path, io)
+            ev = self._transfer(batch, path, io, chosen)
         if self.logs.host_log is not None:
             self.logs.host_time(f"transfer {batch.src.name.lower()}->{batch.dst.name.lower()} "
                                 f"{int(batch.pages)}", t0)
         if batch.pages:
-            self.logs.account(batch, ev, path, t0, io)
+            self.logs.account(batch, ev, chosen[0], t0, io)
         return ev
 
     def promote(self, batch: Batch) -> int:
@@ -306,8 +327,20 @@ class HwBackend:
             out["disk_jumps"] = pool.queues.jumps
         return out
 
-    def _transfer(self, batch: Batch, path: CopyPath | None, io: list) -> Any:
-        """``io`` gets a disk batch's jobs' (start, end) on the I/O threads."""
+    def pick_path(self, d: str, pages: int) -> tuple[CopyPath, int]:
+        """(path, SM CTAs) of a host-tier batch of ``pages`` in direction ``d`` now: the
+        rule's (``kvsim.core.datapath.pathcost``), from the other direction's batches in
+        flight and the compute running (the last compute's, until the runtime sees it
+        end), as the sim backend decides."""
+        computing, work = self.steps.running()
+        return self.chooser.pick(d, pages, other_path(self._flowing["d2h" if d == "h2d" else "h2d"]),
+                                 computing, work)
+
+    def _transfer(self, batch: Batch, path: CopyPath | None, io: list,
+                  chosen: list | None = None) -> Any:
+        """``io`` gets a disk batch's jobs' (start, end) on the I/O threads; ``chosen[0]``
+        the path a host-tier batch took."""
+        chosen = chosen if chosen is not None else [None]
         if self._closed:
             raise RuntimeError("the backend is closed")
         src, dst = batch_slots(batch, self.page_bytes, self.slots)
@@ -316,7 +349,21 @@ class HwBackend:
         key = (batch.src, batch.dst)
         if key in ((Level.HOST, Level.GPU), (Level.GPU, Level.HOST)):
             d = "h2d" if batch.src == Level.HOST else "d2h"
-            return self.copies.gpu_host(batch.src, src, dst, path or self.copy_paths[d])
+            ctas = None
+            if path is None:
+                path, ctas = self.pick_path(d, int(batch.pages))
+            chosen[0] = path
+            ev = self.copies.gpu_host(batch.src, src, dst, path, ctas)
+            flowing, i = self._flowing[d], int(path is CopyPath.SM_KERNEL)
+            flowing[i] += 1
+
+            def gone(_e, flowing=flowing, i=i):
+                flowing[i] -= 1
+            if ev.callbacks is None:
+                gone(ev)
+            else:
+                ev.callbacks.append(gone)
+            return ev
         if key == (Level.GPU, Level.GPU):
             return self.copies.gpu_gpu(src, dst)
         staged = self.staged
@@ -330,40 +377,15 @@ class HwBackend:
             return self.runtime.process(staged.disk_to_gpu(src, dst, io, batch))
         raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
 
-    def compute(self, duration_s: float) -> Any:
-        if duration_s < 0:
-            raise ValueError(f"duration_s: got {duration_s!r}; expected >= 0")
-        rt, logs = self.runtime, self.logs
-        h0 = _clock()
-        t0 = rt.now
-        lag = rt.wall_now() - t0 if logs.compute_log is not None else 0.0
-        gap = None  # (compute_log) the compute stream's idle GPU time before this compute
-        if not self.on_gpu or duration_s == 0:
-            ev = rt.timeout(duration_s, duration_s)
-        else:
-            cp, s = self.cp, self.streams["compute"]
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record(s)
-            self.kernels.launch_busy(s, rt.sim_to_wall(duration_s), self.compute_chunk_s)
-            b.record(s)
-            ev = rt.watch(lambda: (b.done, rt.wall_to_sim(cp.cuda.get_elapsed_time(a, b) / 1e3))
-                          if b.done else (False, None))
-            if logs.compute_log is not None:
-                prev, logs.last_compute_end = logs.last_compute_end, b
-                if prev is not None:  # read once both have passed (when this one is seen)
-                    gap = lambda: rt.wall_to_sim(cp.cuda.get_elapsed_time(prev, a) / 1e3)  # noqa: E731
-        ev.callbacks.insert(0, lambda e: logs.count_compute(t0, duration_s, e.value, gap, lag))
-        if logs.host_log is not None:
-            logs.host_time("compute", h0)
-        return ev
+    def compute(self, duration_s: float, work: StepWork | None = None) -> Any:
+        return self.steps.compute(duration_s, work)
 
-    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
-        # real time cannot be predicted with transfers in flight; with none, the engine
-        # may run ahead and the GPU computes the whole span at catch_up
-        return start_s + seconds if quiet else None
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
+                      work: StepWork | None = None) -> float | None:
+        return self.steps.compute_ahead(start_s, seconds, quiet, work)
 
     def catch_up(self, until_s: float) -> Any:
-        return self.compute(max(0.0, until_s - self.runtime.now))
+        return self.steps.catch_up(until_s)
 
     def fill(self, fill: Fill) -> None:
         t0 = _clock()

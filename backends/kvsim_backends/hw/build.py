@@ -7,13 +7,16 @@ come from the settings' hardware profile, so the hw backend decides exactly as t
 backend does for the same config.
 
 What the hw backend's own options (``settings.hw``) do:
-- ``time_scale``: sim seconds per wall second. Compute (a busy kernel, or a sleep in CPU
+- ``time_scale``: sim seconds per wall second. Compute (the stand-in, or a sleep in CPU
   mode) runs ``duration / time_scale`` of wall time; transfers move real bytes and so take
   their real time, which the clock sees multiplied by ``time_scale``: above 1 the links
   look ``time_scale`` times slower relative to compute. Use 1 to compare timings.
 - ``device``: ``auto`` (the GPU if CuPy finds one, else CPU mode), ``cpu`` or ``gpu``.
 - ``check_capacity``: refuse tiers larger than what the machine can give
-  (``resources.check_capacity``) before anything is allocated.
+  (``resources.check_capacity``, the compute stand-in's device memory kept free beside the
+  GPU tier) before anything is allocated.
+- ``compute_standin``: each step's work runs as the compute stand-in (``standin``), else
+  as the busy kernel.
 The disk tier's folder is ``settings.disk.dir`` (the config's disk path, or a caller's),
 else the temporary directory (``tempfile.gettempdir()``, i.e. $TMPDIR or /tmp); with
 ``settings.disk.preallocate`` False it is a sparse file whose writes fail with ENOSPC
@@ -40,6 +43,7 @@ from .backend import HwBackend
 from .gpu import load_cupy
 from .resources import Tier, check_capacity as _check_capacity
 from .runtime import RealtimeRuntime
+from .standin import standin_bytes
 
 
 def build_hw_backend(settings: BackendSettings, runtime: RealtimeRuntime | None = None):
@@ -59,9 +63,13 @@ def build_hw_backend(settings: BackendSettings, runtime: RealtimeRuntime | None 
     if hw.check_capacity:
         tiers = [Tier(lv, n * page, settings.key(lv)) for lv, n in slots.items()
                  if lv != Level.DISK or disk.preallocate]
+        extra = 0
+        if cp is not None and hw.compute_standin:
+            l2 = int(cp.cuda.Device().attributes.get("L2CacheSize", 0))
+            extra = standin_bytes(settings.model, l2)
         seen = _check_capacity(tiers, on_gpu=cp is not None,
                                disk_dir=disk.dir if disk is not None else None,
-                               cuda=cp.cuda.runtime if cp is not None else None)
+                               cuda=cp.cuda.runtime if cp is not None else None, device_extra=extra)
     rt = runtime if runtime is not None else RealtimeRuntime(time_scale=hw.time_scale)
     be = HwBackend(rt, settings)
     if Level.DISK in slots:

@@ -3,7 +3,9 @@
 GPU <-> host batches (the host tier, or a staging buffer of a disk transfer) take one of
 two paths: the copy engine (one batched ``cudaMemcpyBatchAsync`` per batch) or the SM
 kernel (gather/scatter CTAs reading mapped host memory zero-copy, ``ctas[direction]`` of
-them). In CPU mode every copy is a numpy row copy on the I/O pool.
+them, or the batch's own count). The host tier's batches come with the path and CTAs the
+backend's rule chose for them; a staging buffer's take ``paths[direction]``. In CPU mode
+every copy is a numpy row copy on the I/O pool.
 
 Invariants: a copy never decides which pages move (it executes the slots it is given);
 a GPU copy waits for the last fill (``StreamOrder.wait_fill``), and a write into GPU slots
@@ -17,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, direction_paths
+from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, direction_paths, pinned_paths
 from kvsim.core.datapath.fill import registration_unit
 from kvsim.core.spec import Level
 
@@ -28,6 +30,18 @@ SM_FIRST_PAGES = 1024  # the SM kernel's first piece of a batch (then doubling)
 
 def copy_rows(src_view: np.ndarray, src: np.ndarray, dst_view: np.ndarray, dst: np.ndarray) -> None:
     dst_view[dst] = src_view[src]
+
+
+def pinned_for(profile, page_bytes: int, host, host_slots: int, on_gpu: bool,
+               force: Mapping[str, CopyPath | None],
+               kernel_on_coherent_link: bool = False) -> dict[str, CopyPath | None]:
+    """Each direction's pinned path (``kvsim.core.datapath.copypath.pinned_paths``), as
+    ``choose_paths`` sees the host tier: without a mapped device address on a GPU, the
+    copy engine both ways."""
+    if on_gpu and host is not None and host.dev_ptr is None:
+        return {d: CopyPath.COPY_ENGINE for d in DIRECTIONS}
+    unit = registration_unit(host.backing, host.layout) if (host is not None and on_gpu) else None
+    return pinned_paths(profile, page_bytes, force, unit, host_slots, kernel_on_coherent_link)
 
 
 def choose_paths(profile, page_bytes: int, host, host_slots: int, on_gpu: bool,
@@ -79,13 +93,13 @@ class Copies:
         self.order = order
         self._size_arr: np.ndarray | None = None
 
-    def gpu_host(self, src_level: Level, src, dst, path: CopyPath) -> Any:
-        """Host tier <-> GPU; a waitable."""
+    def gpu_host(self, src_level: Level, src, dst, path: CopyPath, ctas: int | None = None) -> Any:
+        """Host tier <-> GPU; a waitable. ``ctas``: the SM kernel's (None: ``ctas``'s)."""
         if self.cp is None:
             sv, dv = (self.host.view, self.gpu.view) if src_level == Level.HOST else (self.gpu.view, self.host.view)
             return self.waits.on_pool(copy_rows, sv, src, dv, dst)
         try:
-            s, keep = self.enqueue_gpu_host(src_level, src, dst, path, self.host)
+            s, keep = self.enqueue_gpu_host(src_level, src, dst, path, self.host, ctas)
         except Exception as e:
             return self.waits.fail("gpu<->host copy", e)
         return self.waits.cuda_done(self.cp, s, keep)
@@ -120,9 +134,10 @@ class Copies:
         s, keep = self.enqueue_gpu_host(Level.HOST, rows, g_slots, self.paths["h2d"], buf)
         return self.waits.cuda_done(self.cp, s, keep)
 
-    def enqueue_gpu_host(self, src_level: Level, src, dst, path: CopyPath, host: HostRegion):
-        """Enqueue a GPU <-> host copy (``host`` is the host tier or a staging buffer);
-        returns (stream, arrays to keep alive)."""
+    def enqueue_gpu_host(self, src_level: Level, src, dst, path: CopyPath, host: HostRegion,
+                         ctas: int | None = None):
+        """Enqueue a GPU <-> host copy (``host`` is the host tier or a staging buffer;
+        ``ctas``: the SM kernel's, None: ``ctas``'s); returns (stream, arrays to keep alive)."""
         pb = self.page_bytes
         d = "h2d" if src_level == Level.HOST else "d2h"
         s = self.streams[d]
@@ -137,11 +152,12 @@ class Copies:
             # outside the copy (65536 slots cost ~0.5 ms of host time before one launch,
             # 2.3% of a 1 GiB batch of 16 KiB pages).
             sp, dp = (host.dev_ptr, g_ptr) if d == "h2d" else (g_ptr, host.dev_ptr)
+            ctas = ctas or self.ctas[d]
             keep, n, a, step = [], len(src), 0, SM_FIRST_PAGES
             while a < n:
                 b = n if n - a <= 2 * step else a + step
                 ds, dd, k = self.upload_slots(s, src[a:b], dst[a:b])
-                self.kernels.copy_pages(s, sp, dp, ds, dd, pb, self.ctas[d], self.threads_per_cta)
+                self.kernels.copy_pages(s, sp, dp, ds, dd, pb, ctas, self.threads_per_cta)
                 keep.append(k)
                 a, step = b, 2 * step
             return s, keep

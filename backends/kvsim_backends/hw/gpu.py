@@ -1,10 +1,12 @@
-"""The GPU side of the hw backend: kernels (page copy, refcheck fill/check, busy compute)
-and the copy engine's batched call.
+"""The GPU side of the hw backend: kernels (page copy, refcheck fill/check, busy compute,
+the compute stand-in's reads) and the copy engine's batched call.
 
 - ``Kernels``: one CuPy RawModule. ``kv_copy_pages`` gathers/scatters whole pages with
   16-byte accesses (uint4), ``UNROLL`` loads in flight per thread; page-index arrays live
   on the device; host memory is read/written zero-copy through its mapped device address.
-  ``kv_busy`` is an FMA chain calibrated once to iterations per second.
+  ``kv_busy`` is an FMA chain calibrated once to iterations per second: a load of the SMs
+  alone, for a compute without a step's work (tests, benchmarks); a step's work runs as
+  ``standin.StandIn`` (GEMMs, and ``kv_read``'s HBM reads).
 - ``BatchCopier``: one ``cudaMemcpyBatchAsync`` per batch through ctypes with numpy pointer
   arrays (no per-page Python work); else through cuda-bindings (Python lists); else a
   per-page ``cudaMemcpyAsync`` loop. ``self_test`` picks the first mode that copies
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .pattern import CUDA_SOURCE as PATTERN_SOURCE
+from .standin import READ_SOURCE
 
 COPY_SOURCE = r"""
 #ifndef UNROLL
@@ -88,14 +91,16 @@ def load_cupy():
 class Kernels:
     def __init__(self, cp, unroll: int = 8, busy_waves: int = 10):
         self.cp = cp
-        self.module = cp.RawModule(code=COPY_SOURCE + PATTERN_SOURCE,
+        self.module = cp.RawModule(code=COPY_SOURCE + PATTERN_SOURCE + READ_SOURCE,
                                    options=("-std=c++14", f"-DUNROLL={int(unroll)}"))
         self.copy = self.module.get_function("kv_copy_pages")
         self.fill = self.module.get_function("kv_fill")
         self.check = self.module.get_function("kv_check")
         self.busy = self.module.get_function("kv_busy")
+        self.read = self.module.get_function("kv_read")
         dev = cp.cuda.Device()
         self.sm_count = int(dev.attributes["MultiProcessorCount"])
+        self.l2_bytes = int(dev.attributes.get("L2CacheSize", 0))
         self._sink = cp.zeros(1, dtype=cp.float32)
         self.busy_threads = 256
         self.busy_blocks = self.sm_count * 8  # all resident threads of every SM: one wave

@@ -9,10 +9,13 @@ Measured:
   size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
   which the hw backend runs at;
 - host-tier fill (map, touch, pin);
-- compute: fp16 matmul FLOP/s, device copy bandwidth, the busy kernel's accuracy, and of a
-  ``compute()`` call the fixed cost and the overrun in proportion to its time; the
-  refcheck of one GPU page as a replay waits for it (``read_tags_later``; in the report
-  only: ``kvsim.tools.hwloop``'s ``refcheck.latency``);
+- compute: fp16 matmul FLOP/s, device copy bandwidth, the compute stand-in's own rates
+  (its GEMM chains' FLOP/s per M, its read rate: ``standin``), and of a ``compute()``
+  call of a step's work (each kind the caller gives) the fixed cost and the overrun in
+  proportion to its time; the refcheck of one GPU page as a replay waits for it
+  (``read_tags_later``; in the report only: ``kvsim.tools.hwloop``'s ``refcheck.latency``);
+- interference: compute of each kind with copies on each path (``interfere``'s
+  ``calibrate_grid``), for the structural model's terms per kind;
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
   replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
   copy-engine call's own host time.
@@ -25,12 +28,13 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
 from kvsim import scratch
 from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
@@ -39,6 +43,7 @@ from kvsim.tools.measured import Measured, batch as _batch
 from .backend import HwBackend
 from .disk import DiskStore
 from .gpu import load_cupy
+from .interfere import calibrate_grid, measure_cells
 from .memory import HostRegion
 from .runtime import RealtimeRuntime
 
@@ -47,7 +52,6 @@ GPU_PAGES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
 CPU_PAGES = (16 * KiB, 64 * KiB)
 
 
-@dataclass
 @dataclass
 class Plan:
     """What to measure. ``quick`` (CPU mode) keeps every size tiny."""
@@ -64,12 +68,13 @@ class Plan:
     small_page: int = 2 * MiB             # small batches: page size,
     small_counts: tuple[int, ...] = ()    # pages a batch,
     small_repeats: int = 25               # batches timed a cell (median; the first 3 dropped)
+    interference: bool = False            # compute with copies (interfere.calibrate_grid)
 
     @staticmethod
     def for_device(on_gpu: bool) -> "Plan":
         if on_gpu:
             return Plan(GPU_PAGES, 1024 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
-                        (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25)
+                        (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25, True)
         return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False,
                     64 * KiB, (1, 4), 6)
 
@@ -262,19 +267,24 @@ def measure_compute(m: Measured) -> None:
     del a, b, x, y
 
 
-def measure_busy(m: Measured, device: str, settings_for: SettingsFor) -> None:
-    """compute(d) of the hw backend: requested vs measured seconds."""
+def measure_busy(m: Measured, device: str, settings_for: SettingsFor,
+                 works: Mapping[str, StepWork] | None = None) -> None:
+    """compute(d, work) of the hw backend for each kind of ``works`` (None: compute(d),
+    the busy kernel): requested vs measured seconds; the stand-in's own rates."""
     rt = RealtimeRuntime()
     be = HwBackend(rt, settings_for(64 * KiB, {Level.GPU: 4}, device=device))
     try:
+        if "standin" in be.info:
+            m.compute["standin"] = be.info["standin"]
         rows = []
-        for d in (0.002, 0.01, 0.05):
-            for i in range(21):  # the call's fixed cost (compute.latency) is a median of these
-                t0 = time.perf_counter()
-                got = _wait(rt, [be.compute(d)])
-                if i:  # the first call of a duration is a warm-up (it captures its CUDA graphs)
-                    rows.append({"requested_s": d, "wall_s": time.perf_counter() - t0,
-                                 "reported_s": list(got.values())[0]})
+        for kind, work in (works or {None: None}).items():
+            for d in (0.002, 0.01, 0.05):
+                for i in range(11 if works else 21):  # compute.latency: a median of these
+                    t0 = time.perf_counter()
+                    got = _wait(rt, [be.compute(d, work)])
+                    if i:  # the first call of a duration is a warm-up (it captures graphs)
+                        rows.append({"requested_s": d, "wall_s": time.perf_counter() - t0,
+                                     "reported_s": list(got.values())[0], "kind": kind})
         m.compute["busy"] = rows
         # the refcheck of one page, as a replay waits for it (from read_tags_later to the
         # runtime seeing the tags): kvsim.tools.hwloop's refcheck.latency (a page's bytes are ~0 on a GPU)
@@ -291,10 +301,12 @@ def measure_busy(m: Measured, device: str, settings_for: SettingsFor) -> None:
 
 
 def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None = None,
-            disk_dir: str | None = None) -> tuple[Measured, Plan]:
+            disk_dir: str | None = None, works: Mapping[str, StepWork] | None = None
+            ) -> tuple[Measured, Plan]:
     """Everything calibrate measures, with hw backends built from ``settings_for``'s
     settings (on the profile being calibrated); the disk also at the profile's queue
-    depth and piece size."""
+    depth and piece size. ``works``: a step's work of each kind (``gemm``, ``memory``,
+    ``mix``), for the compute calls and the interference cells (None: neither)."""
     cp = load_cupy() if device != "cpu" else None
     if device == "gpu" and cp is None:
         raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
@@ -311,5 +323,7 @@ def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None =
     measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
     if on_gpu and plan.compute:
         measure_compute(m)
-    measure_busy(m, dev, settings_for)
+    measure_busy(m, dev, settings_for, works if on_gpu else None)
+    if on_gpu and plan.interference and works:
+        m.interference = measure_cells(settings_for, calibrate_grid(), works, dev, reps=3)
     return m, plan

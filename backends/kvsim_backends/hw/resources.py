@@ -120,11 +120,14 @@ def _sum(tiers: list[Tier], why: dict[Level, str] | None = None) -> tuple[str, s
     return keys, parts
 
 
-def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None, cuda=None) -> dict:
+def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None, cuda=None,
+                   device_extra: int = 0) -> dict:
     """Refuse (``CapacityError``) if a tier exceeds what the machine can give; else a dict
     of the figures checked (bytes), for the run's record. ``disk_dir``: the folder the disk
-    tier's file goes in; ``cuda``: ``cupy.cuda.runtime`` on a GPU. A figure the platform
-    does not give (no /proc/meminfo) is not checked."""
+    tier's file goes in; ``cuda``: ``cupy.cuda.runtime`` on a GPU; ``device_extra``: device
+    bytes the backend allocates beside the GPU tier (the compute stand-in's), kept free
+    with the headroom. A figure the platform does not give (no /proc/meminfo) is not
+    checked."""
     problems: list[str] = []
     seen: dict = {}
     ram: list[Tier] = []
@@ -133,11 +136,13 @@ def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None,
         if t.level == Level.GPU and on_gpu:
             free = device_free(cuda) if cuda is not None else None
             seen["device_free_bytes"] = free
-            if free is not None and t.nbytes > free - DEVICE_HEADROOM:
+            keep = DEVICE_HEADROOM + device_extra
+            if free is not None and t.nbytes > free - keep:
+                extra = f" and {fmt_bytes(device_extra)} of compute stand-in" if device_extra else ""
                 problems.append(
                     f"{t.key}: {fmt_bytes(t.nbytes)} ({t.label}) exceeds the "
-                    f"{fmt_bytes(max(0, free - DEVICE_HEADROOM))} of device memory it may use "
-                    f"({fmt_bytes(free)} free less {fmt_bytes(DEVICE_HEADROOM)} kept free)")
+                    f"{fmt_bytes(max(0, free - keep))} of device memory it may use "
+                    f"({fmt_bytes(free)} free less {fmt_bytes(DEVICE_HEADROOM)} kept free{extra})")
         elif t.level == Level.DISK:
             if disk_dir is None:
                 continue

@@ -34,10 +34,15 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   to a transfer with a GPU-link leg, ``disk_leg_s`` to one with a disk leg (0 by default).
 - a refcheck is free and immediate: the tags are not bytes (``read_tags_later`` is None).
 
-The path comes from ``kvsim.core.datapath.copypath`` (the same rule the hw backend applies) unless
-``copy_path`` forces one. ``compute(d)`` is a fluid job stretched by copy interference,
-its work ``d x compute.scale`` (the hw busy kernel's overrun; 1 by default), then
-``compute.latency`` (the hw backend's own cost per call; 0 by default: no event).
+A host-tier batch's path comes from ``kvsim.core.datapath.pathcost`` as it starts (the same
+rule the hw backend applies: alone with nothing computing, ``kvsim.core.datapath.copypath``'s
+time per page; else by cost, from the batches whose bytes are moving and the compute
+running) unless ``copy_path`` pins one; a staged disk leg takes a direction's path alone.
+``compute(d, work)`` is a fluid job stretched by copy interference, by the kind of its
+step's work where the profile has ``sm.interference.gemm`` / ``.memory``
+(``kvsim.core.datapath.interference``), its work ``d x compute.scale`` (the hw
+stand-in's overrun; 1 by default), then ``compute.latency`` (the hw backend's own cost
+per call; 0 by default: no event).
 With the profile's ``sm.interference.lasting_step_penalty``, once SM copy kernels have
 started ``lasting_after_batches`` batches over the host link, every later compute call
 takes that much longer, after its work (the seed's lasting per-step cost of the kernel on

@@ -20,8 +20,11 @@ from typing import Any, Final, Sequence
 
 import simpy
 
-from kvsim.core.datapath.copypath import direction_ctas, direction_paths
+from kvsim.core.datapath.copypath import CopyPath, direction_ctas, direction_paths, pinned_paths
 from kvsim.core.datapath.fill import FillLayout, registration_unit
+from kvsim.core.datapath.interference import MixTable
+from kvsim.core.datapath.pathcost import other_path, path_chooser
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
@@ -36,6 +39,15 @@ from .transfer import Transfer, Transfers
 from .servers import Units
 
 _INF: Final = math.inf
+
+
+def mix_table(profile, model) -> MixTable | None:
+    """The structural interference model for ``model``'s GEMMs (``ModelSettings``) on
+    ``profile``, or None where the profile has only the older terms."""
+    structure = profile.interference_structure()
+    if structure is None:
+        return None
+    return MixTable(structure, model.projections, model.min_rows, model.max_rows)
 
 
 class SimBackend(Transfers):
@@ -81,7 +93,8 @@ class SimBackend(Transfers):
         unit = probes.registration_unit or registration_unit(settings.host_fill.backing,
                                                              self.host_fill.layout)
         c = settings.copy
-        self.paths = direction_paths(p, page_bytes, c.force, unit, int(slots.get(Level.HOST, 0)),
+        host_slots = int(slots.get(Level.HOST, 0))
+        self.paths = direction_paths(p, page_bytes, c.force, unit, host_slots,
                                      c.kernel_on_coherent_link)
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         self.ctas = direction_ctas(c.sm_ctas, p)
@@ -112,8 +125,15 @@ class SimBackend(Transfers):
                                       "hbm": p.gpu.hbm / 2, **disk},
                            per_cta_slowdown=sm.interference.per_cta_slowdown,
                            copy_engine_slowdown=sm.interference.copy_engine_slowdown,
-                           busy_cta_efficiency=sm.interference.busy_cta_efficiency)
+                           busy_cta_efficiency=sm.interference.busy_cta_efficiency,
+                           kinds=mix_table(p, settings.model))
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
+        # each GPU <-> host batch's path by what it costs (kvsim.core.datapath.pathcost),
+        # from the batches whose bytes are moving, by direction and path
+        self.chooser = path_chooser(p, page_bytes, pinned_paths(p, page_bytes, c.force, unit, host_slots,
+                                                                c.kernel_on_coherent_link),
+                                    self.paths, c.sm_ctas, self.fluid.kinds)
+        self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         # the node's disk drive: one rank's own fluid holds it; ranks of a node share one
         # (its fluid and its I/O pool: ``Runtime.shared``), where a GPU <-> disk flow is
         # bounded by its link leg's rate instead of sharing the rank's link resources
@@ -204,6 +224,13 @@ class SimBackend(Transfers):
         self.driver_waits += 1
         return wait
 
+    def pick_path(self, d: str, pages: int) -> tuple[CopyPath, int]:
+        """(path, SM CTAs) of a batch of ``pages`` in direction ``d`` now: the chooser's,
+        from the other direction's flows and the compute running (its first job's work)."""
+        jobs = self.fluid.jobs
+        return self.chooser.pick(d, pages, other_path(self._flowing["d2h" if d == "h2d" else "h2d"]),
+                                 bool(jobs), jobs[0].work if jobs else None)
+
     def _take_back(self, batch: Batch) -> simpy.Event:
         """An eviction onto the pages' retained disk copies: done at once, nothing written
         (the tags stay those the copies' earlier writes left). Counted as
@@ -211,20 +238,20 @@ class SimBackend(Transfers):
         self._counts["takeback_pages"] = self._counts.get("takeback_pages", 0) + batch.pages
         return self.env.timeout(0, True)
 
-    def compute(self, duration_s: float) -> simpy.Event:
+    def compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         wait = self.driver_call()
         if wait > 0:  # its launch waits for the node's driver lock
-            return self.env.process(self._later(wait, duration_s))
-        return self._compute(duration_s)
+            return self.env.process(self._later(wait, duration_s, work))
+        return self._compute(duration_s, work)
 
-    def _later(self, wait: float, duration_s: float):
+    def _later(self, wait: float, duration_s: float, work: StepWork | None):
         yield self.env.timeout(wait)
-        took = yield self._compute(duration_s)
+        took = yield self._compute(duration_s, work)
         return took
 
-    def _compute(self, duration_s: float) -> simpy.Event:
+    def _compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         self._counts["compute_calls"] += 1
-        done = self.fluid.add_job(duration_s * self.compute_scale)
+        done = self.fluid.add_job(duration_s * self.compute_scale, work)
         done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0))
         lat = self.compute_latency
@@ -235,7 +262,8 @@ class SimBackend(Transfers):
             return self.env.process(self._after(done, lat))
         return done
 
-    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
+                      work: StepWork | None = None) -> float | None:
         if self.driver is not None and self.driver.fills:
             return None  # (its launch may wait for the lock: step on the clock)
         if quiet:
@@ -248,7 +276,7 @@ class SimBackend(Transfers):
         penalty = self.step_penalty_s
         if penalty > 0:
             lat += penalty
-        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat)
+        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat, work)
         if end is None:
             return None
         if penalty > 0:

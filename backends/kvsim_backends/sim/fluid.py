@@ -8,18 +8,23 @@ until a resource it uses is full or it reaches its own cap (an SM copy kernel's 
 A flow over several resources (disk -> host -> GPU) moves at one rate through all of them:
 a pipeline in steady state.
 
-Compute jobs progress at ``1 / (1 + slowdown)`` seconds of work per second, where the
-slowdown sums ``per_cta_slowdown`` for every copy-kernel CTA moving bytes and
-``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute job runs,
-copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
+Compute jobs progress at ``1 / (1 + slowdown)`` seconds of work per second. A job of a
+step's work (a ``StepWork``) on a profile with the structural model (``kinds``: a
+``kvsim.core.datapath.interference.MixTable``) has its own slowdown: its kinds of work
+against the ``CopyLoad`` the flows take (copy CTAs moving bytes per direction, copy-engine
+flows, bytes through HBM at the flows' rates). Any other job's slowdown (the older model,
+and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
+bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
+job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
 
-Invariants: rates (and so the slowdown) change only when the set of flows changes, or when
-compute starts or stops while an SM copy kernel moves bytes; flows are brought up to date
-only then (piecewise constant in between), so a compute job that starts and ends while
-nothing else changes leaves the flows' arithmetic untouched. A job ends at
-``start + work * (1 + slowdown)`` when the slowdown stays constant over it: the same
-expression ``ahead`` evaluates for a compute the engine runs ahead of the clock, so running
-ahead and stepping give the same floats. Exactly one flow wake-up is live (older ones are
+Invariants: rates (and so the load and every slowdown) change only when the set of flows
+changes, or when compute starts or stops while an SM copy kernel moves bytes; flows are
+brought up to date only then (piecewise constant in between), so a compute job that
+starts and ends while nothing else changes leaves the flows' arithmetic untouched. A job
+ends at ``start + work * (1 + slowdown)`` when its slowdown stays constant over it: the
+same expression ``ahead`` evaluates for a compute the engine runs ahead of the clock, so
+running ahead and stepping give the same floats. A job's slowdown is 0.0 exactly while no
+flow moves bytes; without ``kinds`` every job's is the older model's, as before them. Exactly one flow wake-up is live (older ones are
 no longer ``_pending`` and do nothing; ``drop_stale`` takes those at the head of the
 clock's queue off it, so they do not stop a run ahead); a flow completes at the wake-up
 that predicted its end, never earlier. Cost: O(1) SimPy events per flow or job plus one
@@ -32,6 +37,9 @@ import math
 from typing import Callable, Final
 
 import simpy
+
+from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
+from kvsim.core.datapath.work import StepWork
 
 from .runtime import Clock, Wake
 
@@ -57,14 +65,17 @@ class Flow:
 
 
 class Job:
-    __slots__ = ("remaining", "since", "start", "done", "wake")
+    __slots__ = ("remaining", "since", "start", "done", "wake", "work", "slow")
 
-    def __init__(self, work_s: float, start: float, done: simpy.Event):
+    def __init__(self, work_s: float, start: float, done: simpy.Event, work: StepWork | None,
+                 slow: float):
         self.remaining = work_s  # seconds of work left at time ``since``
         self.since = start
         self.start = start
         self.done = done
         self.wake: Wake | None = None  # the live wake-up at its predicted end
+        self.work = work  # the step it computes (None: the SMs alone)
+        self.slow = slow  # its slowdown since ``since``
 
 
 class Fluid:
@@ -72,18 +83,20 @@ class Fluid:
 
     def __init__(self, env: simpy.Environment, capacities: dict[str, float], *,
                  per_cta_slowdown: float, copy_engine_slowdown: float,
-                 busy_cta_efficiency: float):
+                 busy_cta_efficiency: float, kinds: MixTable | None = None):
         self.env = env
         self.clock = Clock(env)  # (its queue, for the wake-ups and events below)
         self.cap = dict(capacities)
         self.per_cta = per_cta_slowdown
         self.ce_slow = copy_engine_slowdown
         self.busy_eff = busy_cta_efficiency
+        self.kinds = kinds  # the structural model (None: the older one for every job)
         self.flows: list[Flow] = []
         self.jobs: list[Job] = []
         self.busy_s = {r: 0.0 for r in self.cap}   # up to the last change of the flows
         self.compute_busy_s = 0.0                   # up to the last job's end
-        self._slow = 0.0
+        self._slow = 0.0  # the older model's slowdown under the current flows
+        self._load: CopyLoad = IDLE  # what the current flows take (with ``kinds`` only)
         self._t_flows = self.clock.now    # when the flows' ``remaining`` were last updated
         self._jobs_since = self.clock.now  # when compute last went from idle to busy
         self._busy_res: set[str] = set()  # resources the current flows use
@@ -93,11 +106,11 @@ class Fluid:
         # fire): ``drop_stale`` takes them off its head, so they hide no later event
         self._stale: set[Wake] = set()
         self._due_flows: list[Flow] = []  # what the live wake-up completes
-        # (compute running, flows' signatures in order) -> (slowdown, rates): the same flow
+        # (compute running, flows' signatures in order) -> (slowdown, load, rates): the same flow
         # mixes recur all the time, and an allocation is a pure function of its key. A
         # signature is a small number (its position in ``_sigs``): a key of numbers hashes
         # fast, where nested tuples of names and floats would be hashed anew each time
-        self._alloc_cache: dict[tuple, tuple[float, tuple[float, ...]]] = {}
+        self._alloc_cache: dict[tuple, tuple[float, CopyLoad, tuple[float, ...]]] = {}
         self._sigs: list[tuple] = []        # signature number -> (res, cap, ctas, ce)
         self._sig_of: dict[tuple, int] = {}  # (res, cap, ctas, ce) -> signature number
 
@@ -130,14 +143,16 @@ class Fluid:
         self._n_sm += f.sm
         self._realloc()
 
-    def add_job(self, work_s: float) -> simpy.Event:
-        """Start ``work_s`` seconds of compute; succeeds with the seconds it really took."""
+    def add_job(self, work_s: float, work: StepWork | None = None) -> simpy.Event:
+        """Start ``work_s`` seconds of compute (of ``work``: a step, or None: the SMs
+        alone); succeeds with the seconds it really took."""
         done = self.clock.new_event()
         if work_s <= 0:
             self.clock.succeed(done, 0.0)
             return done
         now = self.clock.now
-        job = Job(work_s, now, done)
+        job = Job(work_s, now, done, work, 0.0)
+        job.slow = self._slow_of(work)
         if not self.jobs:
             self._jobs_since = now
         self.jobs.append(job)
@@ -148,15 +163,16 @@ class Fluid:
         self._time_job(job)
         return done
 
-    def ahead(self, start: float, work_s: float, horizon: float, tail: float = 0.0) -> float | None:
-        """Where a compute of ``work_s`` started at ``start`` would end, provided nothing
-        changes before: no job runs, no SM copy kernel moves bytes (their rates depend on
-        compute), and it ends, ``tail`` seconds later still, strictly before ``horizon``
-        (the next event that could change anything). None otherwise. Counted as compute
-        time as a job would be."""
+    def ahead(self, start: float, work_s: float, horizon: float, tail: float = 0.0,
+              work: StepWork | None = None) -> float | None:
+        """Where a compute of ``work_s`` (of ``work``, as ``add_job``) started at ``start``
+        would end, provided nothing changes before: no job runs, no SM copy kernel moves
+        bytes (their rates depend on compute), and it ends, ``tail`` seconds later still,
+        strictly before ``horizon`` (the next event that could change anything). None
+        otherwise. Counted as compute time as a job would be."""
         if self.jobs or self._n_sm:
             return None
-        end = start + work_s * (1.0 + self._slow)
+        end = start + work_s * (1.0 + self._slow_of(work))
         if not end + tail < horizon:
             return None
         self.compute_busy_s += end - start
@@ -171,8 +187,27 @@ class Fluid:
 
     @property
     def slowdown(self) -> float:
-        """Current compute stretch beyond 1 (0.17: compute runs at 1/1.17 speed)."""
+        """Current compute stretch beyond 1 of a compute of the SMs alone (0.17: it runs
+        at 1/1.17 speed)."""
         return self._slow
+
+    @property
+    def load(self) -> CopyLoad:
+        """What the current flows take from compute (``IDLE`` without ``kinds``)."""
+        return self._load
+
+    def slowdown_of(self, work: StepWork | None) -> float:
+        """The stretch beyond 1 a compute of ``work`` would run at under the current flows."""
+        return self._slow_of(work)
+
+    def _slow_of(self, work: StepWork | None) -> float:
+        kinds = self.kinds
+        if kinds is None or work is None:
+            return self._slow
+        load = self._load
+        if load is IDLE:  # (no flow moves bytes: the allocation hands out IDLE itself)
+            return 0.0
+        return kinds.stretch(work, load)
 
     # -- mechanics ------------------------------------------------------------------
 
@@ -192,7 +227,7 @@ class Fluid:
                 busy[r] += dt
 
     def _time_job(self, job: Job) -> None:
-        left = job.remaining * (1.0 + self._slow)
+        left = job.remaining * (1.0 + job.slow)
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
 
     def _job_wake(self, ev: Wake) -> None:
@@ -213,15 +248,16 @@ class Fluid:
     def _realloc(self) -> None:
         """New rates for the current flows (already synced to now), the slowdown they
         cause, jobs re-timed if it changed, and the next flow wake-up."""
-        old_slow = self._slow
         rates = self._allocate()
-        if self._slow != old_slow and self.jobs:
+        if self.jobs:
             now = self.clock.now
-            stretch = 1.0 + old_slow
-            for j in self.jobs:
-                j.remaining -= (now - j.since) / stretch
-                j.since = now
-                self._time_job(j)
+            for j in self.jobs:  # (each job's slowdown: the older model's alike for all)
+                slow = self._slow_of(j.work)
+                if slow != j.slow:
+                    j.remaining -= (now - j.since) / (1.0 + j.slow)
+                    j.since = now
+                    j.slow = slow
+                    self._time_job(j)
         if self._pending is not None:
             self._stale.add(self._pending)  # (a new wake-up, or none, replaces it)
         flows = self.flows
@@ -263,10 +299,10 @@ class Fluid:
             f.done()
 
     def _allocate(self) -> tuple[float, ...]:
-        """Set the compute slowdown for the current flows and return each one's rate, in
-        order (the caller sets them). Memoised: the result depends only on the flows'
-        signatures, in order, and on whether compute runs, and recomputing it gives the
-        very same floats."""
+        """Set the compute slowdown and load for the current flows and return each one's
+        rate, in order (the caller sets them). Memoised: the result depends only on the
+        flows' signatures, in order, and on whether compute runs, and recomputing it gives
+        the very same floats."""
         jobs = bool(self.jobs)
         key = (jobs, *[f.sig for f in self.flows])
         cache = self._alloc_cache
@@ -276,18 +312,43 @@ class Fluid:
                 cache.clear()
             sigs = self._sigs
             hit = cache[key] = self._allocation(jobs, tuple([sigs[n] for n in key[1:]]))
-        self._slow, rates = hit
+        self._slow, self._load, rates = hit
         return rates
 
-    def _allocation(self, jobs_running: bool, sigs: tuple) -> tuple[float, tuple[float, ...]]:
-        """(slowdown, max-min fair rate of each flow) for flows with signatures ``sigs``
-        (``(res, cap, ctas, ce)`` each), by progressive filling."""
+    def _allocation(self, jobs_running: bool, sigs: tuple
+                    ) -> tuple[float, CopyLoad, tuple[float, ...]]:
+        """(slowdown, load, max-min fair rate of each flow) for flows with signatures
+        ``sigs`` (``(res, cap, ctas, ce)`` each)."""
+        slow, rates = self._rates(jobs_running, sigs)
+        if self.kinds is None or not sigs:
+            return slow, IDLE, rates
+        h2d = d2h = 0
+        ce = False
+        hbm = 0.0
+        for (res, _, c, e), r in zip(sigs, rates):
+            link = "h2d" in res or "d2h" in res
+            if c:
+                if "h2d" in res:
+                    h2d += c
+                else:
+                    d2h += c
+            ce = ce or e
+            if link:
+                hbm += r
+            elif "hbm" in res:
+                hbm += 2.0 * r
+        load = CopyLoad(h2d, d2h, ce, hbm)
+        return slow, (IDLE if load.idle else load), rates
+
+    def _rates(self, jobs_running: bool, sigs: tuple) -> tuple[float, tuple[float, ...]]:
+        """(the older model's slowdown, max-min fair rate of each flow) for flows with
+        signatures ``sigs``, by progressive filling."""
         ctas = 0
         ce = False
         for _, _, c, e in sigs:
             ctas += c
             ce = ce or e
-        slow = self.per_cta * ctas + (self.ce_slow if ce else 0.0)
+        slow = legacy_stretch(self.per_cta, self.ce_slow, CopyLoad(ctas, 0, ce))
         if not sigs:
             return slow, ()
         busy_eff = self.busy_eff

@@ -30,6 +30,7 @@ from kvsim.core.spec import Level
 from kvsim.tools.hwloop import HwLoop
 
 from kvsim.core.datapath.diskio import IoClass
+from kvsim.core.datapath.work import StepWork
 
 from .backend import SimBackend
 from .diskpool import DiskJob
@@ -55,16 +56,17 @@ class HwLoopSim:
     def transfer(self, batch: Batch) -> simpy.Event:
         return self.inner.transfer(batch)
 
-    def compute(self, duration_s: float) -> simpy.Event:
+    def compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         owed = self.loop.take()
         if owed > 0.0:
-            return self.env.process(self._held(owed, duration_s))
-        return self.inner.compute(duration_s)
+            return self.env.process(self._held(owed, duration_s, work))
+        return self.inner.compute(duration_s, work)
 
-    def compute_ahead(self, start_s: float, seconds: float, quiet: bool) -> float | None:
+    def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
+                      work: StepWork | None = None) -> float | None:
         if self.loop.owed_s > 0.0:
             return None  # (compute() starts it late)
-        return self.inner.compute_ahead(start_s, seconds, quiet)
+        return self.inner.compute_ahead(start_s, seconds, quiet, work)
 
     def catch_up(self, until_s: float) -> simpy.Event:
         return self.inner.catch_up(until_s)
@@ -105,9 +107,9 @@ class HwLoopSim:
     def close(self) -> None:
         self.inner.close()
 
-    def _held(self, owed: float, duration_s: float):
+    def _held(self, owed: float, duration_s: float, work: StepWork | None):
         yield self.env.timeout(owed)
-        took = yield self.inner.compute(duration_s)
+        took = yield self.inner.compute(duration_s, work)
         return took
 
     def _check(self, level: Level, pages: int, found: list, after: float):

@@ -21,6 +21,7 @@ import simpy
 
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.diskio import io_class
+from kvsim.core.datapath.pathcost import PathChooser
 from kvsim.core.plan import Batch
 from kvsim.core.spec import Level
 
@@ -45,6 +46,8 @@ class Transfers:
     _link_bw: dict[str, float]
     refcheck: bool
     paths: dict[str, CopyPath]
+    chooser: PathChooser
+    _flowing: dict[str, list[int]]
     per_page: dict[str, float]
     ctas: dict[str, int]
     _cta_rate: dict[str, float]
@@ -71,11 +74,17 @@ class Transfers:
     link_leg_s: float
     disk_leg_s: float
 
-    def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float) -> None:
-        if link_dir is None:
+    def pick_path(self, d: str, pages: int) -> tuple[CopyPath, int]:
+        """(path, SM CTAs) of a host-tier batch of ``pages`` in direction ``d`` now
+        (``SimBackend``'s)."""
+        raise NotImplementedError
+
+    def _log(self, batch: Batch, link_dir, disk_dir, fail: bool, t0: float,
+             link_path: CopyPath | None = None) -> None:
+        if link_dir is None or link_path is None:
             path = "disk" if disk_dir else "gpu_copy"
         else:
-            path = self.paths[link_dir].value
+            path = link_path.value
             if disk_dir:
                 path = f"disk+{path}"
         self.timing_log.append({"t_s": t0,  # type: ignore[union-attr]  # only called when set
@@ -119,7 +128,7 @@ class Transfer:
     constants and update its counters."""
 
     __slots__ = ("be", "batch", "route", "fail", "t0", "done", "res", "start_s", "cap",
-                 "ctas", "ce", "host_s")
+                 "ctas", "ce", "host_s", "path")
 
     def __init__(self, be: Transfers, batch: Batch, route, fail: bool):
         self.be = be
@@ -134,6 +143,7 @@ class Transfer:
         self.ctas = 0
         self.ce = False
         self.host_s = 0.0
+        self.path: CopyPath | None = None  # its link leg's path (None: no link leg)
 
     def after(self, delay: float, step: Callable[..., None]) -> None:
         """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
@@ -150,10 +160,16 @@ class Transfer:
         link_dir, disk_dir, res, _ = self.route
         self.start_s = be._disk_latency if disk_dir and be.disk_pool is None else 0.0
         if link_dir is not None:
-            if be.paths[link_dir] is CopyPath.COPY_ENGINE:
+            if disk_dir:  # (a staged disk leg: the path a direction takes alone, as on hw)
+                path, ctas = be.paths[link_dir], be.ctas[link_dir]
+            else:
+                path, ctas = be.pick_path(link_dir, self.batch.pages)
+            self.path = path
+            be._flowing[link_dir][int(path is CopyPath.SM_KERNEL)] += 1
+            if path is CopyPath.COPY_ENGINE:
                 be.copy_engines.take(self.ce_held)
             else:
-                self.ctas = be.ctas[link_dir]
+                self.ctas = ctas
                 be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
             return
         if res == ("hbm",):
@@ -246,6 +262,8 @@ class Transfer:
             be.copy_engines.give()
         elif self.ctas:
             be.cta_pool.put(self.ctas)
+        if self.path is not None:
+            be._flowing[self.route[0]][int(self.path is CopyPath.SM_KERNEL)] -= 1
         fixed = be._fixed[self.ctas > 0]
         if self.route[0] is not None:
             fixed += be.link_leg_s
@@ -260,5 +278,5 @@ class Transfer:
         be, batch, fail = self.be, self.batch, self.fail
         be._finish(batch, self.route[3], fail)
         if be.timing_log is not None:
-            be._log(batch, self.route[0], self.route[1], fail, self.t0)
+            be._log(batch, self.route[0], self.route[1], fail, self.t0, self.path)
         self.be.clock.succeed(self.done, not fail)

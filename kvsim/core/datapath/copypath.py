@@ -33,7 +33,10 @@ sag as the link fills), rounded up to an even number, at least 2, at most ``max_
 The run's settings (``engine.copy_path`` per direction, ``engine.sm_ctas``,
 ``engine.kernel_on_coherent_link``) reach both backends as given; ``force_per_direction``
 and ``sm_ctas`` turn them into the path and the CTA count of each direction: ``auto``
-applies the rules above, anything else is forced.
+applies the rules above, anything else is forced. ``direction_paths`` is each
+direction's path by these rules alone (a batch moving alone, nothing computing: what the
+backends report); ``pinned_paths`` says which directions rules 1-3 pin, and on a coherent
+link all; the others' batches go by what they cost (``kvsim.core.datapath.pathcost``).
 """
 
 from __future__ import annotations
@@ -190,6 +193,23 @@ def direction_paths(profile, page_bytes: int, force: Mapping[str, CopyPath | Non
     return {d: choose_copy_path(**profile.copy_path_args(d, page_bytes), force=force.get(d),
                                 chunked_registration=chunked,
                                 kernel_on_coherent_link=kernel_on_coherent_link)
+            for d in DIRECTIONS}
+
+
+def pinned_paths(profile, page_bytes: int, force: Mapping[str, CopyPath | None],
+                 registration_unit: int | None, host_slots: int,
+                 kernel_on_coherent_link: bool) -> dict[str, CopyPath | None]:
+    """The path each direction is pinned to, or None where it is chosen batch by batch by
+    what it costs (``kvsim.core.datapath.pathcost``): pinned by a forced path, by chunked
+    registration (the SM kernel), and on a coherent link (the copy engine, or the kernel
+    with ``kernel_on_coherent_link``: the seed's rule, where the SM kernel leaves every
+    later step slower, a cost no batch sees). On PCIe the rest is by cost."""
+    chunked = registration_forces_kernel(page_bytes, registration_unit, host_slots)
+    c2c = profile.link.kind == "c2c"
+    return {d: choose_copy_path(**profile.copy_path_args(d, page_bytes), force=force.get(d),
+                                chunked_registration=chunked,
+                                kernel_on_coherent_link=kernel_on_coherent_link)
+            if (force.get(d) is not None or chunked or c2c) else None
             for d in DIRECTIONS}
 
 

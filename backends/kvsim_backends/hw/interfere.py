@@ -1,0 +1,193 @@
+"""How copies slow compute on this machine, measured through the hw backend: one cell is a
+step's compute of one kind and length started just before a copy batch (or one each way)
+on one path, against the same compute alone.
+
+Used by ``benchmarks/hw_interference.py`` (its grid, the sim's prediction beside each
+cell) and by ``kvsim calibrate`` (``microbench``, whose fit reads the cells:
+``kvsim.tools.fit.fit_interference``).
+
+A cell (``Cell``): the compute's ``kind`` (a key of the ``works`` the caller gives:
+``StepWork`` records of a GEMM-bound prefill, an HBM-bound decode, a decode-like mix) and
+seconds; the copy's path (``copy_engine`` or ``sm_kernel``), direction (``h2d``, ``d2h``
+or ``both``: a batch each way at once), page size and bytes a direction. Measured,
+``reps`` times after a warm-up, alternating: the compute alone, then the compute with the
+copy submitted right after it; an equal idle gap (``gap_s``) before each, because a GEMM
+chain is power-bound and runs faster after idle time. The compute's time is its GPU time
+(its events, as ``compute()`` reports it); the copy's from ``transfer()`` to the runtime
+seeing it done. A cell's stretch is the median with-copy time over the median alone
+time, less 1; its spread, half the range of each rep's with-copy time over that median
+alone time.
+
+Backends are built per page size (random slots, the largest batch of the grid at that
+size; pinned host memory) with the caller's ``settings_for``, so a cell runs the hw
+backend's own copy machinery and compute stand-in. In CPU mode the same runs on numpy
+with batches of at most ``cpu_bytes`` (a smoke test: its times mean nothing).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.work import StepWork
+from kvsim.core.plan import Batch, BatchKind
+from kvsim.core.spec import Level
+
+from .backend import HwBackend
+from .gpu import load_cupy
+from .runtime import RealtimeRuntime
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell: ``kind`` of compute for ``compute_s`` seconds; a copy of ``dir_bytes`` a
+    direction in pages of ``page`` on ``path`` in ``dir``."""
+
+    kind: str
+    compute_s: float
+    path: str
+    dir: str
+    page: int
+    dir_bytes: int
+
+    @property
+    def name(self) -> str:
+        size = f"{self.page // MiB} MiB" if self.page >= MiB else f"{self.page // KiB} KiB"
+        b = self.dir_bytes
+        amount = f"{b / GiB:g} GiB" if b >= GiB else f"{b // MiB} MiB"
+        return (f"{self.kind} {self.compute_s * 1e3:g} ms | {self.path} {self.dir} "
+                f"{amount} of {size}")
+
+
+#: the copies of the default grid: (path, dir, page, bytes a direction)
+COPIES = (
+    ("sm_kernel", "both", 64 * KiB, 1 * GiB), ("copy_engine", "both", 64 * KiB, 1 * GiB),
+    ("sm_kernel", "h2d", 1 * MiB, 2 * GiB), ("copy_engine", "h2d", 1 * MiB, 2 * GiB),
+    ("sm_kernel", "both", 16 * KiB, 256 * MiB), ("copy_engine", "both", 16 * KiB, 256 * MiB),
+    ("sm_kernel", "d2h", 4 * MiB, 512 * MiB), ("copy_engine", "d2h", 4 * MiB, 512 * MiB),
+    ("sm_kernel", "h2d", 16 * KiB, 64 * MiB), ("sm_kernel", "both", 1 * MiB, 64 * MiB),
+    ("copy_engine", "both", 4 * MiB, 2 * GiB), ("sm_kernel", "h2d", 4 * MiB, 1 * GiB),
+    ("sm_kernel", "d2h", 64 * KiB, 256 * MiB), ("copy_engine", "h2d", 16 * KiB, 64 * MiB),
+    ("sm_kernel", "both", 4 * MiB, 1 * GiB), ("copy_engine", "d2h", 64 * KiB, 1 * GiB),
+)
+KINDS = ("gemm", "memory", "mix")
+DURATIONS = (0.020, 0.002, 0.050, 0.010)
+
+
+def default_grid() -> list[Cell]:
+    """48 cells: every copy of ``COPIES`` under each kind of compute, the compute's length
+    turning through 20, 2, 50 and 10 ms so that every kind meets copies shorter and longer
+    than itself."""
+    out = []
+    for i, (path, d, page, nbytes) in enumerate(COPIES):
+        for j, kind in enumerate(KINDS):
+            out.append(Cell(kind, DURATIONS[(i + j) % len(DURATIONS)], path, d, page, nbytes))
+    return out
+
+
+def full_grid() -> list[Cell]:
+    """Every copy of ``COPIES`` under every kind at every length: 192 cells."""
+    return [Cell(kind, t, path, d, page, nbytes) for path, d, page, nbytes in COPIES
+            for kind in KINDS for t in sorted(DURATIONS)]
+
+
+def calibrate_grid() -> list[Cell]:
+    """A short grid for ``kvsim calibrate``: each kind for 20 ms under both paths both
+    ways at 64 KiB, the SM kernel one way each at 1 MiB, and the copy engine at 16 KiB."""
+    copies = (("sm_kernel", "both", 64 * KiB, 1 * GiB), ("copy_engine", "both", 64 * KiB, 1 * GiB),
+              ("sm_kernel", "h2d", 1 * MiB, 1 * GiB), ("sm_kernel", "d2h", 1 * MiB, 1 * GiB),
+              ("copy_engine", "both", 16 * KiB, 256 * MiB))
+    return [Cell(kind, 0.020, *c) for c in copies for kind in KINDS]
+
+
+def _batch(src, dst, ss, ds, pb) -> Batch:
+    ss, ds = np.asarray(ss, np.int64), np.asarray(ds, np.int64)
+    return Batch(BatchKind.EVICT, src, dst, ss, ds, np.zeros(len(ss), np.uint64), pb, 0)
+
+
+def _wait(rt, waitables) -> list:
+    return list(rt.run(rt.all_of(waitables)).values())
+
+
+def _one(rt, be, work, compute_s, batches, path, gap_s) -> tuple[float, float | None]:
+    """(the compute's seconds, the copy's seconds or None) of one rep after ``gap_s`` idle."""
+    time.sleep(gap_s)
+    job = be.compute(compute_s, work)
+    copy_s = None
+    if batches:
+        t0 = time.perf_counter()
+        oks = _wait(rt, [be.transfer(b, path=path) for b in batches])
+        copy_s = time.perf_counter() - t0
+        if not all(oks):
+            raise RuntimeError(f"a transfer failed on {path.value}: {list(be.errors)}")
+    return float(_wait(rt, [job])[0]), copy_s
+
+
+def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str, StepWork],
+                  device: str = "auto", reps: int = 5, gap_s: float = 0.1,
+                  cpu_bytes: int = 4 * MiB, seed: int = 0,
+                  progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Each cell measured (see the module docstring): a dict of the cell's fields and
+    ``alone_s`` / ``with_s`` (median GPU seconds of the compute), ``stretch``, ``spread``,
+    ``copy_s`` (median), ``pages`` and ``bytes`` in all, ``batches`` ([direction, pages]
+    each, as ``hw_copy.py``'s cells), ``ctas`` (the SM kernel's per direction),
+    ``work`` (the StepWork's fields), ``projections`` (the stand-in's GEMMs), ``device``. ``settings_for(page_bytes, slots,
+    **options)``: settings on the profile being measured (``kvsim.run.seam.settings_for``
+    with it)."""
+    rng = np.random.default_rng(seed)
+    on_gpu = device != "cpu" and load_cupy() is not None
+    if device == "gpu" and not on_gpu:
+        raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
+    out = []
+    for page in sorted({c.page for c in cells}):
+        at = [c for c in cells if c.page == page]
+        rt = RealtimeRuntime()
+        be = None
+        try:
+            n = max(1, max(c.dir_bytes for c in at) // page)
+            if not on_gpu:
+                n = max(1, min(n, cpu_bytes // page))
+            be = HwBackend(rt, settings_for(page, {Level.GPU: 2 * n, Level.HOST: 2 * n},
+                                            device="gpu" if on_gpu else "cpu", refcheck=False))
+            hs, gs = rng.permutation(2 * n), rng.permutation(2 * n)
+            for c in at:
+                k = max(1, min(n, c.dir_bytes // page))
+                h2d = _batch(Level.HOST, Level.GPU, hs[:k], gs[:k], page)
+                d2h = _batch(Level.GPU, Level.HOST, gs[n:n + k], hs[n:n + k], page)
+                batches = {"h2d": [h2d], "d2h": [d2h], "both": [h2d, d2h]}[c.dir]
+                path = CopyPath(c.path) if on_gpu else CopyPath.COPY_ENGINE
+                work = works[c.kind]
+                alone, with_, copies = [], [], []
+                for r in range(reps + 1):
+                    a, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
+                    w, cs = _one(rt, be, work, c.compute_s, batches, path, gap_s)
+                    if r:
+                        alone.append(a)
+                        with_.append(w)
+                        copies.append(cs)
+                base = statistics.median(alone)
+                each = [x / base - 1.0 for x in with_]
+                row = {**asdict(c), "alone_s": base, "with_s": statistics.median(with_),
+                       "stretch": statistics.median(with_) / base - 1.0,
+                       "spread": (max(each) - min(each)) / 2, "copy_s": statistics.median(copies),
+                       "alone_reps": alone, "with_reps": with_, "copy_reps": copies,
+                       "pages": k * len(batches), "bytes": k * len(batches) * page,
+                       "batches": [["h2d" if b.src == Level.HOST else "d2h", k] for b in batches],
+                       "ctas": dict(be.ctas) if c.path == "sm_kernel" else None,
+                       "work": list(work), "projections": [list(x) for x in be.settings.model.projections],
+                       "device": "gpu" if on_gpu else "cpu"}
+                out.append(row)
+                if progress is not None:
+                    progress(f"{c.name}: stretch {row['stretch'] * 100:+.1f}% "
+                             f"(+-{row['spread'] * 100:.1f}), copy {row['copy_s'] * 1e3:.1f} ms")
+        finally:
+            if be is not None:
+                be.close()
+    return out

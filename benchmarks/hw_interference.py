@@ -1,0 +1,167 @@
+"""How much copies slow a step's compute on the hw backend, per kind of work, beside the sim.
+
+Each cell is a step's compute (the hw backend's stand-in: ``kvsim_backends.hw.standin``)
+of one kind and length, started just before a copy batch (or one each way) on one path,
+against the same compute alone (``kvsim_backends.hw.interfere``: ``--reps`` reps after a
+warm-up, alternating alone and with the copy, an equal idle gap of ``--gap`` seconds
+before each: the GEMM chain is power-bound and runs faster after idle time). Kinds, steps
+of ``--model`` on the profile's compute model (``kvsim.tools.fitkinds.kind_works``):
+
+- ``gemm``: a 4096-token prefill chunk (GEMM share ~0.95): tensor-core GEMM chains;
+- ``memory``: a decode step of 4 requests at 32K context (~0.02): HBM reads;
+- ``mix``: a decode step of 256 requests at 512 (~0.4): both, one after the other.
+
+The default grid: 48 cells, 16 copies (each path; one direction and both; 16 KiB-4 MiB
+pages; 64 MiB-2 GiB a direction) under each kind, computes of 2-50 ms turning through
+the cells so that each kind meets copies shorter and longer than itself (about 3
+minutes on an H200). ``--full``: every copy, kind and length (192 cells, about 12
+minutes): run it in parts (``--part 1/3`` ... ``3/3``, each with ``--json``) and merge
+them with ``--sim-from A.json B.json C.json``.
+
+Beside each cell, the sim's prediction of the same compute and copy on ``--profile``
+(``kvsim.tools.fit.predict_cell``); a cell is *within* when the sim's stretch is within
+10% of hw's, or within hw's own spread (half the range of its reps) where that is wider.
+Last line: ``hw_interference_sim_within: K of N``.
+
+    python3 benchmarks/hw_interference.py [--json OUT] [--full] [--part K/N] [--reps 5]
+        [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
+    python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P]
+
+On a machine without a GPU (``--device cpu``, the default there) the cells run on numpy
+(the compute a wait, the copies tiny): a smoke test of the plumbing, the hw columns n/a,
+the sim's predictions of the full-size cells printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
+
+from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
+from kvsim.run.seam import settings_for  # noqa: E402
+from kvsim.tools.fit import predict_cell  # noqa: E402
+from kvsim.tools.fitkinds import KIND_MODEL, kind_works  # noqa: E402
+from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells  # noqa: E402
+
+PROFILE = "h200-pcie-calibrated"
+KINDS = ("gemm", "memory", "mix")
+
+
+def within(hw: float, spread: float, sim: float) -> bool:
+    """The sim's stretch within 10% of hw's, or within hw's own spread where wider."""
+    return abs(sim - hw) <= max(0.10 * abs(hw), spread)
+
+
+def _label(row) -> str:
+    pb, b = row["page"], row["dir_bytes"]
+    size = f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
+    amount = f"{b / (1 << 30):g} GiB" if b >= 1 << 30 else f"{b >> 20} MiB"
+    return f"{row['path']} {row['dir']} {amount} of {size}"
+
+
+def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
+    """The table (each cell: hw stretch and spread, the sim's, within), per kind counts;
+    returns (within, cells) over the GPU cells."""
+    on_gpu = all(r.get("device") == "gpu" for r in rows)
+    out("\nstretch = the compute's GPU time with the copy over alone, less 1; spread = half "
+        "the range of its reps; sim = the sim backend's prediction on " + profile.name)
+    out("| kind | compute ms | copy | hw stretch | spread | sim stretch | within | hw copy ms | sim copy ms |")
+    out("|" + " --- |" * 9)
+    good = {k: 0 for k in KINDS}
+    seen = {k: 0 for k in KINDS}
+    for r in rows:
+        sim, sim_copy = predict_cell(profile, r, nominal=not on_gpu)
+        if on_gpu:
+            ok = within(r["stretch"], r["spread"], sim)
+            seen[r["kind"]] += 1
+            good[r["kind"]] += ok
+            hw = (f"{r['stretch'] * 100:+.1f}% | {r['spread'] * 100:.1f}% | {sim * 100:+.1f}% | "
+                  f"{'yes' if ok else 'no'} | {r['copy_s'] * 1e3:.1f}")
+        else:
+            hw = f"n/a | n/a | {sim * 100:+.1f}% | n/a | n/a"
+        out(f"| {r['kind']} | {r['compute_s'] * 1e3:g} | {_label(r)} | {hw} | {sim_copy * 1e3:.1f} |")
+    if on_gpu:
+        out("\n" + "; ".join(f"{k}: {good[k]} of {seen[k]} within" for k in KINDS if seen[k]))
+    return sum(good.values()), sum(seen.values())
+
+
+def _load(paths) -> list[dict]:
+    rows = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                data = json.load(f)
+            cells = data["cells"]
+            for c in cells:
+                for k in ("kind", "compute_s", "path", "dir", "page", "stretch", "work", "batches"):
+                    if k not in c:
+                        raise KeyError(f"a cell without {k}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--sim-from {p}: not a saved hw_interference.py run ({e})") from None
+        rows += cells
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true", help="every copy, kind and length (192 cells)")
+    ap.add_argument("--part", default=None, help="K/N: the K-th of N interleaved parts of the grid")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--gap", type=float, default=0.1, help="idle seconds before each compute")
+    ap.add_argument("--model", default=KIND_MODEL, help="the model whose steps the cells compute")
+    ap.add_argument("--profile", default=PROFILE, help="the profile the backend decides from and "
+                    "the sim predicts with")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--json", default=None, help="write every cell here")
+    ap.add_argument("--sim-from", default=None, nargs="+", metavar="JSON",
+                    help="measure nothing: the table of saved runs (merged), the sim on --profile")
+    a = ap.parse_args(argv)
+    try:
+        profile = load_profile(a.profile)
+    except ProfileError as e:
+        ap.error(f"--profile: {e}")
+    if a.sim_from:
+        try:
+            rows = _load(a.sim_from)
+        except ValueError as e:
+            ap.error(str(e))
+        good, n = report(rows, profile)
+        print(f"hw_interference_sim_within: {good} of {n}" if n else "hw_interference_sim_within: n/a (cpu)")
+        return
+    if a.reps < 1:
+        ap.error(f"--reps: got {a.reps}; expected >= 1")
+    cells = full_grid() if a.full else default_grid()
+    if a.part:
+        try:
+            k, n = (int(x) for x in a.part.split("/"))
+            if not 1 <= k <= n:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--part: got {a.part!r}; expected K/N with 1 <= K <= N")
+        cells = cells[k - 1::n]
+    t0 = time.perf_counter()
+    works = kind_works(profile, a.model)
+    rows = measure_cells(lambda pb, slots, **kw: settings_for(pb, slots, profile, model=a.model, **kw),
+                         cells, works, a.device, reps=a.reps, gap_s=a.gap,
+                         progress=lambda s: print(f"# {s}", flush=True))
+    print(f"# {len(rows)} cells in {time.perf_counter() - t0:.1f} s", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                       "source": "benchmarks/hw_interference.py", "model": a.model,
+                       "profile": a.profile, "reps": a.reps, "gap_s": a.gap, "cells": rows}, f, indent=1)
+    good, n = report(rows, profile)
+    if rows and all(r["device"] == "gpu" for r in rows):
+        print(f"hw_interference_sim_within: {good} of {n}")
+    else:
+        print("hw_interference_sim_within: n/a (cpu)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""How copies in flight slow a step's compute, by the kind of work it is: the structural
+model the sim stretches compute with and the copy-path rule weighs (pure: standard
+library only; every constant comes from the hardware profile's ``sm.interference``).
+
+A step's work (``kvsim.core.datapath.work``) is a ``gemm_share`` of tensor-core GEMMs
+(the stand-in's FLOP-bound part) and the rest HBM reads (its memory-bound part). What the
+copies in flight take is a ``CopyLoad``: the SM copy kernel's CTAs moving bytes in each
+direction, whether a copy-engine copy moves bytes, and the bytes a second copies move
+through HBM. Each kind of work loses to it by its own structure:
+
+- **GEMMs** run in waves of CTAs, one tile each, that fill an SM (their registers and
+  shared memory leave no room beside them). A resident copy CTA takes
+  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them, so a GEMM of ``t`` tiles on ``S``
+  SMs runs ``ceil(t / (S - lost))`` waves instead of ``ceil(t / S)``; the step's GEMMs
+  (one layer's projections at the step's M) are weighted by their FLOPs. Small GEMMs
+  lose whole waves (a 3.9-wave GEMM becoming 5.6 waves takes 6 / 4 of its time);
+- **HBM reads** run as many small CTAs: a copy CTA takes its share of an SM's slots
+  (``cta_sm_share_*``, about its threads over the SM's), the reads the rest, ``S / (S -
+  lost)``; and the copies' own HBM bytes take ``hbm_weight`` of theirs from the reads'
+  rate: ``x / (1 - x)`` with ``x = hbm_weight x copy_Bps / hbm_Bps``;
+- both: ``copy_engine_slowdown`` while any copy-engine copy moves bytes (the engines'
+  own memory traffic and descriptor reads), and the HBM term above with the kind's own
+  weight.
+
+A step's stretch is ``share x gemm + (1 - share) x memory``: the stand-in runs its two
+parts one after the other, each slowed by its own kind while the load holds. With no
+copy in flight every term is 0.0 exactly. A compute without a ``StepWork`` (a load of
+the SMs alone: the hw backend's FMA kernel) keeps the older model's terms
+(``sm_kernel_slowdown`` per ``sm_kernel_ctas`` CTAs, ``copy_engine_slowdown``),
+measured against such a kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share, gemm_tiles, row_buckets
+
+
+class CopyLoad(NamedTuple):
+    """What the copies in flight take from compute: SM copy CTAs moving bytes host ->
+    GPU and GPU -> host (a GPU-side kernel such as a check counts as GPU -> host: it reads
+    HBM), whether a copy-engine copy moves bytes, and the bytes a second they move through
+    HBM (a GPU -> GPU copy reads and writes each byte: twice its rate)."""
+
+    ctas_h2d: int = 0
+    ctas_d2h: int = 0
+    copy_engine: bool = False
+    hbm_Bps: float = 0.0
+
+    @property
+    def idle(self) -> bool:
+        return not (self.ctas_h2d or self.ctas_d2h or self.copy_engine or self.hbm_Bps)
+
+
+IDLE = CopyLoad()
+
+
+@dataclass(frozen=True)
+class KindTerms:
+    """One kind of work's terms (``sm.interference.gemm`` / ``.memory`` of a profile)."""
+
+    cta_sm_share_h2d: float
+    cta_sm_share_d2h: float
+    copy_engine_slowdown: float
+    hbm_weight: float
+
+    def lost_sms(self, load: CopyLoad) -> float:
+        return self.cta_sm_share_h2d * load.ctas_h2d + self.cta_sm_share_d2h * load.ctas_d2h
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The model's constants: ``sms`` on the GPU, ``hbm_Bps`` the rate a memory-bound
+    step reads at (the compute model's: ``gpu.hbm x decode_efficiency``), ``tile`` a
+    GEMM CTA's output tile (rows, cols), and each kind's terms."""
+
+    sms: int
+    hbm_Bps: float
+    tile: tuple[int, int]
+    gemm: KindTerms
+    memory: KindTerms
+
+    def hbm_stretch(self, terms: KindTerms, load: CopyLoad) -> float:
+        x = terms.hbm_weight * load.hbm_Bps / self.hbm_Bps
+        x = x if x < 0.9 else 0.9
+        return x / (1.0 - x)
+
+    def gemm_stretch(self, gemms: Sequence[tuple[int, float]], load: CopyLoad) -> float:
+        """GEMMs of (tiles, weight) each: their weighted wave ratio - 1, plus the kind's
+        copy-engine and HBM terms."""
+        t = self.gemm
+        out = wave_stretch(gemms, self.sms, t.lost_sms(load))
+        if load.copy_engine:
+            out += t.copy_engine_slowdown
+        if load.hbm_Bps:
+            out += self.hbm_stretch(t, load)
+        return out
+
+    def memory_stretch(self, load: CopyLoad) -> float:
+        t = self.memory
+        lost = t.lost_sms(load)
+        s = float(self.sms)
+        out = s / (s - lost) - 1.0 if lost < s - 1.0 else s - 1.0
+        if load.copy_engine:
+            out += t.copy_engine_slowdown
+        if load.hbm_Bps:
+            out += self.hbm_stretch(t, load)
+        return out
+
+    def stretch(self, share: float, gemms: Sequence[tuple[int, float]], load: CopyLoad) -> float:
+        """A step of GEMM share ``share`` (its GEMMs ``gemms``) under ``load``."""
+        if load.idle:
+            return 0.0
+        out = 0.0
+        if share > 0.0:
+            out += share * self.gemm_stretch(gemms, load)
+        if share < 1.0:
+            out += (1.0 - share) * self.memory_stretch(load)
+        return out
+
+
+def wave_stretch(gemms: Sequence[tuple[int, float]], sms: int, lost: float) -> float:
+    """GEMMs of (tiles, weight) on ``sms`` SMs of which ``lost`` are taken: the weighted
+    ratio of their waves, ``ceil(tiles / (sms - lost)) / ceil(tiles / sms)``, less 1."""
+    if lost <= 0.0 or not gemms:
+        return 0.0
+    left = sms - lost
+    left = left if left > 1.0 else 1.0
+    num = den = 0.0
+    for tiles, w in gemms:
+        num += w * math.ceil(tiles / left) / math.ceil(tiles / sms)
+        den += w
+    return num / den - 1.0 if den > 0 else 0.0
+
+
+class MixTable:
+    """The stretch of a ``StepWork`` under a load, for one model's GEMMs: ``projections``
+    (K, N) of a layer on one GPU, M from ``gemm_rows`` within [``min_rows``,
+    ``max_rows``]; the GEMMs' (tiles, FLOP weight) of each M are worked out once, and
+    each kind's stretch once per load (the last load's are kept: a load holds over many
+    steps), so that a step's costs a division and two products."""
+
+    def __init__(self, structure: Structure, projections: Sequence[tuple[int, int]],
+                 min_rows: int, max_rows: int):
+        self.structure = structure
+        self.min_rows = min_rows
+        self.max_rows = max_rows
+        self.gemms = {m: tuple((gemm_tiles(m, n, structure.tile), float(m) * k * n)
+                               for k, n in projections)
+                      for m in row_buckets(min_rows, max_rows)}
+        self._load: CopyLoad = IDLE   # the load the parts below are for
+        self._memory = 0.0            # the memory kind's stretch under it
+        self._gemm: dict[int, float] = {}  # M -> the GEMM kind's stretch under it
+
+    def gemms_for(self, work: StepWork) -> tuple[tuple[int, float], ...]:
+        return self.gemms[gemm_rows(work.tokens, self.min_rows, self.max_rows)]
+
+    def stretch(self, work: StepWork, load: CopyLoad) -> float:
+        """How much longer ``work`` runs while ``load`` holds (0.0 with none): the same
+        float as ``structure.stretch``. (Once per step the engine runs ahead beside a
+        copy: ``gemm_share`` and ``tokens`` inline.)"""
+        if load is not self._load:
+            if load.idle:
+                return 0.0
+            if load != self._load:
+                self._memory = self.structure.memory_stretch(load)
+                self._gemm = {}
+            self._load = load
+        total = work.flop_s + work.memory_s
+        share = work.flop_s / total if total > 0 else 0.0
+        out = 0.0
+        if share > 0.0:
+            rows = gemm_rows(work.prefill_tokens + work.decode_tokens, self.min_rows, self.max_rows)
+            g = self._gemm.get(rows)
+            if g is None:
+                g = self._gemm[rows] = self.structure.gemm_stretch(self.gemms[rows], load)
+            out += share * g
+        if share < 1.0:
+            out += (1.0 - share) * self._memory
+        return out
+
+
+def legacy_stretch(per_cta: float, copy_engine: float, load: CopyLoad) -> float:
+    """The older model, for a compute of the SMs alone: ``per_cta`` a copy CTA moving
+    bytes, ``copy_engine`` while a copy-engine copy moves bytes (the same float the sim
+    computed before the kinds)."""
+    return per_cta * (load.ctas_h2d + load.ctas_d2h) + (copy_engine if load.copy_engine else 0.0)

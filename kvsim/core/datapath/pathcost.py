@@ -1,0 +1,259 @@
+"""Copy path by what it costs: the path of one GPU <-> host batch from the copies already
+in flight and the compute running, weighing the batch's copy time against the compute it
+slows (pure: standard library only; every input comes from the hardware profile).
+
+Both backends call ``PathChooser.choose`` as they submit a batch (``path_chooser`` builds
+it once). A direction whose path is pinned (a forced ``copy_path``, chunked host
+registration, the coherent-link opt-in: ``kvsim.core.datapath.copypath``) keeps it.
+Otherwise, for a batch of ``n`` pages of ``p`` bytes in direction ``d``:
+
+- **rates**: the batch's flow and, where the other direction has a batch in flight, that
+  flow too, max-min fair over the link's per-direction and both-directions rates and, for
+  SM-kernel flows, the kernel's own ceilings (``sm.h2d`` / ``sm.d2h`` / ``sm.both``, the
+  link's where not given) and its CTAs x the per-CTA rate (x ``busy_cta_efficiency``
+  while compute runs);
+- **CTAs**: a direction alone gets CTAs for its link by Little's law (``copy_ctas``, as
+  before); a batch the rule puts on the SM kernel beside the other direction's SM-kernel
+  batch, for half the kernel's both-directions ceiling, so the pair holds no more CTAs
+  than it can keep busy (a pinned path keeps a direction's own);
+- **time**: the copy engine ``per_call + n x per_page + n x p / rate`` (the H200's
+  measured additive model, where the profile gives the SM kernel's ceilings; else
+  ``n x max(per_page, p / rate)``, the older overlap model), the SM kernel ``launch`` (+
+  ``busy_start`` under compute) ``+ n x p / rate``; each path's ``transfer.latency``;
+- **cost**: ``time x (1 + stretch + slowdown)``: ``stretch``, the share of the running
+  compute's progress the batch's copy takes while it runs (the interference model,
+  ``kvsim.core.datapath.interference``: the compute's own stretch with the batch's load
+  against without it); ``slowdown``, the share of its rate the other direction's batch
+  loses to this one. The cheaper path wins; a tie goes to the copy engine (no SMs).
+
+A batch moving alone while nothing computes takes the older time-per-page rule's path
+(``direction_paths``: what the backends report as each direction's path, validated on the
+H200 one direction at a time). With both directions in flight, the path that keeps their
+sum highest wins; while a GEMM-heavy step computes, the SM kernel pays for the waves it
+takes.
+
+Decisions are cached by (direction, the other's path, the compute's key, the batch's
+pages rounded down to a power of two, the size the cost is computed at): a pure function
+of the key, so both backends decide alike for the same state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, copy_ctas
+from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
+from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share
+
+CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
+Stretch = Callable[[CopyLoad], float]
+
+
+@dataclass(frozen=True)
+class CostInputs:
+    """A profile's numbers for one page size (``cost_inputs``)."""
+
+    page_bytes: int
+    link: Mapping[str, float]        # h2d, d2h, both
+    sm: Mapping[str, float]          # the SM kernel's ceilings: h2d, d2h, both
+    per_page: Mapping[str, float]    # the copy engine's host time a page, by direction
+    per_call: float
+    launch: float
+    latency: Mapping[CopyPath, float]
+    cta_rate: Mapping[str, float]
+    ctas_one: Mapping[str, int]      # a direction alone
+    ctas_both: Mapping[str, int]     # both directions on the SM kernel
+    busy_eff: float
+    busy_start: float
+    additive: bool                   # host time, then DMA (else they overlap)
+
+
+def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
+    """The cost rule's inputs from a hardware profile (``sm_ctas``: the setting, None:
+    Little's law)."""
+    sm, ce, i = profile.sm, profile.copy_engine, profile.sm.interference
+    link = {"h2d": profile.link.h2d, "d2h": profile.link.d2h, "both": profile.link.both}
+    ceil = {d: profile.sm_ceiling(d) for d in ("h2d", "d2h", "both")}
+    rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
+
+    def size(target: float, d: str) -> int:
+        if sm_ctas is not None:
+            return sm_ctas
+        return copy_ctas(target, rate[d], sm.copy_cta_slots, sm.cta_headroom)
+
+    return CostInputs(
+        page_bytes, link, ceil, {d: ce.per_page_for(d, page_bytes) for d in DIRECTIONS},
+        ce.per_call, sm.launch, {CE: profile.transfer.latency_for(False), SM: profile.transfer.latency_for(True)},
+        rate, {d: size(link[d], d) for d in DIRECTIONS}, {d: size(ceil["both"] / 2, d) for d in DIRECTIONS},
+        i.busy_cta_efficiency, i.busy_start, sm.h2d is not None or sm.d2h is not None)
+
+
+def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs) -> list[float]:
+    """Max-min fair rates of flows (direction, path, cap), by progressive filling over
+    the link's resources and the SM kernel's own."""
+    res: dict[str, float] = {"both": ci.link["both"], "sm_both": ci.sm["both"]}
+    uses = []
+    for d, p, _ in flows:
+        u = [d, "both"]
+        res[d] = ci.link[d]
+        if p is SM:
+            u += ["sm_" + d, "sm_both"]
+            res["sm_" + d] = ci.sm[d]
+        uses.append(u)
+    rates = [0.0] * len(flows)
+    active = set(range(len(flows)))
+    left = dict(res)
+    while active:
+        inc = min([left[r] / sum(1 for i in active if r in uses[i]) for r in left
+                   if any(r in uses[i] for i in active)] +
+                  [flows[i][2] - rates[i] for i in active])
+        for i in active:
+            rates[i] += inc
+        for r in left:
+            left[r] -= inc * sum(1 for i in active if r in uses[i])
+        done = {i for i in active if rates[i] >= flows[i][2] * (1 - 1e-12)
+                or any(left[r] <= 1e-9 * res[r] for r in uses[i])}
+        active -= done
+    return rates
+
+
+class PathChooser:
+    """The path (and SM CTAs) of each GPU <-> host batch: ``pinned`` paths kept, the rest
+    by cost (see the module docstring). ``kinds``: the structural interference model for
+    the run's GEMMs (None: the older terms ``per_cta`` and ``ce_slow`` for every compute,
+    as for a compute without a step's work)."""
+
+    def __init__(self, inputs: CostInputs, pinned: Mapping[str, CopyPath | None],
+                 idle: Mapping[str, CopyPath], kinds: MixTable | None = None,
+                 per_cta: float = 0.0, ce_slow: float = 0.0):
+        self.inputs = inputs
+        self.pinned = dict(pinned)
+        self.idle = dict(idle)
+        self.kinds = kinds
+        self.per_cta = per_cta
+        self.ce_slow = ce_slow
+        self._cache: dict[tuple, tuple[CopyPath, int]] = {}
+
+    def pick(self, d: str, pages: int, other: CopyPath | None, computing: bool,
+             work: StepWork | None) -> tuple[CopyPath, int]:
+        """``choose`` for the running compute as a backend sees it: whether one runs, and
+        its step's work (None: the SMs alone). The step's GEMM share is taken to 1/64 and
+        its GEMMs' M as the stand-in's (the cache's key)."""
+        if not computing:
+            return self.choose(d, pages, other)
+        kinds = self.kinds
+        if work is None or kinds is None:
+            per_cta, ce_slow = self.per_cta, self.ce_slow
+            return self.choose(d, pages, other,
+                               lambda load: legacy_stretch(per_cta, ce_slow, load), "legacy")
+        share = round(gemm_share(work) * 64) / 64
+        rows = gemm_rows(work.tokens, kinds.min_rows, kinds.max_rows)
+        gemms, structure = kinds.gemms[rows], kinds.structure
+        return self.choose(d, pages, other,
+                           lambda load: structure.stretch(share, gemms, load), (share, rows))
+
+    def ctas(self, d: str, path: CopyPath, other: CopyPath | None) -> int:
+        ci = self.inputs
+        return ci.ctas_both[d] if (path is SM and other is SM) else ci.ctas_one[d]
+
+    def choose(self, d: str, pages: int, other: CopyPath | None = None,
+               stretch: Stretch | None = None, key: object = None) -> tuple[CopyPath, int]:
+        """(path, SM CTAs) for a batch of ``pages`` in ``d``: ``other``, the path of the
+        other direction's batch in flight (None: none); ``stretch(load)``, the running
+        compute's stretch under a load (None: nothing computes), ``key`` naming it (the
+        decision is cached under it)."""
+        p = self.pinned.get(d)
+        if p is not None:  # (a pinned path keeps its CTAs too: what it was sized and measured at)
+            return p, self.inputs.ctas_one[d]
+        if other is None and stretch is None:  # alone, nothing computing: the older rule
+            p = self.idle[d]
+            return p, self.inputs.ctas_one[d]
+        n = 1 << (max(1, pages).bit_length() - 1)
+        k = (d, other, key if stretch is not None else None, n)
+        hit = self._cache.get(k)
+        if hit is None:
+            best = min((self.cost(d, n, path, other, stretch), i, path)
+                       for i, path in enumerate((CE, SM)))
+            path = best[2]
+            hit = self._cache[k] = (path, self.ctas(d, path, other))
+        return hit
+
+    def cost(self, d: str, pages: int, path: CopyPath, other: CopyPath | None,
+             stretch: Stretch | None) -> float:
+        """Seconds a batch costs on ``path``: its time x (1 + the compute's progress it
+        takes + the other direction's rate it takes)."""
+        ci = self.inputs
+        computing = stretch is not None
+        eff = ci.busy_eff if computing else 1.0
+        od = "d2h" if d == "h2d" else "h2d"
+
+        def cap(dd: str, pp: CopyPath, oth: CopyPath | None) -> float:
+            if pp is CE:
+                return float("inf")
+            return self.ctas(dd, pp, oth) * ci.cta_rate[dd] * eff
+
+        flows = [(d, path, cap(d, path, other))]
+        if other is not None:
+            flows.append((od, other, cap(od, other, path)))
+        rates = _fair(flows, ci)
+        nbytes = pages * ci.page_bytes
+        r = rates[0]
+        if path is CE:
+            host = pages * ci.per_page[d]
+            t = ci.per_call + (host + nbytes / r if ci.additive else max(host, nbytes / r))
+        else:
+            t = ci.launch + (ci.busy_start if computing else 0.0) + nbytes / r
+        t += ci.latency[path]
+        slowdown = 0.0
+        if other is not None:
+            alone = _fair([(od, other, cap(od, other, None))], ci)[0]
+            slowdown = 1.0 - rates[1] / alone if alone > 0 else 0.0
+        taken = 0.0
+        if stretch is not None:
+            without = _load([(od, other, rates[1] if other is not None else 0.0)], self.inputs)
+            with_ = _load([(d, path, r)] + ([(od, other, rates[1])] if other is not None else []),
+                          self.inputs)
+            s0, s1 = stretch(without), stretch(with_)
+            taken = 1.0 - (1.0 + s0) / (1.0 + s1) if s1 > s0 else 0.0
+        return t * (1.0 + taken + slowdown)
+
+
+def _load(flows, ci: CostInputs) -> CopyLoad:
+    """The ``CopyLoad`` of flows (direction, path or None, rate)."""
+    ctas = {"h2d": 0, "d2h": 0}
+    ce = False
+    hbm = 0.0
+    paths = [p for _, p, _ in flows if p is not None]
+    for d, p, r in flows:
+        if p is None:
+            continue
+        if p is SM:
+            both = len(paths) == 2 and all(x is SM for x in paths)
+            ctas[d] += ci.ctas_both[d] if both else ci.ctas_one[d]
+        else:
+            ce = True
+        hbm += r
+    load = CopyLoad(ctas["h2d"], ctas["d2h"], ce, hbm)
+    return IDLE if load.idle else load
+
+
+def path_chooser(profile, page_bytes: int, pinned: Mapping[str, CopyPath | None],
+                 idle: Mapping[str, CopyPath], sm_ctas: int | None,
+                 kinds: MixTable | None) -> PathChooser:
+    """The chooser for pages of ``page_bytes`` on ``profile``: ``pinned`` paths per
+    direction (None: by cost), ``idle`` each direction's path alone with nothing computing
+    (``direction_paths``), ``sm_ctas`` the setting (None: Little's law), ``kinds`` the
+    structural interference model for the run's GEMMs (None: the profile's older terms)."""
+    i = profile.sm.interference
+    return PathChooser(cost_inputs(profile, page_bytes, sm_ctas), pinned, idle, kinds,
+                       i.per_cta_slowdown, i.copy_engine_slowdown)
+
+
+def other_path(counts) -> CopyPath | None:
+    """The other direction's path as the rule sees it from its batches in flight, counted
+    as [copy engine, SM kernel]: the SM kernel if any runs there, else the copy engine if
+    any, else None."""
+    if counts[1]:
+        return SM
+    return CE if counts[0] else None

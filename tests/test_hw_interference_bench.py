@@ -1,0 +1,111 @@
+"""benchmarks/hw_interference.py: its CPU smoke run goes through the measurement and
+prints the sim's prediction of each full-size cell (hw n/a); its grid; a saved run is
+re-predicted offline; the within rule."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import hw_interference  # noqa: E402
+
+from kvsim.config.hardware import load_profile  # noqa: E402
+from kvsim.tools.fit import predict_cell  # noqa: E402
+from kvsim_backends.hw.interfere import default_grid, full_grid  # noqa: E402
+
+
+def test_the_default_grid_is_about_fifty_cells_of_every_kind_path_and_direction():
+    g = default_grid()
+    assert len(g) == 48 and len(full_grid()) == 192
+    assert {c.kind for c in g} == {"gemm", "memory", "mix"}
+    for kind in ("gemm", "memory", "mix"):
+        mine = [c for c in g if c.kind == kind]
+        assert {c.path for c in mine} == {"sm_kernel", "copy_engine"}
+        assert {c.dir for c in mine} == {"h2d", "d2h", "both"}
+        assert {c.compute_s for c in mine} == {0.002, 0.01, 0.02, 0.05}
+    assert {c.page for c in g} == {16 << 10, 64 << 10, 1 << 20, 4 << 20}
+    assert min(c.dir_bytes for c in g) == 64 << 20 and max(c.dir_bytes for c in g) == 2 << 30
+
+
+def test_cpu_run_prints_the_sims_cells_and_saves_them(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    hw_interference.main(["--device", "cpu", "--reps", "1", "--gap", "0", "--part", "1/16",
+                          "--json", str(out)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == "hw_interference_sim_within: n/a (cpu)"
+    rows = [x for x in lines if x.startswith("| ") and "| n/a |" in x]
+    assert len(rows) == 3  # cells 1, 17, 33 of 48
+    saved = json.loads(out.read_text())["cells"]
+    assert [c["device"] for c in saved] == ["cpu"] * 3
+    # the sim column is the sim's prediction of the full-size cell
+    prof = load_profile(hw_interference.PROFILE)
+    sim, _ = predict_cell(prof, saved[0], nominal=True)
+    assert f"| {sim * 100:+.1f}% |" in rows[0]
+    # offline, the same table again
+    hw_interference.main(["--sim-from", str(out)])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: n/a (cpu)"
+
+
+def test_a_saved_gpu_run_is_re_predicted_and_counted(tmp_path, capsys):
+    """Two GPU cells, one the sim gets within 10% and one it does not; --sim-from counts."""
+    prof = load_profile(hw_interference.PROFILE)
+    base = json.loads(json.dumps(_cpu_cell(tmp_path)))
+    base["device"] = "gpu"
+    sim, _ = predict_cell(prof, base)
+    good = {**base, "stretch": sim * 1.05, "spread": 0.0}
+    bad = {**base, "stretch": sim + 0.5, "spread": 0.01}
+    p = tmp_path / "gpu.json"
+    p.write_text(json.dumps({"cells": [good, bad]}))
+    hw_interference.main(["--sim-from", str(p)])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: 1 of 2"
+
+
+def _cpu_cell(tmp_path):
+    out = tmp_path / "one.json"
+    hw_interference.main(["--device", "cpu", "--reps", "1", "--gap", "0", "--part", "2/48",
+                          "--json", str(out)])
+    return json.loads(out.read_text())["cells"][0]
+
+
+@pytest.mark.parametrize("hw, spread, sim, ok", [(0.40, 0.0, 0.43, True), (0.40, 0.0, 0.45, False),
+                                                 (0.01, 0.02, 0.025, True), (0.0, 0.0, 0.001, False)])
+def test_within_ten_percent_or_hws_own_spread(hw, spread, sim, ok):
+    assert hw_interference.within(hw, spread, sim) is ok
+
+
+def test_a_file_that_is_not_a_run_is_refused(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"copies": []}')
+    with pytest.raises(SystemExit):
+        hw_interference.main(["--sim-from", str(p)])
+
+
+from gpuskip import have_gpu  # noqa: E402
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_cells_measure_the_compute_alone_and_with_the_copy():
+    """Two cells on the GPU, two reps each: the compute alone lasts about what was asked
+    (the stand-in), the copy moves at a plausible rate, the stretch is the medians' ratio."""
+    from kvsim.run.seam import settings_for
+    from kvsim.tools.fitkinds import kind_works
+    from kvsim_backends.hw.interfere import Cell, measure_cells
+
+    prof = load_profile(hw_interference.PROFILE)
+    cells = [Cell("gemm", 0.02, "sm_kernel", "both", 64 << 10, 256 << 20),
+             Cell("memory", 0.01, "copy_engine", "h2d", 1 << 20, 256 << 20)]
+    rows = measure_cells(lambda pb, slots, **kw: settings_for(pb, slots, prof, model="llama-3-8b", **kw),
+                         cells, kind_works(prof), "gpu", reps=2, gap_s=0.05)
+    for c, r in zip(cells, rows):
+        assert r["device"] == "gpu" and r["kind"] == c.kind
+        assert abs(r["alone_s"] - c.compute_s) < 0.1 * c.compute_s, r
+        assert 10e9 < r["bytes"] / r["copy_s"] < 120e9, r
+        assert r["stretch"] == pytest.approx(r["with_s"] / r["alone_s"] - 1)
+        assert r["spread"] >= 0 and len(r["with_reps"]) == 2

@@ -1,0 +1,215 @@
+"""The structural interference model (kvsim.core.datapath.interference) by hand, and the
+sim's compute under it: a GEMM step loses waves to the SMs copy CTAs take, an HBM-bound
+step loses SM slots and HBM bytes, a mixed step both in proportion, a compute of the SMs
+alone keeps the older per-CTA terms; compute_ahead still predicts compute() exactly."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import round_profile
+from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.interference import (IDLE, CopyLoad, KindTerms, MixTable, Structure,
+                                              legacy_stretch, wave_stretch)
+from kvsim.core.datapath.work import StepWork
+from kvsim.core.plan import Batch, BatchKind
+from kvsim.core.spec import Level
+from kvsim.run.seam import settings_for
+from kvsim.settings import ModelSettings
+from kvsim_backends.sim import SimBackend, SimRuntime
+
+import dataclasses
+import numpy as np
+
+KiB = 1 << 10
+
+
+def test_waves_of_a_gemm_on_the_sms_left():
+    # 2048 tiles on 132 SMs: 16 waves; 40 SMs taken: ceil(2048 / 92) = 23 waves
+    assert wave_stretch([(2048, 1.0)], 132, 40.0) == pytest.approx(23 / 16 - 1)
+    # a small GEMM of 512 tiles: 4 waves become 6 (its last wave is a whole one)
+    assert wave_stretch([(512, 1.0)], 132, 40.0) == pytest.approx(6 / 4 - 1)
+    # two GEMMs weighted by their FLOPs (3:1)
+    assert wave_stretch([(2048, 3.0), (512, 1.0)], 132, 40.0) == pytest.approx(
+        (3 * 23 / 16 + 1 * 6 / 4) / 4 - 1)
+    assert wave_stretch([(2048, 1.0)], 132, 0.0) == 0.0
+
+
+S = Structure(sms=132, hbm_Bps=4e12, tile=(128, 256),
+              gemm=KindTerms(cta_sm_share_h2d=0.25, cta_sm_share_d2h=1.0,
+                             copy_engine_slowdown=0.02, hbm_weight=0.5),
+              memory=KindTerms(cta_sm_share_h2d=0.0625, cta_sm_share_d2h=0.0625,
+                               copy_engine_slowdown=0.01, hbm_weight=1.0))
+
+
+def test_each_kind_by_its_structure():
+    """36 copy CTAs host -> GPU and 14 back moving 60 GB/s through HBM, by hand."""
+    load = CopyLoad(ctas_h2d=36, ctas_d2h=14, copy_engine=False, hbm_Bps=60e9)
+    lost_g = 0.25 * 36 + 1.0 * 14                               # 23 SMs
+    hbm_g = 0.5 * 60e9 / 4e12
+    gemm = math.ceil(2048 / (132 - lost_g)) / 16 - 1 + hbm_g / (1 - hbm_g)
+    assert S.gemm_stretch([(2048, 1.0)], load) == pytest.approx(gemm)
+    lost_m = 0.0625 * 50                                        # 3.125 SMs of slots
+    hbm_m = 60e9 / 4e12
+    memory = 132 / (132 - lost_m) - 1 + hbm_m / (1 - hbm_m)
+    assert S.memory_stretch(load) == pytest.approx(memory)
+    # a step of share 0.3 runs its GEMMs and its reads one after the other
+    assert S.stretch(0.3, [(2048, 1.0)], load) == pytest.approx(0.3 * gemm + 0.7 * memory)
+    # the copy engine alone: its constant and the HBM its bytes take
+    ce = CopyLoad(copy_engine=True, hbm_Bps=50e9)
+    assert S.stretch(1.0, [(2048, 1.0)], ce) == pytest.approx(0.02 + 0.00625 / (1 - 0.00625))
+    assert S.stretch(0.0, [], ce) == pytest.approx(0.01 + 0.0125 / (1 - 0.0125))
+    # nothing in flight: exactly nothing, whatever the work
+    assert S.stretch(0.5, [(2048, 1.0)], IDLE) == 0.0 and IDLE.idle
+
+
+def test_a_mix_table_takes_the_gemms_of_the_steps_rows():
+    """Llama-3-8B-like projections at a step of 3000 tokens: M = 2048; the GEMMs' tiles
+    and FLOP weights are the table's."""
+    t = MixTable(S, ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)), 128, 8192)
+    w = StepWork(0.1, 1.0, 0.0, 0.0, 0.0, 3000, 0, 0.1, 0.0)
+    g = t.gemms_for(w)
+    assert [tiles for tiles, _ in g] == [16 * 24, 16 * 16, 16 * 112, 16 * 16]
+    assert [wt for _, wt in g] == [2048 * 4096 * 6144, 2048 * 4096 * 4096, 2048 * 4096 * 28672,
+                                   2048 * 14336 * 4096]
+    load = CopyLoad(ctas_h2d=36)
+    assert t.stretch(w, load) == pytest.approx(S.stretch(1.0, g, load))
+    assert t.stretch(w, IDLE) == 0.0
+
+
+def test_the_older_model_is_the_same_float():
+    assert legacy_stretch(0.17 / 32, 0.05, CopyLoad(36, 0, True)) == 0.17 / 32 * 36 + 0.05
+
+
+# -- the sim's compute under the kinds -------------------------------------------------
+
+KINDS = {"gemm": {"cta_sm_share_h2d": 1.0, "cta_sm_share_d2h": 1.0, "copy_engine_slowdown": 0.0,
+                  "hbm_weight": 0.0},
+         "memory": {"cta_sm_share_h2d": 0.25, "cta_sm_share_d2h": 0.25,
+                    "copy_engine_slowdown": 0.05, "hbm_weight": 1.0}}
+
+
+def _profile(kinds=True):
+    p = round_profile()
+    d = p.model_dump()
+    if kinds:
+        d["sm"]["interference"].update(KINDS)
+    return type(p).model_validate(d)
+
+
+def _backend(kinds=True, path=CopyPath.SM_KERNEL):
+    rt = SimRuntime()
+    st = settings_for(256 * KiB, {Level.GPU: 2048, Level.HOST: 2048}, _profile(kinds),
+                      copy_path=path.value, sm_ctas=4)
+    # one GEMM a layer, 256 x 1024: at 512 tokens 4 x 4 = 16 tiles, 2 waves on 8 SMs
+    st = dataclasses.replace(st, model=ModelSettings(((256, 1024),)))
+    return rt, SimBackend(rt, st)
+
+
+def _h2d(n):
+    idx = np.arange(n)
+    return Batch(BatchKind.ONBOARD, Level.HOST, Level.GPU, idx, idx, np.zeros(n, np.uint64), 256 * KiB, 0)
+
+
+def _took(be, rt, work, at=0.001, path_batch=True):
+    """A long host -> GPU batch from 0, a compute of 1 ms of ``work`` at ``at``: its GPU time."""
+    if path_batch:
+        be.transfer(_h2d(1000))  # 262 MB: far longer than the compute
+    out = {}
+
+    def proc():
+        yield rt.timeout(at)
+        out["took"] = yield be.compute(0.001, work)
+    rt.process(proc())
+    rt.run()
+    return out["took"]
+
+
+GEMM = StepWork(0.001, 1.0, 0.0, 0.0, 0.0, 512, 0, 0.001, 0.0)     # all GEMMs, M = 512
+READS = StepWork(0.001, 0.0, 0.0, 1.0, 0.0, 0, 4, 0.0, 0.001)      # all reads
+MIXED = StepWork(0.001, 1.0, 0.0, 1.0, 0.0, 512, 0, 0.0005, 0.0005)  # half and half
+
+
+def test_a_gemm_step_loses_waves_to_the_copy_kernels_ctas():
+    """4 copy CTAs hold 4 of the 8 SMs: the GEMM's 16 tiles take 4 waves, not 2."""
+    rt, be = _backend()
+    assert _took(be, rt, GEMM) == pytest.approx(0.002, rel=1e-12)
+
+
+def test_a_read_step_loses_sm_slots_and_hbm_bytes():
+    """The reads lose 0.25 x 4 = 1 of 8 SMs' slots, and the copy's 20 GB/s (4 CTAs x 10
+    GB/s, halved under compute) of the 2 TB/s they read at."""
+    rt, be = _backend()
+    x = 20e9 / 2e12
+    s = 8 / 7 - 1 + x / (1 - x)
+    assert _took(be, rt, READS) == pytest.approx(0.001 * (1 + s), rel=1e-12)
+
+
+def test_a_mixed_step_is_stretched_by_both_in_proportion():
+    rt, be = _backend()
+    x = 20e9 / 2e12
+    s = 0.5 * 1.0 + 0.5 * (8 / 7 - 1 + x / (1 - x))
+    assert _took(be, rt, MIXED) == pytest.approx(0.001 * (1 + s), rel=1e-12)
+
+
+def test_a_compute_of_the_sms_alone_keeps_the_older_terms():
+    """No StepWork: 0.2 per 4 CTAs (round profile), the same with or without the kinds."""
+    for kinds in (True, False):
+        rt, be = _backend(kinds)
+        assert _took(be, rt, None) == pytest.approx(0.001 * 1.2, rel=1e-12)
+
+
+def test_without_the_kinds_every_step_keeps_the_older_terms():
+    rt, be = _backend(kinds=False)
+    assert _took(be, rt, GEMM) == pytest.approx(0.001 * 1.2, rel=1e-12)
+
+
+def test_a_step_computes_unstretched_with_nothing_in_flight():
+    rt, be = _backend()
+    assert _took(be, rt, GEMM, path_batch=False) == 0.001
+
+
+def test_compute_ahead_predicts_a_read_step_beside_a_copy_engine_flow():
+    """A copy-engine flow (50 GB/s) beside a read step: 0.05 + the HBM it takes; the
+    prediction at the compute's start is the very float compute() ends at."""
+    rt, be = _backend(path=CopyPath.COPY_ENGINE)
+    be.transfer(_h2d(1000))  # host time 10 us + 1000 x 2 us, then ~5 ms of bytes
+    out = {}
+
+    def proc():
+        yield rt.timeout(0.0025)
+        out["ahead"] = be.compute_ahead(rt.now, 0.001, False, READS)
+        yield be.compute(0.001, READS)
+        out["end"] = rt.now
+    rt.process(proc())
+    rt.run()
+    x = 50e9 / 2e12
+    assert out["ahead"] == out["end"]
+    assert out["end"] == pytest.approx(0.0025 + 0.001 * (1 + 0.05 + x / (1 - x)), rel=1e-12)
+
+
+def test_a_profile_gives_both_kinds_or_neither():
+    from kvsim.config.hardware import HardwareProfile
+
+    d = round_profile().model_dump()
+    d["sm"]["interference"]["gemm"] = KINDS["gemm"]
+    with pytest.raises(ValueError, match="gemm and memory"):
+        HardwareProfile.model_validate(d)
+    assert round_profile().interference_structure() is None
+    s = _profile().interference_structure()
+    assert (s.sms, s.hbm_Bps, s.tile) == (8, 4e12 * 0.5, (128, 256))
+
+
+def test_the_mix_tables_kept_parts_give_the_structures_floats():
+    """The table keeps each kind's stretch for the last load: the same floats as the
+    structure computed afresh, across loads and steps of every share and M."""
+    t = MixTable(S, ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)), 128, 8192)
+    loads = [CopyLoad(36, 14, False, 6e10), CopyLoad(0, 0, True, 5e10), CopyLoad(36, 0, False, 5e10)]
+    for load in loads + loads[::-1]:
+        for tokens, fs, ms in ((4096, 0.1, 0.004), (8, 1e-4, 0.02), (256, 0.005, 0.008), (3000, 0.0, 0.0)):
+            w = StepWork(0.1, 1.0, 0.0, 0.0, 0.0, tokens, 0, fs, ms)
+            from kvsim.core.datapath.work import gemm_share
+            want = S.stretch(gemm_share(w), t.gemms_for(w), load)
+            assert t.stretch(w, load).hex() == want.hex()

@@ -1,0 +1,132 @@
+"""Copy path by what it costs (kvsim.core.datapath.pathcost): a batch alone keeps the
+older rule's path; beside the other direction it takes the path that keeps their sum
+highest; beside compute it pays for the progress it takes; pinned paths stay; both
+backends decide alike from the same state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import round_profile
+from kvsim.config.hardware import load_profile
+from kvsim.core.datapath.copypath import CopyPath, direction_paths, pinned_paths
+from kvsim.core.datapath.interference import legacy_stretch
+from kvsim.core.datapath.pathcost import CE, SM, _fair, cost_inputs, other_path, path_chooser
+from kvsim.core.plan import Batch, BatchKind
+from kvsim.core.spec import Level
+from kvsim.run.seam import settings_for
+from kvsim_backends.hw import HwBackend, RealtimeRuntime
+from kvsim_backends.sim import SimBackend, SimRuntime
+
+KiB = 1 << 10
+CAL = load_profile("h200-pcie-calibrated")
+
+
+def chooser(profile, page, force=None):
+    force = force or {"h2d": None, "d2h": None}
+    idle = direction_paths(profile, page, force, None, 0, False)
+    return path_chooser(profile, page, pinned_paths(profile, page, force, None, 0, False), idle,
+                        None, None)
+
+
+def test_alone_and_idle_a_batch_keeps_the_older_rule():
+    for page in (16 * KiB, 256 * KiB, 4096 * KiB):
+        ch = chooser(CAL, page)
+        want = direction_paths(CAL, page, {"h2d": None, "d2h": None}, None, 0, False)
+        for d in ("h2d", "d2h"):
+            path, ctas = ch.choose(d, 1000)
+            assert path is want[d]
+            assert ctas == cost_inputs(CAL, page, None).ctas_one[d]
+
+
+def test_the_fair_rates_of_a_mixed_pair_by_hand():
+    """H200 calibrated: host -> GPU on the SM kernel (36 CTAs x 3.117 GB/s, its own 49.73
+    GB/s ceiling) beside GPU -> host on the copy engine: both rise together to half the
+    link's 96.28 GB/s both-ways total, below every other bound."""
+    ci = cost_inputs(CAL, 256 * KiB, None)
+    r = _fair([("h2d", SM, 36 * ci.cta_rate["h2d"]), ("d2h", CE, float("inf"))], ci)
+    assert r == pytest.approx([96.28e9 / 2] * 2, rel=1e-4)
+    # both on the SM kernel: its own both-ways ceiling, 61.08 GB/s, halved
+    r = _fair([("h2d", SM, 1e12), ("d2h", SM, 1e12)], ci)
+    assert r == pytest.approx([61.08e9 / 2] * 2, rel=1e-4)
+
+
+def test_beside_the_other_direction_the_pair_keeps_the_higher_sum():
+    """256 KiB pages: host -> GPU alone takes the SM kernel (the older rule: 5.27 us a page
+    against 0.66 + 4.86 us); GPU -> host beside it on the SM kernel would halve both to
+    30.5 GB/s under the kernel's 61 GB/s both-ways ceiling, on the copy engine both run at
+    48.1 GB/s: the copy engine. Both SM-kernel directions get CTAs for half that ceiling."""
+    ch = chooser(CAL, 256 * KiB)
+    assert ch.choose("h2d", 4096)[0] is SM
+    assert ch.cost("d2h", 4096, CE, SM, None) < 0.6 * ch.cost("d2h", 4096, SM, SM, None)
+    assert ch.choose("d2h", 4096, other=SM)[0] is CE
+    ci = cost_inputs(CAL, 256 * KiB, None)
+    assert ch.ctas("h2d", SM, SM) == ci.ctas_both["h2d"] < ci.ctas_one["h2d"]
+
+
+def test_beside_compute_a_batch_pays_for_the_progress_it_takes():
+    """Round profile, 256 KiB pages GPU -> host, the older interference terms (0.05 a CTA,
+    0.1 for the copy engine): the copy engine 10 us + 64 x max(2 us, 6.55 us), taking
+    0.1 / 1.1 of the compute's progress; the SM kernel at half its 4 CTAs' 40 GB/s under
+    compute, 5 us + 64 x 13.1 us, taking 0.2 / 1.2: the copy engine, and by the sums."""
+    prof = round_profile()
+    ch = chooser(prof, 256 * KiB)
+    stretch = lambda load: legacy_stretch(0.05, 0.1, load)  # noqa: E731
+    page = 256 * KiB
+    ce = (10e-6 + 64 * max(2e-6, page / 40e9)) * (1 + 0.1 / 1.1)
+    sm = (5e-6 + 64 * page / 20e9) * (1 + 0.2 / 1.2)
+    assert ch.cost("d2h", 64, CE, None, stretch) == pytest.approx(ce, rel=1e-9)
+    assert ch.cost("d2h", 64, SM, None, stretch) == pytest.approx(sm, rel=1e-9)
+    assert ch.choose("d2h", 64, None, stretch, "legacy")[0] is CE
+
+
+def test_pinned_paths_stay_whatever_runs():
+    ch = chooser(CAL, 256 * KiB, {"h2d": SM, "d2h": None})
+    stretch = lambda load: legacy_stretch(0.05, 0.1, load)  # noqa: E731
+    assert ch.choose("h2d", 4096, CE, stretch, "legacy")[0] is SM
+    # on a coherent link every direction is pinned to the older rule's path (the seed's)
+    c2c = load_profile("gh200-c2c")
+    free = {"h2d": None, "d2h": None}
+    for page in (256 * KiB, 4096 * KiB):
+        assert pinned_paths(c2c, page, free, None, 0, False) == \
+            direction_paths(c2c, page, free, None, 0, False)
+
+
+def test_other_path_prefers_the_sm_kernel():
+    assert other_path([0, 0]) is None
+    assert other_path([2, 0]) is CE
+    assert other_path([2, 1]) is SM
+
+
+def _batch(src, dst, n, page, base):
+    idx = np.arange(base, base + n)
+    return Batch(BatchKind.EVICT, src, dst, idx, idx, np.zeros(n, np.uint64), page, 0)
+
+
+def _paths_taken(make):
+    """A host -> GPU batch, then a GPU -> host one while it is in flight: the paths the
+    backend's timing log records for them."""
+    log: list = []
+    rt, be = make(log)
+    try:
+        evs = [be.transfer(_batch(Level.HOST, Level.GPU, 8, 256 * KiB, 0)),
+               be.transfer(_batch(Level.GPU, Level.HOST, 8, 256 * KiB, 8))]
+        rt.run(rt.all_of(evs))
+    finally:
+        be.close()
+    return [r["path"] for r in sorted(log, key=lambda r: r["src"] != "host")]
+
+
+def test_both_backends_pick_alike_from_the_same_state():
+    slots = {Level.GPU: 32, Level.HOST: 32}
+
+    def sim(log):
+        rt = SimRuntime()
+        return rt, SimBackend(rt, settings_for(256 * KiB, slots, CAL, timing_log=log))
+
+    def hw(log):
+        rt = RealtimeRuntime()
+        return rt, HwBackend(rt, settings_for(256 * KiB, slots, CAL, device="cpu", timing_log=log))
+
+    assert _paths_taken(sim) == _paths_taken(hw) == ["sm_kernel", "copy_engine"]
