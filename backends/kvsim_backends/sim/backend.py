@@ -140,11 +140,13 @@ class SimBackend(Transfers):
         self._split_disk = settings.ranks > 1
         self._link_bw = {"h2d": link.h2d, "d2h": link.d2h}
 
+        write_share = disk_cfg.io_write_share if disk_cfg is not None else 1.0
+
         def node_disk() -> tuple[Fluid, SimDiskPool | None]:
             fluid = Fluid(self.env, disk, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
                           busy_cta_efficiency=1.0) if self._split_disk else self.fluid
-            return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece,
-                                       disk_cfg.io_write_share) if pooled else None)
+            return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share)
+                           if pooled else None)
         if self._split_disk:
             self.disk_fluid, self.disk_pool = runtime.shared("disk", node_disk)
         else:

@@ -10,7 +10,7 @@ unit that holds them is in. Mode ``none`` or no host tier: the tier exists at on
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import simpy
 
@@ -29,7 +29,7 @@ class SimHostFill:
     hook, the fill stops before that unit (reported once in ``errors``)."""
 
     def __init__(self, runtime: SimRuntime, profile, page_bytes: int,
-                 fill: HostFillSettings, slots: dict[Level, int], fail_at: int | None,
+                 fill: HostFillSettings, slots: Mapping[Level, int], fail_at: int | None,
                  errors: list[str], lock: DriverLock | None = None):
         self.runtime = runtime
         self.clock = runtime.clock
@@ -59,22 +59,26 @@ class SimHostFill:
     def _last(self) -> int:
         """The units this fill will commit (all, or those before an injected failure)."""
         f = self.layout
+        assert f is not None  # (only a configured fill commits units)
         return f.units if self.fail_at is None else min(f.units, self.fail_at)
 
     def _unit(self, k: int) -> None:
         """Unit ``k`` starts: fault it in (no lock), then take the lock for the driver's
         part of it."""
+        lock, layout = self.lock, self.layout
+        assert lock is not None and layout is not None  # (only a fill that takes the lock)
         if k >= self._last():
-            self.lock.fills -= 1
+            lock.fills -= 1
             self._tell()
             return
-        _, nbytes = self.layout.byte_span(k)
+        _, nbytes = layout.byte_span(k)
         total = nbytes / self.rate
         share = self._lock_share
         held = min(total, nbytes / self._register_rate) if share is None else total * share
         self.clock.wake_after(total - held, lambda _w: self._locked(k, held))
 
     def _locked(self, k: int, held: float) -> None:
+        assert self.lock is not None
         end = self.lock.fill_hold(self.clock.now, held)
         self.clock.wake_after(end - self.clock.now, lambda _w: self._unit_in(k))
 

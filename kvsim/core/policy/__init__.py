@@ -20,7 +20,7 @@ from kvsim.core.policy.placement import (DROP, PLACEMENT_NAMES, PLACEMENTS, Casc
 
 
 #: the built-ins: (name, class), the default first
-POLICIES: tuple[tuple[str, type], ...] = (
+POLICIES: tuple[tuple[str, type[EvictionPolicy]], ...] = (
     ("lru", LRU), ("priority-lru", PriorityLRU), ("lfu", LFU), ("s3-fifo", S3FIFO), ("gdsf", GDSF),
     ("belady", Belady))
 POLICY_NAMES: tuple[str, ...] = tuple(n for n, _ in POLICIES)
