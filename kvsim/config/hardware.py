@@ -121,6 +121,9 @@ class LinkSpec(_Frozen):
     h2d: Rate
     d2h: Rate
     both: Rate  # total of both directions at once
+    # total of both directions at once with one on the copy engine and the other on the SM
+    # kernel (None: ``both``); the copy-path rule weighs a mixed pair by it
+    mixed: Rate | None = None
 
     @model_validator(mode="after")
     def _both_covers_one(self) -> "LinkSpec":

@@ -55,7 +55,7 @@ class CostInputs:
     """A profile's numbers for one page size (``cost_inputs``)."""
 
     page_bytes: int
-    link: Mapping[str, float]        # h2d, d2h, both
+    link: Mapping[str, float]        # h2d, d2h, both, mixed (one a path: both when unknown)
     sm: Mapping[str, float]          # the SM kernel's ceilings: h2d, d2h, both
     per_page: Mapping[str, float]    # the copy engine's host time a page, by direction
     per_call: float
@@ -73,7 +73,9 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
     """The cost rule's inputs from a hardware profile (``sm_ctas``: the setting, None:
     Little's law)."""
     sm, ce, i = profile.sm, profile.copy_engine, profile.sm.interference
-    link = {"h2d": profile.link.h2d, "d2h": profile.link.d2h, "both": profile.link.both}
+    lk = profile.link
+    link = {"h2d": lk.h2d, "d2h": lk.d2h, "both": lk.both,
+            "mixed": lk.mixed if lk.mixed is not None else lk.both}
     ceil = {d: profile.sm_ceiling(d) for d in ("h2d", "d2h", "both")}
     rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
 
@@ -91,11 +93,14 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
 
 def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs) -> list[float]:
     """Max-min fair rates of flows (direction, path, cap), by progressive filling over
-    the link's resources and the SM kernel's own."""
-    res: dict[str, float] = {"both": ci.link["both"], "sm_both": ci.sm["both"]}
+    the link's resources and the SM kernel's own (a pair on different paths: the link's
+    ``mixed`` total too)."""
+    res: dict[str, float] = {"both": ci.link["both"], "sm_both": ci.sm["both"],
+                             "mixed": ci.link["mixed"]}
+    mixed = len({p for _, p, _ in flows}) > 1
     uses = []
     for d, p, _ in flows:
-        u = [d, "both"]
+        u = [d, "both"] + (["mixed"] if mixed else [])
         res[d] = ci.link[d]
         if p is SM:
             u += ["sm_" + d, "sm_both"]
