@@ -69,9 +69,6 @@ class DiskStore:
                  io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
                  direct: bool = True, preallocate: bool = True, priorities: bool = False,
                  io_write_share: float = WRITE_SHARE, pool: SharedPool | None = None):
-        # (bad settings fail before the file exists)
-        rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, io_write_share))
-                if priorities else None)
         self.slots = slots
         self.page_bytes = page_bytes
         self.piece_bytes = piece_bytes
@@ -115,14 +112,12 @@ class DiskStore:
             raise
         self.valid = np.zeros(slots, dtype=bool)
         self._layouts: dict[int, list[list[tuple[int, int, int]]]] = {}  # pages -> pieces
-        if pool is not None:  # a node's drive: its I/O threads, shared by the ranks' stores
-            self._shared = pool
-            self.pool = pool.join()
-            return
-        self._shared = None
-        self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
-                     else FairPool(io_threads, "kvsim-disk"))
-        self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
+        # its I/O threads: its own, or a node's drive's, shared by the ranks' stores
+        own = pool is None
+        self._shared = SharedPool(io_threads, piece_bytes, priorities, io_write_share) if own else pool
+        self.pool = self._shared.join()
+        if own:
+            self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
 
     # -- setup ------------------------------------------------------------------------
 
@@ -285,10 +280,7 @@ class DiskStore:
 
     def close(self) -> None:
         if self.pool is not None:
-            if getattr(self, "_shared", None) is not None:
-                self._shared.leave()  # (the last store to leave shuts the threads down)
-            else:
-                self.pool.shutdown(wait=True)
+            self._shared.leave()  # (the last store to leave shuts the threads down)
             self.pool = None
         for name in ("direct_fd", "fd"):
             fd = getattr(self, name, None)
