@@ -131,7 +131,8 @@ def main(argv=None) -> int:
                     help="hardware profile whose fill rates the sim uses: its prediction of each row")
     ap.add_argument("--json", default=None)
     ap.add_argument("--ranks", default=None,
-                    help="R[,R...]: R ranks fill at once, one process each (host_fill_ranks.py)")
+                    help="R[,R...]: R ranks fill at once, one process each (host_fill_ranks.py); "
+                         "then --backings may name 'paced': register in 16 MiB calls, in turns")
     ap.add_argument("--rank-size", default=None, help="with --ranks: cap a rank's tier")
     a = ap.parse_args(argv)
     if a.ranks:
@@ -213,7 +214,10 @@ def main_ranks(a) -> int:
 
     try:
         ranks = [int(r) for r in a.ranks.split(",")]
-        backings = [Backing(b) for b in a.backings.split(",")]
+        backings = a.backings.split(",")
+        for b in backings:
+            if b != "paced":
+                Backing(b)
         unit, gap, stall = parse_size(a.unit), parse_time(a.probe_gap), parse_time(a.stall)
         cap = parse_size(a.rank_size) if a.rank_size else None
         prof = load_profile(a.profile)
@@ -242,7 +246,7 @@ def main_ranks(a) -> int:
             out.append({"hw": hw, "sim": sim})
             f = lambda x: (f"{x['rate_Bps'] / 1e9:>7.2f}GB/s {x['first_s']:>7.3f}s "  # noqa: E731
                            f"{x['blocked_share']:>7.1%} {x['worst_s'] * 1e3:>7.1f}ms")
-            print(f"{r:>3} {b.value:<9} {fmt_bytes(nbytes):>10} | {f(hw)} | sim: {f(sim)}"
+            print(f"{r:>3} {b:<9} {fmt_bytes(nbytes):>10} | {f(hw)} | sim: {f(sim)}"
                   + ("" if hw["ok"] else f"  FAILED: {hw['error']}"), flush=True)
         for key in ("blocked_share", "worst_s"):
             cells += 1

@@ -45,7 +45,17 @@ def blocked(calls: list[tuple[float, float]], until: float, stall_s: float) -> f
 
 # -- hw: one process a rank ----------------------------------------------------------
 
-def _rank_proc(nbytes, backing, unit, slot, gap_s, stall_s, barrier, out) -> None:
+#: ``--backings paced``: register in calls of this many bytes at most, the ranks taking
+#: turns call by call (``fill.register_chunk``)
+PACED_CHUNK = 16 << 20
+
+
+def fill_kind(name: str) -> tuple[Backing, int | None]:
+    """(backing, register chunk) of a ``--backings`` name: a backing, or ``paced``."""
+    return (Backing.REGISTER, PACED_CHUNK) if name == "paced" else (Backing(name), None)
+
+
+def _rank_proc(nbytes, backing, unit, slot, gap_s, stall_s, barrier, out, turns=None) -> None:
     """One rank: its tier filled by the hw backend's ``HostFill``, a probe thread timing
     ``cudaMemGetInfo`` throughout; its row put on ``out``."""
     import sys  # noqa: PLC0415
@@ -65,7 +75,9 @@ def _rank_proc(nbytes, backing, unit, slot, gap_s, stall_s, barrier, out) -> Non
     probe.start()
     barrier.wait()
     t0 = time.perf_counter()
-    fill = HostFill(slot, nbytes // slot, unit, Backing(backing), rt)
+    kind, chunk = fill_kind(backing)
+    fill = HostFill(slot, nbytes // slot, unit, kind, rt, register_chunk=chunk,
+                    turns=turns if chunk else None)
     try:
         fill.start()
         fill.wait(fill.layout.watermark(1))
@@ -84,13 +96,14 @@ def _rank_proc(nbytes, backing, unit, slot, gap_s, stall_s, barrier, out) -> Non
         fill.close()
 
 
-def hw_node(ranks: int, nbytes: int, backing: Backing, unit: int, slot: int, gap_s: float,
+def hw_node(ranks: int, nbytes: int, backing: str, unit: int, slot: int, gap_s: float,
             stall_s: float) -> dict:
-    """Fill ``ranks`` tiers of ``nbytes`` at once, one process each; the node's row."""
+    """Fill ``ranks`` tiers of ``nbytes`` at once, one process each (``backing``: a backing
+    or ``paced``); the node's row."""
     ctx = mp.get_context("spawn")  # (CUDA in each child, none in the parent's fork)
-    barrier, out = ctx.Barrier(ranks), ctx.Queue()
-    procs = [ctx.Process(target=_rank_proc, args=(nbytes, backing.value, unit, slot, gap_s,
-                                                  stall_s, barrier, out)) for _ in range(ranks)]
+    barrier, out, turns = ctx.Barrier(ranks), ctx.Queue(), ctx.Lock()
+    procs = [ctx.Process(target=_rank_proc, args=(nbytes, backing, unit, slot, gap_s,
+                                                  stall_s, barrier, out, turns)) for _ in range(ranks)]
     for p in procs:
         p.start()
     rows = [out.get() for _ in procs]
@@ -98,7 +111,7 @@ def hw_node(ranks: int, nbytes: int, backing: Backing, unit: int, slot: int, gap
         p.join()
     t0 = min(r["t0"] for r in rows)
     end = max(r["t0"] - t0 + r["full_s"] for r in rows)
-    return {"ranks": ranks, "backing": backing.value, "rank_bytes": nbytes,
+    return {"ranks": ranks, "backing": backing, "rank_bytes": nbytes,
             "ok": all(r["ok"] for r in rows), "error": next((r["error"] for r in rows if r["error"]), None),
             "rate_Bps": sum(r["bytes"] for r in rows) / end, "first_s": max(r["first_s"] for r in rows),
             "full_s": end, "blocked_share": statistics.mean(r["blocked_s"] / r["full_s"] for r in rows),
@@ -107,7 +120,7 @@ def hw_node(ranks: int, nbytes: int, backing: Backing, unit: int, slot: int, gap
 
 # -- the sim's prediction --------------------------------------------------------------
 
-def sim_node(profile, ranks: int, nbytes: int, backing: Backing, unit: int, slot: int,
+def sim_node(profile, ranks: int, nbytes: int, backing: str, unit: int, slot: int,
              gap_s: float, stall_s: float) -> dict:
     """The same node in the sim: ``ranks`` sim backends on one runtime, each filling its
     host tier progressively from time 0 (the node's driver lock shared), and a probe
@@ -115,8 +128,10 @@ def sim_node(profile, ranks: int, nbytes: int, backing: Backing, unit: int, slot
     from kvsim.run.seam import settings_for  # noqa: PLC0415
     from kvsim_backends.sim import SimBackend, SimRuntime  # noqa: PLC0415
 
+    kind, chunk = fill_kind(backing)
     base = settings_for(slot, {Level.GPU: 1, Level.HOST: nbytes // slot}, profile,
-                        host_fill={"mode": "progressive", "backing": backing.value, "unit": unit})
+                        host_fill={"mode": "progressive", "backing": kind.value, "unit": unit,
+                                   "register_chunk": chunk})
     rt = SimRuntime()
     bes = [SimBackend(rt, dataclasses.replace(base, rank=r, ranks=ranks)) for r in range(ranks)]
     calls: list[list[tuple[float, float]]] = [[] for _ in range(ranks)]  # (start, seconds)
@@ -134,7 +149,7 @@ def sim_node(profile, ranks: int, nbytes: int, backing: Backing, unit: int, slot
     fulls = [be.host_fill.done_at(be.host_fill.layout.units) for be in bes]
     firsts = [be.host_fill.done_at(1) for be in bes]
     end = max(fulls)
-    return {"ranks": ranks, "backing": backing.value, "rank_bytes": nbytes,
+    return {"ranks": ranks, "backing": backing, "rank_bytes": nbytes,
             "rate_Bps": ranks * (nbytes // slot * slot) / end, "first_s": max(firsts), "full_s": end,
             "blocked_share": statistics.mean(blocked(c, f, stall_s) / f for c, f in zip(calls, fulls)),
             "worst_s": max((d for c, f in zip(calls, fulls) for t, d in c if t <= f), default=0.0)}

@@ -58,14 +58,16 @@ class DiskSettings:
 @dataclass(frozen=True)
 class HostFillSettings:
     """How the host tier comes to exist (``kvsim.core.datapath.fill``): ``mode``,
-    ``backing``, ``unit_bytes`` (the commit unit), and the hw backend's ``huge_pages``
-    and ``numa`` (``auto``, ``off`` or a node)."""
+    ``backing``, ``unit_bytes`` (the commit unit), the hw backend's ``huge_pages`` and
+    ``numa`` (``auto``, ``off`` or a node), and ``register_chunk`` (``register``: each
+    unit registered in calls of at most that many bytes, the node's fills taking turns)."""
 
     mode: FillMode
     backing: Backing
     unit_bytes: int
     huge_pages: bool
     numa: Union[Literal["auto", "off"], int]
+    register_chunk: Optional[int] = None  # register: calls of at most this, in turns
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,10 @@ class FillConfig(_Strict):
     huge_pages: bool = False
     numa: Union[Literal["auto", "off"], Annotated[int, Field(ge=0)]] = "auto"
     unit: Size = UNIT_BYTES
+    # register only: register each unit in calls of at most this many bytes (whole slots),
+    # the node's fills taking turns call by call, so that any rank's driver call waits for
+    # one short registration at most (None: a unit in one call)
+    register_chunk: Optional[Size] = None
 
 
 MAX_IO_WORKERS = 256

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from time import perf_counter as _clock
 from typing import Any
 
@@ -141,9 +142,11 @@ class HwBackend:
         self.gpu = DeviceArena(cp if cp is not None else np, self.slots[Level.GPU], self.page_bytes)
         st = self.settings
         if Level.HOST in self.slots:
+            turns = (self.runtime.shared("fill_turns", threading.Lock)
+                     if st.host_fill.register_chunk else None)
             self.host, self.info["host_fill"] = start_host_fill(
                 self.page_bytes, self.slots[Level.HOST], st.host_fill, cuda_rt,
-                st.probes.fail_fill_at_unit, st.probes.fill_unit_delay_s)
+                st.probes.fail_fill_at_unit, st.probes.fill_unit_delay_s, turns)
         if Level.DISK in self.slots:
             d = st.disk
             threads = io_threads(d.io_workers, io_threads_q)

@@ -125,9 +125,17 @@ class HostFill:
     def __init__(self, slot_bytes: int, slots: int, unit_bytes: int, backing: Backing | str,
                  cuda=None, *,
                  huge_pages: bool = False, numa: str | int = "auto", prefault: bool = True,
-                 fail_at_unit: int | None = None, unit_delay_s: float = 0.0):
+                 fail_at_unit: int | None = None, unit_delay_s: float = 0.0,
+                 register_chunk: int | None = None, turns=None):
         self.backing = Backing(backing)
         self._unit_bytes = unit_bytes
+        # register: each unit in calls of at most ``register_chunk`` bytes (whole slots),
+        # each call taken in turn with the node's other fills (``turns``: a lock the
+        # node's fills share, threads' or processes'), so that a driver call of any rank
+        # waits for one short registration at most, never for a queue of whole units
+        self._chunk = (None if not register_chunk else
+                       max(slot_bytes, register_chunk // slot_bytes * slot_bytes))
+        self._turns = turns
         self.layout = layout = layout_for(self.backing, slot_bytes, slots, unit_bytes)
         self.slots = layout.slots
         self.page_bytes = layout.slot_bytes
@@ -293,8 +301,16 @@ class HostFill:
             self._populate(off, n)
         cuda = self._cuda
         if cuda is not None:
-            cuda.hostRegister(addr, n, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
-            self._registered.append(addr)
+            step = self._chunk or n
+            for o in range(0, n, step):
+                if self._turns is not None:
+                    with self._turns:
+                        cuda.hostRegister(addr + o, min(step, n - o),
+                                          HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+                else:
+                    cuda.hostRegister(addr + o, min(step, n - o),
+                                      HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+                self._registered.append(addr + o)
             dev = device_pointer(cuda, addr)
             if u == 0:
                 self.dev_ptr = dev

@@ -20,17 +20,20 @@ from .hostfill import HostFill
 
 
 def start_host_fill(page_bytes: int, slots: int, fill: HostFillSettings, cuda_rt,
-                    fail_at_unit: int | None = None, unit_delay_s: float = 0.0) -> tuple[HostFill, dict]:
+                    fail_at_unit: int | None = None, unit_delay_s: float = 0.0,
+                    turns=None) -> tuple[HostFill, dict]:
     """The host tier (``hostfill.HostFill``) of ``slots`` pages, its fill started as
     ``fill`` says, and what the backend's ``info`` reports of it. Mode ``none``: wait until
     it is all in (an unfilled CPU-mode tier is not faulted in: it grows as it is written);
     otherwise until its first unit is, so the copy path can see its mapping. Nothing
-    usable by then: RuntimeError, naming the fill's error."""
+    usable by then: RuntimeError, naming the fill's error. ``turns``: the lock the node's
+    fills take turns on, call by call (with ``register_chunk``)."""
     mode = fill.mode
     host = HostFill(page_bytes, slots, fill.unit_bytes, fill.backing, cuda_rt,
                     huge_pages=fill.huge_pages, numa=fill.numa,
                     prefault=mode is not FillMode.NONE, fail_at_unit=fail_at_unit,
-                    unit_delay_s=unit_delay_s).start()
+                    unit_delay_s=unit_delay_s, register_chunk=fill.register_chunk,
+                    turns=turns).start()
     need = host.slots if mode is FillMode.NONE else host.layout.watermark(1)
     if not host.wait(need):
         error = host.error

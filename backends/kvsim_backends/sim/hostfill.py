@@ -40,6 +40,8 @@ class SimHostFill:
         self.t0 = runtime.env.now
         self.lock = lock
         self.ends: list[float] = []  # (with the lock) when each unit came in, in order
+        self._chunk: int | None = None
+        self._turns: DriverLock | None = None
         self._waiters: list[tuple[int, simpy.Event]] = []  # (units, event) not yet in
         if fill.mode is FillMode.NONE or Level.HOST not in slots:
             return
@@ -52,6 +54,11 @@ class SimHostFill:
             self._lock_share = {Backing.REGISTER: None, Backing.PINNED: 1.0,
                                 Backing.CUMEM: d.cumem_lock_share}[fill.backing]
             self._register_rate = d.register_rate
+            # register in calls of at most this many bytes, taking turns with the node's
+            # other fills (a first-come queue of their calls: ``turns``)
+            chunk = fill.register_chunk if fill.backing is Backing.REGISTER else None
+            self._chunk = max(page_bytes, chunk // page_bytes * page_bytes) if chunk else None
+            self._turns = runtime.shared("fill_turns", lambda: DriverLock(0.0)) if chunk else None
             lock.fills += 1
             self._unit(0)
 
@@ -75,7 +82,25 @@ class SimHostFill:
         total = nbytes / self.rate
         share = self._lock_share
         held = min(total, nbytes / self._register_rate) if share is None else total * share
+        if self._chunk is not None:
+            self.clock.wake_after(total - held, lambda _w: self._call(k, nbytes, held / nbytes))
+            return
         self.clock.wake_after(total - held, lambda _w: self._locked(k, held))
+
+    def _call(self, k: int, left: int, per_byte: float) -> None:
+        """A registration call of unit ``k`` (``left`` bytes of it still to register), in
+        its turn among the node's fills, holding the driver's lock for its bytes."""
+        n = min(self._chunk, left)
+        turns = self._turns
+        start = turns.hold(self.clock.now, n * per_byte)
+
+        def take(_w) -> None:
+            end = self.lock.fill_hold(self.clock.now, n * per_byte)
+            turns.free_at = max(turns.free_at, end)
+            done = (lambda _x: self._unit_in(k)) if n >= left else \
+                (lambda _x: self._call(k, left - n, per_byte))
+            self.clock.wake_after(end - self.clock.now, done)
+        self.clock.wake_after(start - self.clock.now, take)
 
     def _locked(self, k: int, held: float) -> None:
         assert self.lock is not None
