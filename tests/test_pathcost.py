@@ -43,9 +43,13 @@ def test_alone_and_idle_a_batch_keeps_the_older_rule():
 def test_the_fair_rates_of_a_mixed_pair_by_hand():
     """H200 calibrated: host -> GPU on the SM kernel (36 CTAs x 3.117 GB/s, its own 49.73
     GB/s ceiling) beside GPU -> host on the copy engine: both rise together to half the
-    link's 96.28 GB/s both-ways total, below every other bound."""
+    link's total for a pair on different paths (``link.mixed``: 70.1 GB/s measured, below
+    the 96.28 GB/s both ways on one path), below every other bound."""
     ci = cost_inputs(CAL, 256 * KiB, None)
     r = _fair([("h2d", SM, 36 * ci.cta_rate["h2d"]), ("d2h", CE, float("inf"))], ci)
+    assert r == pytest.approx([70.1e9 / 2] * 2, rel=1e-4)
+    # both on the copy engine: the link's both-ways total, halved
+    r = _fair([("h2d", CE, float("inf")), ("d2h", CE, float("inf"))], ci)
     assert r == pytest.approx([96.28e9 / 2] * 2, rel=1e-4)
     # both on the SM kernel: its own both-ways ceiling, 61.08 GB/s, halved
     r = _fair([("h2d", SM, 1e12), ("d2h", SM, 1e12)], ci)
@@ -56,10 +60,13 @@ def test_beside_the_other_direction_the_pair_keeps_the_higher_sum():
     """256 KiB pages: host -> GPU alone takes the SM kernel (the older rule: 5.27 us a page
     against 0.66 + 4.86 us); GPU -> host beside it on the SM kernel would halve both to
     30.5 GB/s under the kernel's 61 GB/s both-ways ceiling, on the copy engine both run at
-    48.1 GB/s: the copy engine. Both SM-kernel directions get CTAs for half that ceiling."""
+    35.05 GB/s (half the measured 70.1 GB/s of a pair on different paths): the copy engine,
+    by the ratio of those rates less its host time. Both SM-kernel directions get CTAs for
+    half that ceiling."""
     ch = chooser(CAL, 256 * KiB)
     assert ch.choose("h2d", 4096)[0] is SM
-    assert ch.cost("d2h", 4096, CE, SM, None) < 0.6 * ch.cost("d2h", 4096, SM, SM, None)
+    ce, sm = ch.cost("d2h", 4096, CE, SM, None), ch.cost("d2h", 4096, SM, SM, None)
+    assert ce < sm and ce / sm == pytest.approx(30.54 / 35.05, rel=0.05)
     assert ch.choose("d2h", 4096, other=SM)[0] is CE
     ci = cost_inputs(CAL, 256 * KiB, None)
     assert ch.ctas("h2d", SM, SM) == ci.ctas_both["h2d"] < ci.ctas_one["h2d"]
