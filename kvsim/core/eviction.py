@@ -291,6 +291,8 @@ class Eviction(Copies):
             leaving = drops + near + far if drops or far else near
             if leaving:
                 self.policies[pos].on_evict(leaving, self.clock)
+                if tier.order is not None:
+                    tier.order.evicted(leaving)
         if gone:
             if drops:
                 self._drop_each(tier, drops)
@@ -432,6 +434,8 @@ class Eviction(Copies):
             tier.index_discard(page)
         elif not page.holds and not page.in_tree:
             tier.index_discard(page)
+            if tier.order is not None:
+                tier.order.left((page,))
             if page.copy >= 0:
                 self._drop_copy(page)
             if self._wt_reading:

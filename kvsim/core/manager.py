@@ -83,7 +83,11 @@ class TierManager(Planning):
         ]
         if not self._fast:  # (an LRU tier walks its recency index, as on the fast path)
             for t, pol in zip(self.tiers, self.policies):
-                t.order = None if pol.fast_lru else order_for(pol, self)
+                t.order = None if pol.fast_lru else order_for(pol, self, t)
+        # the GPU tier's order learns the keys each prompt will bring in (a queue policy
+        # that counts ghost hits before it evicts for them)
+        order0 = self.tiers[0].order
+        self._incoming = order0 is not None and order0.wants_incoming
         self._pos = {t.level: i for i, t in enumerate(self.tiers)}
         self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
@@ -200,8 +204,12 @@ class TierManager(Planning):
                     self.tiers[p.tier].index_discard(p)
             own.extend(found)
             req.committed = len(own)
+        if req.ahead:
+            req.ahead = []
         if not self._fast:
             self._used(own)
+            if self._incoming:
+                self._announce(req, own, blocks, nb)
         hits = [0, 0, 0]
         level = self._levels
         for p, n in zip(own, need):
@@ -371,6 +379,9 @@ class TierManager(Planning):
         tags: list[int] = []
         parent_key = b""  # the key (and tree page) of block i - 1 once known in the loop
         parent = None
+        ahead = req.ahead  # keys hashed at prepare (a chain key depends on the blocks only)
+        a0 = req.ahead_from
+        a1 = a0 + len(ahead)
         for i in range(req.committed, upto):
             page = pages[i]
             if page.key:
@@ -381,7 +392,7 @@ class TierManager(Planning):
                 parent = tree.get(parent_key) if i else None
                 if i and parent is None:
                     parent = self._reinsert_chain(req, i - 1)
-            key = chain_key(parent_key, blocks[i])
+            key = ahead[i - a0] if a0 <= i < a1 else chain_key(parent_key, blocks[i])
             if tree.insert(page, key, parent):
                 parent = page
             else:
@@ -426,6 +437,25 @@ class TierManager(Planning):
         del self._requests[req.rid]
 
     # == internals ======================================================================
+    def _announce(self, req: Request, own: list[Page], blocks: Sequence[BlockIds],
+                  nb: int) -> None:
+        """Tell the GPU tier's order the chain keys of the prompt's blocks not on GPU, in
+        prompt order: those found in a colder tier, then those found nowhere (their keys
+        as commit will give them)."""
+        keys = [p.key for p in own if p.tier != 0]
+        parent = own[-1].key if own else req.root
+        ahead: list[bytes] = []
+        for i in range(len(own), nb):
+            parent = chain_key(parent, blocks[i])
+            ahead.append(parent)
+        req.ahead = ahead  # (commit takes them: a block is hashed once)
+        req.ahead_from = len(own)
+        keys.extend(ahead)
+        if keys:
+            order = self.tiers[0].order
+            assert order is not None
+            order.incoming(keys)
+
     @property
     def _taker_stage(self) -> int:
         return len(self.tiers) - 1
