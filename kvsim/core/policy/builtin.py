@@ -18,7 +18,8 @@ _COUNT = (1 << 32) - 1  # NextUses.index: the low bits count a block's uses
 
 
 class LFU(EvictionPolicy):
-    """Frequency-aware LRU: lowest priority, then fewest uses, then least recently used."""
+    """Least frequently used: lowest priority, then fewest uses, then least recently used
+    (libCacheSim's ``LFU``: ties go to the page that reached its count first)."""
 
     name = "lfu"
     static_keys = True
@@ -28,55 +29,71 @@ class LFU(EvictionPolicy):
 
 
 class GDSF(EvictionPolicy):
-    """Greedy-Dual-Size-Frequency, cost-aware: a page's value is
-    ``L + uses * cost / size``, set when the last turn that used it ends, lowest evicted
-    first (within a priority). Size is one page. The cost is the recompute its eviction
-    would bring on that turn: that page's block and every block after it in the turn (a
-    miss ends the cached prefix), a block at depth d costing d + 1 (it attends to the d
-    blocks before it). So a page deep in a long prefix is worth more than a leaf of a
-    short one, and a parent at least as much as its child in the same turn (scoring at
-    the turn's end, not chunk by chunk, keeps that: children leave first, so the last
-    tier's drop order, children before parents, walks few pages it must skip). ``L`` (the inflation)
-    rises to the value of each victim, so pages not used for long age out whatever their
-    cost."""
+    """Greedy-Dual-Size-Frequency: Ludmila Cherkasova, "Improving WWW Proxies Performance
+    with Greedy-Dual-Size-Frequency Caching Policy", HP Labs HPL-98-69R1, 1998
+    (https://www.hpl.hp.com/techreports/98/HPL-98-69R1.html); libCacheSim's ``GDSF``.
+
+    A page's value is ``H = L + frequency x cost / size``, lowest evicted first (within a
+    priority; equal values: the one valued first). ``L``, the tier's inflation, rises to
+    the value of each page the tier evicts, so pages not used for long age out whatever
+    their cost. Frequency: the turns that used the page (``page.uses``). Size: the slots
+    it takes, one for every page. Cost (``cost``): the recompute its eviction brings on
+    the turn that last used it: its own block and every block after it in that turn's
+    prompt (a miss ends the cached prefix), a block at depth d costing d + 1 (it attends
+    to the d blocks before it and itself). So a page deep in a long prefix is worth more
+    than a leaf of a short one, and a parent at least as much as its child in the same
+    turn (children leave first, so the last tier's drop order, children before parents,
+    walks few pages it must skip). ``H`` is set when a turn that used the page ends, with
+    the inflation of the tier the page is in then, and kept in ``page.score``; each tier
+    ages by its own victims."""
 
     name = "gdsf"
     static_keys = True
 
     def __init__(self) -> None:
-        self.inflation = 0.0
+        self.inflation: dict[int, float] = {}  # tier position -> L
+
+    def cost(self, pages: list["Page"]) -> list[float]:
+        """The cost of each page of a turn (its pages in prompt order): the depth-weighted
+        blocks from it to the turn's last, ``sum(j + 1 for j in index .. last)``."""
+        last = pages[-1].index + 1
+        top = last * (last + 1) / 2
+        return [top - p.index * (p.index + 1) / 2 for p in pages]
 
     def on_turn(self, pages: list["Page"], clock: int) -> None:
         if not pages:
             return
-        last = pages[-1].index + 1  # sum of (j + 1) for j = i .. last - 1
-        top = last * (last + 1) / 2
-        inflation = self.inflation
-        for p in pages:
-            i = p.index
-            p.score = inflation + p.uses * (top - i * (i + 1) / 2)
+        infl = self.inflation
+        size = 1  # every page takes one slot
+        for p, c in zip(pages, self.cost(pages)):
+            p.score = infl.get(p.tier, 0.0) + p.uses * c / size
 
     def key(self, page: "Page", clock: int) -> Any:
         return (page.priority, page.score)
 
     def on_evict(self, pages: Iterable["Page"], clock: int) -> None:
+        infl = self.inflation
         for p in pages:
-            if p.score > self.inflation:
-                self.inflation = p.score
+            if p.score > infl.get(p.tier, 0.0):
+                infl[p.tier] = p.score
 
 
-class S3FIFO(EvictionPolicy):
-    """A static-order approximation of S3-FIFO (Yang et al., SOSP 2023): pages used once
-    (the small, probationary queue) leave before pages used again (the main queue), each
-    queue in first-in-first-out order of its last entry. One-hit pages of a scan thus never
-    push out reused ones. (Without S3-FIFO's ghost queue: a page that comes back after its
-    eviction starts over as used once.)"""
+class LFUDA(GDSF):
+    """LFU with dynamic aging: Martin Arlitt, Ludmila Cherkasova, John Dilley, Rich
+    Friedrich, Tai Jin, "Evaluating Content Management Techniques for Web Proxy Caches",
+    ACM SIGMETRICS Performance Evaluation Review 27(4), 2000
+    (https://doi.org/10.1145/346000.346003). GDSF with every cost and size 1: a page's
+    value is ``H = L + uses``, lowest evicted first, ``L`` rising to each victim's value.
+    Frequency counts, but a page once popular ages out as ``L`` passes it: LFU without
+    its pollution by pages that were hot long ago. (libCacheSim's ``LFUDA`` adds ``L`` to
+    a page's count at each hit rather than one, and with ``L`` at 0 a hit adds nothing;
+    its ``GDSF`` with one-byte objects is LFU-DA as published, the reference kvsim's
+    ``lfu-da`` is checked against.)"""
 
-    name = "s3-fifo"
-    static_keys = True
+    name = "lfu-da"
 
-    def key(self, page: "Page", clock: int) -> Any:
-        return (page.priority, page.uses > 1, page.last_use)
+    def cost(self, pages: list["Page"]) -> list[float]:
+        return [1.0] * len(pages)
 
 
 class NextUses:
