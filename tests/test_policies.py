@@ -623,6 +623,29 @@ def test_config_selects_the_policy_and_refuses_unknown_names():
     assert all(n in msg for n in POLICY_NAMES)
 
 
+def test_policy_knobs_are_checked_against_the_policy_naming_the_key():
+    cfg = load_config("configs/default.yaml", ["cache.policy.eviction=s3-fifo",
+                                               "cache.policy.knobs.small_ratio=0.2",
+                                               "cache.policy.knobs.move_to_main=3"])
+    assert cfg.cache.policy.knobs == {"small_ratio": 0.2, "move_to_main": 3}
+    bad = {  # knob=value -> what the message says
+        "small_ratio=1.5": "expected a ratio in (0, 1)",
+        "ghost_ratio=0": "expected a ratio in (0, 1)",
+        "small_ratio=true": "expected a ratio in (0, 1)",
+        "move_to_main=0": "expected an integer >= 1",
+        "move_to_main=2.5": "expected an integer >= 1",
+        "smal_ratio=0.2": "s3-fifo takes no knob 'smal_ratio'; its knobs: small_ratio",
+    }
+    for arg, says in bad.items():
+        with pytest.raises(ConfigFileError) as e:
+            load_config("configs/default.yaml", ["cache.policy.eviction=s3-fifo",
+                                                 f"cache.policy.knobs.{arg}"])
+        key = "cache.policy.knobs." + arg.split("=")[0]
+        assert f"{key}: {says}" in str(e.value), str(e.value)
+    with pytest.raises(ConfigFileError, match="cache.policy.knobs.small_ratio: lru takes no knob"):
+        load_config("configs/default.yaml", ["cache.policy.knobs.small_ratio=0.2"])
+
+
 def test_workload_priorities_are_for_agentic_traces():
     cfg = load_config("configs/agentic-coding.yaml", ["workload.priorities.prefix=3",
                                                       "workload.priorities.subagent=-1"])
