@@ -28,7 +28,7 @@ from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row
 from kvsim.hardware import HardwareProfile, load_profile
 from kvsim.placements import build_placement, build_tier_policies, describe
-from kvsim.policies import build_policy
+from kvsim.policies import build_policy, check_tiers
 from kvsim.results import Staging, kvsim_version, mark
 from kvsim.workload import TraceError, Workload, session_start_times
 
@@ -247,7 +247,10 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     policy = build_policy(cfg, prep.workload, backend, prep.starts)  # belady: sim only
     placement = build_placement(cfg, prep.shape, prep.profile, prep.spec.page_bytes)
     tier_policies = build_tier_policies(cfg)
-    mgr = TierManager(prep.spec, policy, placement, tier_policies)
+    spec = prep.spec
+    check_tiers(cfg, [t.quota_bytes // spec.page_bytes for t in spec.tiers], policy,
+                tier_policies)
+    mgr = TierManager(spec, policy, placement, tier_policies)
     rt, be = BACKENDS[backend](prep, mgr, backend_options or {})
     try:  # from here on the backend holds memory and files: close it on every exit
         model = ComputeModel(prep.shape, prep.profile)

@@ -694,6 +694,49 @@ def test_belady_is_refused_on_the_hw_backend(tmp_path):
     assert "sim backend only" in r.output and not out.exists()
 
 
+class Tunable(EvictionPolicy):
+    """A user's policy with one declared knob."""
+
+    name = "tunable"
+    KNOBS = {"share": "ratio"}
+
+    def __init__(self, share=0.5):
+        self.share = share
+
+    def key(self, page, clock):
+        return page.last_use
+
+
+def test_a_user_policy_gets_its_knobs_checked_and_passed():
+    from kvsim.policies import PolicyError, load_user_policy
+
+    assert load_user_policy("test_policies:Tunable", knobs={"share": 0.25}).share == 0.25
+    with pytest.raises(PolicyError, match=r"cache.policy.knobs.share: expected a ratio in \(0, 1\)"):
+        load_user_policy("test_policies:Tunable", knobs={"share": 2})
+    with pytest.raises(PolicyError, match="cache.policy.knobs: 'test_policies:Tunable' does not "
+                                          "take depth"):
+        load_user_policy("test_policies:Tunable", knobs={"depth": 3})
+
+
+def test_a_queue_policy_on_a_tier_too_small_for_its_queues_exits_2(tmp_path):
+    """S3-FIFO's small queue is small_ratio of the tier: a tier of 8 pages at 0.1 has no
+    room for one, and the run is refused before it starts, naming the tier's quota."""
+    from kvsim.cli import app
+
+    out = tmp_path / "small"
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL,
+                            "--set", "cache.policy.eviction=s3-fifo",
+                            "--set", "cache.tiers=[{level: gpu, quota: 40MiB}]"])  # 8 pages
+    assert r.exit_code == 2, r.output
+    assert "cache.tiers[0].quota: s3-fifo cannot order a tier of 8 pages" in r.output
+    assert "needs at least 10 pages" in r.output and not out.exists()
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL,
+                            "--set", "cache.policy.eviction=s3-fifo",
+                            "--set", "cache.policy.knobs.small_ratio=0.25",
+                            "--set", "cache.tiers=[{level: gpu, quota: 40MiB}]"])
+    assert r.exit_code == 0, r.output
+
+
 def test_the_documented_example_policy_runs(tmp_path):
     """docs/policies.md's example: loads as module:Class and orders deepest first."""
     import re
