@@ -29,7 +29,9 @@ paired with the oldest announced page not yet evicted for (announced pages whose
 never ran are forgotten once the tier's capacity of newer ones is announced). A colder
 tier, whose arrivals are other tiers' victims, looks a key up when its page arrives, after
 the eviction that made room (case IV). A walk is a dry run on counters and cursors;
-``evicted`` runs it again up to the last victim and applies it. Priorities are ignored.
+``evicted`` runs it again up to the last victim and applies it. A page the manager passes
+over is in use (locked, held in the last tier, or the parent of cached pages): it goes to
+its list's most recent end. Priorities are ignored.
 """
 
 from __future__ import annotations
@@ -192,10 +194,12 @@ class ARCQueue(TierQueue):
             elif op == _TRIM_B2:
                 if b2:
                     b2.popitem(last=False)
-            elif page in gone:  # (a page the manager skipped stays where it was)
+            elif page in gone:
                 (t2 if op == _T2 else t1).pop(page)
                 if op != _T1_NO_GHOST and page.key:
                     (b2 if op == _T2 else b1)[page.key] = None
+            else:  # passed over, in use: back at its list's most recent end
+                (t2 if op == _T2 else t1).move_to_end(page)
         owed = self.owed
         for _ in range(min(run.paired, len(owed))):
             owed.popitem(last=False)

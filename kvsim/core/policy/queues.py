@@ -21,11 +21,15 @@ The manager tells it, for that tier:
     walk()            the pages in the order the algorithm would evict them now, each
                       assumed gone once yielded: a DRY RUN, which changes nothing (the
                       manager may walk, take fewer, or plan nothing at all). It may yield
-                      pages that are not candidates (locked, or held in the last tier);
-                      the manager skips those, and they stay where they are.
+                      pages that are not candidates (locked, held in the last tier, or
+                      a parent whose children are still cached there); the manager
+                      passes over those.
     evicted(pages)    the manager chose these victims, all yielded by a walk of the
                       present state: the queue now changes as the algorithm would have
                       evicting them (promotions, reinsertions, a hand that moved, ghosts).
+                      A page the walk yielded that the manager passed over is in use: the
+                      built-ins put it back at its queue's head (a FIFO or LRU queue would
+                      otherwise read it again at every walk).
 
 and reads ``page in queue`` and ``len(queue)``. The manager keeps its invariants whatever
 a queue says: only candidates are taken, plans stay all-or-nothing, children drop before

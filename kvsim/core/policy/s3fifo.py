@@ -21,8 +21,10 @@ before the eviction that makes room for it, as libCacheSim removes it at the loo
 colder tier, whose arrivals are other tiers' victims, looks its ghost up when a page
 arrives. A walk is a dry run of these steps on overlays (cursors into S and M, the pages
 that re-enter M, their new counts); ``evicted`` runs the same walk again up to the last
-victim and applies it. Pages the manager skips (locked, or held in the last tier) stay
-where they were, at their queue's tail. Priorities are ignored (every page gets 0).
+victim and applies it. A page the manager passes over is in use (locked, held in the last
+tier, or the parent of cached pages, which the last tier drops after its children): it
+goes back to its queue's head, as if inserted again, so that no walk reads it again
+before the rest. Priorities are ignored (every page gets 0).
 """
 
 from __future__ import annotations
@@ -179,12 +181,12 @@ class S3FIFOQueue(TierQueue):
             main.popitem(last=False)
         for p in run.extra:
             main[p] = None
-        # the pages a walk yielded that were not taken stay at their queue's tail
+        # the pages a walk yielded that were not taken are in use (locked, held, or the
+        # parents of cached pages): back at their queue's head, as if inserted again
         for q, out in ((small, run.out_s), (main, run.out_m)):
-            for p in reversed(out):
+            for p in out:
                 if p not in gone:
                     q[p] = None
-                    q.move_to_end(p, last=False)
         for p, f in run.fq.items():
             if p not in gone:
                 freq[p] = f
