@@ -342,6 +342,22 @@ def test_lfu_keeps_the_page_used_most_even_when_older():
 
 # -- gdsf -----------------------------------------------------------------------------------
 
+def test_packed_int_keys_order_as_the_tuples_they_pack():
+    """lfu packs (priority, uses, last_use) into one int, gdsf and lfu-da (priority,
+    value): the same order as the tuples, negative priorities included."""
+    from types import SimpleNamespace
+
+    rnd = random.Random(5)
+    pages = [SimpleNamespace(priority=rnd.randint(-3, 3), uses=rnd.randint(1, 40),
+                             last_use=rnd.randint(1, 10**9), score=float(rnd.randint(0, 10**12)))
+             for _ in range(3000)]
+    lfu, gdsf = LFU(), GDSF()
+    assert sorted(pages, key=lambda p: (p.priority, p.uses, p.last_use)) == \
+        sorted(pages, key=lambda p: lfu.key(p, 0))
+    assert sorted(pages, key=lambda p: (p.priority, p.score)) == \
+        sorted(pages, key=lambda p: gdsf.key(p, 0)) == sorted(pages, key=lambda p: gdsf.keys([p], 0)[0])
+
+
 def test_gdsf_keeps_a_deep_page_of_a_long_prefix_over_a_recent_shallow_leaf():
     for policy, expect in ((LRU(), {"long"}), (GDSF(), {"short"})):
         m, be = one_tier(5, policy)
@@ -375,6 +391,20 @@ def test_gdsf_scores_a_turn_computed_in_chunks_as_one():
     scores = [p.score for p in chain]
     assert scores == [21, 20, 18, 15, 11, 6]  # sum of (j + 1) for j = i .. 5
     assert scores == sorted(scores, reverse=True)
+
+
+def test_gdsf_a_use_never_lowers_a_pages_value():
+    """A shared first block valued by a long prompt keeps that value when a short prompt
+    uses it next: so it stays worth at least as much as the long prompt's second block,
+    its child (which the last tier must drop first anyway)."""
+    m, be = one_tier(8, GDSF())
+    long = turn(m, be, 1, nblocks=4)  # block 0: cost 1 + 2 + 3 + 4 = 10, one use
+    assert [p.score for p in long] == [10, 9, 7, 4]
+    short = m.create("s", blocks(1, 1), TPB)  # block 0 again, alone: cost 1, two uses
+    run(m, be, m.resume(short))
+    m.close(short)
+    assert long[0].uses == 2 and long[0].score == 10  # not 0 + 2 x 1 = 2
+    assert long[0].score >= long[1].score
 
 
 def test_gdsf_ages_out_pages_not_used_again():
@@ -761,3 +791,29 @@ def test_the_documented_example_policy_runs(tmp_path):
     finally:
         _sys.path.remove(str(tmp_path))
         _sys.modules.pop("doc_policies", None)
+
+
+def test_the_documented_queue_policy_runs_first_in_first_out(tmp_path):
+    """docs/policies.md's queue example: pages leave in the order they joined, a hit or a
+    later use changes nothing, a held page is passed over."""
+    import re
+    import sys as _sys
+    from pathlib import Path
+
+    from kvsim.policies import load_user_policy
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "policies.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", doc, re.S)[1]
+    (tmp_path / "doc_queue.py").write_text(code)
+    _sys.path.insert(0, str(tmp_path))
+    try:
+        m, be = one_tier(3, load_user_policy("doc_queue:Fifo"))
+        a, b, c = turn(m, be, 1), turn(m, be, 2), turn(m, be, 3)
+        turn(m, be, 1)  # A used again: still first in line
+        held = m.create("s", blocks(1, 1), TPB)  # ... but held now: passed over
+        assert dropped(m, be, 1, {"a": a, "b": b, "c": c}) == {"b"}
+        m.close(held)
+        check(m, be)
+    finally:
+        _sys.path.remove(str(tmp_path))
+        _sys.modules.pop("doc_queue", None)

@@ -65,7 +65,8 @@ class EvictionPolicy:
     """
 
     name = "base"
-    #: needs the future of the trace (an offline bound, not a policy a server could run)
+    #: needs the future of the trace (offline, not a policy a server could run; MIN one
+    #: request at a time, not a bound with requests running together: docs/policies.md)
     is_bound = False
     #: the manager keeps its own recency order only: ``key`` is never called
     fast_lru = False
@@ -81,6 +82,10 @@ class EvictionPolicy:
     #: A page keeps this key until the manager re-keys it (never used again stays so): the
     #: order does not check it again before yielding the page, even without static_keys
     floor_key: Any = None
+    #: a page's key may change when a turn uses it (``uses``, or a next use that passed):
+    #: the order re-keys a used page at once. False: the key changes only in ``on_turn``
+    #: (then the page is keyed again as its turn ends), so a use need not re-key it
+    rekey_on_use = True
     #: every key is an int (and ``floor_key`` one, or None): the generic path packs an
     #: entry, key and stamp, into one int (``intheap.IntHeapOrder``), an object the garbage
     #: collector never tracks; the order is the same
@@ -205,7 +210,7 @@ class HeapOrder(TierOrder):
     takes whichever of its front and the heap's top comes first. The order is the one a
     single heap gives, without each such entry sifting through the whole heap."""
 
-    __slots__ = ("policy", "clock", "heap", "fifo", "floor", "stamps", "n", "taken")
+    __slots__ = ("policy", "clock", "heap", "fifo", "floor", "stamps", "n", "taken", "rekey")
 
     def __init__(self, policy: EvictionPolicy, clock: Any):
         self.policy = policy
@@ -213,6 +218,7 @@ class HeapOrder(TierOrder):
         self.heap: list[tuple[Any, int, "Page"]] = []
         self.fifo: deque[tuple[Any, int, "Page"]] = deque()
         self.floor = getattr(policy, "floor_key", None)
+        self.rekey = getattr(policy, "rekey_on_use", True)
         self.stamps: dict["Page", int] = {}
         self.n = 0
         # entries the last walk popped and yielded: they go back at the next walk, those
@@ -266,7 +272,7 @@ class HeapOrder(TierOrder):
 
     def used(self, page: "Page", tier: Any) -> None:
         """A turn uses ``page``: while it is in the index, its key may change."""
-        if tier.index_contains(page):
+        if self.rekey and tier.index_contains(page):
             self.push(page)
 
     def missing(self, pages: Iterable["Page"]) -> list["Page"]:
