@@ -194,6 +194,8 @@ class ARCQueue(TierQueue):
             elif op == _TRIM_B2:
                 if b2:
                     b2.popitem(last=False)
+            elif page is None:
+                continue
             elif page in gone:
                 (t2 if op == _T2 else t1).pop(page)
                 if op != _T1_NO_GHOST and page.key:
