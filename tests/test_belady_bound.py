@@ -147,8 +147,8 @@ def test_no_policy_finds_more_than_the_reuse_bound_with_requests_running_togethe
         rows, cfg = replay_rows(requests, p, pages, max_running, tmp_path)
         if p == POLICY_NAMES[0]:
             bound = pb.reuse_bound(prepare_run(cfg).workload, 512)
-        assert sum(r.preemptions for r in rows) == 0  # (the bound assumes none)
-        assert hit_tokens(rows) <= bound, p
+        for r in rows:  # turn by turn
+            assert r.hit_gpu <= (r.input_tokens if r.preemptions else bound[r.session, r.turn]), p
 
 
 def test_the_reuse_bound_counts_what_earlier_turns_computed():
@@ -166,4 +166,20 @@ def test_the_reuse_bound_counts_what_earlier_turns_computed():
         path = Path(d) / "t.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in trace))
         wl = load_mooncake(path)
-    assert pb.reuse_bound(wl, 512) == 1024 + 512
+    assert pb.reuse_bound(wl, 512) == {("req-1", 1): 0, ("req-2", 1): 1024, ("req-3", 1): 512}
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "belady"])
+def test_the_reuse_bound_holds_turn_by_turn_on_closed_loop_sessions(policy):
+    """configs/default.yaml (synthetic agentic sessions, closed loop, three tiers): no
+    turn finds more than an earlier turn of its session or another session computed."""
+    cfg = load_config(ROOT / "configs" / "default.yaml", [
+        "workload.synthetic.n_sessions=6", "output.plots=false",
+        f"cache.policy.eviction={policy}"])
+    prep = prepare_run(cfg)
+    bound = pb.reuse_bound(prep.workload, cfg.cache.tokens_per_block)
+    rows = replay(prep).rows
+    assert len(rows) == len(bound) and sum(bound.values()) > 0
+    for r in rows:
+        found = r.hit_gpu + r.hit_host + r.hit_disk
+        assert found <= (r.input_tokens if r.preemptions else bound[r.session, r.turn])
