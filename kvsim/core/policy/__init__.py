@@ -3,9 +3,9 @@
 ``make_policy(name, **kw)`` builds a built-in by name (``kw``: its knobs, ``KNOBS``);
 ``POLICIES`` maps names to classes. Policies of keys order a tier through a heap
 (``base.HeapOrder``); queue policies keep per-tier state of their own (``queues``):
-``s3fifo``, ``arc``, ``sieve``. A user's own policy is an ``EvictionPolicy`` subclass given to ``TierManager``
-(the run configuration's ``cache.policy.eviction: module:Class`` loads one, outside the
-core). Placement policies (where a victim goes, whether a restored page keeps its disk
+``s3fifo``, ``arc``, ``sieve``. A user's own policy is an ``EvictionPolicy`` subclass
+given to ``TierManager`` (the run configuration's ``cache.policy.eviction:
+module:Class`` loads one, outside the core). Placement policies (where a victim goes, whether a restored page keeps its disk
 copy) are in ``placement.py``: ``make_placement``, ``PLACEMENTS``.
 """
 
