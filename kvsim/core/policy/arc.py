@@ -127,6 +127,23 @@ class ARCQueue(TierQueue):
         else:
             self.t1[page] = None
 
+    def admit(self, pages: list["Page"]) -> None:
+        self.version += 1
+        t1, t2, b1, b2, owed, to_t2 = self.t1, self.t2, self.b1, self.b2, self.owed, self.to_t2
+        for page in pages:
+            if page in t1 or page in t2:
+                continue
+            key = page.key
+            if owed:
+                owed.pop(key, None)
+            if key in to_t2:
+                del to_t2[key]
+                t2[page] = None
+            elif key and (key in b1 or key in b2) and self._ghost_hit(key):
+                t2[page] = None
+            else:
+                t1[page] = None
+
     def hit(self, page: "Page") -> None:
         self.version += 1
         if page in self.t1:

@@ -83,6 +83,13 @@ class TierQueue:
     def insert(self, page: "Page") -> None:
         raise NotImplementedError
 
+    def admit(self, pages: list["Page"]) -> None:
+        """``insert`` each page it does not hold, in order (pages entering the tier's
+        index together; a queue may do it faster)."""
+        for p in pages:
+            if p not in self:
+                self.insert(p)
+
     def hit(self, page: "Page") -> None:
         pass
 
@@ -162,14 +169,11 @@ class QueueOrder(TierOrder):
     def touch_many(self, pages: list["Page"]) -> None:
         m = self.clock
         t = m.ticks
-        q = self.queue
-        insert = q.insert
         for p in pages:
             t += 1
             p.last_use = t
-            if p not in q:
-                insert(p)
         m.ticks = t
+        self.queue.admit(pages)
 
     def used(self, page: "Page", tier: "Tier") -> None:
         if page in self.queue:

@@ -114,6 +114,28 @@ class S3FIFOQueue(TierQueue):
             self.small[page] = None
         self.freq[page] = 0
 
+    def admit(self, pages: list["Page"]) -> None:
+        """``insert`` each page not held, in order (as ``insert`` does, inline)."""
+        self.version += 1
+        freq, small, main, ghost, to_main = self.freq, self.small, self.main, self.ghost, self.to_main
+        full_small = self._small_size()
+        early = not self.has_evicted
+        for page in pages:
+            if page in freq:
+                continue
+            key = page.key
+            if to_main and key in to_main:
+                del to_main[key]
+                main[page] = None
+            elif key and key in ghost:
+                del ghost[key]
+                main[page] = None
+            elif early and len(small) >= full_small:
+                main[page] = None
+            else:
+                small[page] = None
+            freq[page] = 0
+
     def hit(self, page: "Page") -> None:
         self.version += 1
         self.freq[page] += 1

@@ -61,6 +61,14 @@ class SieveQueue(TierQueue):
         self.pos[page] = len(self.q)
         self.q.append(page)
 
+    def admit(self, pages: list["Page"]) -> None:
+        self.version += 1
+        pos, q = self.pos, self.q
+        for page in pages:
+            if page not in pos:
+                pos[page] = len(q)
+                q.append(page)
+
     def hit(self, page: "Page") -> None:
         if page not in self.visited:
             self.version += 1
