@@ -55,13 +55,13 @@ def summary_table(metrics: dict, title: str, policy: str | None = None) -> Table
 
 
 def policy_label(run_info: dict) -> str | None:
-    """The eviction policy as the summary table shows it (a bound says so), and the
+    """The eviction policy as the summary table shows it (an offline one says so), and the
     placement policy unless it is the default."""
     name = run_info.get("policy")
     if name is None:
         return None
     if run_info.get("policy_is_bound"):
-        name = f"{name} (offline bound)"
+        name = f"{name} (offline: reads the future)"
     tiers = run_info.get("tier_eviction") or {}
     if tiers:
         name += "".join(f", {level} {pol}" for level, pol in tiers.items())

@@ -25,7 +25,6 @@ from kvsim.config import ConfigFileError, load_config
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
 
-from kvsim_backends.hw import HwBackend, RealtimeRuntime
 from kvsim_backends.hw.disk import DiskStore
 from kvsim_backends.sim import SimBackend, SimRuntime
 

@@ -12,7 +12,6 @@ from kvsim.core.spec import Level
 from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.run.seam import settings_for
 from kvsim.tools.fitkinds import _mix, cell_load, fit_interference, observed_slowdown
-from kvsim.tools.measured import Measured
 
 MiB = 1 << 20
 BASE = load_profile("h200-pcie-calibrated")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvsim.core.datapath.fill import Backing, FillLayout
+from kvsim.core.datapath.fill import Backing
 from kvsim_backends.hw.hostfill import HostFill
 
 MiB = 1 << 20

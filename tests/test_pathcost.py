@@ -10,7 +10,7 @@ import pytest
 
 from conftest import round_profile
 from kvsim.config.hardware import load_profile
-from kvsim.core.datapath.copypath import CopyPath, direction_paths, pinned_paths
+from kvsim.core.datapath.copypath import direction_paths, pinned_paths
 from kvsim.core.datapath.interference import legacy_stretch
 from kvsim.core.datapath.pathcost import CE, SM, _fair, cost_inputs, other_path, path_chooser
 from kvsim.core.plan import Batch, BatchKind

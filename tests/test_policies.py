@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from conftest import TPB, backend_for, blocks, check, make_manager, new_active, run
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core import Level, chain_key, scope_root
-from kvsim.core.policy import (GDSF, LFU, LRU, POLICY_NAMES, S3FIFO, Belady, EvictionPolicy,
-                               NextUses, PriorityLRU, make_policy)
+from kvsim.core.policy import (GDSF, LFU, LRU, POLICY_NAMES, Belady, EvictionPolicy, NextUses,
+                               PriorityLRU, make_policy)
 
 GPU = Level.GPU
 
@@ -340,24 +340,23 @@ def test_lfu_keeps_the_page_used_most_even_when_older():
         assert dropped(m, be, 1, {"a": a, "b": b, "c": c}) == expect, policy.name
 
 
-# -- s3-fifo --------------------------------------------------------------------------------
-
-def test_s3_fifo_drops_one_hit_pages_first_then_reused_ones_first_in_first_out():
-    m, be = one_tier(3, S3FIFO())
-    d = turn(m, be, 1)
-    turn(m, be, 1)
-    turn(m, be, 1)      # D: used at turns 1-3 (main queue)
-    b = turn(m, be, 2)
-    turn(m, be, 2)      # B: used at turns 4-5 (main queue)
-    c = turn(m, be, 3)  # C: used once, at turn 6 (small queue), the most recent
-    # the one-hit page goes first although it is the most recent ...
-    assert dropped(m, be, 1, {"b": b, "c": c, "d": d}) == {"c"}
-    # ... then the reused pages in first-in-first-out order of their last entry: D before
-    # B, though D has more uses (LFU would drop B)
-    assert dropped(m, be, 1, {"b": b, "d": d}) == {"d"}
-
-
 # -- gdsf -----------------------------------------------------------------------------------
+
+def test_packed_int_keys_order_as_the_tuples_they_pack():
+    """lfu packs (priority, uses, last_use) into one int, gdsf and lfu-da (priority,
+    value): the same order as the tuples, negative priorities included."""
+    from types import SimpleNamespace
+
+    rnd = random.Random(5)
+    pages = [SimpleNamespace(priority=rnd.randint(-3, 3), uses=rnd.randint(1, 40),
+                             last_use=rnd.randint(1, 10**9), score=float(rnd.randint(0, 10**12)))
+             for _ in range(3000)]
+    lfu, gdsf = LFU(), GDSF()
+    assert sorted(pages, key=lambda p: (p.priority, p.uses, p.last_use)) == \
+        sorted(pages, key=lambda p: lfu.key(p, 0))
+    assert sorted(pages, key=lambda p: (p.priority, p.score)) == \
+        sorted(pages, key=lambda p: gdsf.key(p, 0)) == sorted(pages, key=lambda p: gdsf.keys([p], 0)[0])
+
 
 def test_gdsf_keeps_a_deep_page_of_a_long_prefix_over_a_recent_shallow_leaf():
     for policy, expect in ((LRU(), {"long"}), (GDSF(), {"short"})):
@@ -394,6 +393,20 @@ def test_gdsf_scores_a_turn_computed_in_chunks_as_one():
     assert scores == sorted(scores, reverse=True)
 
 
+def test_gdsf_a_use_never_lowers_a_pages_value():
+    """A shared first block valued by a long prompt keeps that value when a short prompt
+    uses it next: so it stays worth at least as much as the long prompt's second block,
+    its child (which the last tier must drop first anyway)."""
+    m, be = one_tier(8, GDSF())
+    long = turn(m, be, 1, nblocks=4)  # block 0: cost 1 + 2 + 3 + 4 = 10, one use
+    assert [p.score for p in long] == [10, 9, 7, 4]
+    short = m.create("s", blocks(1, 1), TPB)  # block 0 again, alone: cost 1, two uses
+    run(m, be, m.resume(short))
+    m.close(short)
+    assert long[0].uses == 2 and long[0].score == 10  # not 0 + 2 x 1 = 2
+    assert long[0].score >= long[1].score
+
+
 def test_gdsf_ages_out_pages_not_used_again():
     m, be = one_tier(5, GDSF())
     long = turn(m, be, 1, nblocks=4)
@@ -401,7 +414,7 @@ def test_gdsf_ages_out_pages_not_used_again():
         turn(m, be, fam)
     # each victim raised the inflation L, so later one-block pages score above the long
     # prompt's old pages (its root is worth 10): the long prompt has aged out entirely
-    assert m.policy.inflation >= 10
+    assert m.policy.inflation[0] >= 10
     live = {p.pid for p in m.pages()}
     assert not any(p.pid in live for p in long)
 
@@ -557,7 +570,7 @@ def test_belady_keys_by_occurrence_match_the_dict():
 
 # -- priorities -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["priority-lru", "lfu", "s3-fifo", "gdsf"])
+@pytest.mark.parametrize("name", ["priority-lru", "lfu", "lfu-da", "gdsf"])
 def test_every_online_policy_drops_lower_priority_first(name):
     m, be = one_tier(2, make_policy(name))
     hi = turn(m, be, 1, priority=1)              # used once, long ago, deep-less
@@ -640,6 +653,29 @@ def test_config_selects_the_policy_and_refuses_unknown_names():
     assert all(n in msg for n in POLICY_NAMES)
 
 
+def test_policy_knobs_are_checked_against_the_policy_naming_the_key():
+    cfg = load_config("configs/default.yaml", ["cache.policy.eviction=s3-fifo",
+                                               "cache.policy.knobs.small_ratio=0.2",
+                                               "cache.policy.knobs.move_to_main=3"])
+    assert cfg.cache.policy.knobs == {"small_ratio": 0.2, "move_to_main": 3}
+    bad = {  # knob=value -> what the message says
+        "small_ratio=1.5": "expected a ratio in (0, 1)",
+        "ghost_ratio=0": "expected a ratio in (0, 1)",
+        "small_ratio=true": "expected a ratio in (0, 1)",
+        "move_to_main=0": "expected an integer >= 1",
+        "move_to_main=2.5": "expected an integer >= 1",
+        "smal_ratio=0.2": "s3-fifo takes no knob 'smal_ratio'; its knobs: small_ratio",
+    }
+    for arg, says in bad.items():
+        with pytest.raises(ConfigFileError) as e:
+            load_config("configs/default.yaml", ["cache.policy.eviction=s3-fifo",
+                                                 f"cache.policy.knobs.{arg}"])
+        key = "cache.policy.knobs." + arg.split("=")[0]
+        assert f"{key}: {says}" in str(e.value), str(e.value)
+    with pytest.raises(ConfigFileError, match="cache.policy.knobs.small_ratio: lru takes no knob"):
+        load_config("configs/default.yaml", ["cache.policy.knobs.small_ratio=0.2"])
+
+
 def test_workload_priorities_are_for_agentic_traces():
     cfg = load_config("configs/agentic-coding.yaml", ["workload.priorities.prefix=3",
                                                       "workload.priorities.subagent=-1"])
@@ -688,6 +724,49 @@ def test_belady_is_refused_on_the_hw_backend(tmp_path):
     assert "sim backend only" in r.output and not out.exists()
 
 
+class Tunable(EvictionPolicy):
+    """A user's policy with one declared knob."""
+
+    name = "tunable"
+    KNOBS = {"share": "ratio"}
+
+    def __init__(self, share=0.5):
+        self.share = share
+
+    def key(self, page, clock):
+        return page.last_use
+
+
+def test_a_user_policy_gets_its_knobs_checked_and_passed():
+    from kvsim.run.policies import PolicyError, load_user_policy
+
+    assert load_user_policy("test_policies:Tunable", knobs={"share": 0.25}).share == 0.25
+    with pytest.raises(PolicyError, match=r"cache.policy.knobs.share: expected a ratio in \(0, 1\)"):
+        load_user_policy("test_policies:Tunable", knobs={"share": 2})
+    with pytest.raises(PolicyError, match="cache.policy.knobs: 'test_policies:Tunable' does not "
+                                          "take depth"):
+        load_user_policy("test_policies:Tunable", knobs={"depth": 3})
+
+
+def test_a_queue_policy_on_a_tier_too_small_for_its_queues_exits_2(tmp_path):
+    """S3-FIFO's small queue is small_ratio of the tier: a tier of 8 pages at 0.1 has no
+    room for one, and the run is refused before it starts, naming the tier's quota."""
+    from kvsim.cli import app
+
+    out = tmp_path / "small"
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL,
+                            "--set", "cache.policy.eviction=s3-fifo",
+                            "--set", "cache.tiers=[{level: gpu, quota: 40MiB}]"])  # 8 pages
+    assert r.exit_code == 2, r.output
+    assert "cache.tiers[0].quota: s3-fifo cannot order a tier of 8 pages" in r.output
+    assert "needs at least 10 pages" in r.output and not out.exists()
+    r = runner.invoke(app, ["run", "configs/default.yaml", "--out", str(out), *SMALL,
+                            "--set", "cache.policy.eviction=s3-fifo",
+                            "--set", "cache.policy.knobs.small_ratio=0.25",
+                            "--set", "cache.tiers=[{level: gpu, quota: 40MiB}]"])
+    assert r.exit_code == 0, r.output
+
+
 def test_the_documented_example_policy_runs(tmp_path):
     """docs/policies.md's example: loads as module:Class and orders deepest first."""
     import re
@@ -712,3 +791,29 @@ def test_the_documented_example_policy_runs(tmp_path):
     finally:
         _sys.path.remove(str(tmp_path))
         _sys.modules.pop("doc_policies", None)
+
+
+def test_the_documented_queue_policy_runs_first_in_first_out(tmp_path):
+    """docs/policies.md's queue example: pages leave in the order they joined, a hit or a
+    later use changes nothing, a held page is passed over."""
+    import re
+    import sys as _sys
+    from pathlib import Path
+
+    from kvsim.run.policies import load_user_policy
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "policies.md").read_text()
+    code = re.findall(r"```python\n(.*?)```", doc, re.S)[1]
+    (tmp_path / "doc_queue.py").write_text(code)
+    _sys.path.insert(0, str(tmp_path))
+    try:
+        m, be = one_tier(3, load_user_policy("doc_queue:Fifo"))
+        a, b, c = turn(m, be, 1), turn(m, be, 2), turn(m, be, 3)
+        turn(m, be, 1)  # A used again: still first in line
+        held = m.create("s", blocks(1, 1), TPB)  # ... but held now: passed over
+        assert dropped(m, be, 1, {"a": a, "b": b, "c": c}) == {"b"}
+        m.close(held)
+        check(m, be)
+    finally:
+        _sys.path.remove(str(tmp_path))
+        _sys.modules.pop("doc_queue", None)

@@ -111,7 +111,7 @@ def test_the_tenant_field_is_checked_with_its_line(tmp_path, value, ok):
         w = load_mooncake(p)
         assert w.sessions[0].tenant == str(value)
     else:
-        with pytest.raises(TraceError, match=rf"t\.jsonl:1: field 'tenant' must be a tenant or user id"):
+        with pytest.raises(TraceError, match=r"t\.jsonl:1: field 'tenant' must be a tenant or user id"):
             load_mooncake(p)
 
 

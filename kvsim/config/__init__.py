@@ -17,7 +17,7 @@ Nothing here runs a replay; the rest of kvsim reads a config only through these 
 
 from kvsim.config.loading import (blame, load_config, parse_override, read_yaml,
                                   resolve_config_path, set_path, split_key, validate_config)
-from kvsim.config.runconfig import ConfigFileError, RunConfig, host_fill
+from kvsim.config.runconfig import ConfigFileError, RunConfig, host_fill, knob_problem
 
-__all__ = ["ConfigFileError", "RunConfig", "blame", "host_fill", "load_config", "parse_override",
+__all__ = ["ConfigFileError", "RunConfig", "blame", "host_fill", "knob_problem", "load_config", "parse_override",
            "read_yaml", "resolve_config_path", "set_path", "split_key", "validate_config"]

@@ -16,7 +16,9 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import (BeforeValidator, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kvsim.config.strict import PositiveSeconds, Size
 from kvsim.config.strict import Strict as _Strict
@@ -24,7 +26,7 @@ from kvsim.config.node import NodeConfig, RouterConfig
 from kvsim.config.workload import WorkloadConfig
 from kvsim.core.datapath.diskio import WRITE_SHARE
 from kvsim.core.datapath.fill import UNIT_BYTES
-from kvsim.core.policy import BOUND_NAMES, PLACEMENT_NAMES, POLICY_NAMES
+from kvsim.core.policy import BOUND_NAMES, PLACEMENT_NAMES, POLICIES, POLICY_NAMES, knobs_of
 
 
 class ConfigFileError(ValueError):
@@ -123,16 +125,52 @@ class TierConfig(_Strict):
         return self
 
 
+def knob_problem(kind: str, value: Any) -> str | None:
+    """What is wrong with a policy knob's ``value`` of ``kind`` (``kvsim.core.policy.
+    knobs_of``), or None."""
+    if kind == "ratio":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            return f"expected a ratio in (0, 1), got {value!r}"
+    elif kind == "count":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"expected an integer >= 1, got {value!r}"
+    return None
+
+
 class PolicyConfig(_Strict):
     """The eviction order within a tier, and the placement (where a victim goes, which
-    restored pages keep their disk copy): each a built-in name or ``module:Class``."""
+    restored pages keep their disk copy): each a built-in name or ``module:Class``; and
+    ``knobs``, the eviction policy's parameters (a built-in's ``KNOBS``; for
+    ``module:Class``, keyword arguments of its constructor, checked when it is built)."""
     eviction: str = "lru"
     placement: str = "cascade"
+    knobs: dict[str, Union[int, float]] = {}
 
     @field_validator("eviction")
     @classmethod
     def _known(cls, v: str) -> str:
         return _builtin_or_class(v, POLICY_NAMES, "eviction")
+
+    @field_validator("knobs")
+    @classmethod
+    def _known_knobs(cls, v: dict, info: ValidationInfo) -> dict:
+        name = info.data.get("eviction")
+        if name not in POLICY_NAMES:
+            return v  # (module:Class: its constructor checks them; or no valid name)
+        known = knobs_of(dict(POLICIES)[name])
+        errs = []
+        for k, x in v.items():
+            if k not in known:
+                msg = (f"{name} takes no knob {k!r}; its knobs: "
+                       f"{', '.join(known) if known else 'none'}")
+            else:
+                msg = knob_problem(known[k], x) or ""
+            if msg:
+                errs.append(InitErrorDetails(type=PydanticCustomError("knob", msg), loc=(k,),
+                                             input=x))
+        if errs:
+            raise ValidationError.from_exception_data("knobs", errs)
+        return v
 
     @field_validator("placement")
     @classmethod

@@ -210,12 +210,17 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         order = getattr(tier, "order", None)
         if order is None:
             continue
-        entries = {(id(e[2]), e[1]) for e in order.entries()}
-        for bucket in tier.lru.values():
-            for p in bucket:
-                n = order.stamps.get(p)
-                if n is None or (id(p), n) not in entries:
-                    _fail(f"{p!r} is in tier {pos}'s eviction index but not in its policy's order")
+        for p in order.missing([p for bucket in tier.lru.values() for p in bucket]):
+            _fail(f"{p!r} is in tier {pos}'s eviction index but not in its policy's order")
+        queue = getattr(order, "queue", None)
+        if queue is not None:  # a queue holds the tier's resident pages only
+            held = [p for p in pages.values() if p in queue]
+            for p in held:
+                if p.tier != pos or p.phase not in _LIVE:
+                    _fail(f"{p!r} is in tier {pos}'s policy queues but not resident there")
+            if len(held) != len(queue):
+                _fail(f"tier {pos}'s policy queues hold {len(queue)} pages, "
+                      f"{len(held)} of them live")
 
     # -- counters balance --------------------------------------------------------------
     c = m.counters

@@ -157,6 +157,8 @@ class Planning(Eviction):
                                 self._drop_copy(p)
                     elif kind is BatchKind.EVICT and src_pos == 0 and dst_pos == self._host_pos:
                         self._queue_write_through(pages)
+                elif src_tier.order is not None:  # onboarded: they leave the colder tier
+                    src_tier.order.left(pages)
                 self._arrive(tiers[dst_pos], pages, dsts, evict)  # evicted: most recent
             else:
                 c.failed_batches += 1
@@ -285,8 +287,8 @@ class Planning(Eviction):
         tiers = self.tiers
         for p in pages:
             tier = tiers[p.tier]
-            if tier.order is not None and tier.index_contains(p):  # its key changed: its
-                tier.order.push(p)  # place in the order too
+            if tier.order is not None:  # its key or its queue may change
+                tier.order.used(p, tier)
 
     def _refuse(self, reason: RefusalReason, detail: str) -> Refusal:
         self.counters.refusals += 1

@@ -1,18 +1,15 @@
 """Eviction mechanics shared by every plan: victim selection, slot reservation, rollback.
 
 ``_select`` is a dry run: the victims each tier must give up so that ``n`` slots are
-available in a tier (lowest priority, then least recently used, first; in the last tier
-only droppable leaves, children before parents), and the tier each tier's victims go to
-(the nearest colder one that can take them), or None, changing nothing. A placement
-policy other than the default may also drop a victim or send it past the next colder tier
-(``kvsim.core.destinations`` decides, per victim). ``_reserve`` applies any selection, deepest
-tier first: dropped pages leave at once; the others are pinned (MOVING) and get a
-destination slot in their colder tier (or take their retained disk copy back); the slots
-they vacate are handed over to the pages coming in (``PlanRecord.handed`` remembers which
-evict batch each tier's incoming pages depend on). ``_settle`` puts a page where its
-owners say it belongs.
+available in a tier (by the tier's eviction order; in the last tier only droppable
+leaves, children before parents), and the tier each tier's victims go to (the nearest
+colder one that can take them), or None, changing nothing; a placement policy may also
+drop a victim or send it further (``kvsim.core.destinations``). ``_reserve`` applies a
+selection, deepest tier first: dropped pages leave at once; the others are pinned
+(MOVING) with a destination slot in their colder tier (or take their retained disk copy
+back); the slots they vacate go to the pages coming in (``PlanRecord.handed``).
+``_settle`` puts a page where its owners say it belongs.
 """
-
 from __future__ import annotations
 
 from itertools import filterfalse, islice
@@ -291,6 +288,8 @@ class Eviction(Copies):
             leaving = drops + near + far if drops or far else near
             if leaving:
                 self.policies[pos].on_evict(leaving, self.clock)
+                if tier.order is not None:
+                    tier.order.evicted(leaving)
         if gone:
             if drops:
                 self._drop_each(tier, drops)
@@ -432,6 +431,8 @@ class Eviction(Copies):
             tier.index_discard(page)
         elif not page.holds and not page.in_tree:
             tier.index_discard(page)
+            if tier.order is not None:
+                tier.order.left((page,))
             if page.copy >= 0:
                 self._drop_copy(page)
             if self._wt_reading:

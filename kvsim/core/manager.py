@@ -26,26 +26,26 @@ back instead of writing it, and ``write_through()`` plans background copies to d
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Sequence
 
 from kvsim.core.errors import CoreError
 from kvsim.core.eviction import PlanRecord
-from kvsim.core.keys import BlockIds, chain_key, scope_root, tag_of
+from kvsim.core.keys import BlockIds, chain_key, tag_of
 from kvsim.core.pages import Page
-from kvsim.core.commits import Planning
+from kvsim.core.queries import Queries
 from kvsim.core.policy import EvictionPolicy, PriorityLRU, distinct, per_tier
 from kvsim.core.policy.intheap import order_for
 from kvsim.core.policy.placement import Cascade, PlacementPolicy
 from kvsim.core.plan import Batch, BatchKind, Fill, Plan, PlanKind, Refusal, RefusalReason
 from kvsim.core.request import Request
 from kvsim.core.spec import Level, ManagerSpec
-from kvsim.core.stats import Counters, TierStats
+from kvsim.core.stats import Counters
 from kvsim.core.tiers import Tier
 from kvsim.core.tree import PrefixTree
 from kvsim.core.types import Phase, ReqState
 
 
-class TierManager(Planning):
+class TierManager(Queries):
     def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None,
                  placement: PlacementPolicy | None = None,
                  tier_policies: dict[int, EvictionPolicy] | None = None):
@@ -75,7 +75,11 @@ class TierManager(Planning):
         ]
         if not self._fast:  # (an LRU tier walks its recency index, as on the fast path)
             for t, pol in zip(self.tiers, self.policies):
-                t.order = None if pol.fast_lru else order_for(pol, self)
+                t.order = None if pol.fast_lru else order_for(pol, self, t)
+        # the GPU tier's order learns the keys each prompt will bring in (a queue policy
+        # that counts ghost hits before it evicts for them)
+        order0 = self.tiers[0].order
+        self._incoming = order0 is not None and order0.wants_incoming
         self._pos = {t.level: i for i, t in enumerate(self.tiers)}
         self._levels = [t.level for t in self.tiers]  # tier position -> Level
         self.tree = PrefixTree()
@@ -85,60 +89,6 @@ class TierManager(Planning):
         self._requests: dict[int, Request] = {}
         self._plans: dict[int, PlanRecord] = {}
         self._next_pid = self._next_rid = self._next_plan = 0
-
-    # == read-only ======================================================================
-    def _needs(self, ntokens: int, nblocks: int) -> list[int]:
-        b = self.tokens_per_block
-        full = max(0, min(nblocks, ntokens // b))  # blocks the tokens fill
-        return [b] * full + [min(b, ntokens - i * b) for i in range(full, nblocks)]
-
-    def _nblocks(self, ntokens: int) -> int:
-        return -(-ntokens // self.tokens_per_block)
-
-    def probe_reuse(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int
-                    ) -> dict[Level, int]:
-        """Tokens of the prompt a new request would find cached, by tier. Changes nothing."""
-        nb = self._nblocks(ntokens)
-        pages, _ = self.tree.match(scope_root(scope), blocks[:nb], self._needs(ntokens, nb))
-        out = {t.level: 0 for t in self.tiers}
-        for p, need in zip(pages, self._needs(ntokens, len(pages))):
-            out[self.tiers[p.tier].level] += need
-        return out
-
-    def tier_stats(self, level: Level) -> TierStats:
-        pos = self.tier_pos(level)
-        tier = self.tiers[pos]
-        locked = held = droppable = moving = 0
-        for p in self._pages.values():
-            if p.tier != pos or p.phase not in (Phase.RESIDENT, Phase.MOVING):
-                continue
-            moving += p.phase is Phase.MOVING
-            if p.locks:
-                locked += 1
-            elif p.holds:
-                held += 1
-            else:
-                droppable += 1
-        used = tier.used
-        retained = self._retained if pos == self._disk_pos else 0
-        return TierStats(level=int(tier.level), total=tier.capacity, used=used, free=tier.free,
-                         locked=locked, held=held, droppable=droppable,
-                         reserved=used - locked - held - droppable - retained, moving=moving,
-                         evictable=tier.index_size(), retained=retained)
-
-    def requests(self) -> Iterable[Request]:
-        return self._requests.values()
-
-    def pages(self) -> Iterable[Page]:
-        return self._pages.values()
-
-    def plans_in_flight(self) -> int:
-        return len(self._plans)
-
-    def expected(self, req: Request) -> Fill:
-        """Slots and content tags of the request's written pages on GPU (for the refcheck)."""
-        ps = [p for p in req.pages if p.tag and p.tier == 0 and p.phase is Phase.RESIDENT]
-        return Fill(Level.GPU, [p.slot for p in ps], [p.tag for p in ps])
 
     # == lifecycle ======================================================================
     def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
@@ -190,8 +140,12 @@ class TierManager(Planning):
                     self.tiers[p.tier].index_discard(p)
             own.extend(found)
             req.committed = len(own)
+        if req.ahead:
+            req.ahead = []
         if not self._fast:
             self._used(own)
+            if self._incoming:
+                self._announce(req, own, blocks, nb)
         hits = [0, 0, 0]
         level = self._levels
         for p, n in zip(own, need):
@@ -361,6 +315,9 @@ class TierManager(Planning):
         tags: list[int] = []
         parent_key = b""  # the key (and tree page) of block i - 1 once known in the loop
         parent = None
+        ahead = req.ahead  # keys hashed at prepare (a chain key depends on the blocks only)
+        a0 = req.ahead_from
+        a1 = a0 + len(ahead)
         for i in range(req.committed, upto):
             page = pages[i]
             if page.key:
@@ -371,7 +328,7 @@ class TierManager(Planning):
                 parent = tree.get(parent_key) if i else None
                 if i and parent is None:
                     parent = self._reinsert_chain(req, i - 1)
-            key = chain_key(parent_key, blocks[i])
+            key = ahead[i - a0] if a0 <= i < a1 else chain_key(parent_key, blocks[i])
             if tree.insert(page, key, parent):
                 parent = page
             else:
@@ -416,6 +373,25 @@ class TierManager(Planning):
         del self._requests[req.rid]
 
     # == internals ======================================================================
+    def _announce(self, req: Request, own: list[Page], blocks: Sequence[BlockIds],
+                  nb: int) -> None:
+        """Tell the GPU tier's order the chain keys of the prompt's blocks not on GPU, in
+        prompt order: those found in a colder tier, then those found nowhere (their keys
+        as commit will give them)."""
+        keys = [p.key for p in own if p.tier != 0]
+        parent = own[-1].key if own else req.root
+        ahead: list[bytes] = []
+        for i in range(len(own), nb):
+            parent = chain_key(parent, blocks[i])
+            ahead.append(parent)
+        req.ahead = ahead  # (commit takes them: a block is hashed once)
+        req.ahead_from = len(own)
+        keys.extend(ahead)
+        if keys:
+            order = self.tiers[0].order
+            assert order is not None
+            order.incoming(keys)
+
     @property
     def _taker_stage(self) -> int:
         return len(self.tiers) - 1

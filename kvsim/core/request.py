@@ -3,7 +3,9 @@
 One Request may live across the turns of a session (``TierManager.prepare`` declares each
 turn's prompt). Its ``state`` is one ReqState; ``pages[i]`` holds block ``i``; the first
 ``committed`` pages have a key (committed or matched); ``plan`` is the id of the plan in
-flight for it (-1: none). The manager owns every field; callers only read them.
+flight for it (-1: none); ``ahead`` holds the chain keys of blocks ``ahead_from`` on, when
+the manager hashed them ahead of their commit (a policy wanted them at ``prepare``). The
+manager owns every field; callers only read them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ class Request:
     """A sequence of blocks whose pages one client owns (a request, or a whole session)."""
 
     __slots__ = ("rid", "scope", "root", "priority", "prefix_blocks", "prefix_priority",
-                 "blocks", "pages", "tokens", "committed", "state", "hit_by_level", "plan")
+                 "blocks", "pages", "tokens", "committed", "state", "hit_by_level", "plan",
+                 "ahead", "ahead_from")
 
     def __init__(self, rid: int, scope: Hashable, priority: int):
         self.rid = rid
@@ -35,6 +38,8 @@ class Request:
         self.state = ReqState.SUSPENDED
         self.hit_by_level: tuple[int, ...] = (0, 0, 0)  # cached tokens of the last create/prepare, by Level
         self.plan = -1            # pid of the plan in flight for this request
+        self.ahead: list[bytes] = []  # chain keys of blocks ahead_from.. (hashed early)
+        self.ahead_from = 0
 
     @property
     def cached_tokens(self) -> int:

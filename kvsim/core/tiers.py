@@ -13,7 +13,8 @@ The eviction index holds the pages an eviction may pick: resident (not moving, n
 pending), unlocked, and, in the last tier, also not held (held pages cannot be dropped).
 It is one insertion-ordered dict per priority; insertion order is recency (oldest first),
 driven by the manager's logical clock, never by a wall clock. With a policy other than
-LRU, ``order`` also keeps the candidates in that policy's order (``policy.HeapOrder``).
+LRU, ``order`` also keeps the candidates in that policy's order (``policy.base.TierOrder``:
+a heap of its keys, or a queue policy's own state).
 A slot may also be owned by a retained copy (the disk tier's ``copies``, or a
 write-through's slot while it is written): used, neither free nor a page's.
 """
@@ -27,7 +28,7 @@ from kvsim.core.spec import Level
 
 if TYPE_CHECKING:
     from kvsim.core.pages import Page
-    from kvsim.core.policy.base import HeapOrder
+    from kvsim.core.policy.base import TierOrder
 
 
 class Tier:
@@ -51,8 +52,9 @@ class Tier:
         self._prios: list[int] = []  # sorted keys of lru
         self._churn = 0  # pages removed in bulk since the buckets were last compacted
         # a policy other than LRU: its order of this tier's candidates, told of every page
-        # that enters the index or is touched in it (None: LRU, the index's own order)
-        self.order: HeapOrder | None = None
+        # that enters the index or is touched in it (None: LRU, the index's own order):
+        # a heap of the policy's keys, or a queue policy's own state (policy.queues)
+        self.order: TierOrder | None = None
         # the disk tier: the retained copies it may reclaim (complete, not being taken
         # back), oldest first; each owns a slot of this tier (kvsim.core.retained)
         self.copies: dict[Page, None] = {}

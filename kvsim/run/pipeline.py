@@ -26,7 +26,8 @@ from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row, dist
 from kvsim.config.hardware import HardwareProfile, load_profile
-from kvsim.run.policies import build_placement, build_policy, build_tier_policies, describe
+from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
+                                describe)
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
 from kvsim.run.results import kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
@@ -269,13 +270,16 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     if backend not in BACKENDS:
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
     n = cfg.node.ranks
+    spec = prep.spec
     ranks = []
     for r, (workload, starts) in enumerate(split(prep.workload, prep.starts, n)):
         policy = build_policy(cfg, workload, backend, starts)  # belady: sim only
-        placement = build_placement(cfg, prep.shape, prep.profile, prep.spec.page_bytes)
+        placement = build_placement(cfg, prep.shape, prep.profile, spec.page_bytes)
         tier_policies = build_tier_policies(cfg)
+        check_tiers(cfg, [t.quota_bytes // spec.page_bytes for t in spec.tiers], policy,
+                    tier_policies)
         ranks.append(RankRun(r, workload, starts, policy, placement, tier_policies,
-                             TierManager(prep.spec, policy, placement, tier_policies)))
+                             TierManager(spec, policy, placement, tier_policies)))
     rt = None
     try:  # from here on the backends hold memory and files: close them on every exit
         for rk in ranks:

@@ -4,9 +4,11 @@ core: they may import a user's module, ``belady`` reads the whole trace, and
 ``recompute`` reads the model and the hardware profile.
 
 ``cache.policy.eviction`` is a built-in name (``kvsim.core.policy.POLICY_NAMES``) or
-``module:Class``, a user's ``kvsim.core.policy.EvictionPolicy`` subclass, built with no
-arguments. ``belady`` needs the future: ``future_uses`` precomputes, in one pass over the
-trace, the turns that use each block (a compact ``NextUses`` table).
+``module:Class``, a user's ``kvsim.core.policy.EvictionPolicy`` subclass, built with
+``cache.policy.knobs`` as keyword arguments (none: no arguments). ``belady`` needs the
+future: ``future_uses`` precomputes, in one pass over the trace, the turns that use each
+block (a compact ``NextUses`` table). ``check_tiers`` refuses a policy on a tier it cannot
+order (too few pages for its queues), naming the tier's quota.
 
 ``cache.policy.placement`` is a built-in name (``kvsim.core.policy.PLACEMENT_NAMES``) or
 ``module:Class``, a user's ``kvsim.core.policy.PlacementPolicy`` subclass, built with no
@@ -25,10 +27,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from kvsim.config import ConfigFileError
+from kvsim.config import ConfigFileError, knob_problem
 from kvsim.core.keys import scope_root, sha256
 from kvsim.core.policy import (BOUND_NAMES, PLACEMENT_NAMES, POLICY_NAMES, EvictionPolicy, NextUses,
-                               PlacementPolicy, RecomputeOverDisk, make_placement, make_policy)
+                               PlacementPolicy, RecomputeOverDisk, knobs_of, make_placement,
+                               make_policy)
 from kvsim.core.policy.builtin import NEVER
 from kvsim.engine.compute import ComputeModel
 from kvsim.workload.blocks import cache_blocks
@@ -60,9 +63,23 @@ def build_policy(cfg: "RunConfig", workload: Workload, backend: str,
                               f"future; it runs on the sim backend only, not {backend!r}")
         return make_policy(name, future=future_uses(workload, cfg.cache.tokens_per_block,
                                                      starts))
+    knobs = dict(cfg.cache.policy.knobs)
     if name in POLICY_NAMES:
-        return make_policy(name)
-    return load_user_policy(name)
+        return make_policy(name, **knobs)
+    return load_user_policy(name, knobs=knobs)
+
+
+def check_tiers(cfg: "RunConfig", capacities: Sequence[int], policy: EvictionPolicy,
+                tier_policies: dict[int, EvictionPolicy]) -> None:
+    """PolicyError, naming the tier's quota, if a tier's eviction policy cannot order a
+    tier of that many pages (``EvictionPolicy.check_tier``)."""
+    for i, cap in enumerate(capacities):
+        pol = tier_policies.get(i, policy)
+        why = getattr(pol, "check_tier", lambda c: None)(cap)
+        if why:
+            who = cfg.cache.tiers[i].eviction or cfg.cache.policy.eviction
+            raise PolicyError(f"cache.tiers[{i}].quota: {who} cannot order a tier of {cap} "
+                              f"pages: {why}")
 
 
 def load_user_class(path: str, key: str, names: tuple[str, ...],
@@ -78,9 +95,21 @@ def load_user_class(path: str, key: str, names: tuple[str, ...],
         raise error(f"{key}: cannot load {path!r}: {e}") from None
 
 
-def load_user_policy(path: str, key: str = KEY) -> EvictionPolicy:
-    """An instance of the class ``module:Class`` names (errors name the config ``key``)."""
-    policy = load_user_class(path, key, POLICY_NAMES, PolicyError)()
+def load_user_policy(path: str, key: str = KEY, knobs: dict | None = None) -> EvictionPolicy:
+    """An instance of the class ``module:Class`` names, built with ``knobs`` (errors name
+    the config ``key``, or ``cache.policy.knobs``)."""
+    cls = load_user_class(path, key, POLICY_NAMES, PolicyError)
+    knobs = knobs or {}
+    declared = knobs_of(cls)
+    for k, v in knobs.items():
+        why = knob_problem(declared[k], v) if k in declared else None
+        if why:
+            raise PolicyError(f"cache.policy.knobs.{k}: {why}")
+    try:
+        policy = cls(**knobs)
+    except TypeError as e:
+        raise PolicyError(f"cache.policy.knobs: {path!r} does not take "
+                          f"{', '.join(sorted(knobs)) or 'no arguments'}: {e}") from None
     if not callable(getattr(policy, "order", None)) or getattr(policy, "fast_lru", False):
         raise PolicyError(f"{key}: {path!r} is not an eviction policy (subclass "
                           f"kvsim.core.policy.EvictionPolicy and define key())")

@@ -90,12 +90,13 @@ class SimHostFill:
     def _call(self, k: int, left: int, per_byte: float) -> None:
         """A registration call of unit ``k`` (``left`` bytes of it still to register), in
         its turn among the node's fills, holding the driver's lock for its bytes."""
-        n = min(self._chunk, left)
-        turns = self._turns
+        chunk, turns, lock = self._chunk, self._turns, self.lock
+        assert chunk is not None and turns is not None and lock is not None  # (a paced fill)
+        n = min(chunk, left)
         start = turns.hold(self.clock.now, n * per_byte)
 
         def take(_w) -> None:
-            end = self.lock.fill_hold(self.clock.now, n * per_byte)
+            end = lock.fill_hold(self.clock.now, n * per_byte)
             turns.free_at = max(turns.free_at, end)
             done = (lambda _x: self._unit_in(k)) if n >= left else \
                 (lambda _x: self._call(k, left - n, per_byte))

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share, gemm_tiles, row_buckets
+from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_tiles, row_buckets
 
 
 class CopyLoad(NamedTuple):

@@ -22,12 +22,19 @@ A policy sees each candidate page's metadata, read-only:
 and the manager's logical clock (one tick per turn, ``prepare``; not comparable with
 ``last_use``). It does no I/O and reads no wall clock.
 
-``LRU`` (and ``PriorityLRU``) is special-cased: the manager walks the tier's recency index itself (one
-insertion-ordered dict per priority), the fast path. Any other policy goes through the
-generic path, ``HeapOrder``: a page's ``key(page, clock)`` is computed when it enters a
-tier's eviction index or is used there, and candidates come lowest key first (equal keys:
-the one keyed first). So a key may change only when its page is used (or, as
-``belady``'s, grow with the clock: ``HeapOrder`` re-keys such a page when it surfaces).
+A tier's order is a ``TierOrder`` (``tier.order``), one of three kinds:
+
+- ``LRU`` (and ``PriorityLRU``) is special-cased: the manager walks the tier's recency
+  index itself (one insertion-ordered dict per priority), the fast path (``order`` None).
+- A policy of keys (``key``, optional ``keys``) goes through ``HeapOrder``: a page's
+  ``key(page, clock)`` is computed when it enters a tier's eviction index or is used
+  there, and candidates come lowest key first (equal keys: the one keyed first). So a key
+  may change only when its page is used (or, as ``belady``'s, grow with the clock:
+  ``HeapOrder`` re-keys such a page when it surfaces).
+- A queue policy (S3-FIFO, ARC, SIEVE, or your own) returns a per-tier ``TierQueue`` from
+  ``tier_queue(tier)`` (``kvsim.core.policy.queues``): state of its own per tier (queues,
+  ghosts, a hand), told of insertions, hits, departures and the keys a prompt will bring
+  in, asked for its victims as a dry run, and told which it lost.
 """
 
 from __future__ import annotations
@@ -53,10 +60,13 @@ class EvictionPolicy:
     ``on_turn(pages, clock)``: a turn ended (or was suspended part way): its pages, in
     prompt order (the prompt's, then those it computed), before they enter the index.
     ``on_evict(pages, clock)``: these pages were chosen as victims and leave their tier.
+    ``tier_queue(tier)``: a queue policy's state for one tier (``TierQueue``), or None:
+    the tier is ordered by ``key``.
     """
 
     name = "base"
-    #: needs the future of the trace (an offline bound, not a policy a server could run)
+    #: needs the future of the trace (offline, not a policy a server could run; MIN one
+    #: request at a time, not a bound with requests running together: docs/policies.md)
     is_bound = False
     #: the manager keeps its own recency order only: ``key`` is never called
     fast_lru = False
@@ -72,6 +82,10 @@ class EvictionPolicy:
     #: A page keeps this key until the manager re-keys it (never used again stays so): the
     #: order does not check it again before yielding the page, even without static_keys
     floor_key: Any = None
+    #: a page's key may change when a turn uses it (``uses``, or a next use that passed):
+    #: the order re-keys a used page at once. False: the key changes only in ``on_turn``
+    #: (then the page is keyed again as its turn ends), so a use need not re-key it
+    rekey_on_use = True
     #: every key is an int (and ``floor_key`` one, or None): the generic path packs an
     #: entry, key and stamp, into one int (``intheap.IntHeapOrder``), an object the garbage
     #: collector never tracks; the order is the same
@@ -101,6 +115,17 @@ class EvictionPolicy:
         key = self.key
         return sorted(candidates, key=lambda p: key(p, clock))
 
+    def tier_queue(self, tier: Any) -> Any:
+        """A queue policy's own state for ``tier`` (a fresh ``kvsim.core.policy.queues.
+        TierQueue`` per tier it orders), or None: the tier is ordered by ``key``
+        (``HeapOrder``)."""
+        return None
+
+    def check_tier(self, capacity: int) -> str | None:
+        """Why this policy cannot order a tier of ``capacity`` pages (None: it can). A run
+        refuses such a configuration before it starts."""
+        return None
+
 
 class LRU(EvictionPolicy):
     """Per tier: least recently used first. Priorities are ignored (every page gets 0)."""
@@ -121,7 +146,51 @@ class PriorityLRU(LRU):
     honours_priority = True
 
 
-class HeapOrder:
+class TierOrder:
+    """What the manager tells and asks a tier's candidate order (``tier.order``). The
+    manager calls, for pages of that tier:
+
+    ``touch(page)``, ``touch_many(pages)``: the page entered the tier's eviction index or
+    was touched there (its turn ended, it arrived from a warmer tier);
+    ``used(page, tier)``: a turn uses the page (``prepare``), indexed or not;
+    ``incoming(keys)`` (GPU tier, only where ``wants_incoming``): the chain keys of a
+    prompt's blocks not on GPU, in prompt order, which the GPU tier will take in;
+    ``walk(indexed, size, want)``: the candidates in eviction order, a dry run;
+    ``evicted(pages)``: these pages, from the last walk, were chosen as victims;
+    ``left(pages)``: these pages left the tier other than as victims (onboarded to GPU,
+    freed);
+    ``missing(pages)``: those of ``pages`` (the tier's index) it does not hold (the audit).
+    """
+
+    __slots__ = ()
+    wants_incoming = False
+
+    def touch(self, page: "Page") -> None:
+        raise NotImplementedError
+
+    def touch_many(self, pages: list["Page"]) -> None:
+        raise NotImplementedError
+
+    def used(self, page: "Page", tier: Any) -> None:
+        raise NotImplementedError
+
+    def incoming(self, keys: list[bytes]) -> None:
+        pass
+
+    def walk(self, indexed: Any, size: int, want: int = 1) -> Iterator["Page"]:
+        raise NotImplementedError
+
+    def evicted(self, pages: list["Page"]) -> None:
+        pass
+
+    def left(self, pages: Iterable["Page"]) -> None:
+        pass
+
+    def missing(self, pages: Iterable["Page"]) -> list["Page"]:
+        raise NotImplementedError
+
+
+class HeapOrder(TierOrder):
     """One tier's eviction candidates in a policy's order, kept incrementally (the generic
     path): a heap of (key, stamp, page) entries, one pushed whenever a page enters the
     tier's eviction index or is used while in it, its key computed then. An entry counts
@@ -141,7 +210,7 @@ class HeapOrder:
     takes whichever of its front and the heap's top comes first. The order is the one a
     single heap gives, without each such entry sifting through the whole heap."""
 
-    __slots__ = ("policy", "clock", "heap", "fifo", "floor", "stamps", "n", "taken")
+    __slots__ = ("policy", "clock", "heap", "fifo", "floor", "stamps", "n", "taken", "rekey")
 
     def __init__(self, policy: EvictionPolicy, clock: Any):
         self.policy = policy
@@ -149,6 +218,7 @@ class HeapOrder:
         self.heap: list[tuple[Any, int, "Page"]] = []
         self.fifo: deque[tuple[Any, int, "Page"]] = deque()
         self.floor = getattr(policy, "floor_key", None)
+        self.rekey = getattr(policy, "rekey_on_use", True)
         self.stamps: dict["Page", int] = {}
         self.n = 0
         # entries the last walk popped and yielded: they go back at the next walk, those
@@ -199,6 +269,16 @@ class HeapOrder:
         else:
             for e in entries:
                 heappush(heap, e)
+
+    def used(self, page: "Page", tier: Any) -> None:
+        """A turn uses ``page``: while it is in the index, its key may change."""
+        if self.rekey and tier.index_contains(page):
+            self.push(page)
+
+    def missing(self, pages: Iterable["Page"]) -> list["Page"]:
+        entries = {(id(e[2]), e[1]) for e in self.entries()}
+        stamps = self.stamps
+        return [p for p in pages if (id(p), stamps.get(p)) not in entries]
 
     def push(self, page: "Page") -> None:
         """(Re)place ``page`` in the order by its key now (its recency unchanged)."""

@@ -17,66 +17,108 @@ NEVER = 1 << 62
 _COUNT = (1 << 32) - 1  # NextUses.index: the low bits count a block's uses
 
 
+#: ``LFU``'s keys: priority, uses and recency in one int (``(priority * 2 ** 48 + uses)
+#: * 2 ** 48 + last_use``; uses and the recency counter stay below 2 ** 48)
+_FIELD = 48
+
+
 class LFU(EvictionPolicy):
-    """Frequency-aware LRU: lowest priority, then fewest uses, then least recently used."""
+    """Least frequently used: lowest priority, then fewest uses, then least recently used
+    (libCacheSim's ``LFU``: ties go to the page that reached its count first). The key,
+    ``(priority, uses, last_use)``, is packed into one int in that order (``int_keys``)."""
 
     name = "lfu"
     static_keys = True
+    int_keys = True
 
-    def key(self, page: "Page", clock: int) -> Any:
-        return (page.priority, page.uses, page.last_use)
+    def key(self, page: "Page", clock: int) -> int:
+        return (page.priority << _FIELD | page.uses) << _FIELD | page.last_use
+
+
+#: ``GDSF``'s keys: the priority above the value, one int (``priority * 2 ** 53 +
+#: value``; values below 2 ** 53, exact in the float ``page.score`` keeps them in)
+VALUE_BITS = 53
 
 
 class GDSF(EvictionPolicy):
-    """Greedy-Dual-Size-Frequency, cost-aware: a page's value is
-    ``L + uses * cost / size``, set when the last turn that used it ends, lowest evicted
-    first (within a priority). Size is one page. The cost is the recompute its eviction
-    would bring on that turn: that page's block and every block after it in the turn (a
-    miss ends the cached prefix), a block at depth d costing d + 1 (it attends to the d
-    blocks before it). So a page deep in a long prefix is worth more than a leaf of a
-    short one, and a parent at least as much as its child in the same turn (scoring at
-    the turn's end, not chunk by chunk, keeps that: children leave first, so the last
-    tier's drop order, children before parents, walks few pages it must skip). ``L`` (the inflation)
-    rises to the value of each victim, so pages not used for long age out whatever their
-    cost."""
+    """Greedy-Dual-Size-Frequency: Ludmila Cherkasova, "Improving WWW Proxies Performance
+    with Greedy-Dual-Size-Frequency Caching Policy", HP Labs HPL-98-69R1, 1998
+    (https://www.hpl.hp.com/techreports/98/HPL-98-69R1.html); libCacheSim's ``GDSF``.
+
+    A page's value is ``H = L + frequency x cost / size``, lowest evicted first (within a
+    priority; equal values: the one valued first). ``L``, the tier's inflation, rises to
+    the value of each page the tier evicts, so pages not used for long age out whatever
+    their cost. Frequency: the turns that used the page (``page.uses``). Size: the slots
+    it takes, one for every page. Cost (``cost``): the recompute its eviction brings on
+    the turn that uses it: its own block and every block after it in that turn's prompt
+    (a miss ends the cached prefix), a block at depth d costing d + 1 (it attends to the d
+    blocks before it and itself). So a page deep in a long prefix is worth more than a
+    leaf of a short one. ``H`` is set when a turn that used the page ends, with the
+    inflation of the tier the page is in then, and kept in ``page.score``; each tier ages
+    by its own victims. A use never lowers a page's value (a shared prefix used by a
+    short prompt keeps what a long one made it worth): so a parent is worth at least each
+    of its children (every turn that uses a child uses its parent, at a cost at least the
+    child's), children leave first, and the last tier's drop order, children before
+    parents, has no parents to step over. Values are integers (costs are), the key one
+    int: ``int_keys``."""
 
     name = "gdsf"
     static_keys = True
+    int_keys = True
+    rekey_on_use = False  # the value changes as a turn ends, not as it is declared
 
     def __init__(self) -> None:
-        self.inflation = 0.0
+        self.inflation: dict[int, int] = {}  # tier position -> L
+
+    def cost(self, pages: list["Page"]) -> list[int]:
+        """The cost of each page of a turn (its pages in prompt order): the depth-weighted
+        blocks from it to the turn's last, ``sum(j + 1 for j in index .. last)``."""
+        last = pages[-1].index + 1
+        top = last * (last + 1) // 2
+        return [top - p.index * (p.index + 1) // 2 for p in pages]
 
     def on_turn(self, pages: list["Page"], clock: int) -> None:
         if not pages:
             return
-        last = pages[-1].index + 1  # sum of (j + 1) for j = i .. last - 1
-        top = last * (last + 1) / 2
-        inflation = self.inflation
-        for p in pages:
-            i = p.index
-            p.score = inflation + p.uses * (top - i * (i + 1) / 2)
+        infl = self.inflation
+        size = 1  # every page takes one slot
+        for p, c in zip(pages, self.cost(pages)):
+            h = infl.get(p.tier, 0) + p.uses * c // size
+            if h > p.score:
+                if h >> VALUE_BITS:
+                    raise OverflowError(f"{self.name}: a page's value passed 2 ** {VALUE_BITS}")
+                p.score = h
 
-    def key(self, page: "Page", clock: int) -> Any:
-        return (page.priority, page.score)
+    def key(self, page: "Page", clock: int) -> int:
+        return page.priority << VALUE_BITS | int(page.score)
+
+    def keys(self, pages: list["Page"], clock: int) -> list[int]:
+        return [p.priority << VALUE_BITS | int(p.score) for p in pages]
 
     def on_evict(self, pages: Iterable["Page"], clock: int) -> None:
+        infl = self.inflation
         for p in pages:
-            if p.score > self.inflation:
-                self.inflation = p.score
+            h = int(p.score)
+            if h > infl.get(p.tier, 0):
+                infl[p.tier] = h
 
 
-class S3FIFO(EvictionPolicy):
-    """A static-order approximation of S3-FIFO (Yang et al., SOSP 2023): pages used once
-    (the small, probationary queue) leave before pages used again (the main queue), each
-    queue in first-in-first-out order of its last entry. One-hit pages of a scan thus never
-    push out reused ones. (Without S3-FIFO's ghost queue: a page that comes back after its
-    eviction starts over as used once.)"""
+class LFUDA(GDSF):
+    """LFU with dynamic aging: Martin Arlitt, Ludmila Cherkasova, John Dilley, Rich
+    Friedrich, Tai Jin, "Evaluating Content Management Techniques for Web Proxy Caches",
+    ACM SIGMETRICS Performance Evaluation Review 27(4), 2000
+    (https://doi.org/10.1145/346000.346003). GDSF with every cost and size 1: a page's
+    value is ``H = L + uses``, lowest evicted first, ``L`` rising to each victim's value.
+    Frequency counts, but a page once popular ages out as ``L`` passes it: LFU without
+    its pollution by pages that were hot long ago. (libCacheSim's ``LFUDA`` adds ``L`` to
+    a page's count at each hit rather than one, and with ``L`` at 0 a hit adds nothing;
+    its ``GDSF`` with one-byte objects is LFU-DA as published, the reference kvsim's
+    ``lfu-da`` is checked against.)"""
 
-    name = "s3-fifo"
-    static_keys = True
+    name = "lfu-da"
 
-    def key(self, page: "Page", clock: int) -> Any:
-        return (page.priority, page.uses > 1, page.last_use)
+    def cost(self, pages: list["Page"]) -> list[int]:
+        return [1] * len(pages)
 
 
 class NextUses:
@@ -131,12 +173,16 @@ class NextUses:
 
 
 class Belady(EvictionPolicy):
-    """The offline optimum (Belady's MIN): evict the page whose next use is furthest in
-    the future (never used again: first). It needs the future: ``future[chain key]`` is
+    """Belady's MIN (L. A. Belady, "A study of replacement algorithms for a virtual-storage
+    computer", IBM Systems Journal 5(2), 1966): evict the page whose next use is furthest
+    in the future (never used again: first). It needs the future: ``future[chain key]`` is
     the sorted clock values (turn ordinals, as the manager's clock counts ``prepare``
     calls from 1) at which a turn uses that block (any mapping with ``get``, or a
-    ``NextUses``, the compact form a run builds). Priorities are ignored. A bound, not a
-    policy a server could run: sim-only."""
+    ``NextUses``, the compact form a run builds). Priorities are ignored. Offline: sim
+    only. One request at a time it is the optimum of kvsim's model (MIN over the prefix
+    tree, a running request's pages all resident); with requests running together it is
+    not, and not a bound: a page no one needs again can become pinned later as the parent
+    of a running request's pages (docs/policies.md, "Belady and concurrency")."""
 
     name = "belady"
     is_bound = True

@@ -1,6 +1,6 @@
 """``IntHeapOrder``: ``HeapOrder`` for a policy whose keys are all ints (``int_keys``:
 ``belady``'s), kept with fewer and cheaper objects; ``order_for`` picks the order a
-policy gets.
+policy gets for a tier.
 """
 
 from __future__ import annotations
@@ -11,16 +11,24 @@ from itertools import compress, islice, repeat
 from operator import eq, lshift, not_, or_
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from kvsim.core.policy.base import EvictionPolicy, HeapOrder
+from kvsim.core.policy.base import EvictionPolicy, HeapOrder, TierOrder
+from kvsim.core.policy.queues import QueueOrder
 from kvsim.core.types import Phase
 
 if TYPE_CHECKING:
     from kvsim.core.pages import Page
+    from kvsim.core.tiers import Tier
 
 
-def order_for(policy: EvictionPolicy, clock: Any) -> HeapOrder:
-    """The candidate order of a tier under ``policy``: packed int entries where its keys
-    are all ints (``int_keys``), else the generic one; the order is the same."""
+def order_for(policy: EvictionPolicy, clock: Any, tier: "Tier | None" = None) -> TierOrder:
+    """The candidate order of ``tier`` under ``policy``: the policy's own queue state for
+    it where it keeps one (``tier_queue``), else a heap of its keys: packed int entries
+    where its keys are all ints (``int_keys``), else the generic one (the same order)."""
+    if tier is not None:
+        queue = getattr(policy, "tier_queue", None)
+        q = queue(tier) if queue is not None else None
+        if q is not None:
+            return QueueOrder(q, clock)
     return IntHeapOrder(policy, clock) if getattr(policy, "int_keys", False) else HeapOrder(policy, clock)
 
 

@@ -1,0 +1,185 @@
+"""``belady`` as a bound, on small Mooncake-format workloads replayed through the engine
+(one GPU tier of 512-token pages):
+
+- one request at a time (``engine.max_running=1``) it is MIN in kvsim's model: request by
+  request it finds what an independent MIN over the prefix tree finds
+  (benchmarks/policy_bound.py's ``min_hits``), and no online policy finds more;
+- with requests running together, greedy MIN is not the optimum: a five-request case where
+  ``gdsf`` finds more, because a page no one needs again can still be pinned later (a
+  running request's pages attach below it in the prefix tree, and a parent never goes
+  before its children), so which dead page leaves first matters, and furthest-next-use
+  cannot tell them apart;
+- whatever the concurrency, no policy finds more than ``reuse_bound``: the prompt blocks a
+  turn prepared earlier computed (a property test over random workloads).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import policy_bound as pb  # noqa: E402
+
+from kvsim.config import load_config  # noqa: E402
+from kvsim.core.policy import POLICY_NAMES  # noqa: E402
+from kvsim.run import prepare_run, replay  # noqa: E402
+
+ONLINE = [p for p in POLICY_NAMES if p != "belady"]
+
+
+def workload(seed: int, n: int) -> list[dict]:
+    """``n`` requests over three prompt families (a shared prefix of 0-6 blocks, then 1-3
+    blocks of its own, the last one sometimes partial), outputs of 1-600 tokens, arrivals
+    bunched (0-5 ms apart) or spread (50 ms, 2 s)."""
+    rnd = random.Random(seed)
+    ids = itertools.count(10**6)  # every id new: prefix-unique, as Mooncake's
+    families = [[next(ids) for _ in range(8)] for _ in range(3)]
+    t, out = 0, []
+    for _ in range(n):
+        blocks = rnd.choice(families)[:rnd.randint(0, 6)] + [next(ids) for _ in range(rnd.randint(1, 3))]
+        t += rnd.choice([0, 0, 1, 5, 50, 2000])
+        out.append({"timestamp": t, "input_length": len(blocks) * 512 - rnd.choice([0, 0, 100]),
+                    "output_length": rnd.choice([1, 1, 50, 600]), "hash_ids": blocks})
+    return out
+
+
+def replay_rows(requests: list[dict], policy: str, pages: int, max_running: int, tmp: Path):
+    path = tmp / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    cfg = load_config(ROOT / "configs" / "mooncake-conversation.yaml", [
+        f"cache.policy.eviction={policy}", "tp=1", "cache.tokens_per_block=512",
+        f"cache.tiers=[{{level: gpu, quota: {pages * pb.PAGE_BYTES}}}]",
+        f"workload.path={path}", f"engine.max_running={max_running}",
+        "engine.gpu_free_watermark=0", "output.plots=false"])
+    res = replay(prepare_run(cfg))
+    return sorted(res.rows, key=lambda r: (r.arrival_ns, r.rid)), cfg
+
+
+def hit_tokens(rows) -> int:
+    return sum(r.hit_gpu for r in rows)
+
+
+# -- one request at a time --------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(4))
+def test_belady_is_min_one_request_at_a_time(seed, tmp_path):
+    rnd = random.Random(100 + seed)
+    requests = workload(100 + seed, 40)
+    pages = rnd.randint(14, 30)
+    rows, _ = replay_rows(requests, "belady", pages, 1, tmp_path)
+    expect = pb.min_hits(requests, pages)
+    assert sum(expect) > 0
+    assert [r.hit_gpu for r in rows] == expect
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), n=st.integers(8, 30), pages=st.integers(14, 30))
+def test_no_online_policy_beats_belady_one_request_at_a_time(seed, n, pages, tmp_path):
+    requests = workload(seed, n)
+    best = hit_tokens(replay_rows(requests, "belady", pages, 1, tmp_path)[0])
+    for p in ONLINE:
+        assert hit_tokens(replay_rows(requests, p, pages, 1, tmp_path)[0]) <= best, p
+
+
+# -- requests running together ----------------------------------------------------------------
+
+#: found by a random search (tests/test_belady_bound.py's ``workload``, seed 299, GPU tier
+#: of 15 pages, max_running 3) and cut to the requests it needs
+FIVE = [
+    {"timestamp": 8052, "input_length": 3072, "output_length": 50,
+     "hash_ids": [653755, 710420, 51159, 1724094, 1952356, 1361985]},
+    {"timestamp": 8057, "input_length": 2972, "output_length": 50,
+     "hash_ids": [835747, 713359, 869385, 620985, 323812, 1323565]},
+    {"timestamp": 8057, "input_length": 3584, "output_length": 600,
+     "hash_ids": [835747, 713359, 869385, 620985, 1020959, 1132270, 1688294]},
+    {"timestamp": 12067, "input_length": 1536, "output_length": 1,
+     "hash_ids": [620081, 754941, 1313636]},
+    {"timestamp": 14067, "input_length": 2460, "output_length": 1,
+     "hash_ids": [653755, 710420, 51159, 1823245, 1724947]},
+]
+
+
+def test_with_requests_running_together_greedy_belady_is_not_the_optimum(tmp_path):
+    """Fifteen pages, three requests at a time. R1 (A1-A3 and three of its own) and R2
+    (B1-B4 and two of its own) run together; R3, the next turn after R2 (B1-B4 again),
+    arrives while R2 still computes B1-B4, so it finds nothing cached and computes its own
+    copies; its later pages join the prefix tree below R2's B4 (the tree's copy of that
+    block), so R2's B1-B4 cannot leave while R3 runs. R5 will reuse A1-A3.
+
+    When R3 needs room, R1 and R2 have ended: belady gives up the pages no one uses again,
+    all alike to it (next use: never), in the order they were ordered: R1's own pages, then
+    R2's, so B4 is still there when R3 commits below it and B1-B4 stay pinned. When R4
+    needs room, only A1-A3 can go (used again by R5): R5 finds nothing. gdsf, which ranks
+    B4 (one use, depth 3) below R1's pages, gives it up before R3 commits; R3 attaches its
+    pages to its own copy instead, R2's copies of B1-B3 are all that stay pinned, and A1
+    survives for R5: 512 tokens to 0. One request at a time each finds R2's B1-B4 for R3
+    and A1-A3 for R5 (3,584 tokens): belady is MIN again, and no worse than gdsf."""
+    rows, _ = replay_rows(FIVE, "belady", 15, 3, tmp_path)
+    gdsf, _ = replay_rows(FIVE, "gdsf", 15, 3, tmp_path)
+    assert [r.hit_gpu for r in rows] == [0, 0, 0, 0, 0]
+    assert [r.hit_gpu for r in gdsf] == [0, 0, 0, 0, 512]
+    assert sum(r.preemptions for r in rows + gdsf) == 0
+    # one at a time, belady is MIN again and beats gdsf
+    seq = [r.hit_gpu for r in replay_rows(FIVE, "belady", 15, 1, tmp_path)[0]]
+    assert seq == pb.min_hits(FIVE, 15)
+    assert sum(seq) == 2048 + 1536 == hit_tokens(replay_rows(FIVE, "gdsf", 15, 1, tmp_path)[0])
+
+
+@settings(max_examples=5, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10**6), n=st.integers(8, 30), pages=st.integers(14, 30),
+       max_running=st.sampled_from([2, 3, 4, 8]))
+def test_no_policy_finds_more_than_the_reuse_bound_with_requests_running_together(
+        seed, n, pages, max_running, tmp_path):
+    requests = workload(seed, n)
+    for p in POLICY_NAMES:
+        rows, cfg = replay_rows(requests, p, pages, max_running, tmp_path)
+        if p == POLICY_NAMES[0]:
+            bound = pb.reuse_bound(prepare_run(cfg).workload, 512)
+        for r in rows:  # turn by turn
+            assert r.hit_gpu <= (r.input_tokens if r.preemptions else bound[r.session, r.turn]), p
+
+
+def test_the_reuse_bound_counts_what_earlier_turns_computed():
+    """Worked by hand: R1 (ids 1, 2) finds nothing; R2 (1, 2, 3) arrives later: blocks 1
+    and 2 were computed by R1, block 3 by nobody earlier: 1024 tokens; R3 (1, 9) arrives
+    at R2's time: block 1 (R1's) counts, 9 does not: 512. A turn never counts itself."""
+    from kvsim.workload.mooncake import load_mooncake
+
+    trace = [{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]},
+             {"timestamp": 5, "input_length": 1500, "output_length": 1, "hash_ids": [1, 2, 3]},
+             {"timestamp": 5, "input_length": 1000, "output_length": 1, "hash_ids": [1, 9]}]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "t.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in trace))
+        wl = load_mooncake(path)
+    assert pb.reuse_bound(wl, 512) == {("req-1", 1): 0, ("req-2", 1): 1024, ("req-3", 1): 512}
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc", "belady"])
+def test_the_reuse_bound_holds_turn_by_turn_on_closed_loop_sessions(policy):
+    """configs/default.yaml (synthetic agentic sessions, closed loop, three tiers): no
+    turn finds more than an earlier turn of its session or another session computed."""
+    cfg = load_config(ROOT / "configs" / "default.yaml", [
+        "workload.synthetic.n_sessions=6", "output.plots=false",
+        f"cache.policy.eviction={policy}"])
+    prep = prepare_run(cfg)
+    bound = pb.reuse_bound(prep.workload, cfg.cache.tokens_per_block)
+    rows = replay(prep).rows
+    assert len(rows) == len(bound) and sum(bound.values()) > 0
+    for r in rows:
+        found = r.hit_gpu + r.hit_host + r.hit_disk
+        assert found <= (r.input_tokens if r.preemptions else bound[r.session, r.turn])
