@@ -326,7 +326,7 @@ def print_table(sizes, idle, busy, spread, pred, on_gpu, scale=1.0):
     print("\nGB/s (1e9 B/s); both = total of both directions at once; spread = (max - min) / median "
           "of the rounds; sim = the sim backend's prediction on the profile; ratio = sim / hw of GB/s")
     hdr = ("| page | path | dir | idle hw | spread | sim | ratio | busy hw | spread | sim | ratio "
-           f"| compute stretch hw | sim |")
+           "| compute stretch hw | sim |")
     print(hdr)
     print("|" + " --- |" * 13)
     for pb in sizes:
