@@ -37,85 +37,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import threading
-import time
 
-import numpy as np
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
 from kvsim_backends.hw.gpu import load_cupy  # noqa: E402
-from kvsim_backends.hw.hostfill import HostFill  # noqa: E402
+from kvsim_backends.hw.driverprobe import SLOT, fill_probed  # noqa: E402
 from kvsim_backends.hw.resources import _headroom_host, fmt_bytes, host_available  # noqa: E402
 from kvsim.core.datapath.fill import Backing, layout_for  # noqa: E402
 from kvsim.config.hardware import load_profile  # noqa: E402
 from kvsim.config.units import parse_size, parse_time  # noqa: E402
-
-SLOT = 5 << 20  # 5 MiB pages: the default config's (Llama 3 70B, tp 2, 32 tokens a page)
-
-
-class Probe(threading.Thread):
-    """Times ``call`` every ``gap_s`` until stopped; ``samples``: (start, seconds)."""
-
-    def __init__(self, call, gap_s: float):
-        super().__init__(name="probe", daemon=True)
-        self.call, self.gap_s = call, gap_s
-        self.samples: list[tuple[float, float]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        clock, call, out = time.perf_counter, self.call, self.samples
-        while not self.stop.is_set():
-            t0 = clock()
-            call()
-            out.append((t0, clock() - t0))
-            if self.gap_s:
-                time.sleep(self.gap_s)
-
-
-def probe_call(cp):
-    if cp is not None:
-        rt = cp.cuda.runtime
-        return lambda: rt.memGetInfo()
-    a, b = np.zeros(16, np.uint8), np.empty(16, np.uint8)
-    return lambda: np.copyto(b, a)
-
-
-def fill_once(nbytes: int, backing: Backing, cp, unit: int, huge: bool, numa, gap_s: float,
-              stall_s: float) -> dict:
-    slots = max(1, nbytes // SLOT)
-    probe = Probe(probe_call(cp), gap_s)
-    probe.start()
-    time.sleep(0.2)  # the idle baseline
-    idle = [d for _, d in probe.samples]
-    t0 = time.perf_counter()
-    fill = HostFill(SLOT, slots, unit, backing, cp.cuda.runtime if cp is not None else None,
-                    huge_pages=huge, numa=numa)
-    try:
-        fill.start()
-        ok_first = fill.wait(fill.layout.watermark(1))
-        t_first = time.perf_counter()
-        ok = fill.wait(slots)
-        t_full = time.perf_counter()
-        probe.stop.set()
-        probe.join()
-        during = [d for s, d in probe.samples if t0 <= s <= t_full]
-        blocked = sum(d for d in during if d > stall_s)
-        full = t_full - t0
-        return {"backing": backing.value, "bytes": slots * SLOT, "ok": bool(ok and ok_first),
-                "error": fill.error, "first_serve_s": t_first - t0, "full_s": full,
-                "rate_Bps": slots * SLOT / full if full > 0 else None,
-                "probe_calls": len(during), "probe_idle_p50_s": statistics.median(idle) if idle else None,
-                "probe_p50_s": statistics.median(during) if during else None,
-                "probe_worst_s": max(during) if during else None,
-                "probe_blocked_share": blocked / full if full > 0 else None, "info": fill.info}
-    finally:
-        probe.stop.set()
-        fill.close()
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -169,7 +102,7 @@ def main(argv=None) -> int:
                       f"{fmt_bytes(avail)} of host memory available")
                 continue
             try:
-                r = fill_once(nbytes, backing, cp, unit, a.huge_pages, numa, gap, stall)
+                r = fill_probed(nbytes, backing, cp, unit, a.huge_pages, numa, gap, stall)
             except Exception as e:  # a backing this machine cannot give: say so, go on
                 print(f"{backing.value:<9} {fmt_bytes(nbytes):>10}  FAILED: {type(e).__name__}: {e}")
                 continue

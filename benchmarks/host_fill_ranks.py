@@ -63,7 +63,7 @@ def _rank_proc(nbytes, backing, unit, slot, gap_s, stall_s, barrier, out, turns=
 
     root = Path(__file__).resolve().parents[1]
     sys.path[:0] = [str(root), str(root / "backends"), str(root / "benchmarks")]
-    from host_fill import Probe, probe_call  # noqa: PLC0415
+    from kvsim_backends.hw.driverprobe import Probe, probe_call  # noqa: PLC0415
     from kvsim_backends.hw.gpu import load_cupy  # noqa: PLC0415
     from kvsim_backends.hw.hostfill import HostFill  # noqa: PLC0415
 

@@ -166,6 +166,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
+              "host_fills": m.host_fills, "driver_call_s": m.driver_call_s,
               "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting,
               "interference": m.interference, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}

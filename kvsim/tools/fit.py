@@ -28,6 +28,7 @@ import numpy as np
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.spec import Level
 from kvsim.config.hardware import HardwareProfile
+from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference
 from kvsim.tools.measured import Measured, batch
 
@@ -157,7 +158,9 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         why["nvme"] = (f"measured: disk-tier file, {how} {best_r['threads']} threads x "
                        f"{best_r['piece'] // MiB} MiB pieces; latency: median over the passes of "
                        f"piece / 1-thread rate - piece / rate")
-    if m.host_fill_Bps:
+    if m.host_fills or m.driver_call_s is not None:
+        fit_driver(m.host_fills, m.driver_call_s, d, why)
+    elif m.host_fill_Bps:  # CPU mode, or a report from before the fills per backing
         d["host"]["fill_rate"] = m.host_fill_Bps
         why["host.fill_rate"] = "measured: anonymous map, touch every page, register (GPU)"
     standin = m.compute.get("standin")

@@ -27,6 +27,11 @@ class Measured:
     disk_setting: dict | None = None
     # compute with copies, per kind of work (kvsim_backends.hw.interfere's rows)
     interference: list[dict] = field(default_factory=list)
+    # the host fill per backing on a GPU (kvsim_backends.hw.driverprobe.fill_probed's
+    # rows: rate, probe blocked share, seconds in cudaHostRegister) and an executor
+    # call's host time (``call_s``): the driver's lock as the profile's ``driver`` models it
+    host_fills: dict[str, dict] = field(default_factory=dict)
+    driver_call_s: float | None = None
 
 
 
@@ -36,7 +41,9 @@ def measured_from_report(report: dict) -> Measured:
                     disk=list(report.get("disk", [])), host_fill_Bps=report.get("host_fill_Bps"),
                     compute=dict(report.get("compute", {})), small=list(report.get("small", [])),
                     disk_setting=report.get("disk_setting"),
-                    interference=list(report.get("interference", [])))
+                    interference=list(report.get("interference", [])),
+                    host_fills=dict(report.get("host_fills", {})),
+                    driver_call_s=report.get("driver_call_s"))
 
 
 def batch(src, dst, ss, ds, pb) -> Batch:

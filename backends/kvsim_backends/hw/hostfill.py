@@ -162,6 +162,7 @@ class HostFill:
         self.flat = self.view = None
         self.ptr = 0
         self.t_start = self.t_first = self.t_full = None  # perf_counter times
+        self.register_s = 0.0   # seconds inside cudaHostRegister (the driver's lock held)
         self.info: dict = {"backing": self.backing.value, "unit_bytes": layout.unit_bytes,
                            "units": layout.units}
         self._node_cpus: set[int] = set()
@@ -302,14 +303,19 @@ class HostFill:
         cuda = self._cuda
         if cuda is not None:
             step = self._chunk or n
+            clock = time.perf_counter
             for o in range(0, n, step):
                 if self._turns is not None:
                     with self._turns:
+                        t0 = clock()
                         cuda.hostRegister(addr + o, min(step, n - o),
                                           HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+                        self.register_s += clock() - t0
                 else:
+                    t0 = clock()
                     cuda.hostRegister(addr + o, min(step, n - o),
                                       HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
+                    self.register_s += clock() - t0
                 self._registered.append(addr + o)
             dev = device_pointer(cuda, addr)
             if u == 0:
@@ -388,10 +394,12 @@ class HostFill:
         return self.watermark if self.failed else None
 
     def timings(self) -> dict:
-        """Seconds from the start to the first unit and to the last (None: not yet)."""
+        """Seconds from the start to the first unit and to the last (None: not yet), and
+        the seconds spent inside ``cudaHostRegister`` (0.0 without one)."""
         t0 = self.t_start
         return {"first_unit_s": None if t0 is None or self.t_first is None else self.t_first - t0,
-                "full_s": None if t0 is None or self.t_full is None else self.t_full - t0}
+                "full_s": None if t0 is None or self.t_full is None else self.t_full - t0,
+                "register_s": self.register_s}
 
     def close(self) -> None:
         self._stop = True

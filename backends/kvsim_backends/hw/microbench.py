@@ -8,7 +8,9 @@ Measured:
 - disk reads, writes and rewrites (the same slots again) per I/O thread count and piece
   size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
   which the hw backend runs at;
-- host-tier fill (map, touch, pin);
+- host-tier fill: on a GPU the hw backend's own tier per backing (register, pinned,
+  cumem) with a probe of the driver's lock (``driverprobe``), and an executor call's host
+  time; in CPU mode the rate of mapping and touching;
 - compute: fp16 matmul FLOP/s, device copy bandwidth, the compute stand-in's own rates
   (its GEMM chains' FLOP/s per M, its read rate: ``standin``), and of a ``compute()``
   call of a step's work (each kind the caller gives) the fixed cost and the overrun in
@@ -34,6 +36,7 @@ import numpy as np
 
 from kvsim import scratch
 from kvsim.core.datapath.copypath import CopyPath
+from kvsim.core.datapath.fill import UNIT_BYTES, Backing
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
@@ -42,6 +45,7 @@ from kvsim.tools.measured import Measured, batch as _batch
 
 from .backend import HwBackend
 from .disk import DiskStore
+from .driverprobe import call_cost, fill_probed
 from .gpu import load_cupy
 from .interfere import calibrate_grid, measure_cells
 from .memory import HostRegion
@@ -222,18 +226,32 @@ def measure_disk(plan: Plan, m: Measured, disk_dir: str | None = None, cuda=None
         buf.close()
 
 
-def measure_host_fill(plan: Plan, m: Measured, cuda) -> None:
-    page = 2 * MiB
-    n = max(1, plan.host_fill_bytes // page)
-    t0 = time.perf_counter()
-    r = HostRegion(n, page)
-    r.flat[::4096] = 1  # fault every page in
-    if cuda is not None:
-        r._cuda = cuda
-        r._register(512 * MiB)
-    dt = time.perf_counter() - t0
-    r.close()
-    m.host_fill_Bps = n * page / dt
+def measure_host_fill(plan: Plan, m: Measured, cp) -> None:
+    """CPU mode: the rate of mapping and touching ``host_fill_bytes``. On a GPU: a fill of
+    the hw backend's host tier per backing, probed (``driverprobe.fill_probed``), and an
+    executor call's host time; a backing the machine cannot fill (``cumem`` without
+    cuda-bindings) is recorded with its error."""
+    if cp is None:
+        page = 2 * MiB
+        n = max(1, plan.host_fill_bytes // page)
+        t0 = time.perf_counter()
+        r = HostRegion(n, page)
+        r.flat[::4096] = 1  # fault every page in
+        dt = time.perf_counter() - t0
+        r.close()
+        m.host_fill_Bps = n * page / dt
+        return
+    for backing in (Backing.REGISTER, Backing.PINNED, Backing.CUMEM):
+        try:
+            row = fill_probed(plan.host_fill_bytes, backing, cp, UNIT_BYTES)
+        except Exception as e:  # noqa: BLE001 (a backing this machine lacks: kept as data)
+            row = {"backing": backing.value, "ok": False, "error": f"{type(e).__name__}: {e}"}
+        row.pop("info", None)
+        m.host_fills[backing.value] = row
+    reg = m.host_fills[Backing.REGISTER.value]
+    if reg.get("ok"):
+        m.host_fill_Bps = reg["rate_Bps"]
+    m.driver_call_s = call_cost(cp)
 
 
 def measure_compute(m: Measured) -> None:
@@ -320,7 +338,7 @@ def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None =
     measure_copies(plan, dev, m, settings_for)
     measure_small(plan, dev, m, settings_for)
     measure_disk(plan, m, disk_dir, cp.cuda.runtime if on_gpu else None)
-    measure_host_fill(plan, m, cp.cuda.runtime if on_gpu else None)
+    measure_host_fill(plan, m, cp)
     if on_gpu and plan.compute:
         measure_compute(m)
     measure_busy(m, dev, settings_for, works if on_gpu else None)
