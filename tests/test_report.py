@@ -257,13 +257,17 @@ def test_a_users_report_html_is_never_replaced(tmp_path):
 # ------------------------------------------------------------------------ in a browser
 
 
-def _browser():
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (module-scoped, so that it comes before the study and the tune:
+    a machine without one skips at once)."""
     from headless import Browser, find_browser
 
     path = find_browser()
     if path is None:
         pytest.skip("no Chromium or Chrome on this machine (Debian: apt-get install chromium)")
-    return Browser(path)
+    with Browser(path) as b:
+        yield b
 
 
 def _not_blank(png: bytes, where: Path) -> None:
@@ -292,7 +296,7 @@ def _column(b, table: str, index: int) -> list[str]:
                 f"function(tr){{return tr.cells[{index}].getAttribute('data-v')}})")
 
 
-def test_the_report_in_a_browser_shows_its_plots_and_sorts_on_a_click(study, tune, tmp_path):
+def test_the_report_in_a_browser_shows_its_plots_and_sorts_on_a_click(browser, study, tune, tmp_path):
     import pandas as pd
 
     rows = pd.read_csv(study / "study.csv", keep_default_na=False).to_dict("records")
@@ -301,25 +305,27 @@ def test_the_report_in_a_browser_shows_its_plots_and_sorts_on_a_click(study, tun
     numbers = sorted(float(v) for v in values if v != "")
     blanks = sum(1 for v in values if v == "")
     assert numbers and blanks == 2
-    with _browser() as b:
-        b.open((study / "report.html").resolve().as_uri())
-        sizes = b.js(DECODED)
-        assert len(sizes) == len(list((study / "plots").glob("*.png"))) and all(w > 0 and h > 0 for w, h in sizes)
-        where = b.js("(function(){var th=Array.from(document.querySelectorAll('#headline th')).find("
-                     f"function(h){{return h.textContent.trim()==='{metric}'}});th.scrollIntoView();"
-                     "var r=th.getBoundingClientRect();return [r.x+r.width/2, r.y+r.height/2, th.cellIndex]})()")
-        x, y, col = where
-        b.click(x, y)
-        up = _column(b, "headline", col)
-        assert [float(v) for v in up[:len(numbers)]] == numbers and up[len(numbers):] == [""] * blanks
-        b.click(x, y)
-        down = _column(b, "headline", col)
-        assert [float(v) for v in down[:len(numbers)]] == numbers[::-1] and down[len(numbers):] == [""] * blanks
-        assert b.js(f"document.querySelectorAll('#headline th')[{col}].getAttribute('aria-sort')") == "descending"
-        b.js("window.scrollTo(0, 0)")
-        _not_blank(b.screenshot(), tmp_path / "study-report.png")
-        b.open((tune / "report.html").resolve().as_uri())
-        sizes = b.js(DECODED)
-        assert len(sizes) == len(list((tune / "plots").glob("*.png"))) and all(w > 0 and h > 0 for w, h in sizes)
-        _not_blank(b.screenshot(), tmp_path / "tune-report.png")
-        assert b.exceptions() == []
+    b = browser
+    b.open((study / "report.html").resolve().as_uri())
+    sizes = b.js(DECODED)
+    assert len(sizes) == len(list((study / "plots").glob("*.png"))) and all(w > 0 and h > 0 for w, h in sizes)
+    where = b.js("(function(){var th=Array.from(document.querySelectorAll('#headline th')).find("
+                 f"function(h){{return h.textContent.trim()==='{metric}'}});th.scrollIntoView();"
+                 "var r=th.getBoundingClientRect();return [r.x+r.width/2, r.y+r.height/2, th.cellIndex]})()")
+    x, y, col = where
+    before = _column(b, "headline", col)
+    b.click(x, y)
+    up = _column(b, "headline", col)
+    assert up != before   # the study's order (4 GiB before 24 GiB: a higher TTFT first) moved
+    assert [float(v) for v in up[:len(numbers)]] == numbers and up[len(numbers):] == [""] * blanks
+    b.click(x, y)
+    down = _column(b, "headline", col)
+    assert [float(v) for v in down[:len(numbers)]] == numbers[::-1] and down[len(numbers):] == [""] * blanks
+    assert b.js(f"document.querySelectorAll('#headline th')[{col}].getAttribute('aria-sort')") == "descending"
+    b.js("window.scrollTo(0, 0)")
+    _not_blank(b.screenshot(), tmp_path / "study-report.png")
+    b.open((tune / "report.html").resolve().as_uri())
+    sizes = b.js(DECODED)
+    assert len(sizes) == len(list((tune / "plots").glob("*.png"))) and all(w > 0 and h > 0 for w, h in sizes)
+    _not_blank(b.screenshot(), tmp_path / "tune-report.png")
+    assert b.exceptions() == []
