@@ -27,20 +27,22 @@ STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5em auto;
 max-width:1400px;padding:0 1em;color:#1d1d1f;line-height:1.4}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}
-.question{white-space:pre-wrap;background:#f6f8fa;border-left:4px solid #4a7ebb;padding:.6em 1em;
-font-size:.92em}
+.question{background:#f6f8fa;border-left:4px solid #4a7ebb;padding:.1em 1em;font-size:.95em;
+max-width:60em}.question pre{padding:0;margin:.4em 0}
 .meta{color:#555;font-size:.9em}.meta code,.axes code{background:#f3f3f3;padding:0 .25em}
 .scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
-th,td{border:1px solid #d0d7de;padding:.25em .5em;text-align:right;vertical-align:top}
+th,td{border:1px solid #d0d7de;padding:.25em .5em;text-align:right;vertical-align:top;white-space:nowrap}
 th{background:#eef2f6;position:sticky;top:0}td.t,th.t{text-align:left}
 table.sortable th{cursor:pointer;user-select:none;white-space:nowrap}
 table.sortable th:hover{background:#dde6f0}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 tr.bad td{background:#fdecea}tr.warn td{background:#fff8e1}
-.rel{color:#666;font-size:.85em}.err{color:#a40000;min-width:18em;max-width:40em;text-align:left;font-size:.9em}
+.rel{color:#666;font-size:.85em}td.status{white-space:normal;min-width:14em;max-width:30em}
+.err{color:#a40000;text-align:left;font-size:.9em;white-space:normal}td.err{min-width:18em;max-width:40em}
 figure{display:inline-block;margin:.5em 1em .5em 0;vertical-align:top}
 figure img{max-width:100%;height:auto;border:1px solid #eee}figcaption{font-size:.8em;color:#555}
+table.diff td{max-width:60em;overflow-wrap:anywhere;white-space:normal}
 details{margin:.2em 0}summary{cursor:pointer}pre{background:#f6f8fa;padding:.6em;overflow-x:auto;
 font-size:.85em}
 """
@@ -141,7 +143,7 @@ def cell(v: Any, *, text: str | None = None, cls: str = "", extra: str = "",
     """A ``<td>``: ``text`` (already HTML) or ``fmt(v)`` escaped; sorted by ``sort``
     (default ``v``)."""
     body = text if text is not None else esc(fmt(v))
-    if cls == "" and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
+    if cls == "" and v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool)):
         cls = "t"
     key = v if sort is ... else sort
     c = f' class="{cls}"' if cls else ""
@@ -159,31 +161,30 @@ def table(header: list[tuple[str, str]], rows: list[tuple[str, list[str]]], iden
             f"<tbody>\n{trs}\n</tbody></table></div>")
 
 
-def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as dotted keys (``cache.tiers[1].quota``) -> leaf values; an empty
-    mapping or list is a leaf."""
-    out: dict[str, Any] = {}
-    if isinstance(data, dict) and data:
-        for k, v in data.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(data, list) and data:
-        for i, v in enumerate(data):
-            out.update(flatten(v, f"{prefix}[{i}]"))
-    else:
-        out[prefix] = data
-    return out
-
-
 ABSENT = object()
 
 
-def config_diff(base: dict, config: dict, skip: tuple[str, ...] = ("name",)) -> list[tuple[str, Any, Any]]:
-    """(key, base value, this value) for every leaf that differs; a leaf only one side has
-    is ``ABSENT`` on the other."""
-    a, b = flatten(base), flatten(config)
-    keys = list(dict.fromkeys([*a, *b]))
-    return [(k, a.get(k, ABSENT), b.get(k, ABSENT)) for k in keys
-            if k.split(".")[0].split("[")[0] not in skip and a.get(k, ABSENT) != b.get(k, ABSENT)]
+def config_diff(base: Any, config: Any, skip: tuple[str, ...] = ("name",),
+                prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(key, base value, this value) for each place two configs differ, as deep as both
+    have the same shape: mappings key by key, lists of one length item by item; where
+    the shapes part (a mapping against null, lists of other lengths) the whole value.
+    A key only one side has is ``ABSENT`` on the other; top-level keys in ``skip`` are
+    left out."""
+    if isinstance(base, dict) and isinstance(config, dict):
+        out = []
+        for k in dict.fromkeys([*base, *config]):
+            if not prefix and k in skip:
+                continue
+            out += config_diff(base.get(k, ABSENT), config.get(k, ABSENT), skip,
+                               f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(base, list) and isinstance(config, list) and len(base) == len(config):
+        out = []
+        for i, (a, b) in enumerate(zip(base, config)):
+            out += config_diff(a, b, skip, f"{prefix}[{i}]")
+        return out
+    return [] if base == config else [(prefix, base, config)]
 
 
 def show_value(key: str, v: Any) -> str:
@@ -201,7 +202,7 @@ def show_value(key: str, v: Any) -> str:
     if isinstance(v, (dict, list)) or v is None or isinstance(v, bool):
         import json
 
-        return json.dumps(v)
+        return json.dumps(v, separators=(", ", ": "))
     return str(v)
 
 
@@ -232,6 +233,28 @@ def leading_comment(path: str | Path) -> str:
             continue
         out.append(s[1:][1:] if s[1:2] == " " else s[1:])
     return "\n".join(out).strip("\n")
+
+
+def prose(text: str) -> str:
+    """A comment block as HTML: its lines joined into paragraphs (a blank line between
+    two), an indented line (a command, as the shipped studies write them) kept as code."""
+    out, para = [], []
+
+    def flush() -> None:
+        if para:
+            out.append(f"<p>{esc(' '.join(para))}</p>")
+            para.clear()
+
+    for line in text.splitlines():
+        if not line.strip():
+            flush()
+        elif line[:1].isspace():
+            flush()
+            out.append(f"<pre>{esc(line.strip())}</pre>")
+        else:
+            para.append(line.strip())
+    flush()
+    return "".join(out)
 
 
 def page(title: str, body: str) -> str:

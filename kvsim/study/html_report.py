@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvsim.study.html_page import (cell, config_diff, diff_table, esc, figures, fmt, href,
-                                   leading_comment, page, table, write_page)
+                                   leading_comment, page, prose, table, write_page)
 from kvsim.study.labels import metric_label
 from kvsim.study.points import Point
 
@@ -47,9 +47,18 @@ def _error(text: str, keep: int = 120) -> str:
     return cell(text, text=f'<span title="{esc(text)}">{esc(short)}</span>', cls="err")
 
 
+def _status(status: str, error: str) -> str:
+    """A point's status, with the start of its error (the whole in a tooltip)."""
+    if not error:
+        return cell(status)
+    short = error if len(error) <= 100 else error[:100] + "\u2026"
+    return cell(status, text=f'{esc(status)}: <span class="err" title="{esc(error)}">{esc(short)}</span>',
+                cls="t status")
+
+
 def _question(source: str) -> str:
     q = leading_comment(source)
-    return f'<div class="question">{esc(q)}</div>' if q else ""
+    return f'<div class="question">{prose(q)}</div>' if q else ""
 
 
 def _header(kind: str, name: str, source: str, extra: str) -> str:
@@ -100,7 +109,7 @@ def study_table(folder: Path, points: list[Point], rows: list[dict], metrics: li
               *[(k, "study axis") for k in params], ("status", ""),
               *[(m, metric_label(m)[0]) for m in metrics],
               ("same_as", "the first earlier point with the same requests.csv"),
-              ("config", "what differs from the base config"), ("error", "")]
+              ("config", "what differs from the base config")]
     body = []
     for r in rows:
         i, p = by_name[r["point"]]
@@ -110,7 +119,7 @@ def study_table(folder: Path, points: list[Point], rows: list[dict], metrics: li
         for k in params:
             v = p.params.get(k)
             cells.append(cell(v, text=esc(fmt(v)), sort=p.numeric.get(k, v)))
-        cells.append(cell(r.get("status", "")))
+        cells.append(_status(r.get("status", ""), r.get("error") or ""))
         for m in metrics:
             v = r.get(m)
             extra = ""
@@ -119,7 +128,6 @@ def study_table(folder: Path, points: list[Point], rows: list[dict], metrics: li
             cells.append(cell(v, extra=extra))
         cells.append(cell(r.get("same_as") or ""))
         cells.append(cell(i, text=f'<a href="#diff-{i}">diff</a>', cls="t"))
-        cells.append(_error(r.get("error") or ""))
         body.append((BAD.get(r.get("status", ""), ""), cells))
     return table(header, body, "headline")
 
