@@ -329,3 +329,48 @@ def test_the_report_in_a_browser_shows_its_plots_and_sorts_on_a_click(browser, s
     assert len(sizes) == len(list((tune / "plots").glob("*.png"))) and all(w > 0 and h > 0 for w, h in sizes)
     _not_blank(b.screenshot(), tmp_path / "tune-report.png")
     assert b.exceptions() == []
+
+
+# ------------------------------------------------------------------------ the parts alone
+
+
+def test_a_config_diff_goes_as_deep_as_both_configs_share_a_shape():
+    from kvsim.study.html_page import ABSENT, config_diff
+
+    base = {"name": "a", "cache": {"tiers": [{"quota": 1, "fill": None}, {"quota": 2}]}, "seed": 0}
+    point = {"name": "b", "cache": {"tiers": [{"quota": 1, "fill": {"mode": "x"}}, {"quota": 3}]},
+             "seed": 0, "extra": True}
+    assert config_diff(base, point) == [("cache.tiers[0].fill", None, {"mode": "x"}),
+                                        ("cache.tiers[1].quota", 2, 3), ("extra", ABSENT, True)]
+    three = {**point, "cache": {"tiers": [{"quota": 1}] * 3}}   # another number of tiers: the list
+    assert config_diff(base, three)[0] == ("cache.tiers", base["cache"]["tiers"], three["cache"]["tiers"])
+    assert config_diff(base, base) == []
+
+
+def test_a_files_leading_comment_reads_as_paragraphs_with_its_command_as_code(tmp_path):
+    from kvsim.study.html_page import leading_comment, prose
+
+    p = tmp_path / "s.yaml"
+    p.write_text("\n# Does <b>this</b> pay\n# at all?\n#\n#   kvsim study s.yaml\nname: x\n# not this\n")
+    text = leading_comment(p)
+    assert text == "Does <b>this</b> pay\nat all?\n\n  kvsim study s.yaml"
+    assert prose(text) == "<p>Does &lt;b&gt;this&lt;/b&gt; pay at all?</p><pre>kvsim study s.yaml</pre>"
+    (tmp_path / "t.yaml").write_text("name: x\n")
+    assert leading_comment(tmp_path / "t.yaml") == "" and leading_comment(tmp_path / "none.yaml") == ""
+
+
+def test_a_tune_without_a_split_or_a_best_trial_still_gets_its_page(tmp_path):
+    from kvsim.study.definition import load_tune
+    from kvsim.study.html_report import write_tune_report
+
+    p = tmp_path / "t.yaml"
+    p.write_text(TUNE.replace("split: {held_out: 0.34, seed: 1}", "split: null"))
+    spec = load_tune(p)
+    trials = [{"trial": 0, "state": "FAIL", "value": None, "error": "RuntimeError: <boom>"}]
+    page = write_tune_report(tmp_path, str(p), spec, {"seed": 0}, [], trials, None, [])
+    text = page.read_text()
+    parsed = Page(text)
+    _sortable(parsed)
+    assert "no trial completed within the constraints" in text and "no plots were drawn" in text
+    assert "RuntimeError: &lt;boom&gt;" in text and "<boom>" not in text
+    assert "none (the best configs are not re-evaluated)" in text
