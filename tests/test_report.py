@@ -62,6 +62,7 @@ trials: 3
 split: {held_out: 0.34, seed: 1}
 top: 2
 """
+SET = "engine.max_batch_tokens=4096"   # --set: part of the base the diffs are taken from
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
         "track", "wbr"}
 
@@ -128,7 +129,8 @@ def study(tmp_path_factory):
     # the broken variant's error names this path: HTML in an error message
     p.write_text(STUDY.replace("TRACE", str(tmp / "<b>later</b>" / "trace.jsonl")))
     out = tmp / "out"
-    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+                            "--set", SET])
     assert r.exit_code == 1, r.output   # the broken points fail; the others ran
     assert f"report: {out / 'report.html'}" in r.output
     return out
@@ -140,7 +142,8 @@ def tune(tmp_path_factory):
     p = tmp / "t.yaml"
     p.write_text(TUNE)
     out = tmp / "out"
-    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+                            "--set", SET])
     assert r.exit_code == 0, r.output
     assert f"report: {out / 'report.html'}" in r.output
     return out
@@ -184,6 +187,7 @@ def test_study_report_links_each_point_and_shows_its_config_diff(study):
     import pandas as pd
 
     page = Page((study / "report.html").read_text(encoding="utf-8"))
+    assert f"--set: {SET}" in "".join(page.text)
     rows = pd.read_csv(study / "study.csv", keep_default_na=False).to_dict("records")
     assert len(page.cells["headline"]) == len(rows) == 6
     links = {unquote(h) for h in page.links}
@@ -205,6 +209,7 @@ def test_study_report_links_each_point_and_shows_its_config_diff(study):
         if r["variant"] == "broken":
             assert "workload.kind" in diff and "workload.path" in diff
             continue
+        assert "max_batch_tokens" not in diff   # the --set is the base's
         keys = {k for k in ("cache.tiers[0].quota", "engine.hold_sessions", "workload.kind") if k in diff}
         assert keys == expect, (name, diff)
         assert f"{len(expect)} key" in diff
@@ -219,6 +224,7 @@ def test_tune_report_shows_the_best_config_its_held_out_gap_and_the_trials(tune)
     _images_are_the_plots(page, tune)
     _sortable(page)
     assert "<i>and</i>" not in text and "&lt;i&gt;and&lt;/i&gt;" in text
+    assert f"--set: {SET}" in "".join(page.text)
     top = pd.read_parquet(tune / "top.parquet").to_dict("records")
     trials = pd.read_parquet(tune / "trials.parquet").to_dict("records")
     assert len(page.cells["top"]) == len(top) and len(page.cells["trials"]) == len(trials) == 3

@@ -199,6 +199,8 @@ def show_value(key: str, v: Any) -> str:
             return f"{v * scale:g} GiB"
         if name.endswith("(s)"):
             return f"{v:g} s"
+        if isinstance(v, float):
+            return f"{v:.6g}"
     if isinstance(v, (dict, list)) or v is None or isinstance(v, bool):
         import json
 

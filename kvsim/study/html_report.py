@@ -176,7 +176,7 @@ def write_study_report(folder: Path, source: str, spec, points: list[Point], row
 # -------------------------------------------------------------------------------- tune
 
 
-def _search(spec) -> str:
+def _search(spec, overrides=()) -> str:
     items = []
     for name, p in spec.space.items():
         if p.type == "categorical":
@@ -199,6 +199,8 @@ def _search(spec) -> str:
     items.append(f"<li>sampler: {esc(spec.sampler)} (seed {spec.seed}); budget {spec.trials} trials; "
                  f"base config <code>{esc(spec.base)}</code>"
                  + (f"; set: {_kv(spec.overrides)}" if spec.overrides else "") + "</li>")
+    if overrides:
+        items.append("<li>--set: " + ", ".join(f"<code>{esc(o)}</code>" for o in overrides) + "</li>")
     return f'<ul class="axes">{"".join(items)}</ul>'
 
 
@@ -279,7 +281,8 @@ def _trials_table(folder: Path, trials: list[dict]) -> str:
 
 
 def write_tune_report(folder: Path, source: str, spec, base: dict, top: list[dict],
-                      trials: list[dict], best_config: dict | None, plots: list[Path]) -> Path:
+                      trials: list[dict], best_config: dict | None, plots: list[Path],
+                      overrides=()) -> Path:
     """``folder/report.html`` for a tune (``base``: the resolved base config; ``top``
     and ``trials``: the rows of top.csv and trials.csv)."""
     states = [r.get("state") for r in trials]
@@ -289,7 +292,7 @@ def write_tune_report(folder: Path, source: str, spec, base: dict, top: list[dic
     base_links = " &middot; ".join(f'<a href="{href(f"base/{p}/")}">{p}</a>' for p in ("train", "held_out")
                                    if (folder / "base" / p).is_dir())
     body = [_header("tune", spec.name, source, f" &middot; {len(trials)} trials: {esc(counts)}"),
-            "<h2>Search</h2>", _search(spec),
+            "<h2>Search</h2>", _search(spec, overrides),
             "<h2>Best config</h2>", _best(folder, spec, top, best_config, base),
             "<h2>Top trials, train and held-out</h2>",
             f'<p class="meta">click a column header to sort by it. Files: {links}'

@@ -178,7 +178,8 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
     target.claim()
     try:
         sweep_start(*disk_dirs([_point(base, {}, spec, path, "base", None).config]))
-        return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress)
+        return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress,
+                     tuple(overrides))
     except BaseException:
         target.abandon_if_unused()
         raise
@@ -188,7 +189,7 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
 
 def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | None,
           scheduler: str | None, storage: str | None, trials: int | None,
-          progress: bool) -> TuneReport:
+          progress: bool, overrides: tuple = ()) -> TuneReport:
     import optuna
     from distributed import as_completed
 
@@ -330,7 +331,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
     from kvsim.study.html_report import write_tune_report
 
     page = write_tune_report(folder, path, spec, _point(base, {}, spec, path, "base", None).config,
-                             top, all_rows, cfg, plots)
+                             top, all_rows, cfg, plots, overrides)
     states = [trial_state(t) for t in study.get_trials(deepcopy=False)]
     return TuneReport(spec, folder, top, states.count("COMPLETE"), states.count("FAIL"), n_run,
                       best_yaml, plots, page, problems, states.count("INTERRUPTED"))
