@@ -38,7 +38,8 @@ def _pct(v: Any) -> str:
 
 
 def _kv(items: dict) -> str:
-    return ", ".join(f"<code>{esc(k)}</code> = {esc(json.dumps(v, default=str))}" for k, v in items.items())
+    return ", ".join(f"<code>{esc(k)}</code> = {esc(json.dumps(v, default=str, ensure_ascii=False))}"
+                     for k, v in items.items())
 
 
 def _error(text: str, keep: int = 120) -> str:
