@@ -80,7 +80,8 @@ def study(
     plots: bool = typer.Option(True, help="draw the study's plots"),
 ):
     """Run a what-if study: every point of a grid / zip / variants / seeds / traces over a
-    base config, on Dask; one run folder per point, a table (CSV, Parquet) and plots.
+    base config, on Dask; one run folder per point, a table (CSV, Parquet), plots and
+    report.html (a page to open).
     Points already complete (same resolved config) are skipped."""
     from kvsim.study.study import plan_study, run_study, study_target
     from kvsim.study.table import rich_table
@@ -105,6 +106,8 @@ def study(
                                  f"{len(rep.outcome.failures)} failed)", params, list(spec.metrics),
                                  rel=spec.baseline is not None))
     Console().print(f"table: {rep.table_paths[0]}  plots: {rep.folder / 'plots'}", markup=False, soft_wrap=True)
+    if rep.report:
+        Console().print(f"report: {rep.report}", markup=False, soft_wrap=True)
     if rep.outcome.failures:
         for name, err in rep.outcome.failures.items():
             error(console, f"point {name}: {err}")
@@ -123,7 +126,8 @@ def tune(
     progress: bool = typer.Option(True, help="show a progress bar"),
 ):
     """Search config keys with Optuna (trials on Dask, on the train sessions), then replay
-    the best configs on held-out sessions; writes best.yaml, the top trials and plots.
+    the best configs on held-out sessions; writes best.yaml, the top trials, plots and
+    report.html.
     Runs again continue the same study up to the trial budget."""
     from kvsim.study.tune import plan_tune, run_tune, tune_target
 
@@ -152,6 +156,8 @@ def tune(
     _wide().print(t)
     for problem in rep.problems:
         error(console, problem)
+    if rep.report:
+        Console().print(f"report: {rep.report}", markup=False, soft_wrap=True)
     if rep.best_yaml:
         Console().print(f"best config: {rep.best_yaml}  (kvsim run {rep.best_yaml})", markup=False,
                         soft_wrap=True)

@@ -43,10 +43,11 @@ NAMES: dict[str, frozenset[str]] = {
     "run": frozenset({"summary.json", "requests.csv", "timeline.csv", "timeline.png", "ttft_cdf.png"}),
     "compare": frozenset({"compare.json", "compare-calls.json.gz", "sim", "hw", "hardware.yaml",
                           "hardware.yaml.report.json"}),
-    "study": frozenset({"study.yaml", "points", "study.csv", "study.parquet", "failures.json", "plots"}),
+    "study": frozenset({"study.yaml", "points", "study.csv", "study.parquet", "failures.json", "plots",
+                       "report.html"}),
     "tune": frozenset({"optuna.db", "optuna.db-journal", "optuna.db-wal", "optuna.db-shm", "trials",
                        "held_out", "base", "trials.csv", "trials.parquet", "top.csv", "top.parquet",
-                       "best.yaml", "plots"}),
+                       "best.yaml", "plots", "report.html"}),
 }
 COMMAND = {"run": "kvsim run", "compare": "kvsim compare", "study": "kvsim study", "tune": "kvsim tune"}
 RESUMED = ("study", "tune")   # kinds whose folder is continued, not replaced

@@ -5,5 +5,6 @@ over config keys evaluated on held-out sessions. Both only build configs and rea
 summaries: they run points through kvsim's public run API on dask.distributed workers
 and never touch the engine. Modules: spec (the files), points (axes -> resolved
 configs), execute (Dask, writing point folders), table and plots (across points), study
-and tune (the two commands' work).
+and tune (the two commands' work), html_report and html_page (report.html, the page a
+person opens).
 """

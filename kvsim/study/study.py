@@ -2,9 +2,10 @@
 
 The study folder holds ``study.yaml`` (the study as run), ``points/<name>/`` (one run
 folder per point), ``study.csv`` and ``study.parquet`` (one row per point), ``failures.json``
-(the points that failed this time, with their errors) and ``plots/``. Which folder a study
-may write into is kvsim.run.outputs' rule: a study resumes only a folder of its own whose
-config hash (``study_hash``: every point's name and resolved config) is its own.
+(the points that failed this time, with their errors), ``plots/`` and ``report.html`` (a
+page to open: kvsim.study.html_report). Which folder a study may write into is
+kvsim.run.outputs' rule: a study resumes only a folder of its own whose config hash
+(``study_hash``: every point's name and resolved config) is its own.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class StudyReport:
     folder: Path
     table_paths: tuple
     plots: list
-    timings: dict   # seconds: plan, cluster start, points, cluster close, table, plots
+    timings: dict   # seconds: plan, cluster start, points, cluster close, table, plots, report
+    report: Path | None = None   # report.html (kvsim.study.html_report)
 
 
 def _preload(plots: bool) -> None:
@@ -101,7 +103,15 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
     target.claim()
     try:
         sweep_start(*disk_dirs(p.config for p in points))
-        return _run(path, spec, points, target, t0, workers, scheduler, progress, plots)
+        rep = _run(path, spec, points, target, t0, workers, scheduler, progress, plots)
+        t1 = time.perf_counter()
+        from kvsim.study.html_report import resolved_base, write_study_report
+
+        rep.report = write_study_report(rep.folder, path, spec, points, rep.rows, rep.plots,
+                                        resolved_base(spec, path, overrides), overrides,
+                                        rep.outcome.ran, rep.outcome.skipped)
+        rep.timings["report"] = time.perf_counter() - t1
+        return rep
     except BaseException:
         target.abandon_if_unused()
         raise

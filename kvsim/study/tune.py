@@ -29,7 +29,8 @@ resumed tune does not propose its first run's parameters again.
 
 Folder: ``optuna.db``, ``trials/<number>/``, ``held_out/<number>/`` and
 ``base/{train,held_out}/`` (run folders),
-``trials.csv``/``.parquet``, ``top.csv``/``.parquet``, ``best.yaml``, ``plots/``.
+``trials.csv``/``.parquet``, ``top.csv``/``.parquet``, ``best.yaml``, ``plots/``,
+``report.html`` (a page to open: kvsim.study.html_report).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class TuneReport:
     n_run: int
     best_yaml: Path | None
     plots: list[Path] = field(default_factory=list)
+    report: Path | None = None   # report.html (kvsim.study.html_report)
     problems: list[str] = field(default_factory=list)   # evaluations that failed
     n_interrupted: int = 0
 
@@ -176,7 +178,8 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
     target.claim()
     try:
         sweep_start(*disk_dirs([_point(base, {}, spec, path, "base", None).config]))
-        return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress)
+        return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress,
+                     tuple(overrides))
     except BaseException:
         target.abandon_if_unused()
         raise
@@ -186,7 +189,7 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
 
 def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | None,
           scheduler: str | None, storage: str | None, trials: int | None,
-          progress: bool) -> TuneReport:
+          progress: bool, overrides: tuple = ()) -> TuneReport:
     import optuna
     from distributed import as_completed
 
@@ -316,7 +319,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
         write_table(all_rows, folder, "trials")
     if top:
         write_table(top, folder, "top")
-    best_yaml = None
+    best_yaml, cfg = None, None
     if best:
         cfg = _point(base, best[0].user_attrs["overrides"], spec, path, "best", None).config
         cfg["name"] = f"{spec.name}-best"
@@ -325,9 +328,13 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
                                 f"{best[0].value:.6g} ({spec.objective.sense}) on the train sessions\n"
                                 + yaml.safe_dump(cfg, sort_keys=False)).encode())
     plots = _optuna_plots(study, folder / "plots", spec)
+    from kvsim.study.html_report import write_tune_report
+
+    page = write_tune_report(folder, path, spec, _point(base, {}, spec, path, "base", None).config,
+                             top, all_rows, cfg, plots, overrides)
     states = [trial_state(t) for t in study.get_trials(deepcopy=False)]
     return TuneReport(spec, folder, top, states.count("COMPLETE"), states.count("FAIL"), n_run,
-                      best_yaml, plots, problems, states.count("INTERRUPTED"))
+                      best_yaml, plots, page, problems, states.count("INTERRUPTED"))
 
 
 def _gain(spec: TuneSpec, value: float, base: float) -> float | None:
