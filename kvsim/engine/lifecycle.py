@@ -140,8 +140,9 @@ class Lifecycle:
             self._stalled.append(lv)
 
     def _final_pages(self, lv: Live) -> int:
-        """GPU pages the turn holds when it ends (one more for a copy-on-write)."""
-        return -(-(lv.prompt + lv.out - 1) // self.B) + 1
+        """GPU pages the turn holds when it ends (one more for a copy-on-write), and its
+        fixed state's (a windowed or recurrent model's, ``state_pages``)."""
+        return -(-(lv.prompt + lv.out - 1) // self.B) + 1 + self.p.state_pages
 
     def _add_running(self, lv: Live) -> None:
         """Admit: the GPU pages the turn will hold at its end are counted against the GPU

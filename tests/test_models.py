@@ -1,0 +1,237 @@
+"""Models from their Hugging Face configs (issue 38): each preset's KV bytes a token,
+window, recurrent state and parameters against figures computed by hand from the model's
+published architecture; config.json files and folders; bad input refused with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.config.hardware import CONFIG_DIR, load_profile
+from kvsim.config.hfmodel import ARCHITECTURES
+from kvsim.config.hfmodel import load_model
+from kvsim.engine.compute import ComputeModel
+from kvsim.run.pipeline import state_pages
+
+BF16 = 2
+# name -> (per token, whole model at tp 1, bf16): full-context KV bytes, sliding KV bytes,
+# from the published architecture: layers of each kind x KV heads x head size x 2 (K, V)
+# x 2 bytes; MLA: layers x (kv_lora_rank + qk_rope_head_dim) x 2 bytes
+KV = {
+    "llama-3.1-8b": (32 * 2 * 8 * 128 * BF16, 0),        # 131072 = 128 KiB
+    "llama-3.1-70b": (80 * 2 * 8 * 128 * BF16, 0),       # 320 KiB
+    "llama-3.1-405b": (126 * 2 * 8 * 128 * BF16, 0),     # 504 KiB
+    "qwen3-8b": (36 * 2 * 8 * 128 * BF16, 0),            # 144 KiB
+    "qwen3-30b-a3b": (48 * 2 * 4 * 128 * BF16, 0),       # 96 KiB
+    "mixtral-8x7b": (32 * 2 * 8 * 128 * BF16, 0),        # 128 KiB
+    "deepseek-v3": (61 * (512 + 64) * BF16, 0),          # 70272 (MLA latent + RoPE key)
+    "gemma-3-27b": (10 * 2 * 16 * 128 * BF16, 52 * 2 * 16 * 128 * BF16),  # 62 = 10 global + 52 local
+    "mistral-7b": (0, 32 * 2 * 8 * 128 * BF16),          # every layer sliding (4096)
+    "gpt-oss-120b": (18 * 2 * 8 * 64 * BF16, 18 * 2 * 8 * 64 * BF16),     # alternating
+    "qwen3-next-80b-a3b": (12 * 2 * 2 * 256 * BF16, 0),  # 1 in 4 of 48 layers attend
+    "jamba-v0.1": (4 * 2 * 8 * 128 * BF16, 0),           # 1 in 8 of 32 layers attend
+}
+WINDOW = {"gemma-3-27b": 1024, "mistral-7b": 4096, "gpt-oss-120b": 128}
+# recurrent state a request, whole model, bf16: layers x elements
+STATE = {
+    # Mamba: d_inner = 2 x 4096; conv (4 - 1) x d_inner + SSM d_inner x 16, 28 layers
+    "jamba-v0.1": 28 * (3 * 8192 + 8192 * 16) * BF16,
+    # Gated DeltaNet: conv (4 - 1) x (2 x 16 x 128 + 32 x 128) + 32 heads x 128 x 128, 36 layers
+    "qwen3-next-80b-a3b": 36 * (3 * (2 * 16 * 128 + 32 * 128) + 32 * 128 * 128) * BF16,
+}
+# published totals (model cards) and active counts where a precise figure is published
+PARAMS = {"llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9, "llama-3.1-405b": 405e9,
+          "qwen3-8b": 8.2e9, "qwen3-30b-a3b": 30.5e9, "mixtral-8x7b": 46.7e9,
+          "deepseek-v3": 671e9, "gemma-3-27b": 27e9, "mistral-7b": 7.24e9,
+          "gpt-oss-120b": 116.83e9, "qwen3-next-80b-a3b": 80e9, "jamba-v0.1": 52e9}
+ACTIVE = {"mixtral-8x7b": 12.9e9, "deepseek-v3": 36.6e9, "gpt-oss-120b": 5.13e9}
+
+
+@pytest.mark.parametrize("name", sorted(KV))
+def test_preset_kv_bytes_a_token_match_the_published_architecture(name):
+    s = load_model(name, tp=1)
+    full, sliding = KV[name]
+    assert (s.full_kv_bytes_per_token, s.sliding_kv_bytes_per_token) == (full, sliding)
+    assert s.kv_bytes_per_token == full + sliding
+    assert s.page_bytes_per_token == (full or sliding)
+    assert s.window == WINDOW.get(name, 0)
+    assert s.recurrent_state_bytes == STATE.get(name, 0)
+    assert s.params == pytest.approx(PARAMS[name], rel=0.02)
+    if name in ACTIVE:
+        assert s.active == pytest.approx(ACTIVE[name], rel=0.02)
+    assert s.source.startswith("https://huggingface.co/")
+
+
+def test_tp_splits_kv_heads_and_state_but_not_the_mla_latent():
+    assert load_model("llama-3.1-70b").full_kv_bytes_per_token == 80 * 2 * 4 * 128 * BF16  # tp 2
+    assert load_model("llama-3.1-405b").full_kv_bytes_per_token == 126 * 2 * 1 * 128 * BF16
+    assert load_model("deepseek-v3").full_kv_bytes_per_token == 61 * 576 * BF16  # tp 8
+    q = load_model("qwen3-next-80b-a3b")  # tp 2
+    assert q.recurrent_state_bytes == STATE["qwen3-next-80b-a3b"] // 2
+
+
+@pytest.mark.parametrize("dtype, bits", [("bf16", 16), ("fp8", 8), ("fp4", 4)])
+def test_kv_precision_scales_kv_but_not_weights(dtype, bits):
+    base = load_model("gemma-3-27b")
+    s = load_model("gemma-3-27b", kv_dtype=dtype)
+    assert s.kv_bytes_per_token == base.kv_bytes_per_token * bits // 16
+    assert s.weight_bytes_per_gpu == base.weight_bytes_per_gpu
+
+
+def test_windowed_state_is_whole_blocks_of_the_window_and_counts_in_pages():
+    g = load_model("gemma-3-27b")
+    # a 1024-token window can start inside a block: ceil(1024 / 32) + 1 = 33 blocks of 32
+    assert g.window_tokens(32) == 33 * 32
+    assert g.state_bytes(32) == 33 * 32 * 52 * 2 * 16 * 128 * BF16
+    page = 32 * g.page_bytes_per_token
+    assert state_pages(g, page, 32) == -(-g.state_bytes(32) // page)
+    m = load_model("mistral-7b")  # sliding layers only: kept whole, no per-request window
+    assert m.window_tokens(32) == 0 and state_pages(m, 32 * m.page_bytes_per_token, 32) == 0
+    j = load_model("jamba-v0.1")
+    assert state_pages(j, 32 * 16384, 32) == -(-STATE["jamba-v0.1"] // (32 * 16384))
+
+
+def _hf(name: str) -> dict:
+    return yaml.safe_load((CONFIG_DIR / "models" / f"{name}.yaml").read_text())["hf_config"]
+
+
+def test_config_json_and_its_folder_load_like_the_preset(tmp_path):
+    folder = tmp_path / "Qwen3-30B-A3B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_hf("qwen3-30b-a3b")))
+    preset = load_model("qwen3-30b-a3b")
+    for where in (folder, folder / "config.json"):
+        s = load_model(str(where))
+        assert s.name == "Qwen3-30B-A3B"
+        for key in ("kv_bytes_per_token", "params", "active", "intermediate_size"):
+            assert getattr(s, key) == getattr(preset, key), key
+
+
+def test_moe_computes_with_active_params():
+    prof = load_profile("h200-pcie")
+    s = load_model("mixtral-8x7b")
+    assert s.active < s.params / 3
+    w = ComputeModel(s, prof).step_work(((1024, 0),), 0, 0)
+    assert w.dense_flops == pytest.approx(2 * s.active * 1024)
+    one = ComputeModel(s, prof).decode_work(1, 100)  # one token reads its experts only
+    assert one.weight_bytes == pytest.approx(s.weight_bytes_per_gpu * s.active / s.params)
+
+
+def test_sliding_layers_attend_and_read_within_their_window():
+    prof = load_profile("h200-pcie")
+    g = load_model("gemma-3-27b")
+    cm = ComputeModel(g, prof)
+    heads = g.heads // g.tp
+    a = cm.step_work(((4096, 0),), 0, 0)  # the chunk's tokens see min(position, 1024)
+    full = 4096 * (0 + 4096 / 2)
+    sliding = 1024 * (1024 / 2) + (4096 - 1024) * 1024
+    assert a.attn_flops == pytest.approx(4 * heads * 128 * (10 * full + 52 * sliding))
+    d = cm.decode_work(3, 3 * 5000)  # every context beyond the window
+    assert d.kv_bytes == pytest.approx(g.full_kv_bytes_per_token * 15000
+                                       + g.sliding_kv_bytes_per_token * 3 * 1024)
+    for n, ctx in ((1, 10), (3, 900), (4, 10_000), (7, 7 * 1024)):
+        assert cm.decode_step_time(n, ctx) == cm.step_time_sum((), n, ctx)
+
+
+def test_recurrent_state_is_read_once_a_request_a_step():
+    prof = load_profile("h200-pcie")
+    j = load_model("jamba-v0.1")
+    d = ComputeModel(j, prof).decode_work(5, 5000)
+    assert d.kv_bytes == pytest.approx(j.full_kv_bytes_per_token * 5000 + 5 * j.recurrent_state_bytes)
+
+
+def test_every_supported_family_has_a_parser():
+    assert {"dense", "moe", "mla", "gemma3", "gpt_oss", "jamba", "nemotron_h",
+            "qwen3_next"} <= set(ARCHITECTURES.values())
+
+
+def test_nemotron_h_pattern_counts_only_mixer_layers(tmp_path):
+    cfg = {"architectures": ["NemotronHForCausalLM"], "hidden_size": 1024, "num_attention_heads": 8,
+           "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 6,
+           "hybrid_override_pattern": "M-M*-M", "intermediate_size": 4096, "vocab_size": 1000,
+           "mamba_num_heads": 16, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 2,
+           "conv_kernel": 4}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    s = load_model(str(p))
+    assert (s.layers, s.full_layers, s.recurrent_layers) == (4, 1, 3)
+    assert s.recurrent_state == 3 * (16 * 64 + 2 * 2 * 128) + 16 * 64 * 128
+    assert s.full_kv_bytes_per_token == 1 * 2 * 2 * 128 * BF16
+
+
+runner = CliRunner()
+SMALL = ["--set", "workload.synthetic.n_sessions=2", "--set", "output.plots=false", "--no-progress"]
+
+
+def _run(tmp_path: Path, *sets: str):
+    out = tmp_path / "res"
+    args = ["run", "configs/default.yaml", "--out", str(out), *SMALL]
+    for s in sets:
+        args += ["--set", s]
+    return runner.invoke(app, args), out
+
+
+def test_bad_model_input_exits_2_naming_the_file_and_field(tmp_path):
+    hf = _hf("llama-3.1-8b")
+    del hf["intermediate_size"]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(hf))
+    r, out = _run(tmp_path, f"model={tmp_path / 'm'}")
+    assert r.exit_code == 2 and "config.json: missing field 'intermediate_size'" in r.output
+    assert not out.exists()
+    (tmp_path / "a.json").write_text(json.dumps({**hf, "architectures": ["FooForCausalLM"]}))
+    r, out = _run(tmp_path, f"model={tmp_path / 'a.json'}")
+    assert r.exit_code == 2 and "'FooForCausalLM' is not supported" in r.output
+    assert "DeepseekV3ForCausalLM" in r.output and not out.exists()
+    r, out = _run(tmp_path, "model=gemma-3-27b", "kv_dtype=fp6")
+    assert r.exit_code == 2 and "kv_dtype" in r.output and "fp4" in r.output
+    (tmp_path / "empty").mkdir()
+    r, out = _run(tmp_path, f"model={tmp_path / 'empty'}")
+    assert r.exit_code == 2 and "without a config.json" in r.output
+
+
+@pytest.mark.parametrize("model", ["gemma-3-27b", "qwen3-next-80b-a3b"])
+def test_a_windowed_or_hybrid_model_runs(tmp_path, model):
+    r, out = _run(tmp_path, f"model={model}", "kv_dtype=fp8")
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    shape = load_model(model, kv_dtype="fp8")
+    assert s["metrics"]["page_bytes"] == 32 * shape.page_bytes_per_token
+    assert s["metrics"]["requests_completed"] > 0
+
+
+def _engine(state_pages: int, gpu_pages: int = 64):
+    from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
+    from kvsim.engine import Engine, EngineParams
+    from kvsim.run.seam import settings_for
+    from kvsim_backends.sim import SimBackend, SimRuntime
+
+    shape, profile = load_model("llama-3-8b"), load_profile("h200-pcie")
+    page = shape.page_bytes_per_token * 32
+    mgr = TierManager(ManagerSpec(page_bytes=page, tokens_per_block=32, tiers=(
+        TierSpec(Level.GPU, gpu_pages * page), TierSpec(Level.HOST, 256 * page))))
+    rt = SimRuntime()
+    be = SimBackend(rt, settings_for(page, {t.level: t.max_slots for t in mgr.tiers}, profile))
+    return rt, Engine(rt, be, mgr, ComputeModel(shape, profile), EngineParams(state_pages=state_pages))
+
+
+@pytest.mark.parametrize("state, together", [(0, True), (30, False)])
+def test_a_running_requests_state_pages_count_at_admission(state, together):
+    """Two 4-block requests arriving together: 5 final pages each fit 64 GPU pages side by
+    side; with 30 pages of state each (35 a request) only one runs at a time."""
+    from kvsim.workload import Session, Turn, Workload
+
+    rt, eng = _engine(state)
+    turns = [Turn(input_tokens=128, output_tokens=2, hash_ids=(10 * i + 1, 10 * i + 2, 10 * i + 3,
+                                                                 10 * i + 4), arrival_s=1.0)
+             for i in range(2)]
+    eng.load(Workload("t", 32, False, tuple(Session(f"r{i}", "global", (t,), start_s=1.0)
+                                           for i, t in enumerate(turns))))
+    rt.run(until=rt.process(eng.serve()))
+    a, b = sorted(eng.metrics.rows, key=lambda r: r.admitted_ns)
+    assert (b.admitted_ns < a.done_ns) is together
