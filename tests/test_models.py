@@ -235,3 +235,15 @@ def test_a_running_requests_state_pages_count_at_admission(state, together):
     rt.run(until=rt.process(eng.serve()))
     a, b = sorted(eng.metrics.rows, key=lambda r: r.admitted_ns)
     assert (b.admitted_ns < a.done_ns) is together
+
+
+def test_the_models_study_plans_five_models_of_different_kinds():
+    from kvsim.study.study import plan_study
+
+    _, points = plan_study("studies/models.yaml")
+    models = [load_model(p.config["model"]) for p in points]
+    assert len(models) == 5
+    kinds = {("mla" if m.kv_lora_rank else "recurrent" if m.recurrent_layers else
+              "window" if m.windowed else "moe" if m.active < m.params / 2 else "dense")
+             for m in models}
+    assert kinds == {"mla", "recurrent", "window", "moe", "dense"}
