@@ -205,7 +205,7 @@ def test_a_windowed_or_hybrid_model_runs(tmp_path, model):
     assert s["metrics"]["requests_completed"] > 0
 
 
-def _engine(state_pages: int, gpu_pages: int = 64):
+def _engine(state_pages: int, gpu_pages: int = 64) -> tuple:
     from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
     from kvsim.engine import Engine, EngineParams
     from kvsim.run.seam import settings_for
@@ -217,7 +217,7 @@ def _engine(state_pages: int, gpu_pages: int = 64):
         TierSpec(Level.GPU, gpu_pages * page), TierSpec(Level.HOST, 256 * page))))
     rt = SimRuntime()
     be = SimBackend(rt, settings_for(page, {t.level: t.max_slots for t in mgr.tiers}, profile))
-    return rt, Engine(rt, be, mgr, ComputeModel(shape, profile), EngineParams(state_pages=state_pages))
+    return rt, Engine(rt, be, mgr, ComputeModel(shape, profile), EngineParams(state_pages=state_pages)), mgr
 
 
 @pytest.mark.parametrize("state, together", [(0, True), (30, False)])
@@ -226,7 +226,7 @@ def test_a_running_requests_state_pages_count_at_admission(state, together):
     side; with 30 pages of state each (35 a request) only one runs at a time."""
     from kvsim.workload import Session, Turn, Workload
 
-    rt, eng = _engine(state)
+    rt, eng, mgr = _engine(state)
     turns = [Turn(input_tokens=128, output_tokens=2, hash_ids=(10 * i + 1, 10 * i + 2, 10 * i + 3,
                                                                  10 * i + 4), arrival_s=1.0)
              for i in range(2)]
@@ -235,6 +235,38 @@ def test_a_running_requests_state_pages_count_at_admission(state, together):
     rt.run(until=rt.process(eng.serve()))
     a, b = sorted(eng.metrics.rows, key=lambda r: r.admitted_ns)
     assert (b.admitted_ns < a.done_ns) is together
+    assert mgr.tiers[0].capacity == 64  # every request's state given back
+
+
+def _serial(n: int, blocks: int, gap_s: float = 5.0):
+    from kvsim.workload import Session, Turn, Workload
+
+    turns = [Turn(input_tokens=32 * blocks, output_tokens=2, arrival_s=1.0 + gap_s * i,
+                  hash_ids=tuple(1000 * (i + 1) + j for j in range(blocks))) for i in range(n)]
+    return Workload("t", 32, False, tuple(Session(f"r{i}", "global", (t,), start_s=t.arrival_s)
+                                         for i, t in enumerate(turns)))
+
+
+@pytest.mark.parametrize("state", [0, 55])
+def test_a_running_requests_state_takes_gpu_slots_from_cached_pages(state):
+    """Three requests of 10 blocks (+ 2 output tokens: 11 pages) one after another on 70
+    GPU pages: without state their 33 cached pages all stay on GPU; with 55 pages of state
+    the tier has 15 slots while one runs, so its 11 pages leave room for 4 cached ones and
+    the others go to host (7 of the first's, then 11 more)."""
+    rt, eng, mgr = _engine(state, gpu_pages=70)
+    seen: list[int] = []
+    eng.on_resume = lambda pages: seen.append(mgr.tiers[0].capacity)
+    eng.load(_serial(3, 10))
+    rt.run(until=rt.process(eng.serve()))
+    assert len(eng.metrics.rows) == 3 and all(r.done_ns > 0 for r in eng.metrics.rows)
+    assert seen == [70 - state] * 3
+    assert mgr.tiers[0].capacity == 70
+    own = -(-(32 * 10 + 2 - 1) // 32)
+    keep, cached, moved = 70 - state - own, 0, 0
+    for _ in range(3):
+        moved += max(0, cached - keep)
+        cached = min(cached, keep) + own
+    assert mgr.tiers[1].used == moved == (18 if state else 0)
 
 
 def test_the_models_study_plans_five_models_of_different_kinds():
@@ -247,3 +279,27 @@ def test_the_models_study_plans_five_models_of_different_kinds():
               "window" if m.windowed else "moe" if m.active < m.params / 2 else "dense")
              for m in models}
     assert kinds == {"mla", "recurrent", "window", "moe", "dense"}
+
+
+@pytest.mark.parametrize("state", [0, 55])
+def test_admission_waits_while_cached_pages_leave_for_a_requests_state(state):
+    """40 cached pages fill 70 GPU slots; a request of 10 blocks with 55 pages of state
+    finds 30 free: 25 cached pages are evicted to host first, and it is admitted when they
+    have left (at once without state)."""
+    rt, eng, mgr = _engine(state, gpu_pages=70)
+
+    def prelude():
+        req = mgr.create("global", list(range(1, 41)), 40 * 32)
+        mgr.complete(mgr.resume(req))
+        mgr.complete(mgr.grow(req, 40 * 32))
+        eng.backend.fill(mgr.commit(req, 40 * 32))
+        mgr.close(req)
+        yield rt.timeout(0)
+
+    rt.run(until=rt.process(prelude()))
+    eng.load(_serial(1, 10))
+    rt.run(until=rt.process(eng.serve()))
+    row = eng.metrics.rows[0]
+    assert row.done_ns > 0 and mgr.tiers[0].capacity == 70
+    assert mgr.tiers[1].used == (55 - 30 + max(0, 40 - 25 - (70 - 55 - 11)) if state else 0)
+    assert (row.admitted_ns > row.arrival_ns) is bool(state)
