@@ -11,10 +11,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from gpuskip import have_gpu
 from kvsim.cli import app
 from kvsim.config.hardware import CONFIG_DIR, load_profile
-from kvsim.config.hfmodel import ARCHITECTURES
-from kvsim.config.hfmodel import load_model
+from kvsim.config.hfmodel import ARCHITECTURES, load_model
 from kvsim.engine.compute import ComputeModel
 from kvsim.run.pipeline import state_pages
 
@@ -303,3 +303,35 @@ def test_admission_waits_while_cached_pages_leave_for_a_requests_state(state):
     assert row.done_ns > 0 and mgr.tiers[0].capacity == 70
     assert mgr.tiers[1].used == (55 - 30 + max(0, 40 - 25 - (70 - 55 - 11)) if state else 0)
     assert (row.admitted_ns > row.arrival_ns) is bool(state)
+
+
+def test_the_hw_stand_in_gemms_are_as_wide_as_a_token_computes():
+    """Qwen3-30B-A3B: QKV 32 x 128 + 2 x 4 x 128, the MLP 8 experts x 768 wide (not 128)."""
+    from kvsim.core.spec import Level
+    from kvsim.run.seam import settings_for
+
+    st = settings_for(1 << 16, {Level.GPU: 4}, model="qwen3-30b-a3b")
+    assert st.model.projections == ((2048, 4096 + 1024), (4096, 2048), (2048, 2 * 8 * 768),
+                                    (8 * 768, 2048))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "gemma-3-27b"])
+def test_gpu_an_moe_or_windowed_models_step_lasts_what_it_was_asked_for(model):
+    """The compute model's own prefill and decode steps of an MoE and a windowed model, run
+    by the hw stand-in with that model's GEMMs: within 10% (+ 0.3 ms) of their time."""
+    from kvsim.core.spec import Level
+    from kvsim.run.seam import settings_for
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+
+    cm = ComputeModel(load_model(model), load_profile("h200-pcie"))
+    rt = RealtimeRuntime()
+    be = HwBackend(rt, settings_for(1 << 16, {Level.GPU: 4}, device="gpu", model=model))
+    try:
+        for work in (cm.step_work(((4096, 8192),), 0, 0), cm.decode_work(64, 64 * 20000)):
+            for _ in range(2):
+                took = rt.run(rt.process((lambda: (yield be.compute(work.seconds, work)))()))
+            assert abs(took - work.seconds) < 0.10 * work.seconds + 3e-4, (model, work)
+    finally:
+        be.close()
