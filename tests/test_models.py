@@ -202,6 +202,7 @@ def test_a_windowed_or_hybrid_model_runs(tmp_path, model):
     s = json.loads((out / "summary.json").read_text())
     shape = load_model(model, kv_dtype="fp8")
     assert s["metrics"]["page_bytes"] == 32 * shape.page_bytes_per_token
+    assert s["run"]["model"]["state_bytes"] == shape.state_bytes(32) > 0
     assert s["metrics"]["requests_completed"] > 0
 
 

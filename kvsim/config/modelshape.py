@@ -157,6 +157,16 @@ class ModelShape(BaseModel):
         return (self.window_tokens(tokens_per_block) * self.sliding_kv_bytes_per_token
                 + self.recurrent_state_bytes)
 
+    def derived(self, tokens_per_block: int) -> dict:
+        """What kvsim derived of the shape, for a run's summary (one GPU, bytes)."""
+        return {"name": self.name, "arch": self.arch, "tp": self.tp, "kv_bits": self.kv_bits,
+                "layers": {"full": self.full_layers, "sliding": self.sliding_layers,
+                           "recurrent": self.recurrent_layers},
+                "window": self.window, "page_bytes_per_token": self.page_bytes_per_token,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "state_bytes": self.state_bytes(tokens_per_block),
+                "params": self.params, "active_params": self.active}
+
     # -- weights and compute -------------------------------------------------------------
     @property
     def active(self) -> float:

@@ -353,6 +353,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
                 "git_commit": git_commit(), "policy": cfg.cache.policy.eviction,
                 "policy_is_bound": bool(ranks[0].policy.is_bound), "ranks": n,
+                "model": prep.shape.derived(cfg.cache.tokens_per_block),
                 **describe(cfg, ranks[0].placement, ranks[0].tier_policies)}
     return Result(cfg, backend, metrics, node.rows, node.timeline, sum_counts(counters),
                   prep.profile, run_info)
