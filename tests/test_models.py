@@ -136,6 +136,10 @@ def test_sliding_layers_attend_and_read_within_their_window():
                                        + g.sliding_kv_bytes_per_token * 3 * 1024)
     for n, ctx in ((1, 10), (3, 900), (4, 10_000), (7, 7 * 1024)):
         assert cm.decode_step_time(n, ctx) == cm.step_time_sum((), n, ctx)
+    m = load_model("mistral-7b")  # sliding layers only: pages keep all, attention the window
+    d = ComputeModel(m, prof).decode_work(2, 2 * 8000)
+    assert d.kv_bytes == pytest.approx(m.sliding_kv_bytes_per_token * 2 * 4096)
+    assert d.attn_flops == pytest.approx(4 * 32 * 32 * 128 * 2 * 4096)
 
 
 def test_recurrent_state_is_read_once_a_request_a_step():

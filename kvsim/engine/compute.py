@@ -65,12 +65,10 @@ class ComputeModel:
         self._attn = 2.0 * shape.full_layers * heads * d
         self._swa = 4.0 * shape.sliding_layers * heads * shape.head_dim
         self._window = float(shape.window)
-        if shape.windowed:
-            self._kv = float(shape.full_kv_bytes_per_token)
-            self._swkv = float(shape.sliding_kv_bytes_per_token)
-        else:  # dense, MLA, hybrid; a model of sliding layers only keeps all it has read
-            self._kv = float(shape.kv_bytes_per_token)
-            self._swkv = 0.0
+        # sliding layers read their window (a model of sliding layers only too: it keeps
+        # the whole context in its pages, but attends within the window)
+        self._kv = float(shape.full_kv_bytes_per_token)
+        self._swkv = float(shape.sliding_kv_bytes_per_token)
         self._state = float(shape.recurrent_state_bytes)
         self._weights = float(shape.weight_bytes_per_gpu)
         self._active_w = self._weights * (shape.active / shape.params)
@@ -116,8 +114,6 @@ class ComputeModel:
             d = decode_context_sum if decode_context_sum < cap else cap
             swa += d
             swctx += d
-        elif self._swa:  # sliding layers only: attention within the window, KV kept whole
-            swa = attn
         weights = self._active_w * tokens
         if weights > self._weights:
             weights = self._weights
@@ -146,8 +142,6 @@ class ComputeModel:
         if self._swkv > 0.0:
             cap = n_decode * self._window
             swa = swctx = ctx if ctx < cap else cap
-        elif self._swa:
-            swa = 0.0 + ctx
         weights = self._active_w * n_decode
         if weights > self._weights:
             weights = self._weights
