@@ -340,3 +340,17 @@ def test_gpu_an_moe_or_windowed_models_step_lasts_what_it_was_asked_for(model):
             assert abs(took - work.seconds) < 0.10 * work.seconds + 3e-4, (model, work)
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"architectures": "LlamaForCausalLM"}, "architectures: expected a list of names"),
+    ({"num_hidden_layers": "32"}, "num_hidden_layers: expected a whole number"),
+    ({"layer_types": ["full_attention"]}, "layer_types: expected 32 of"),
+    ({"num_key_value_heads": 5}, "heads (32) must be a multiple of kv_heads (5)"),
+])
+def test_bad_config_fields_are_named_with_the_file(tmp_path, change, problem):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**_hf("llama-3.1-8b"), **change}))
+    with pytest.raises(ValueError) as e:
+        load_model(str(p))
+    assert str(p) in str(e.value) and problem in str(e.value)

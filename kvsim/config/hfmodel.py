@@ -149,7 +149,9 @@ def shape_from_hf(data: dict, where: str, name: str = "", source: str = "",
     archs = data.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     if arch is None:
-        raise ValueError(f"{where}: missing field 'architectures' (supported: {', '.join(ARCHITECTURES)})")
+        what = "missing field 'architectures'" if archs is None else \
+            f"architectures: expected a list of names, got {archs!r}"
+        raise ValueError(f"{where}: {what} (supported: {', '.join(ARCHITECTURES)})")
     fam = ARCHITECTURES.get(arch)
     if fam is None:
         raise ValueError(f"{where}: architectures: {arch!r} is not supported; kvsim reads "
