@@ -354,3 +354,14 @@ def test_bad_config_fields_are_named_with_the_file(tmp_path, change, problem):
     with pytest.raises(ValueError) as e:
         load_model(str(p))
     assert str(p) in str(e.value) and problem in str(e.value)
+
+
+def test_mla_prefills_as_multi_head_attention_and_decodes_absorbed():
+    s = load_model("deepseek-v3")  # tp 8: 16 heads a GPU
+    cm = ComputeModel(s, load_profile("h200-pcie"))
+    pf = cm.step_work(((1000, 3000),), 0, 0).attn_flops
+    assert pf == pytest.approx(2 * 61 * 16 * ((128 + 64) + 128) * 1000 * (3000 + 500))
+    dec = cm.decode_work(4, 40_000).attn_flops
+    assert dec == pytest.approx(2 * 61 * 16 * ((512 + 64) + 512) * 40_000)
+    both = cm.step_work(((1000, 3000),), 4, 40_000).attn_flops
+    assert both == pytest.approx(pf + dec)

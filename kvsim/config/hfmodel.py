@@ -168,7 +168,7 @@ def shape_from_hf(data: dict, where: str, name: str = "", source: str = "",
     if fam == "mla":
         rank, rope = c.int("kv_lora_rank"), c.int("qk_rope_head_dim")
         f.update(kv_lora_rank=rank, qk_rope_head_dim=rope, kv_heads=heads,
-                 head_dim=c.int("qk_nope_head_dim") + rope)
+                 head_dim=c.int("qk_nope_head_dim") + rope, v_head_dim=c.int("v_head_dim"))
     if "recurrent" in kinds:
         state = _state_elements(c, fam, hidden)
     attn_p = _attn_params(c, fam, hidden, heads, kv, hd)

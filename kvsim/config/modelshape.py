@@ -58,6 +58,7 @@ class ModelShape(BaseModel):
     recurrent_state: NonNeg = 0          # elements of state a recurrent layer keeps
     kv_lora_rank: NonNeg = 0             # MLA: the latent kept a token a layer ...
     qk_rope_head_dim: NonNeg = 0         # ... beside its decoupled RoPE key
+    v_head_dim: NonNeg = 0               # MLA: a value head's size (0: head_dim)
     active_params: Annotated[float, Field(gt=0)] | None = None  # None: params (dense)
     weight_bytes_per_param: Annotated[float, Field(gt=0)] | None = None  # None: dtype_bytes
 

@@ -13,8 +13,9 @@ same kernels, sharing one read of the weights):
     step  = max(flops / (flops_bf16 * prefill_efficiency),
                 bytes / (hbm * decode_efficiency)) + step_overhead
 
-For GQA d_qk = d_v = head_dim (4 * layers * heads * head_dim, as before); for MLA, run
-absorbed, d_qk = kv_lora_rank + qk_rope_head_dim and d_v = kv_lora_rank. Decodes are
+For GQA d_qk = d_v = head_dim (4 * layers * heads * head_dim, as before); MLA prefills
+as multi-head attention (d_qk = qk_nope + qk_rope head dims, d_v = v_head_dim) and decodes
+absorbed (d_qk = kv_lora_rank + qk_rope_head_dim, d_v = kv_lora_rank). Decodes are
 given as their count and summed context: their sliding-layer context is taken as
 min(sum, count x window), exact when every context is on the same side of the window and
 an upper bound otherwise (docs/models.md).
@@ -49,7 +50,7 @@ class ComputeModel:
     """Step times for ``shape`` on ``profile.gpu``; constants folded at construction."""
 
     __slots__ = ("shape", "profile", "_dense", "_attn", "_kv", "_weights", "_flops", "_bw",
-                 "_overhead", "_active_w", "_swa", "_swkv", "_window", "_state")
+                 "_overhead", "_active_w", "_swa", "_swkv", "_window", "_state", "_dec_extra")
 
     def __init__(self, shape: ModelShape, profile: HardwareProfile):
         self.shape = shape
@@ -58,11 +59,15 @@ class ComputeModel:
         tp = shape.tp
         heads = shape.heads // tp
         self._dense = 2.0 * shape.active / tp                           # FLOPs per token
-        if shape.kv_lora_rank:  # MLA, absorbed: scores over latent + RoPE, values over latent
-            d = 2.0 * shape.kv_lora_rank + shape.qk_rope_head_dim
-        else:
-            d = 2.0 * shape.head_dim
-        self._attn = 2.0 * shape.full_layers * heads * d
+        self._attn = 4.0 * shape.full_layers * heads * shape.head_dim
+        self._dec_extra = 0.0  # what a decode's attention costs beyond a prefill's, a pair
+        if shape.kv_lora_rank:
+            # MLA: prefill as multi-head attention over up-projected K and V (scores over
+            # nope + RoPE dims, values over v_head_dim); decode absorbed (scores over the
+            # latent + RoPE key, values over the latent)
+            pf = 2.0 * shape.full_layers * heads * (shape.head_dim + (shape.v_head_dim or shape.head_dim))
+            dec = 2.0 * shape.full_layers * heads * (2 * shape.kv_lora_rank + shape.qk_rope_head_dim)
+            self._attn, self._dec_extra = pf, dec - pf
         self._swa = 4.0 * shape.sliding_layers * heads * shape.head_dim
         self._window = float(shape.window)
         # sliding layers read their window (a model of sliding layers only too: it keeps
@@ -118,7 +123,8 @@ class ComputeModel:
         if weights > self._weights:
             weights = self._weights
         kv = self._kv * ctx + self._swkv * swctx + self._state * (len(prefill) + n_decode)
-        return tokens, self._attn * attn + self._swa * swa, weights, kv
+        return (tokens, self._attn * attn + self._dec_extra * decode_context_sum + self._swa * swa,
+                weights, kv)
 
     def step_time(self, prefill: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
         """Seconds for one step: ``prefill`` holds (new_tokens, context_before) per prefill
@@ -146,7 +152,8 @@ class ComputeModel:
         if weights > self._weights:
             weights = self._weights
         kv = self._kv * ctx + self._swkv * swctx + self._state * n_decode
-        compute = (self._dense * n_decode + (self._attn * (0.0 + ctx) + self._swa * swa)) / self._flops
+        at = self._attn * (0.0 + ctx) + self._dec_extra * ctx + self._swa * swa
+        compute = (self._dense * n_decode + at) / self._flops
         memory = (weights + kv) / self._bw
         return (memory if memory > compute else compute) + self._overhead  # max(), inline
 
