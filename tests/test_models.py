@@ -365,3 +365,25 @@ def test_mla_prefills_as_multi_head_attention_and_decodes_absorbed():
     assert dec == pytest.approx(2 * 61 * 16 * ((512 + 64) + 512) * 40_000)
     both = cm.step_work(((1000, 3000),), 4, 40_000).attn_flops
     assert both == pytest.approx(pf + dec)
+
+
+def test_the_docs_table_says_what_the_presets_derive():
+    """docs/models.md's preset table: each row's KV, window, state, tp, page and state
+    pages are what kvsim derives from the preset (so the table cannot drift)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| `") and r.count("|") == 11]
+    assert {r.split("`")[1] for r in rows} == set(KV)
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        name = cells[0].strip("`")
+        s1, s = load_model(name, tp=1), load_model(name)
+        kv = f"{s1.full_kv_bytes_per_token:,}"
+        if s1.sliding_layers:
+            kv += f" + {s1.sliding_kv_bytes_per_token:,}"
+        assert cells[2] == kv, name
+        assert cells[4] == (str(s1.window) if s1.window else "-"), name
+        assert cells[5] == (f"{s1.recurrent_state_bytes:,}" if s1.recurrent_layers else "-"), name
+        assert cells[6] == str(s.tp), name
+        page = 32 * s.page_bytes_per_token
+        assert cells[7] == f"{page / 2**20:.2f} MiB", name
+        assert cells[8] == str(-(-s.state_bytes(32) // page)), name
