@@ -276,8 +276,10 @@ def host_fill(cfg: "RunConfig") -> FillConfig:
 class RunConfig(_Strict):
     name: str = "run"
     seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
-    model: str = "llama-3-70b"          # preset under configs/models or a YAML path
+    model: str = "llama-3-70b"          # preset under configs/models, a YAML, config.json or its folder
     tp: Optional[Annotated[int, Field(gt=0)]] = None   # overrides the model's tp
+    # the KV cache's precision (bf16, fp16, fp8, fp4); None: the model file's (docs/models.md)
+    kv_dtype: Optional[Literal["bf16", "fp16", "fp8", "fp4"]] = None
     hardware: str = "h200-pcie"         # preset under configs/hardware or a YAML path
     cache: CacheConfig
     engine: EngineConfig = EngineConfig()

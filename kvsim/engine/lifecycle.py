@@ -56,6 +56,8 @@ class Lifecycle:
         self._waiting: deque[Live] = deque()
         self._running: list[Live] = []               # admitted: onboarding/running/growing
         self._reserved_pages = 0                     # their final GPU pages, summed
+        self._state_held = 0                         # GPU slots their state takes (below)
+        self._with_state: set[int] = set()           # uids of the requests holding it
         self.dec = Decoders()                        # decoding requests, advanced lazily
         self._stalled: list[Live] = []               # decoders that must grow before a step
         self._prefilling: list[Live] = []            # admitted, prompt not fully computed
@@ -106,14 +108,18 @@ class Lifecycle:
             if lv.req is None:
                 self._prepare(lv)
             need = self._final_pages(lv)
-            if need > gpu.capacity:
+            full = gpu.capacity + self._state_held  # (running requests' state taken off it)
+            if need > full:
                 self._waiting.popleft()
-                self._fail(lv, f"needs {need} GPU pages; the GPU tier has {gpu.capacity}")
+                self._fail(lv, f"needs {need} GPU pages; the GPU tier has {full}")
                 continue
-            if self._reserved_pages + need > gpu.capacity:
+            if self._reserved_pages + need > full:
                 return  # admitted requests will need that room: wait for one to finish
+            if not self._take_state(lv):
+                return  # GPU pages are being evicted to make room for its state
             plan = mgr.resume(lv.req)
             if not plan:
+                self._give_state(lv)
                 if plan.reason is RefusalReason.NO_ROOM and self._release_hold():  # type: ignore[union-attr]
                     continue
                 return
@@ -140,8 +146,9 @@ class Lifecycle:
             self._stalled.append(lv)
 
     def _final_pages(self, lv: Live) -> int:
-        """GPU pages the turn holds when it ends (one more for a copy-on-write)."""
-        return -(-(lv.prompt + lv.out - 1) // self.B) + 1
+        """GPU pages the turn holds when it ends (one more for a copy-on-write), and its
+        fixed state's (a windowed or recurrent model's, ``state_pages``)."""
+        return -(-(lv.prompt + lv.out - 1) // self.B) + 1 + self.p.state_pages
 
     def _add_running(self, lv: Live) -> None:
         """Admit: the GPU pages the turn will hold at its end are counted against the GPU
@@ -153,6 +160,33 @@ class Lifecycle:
     def _remove_running(self, lv: Live) -> None:
         self._running.remove(lv)
         self._reserved_pages -= self._final_pages(lv)
+        self._give_state(lv)
+
+    def _take_state(self, lv: Live) -> bool:
+        """Take the request's state (``state_pages``) off the GPU tier's capacity while it
+        runs (docs/models.md); False while pages are evicted to free the slots. Where none
+        can be and nothing runs to free any, its state is only counted at admission."""
+        mgr, gpu, sp = self.mgr, self.mgr.tiers[0], self.p.state_pages
+        if sp and sp > gpu.free:
+            plan = None if self._evicting else mgr.evict(Level.GPU, sp - gpu.free)
+            if plan:
+                self._evicting = True
+                self._launch(self._evict_proc(plan))
+            elif not self._evicting and self._release_hold():
+                return self._take_state(lv)
+            return not self._evicting and not self._running and not self._inflight
+        if sp:
+            mgr.complete(mgr.set_quota(Level.GPU, (gpu.capacity - sp) * mgr.page_bytes))  # type: ignore[arg-type]
+            self._state_held += sp
+            self._with_state.add(lv.uid)
+        return True
+
+    def _give_state(self, lv: Live) -> None:
+        if lv.uid in self._with_state:
+            self._with_state.discard(lv.uid)
+            gpu, sp = self.mgr.tiers[0], self.p.state_pages
+            self.mgr.complete(self.mgr.set_quota(Level.GPU, (gpu.capacity + sp) * self.mgr.page_bytes))  # type: ignore[arg-type]
+            self._state_held -= sp
 
     def _prepare(self, lv: Live) -> None:
         """Match the turn's prompt: the session's held request keeps its common prefix."""

@@ -39,6 +39,8 @@ class EngineParams:
     timeline_interval_s: float = 1.0
     host_serve_slots: int = 0         # host slots that must exist before serving starts
     #                                   (a host tier filling: its first unit, or all of it)
+    state_pages: int = 0              # GPU pages a running request's fixed state takes: its
+    #                                   sliding layers' window, its recurrent state
 
 
 class Live:

@@ -72,18 +72,18 @@ MAX_SLOTS = 1 << 28  # slots a tier: the backends keep a word or more per slot
 
 
 def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
-    page = cfg.cache.page_bytes or shape.kv_bytes_per_token * cfg.cache.tokens_per_block
+    page = cfg.cache.page_bytes or shape.page_bytes_per_token * cfg.cache.tokens_per_block
     for i, t in enumerate(cfg.cache.tiers):
         if page > t.quota:   # no slot fits: name the key at fault (the one set off its default)
             if cfg.cache.page_bytes or cfg.cache.tokens_per_block != 32:
                 key, why = (("cache.page_bytes", f"{page:,} bytes") if cfg.cache.page_bytes else
                             ("cache.tokens_per_block", f"{cfg.cache.tokens_per_block:,} tokens a block "
-                             f"make pages of {page:,} bytes ({shape.kv_bytes_per_token:,} a token)"))
+                             f"make pages of {page:,} bytes ({shape.page_bytes_per_token:,} a token)"))
                 raise ConfigFileError(f"{key}: {why}, more than cache.tiers[{i}].quota "
                                       f"({t.quota:,} bytes): no page fits in the {t.level} tier")
             raise ConfigFileError(f"cache.tiers[{i}].quota: {t.quota:,} bytes hold no page of {page:,} "
                                   f"bytes (cache.tokens_per_block {cfg.cache.tokens_per_block} x "
-                                  f"{shape.kv_bytes_per_token:,} bytes a token); expected at least one page")
+                                  f"{shape.page_bytes_per_token:,} bytes a token); expected at least one page")
         n = (t.max_quota or t.quota) // page
         if n > MAX_SLOTS:
             key = f"cache.tiers[{i}].{'max_quota' if t.max_quota else 'quota'}"
@@ -98,6 +98,13 @@ def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
         protected_copy_fraction=disk.protected_copy_fraction)
     return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers,
                        **copies)
+
+
+def state_pages(shape: ModelShape, page_bytes: int, tokens_per_block: int) -> int:
+    """GPU pages a running request's fixed state takes beside its KV pages: the sliding
+    layers' window and the recurrent layers' state, rounded up to whole pages
+    (docs/models.md)."""
+    return -(-shape.state_bytes(tokens_per_block) // page_bytes)
 
 
 def load_workload(cfg: RunConfig, trace: str | None = None) -> Workload:
@@ -154,7 +161,7 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
     one the config names (e.g. the one a saved run recorded); ``workload``, one already
     loaded for this config (``load_workload(cfg, trace)``: workloads are immutable)."""
     try:
-        shape = load_model(cfg.model, tp=cfg.tp)
+        shape = load_model(cfg.model, tp=cfg.tp, kv_dtype=cfg.kv_dtype)
         profile = profile or load_profile(cfg.hardware)
     except (ValueError, OSError) as e:
         raise ConfigFileError(str(e)) from None
@@ -295,7 +302,9 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                                   gpu_free_watermark=e.gpu_free_watermark,
                                   max_plan_failures=e.max_plan_failures,
                                   timeline_interval_s=cfg.output.timeline_interval,
-                                  host_serve_slots=host_serve_slots(rk.settings, rk.backend))
+                                  host_serve_slots=host_serve_slots(rk.settings, rk.backend),
+                                  state_pages=state_pages(prep.shape, rk.mgr.page_bytes,
+                                                          cfg.cache.tokens_per_block))
             rk.engine = Engine(rt, rk.backend, rk.mgr, model, params, on_resume=on_resume)
             if pinned_arrivals is not None:
                 rk.engine.pin_arrivals(pinned_arrivals)
@@ -344,6 +353,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
                 "git_commit": git_commit(), "policy": cfg.cache.policy.eviction,
                 "policy_is_bound": bool(ranks[0].policy.is_bound), "ranks": n,
+                "model": prep.shape.derived(cfg.cache.tokens_per_block),
                 **describe(cfg, ranks[0].placement, ranks[0].tier_policies)}
     return Result(cfg, backend, metrics, node.rows, node.timeline, sum_counts(counters),
                   prep.profile, run_info)

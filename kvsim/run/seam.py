@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 from kvsim.config import ConfigFileError, RunConfig, host_fill, validate_config
 from kvsim.config.hardware import HardwareProfile, load_profile
-from kvsim.config.modelshape import ModelShape, load_model
+from kvsim.config.hfmodel import load_model
+from kvsim.config.modelshape import ModelShape
 from kvsim.core.datapath.copypath import AUTO, CopyPath, force_per_direction
 from kvsim.core.datapath.fill import Backing, FillMode
 from kvsim.core.spec import Level
@@ -69,7 +70,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         raise ConfigFileError(f"--device: got {hw.device!r}; expected auto, cpu or gpu")
     if shape is None:
         try:
-            shape = load_model(cfg.model, tp=cfg.tp)
+            shape = load_model(cfg.model, tp=cfg.tp, kv_dtype=cfg.kv_dtype)
         except (ValueError, OSError) as err:
             raise ConfigFileError(str(err)) from None
     e, disk, fill = cfg.engine, cfg.cache.disk_tier, host_fill(cfg)
