@@ -5,29 +5,35 @@ library only; every constant comes from the hardware profile's ``sm.interference
 A step's work (``kvsim.core.datapath.work``) is a ``gemm_share`` of tensor-core GEMMs
 (the stand-in's FLOP-bound part) and the rest HBM reads (its memory-bound part). What the
 copies in flight take is a ``CopyLoad``: the SM copy kernel's CTAs moving bytes in each
-direction, whether a copy-engine copy moves bytes, and the bytes a second copies move
-through HBM. Each kind of work loses to it by its own structure:
+direction, whether a copy-engine copy moves bytes, the bytes a second copies move
+through HBM (and how many of them are written into it), and the host-bound share of the
+copy-engine calls issuing their pages. Each kind of work loses to it by its own structure:
 
-- **GEMMs** run in waves of CTAs, one tile each, that fill an SM (their registers and
-  shared memory leave no room beside them). A resident copy CTA takes
-  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them, so a GEMM of ``t`` tiles on ``S``
-  SMs runs ``ceil(t / (S - lost))`` waves instead of ``ceil(t / S)``; the step's GEMMs
-  (one layer's projections at the step's M) are weighted by their FLOPs. Small GEMMs
-  lose whole waves (a 3.9-wave GEMM becoming 5.6 waves takes 6 / 4 of its time);
+- **GEMMs** run in waves of CTAs, one tile each. A resident copy CTA takes
+  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them: ``lost`` of ``S`` SMs taken, the
+  tiles spread over the rest, ``S / (S - lost) - 1``; and each of a GEMM's ``ceil(t /
+  (S - lost))`` waves waits for its slowest tile, one beside a copy CTA that runs
+  ``straggle_h2d`` (``_d2h``) slower: ``straggle / waves`` (``gemm_loss``). A GEMM of
+  one wave, a decode batch's small M, takes the whole straggle; a prefill chunk's, of
+  many waves, a share of it. The step's GEMMs (one layer's projections at the step's M)
+  are weighted by their FLOPs;
 - **HBM reads** run as many small CTAs: a copy CTA takes its share of an SM's slots
-  (``cta_sm_share_*``, about its threads over the SM's), the reads the rest, ``S / (S -
-  lost)``; and the copies' own HBM bytes take ``hbm_weight`` of theirs from the reads'
-  rate: ``x / (1 - x)`` with ``x = hbm_weight x copy_Bps / hbm_Bps``;
-- both: ``copy_engine_slowdown`` while any copy-engine copy moves bytes (the engines'
-  own memory traffic and descriptor reads), and the HBM term above with the kind's own
-  weight.
+  (``cta_sm_share_*``), the reads the rest, ``S / (S - lost)``;
+- both: the copies' HBM bytes take ``hbm_weight`` (a byte read from HBM) and
+  ``hbm_write_weight`` (a byte written into it) of theirs from the work's rate: ``x / (1
+  - x)`` with ``x = (weight x read_Bps + write weight x written_Bps) / hbm_Bps``;
+  ``copy_engine_slowdown`` while any copy-engine copy moves bytes; ``issue_slowdown``
+  times the share of calls issuing host-bound pages (``issue_share``: the GPU's front
+  end takes in their command stream beside the compute's launches). Each with the
+  kind's own terms (a fit gives GEMMs no read weight, reads no straggle).
 
-A step's stretch is ``share x gemm + (1 - share) x memory``: the stand-in runs its two
-parts one after the other, each slowed by its own kind while the load holds. With no
-copy in flight every term is 0.0 exactly. A compute without a ``StepWork`` (a load of
-the SMs alone: the hw backend's FMA kernel) keeps the older model's terms
-(``sm_kernel_slowdown`` per ``sm_kernel_ctas`` CTAs, ``copy_engine_slowdown``),
-measured against such a kernel.
+A step's stretch under a load over all of it is ``share x gemm + (1 - share) x memory``
+(``stretch``): the stand-in runs its two parts one after the other, each slowed by its
+own kind while the load holds (the sim's job keeps the parts apart: ``MixTable.parts``).
+With no copy in flight and no call issuing every term is 0.0 exactly. A compute without
+a ``StepWork`` (a load of the SMs alone: the hw backend's FMA kernel) keeps the older
+model's terms (``sm_kernel_slowdown`` per ``sm_kernel_ctas`` CTAs,
+``copy_engine_slowdown``), measured against such a kernel.
 """
 
 from __future__ import annotations
