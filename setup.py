@@ -26,7 +26,7 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 CORE = ["retained", "eviction", "keys", "manager", "queries", "pages", "destinations", "plan", "commits", "request",
         "spec", "stats", "tiers", "tree", "types"]
 ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "stages", "compute"]
-SIM = ["backend", "fluid", "runtime", "transfer", "servers"]
+SIM = ["backend", "fluid", "runtime", "transfer", "servers", "stepjob"]
 
 
 def _compiled():

@@ -25,7 +25,13 @@ Last line: ``hw_interference_sim_within: K of N``.
 
     python3 benchmarks/hw_interference.py [--json OUT] [--full] [--part K/N] [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
-    python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P]
+    python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit]
+
+``--fit`` (with ``--sim-from``): the structural terms fitted to the cells
+(``kvsim.tools.fitkinds``, as ``kvsim calibrate`` fits them), printed as the profile's
+``sm.interference`` keys, and the table on them; then the check against overfitting: the
+terms fitted to each half of the cells (alternate cells) predict the other half,
+``hw_interference_heldout_within: K of N``.
 
 On a machine without a GPU (``--device cpu``, the default there) the cells run on numpy
 (the compute a wait, the copies tiny): a smoke test of the plumbing, the hw columns n/a,
@@ -46,7 +52,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, install
 from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim.tools.fitkinds import KIND_MODEL, kind_works  # noqa: E402
+from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
 from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells  # noqa: E402
 
 PROFILE = "h200-pcie-calibrated"
@@ -91,6 +97,41 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
     return sum(good.values()), sum(seen.values())
 
 
+def with_terms(profile, terms: dict):
+    """``profile`` with ``sm.interference`` keys ``terms`` (``fit_interference``'s)."""
+    d = profile.model_dump()
+    d["sm"]["interference"].update(terms)
+    return type(profile).model_validate(d)
+
+
+def fit_report(rows: list[dict], profile) -> tuple[object, int, int]:
+    """The terms fitted to ``rows`` (printed), the profile with them; then each half of
+    the cells predicted by the terms fitted to the other: (that profile, within, cells)
+    of the held-out halves."""
+    terms, why = fit_interference(rows, profile)
+    if not terms:
+        raise ValueError("--fit: too few cells of the gemm or memory kind")
+    print("\n# sm.interference terms fitted to the cells")
+    for kind, t in terms.items():
+        print(f"    {kind}:  # {why['sm.interference.' + kind]}")
+        for k, v in t.items():
+            print(f"      {k}: {v:g}")
+    good = seen = 0
+    per: dict[str, list[int]] = {k: [0, 0] for k in KINDS}
+    for test, train in ((rows[0::2], rows[1::2]), (rows[1::2], rows[0::2])):
+        half = with_terms(profile, fit_interference(train, profile)[0])
+        for r in test:
+            ok = within(r["stretch"], r["spread"], predict_cell(half, r)[0])
+            per[r["kind"]][0] += ok
+            per[r["kind"]][1] += 1
+            good += ok
+            seen += 1
+    print("held out (fitted to alternate cells, predicting the others): "
+          + "; ".join(f"{k}: {a} of {b} within" for k, (a, b) in per.items() if b))
+    print(f"hw_interference_heldout_within: {good} of {seen}")
+    return with_terms(profile, terms), good, seen
+
+
 def _load(paths) -> list[dict]:
     rows = []
     for p in paths:
@@ -121,7 +162,11 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None, help="write every cell here")
     ap.add_argument("--sim-from", default=None, nargs="+", metavar="JSON",
                     help="measure nothing: the table of saved runs (merged), the sim on --profile")
+    ap.add_argument("--fit", action="store_true", help="with --sim-from: fit the structural "
+                    "terms to the cells, predict with them, and check them on held-out halves")
     a = ap.parse_args(argv)
+    if a.fit and not a.sim_from:
+        ap.error("--fit: only with --sim-from (saved cells)")
     try:
         profile = load_profile(a.profile)
     except ProfileError as e:
@@ -129,6 +174,8 @@ def main(argv=None) -> None:
     if a.sim_from:
         try:
             rows = _load(a.sim_from)
+            if a.fit:
+                profile = fit_report(rows, profile)[0]
         except ValueError as e:
             ap.error(str(e))
         good, n = report(rows, profile)

@@ -1,18 +1,19 @@
 """The structural interference model (kvsim.core.datapath.interference) by hand, and the
-sim's compute under it: a GEMM step loses waves to the SMs copy CTAs take, an HBM-bound
-step loses SM slots and HBM bytes, a mixed step both in proportion, a compute of the SMs
-alone keeps the older per-CTA terms; compute_ahead still predicts compute() exactly."""
+sim's compute under it: a GEMM step loses the SMs copy CTAs take and waits for its
+stragglers, an HBM-bound step loses SM slots and HBM bytes (written bytes by their own
+weight), a mixed step runs its GEMMs then its reads, each at its kind's stretch, copy-engine
+calls issuing host-bound pages cost their term, a compute of the SMs alone keeps the older
+per-CTA terms; compute_ahead still predicts compute() exactly."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
 from conftest import round_profile
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.interference import (IDLE, CopyLoad, KindTerms, MixTable, Structure,
-                                              legacy_stretch, wave_stretch)
+                                              gemm_loss, issue_share, legacy_stretch)
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
@@ -26,15 +27,24 @@ import numpy as np
 KiB = 1 << 10
 
 
-def test_waves_of_a_gemm_on_the_sms_left():
-    # 2048 tiles on 132 SMs: 16 waves; 40 SMs taken: ceil(2048 / 92) = 23 waves
-    assert wave_stretch([(2048, 1.0)], 132, 40.0) == pytest.approx(23 / 16 - 1)
-    # a small GEMM of 512 tiles: 4 waves become 6 (its last wave is a whole one)
-    assert wave_stretch([(512, 1.0)], 132, 40.0) == pytest.approx(6 / 4 - 1)
-    # two GEMMs weighted by their FLOPs (3:1)
-    assert wave_stretch([(2048, 3.0), (512, 1.0)], 132, 40.0) == pytest.approx(
-        (3 * 23 / 16 + 1 * 6 / 4) / 4 - 1)
-    assert wave_stretch([(2048, 1.0)], 132, 0.0) == 0.0
+def test_a_gemm_loses_the_sms_taken_and_waits_for_its_stragglers():
+    # 40 of 132 SMs taken: the tiles spread over 92
+    assert gemm_loss([(2048, 1.0)], 132, 40.0) == pytest.approx(132 / 92 - 1)
+    # a tile beside a copy CTA runs 1.5x slower: each of the 23 waves waits for one
+    assert gemm_loss([(2048, 1.0)], 132, 40.0, 0.5) == pytest.approx(132 / 92 - 1 + 0.5 / 23)
+    # a GEMM of one wave (a small M) waits for all of it
+    assert gemm_loss([(48, 1.0)], 132, 0.0, 0.5) == pytest.approx(0.5)
+    # two GEMMs: their straggle weighted by their FLOPs (3:1)
+    assert gemm_loss([(2048, 3.0), (48, 1.0)], 132, 40.0, 0.5) == pytest.approx(
+        132 / 92 - 1 + 0.5 * (3 / 23 + 1 / 1) / 4)
+    assert gemm_loss([(2048, 1.0)], 132, 0.0) == 0.0
+
+
+def test_the_issue_share_is_the_host_time_beyond_the_bytes():
+    # 16 KiB at 53.9 GB/s: 0.30 us of bytes against 5.18 us of the driver's a page
+    assert issue_share(5.178e-6, 16384, 53.89e9) == pytest.approx(1 - 16384 / 53.89e9 / 5.178e-6)
+    assert issue_share(0.36e-6, 65536, 53.89e9) == 0.0  # the link the slower: none
+    assert issue_share(0.0, 16384, 53.89e9) == 0.0
 
 
 S = Structure(sms=132, hbm_Bps=4e12, tile=(128, 256),
@@ -49,13 +59,13 @@ def test_each_kind_by_its_structure():
     load = CopyLoad(ctas_h2d=36, ctas_d2h=14, copy_engine=False, hbm_Bps=60e9)
     lost_g = 0.25 * 36 + 1.0 * 14                               # 23 SMs
     hbm_g = 0.5 * 60e9 / 4e12
-    gemm = math.ceil(2048 / (132 - lost_g)) / 16 - 1 + hbm_g / (1 - hbm_g)
+    gemm = 132 / (132 - lost_g) - 1 + hbm_g / (1 - hbm_g)
     assert S.gemm_stretch([(2048, 1.0)], load) == pytest.approx(gemm)
     lost_m = 0.0625 * 50                                        # 3.125 SMs of slots
     hbm_m = 60e9 / 4e12
     memory = 132 / (132 - lost_m) - 1 + hbm_m / (1 - hbm_m)
     assert S.memory_stretch(load) == pytest.approx(memory)
-    # a step of share 0.3 runs its GEMMs and its reads one after the other
+    # a step of share 0.3 under the load over all of it: its parts by their shares
     assert S.stretch(0.3, [(2048, 1.0)], load) == pytest.approx(0.3 * gemm + 0.7 * memory)
     # the copy engine alone: its constant and the HBM its bytes take
     ce = CopyLoad(copy_engine=True, hbm_Bps=50e9)
@@ -132,8 +142,8 @@ READS = StepWork(0.001, 0.0, 0.0, 1.0, 0.0, 0, 4, 0.0, 0.001)      # all reads
 MIXED = StepWork(0.001, 1.0, 0.0, 1.0, 0.0, 512, 0, 0.0005, 0.0005)  # half and half
 
 
-def test_a_gemm_step_loses_waves_to_the_copy_kernels_ctas():
-    """4 copy CTAs hold 4 of the 8 SMs: the GEMM's 16 tiles take 4 waves, not 2."""
+def test_a_gemm_step_loses_the_sms_the_copy_kernels_ctas_take():
+    """4 copy CTAs hold 4 of the 8 SMs: the GEMM runs on the other 4, at half its rate."""
     rt, be = _backend()
     assert _took(be, rt, GEMM) == pytest.approx(0.002, rel=1e-12)
 
@@ -147,7 +157,7 @@ def test_a_read_step_loses_sm_slots_and_hbm_bytes():
     assert _took(be, rt, READS) == pytest.approx(0.001 * (1 + s), rel=1e-12)
 
 
-def test_a_mixed_step_is_stretched_by_both_in_proportion():
+def test_a_mixed_step_under_a_load_over_all_of_it_is_stretched_by_both_in_proportion():
     rt, be = _backend()
     x = 20e9 / 2e12
     s = 0.5 * 1.0 + 0.5 * (8 / 7 - 1 + x / (1 - x))
@@ -213,3 +223,96 @@ def test_the_mix_tables_kept_parts_give_the_structures_floats():
             from kvsim.core.datapath.work import gemm_share
             want = S.stretch(gemm_share(w), t.gemms_for(w), load)
             assert t.stretch(w, load).hex() == want.hex()
+
+
+def test_written_bytes_stragglers_and_issuing_by_their_own_terms():
+    s = Structure(132, 4e12, (128, 256),
+                  gemm=KindTerms(0.0, 0.0, 0.0, 0.0, straggle_h2d=0.1, straggle_d2h=1.0,
+                                 hbm_write_weight=2.0, issue_slowdown=0.2),
+                  memory=KindTerms(0.0, 1.0, 0.0, 1.0, hbm_write_weight=5.0, issue_slowdown=0.05))
+    load = CopyLoad(0, 14, False, 60e9, 20e9)  # 14 CTAs GPU -> host; 20 of 60 GB/s written
+    x = 2.0 * 20e9 / 4e12                      # the GEMMs' HBM share: written bytes only
+    assert s.gemm_stretch([(48, 1.0)], load) == pytest.approx(1.0 + x / (1 - x))
+    x = (40e9 + 5.0 * 20e9) / 4e12
+    assert s.memory_stretch(load) == pytest.approx(132 / 118 - 1 + x / (1 - x))
+    # calls issuing host-bound pages: their share, at most a whole one
+    assert s.gemm_stretch([(48, 1.0)], CopyLoad(issue=0.5)) == pytest.approx(0.1)
+    assert s.memory_stretch(CopyLoad(issue=2.0)) == pytest.approx(0.05)
+    assert not CopyLoad(issue=0.5).idle
+
+
+def _fluid(issue=0.0):
+    import simpy
+
+    from kvsim_backends.sim.fluid import Fluid
+
+    st = Structure(8, 2e12, (128, 256), gemm=KindTerms(1.0, 1.0, 0.0, 0.0, issue_slowdown=issue),
+                   memory=KindTerms(0.5, 0.5, 0.0, 0.0))
+    env = simpy.Environment()
+    f = Fluid(env, {"h2d": 1e9}, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
+              busy_cta_efficiency=1.0, kinds=MixTable(st, ((256, 1024),), 128, 8192))
+    return env, f
+
+
+HALF = StepWork(0.002, 1.0, 0.0, 1.0, 0.0, 512, 0, 0.001, 0.001)  # 1 ms GEMMs, then 1 ms reads
+
+
+def _run(env, f, work, flow_at, flow_bytes):
+    out = {}
+
+    def job():
+        out["took"] = yield f.add_job(0.002, work)
+
+    def flow():
+        yield env.timeout(flow_at)
+        yield f.add_flow(flow_bytes, ("h2d",), ctas=4)
+    env.process(job())
+    env.process(flow())
+    env.run()
+    return out["took"]
+
+
+def test_a_step_runs_its_gemms_then_its_reads_each_at_its_kinds_stretch():
+    """4 copy CTAs: GEMMs lose 4 of 8 SMs (1.0), reads 2 of 8 slots (1/3). A 1 ms copy
+    from the start slows only the GEMMs (0.5 ms of them done); one from 1.5 ms, only the
+    reads left (0.5 ms at 4/3)."""
+    env, f = _fluid()
+    assert _run(env, f, HALF, 0.0, 1e6) == pytest.approx(0.001 + 0.0005 + 0.001, rel=1e-12)
+    env, f = _fluid()
+    assert _run(env, f, HALF, 0.0015, 1e6) == pytest.approx(0.0015 + 0.0005 * 4 / 3, rel=1e-12)
+
+
+def test_copy_engine_calls_issuing_stretch_a_step_while_they_issue():
+    env, f = _fluid(issue=0.2)
+    out = {}
+    gemm_only = StepWork(0.001, 1.0, 0.0, 0.0, 0.0, 512, 0, 0.001, 0.0)
+
+    def job():
+        out["took"] = yield f.add_job(0.001, gemm_only)
+
+    def issue():
+        f.issue(0.5, True)
+        yield env.timeout(0.00055)  # 0.5 ms of work at 1.1
+        f.issue(0.5, False)
+    env.process(issue())
+    env.process(job())
+    env.run()
+    assert out["took"] == pytest.approx(0.00105, rel=1e-12)
+    assert f.load is IDLE
+
+
+def test_the_sim_backends_copy_engine_calls_issue_by_their_host_bound_share():
+    """20 us a page of 256 KiB (5.2 us of bytes at 50 GB/s): a GEMM step beside the
+    call's host time pays the issue term times that share."""
+    d = _profile().model_dump()
+    d["copy_engine"]["per_page"] = 20e-6
+    d["sm"]["interference"]["gemm"]["issue_slowdown"] = 0.3
+    prof = type(_profile()).model_validate(d)
+    rt = SimRuntime()
+    st = settings_for(256 * KiB, {Level.GPU: 2048, Level.HOST: 2048}, prof,
+                      copy_path=CopyPath.COPY_ENGINE.value, sm_ctas=4)
+    st = dataclasses.replace(st, model=ModelSettings(((256, 1024),)))
+    be = SimBackend(rt, st)
+    share = 1 - 256 * KiB / prof.link.h2d / 20e-6
+    assert be.issue_share["h2d"] == pytest.approx(share)
+    assert _took(be, rt, GEMM) == pytest.approx(0.001 * (1 + 0.3 * share), rel=1e-12)

@@ -161,16 +161,27 @@ class KindSpec(_Frozen):
     takes from the work's CTAs while it moves bytes (a GEMM's CTAs fill an SM: about 1; a
     memory-bound kernel's small CTAs leave room: about the copy CTA's threads over the
     SM's); ``copy_engine_slowdown``, the stretch while a copy-engine copy moves bytes;
-    ``hbm_weight``, the HBM bytes a copied byte takes from the work's reads (1: one)."""
+    ``hbm_weight``, the HBM bytes a copied byte read from HBM takes from the work's reads
+    (1: one), ``hbm_write_weight`` a byte written into HBM (default: ``hbm_weight``);
+    ``straggle_h2d`` / ``_d2h``, how much slower a GEMM CTA runs beside a copy CTA of
+    that direction (each GEMM wave waits for it: GEMMs only; default 0);
+    ``issue_slowdown``, the stretch while copy-engine calls issue pages host-bound (small
+    pages; default 0)."""
 
     cta_sm_share_h2d: Annotated[float, Field(ge=0)]
     cta_sm_share_d2h: Annotated[float, Field(ge=0)]
     copy_engine_slowdown: Slowdown
     hbm_weight: Annotated[float, Field(ge=0)] = 1.0
+    hbm_write_weight: Annotated[float, Field(ge=0)] | None = None
+    straggle_h2d: Annotated[float, Field(ge=0)] = 0.0
+    straggle_d2h: Annotated[float, Field(ge=0)] = 0.0
+    issue_slowdown: Annotated[float, Field(ge=0)] = 0.0
 
     def terms(self) -> KindTerms:
         return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
-                         self.copy_engine_slowdown, self.hbm_weight)
+                         self.copy_engine_slowdown, self.hbm_weight,
+                         self.straggle_h2d, self.straggle_d2h, self.hbm_write_weight,
+                         self.issue_slowdown)
 
 
 class InterferenceSpec(_Frozen):

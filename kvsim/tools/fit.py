@@ -21,16 +21,11 @@ value came from; its docstring says why each term has the form it has.
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 
-import numpy as np
-
-from kvsim.core.datapath.work import StepWork
-from kvsim.core.spec import Level
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitdriver import fit_driver
-from kvsim.tools.fitkinds import cell_work, fit_interference
-from kvsim.tools.measured import Measured, batch
+from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
+from kvsim.tools.measured import Measured
 
 KiB, MiB = 1 << 10, 1 << 20
 DIRS = ("h2d", "d2h", "both")
@@ -243,55 +238,9 @@ def _fit_latency(m: Measured, d: dict, why: dict[str, str], ce_path: str) -> Non
                                   "(measured - sim without it) over the cells")
 
 
-def _cell_batches(c: dict) -> list[tuple[str, int]]:
-    """(direction, pages) of each batch a measured cell ran at once."""
-    if c.get("batches"):
-        return [(str(dr), int(k)) for dr, k in c["batches"]]
-    if c["dir"] == "both":
-        h = c["pages"] // 2
-        return [("h2d", h), ("d2h", c["pages"] - h)]
-    return [(c["dir"], c["pages"])]
-
-
 def _sim_seconds(profile: HardwareProfile, c: dict) -> float:
     """Seconds the sim backend takes for a measured cell's batches, started together."""
     return sim_cell(profile, c)[0]
-
-
-def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
-             work: StepWork | None = None) -> tuple[float, float | None]:
-    """(seconds the sim backend takes for a measured cell's batches, started together;
-    seconds a compute of ``compute_s`` (of ``work``: a step's, or None: the SMs alone)
-    started just before them took, None without one): the copy time counts from the start
-    to the last batch's completion, the compute's as the hw backend's (its GPU time: the
-    stretch of copies' interference, not the backend's fixed latency per call). A cell's
-    ``projections`` (where it has them) are the GEMMs the hw stand-in ran."""
-    from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
-    from kvsim.run.seam import settings_for  # noqa: PLC0415
-
-    pb = c["page"]
-    batches = _cell_batches(c)
-    # a cell's path: one of the two, or "default" (the rule's own choice, batch by batch)
-    path = {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
-    n = sum(k for _, k in batches)
-    log: list = []
-    st = settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
-                      copy_path=path, compute_log=log)
-    if c.get("projections"):
-        st = replace(st, model=replace(st.model, projections=tuple(tuple(x) for x in c["projections"])))
-    rt, be = sim_backend(st)
-    job = be.compute(compute_s, work) if compute_s > 0 else None
-    idx, a, evs = np.arange(n), 0, []
-    for dr, k in batches:
-        src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
-        evs.append(be.transfer(batch(src, dst, idx[a:a + k], idx[a:a + k], pb)))
-        a += k
-    rt.run(rt.all_of(evs))
-    copy_s = rt.now
-    if job is None:
-        return copy_s, None
-    rt.run(job)
-    return copy_s, float(log[-1][2])
 
 
 def predict_cell(profile: HardwareProfile, row: dict, nominal: bool = False) -> tuple[float, float]:

@@ -5,29 +5,35 @@
 
 Pure of the hw backend: cells come in as dicts (a saved run's, or ``Measured``'s).
 
-The fit: from each cell, the slowdown ``s`` compute ran at while the copy moved bytes
-(the sim's fluid: compute progresses at ``1 / (1 + s)`` then). The window is the copy's
-measured time from the compute's start: a copy that outlasts the compute stretched all of
-it (``s`` = the stretch); a shorter one stretched its own time (``took = alone + copy x s
-/ (1 + s)``). The load is the cell's: its SM copy CTAs per direction, whether the copy
-engine moved bytes, its bytes over its time through HBM. A kind's terms are then the
-least squares over its cells of ``s`` against the model's ``share x gemm + (1 - share) x
-memory``: the SM shares of a copy CTA by direction on a grid (the waves make the model a
-step function of them), the copy-engine and HBM terms by non-negative linear least
-squares at each grid point. The HBM-bound cells fit ``memory`` first (their GEMM share is
-small), then the GEMM cells fit ``gemm`` with it, twice round.
+The fit predicts each cell as the sim does, fast: the sim backend runs the cell's copy
+once beside a compute that outlasts it (``sim_cell``'s ``load_log``: the ``CopyLoad``
+the copies take, piece by piece: the copy-engine calls' issuing, then their bytes; the SM
+kernel's CTAs from its busy start); the copies' timing does not depend on the terms. The
+cell's step then runs through those pieces as the fluid runs it (its GEMMs first, then
+its reads, each part at its own kind's stretch under each piece's load), for terms
+``FITTED``; the rest of a kind's terms stay 0 (a GEMM's HBM weights: compute-bound; a
+read's straggle: no waves). The terms minimise, over all cells of the three kinds
+together (the mixed step is its two parts), a robust loss of the error in units of the
+cell's tolerance (10% of hw's stretch, or hw's own spread where wider, as
+``benchmarks/hw_interference.py`` counts a cell within): squared within 2 tolerances,
+linear beyond, so that a few cells far off (power-bound GEMM chains, reps that
+disagree) do not pull the rest. Nelder-Mead from two starts, the terms kept >= 0.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 import numpy as np
 
 from kvsim.config.hardware import HardwareProfile
-from kvsim.core.datapath.interference import CopyLoad, KindTerms, MixTable, Structure
+from kvsim.core.datapath.interference import IDLE, KindTerms, MixTable, Structure
 from kvsim.core.datapath.work import StepWork, gemm_share
+from kvsim.core.spec import Level
 from kvsim.settings import ModelSettings
+from kvsim.tools.measured import batch
 
-SHARES = tuple(round(0.025 * i, 4) for i in range(61))  # the grid of a copy CTA's SM share: 0-1.5
 MIN_CELLS = 3  # a kind is fitted from at least this many cells
 
 
@@ -50,30 +56,120 @@ def cell_work(row: dict) -> StepWork:
     return StepWork(*row["work"])
 
 
-def cell_load(row: dict) -> CopyLoad:
-    """What the cell's copy took while it ran: SM copy CTAs per direction (the SM kernel's
-    ``ctas`` for each of its batches), the copy engine, its bytes over its time."""
-    h2d = d2h = 0
-    sm = row["path"] == "sm_kernel"
-    for d, _ in row["batches"]:
-        if sm:
-            n = int((row.get("ctas") or {}).get(d, 0))
-            if d == "h2d":
-                h2d += n
-            else:
-                d2h += n
-    copy_s = row["copy_s"]
-    return CopyLoad(h2d, d2h, not sm, row["bytes"] / copy_s if copy_s > 0 else 0.0)
+def _cell_batches(c: dict) -> list[tuple[str, int]]:
+    """(direction, pages) of each batch a measured cell ran at once."""
+    if c.get("batches"):
+        return [(str(dr), int(k)) for dr, k in c["batches"]]
+    if c["dir"] == "both":
+        h = c["pages"] // 2
+        return [("h2d", h), ("d2h", c["pages"] - h)]
+    return [(c["dir"], c["pages"])]
 
 
-def observed_slowdown(row: dict) -> float:
-    """The slowdown the compute ran at while the copy moved bytes (see the module docstring)."""
-    alone, took, copy_s = row["alone_s"], row["with_s"], row["copy_s"]
-    if copy_s >= took or copy_s <= 0:
-        return took / alone - 1.0
-    x = (took - alone) / copy_s
-    x = min(x, 0.9)
-    return x / (1.0 - x)
+def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
+             work: StepWork | None = None, load_log: list | None = None) -> tuple[float, float | None]:
+    """(seconds the sim backend takes for a measured cell's batches, started together;
+    seconds a compute of ``compute_s`` (of ``work``: a step's, or None: the SMs alone)
+    started just before them took, None without one): the copy time counts from the start
+    to the last batch's completion, the compute's as the hw backend's (its GPU time: the
+    stretch of copies' interference, not the backend's fixed latency per call). A cell's
+    ``projections`` (where it has them) are the GEMMs the hw stand-in ran. ``load_log``:
+    gets each (time, ``CopyLoad``) the copies took from compute, as they changed."""
+    from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
+    from kvsim.run.seam import settings_for  # noqa: PLC0415
+
+    pb = c["page"]
+    batches = _cell_batches(c)
+    # a cell's path: one of the two, or "default" (the rule's own choice, batch by batch)
+    path = {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
+    n = sum(k for _, k in batches)
+    log: list = []
+    st = settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
+                      copy_path=path, compute_log=log)
+    if c.get("projections"):
+        st = replace(st, model=replace(st.model, projections=tuple(tuple(x) for x in c["projections"])))
+    rt, be = sim_backend(st)
+    if load_log is not None:
+        be.fluid.load_log = load_log
+    job = be.compute(compute_s, work) if compute_s > 0 else None
+    idx, a, evs = np.arange(n), 0, []
+    for dr, k in batches:
+        src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
+        evs.append(be.transfer(batch(src, dst, idx[a:a + k], idx[a:a + k], pb)))
+        a += k
+    rt.run(rt.all_of(evs))
+    copy_s = rt.now
+    if job is None:
+        return copy_s, None
+    rt.run(job)
+    return copy_s, float(log[-1][2])
+
+
+FITTED = {"gemm": ("cta_sm_share_h2d", "cta_sm_share_d2h", "straggle_d2h", "issue_slowdown",
+                  "hbm_write_weight"),
+          "memory": ("cta_sm_share_h2d", "cta_sm_share_d2h", "hbm_weight", "hbm_write_weight")}
+KEYS = ("cta_sm_share_h2d", "cta_sm_share_d2h", "copy_engine_slowdown", "hbm_weight",
+        "straggle_h2d", "straggle_d2h", "hbm_write_weight", "issue_slowdown")  # KindTerms' order
+LONG_S = 10.0  # the compute beside which a cell's loads are read: longer than any copy
+
+
+class Cell:
+    """A measured cell as the fit sees it: its step's nominal seconds and GEMM share,
+    its GEMMs, the loads its copy took (from, load) in order, hw's stretch and tolerance."""
+
+    def __init__(self, profile: HardwareProfile, row: dict):
+        structure = _structure(profile, ZERO, ZERO)
+        w = cell_work(row)
+        self.share, self.gemms = _mix(row, structure)
+        self.seconds = row["compute_s"] * profile.compute.scale
+        log: list = []
+        sim_cell(profile, row, LONG_S, w, load_log=log)
+        self.loads = log
+        self.kind = row["kind"]
+        self.hw = float(row["stretch"])
+        self.tol = max(0.10 * abs(self.hw), float(row.get("spread", 0.0)))
+
+    def stretch(self, s: Structure) -> float:
+        """The step's stretch under the cell's loads with ``s``'s terms (as the fluid
+        runs it: its GEMM part first, then its reads; unslowed before the first load)."""
+        g_left = self.seconds * self.share
+        m_left = self.seconds - g_left
+        t = 0.0
+        segs = [(0.0, IDLE)] + self.loads
+        for i, (_, ld) in enumerate(segs):
+            end = segs[i + 1][0] if i + 1 < len(segs) else math.inf
+            if end <= t:
+                continue
+            sg = sm = 0.0
+            if not ld.idle:
+                sg = s.gemm_stretch(self.gemms, ld) if g_left > 0 else 0.0
+                sm = s.memory_stretch(ld) if m_left > 0 else 0.0
+            span = end - t
+            if g_left > 0:
+                need = g_left * (1.0 + sg)
+                if need >= span:
+                    g_left -= span / (1.0 + sg)
+                    t = end
+                    continue
+                t += need
+                g_left = 0.0
+                span = end - t
+            need = m_left * (1.0 + sm)
+            if need >= span:
+                m_left -= span / (1.0 + sm)
+                t = end
+                continue
+            return (t + need) / self.seconds - 1.0
+        return t / self.seconds - 1.0
+
+
+ZERO = KindTerms(0.0, 0.0, 0.0, 0.0)
+
+
+def _structure(profile: HardwareProfile, gemm: KindTerms, memory: KindTerms) -> Structure:
+    g = profile.gpu
+    return Structure(profile.sm.count, g.hbm * g.decode_efficiency,
+                     tuple(profile.sm.interference.gemm_tile), gemm, memory)  # type: ignore[arg-type]
 
 
 def _mix(row: dict, structure: Structure):
@@ -83,84 +179,104 @@ def _mix(row: dict, structure: Structure):
     return gemm_share(w), t.gemms_for(w)
 
 
-def _with(structure: Structure, **kinds) -> Structure:
-    return Structure(structure.sms, structure.hbm_Bps, structure.tile,
-                     kinds.get("gemm", structure.gemm), kinds.get("memory", structure.memory))
+def _terms(kind: str, x) -> KindTerms:
+    d = dict.fromkeys(KEYS, 0.0)
+    d.update({k: abs(float(v)) for k, v in zip(FITTED[kind], x)})
+    return KindTerms(*[d[k] for k in KEYS])
 
 
-def _nnls2(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """min |c1 a + c2 b - y| with c1, c2 >= 0 (two columns: every active set tried)."""
-    best, out = None, (0.0, 0.0)
-    for cols in ((0, 1), (0,), (1,), ()):
-        m = np.stack([(a, b)[c] for c in cols], axis=1) if cols else np.zeros((len(y), 0))
-        coef = np.linalg.lstsq(m, y, rcond=None)[0] if cols else np.zeros(0)
-        if (coef < 0).any():
-            continue
-        full = [0.0, 0.0]
-        for c, v in zip(cols, coef):
-            full[c] = float(v)
-        err = float(np.sum((full[0] * a + full[1] * b - y) ** 2))
-        if best is None or err < best:
-            best, out = err, (full[0], full[1])
+def _split(x):
+    n = len(FITTED["gemm"])
+    return _terms("gemm", x[:n]), _terms("memory", x[n:])
+
+
+def loss(cells: list[Cell], s: Structure) -> float:
+    """The robust loss of ``s`` over ``cells`` (see the module docstring)."""
+    out = 0.0
+    for c in cells:
+        z = abs(c.stretch(s) - c.hw) / max(c.tol, 0.003)
+        out += z * z if z < 1.0 else 2.0 * z - 1.0
     return out
 
 
-def _fit_kind(kind: str, rows: list[dict], structure: Structure) -> tuple[KindTerms, float]:
-    """``kind``'s terms from ``rows`` with the other kind's as ``structure`` has them;
-    (terms, root-mean-square error of the slowdown)."""
-    obs = np.array([observed_slowdown(r) for r in rows])
-    loads = [cell_load(r) for r in rows]
-    mixes = [_mix(r, structure) for r in rows]
-    own = np.array([g if kind == "gemm" else 1.0 - g for g, _ in mixes])
-    zero = KindTerms(0.0, 0.0, 0.0, 0.0)
-    ce = np.array([1.0 if ld.copy_engine else 0.0 for ld in loads]) * own
+def _nelder_mead(f, x0: np.ndarray, step: float, iters: int) -> tuple[np.ndarray, float]:
+    n = len(x0)
+    pts = [x0.copy()] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    vals = [f(p) for p in pts]
+    for _ in range(iters):
+        order = np.argsort(vals, kind="stable")
+        pts = [pts[i] for i in order]
+        vals = [vals[i] for i in order]
+        c = np.mean(pts[:-1], axis=0)
+        xr = c + (c - pts[-1])
+        fr = f(xr)
+        if fr < vals[0]:
+            xe = c + 2.0 * (c - pts[-1])
+            fe = f(xe)
+            pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < vals[-2]:
+            pts[-1], vals[-1] = xr, fr
+        else:
+            xc = c + 0.5 * (pts[-1] - c)
+            fc = f(xc)
+            if fc < vals[-1]:
+                pts[-1], vals[-1] = xc, fc
+            else:
+                pts = [pts[0] + 0.5 * (p - pts[0]) for p in pts]
+                vals = [f(p) for p in pts]
+    i = int(np.argmin(vals))
+    return pts[i], vals[i]
+
+
+def fit_cells(cells: list[Cell], profile: HardwareProfile) -> tuple[KindTerms, KindTerms, float]:
+    """(GEMM terms, memory terms, loss) fitted to ``cells``."""
+    def f(x) -> float:
+        return loss(cells, _structure(profile, *_split(x)))
+    n = len(FITTED["gemm"]) + len(FITTED["memory"])
     best = None
-    for sh in SHARES:
-        for sd in SHARES:
-            s = _with(structure, **{kind: KindTerms(float(sh), float(sd), 0.0, 0.0)})
-            # one unit of HBM weight, small: its x / (1 - x) is linear to the precision here
-            base = np.array([s.stretch(g, gm, ld) for (g, gm), ld in zip(mixes, loads)])
-            hbm = np.array([ld.hbm_Bps / structure.hbm_Bps for ld in loads]) * own
-            c_ce, c_hbm = _nnls2(ce, hbm, obs - base)
-            err = float(np.sqrt(np.mean((base + c_ce * ce + c_hbm * hbm - obs) ** 2)))
-            if best is None or err < best[0] - 1e-12:
-                best = (err, KindTerms(float(sh), float(sd), c_ce, c_hbm))
-    if best is None:
-        return zero, float("nan")
-    return best[1], best[0]
+    for start in (0.3, 1.0):
+        x = np.full(n, start)
+        for step in (0.5, 0.1, 0.02):  # restarts, smaller: a simplex stalls
+            x, v = _nelder_mead(f, x, step, 150 * n)
+        if best is None or v < best[1]:
+            best = (x, v)
+    assert best is not None
+    g, m = _split(best[0])
+    return g, m, best[1]
+
+
+def within(cells: list[Cell], s: Structure) -> dict[str, tuple[int, int]]:
+    """Per kind, (cells the model puts within their tolerance, cells)."""
+    out: dict[str, list[int]] = {}
+    for c in cells:
+        k = out.setdefault(c.kind, [0, 0])
+        k[0] += abs(c.stretch(s) - c.hw) <= c.tol
+        k[1] += 1
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def _usable(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r.get("device", "gpu") == "gpu" and r["alone_s"] > 0]
 
 
 def fit_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     """(``sm.interference`` keys to set: ``gemm``, ``memory``; a comment per key) from the
-    measured cells ``rows`` (GPU cells of kinds ``gemm``, ``memory`` and ``mix``); {} where
-    a kind has fewer than ``MIN_CELLS`` cells. The base profile's terms (or, without them,
-    zero) start the alternation."""
-    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["alone_s"] > 0]
-    by = {k: [r for r in rows if r["kind"] == k] for k in ("gemm", "memory", "mix")}
-    if len(by["gemm"]) < MIN_CELLS or len(by["memory"]) < MIN_CELLS:
+    measured cells ``rows`` (GPU cells of kinds ``gemm``, ``memory`` and ``mix``) on the
+    sim of ``base`` (its links, per-page costs, busy start: the copies' timing); {} where
+    the gemm or memory kind has fewer than ``MIN_CELLS`` cells."""
+    rows = _usable(rows)
+    n = {k: sum(r["kind"] == k for r in rows) for k in ("gemm", "memory", "mix")}
+    if n["gemm"] < MIN_CELLS or n["memory"] < MIN_CELLS:
         return {}, {}
-    s = base.interference_structure()
-    if s is None:
-        zero = KindTerms(0.0, 0.0, 0.0, 0.0)
-        g = base.gpu
-        s = Structure(base.sm.count, g.hbm * g.decode_efficiency,
-                      tuple(base.sm.interference.gemm_tile), zero, zero)
-    errs = {}
-    for _ in range(2):
-        mem, errs["memory"] = _fit_kind("memory", by["memory"], s)
-        s = _with(s, memory=mem)
-        gem, errs["gemm"] = _fit_kind("gemm", by["gemm"], s)
-        s = _with(s, gemm=gem)
-    mix = by["mix"]
-    mix_err = (float(np.sqrt(np.mean([(s.stretch(*_mix(r, s), cell_load(r)) - observed_slowdown(r)) ** 2
-                                       for r in mix]))) if mix else None)
-    out = {}
-    why = {}
-    for kind, t in (("gemm", s.gemm), ("memory", s.memory)):
-        out[kind] = {"cta_sm_share_h2d": t.cta_sm_share_h2d, "cta_sm_share_d2h": t.cta_sm_share_d2h,
-                     "copy_engine_slowdown": t.copy_engine_slowdown, "hbm_weight": t.hbm_weight}
+    cells = [Cell(base, r) for r in rows]
+    g, m, _ = fit_cells(cells, base)
+    inside = within(cells, _structure(base, g, m))
+    counts = ", ".join(f"{k} {a} of {b}" for k, (a, b) in inside.items())
+    out, why = {}, {}
+    for kind, t in (("gemm", g), ("memory", m)):
+        out[kind] = {k: round(getattr(t, k), 4) for k in KEYS}
         why[f"sm.interference.{kind}"] = (
-            f"fitted: {len(by[kind])} {kind} cells (compute with copies, "
-            f"kvsim_backends.hw.interfere), rms error of the slowdown {errs[kind]:.4f}"
-            + (f"; {len(mix)} mix cells {mix_err:.4f}" if mix_err is not None and kind == "gemm" else ""))
+            f"fitted: {len(cells)} cells ({n['gemm']} gemm, {n['memory']} memory, {n['mix']} mix; "
+            f"kvsim_backends.hw.interfere), the terms {', '.join(FITTED[kind])}; within "
+            f"10% or hw's spread: {counts}")
     return out, why

@@ -22,7 +22,7 @@ import simpy
 
 from kvsim.core.datapath.copypath import CopyPath, direction_ctas, direction_paths, pinned_paths
 from kvsim.core.datapath.fill import FillLayout, registration_unit
-from kvsim.core.datapath.interference import MixTable
+from kvsim.core.datapath.interference import MixTable, issue_share
 from kvsim.core.datapath.pathcost import other_path, path_chooser
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind, Fill
@@ -97,6 +97,11 @@ class SimBackend(Transfers):
         self.paths = direction_paths(p, page_bytes, c.force, unit, host_slots,
                                      c.kernel_on_coherent_link)
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
+        # the host-bound share of a copy-engine call's issuing, by direction (the
+        # structural interference model's issue term; nothing without it)
+        self.issue_share = {d: (issue_share(self.per_page[d], page_bytes, getattr(link, d))
+                                if p.interference_structure() is not None else 0.0)
+                            for d in ("h2d", "d2h")}
         self.ctas = direction_ctas(c.sm_ctas, p)
         self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
         op = min(page_bytes, nv.piece)

@@ -10,21 +10,24 @@ a pipeline in steady state.
 
 Compute jobs progress at ``1 / (1 + slowdown)`` seconds of work per second. A job of a
 step's work (a ``StepWork``) on a profile with the structural model (``kinds``: a
-``kvsim.core.datapath.interference.MixTable``) has its own slowdown: its kinds of work
-against the ``CopyLoad`` the flows take (copy CTAs moving bytes per direction, copy-engine
-flows, bytes through HBM at the flows' rates). Any other job's slowdown (the older model,
+``kvsim.core.datapath.interference.MixTable``) runs its GEMMs, then its reads
+(``kvsim_backends.sim.stepjob``), each at its own kind's slowdown against the
+``CopyLoad`` the flows take (copy CTAs moving bytes per direction, copy-engine flows,
+bytes through HBM at the flows' rates, those written into HBM apart) and the copy-engine
+calls issuing their pages (``issue``). Any other job's slowdown (the older model,
 and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
 bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
 job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
 
 Invariants: rates (and so the load and every slowdown) change only when the set of flows
-changes, or when compute starts or stops while an SM copy kernel moves bytes; flows are
+changes, or when compute starts or stops while an SM copy kernel moves bytes (the load
+also when a copy-engine call starts or ends issuing); flows are
 brought up to date only then (piecewise constant in between), so a compute job that
 starts and ends while nothing else changes leaves the flows' arithmetic untouched. A job
 ends at ``start + work * (1 + slowdown)`` when its slowdown stays constant over it: the
 same expression ``ahead`` evaluates for a compute the engine runs ahead of the clock, so
 running ahead and stepping give the same floats. A job's slowdown is 0.0 exactly while no
-flow moves bytes; without ``kinds`` every job's is the older model's, as before them. Exactly one flow wake-up is live (older ones are
+flow moves bytes and no call issues; without ``kinds`` every job's is the older model's, as before them. Exactly one flow wake-up is live (older ones are
 no longer ``_pending`` and do nothing; ``drop_stale`` takes those at the head of the
 clock's queue off it, so they do not stop a run ahead); a flow completes at the wake-up
 that predicted its end, never earlier. Cost: O(1) SimPy events per flow or job plus one
@@ -42,6 +45,7 @@ from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_st
 from kvsim.core.datapath.work import StepWork
 
 from .runtime import Clock, Wake
+from .stepjob import Job
 
 _INF: Final = math.inf
 _ALLOC_CACHE_MAX: Final = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
@@ -62,20 +66,6 @@ class Flow:
         self.rate = 0.0
         self.done = done  # what to call when the bytes have moved
         self.sig = sig  # numbers (res, cap, ctas, ce): all its rate and the slowdown depend on
-
-
-class Job:
-    __slots__ = ("remaining", "since", "start", "done", "wake", "work", "slow")
-
-    def __init__(self, work_s: float, start: float, done: simpy.Event, work: StepWork | None,
-                 slow: float):
-        self.remaining = work_s  # seconds of work left at time ``since``
-        self.since = start
-        self.start = start
-        self.done = done
-        self.wake: Wake | None = None  # the live wake-up at its predicted end
-        self.work = work  # the step it computes (None: the SMs alone)
-        self.slow = slow  # its slowdown since ``since``
 
 
 class Fluid:
@@ -111,6 +101,11 @@ class Fluid:
         # signature is a small number (its position in ``_sigs``): a key of numbers hashes
         # fast, where nested tuples of names and floats would be hashed anew each time
         self._alloc_cache: dict[tuple, tuple[float, CopyLoad, tuple[float, ...]]] = {}
+        # (time, load) at each change of the flows' load while set (the fit of the model's
+        # terms reads a cell's loads from it: ``kvsim.tools.fitkinds``)
+        self.load_log: list[tuple[float, CopyLoad]] | None = None
+        self._issuing: list[float] = []  # copy-engine calls issuing: each one's host-bound share
+        self._issue = 0.0                # their sum (with ``kinds`` only)
         self._sigs: list[tuple] = []        # signature number -> (res, cap, ctas, ce)
         self._sig_of: dict[tuple, int] = {}  # (res, cap, ctas, ce) -> signature number
 
@@ -151,8 +146,8 @@ class Fluid:
             self.clock.succeed(done, 0.0)
             return done
         now = self.clock.now
-        job = Job(work_s, now, done, work, 0.0)
-        job.slow = self._slow_of(work)
+        job = Job(work_s, now, done, work, 0.0, self.kinds is not None)
+        self._set_slow(job)
         if not self.jobs:
             self._jobs_since = now
         self.jobs.append(job)
@@ -160,8 +155,25 @@ class Fluid:
             # compute starts: SM copy kernels drop to their busy rate
             self._sync_flows()
             self._realloc()
-        self._time_job(job)
+        # (at its start, the very float ``ahead`` gives for a load that holds over it)
+        left = work_s * (1.0 + self._slow_of(work))
+        job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
         return done
+
+    def issue(self, share: float, start: bool) -> None:
+        """A copy-engine call starts (``start``) or ends issuing its pages, of host-bound
+        share ``share`` (``kvsim.core.datapath.interference.issue_share``): while it
+        issues, the structural model's steps pay their kind's issue term. Nothing without
+        ``kinds`` or for a share of 0."""
+        if self.kinds is None or share <= 0.0:
+            return
+        self._sync_flows()
+        if start:
+            self._issuing.append(share)
+        else:
+            self._issuing.remove(share)
+        self._issue = sum(self._issuing)
+        self._realloc()
 
     def ahead(self, start: float, work_s: float, horizon: float, tail: float = 0.0,
               work: StepWork | None = None) -> float | None:
@@ -209,6 +221,22 @@ class Fluid:
             return 0.0
         return kinds.stretch(work, load)
 
+    def _set_slow(self, job: Job) -> bool:
+        """Set ``job``'s slowdowns for the current load; whether they changed."""
+        kinds = self.kinds
+        work = job.work
+        if kinds is None or work is None or not job.mem_s:
+            slow = self._slow_of(work)
+            slow_m = slow
+        elif self._load is IDLE:
+            slow = slow_m = 0.0
+        else:
+            _, slow, slow_m = kinds.parts(work, self._load)
+        if slow == job.slow and slow_m == job.slow_m:
+            return False
+        job.slow, job.slow_m = slow, slow_m
+        return True
+
     # -- mechanics ------------------------------------------------------------------
 
     def _sync_flows(self) -> None:
@@ -227,7 +255,7 @@ class Fluid:
                 busy[r] += dt
 
     def _time_job(self, job: Job) -> None:
-        left = job.remaining * (1.0 + job.slow)
+        left = job.left()
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
 
     def _job_wake(self, ev: Wake) -> None:
@@ -249,14 +277,14 @@ class Fluid:
         """New rates for the current flows (already synced to now), the slowdown they
         cause, jobs re-timed if it changed, and the next flow wake-up."""
         rates = self._allocate()
+        if self.load_log is not None:
+            self.load_log.append((self.clock.now, self._load))
         if self.jobs:
             now = self.clock.now
             for j in self.jobs:  # (each job's slowdown: the older model's alike for all)
-                slow = self._slow_of(j.work)
-                if slow != j.slow:
-                    j.remaining -= (now - j.since) / (1.0 + j.slow)
-                    j.since = now
-                    j.slow = slow
+                old, old_m = j.slow, j.slow_m
+                if self._set_slow(j):
+                    j.advance(now, old, old_m)
                     self._time_job(j)
         if self._pending is not None:
             self._stale.add(self._pending)  # (a new wake-up, or none, replaces it)
@@ -304,14 +332,15 @@ class Fluid:
         flows' signatures, in order, and on whether compute runs, and recomputing it gives
         the very same floats."""
         jobs = bool(self.jobs)
-        key = (jobs, *[f.sig for f in self.flows])
+        nums = [f.sig for f in self.flows]
+        key = (jobs, self._issue, *nums)
         cache = self._alloc_cache
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _ALLOC_CACHE_MAX:
                 cache.clear()
             sigs = self._sigs
-            hit = cache[key] = self._allocation(jobs, tuple([sigs[n] for n in key[1:]]))
+            hit = cache[key] = self._allocation(jobs, tuple([sigs[n] for n in nums]))
         self._slow, self._load, rates = hit
         return rates
 
@@ -320,24 +349,29 @@ class Fluid:
         """(slowdown, load, max-min fair rate of each flow) for flows with signatures
         ``sigs`` (``(res, cap, ctas, ce)`` each)."""
         slow, rates = self._rates(jobs_running, sigs)
-        if self.kinds is None or not sigs:
+        issue = self._issue
+        if self.kinds is None or not (sigs or issue):
             return slow, IDLE, rates
         h2d = d2h = 0
         ce = False
-        hbm = 0.0
+        hbm = written = 0.0
         for (res, _, c, e), r in zip(sigs, rates):
-            link = "h2d" in res or "d2h" in res
+            to_gpu = "h2d" in res
             if c:
-                if "h2d" in res:
+                if to_gpu:
                     h2d += c
                 else:
                     d2h += c
             ce = ce or e
-            if link:
+            if to_gpu:
                 hbm += r
-            elif "hbm" in res:
+                written += r
+            elif "d2h" in res:
+                hbm += r
+            elif "hbm" in res:  # (a GPU -> GPU copy reads and writes each byte)
                 hbm += 2.0 * r
-        load = CopyLoad(h2d, d2h, ce, hbm)
+                written += r
+        load = CopyLoad(h2d, d2h, ce, hbm, written, issue)
         return slow, (IDLE if load.idle else load), rates
 
     def _rates(self, jobs_running: bool, sigs: tuple) -> tuple[float, tuple[float, ...]]:

@@ -49,6 +49,7 @@ class Transfers:
     chooser: PathChooser
     _flowing: dict[str, list[int]]
     per_page: dict[str, float]
+    issue_share: dict[str, float]
     ctas: dict[str, int]
     _cta_rate: dict[str, float]
     copy_engines: Units
@@ -192,16 +193,24 @@ class Transfer:
         self.ce = True
         self.host_s = be._ce_per_call + self.batch.pages * be.per_page[self.route[0]]
         if be.call_threads is None:
-            self.after(self.host_s, self.flow)
+            be.fluid.issue(be.issue_share[self.route[0]], True)
+            self.after(self.host_s, self.issued)
         else:
             be.call_threads.take(self.thread_held)
 
+    def issued(self, _: object = None) -> None:
+        """The call's host time is over: its issuing ends (the interference model's
+        issue term), its bytes move."""
+        self.be.fluid.issue(self.be.issue_share[self.route[0]], False)
+        self.flow()
+
     def thread_held(self) -> None:
+        self.be.fluid.issue(self.be.issue_share[self.route[0]], True)
         self.after(self.host_s, self.thread_done)
 
     def thread_done(self, _: object = None) -> None:
         self.be.call_threads.give()  # type: ignore[union-attr]  # (only taken when set)
-        self.flow()
+        self.issued()
 
     def sm_held(self, _: object = None) -> None:
         """Copy-CTA slots are this transfer's: the kernel's launch (and, while compute

@@ -5,29 +5,35 @@ library only; every constant comes from the hardware profile's ``sm.interference
 A step's work (``kvsim.core.datapath.work``) is a ``gemm_share`` of tensor-core GEMMs
 (the stand-in's FLOP-bound part) and the rest HBM reads (its memory-bound part). What the
 copies in flight take is a ``CopyLoad``: the SM copy kernel's CTAs moving bytes in each
-direction, whether a copy-engine copy moves bytes, and the bytes a second copies move
-through HBM. Each kind of work loses to it by its own structure:
+direction, whether a copy-engine copy moves bytes, the bytes a second copies move
+through HBM (and how many of them are written into it), and the host-bound share of the
+copy-engine calls issuing their pages. Each kind of work loses to it by its own structure:
 
-- **GEMMs** run in waves of CTAs, one tile each, that fill an SM (their registers and
-  shared memory leave no room beside them). A resident copy CTA takes
-  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them, so a GEMM of ``t`` tiles on ``S``
-  SMs runs ``ceil(t / (S - lost))`` waves instead of ``ceil(t / S)``; the step's GEMMs
-  (one layer's projections at the step's M) are weighted by their FLOPs. Small GEMMs
-  lose whole waves (a 3.9-wave GEMM becoming 5.6 waves takes 6 / 4 of its time);
+- **GEMMs** run in waves of CTAs, one tile each. A resident copy CTA takes
+  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them: ``lost`` of ``S`` SMs taken, the
+  tiles spread over the rest, ``S / (S - lost) - 1``; and each of a GEMM's ``ceil(t /
+  (S - lost))`` waves waits for its slowest tile, one beside a copy CTA that runs
+  ``straggle_h2d`` (``_d2h``) slower: ``straggle / waves`` (``gemm_loss``). A GEMM of
+  one wave, a decode batch's small M, takes the whole straggle; a prefill chunk's, of
+  many waves, a share of it. The step's GEMMs (one layer's projections at the step's M)
+  are weighted by their FLOPs;
 - **HBM reads** run as many small CTAs: a copy CTA takes its share of an SM's slots
-  (``cta_sm_share_*``, about its threads over the SM's), the reads the rest, ``S / (S -
-  lost)``; and the copies' own HBM bytes take ``hbm_weight`` of theirs from the reads'
-  rate: ``x / (1 - x)`` with ``x = hbm_weight x copy_Bps / hbm_Bps``;
-- both: ``copy_engine_slowdown`` while any copy-engine copy moves bytes (the engines'
-  own memory traffic and descriptor reads), and the HBM term above with the kind's own
-  weight.
+  (``cta_sm_share_*``), the reads the rest, ``S / (S - lost)``;
+- both: the copies' HBM bytes take ``hbm_weight`` (a byte read from HBM) and
+  ``hbm_write_weight`` (a byte written into it) of theirs from the work's rate: ``x / (1
+  - x)`` with ``x = (weight x read_Bps + write weight x written_Bps) / hbm_Bps``;
+  ``copy_engine_slowdown`` while any copy-engine copy moves bytes; ``issue_slowdown``
+  times the share of calls issuing host-bound pages (``issue_share``: the GPU's front
+  end takes in their command stream beside the compute's launches). Each with the
+  kind's own terms (a fit gives GEMMs no read weight, reads no straggle).
 
-A step's stretch is ``share x gemm + (1 - share) x memory``: the stand-in runs its two
-parts one after the other, each slowed by its own kind while the load holds. With no
-copy in flight every term is 0.0 exactly. A compute without a ``StepWork`` (a load of
-the SMs alone: the hw backend's FMA kernel) keeps the older model's terms
-(``sm_kernel_slowdown`` per ``sm_kernel_ctas`` CTAs, ``copy_engine_slowdown``),
-measured against such a kernel.
+A step's stretch under a load over all of it is ``share x gemm + (1 - share) x memory``
+(``stretch``): the stand-in runs its two parts one after the other, each slowed by its
+own kind while the load holds (the sim's job keeps the parts apart: ``MixTable.parts``).
+With no copy in flight and no call issuing every term is 0.0 exactly. A compute without
+a ``StepWork`` (a load of the SMs alone: the hw backend's FMA kernel) keeps the older
+model's terms (``sm_kernel_slowdown`` per ``sm_kernel_ctas`` CTAs,
+``copy_engine_slowdown``), measured against such a kernel.
 """
 
 from __future__ import annotations
@@ -42,17 +48,23 @@ from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_tiles, row_bucket
 class CopyLoad(NamedTuple):
     """What the copies in flight take from compute: SM copy CTAs moving bytes host ->
     GPU and GPU -> host (a GPU-side kernel such as a check counts as GPU -> host: it reads
-    HBM), whether a copy-engine copy moves bytes, and the bytes a second they move through
-    HBM (a GPU -> GPU copy reads and writes each byte: twice its rate)."""
+    HBM), whether a copy-engine copy moves bytes, the bytes a second they move through
+    HBM (a GPU -> GPU copy reads and writes each byte: twice its rate), of which
+    ``h2d_Bps`` are written into HBM from the host (the rest are read from it), and
+    ``issue``, the host-bound share of the copy-engine calls issuing their pages (0-1:
+    the command stream the GPU's front end takes in beside the compute's launches)."""
 
     ctas_h2d: int = 0
     ctas_d2h: int = 0
     copy_engine: bool = False
     hbm_Bps: float = 0.0
+    h2d_Bps: float = 0.0
+    issue: float = 0.0
 
     @property
     def idle(self) -> bool:
-        return not (self.ctas_h2d or self.ctas_d2h or self.copy_engine or self.hbm_Bps)
+        return not (self.ctas_h2d or self.ctas_d2h or self.copy_engine or self.hbm_Bps
+                    or self.issue)
 
 
 IDLE = CopyLoad()
@@ -60,15 +72,43 @@ IDLE = CopyLoad()
 
 @dataclass(frozen=True)
 class KindTerms:
-    """One kind of work's terms (``sm.interference.gemm`` / ``.memory`` of a profile)."""
+    """One kind of work's terms (``sm.interference.gemm`` / ``.memory`` of a profile):
+    the SMs a copy CTA takes by direction, the constant while a copy-engine copy moves
+    bytes, the HBM bytes a byte read from (``hbm_weight``) and written into HBM
+    (``hbm_write_weight``, None: ``hbm_weight``) takes from the work's reads; a GEMM
+    CTA's slowdown beside a copy CTA (``straggle_*``, waited for once a wave: GEMMs
+    only); the stretch at a whole share of issuing copy-engine calls
+    (``issue_slowdown``)."""
 
     cta_sm_share_h2d: float
     cta_sm_share_d2h: float
     copy_engine_slowdown: float
     hbm_weight: float
+    straggle_h2d: float = 0.0
+    straggle_d2h: float = 0.0
+    hbm_write_weight: float | None = None
+    issue_slowdown: float = 0.0
 
     def lost_sms(self, load: CopyLoad) -> float:
         return self.cta_sm_share_h2d * load.ctas_h2d + self.cta_sm_share_d2h * load.ctas_d2h
+
+    def straggle(self, load: CopyLoad) -> float:
+        return ((self.straggle_h2d if load.ctas_h2d else 0.0)
+                + (self.straggle_d2h if load.ctas_d2h else 0.0))
+
+    def hbm_share(self, load: CopyLoad, hbm_Bps: float) -> float:
+        """The share of the work's HBM rate the copies' bytes take (capped at 0.9)."""
+        w = self.hbm_weight
+        ww = w if self.hbm_write_weight is None else self.hbm_write_weight
+        x = (w * (load.hbm_Bps - load.h2d_Bps) + ww * load.h2d_Bps) / hbm_Bps
+        return x if x < 0.9 else 0.9
+
+    def engine(self, load: CopyLoad) -> float:
+        """The copy engine's own terms: its constant while it moves bytes, its issuing."""
+        out = self.copy_engine_slowdown if load.copy_engine else 0.0
+        if load.issue:
+            out += self.issue_slowdown * (load.issue if load.issue < 1.0 else 1.0)
+        return out
 
 
 @dataclass(frozen=True)
@@ -84,17 +124,16 @@ class Structure:
     memory: KindTerms
 
     def hbm_stretch(self, terms: KindTerms, load: CopyLoad) -> float:
-        x = terms.hbm_weight * load.hbm_Bps / self.hbm_Bps
-        x = x if x < 0.9 else 0.9
+        x = terms.hbm_share(load, self.hbm_Bps)
         return x / (1.0 - x)
 
     def gemm_stretch(self, gemms: Sequence[tuple[int, float]], load: CopyLoad) -> float:
-        """GEMMs of (tiles, weight) each: their weighted wave ratio - 1, plus the kind's
-        copy-engine and HBM terms."""
+        """GEMMs of (tiles, weight) each: their waves on the SMs the copy CTAs leave,
+        each wave waiting for its straggler (``gemm_loss``), plus the kind's copy-engine
+        and HBM terms."""
         t = self.gemm
-        out = wave_stretch(gemms, self.sms, t.lost_sms(load))
-        if load.copy_engine:
-            out += t.copy_engine_slowdown
+        out = gemm_loss(gemms, self.sms, t.lost_sms(load), t.straggle(load))
+        out += t.engine(load)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
         return out
@@ -104,14 +143,15 @@ class Structure:
         lost = t.lost_sms(load)
         s = float(self.sms)
         out = s / (s - lost) - 1.0 if lost < s - 1.0 else s - 1.0
-        if load.copy_engine:
-            out += t.copy_engine_slowdown
+        out += t.engine(load)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
         return out
 
     def stretch(self, share: float, gemms: Sequence[tuple[int, float]], load: CopyLoad) -> float:
-        """A step of GEMM share ``share`` (its GEMMs ``gemms``) under ``load``."""
+        """A step of GEMM share ``share`` (its GEMMs ``gemms``) under ``load``: the
+        share-weighted stretch of its parts (what the step takes in all while the load
+        holds over it)."""
         if load.idle:
             return 0.0
         out = 0.0
@@ -122,18 +162,26 @@ class Structure:
         return out
 
 
-def wave_stretch(gemms: Sequence[tuple[int, float]], sms: int, lost: float) -> float:
-    """GEMMs of (tiles, weight) on ``sms`` SMs of which ``lost`` are taken: the weighted
-    ratio of their waves, ``ceil(tiles / (sms - lost)) / ceil(tiles / sms)``, less 1."""
-    if lost <= 0.0 or not gemms:
+def gemm_loss(gemms: Sequence[tuple[int, float]], sms: int, lost: float,
+              straggle: float = 0.0) -> float:
+    """GEMMs of (tiles, weight) on ``sms`` SMs of which copy CTAs take ``lost``: their
+    FLOP-weighted stretch. The tiles spread over the SMs left, ``sms / (sms - lost)``;
+    and each of a GEMM's ``ceil(tiles / (sms - lost))`` waves waits for its slowest
+    tile, one beside a copy CTA that runs ``straggle`` slower: ``straggle / waves`` (a
+    GEMM of one wave, a small M, takes the whole of it; a long one spreads it)."""
+    if (lost <= 0.0 and straggle <= 0.0) or not gemms:
         return 0.0
     left = sms - lost
     left = left if left > 1.0 else 1.0
-    num = den = 0.0
-    for tiles, w in gemms:
-        num += w * math.ceil(tiles / left) / math.ceil(tiles / sms)
-        den += w
-    return num / den - 1.0 if den > 0 else 0.0
+    out = sms / left - 1.0
+    if straggle > 0.0:
+        num = den = 0.0
+        for tiles, w in gemms:
+            num += w / math.ceil(tiles / left)
+            den += w
+        if den > 0:
+            out += straggle * num / den
+    return out
 
 
 class MixTable:
@@ -158,29 +206,48 @@ class MixTable:
     def gemms_for(self, work: StepWork) -> tuple[tuple[int, float], ...]:
         return self.gemms[gemm_rows(work.tokens, self.min_rows, self.max_rows)]
 
-    def stretch(self, work: StepWork, load: CopyLoad) -> float:
-        """How much longer ``work`` runs while ``load`` holds (0.0 with none): the same
-        float as ``structure.stretch``. (Once per step the engine runs ahead beside a
-        copy: ``gemm_share`` and ``tokens`` inline.)"""
+    def parts(self, work: StepWork, load: CopyLoad) -> tuple[float, float, float]:
+        """(GEMM share, the GEMM part's stretch, the reads part's) of ``work`` under
+        ``load`` (0.0 each with none): the stand-in runs its GEMMs first, then its reads."""
         if load is not self._load:
             if load.idle:
-                return 0.0
+                return 0.0, 0.0, 0.0
             if load != self._load:
                 self._memory = self.structure.memory_stretch(load)
                 self._gemm = {}
             self._load = load
         total = work.flop_s + work.memory_s
         share = work.flop_s / total if total > 0 else 0.0
-        out = 0.0
+        g = 0.0
         if share > 0.0:
             rows = gemm_rows(work.prefill_tokens + work.decode_tokens, self.min_rows, self.max_rows)
-            g = self._gemm.get(rows)
-            if g is None:
-                g = self._gemm[rows] = self.structure.gemm_stretch(self.gemms[rows], load)
+            got = self._gemm.get(rows)
+            if got is None:
+                got = self._gemm[rows] = self.structure.gemm_stretch(self.gemms[rows], load)
+            g = got
+        return share, g, self._memory
+
+    def stretch(self, work: StepWork, load: CopyLoad) -> float:
+        """How much longer ``work`` runs while ``load`` holds over all of it (0.0 with
+        none): the same float as ``structure.stretch``."""
+        share, g, m = self.parts(work, load)
+        out = 0.0
+        if share > 0.0:
             out += share * g
         if share < 1.0:
-            out += (1.0 - share) * self._memory
+            out += (1.0 - share) * m
         return out
+
+
+def issue_share(per_page_s: float, page_bytes: int, link_Bps: float) -> float:
+    """The host-bound share of a copy-engine call's issuing: the part of a page's host
+    time (``per_page_s``) beyond the time its bytes take on the link, 0 where the link is
+    the slower (large pages), near 1 where each page is mostly the driver's work (small
+    host -> GPU pages on the H200: 5.2 us a 16 KiB page against 0.3 us of bytes)."""
+    if per_page_s <= 0.0 or link_Bps <= 0.0:
+        return 0.0
+    x = 1.0 - page_bytes / link_Bps / per_page_s
+    return x if x > 0.0 else 0.0
 
 
 def legacy_stretch(per_cta: float, copy_engine: float, load: CopyLoad) -> float:

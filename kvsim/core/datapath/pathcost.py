@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, copy_ctas
-from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
+from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, issue_share, legacy_stretch
 from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share
 
 CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
@@ -204,9 +204,12 @@ class PathChooser:
         rates = _fair(flows, ci)
         nbytes = pages * ci.page_bytes
         r = rates[0]
+        issue = 0.0
         if path is CE:
             host = pages * ci.per_page[d]
             t = ci.per_call + (host + nbytes / r if ci.additive else max(host, nbytes / r))
+            # its issuing's host-bound share, over the batch's time
+            issue = issue_share(ci.per_page[d], ci.page_bytes, ci.link[d]) * host / t if t > 0 else 0.0
         else:
             t = ci.launch + (ci.busy_start if computing else 0.0) + nbytes / r
         t += ci.latency[path]
@@ -218,17 +221,18 @@ class PathChooser:
         if stretch is not None:
             without = _load([(od, other, rates[1] if other is not None else 0.0)], self.inputs)
             with_ = _load([(d, path, r)] + ([(od, other, rates[1])] if other is not None else []),
-                          self.inputs)
+                          self.inputs, issue)
             s0, s1 = stretch(without), stretch(with_)
             taken = 1.0 - (1.0 + s0) / (1.0 + s1) if s1 > s0 else 0.0
         return t * (1.0 + taken + slowdown)
 
 
-def _load(flows, ci: CostInputs) -> CopyLoad:
-    """The ``CopyLoad`` of flows (direction, path or None, rate)."""
+def _load(flows, ci: CostInputs, issue: float = 0.0) -> CopyLoad:
+    """The ``CopyLoad`` of flows (direction, path or None, rate), ``issue`` the
+    copy-engine calls' issuing share."""
     ctas = {"h2d": 0, "d2h": 0}
     ce = False
-    hbm = 0.0
+    hbm = written = 0.0
     paths = [p for _, p, _ in flows if p is not None]
     for d, p, r in flows:
         if p is None:
@@ -239,7 +243,9 @@ def _load(flows, ci: CostInputs) -> CopyLoad:
         else:
             ce = True
         hbm += r
-    load = CopyLoad(ctas["h2d"], ctas["d2h"], ce, hbm)
+        if d == "h2d":
+            written += r
+    load = CopyLoad(ctas["h2d"], ctas["d2h"], ce, hbm, written, issue)
     return IDLE if load.idle else load
 
 
