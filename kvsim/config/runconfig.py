@@ -77,6 +77,11 @@ class TierConfig(_Strict):
     # disk tier, with io_workers N > 0: while a restore is queued or running, writes hold
     # at most this share of the N workers (at least one; 1.0: no cap)
     io_write_share: Annotated[float, Field(ge=0.0, le=1.0)] = WRITE_SHARE
+    # disk tier: how transfers reach the device (unset: pool with io_workers > 0, else the
+    # device's queue_depth pieces in flight round robin). serial: the seed's pre-pool
+    # baseline, one transfer at a time in arrival order (reads behind writes), each a
+    # blocking loop on one host thread (io_workers 0, no write_through); pool: io_workers
+    io_mode: Optional[Literal["serial", "pool"]] = None
     # disk tier: retained copies (kvsim.core.retained). keep_copy: a restore keeps a full
     # page's disk copy, and its next eviction to disk takes it back with no write;
     # write_through: a page evicted GPU -> host is also copied to disk in the background
@@ -107,6 +112,13 @@ class TierConfig(_Strict):
             raise ValueError("fill is only for the host tier")
         if self.io_workers and self.level != "disk":
             raise ValueError("io_workers is only for the disk tier")
+        if self.io_mode is not None and self.level != "disk":
+            raise ValueError("io_mode is only for the disk tier")
+        if self.io_mode == "pool" and not self.io_workers:
+            raise ValueError("io_mode pool needs io_workers > 0 (the pool's threads)")
+        if self.io_mode == "serial" and self.io_workers:
+            raise ValueError(f"io_mode serial runs one transfer at a time on one host thread: "
+                             f"io_workers must be 0 (got {self.io_workers}); io_mode pool uses them")
         if self.level == "disk" and not self.io_workers \
                 and self.io_write_share != type(self).model_fields["io_write_share"].default:
             raise ValueError("io_write_share needs io_workers > 0 (it caps the disk I/O "
