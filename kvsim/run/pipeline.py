@@ -25,6 +25,7 @@ from kvsim.config import ConfigFileError, RunConfig, host_fill
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row, dist
+from kvsim.engine.balance import tier_balance
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
                                 describe)
@@ -328,6 +329,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     end = max(rk.engine.t for rk in ranks)
     metrics = node.summary(sum_counts(counters), traffic, end, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
+    metrics["balance"] = tier_balance([(rk.mgr, rk.engine.metrics.timeline) for rk in ranks],
+                                      mgr.page_bytes)
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
     if any(t.fill is not None for t in cfg.cache.tiers):
         done = [rk.backend.stats().get("host_fill_done_s") for rk in ranks]
