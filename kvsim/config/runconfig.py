@@ -91,6 +91,11 @@ class TierConfig(_Strict):
     write_through: bool = False
     write_through_inflight: Size = 1 << 30
     protected_copy_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    # disk tier, with write_through: a host page whose write-through is still running is
+    # pinned on host (pin: no eviction candidate), or may be evicted, the eviction taking
+    # the pending copy back and waiting for its write, promoted to the required writes
+    # (take_back: seed 004's rule)
+    write_through_pending: Literal["pin", "take_back"] = "pin"
     # this tier's own eviction order (a built-in name or module:Class), instead of
     # cache.policy.eviction's; not belady (a bound over the whole cache)
     eviction: Optional[str] = None
@@ -125,7 +130,7 @@ class TierConfig(_Strict):
                              "workers' writes while restores run)")
         if self.level != "disk":  # (a resolved config dumps the defaults: compare to them)
             for k in ("keep_copy", "write_through", "write_through_inflight",
-                      "protected_copy_fraction", "io_write_share"):
+                      "protected_copy_fraction", "io_write_share", "write_through_pending"):
                 if getattr(self, k) != type(self).model_fields[k].default:
                     raise ValueError(f"{k} is only for the disk tier")
         if self.path is not None:
@@ -134,6 +139,9 @@ class TierConfig(_Strict):
             p = Path(os.path.expanduser(self.path))
             if p.exists() and not p.is_dir():
                 raise ValueError(f"path {self.path!r} exists and is not a directory")
+        if self.write_through_pending != "pin" and not self.write_through:
+            raise ValueError("write_through_pending needs write_through: true (it says what "
+                             "an eviction does with a page whose write-through is running)")
         return self
 
 

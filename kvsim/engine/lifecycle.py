@@ -72,6 +72,11 @@ class Lifecycle:
         self._uids = count()
         self._next_sample = 0
         self._vnow = 0.0                             # the runtime's time the engine ran ahead to
+        # write_through_take_back: each write-through in flight, by plan id: its batch and
+        # the event its plan's completion triggers (an eviction taking back a pending
+        # copy promotes the batch's queued pieces and waits for the event)
+        self._wt_done: dict[int, tuple[Any, Any]] = {}
+        self._waits = self._takeback_waits if mgr.wt_take_back else None
 
     def _schedule_next(self, cur: Cursor, done_ns: int) -> None:
         """Queue the session's next turn; close finished (sub-)sessions' requests."""
@@ -216,7 +221,7 @@ class Lifecycle:
 
     def _plan_proc(self, plan, lv: Live, then: TurnState):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                                 self.p.refcheck_disk_writes)
+                                 self.p.refcheck_disk_writes, self._waits)
         self._inflight -= 1
         self._write_through()
         lv.failures = 0 if ok else lv.failures + 1
@@ -247,12 +252,22 @@ class Lifecycle:
             return
         plan = self.mgr.write_through()
         if plan is not None:
+            if self._waits is not None:
+                self._wt_done[plan.pid] = (plan.batches[0], self.rt.event())
             self._launch(self._write_through_proc(plan))
 
+    def _takeback_waits(self, batch) -> list:
+        """(write-through batch, its plan's end) for each write a TAKEBACK batch waits for."""
+        return [self._wt_done[pid] for pid in self.mgr.takeback_waits(batch) if pid in self._wt_done]
+
     def _write_through_proc(self, plan):
-        """A background write: nobody waits for it; a failed one only loses its copies."""
-        yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                            self.p.refcheck_disk_writes)
+        """A background write: nobody waits for it (but an eviction that takes back one of
+        its pending copies); a failed one only loses its copies."""
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                 self.p.refcheck_disk_writes)
+        done = self._wt_done.pop(plan.pid, None)
+        if done is not None:
+            done[1].succeed(ok)
         self._inflight -= 1
         self._write_through()  # pages that waited for the in-flight cap
         self._notify()
@@ -290,7 +305,7 @@ class Lifecycle:
 
     def _evict_proc(self, plan):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                                 self.p.refcheck_disk_writes)
+                                 self.p.refcheck_disk_writes, self._waits)
         self._inflight -= 1
         self._write_through()
         self._evicting = False

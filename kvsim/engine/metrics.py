@@ -151,6 +151,7 @@ def _copies(counters: dict) -> dict:
         return {}
     return {"disk_copies": {
         "kept": counters["copies_kept"], "reused": counters["copies_reused"],
+        "reused_pending": counters.get("copies_reused_pending", 0),
         "reclaimed": counters["copies_reclaimed"],
         "write_through_pages": counters["write_through_pages"],
         "write_through_skipped": counters["write_through_skipped"],

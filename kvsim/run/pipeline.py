@@ -96,7 +96,8 @@ def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
     copies = {} if disk is None else dict(
         keep_copy=disk.keep_copy, write_through=disk.write_through,
         write_through_inflight_bytes=max(page, disk.write_through_inflight),
-        protected_copy_fraction=disk.protected_copy_fraction)
+        protected_copy_fraction=disk.protected_copy_fraction,
+        write_through_take_back=disk.write_through_pending == "take_back")
     return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers,
                        **copies)
 
