@@ -20,7 +20,7 @@ from pydantic import (BeforeValidator, Field, ValidationError, ValidationInfo, f
                       model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from kvsim.config.strict import PositiveSeconds, Size
+from kvsim.config.strict import PositiveSeconds, Seconds, Size
 from kvsim.config.strict import Strict as _Strict
 from kvsim.config.node import NodeConfig, RouterConfig
 from kvsim.config.workload import WorkloadConfig
@@ -261,6 +261,22 @@ class CopyPathConfig(_Strict):
     d2h: CopyPathName = "auto"
 
 
+class ManagerCostConfig(_Strict):
+    """The manager's own bookkeeping time, charged to the executor (seed 003): each plan
+    costs ``per_plan`` + ``per_page`` a new GPU page it allocates + ``per_moved_page`` a
+    page it moves, plus its statistics: ``stats: page`` commits them once a moved page
+    ((``stats_per_page`` + ``stats_per_commit``) a page), ``batch`` once a batch
+    (``stats_per_page`` a page + ``stats_per_commit`` a batch), ``off`` not at all. The
+    next step starts that much later: a resize blocks serving for its time. All 0: free."""
+
+    per_plan: Seconds = 0.0
+    per_page: Seconds = 0.0
+    per_moved_page: Seconds = 0.0
+    stats: Literal["off", "page", "batch"] = "off"
+    stats_per_page: Seconds = 0.0
+    stats_per_commit: Seconds = 0.0
+
+
 class EngineConfig(_Strict):
     max_batch_tokens: Annotated[int, Field(gt=0)] = 8192
     max_running: Annotated[int, Field(gt=0)] = 256
@@ -276,6 +292,8 @@ class EngineConfig(_Strict):
     kernel_on_coherent_link: bool = False
     # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
     sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
+    # the manager's bookkeeping time a plan, charged to the executor (seed 003)
+    manager_cost: ManagerCostConfig = ManagerCostConfig()
 
 
 class OutputConfig(_Strict):

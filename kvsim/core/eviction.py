@@ -319,11 +319,7 @@ class Eviction(Copies):
                 handed.append(self._add_batch(rec, batches, BatchKind.EVICT, pos, d, write,
                                               dst, stage))
             if take:  # onto their retained copies: no longer reclaimable
-                copies = self.tiers[d].copies
-                for v in take:
-                    copies.pop(v, None)  # (a pending copy is in no index)
-                if self.wt_take_back:
-                    self._take_pending(take)
+                self._take_copies(take)
                 handed.append(self._add_batch(rec, batches, BatchKind.TAKEBACK, pos, d, take,
                                               [v.copy for v in take], stage))
             if incoming:

@@ -274,9 +274,12 @@ class Copies:
         of = self._wt_of_slot
         return sorted({of[s] for s in batch.dst_slots if s in of})
 
-    def _take_pending(self, pages: list[Page]) -> None:
-        """``pages`` go to disk onto their copies: those still being written wait for it."""
+    def _take_copies(self, pages: list[Page]) -> None:
+        """``pages`` go to disk onto their copies: out of the reclaimable index (a pending
+        copy is in none); those still being written wait for their write."""
+        copies = self.tiers[self._disk_pos].copies
         for p in pages:
+            copies.pop(p, None)
             if not p.copy_ready:
                 self._wt_taken.add(p.pid)
 

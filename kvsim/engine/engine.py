@@ -91,6 +91,11 @@ class Engine(Lifecycle):
                 self._wake = None
                 self._tick()
                 continue
+            if self._owed_ns:  # the manager's bookkeeping (engine.manager_cost) goes first
+                yield from self._catch_up()
+                owed, self._owed_ns = self._owed_ns, 0
+                yield rt.timeout(owed / NS)
+                self._tick()
             work = self._step_work(batch)
             first = round(work.seconds * NS)
             n = self._run_ahead(batch, first, work) if self.p.fast_forward else 0

@@ -26,7 +26,8 @@ from kvsim.core.types import ReqState
 from kvsim.engine.arrivals import Arrivals
 from kvsim.engine.decoders import Decoders
 from kvsim.engine.live import EngineParams, Live, TurnState
-from kvsim.engine.metrics import Metrics
+from kvsim.engine.managercost import cost_on, plan_cost_s
+from kvsim.engine.metrics import NS, Metrics
 from kvsim.engine.stages import check_tags, run_plan, tags_equal
 from kvsim.engine.sessions import Cursor, Frame
 
@@ -77,6 +78,8 @@ class Lifecycle:
         # copy promotes the batch's queued pieces and waits for the event)
         self._wt_done: dict[int, tuple[Any, Any]] = {}
         self._waits = self._takeback_waits if mgr.wt_take_back else None
+        self._cost_on = cost_on(params)  # engine.manager_cost: bookkeeping owed the executor
+        self._owed_ns = 0
 
     def _schedule_next(self, cur: Cursor, done_ns: int) -> None:
         """Queue the session's next turn; close finished (sub-)sessions' requests."""
@@ -127,6 +130,7 @@ class Lifecycle:
             if lv.row.admitted_ns < 0:
                 lv.row.admitted_ns = self.t
             self._add_running(lv)
+            self._charge(plan, 0)
             if plan.batches:  # type: ignore[union-attr]
                 lv.state = TurnState.ONBOARDING
                 lv.row.onboard_bytes += plan.nbytes  # type: ignore[union-attr]
@@ -252,9 +256,18 @@ class Lifecycle:
             return
         plan = self.mgr.write_through()
         if plan is not None:
+            self._charge(plan, 0)
             if self._waits is not None:
                 self._wt_done[plan.pid] = (plan.batches[0], self.rt.event())
             self._launch(self._write_through_proc(plan))
+
+    def _charge(self, plan: Any, new: int) -> None:
+        """engine.manager_cost: a plan's bookkeeping (None: ``new`` pages taken from free
+        slots, no plan), owed the executor: the next step starts after it."""
+        if self._cost_on:
+            ns = round(plan_cost_s(self.p, [b.pages for b in plan.batches] if plan else [], new) * NS)
+            self._owed_ns += ns
+            self.metrics.manager_ns.append(ns)
 
     def _takeback_waits(self, batch) -> list:
         """(write-through batch, its plan's end) for each write a TAKEBACK batch waits for."""
@@ -290,6 +303,7 @@ class Lifecycle:
         plan = self.mgr.evict(Level.GPU, n)
         if not plan:
             return
+        self._charge(plan, 0)
         self._evicting = True
         self._launch(self._evict_proc(plan))
 
@@ -331,6 +345,7 @@ class Lifecycle:
         nb = -(-target // self.B)
         extra = [(-1, lv.uid, j) for j in range(len(req.blocks), nb)]
         if self.mgr.extend(req, target, extra):  # free slots, nothing to move: done now
+            self._charge(None, len(extra))
             # (not dirty: taking free slots cannot let a waiting turn in that could not be
             # admitted before, so admission need not run again for it)
             return True
@@ -350,6 +365,7 @@ class Lifecycle:
             if victim is lv:
                 return False
         self._dirty = True
+        self._charge(plan, len(extra))
         if plan.batches:  # type: ignore[union-attr]
             lv.state = TurnState.GROWING
             self._start_plan(plan, lv, TurnState.RUNNING)

@@ -39,6 +39,15 @@ class EngineParams:
     timeline_interval_s: float = 1.0
     host_serve_slots: int = 0         # host slots that must exist before serving starts
     #                                   (a host tier filling: its first unit, or all of it)
+    # the manager's bookkeeping a plan (engine.manager_cost), seconds: a plan, a new GPU
+    # page, a moved page; statistics (0 off, 1 a commit a page, 2 a commit a batch): a
+    # page's share and a commit's
+    mgr_per_plan_s: float = 0.0
+    mgr_per_page_s: float = 0.0
+    mgr_per_moved_page_s: float = 0.0
+    mgr_stats: int = 0
+    mgr_stats_per_page_s: float = 0.0
+    mgr_stats_per_commit_s: float = 0.0
 
 
 class Live:

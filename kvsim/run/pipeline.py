@@ -26,6 +26,7 @@ from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row, dist
 from kvsim.engine.balance import tier_balance
+from kvsim.engine.managercost import manager_cost_params
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
                                 describe)
@@ -297,7 +298,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                                   gpu_free_watermark=e.gpu_free_watermark,
                                   max_plan_failures=e.max_plan_failures,
                                   timeline_interval_s=cfg.output.timeline_interval,
-                                  host_serve_slots=host_serve_slots(rk.settings, rk.backend))
+                                  host_serve_slots=host_serve_slots(rk.settings, rk.backend),
+                                  **manager_cost_params(e.manager_cost))
             rk.engine = Engine(rt, rk.backend, rk.mgr, model, params, on_resume=on_resume)
             if pinned_arrivals is not None:
                 rk.engine.pin_arrivals(pinned_arrivals)
