@@ -158,6 +158,9 @@ class BackendSettings:
     #: drive and the driver's lock, come from the runtime: ``Runtime.shared``)
     rank: int = 0
     ranks: int = 1
+    #: kernels an engine step launches (the model's layers x engine.kernels_per_layer): the
+    #: profile's lasting_gap_per_kernel is paid this many times a step
+    kernels_per_step: int = 0
 
     def key(self, level: Level) -> str:
         """The config key that sizes the tier at ``level``."""

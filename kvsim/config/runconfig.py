@@ -292,6 +292,9 @@ class EngineConfig(_Strict):
     kernel_on_coherent_link: bool = False
     # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
     sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
+    # kernels a step launches a layer (seed 000: the SM copy kernel's lasting idle gap is
+    # paid once a kernel, the profile's sm.interference.lasting_gap_per_kernel)
+    kernels_per_layer: Annotated[int, Field(gt=0)] = 8
     # the manager's bookkeeping time a plan, charged to the executor (seed 003)
     manager_cost: ManagerCostConfig = ManagerCostConfig()
 

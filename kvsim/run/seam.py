@@ -91,7 +91,8 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
                                    register_chunk=fill.register_chunk),
         model=ModelSettings.capped(shape.projections_per_gpu()),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
-        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks)
+        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks,
+        kernels_per_step=shape.layers * e.kernels_per_layer)
 
 
 def settings_for(page_bytes: int, slots: Mapping[Level, int],

@@ -167,7 +167,8 @@ class SimBackend(Transfers):
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
         # the SM kernel's lasting cost a compute call: 0 until it has run enough batches
-        self._lasting = sm.interference.lasting_step_penalty
+        self._lasting = (sm.interference.lasting_step_penalty
+                         + sm.interference.lasting_gap_per_kernel * settings.kernels_per_step)
         self._lasting_after = sm.interference.lasting_after_batches
         self.step_penalty_s = 0.0
         self.step_penalty_since_s = None  # when it began (None: not yet)
