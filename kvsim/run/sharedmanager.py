@@ -116,7 +116,7 @@ class SharedManager:
     ``lock``: any object with ``acquire_read``/``release_read``/``acquire_write``/
     ``release_write`` (default: a new ``RWLock``)."""
 
-    __slots__ = ("_m", "_lock", "spec", "page_bytes", "tokens_per_block")
+    __slots__ = ("_m", "_lock", "spec", "page_bytes", "tokens_per_block", "wt_take_back")
 
     def __init__(self, manager: TierManager, lock: RWLock | None = None):
         if not isinstance(manager, TierManager):
