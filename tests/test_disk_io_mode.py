@@ -140,3 +140,25 @@ def test_hw_backend_reads_io_mode(tmp_path):
 def test_bad_io_mode_is_refused_naming_the_key(sets, msg):
     with pytest.raises(ConfigFileError, match=msg):
         load_config("configs/default.yaml", sets)
+
+
+from gpuskip import have_gpu  # noqa: E402
+
+
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_serial_disk_round_trips_pages_in_arrival_order(tmp_path):
+    """On a GPU: GPU -> disk, then disk -> GPU through io_mode serial, the refcheck's tags
+    read back; one disk thread, its pieces counted in the order they came."""
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+    pb = 1 << 20
+    be = HwBackend(RealtimeRuntime(), settings_for(pb, {Level.GPU: 8, Level.DISK: 8}, disk_dir=tmp_path,
+                                                   device="gpu", io_mode="serial", refcheck=True))
+    try:
+        assert be.disk.pool.serial and len(be.disk.pool._threads) == 1
+        rt = be.runtime
+        out = rt.run(be.transfer(batch(Level.GPU, Level.DISK, 4, BatchKind.EVICT, page=pb)))
+        back = rt.run(be.transfer(batch(Level.DISK, Level.GPU, 4, BatchKind.ONBOARD, page=pb, d0=4)))
+        assert out is True and back is True
+        assert be.disk.pool.pieces_run >= 8
+    finally:
+        be.close()
