@@ -58,11 +58,52 @@ def verdict(seed_change: float, mean: float, lo: float, hi: float) -> str:
     return "opposite" if clear else "within spread"
 
 
+def markdown(data: dict, spec: dict, rows: list[str], prev_of: dict) -> None:
+    """One line a row: each metric's seed value (step), kvsim's mean [min, max] over the
+    seeds and its step paired by seed, mean [min, max], and the verdict."""
+    ladder = spec["ladder"]
+    names = {"throughput.requests_per_s": "req/s", "ttft_s.p50": "TTFT p50 (s)", "ttft_s.p90": "TTFT p90 (s)"}
+    print()
+    head = ["row"]
+    for m in spec["metrics"]:
+        head += [f"seed {names[m]}", f"kvsim {names[m]}", "verdict"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + " --- |" * len(head))
+    for i, v in enumerate(rows):
+        runs = data.get(v, {})
+        cells = [v]
+        for m, seed_vals in spec["metrics"].items():
+            vals = [runs[s][m] for s in sorted(runs)]
+            mean = statistics.fmean(vals)
+            fmt = (lambda x: f"{x:.4f}") if m.startswith("throughput") else (lambda x: f"{x:.2f}")
+            k = f"{fmt(mean)} [{fmt(min(vals))}, {fmt(max(vals))}]"
+            sv, vd = "", ""
+            if i < len(ladder):
+                sv = f"{seed_vals[i]:g}"
+            if 0 < i < len(ladder):
+                prev = data[ladder[i - 1]]
+                ch = [runs[s][m] / prev[s][m] - 1 for s in sorted(runs) if s in prev and prev[s][m]]
+                cm = statistics.fmean(ch)
+                sc = seed_vals[i] / seed_vals[i - 1] - 1
+                sv += f" ({sc:+.0%})"
+                k += f" ({cm:+.1%} [{min(ch):+.1%}, {max(ch):+.1%}])"
+                vd = verdict(sc, cm, min(ch), max(ch))
+            elif v in prev_of:  # a row beside the ladder: its change from the row it replaces
+                prev = data[prev_of[v]]
+                ch = [runs[s][m] / prev[s][m] - 1 for s in sorted(runs) if s in prev and prev[s][m]]
+                k += f" (vs {prev_of[v]}: {statistics.fmean(ch):+.1%} [{min(ch):+.1%}, {max(ch):+.1%}])"
+            cells += [sv, k, vd]
+        print("| " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("csv")
     ap.add_argument("--seed", default="004", choices=sorted(SEEDS))
-    ap.add_argument("--rows", default="", help="extra variants to print (comma separated)")
+    ap.add_argument("--rows", default="", help="extra variants to print, comma separated; "
+                    "name:prev also gives its change from variant prev, paired by seed")
+    ap.add_argument("--markdown", action="store_true",
+                    help="also print the ladder as a markdown table (docs/studies.md's)")
     a = ap.parse_args(argv)
     data = load(a.csv)
     spec = SEEDS[a.seed]
@@ -71,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"{a.csv}: no variant {', '.join(missing)} (has {', '.join(sorted(data))})", file=sys.stderr)
         return 2
-    extra = [v for v in a.rows.split(",") if v]
+    extra, prev_of = [], {}
+    for v in a.rows.split(","):
+        if v:
+            name, _, prev = v.partition(":")  # name:prev compares it with prev, paired by seed
+            extra.append(name)
+            if prev:
+                prev_of[name] = prev
     agree = cells = 0
     for m, seed_vals in spec["metrics"].items():
         print(f"\n{m}")
@@ -97,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 cells += 1
                 agree += vd.startswith("same")
             print(f"{v:<22} {sv:>8} {seed_step:>10} {cell:>28} {step:>32}  {vd}")
+    if a.markdown:
+        markdown(data, spec, ladder + extra, prev_of)
     print(f"\nseeds: {len(next(iter(data.values())))}")
     print(f"cells_same_direction: {agree}/{cells}")
     return 0
