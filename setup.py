@@ -25,7 +25,7 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 # dataclass ClassVar into a field: mypyc/mypyc#1122), and the package __init__ files.
 CORE = ["retained", "eviction", "keys", "manager", "queries", "pages", "destinations", "plan", "commits", "request",
         "spec", "stats", "tiers", "tree", "types"]
-ENGINE = ["engine", "lifecycle", "live", "arrivals", "decoders", "sessions", "stages", "compute"]
+ENGINE = ["engine", "lifestate", "lifecycle", "live", "arrivals", "decoders", "sessions", "stages", "compute"]
 SIM = ["backend", "fluid", "runtime", "transfer", "servers", "stepjob"]
 
 

@@ -124,6 +124,11 @@ class Backend(Protocol):
         as this backend laid them out: the hw backend's with the driver's granule), or None
         where it exists whole from the start. The engine's serve watermark reads it."""
 
+    def promote(self, batch: Batch) -> int:
+        """A background write to disk (``BatchKind.BACKGROUND``) that a required one came
+        to depend on: its pieces still queued move to the required writes' queue (with
+        prioritised disk I/O; else nothing to do). How many moved."""
+
     def stats(self) -> dict:
         """Cumulative counters (numbers), at least the bytes moved as ``host_to_gpu``,
         ``gpu_to_host``, ``disk_read`` and ``disk_write``; the timeline samples them."""

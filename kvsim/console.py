@@ -49,6 +49,18 @@ def summary_table(metrics: dict, title: str, policy: str | None = None) -> Table
     t.add_row("GB disk read / write", f"{b['disk_read'] / 1e9:.3f} / {b['disk_write'] / 1e9:.3f}")
     t.add_row("evicted pages", ", ".join(f"{k} {v}" for k, v in m["evicted_pages"].items()))
     t.add_row("dropped pages", ", ".join(f"{k} {v}" for k, v in m["dropped_pages"].items()))
+    bal = m.get("balance") or {}
+    if bal:  # seed 004's balancing statistics: at the end, and the run's mean
+        t.add_row("evictable pages at end (mean)", ", ".join(
+            f"{k} {v['evictable_pages']} ({v['evictable_pages_mean']:.0f})" for k, v in bal.items()))
+        d = bal.get("disk", {})
+        if "retained_pages" in d:
+            t.add_row("disk retained copies at end (mean)",
+                      f"{d['retained_pages']} ({d['retained_pages_mean']:.0f}) pages, "
+                      f"{d['retained_bytes'] / 1e9:.3f} GB")
+            t.add_row("protected share in use at end (mean)",
+                      f"{d['protected_in_use']:.1%} ({d['protected_in_use_mean']:.1%}) "
+                      f"of {d['protected_pages']} pages")
     t.add_row("simulated time s", fmt(m["sim_time_s"]))
     t.add_row("wall time s", fmt(m["wall_time_s"]))
     return t

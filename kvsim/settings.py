@@ -46,10 +46,13 @@ class DiskSettings:
     round robin. ``io_write_share``: the share of the N workers writes may hold while a
     restore waits. ``dir``: the folder of the hw backend's tier file; ``preallocate``: the
     file's space reserved up front (else sparse: a full disk fails writes with ENOSPC);
-    ``direct_io``: O_DIRECT where the file system allows."""
+    ``direct_io``: O_DIRECT where the file system allows. ``io_mode``: ``queue`` (the
+    above with N 0), ``pool`` (N > 0) or ``serial``: one transfer at a time in arrival
+    order on one thread, no priorities (seed 004's baseline)."""
 
     io_workers: int
     io_write_share: float
+    io_mode: str = "queue"
     dir: Optional[str] = None
     preallocate: bool = True
     direct_io: bool = True
@@ -155,6 +158,9 @@ class BackendSettings:
     #: drive and the driver's lock, come from the runtime: ``Runtime.shared``)
     rank: int = 0
     ranks: int = 1
+    #: kernels an engine step launches (the model's layers x engine.kernels_per_layer): the
+    #: profile's lasting_gap_per_kernel is paid this many times a step
+    kernels_per_step: int = 0
 
     def key(self, level: Level) -> str:
         """The config key that sizes the tier at ``level``."""

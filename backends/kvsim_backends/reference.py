@@ -112,6 +112,9 @@ class ReferenceBackend:
     def read_tags_later(self, level: Level, slots: np.ndarray) -> None:
         return None
 
+    def promote(self, batch: Batch) -> int:
+        return 0  # (no I/O queues: batches run in order)
+
     def stats(self) -> dict:
         return {}
 

@@ -196,6 +196,9 @@ class InterferenceSpec(_Frozen):
     seed measured it on a coherent link: SM idle gaps between kernels grow, no kernel gets
     slower, so the sim adds it after the step's work (it holds no SM and stretches no
     copy). Default 0: no lasting effect (nothing like it was measured on PCIe).
+    ``lasting_gap_per_kernel``: the same penalty as the seed's mechanism, a grown idle gap
+    per kernel: a step pays it times its kernels (``BackendSettings.kernels_per_step``:
+    the model's layers x ``engine.kernels_per_layer``), on top of ``lasting_step_penalty``.
 
     ``busy_start``: how much later an SM copy kernel launched while compute runs starts
     moving bytes than on an idle GPU: its CTAs get SM room only as the compute's CTAs
@@ -214,6 +217,9 @@ class InterferenceSpec(_Frozen):
     copy_engine_slowdown: Slowdown
     busy_cta_efficiency: Fraction
     lasting_step_penalty: Seconds = 0.0
+    # the same effect per kernel: each of a step's kernels (the model's layers x the
+    # engine's kernels_per_layer) leaves this much more idle gap once it has begun
+    lasting_gap_per_kernel: Seconds = 0.0
     lasting_after_batches: Annotated[int, Field(gt=0)] = 3
     busy_start: Seconds = 0.0
     gemm: KindSpec | None = None

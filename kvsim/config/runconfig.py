@@ -20,7 +20,7 @@ from pydantic import (BeforeValidator, Field, ValidationError, ValidationInfo, f
                       model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from kvsim.config.strict import PositiveSeconds, Size
+from kvsim.config.strict import PositiveSeconds, Seconds, Size
 from kvsim.config.strict import Strict as _Strict
 from kvsim.config.node import NodeConfig, RouterConfig
 from kvsim.config.workload import WorkloadConfig
@@ -77,6 +77,11 @@ class TierConfig(_Strict):
     # disk tier, with io_workers N > 0: while a restore is queued or running, writes hold
     # at most this share of the N workers (at least one; 1.0: no cap)
     io_write_share: Annotated[float, Field(ge=0.0, le=1.0)] = WRITE_SHARE
+    # disk tier: how transfers reach the device (unset: pool with io_workers > 0, else the
+    # device's queue_depth pieces in flight round robin). serial: the seed's pre-pool
+    # baseline, one transfer at a time in arrival order (reads behind writes), each a
+    # blocking loop on one host thread (io_workers 0, no write_through); pool: io_workers
+    io_mode: Optional[Literal["serial", "pool"]] = None
     # disk tier: retained copies (kvsim.core.retained). keep_copy: a restore keeps a full
     # page's disk copy, and its next eviction to disk takes it back with no write;
     # write_through: a page evicted GPU -> host is also copied to disk in the background
@@ -86,6 +91,11 @@ class TierConfig(_Strict):
     write_through: bool = False
     write_through_inflight: Size = 1 << 30
     protected_copy_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    # disk tier, with write_through: a host page whose write-through is still running is
+    # pinned on host (pin: no eviction candidate), or may be evicted, the eviction taking
+    # the pending copy back and waiting for its write, promoted to the required writes
+    # (take_back: seed 004's rule)
+    write_through_pending: Literal["pin", "take_back"] = "pin"
     # this tier's own eviction order (a built-in name or module:Class), instead of
     # cache.policy.eviction's; not belady (a bound over the whole cache)
     eviction: Optional[str] = None
@@ -107,13 +117,20 @@ class TierConfig(_Strict):
             raise ValueError("fill is only for the host tier")
         if self.io_workers and self.level != "disk":
             raise ValueError("io_workers is only for the disk tier")
+        if self.io_mode is not None and self.level != "disk":
+            raise ValueError("io_mode is only for the disk tier")
+        if self.io_mode == "pool" and not self.io_workers:
+            raise ValueError("io_mode pool needs io_workers > 0 (the pool's threads)")
+        if self.io_mode == "serial" and self.io_workers:
+            raise ValueError(f"io_mode serial runs one transfer at a time on one host thread: "
+                             f"io_workers must be 0 (got {self.io_workers}); io_mode pool uses them")
         if self.level == "disk" and not self.io_workers \
                 and self.io_write_share != type(self).model_fields["io_write_share"].default:
             raise ValueError("io_write_share needs io_workers > 0 (it caps the disk I/O "
                              "workers' writes while restores run)")
         if self.level != "disk":  # (a resolved config dumps the defaults: compare to them)
             for k in ("keep_copy", "write_through", "write_through_inflight",
-                      "protected_copy_fraction", "io_write_share"):
+                      "protected_copy_fraction", "io_write_share", "write_through_pending"):
                 if getattr(self, k) != type(self).model_fields[k].default:
                     raise ValueError(f"{k} is only for the disk tier")
         if self.path is not None:
@@ -122,6 +139,9 @@ class TierConfig(_Strict):
             p = Path(os.path.expanduser(self.path))
             if p.exists() and not p.is_dir():
                 raise ValueError(f"path {self.path!r} exists and is not a directory")
+        if self.write_through_pending != "pin" and not self.write_through:
+            raise ValueError("write_through_pending needs write_through: true (it says what "
+                             "an eviction does with a page whose write-through is running)")
         return self
 
 
@@ -241,6 +261,22 @@ class CopyPathConfig(_Strict):
     d2h: CopyPathName = "auto"
 
 
+class ManagerCostConfig(_Strict):
+    """The manager's own bookkeeping time, charged to the executor (seed 003): each plan
+    costs ``per_plan`` + ``per_page`` a new GPU page it allocates + ``per_moved_page`` a
+    page it moves, plus its statistics: ``stats: page`` commits them once a moved page
+    ((``stats_per_page`` + ``stats_per_commit``) a page), ``batch`` once a batch
+    (``stats_per_page`` a page + ``stats_per_commit`` a batch), ``off`` not at all. The
+    next step starts that much later: a resize blocks serving for its time. All 0: free."""
+
+    per_plan: Seconds = 0.0
+    per_page: Seconds = 0.0
+    per_moved_page: Seconds = 0.0
+    stats: Literal["off", "page", "batch"] = "off"
+    stats_per_page: Seconds = 0.0
+    stats_per_commit: Seconds = 0.0
+
+
 class EngineConfig(_Strict):
     max_batch_tokens: Annotated[int, Field(gt=0)] = 8192
     max_running: Annotated[int, Field(gt=0)] = 256
@@ -256,6 +292,11 @@ class EngineConfig(_Strict):
     kernel_on_coherent_link: bool = False
     # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
     sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
+    # kernels a step launches a layer (seed 000: the SM copy kernel's lasting idle gap is
+    # paid once a kernel, the profile's sm.interference.lasting_gap_per_kernel)
+    kernels_per_layer: Annotated[int, Field(gt=0)] = 8
+    # the manager's bookkeeping time a plan, charged to the executor (seed 003)
+    manager_cost: ManagerCostConfig = ManagerCostConfig()
 
 
 class OutputConfig(_Strict):

@@ -94,8 +94,10 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
                     onboarding.setdefault(plan_id, set()).add(p.pid)
             if kind is BatchKind.TAKEBACK:  # onto the copies' own slots (owned by them)
                 for p, d in zip(pgs, dsts):
-                    if p.copy != d or not p.copy_ready or p.pid not in taking:
-                        _fail(f"plan {plan_id}: takes back slot {d} for {p!r}, not its ready copy")
+                    if p.copy != d or p.pid not in taking or not (
+                            p.copy_ready or p.pid in m._wt_taken):
+                        _fail(f"plan {plan_id}: takes back slot {d} for {p!r}, not its ready "
+                              f"copy (nor a pending one taken back)")
                     taking.discard(p.pid)
                 continue
             dst_slots.extend((dst_pos, d) for d in dsts)
@@ -340,6 +342,8 @@ def _audit_copies(m, owner: dict) -> set[int]:
                 _fail(f"{p!r} has a ready copy but is not fully committed")
             if p not in index:
                 taking.add(p.pid)
+        elif p.pid in m._wt_taken:  # a pending copy an eviction takes back (or lost)
+            taking.add(p.pid)
         elif writing.get(p.pid) != p.copy:
             _fail(f"{p!r}: copy {p.copy} is not ready and no write-through writes it")
     for p in index:

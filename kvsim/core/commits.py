@@ -142,6 +142,8 @@ class Planning(Eviction):
                 n = len(pages)
                 c.moved_pages[b.src][b.dst] += n
                 if takeback:  # no bytes moved: the copy was there
+                    if self._wt_taken:
+                        self._end_take_back(pages, True)
                     c.copies_reused += n
                     self._retained -= n
                     for p in pages:
@@ -163,10 +165,13 @@ class Planning(Eviction):
             else:
                 c.failed_batches += 1
                 if takeback:  # the page stays, its copy with it, reclaimable again
+                    if self._wt_taken:  # (a pending copy: pending again, or lost)
+                        self._end_take_back(pages, False)
                     copies = tiers[dst_pos].copies
                     for p in pages:
                         p.phase = Phase.RESIDENT
-                        copies[p] = None
+                        if p.copy_ready:
+                            copies[p] = None
                         self._settle(p, touch=False)
                     continue
                 for p, d in zip(pages, dsts):

@@ -165,7 +165,7 @@ class Eviction(Copies):
             need = len(victims)
             take: list[Page] = []
             if d == disk and self._retained:  # ready copies are taken back, not written
-                take = take_back_split(victims)[0]
+                take = take_back_split(victims, self.wt_take_back)[0]
                 need = len(victims) - len(take)
                 sel.taking.update(take)
             if self._select_at(d, need, exclude, True, sel):
@@ -190,7 +190,7 @@ class Eviction(Copies):
         need = 0
         if sel.dest[h] == last:  # the host's own victims that the disk must take in
             need = sum(1 for v in sel.victims[h] if v not in sel.taking)
-        take = take_back_split(far)[0] if last == disk and self._retained else []
+        take = take_back_split(far, self.wt_take_back)[0] if last == disk and self._retained else []
         sel.taking.update(take)
         if not self._select_at(last, need + len(far) - len(take), exclude, True, sel):
             sel.taking.difference_update(take)
@@ -309,8 +309,8 @@ class Eviction(Copies):
         for d, group in ((sel.dest[pos], near), (last, far)):
             if not group:
                 continue
-            take, write = (take_back_split(group) if d == self._disk_pos and sel.taking
-                           else ([], group))
+            take, write = (take_back_split(group, self.wt_take_back)
+                           if d == self._disk_pos and sel.taking else ([], group))
             tier.index_discard_each(group)
             for v in group:
                 v.phase = moving
@@ -319,9 +319,7 @@ class Eviction(Copies):
                 handed.append(self._add_batch(rec, batches, BatchKind.EVICT, pos, d, write,
                                               dst, stage))
             if take:  # onto their retained copies: no longer reclaimable
-                copies = self.tiers[d].copies
-                for v in take:
-                    del copies[v]
+                self._take_copies(take)
                 handed.append(self._add_batch(rec, batches, BatchKind.TAKEBACK, pos, d, take,
                                               [v.copy for v in take], stage))
             if incoming:

@@ -88,6 +88,14 @@ class Copies:
         self._wt_reading: set[int] = set()        # host slots they read
         self._wt_deferred: set[int] = set()       # of those, slots whose page left them
         self._retained = 0                        # disk slots held by copies
+        # write_through_take_back (seed 004's rule): a host page under write-through may be
+        # evicted to disk onto its pending copy; the write each disk slot belongs to, the
+        # pages whose pending copy an in-flight eviction takes back, and of those, the ones
+        # whose write failed (the eviction fails and drops the copy)
+        self.wt_take_back = self.write_through_on and bool(spec.write_through_take_back)
+        self._wt_of_slot: dict[int, int] = {}     # disk slot -> write-through plan id
+        self._wt_taken: set[int] = set()          # page ids
+        self._wt_lost: set[int] = set()           # page ids
 
     # == read-only ======================================================================
     def protected_copies(self) -> int:
@@ -179,8 +187,9 @@ class Copies:
         return victims, first
 
     def _host_reading(self, tier: Tier):
-        """A filter of host eviction candidates: those whose slot a write-through reads."""
-        if tier.index_pos == self._host_pos and self._wt_reading:
+        """A filter of host eviction candidates: those whose slot a write-through reads
+        (none with ``write_through_take_back``: such a page takes its pending copy back)."""
+        if tier.index_pos == self._host_pos and self._wt_reading and not self.wt_take_back:
             reading = self._wt_reading
             return lambda p: p.slot in reading
         return None
@@ -250,12 +259,55 @@ class Copies:
         self._next_plan += 1
         self.counters.plans += 1
         self._wt[pid] = WriteThrough(take, host, slots)
+        if self.wt_take_back:
+            for s in slots:
+                self._wt_of_slot[s] = pid
         batch = Batch(BatchKind.BACKGROUND, Level.HOST, Level.DISK, host, slots,
                       [p.tag for p in take], self.page_bytes, 0)
         return Plan(pid, PlanKind.WRITE_THROUGH, (batch,))
 
+    def takeback_waits(self, batch: Batch) -> list[int]:
+        """The write-through plans a TAKEBACK batch waits for: those still writing the
+        pending copies it takes back (seed 004's rule; empty without it)."""
+        if not self._wt_of_slot or batch.kind is not BatchKind.TAKEBACK:
+            return []
+        of = self._wt_of_slot
+        return sorted({of[s] for s in batch.dst_slots if s in of})
+
+    def _take_copies(self, pages: list[Page]) -> None:
+        """``pages`` go to disk onto their copies: out of the reclaimable index (a pending
+        copy is in none); those still being written wait for their write."""
+        copies = self.tiers[self._disk_pos].copies
+        for p in pages:
+            copies.pop(p, None)
+            if not p.copy_ready:
+                self._wt_taken.add(p.pid)
+
+    def _end_take_back(self, pages: list[Page], ok: bool) -> None:
+        """A TAKEBACK batch ended: taken pending copies are settled. Good: the copy was
+        written (counted ``copies_reused_pending``). Failed: a copy whose write failed is
+        dropped (its slot freed); one whose write still runs is pending again."""
+        taken = self._wt_taken
+        if not taken:
+            return
+        disk = self.tiers[self._disk_pos]
+        for p in pages:
+            if p.pid not in taken:
+                continue
+            taken.discard(p.pid)
+            if ok:
+                self.counters.copies_reused_pending += 1
+            elif p.pid in self._wt_lost:
+                self._wt_lost.discard(p.pid)
+                disk.release(p.copy)
+                p.copy = -1
+                self._retained -= 1
+
     def _finish_write_through(self, plan: Plan, ok: bool) -> None:
         w = self._wt.pop(plan.pid)
+        if self._wt_of_slot:
+            for s in w.disk_slots:
+                self._wt_of_slot.pop(s, None)
         disk = self.tiers[self._disk_pos]
         host = self.tiers[self._host_pos]
         for h in w.host_slots:
@@ -269,6 +321,13 @@ class Copies:
             if p.copy != d:  # the page gave the copy up meanwhile
                 disk.release(d)
                 self._retained -= 1
+            elif p.pid in self._wt_taken:  # an eviction takes it back: it waited for this
+                if ok:
+                    p.copy_ready = True
+                    c.write_through_pages += 1
+                else:  # the eviction fails; its end drops the copy
+                    self._wt_lost.add(p.pid)
+                    c.write_through_failed += 1
             elif ok:
                 p.copy_ready = True
                 disk.copies[p] = None
@@ -282,8 +341,14 @@ class Copies:
             c.failed_batches += 1
 
 
-def take_back_split(victims: list[Page]) -> tuple[list[Page], list[Page]]:
-    """Victims going to disk: (those that take their ready copy back, those written)."""
+def take_back_split(victims: list[Page], pending: bool = False) -> tuple[list[Page], list[Page]]:
+    """Victims going to disk: (those that take their ready copy back, those written); with
+    ``pending`` (``write_through_take_back``) a copy still being written is taken back too."""
+    if pending:
+        take = [v for v in victims if v.copy >= 0]
+        if not take:
+            return [], victims
+        return take, [v for v in victims if v.copy < 0]
     take = [v for v in victims if v.copy >= 0 and v.copy_ready]
     if not take:
         return [], victims

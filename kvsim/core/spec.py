@@ -45,6 +45,10 @@ class ManagerSpec:
     write_through: bool = False
     write_through_inflight_bytes: int = 1 << 30
     protected_copy_fraction: float = 1.0
+    # seed 004's rule: a host page whose write-through is still running may be evicted to
+    # disk; the eviction takes the pending copy back and waits for its write (promoted to
+    # the required writes). False: such a page is no host eviction candidate
+    write_through_take_back: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.page_bytes, int) or self.page_bytes <= 0:

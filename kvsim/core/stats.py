@@ -38,6 +38,7 @@ class Counters:
     # page left or was written to disk before its copy finished)
     copies_kept: int = 0
     copies_reused: int = 0
+    copies_reused_pending: int = 0  # of those, copies whose write-through was still running
     copies_reclaimed: int = 0
     write_through_pages: int = 0
     write_through_skipped: int = 0
@@ -83,6 +84,7 @@ class Counters:
         out.update({
             "copies_kept": self.copies_kept,
             "copies_reused": self.copies_reused,
+            "copies_reused_pending": self.copies_reused_pending,
             "copies_reclaimed": self.copies_reclaimed,
             "write_through_pages": self.write_through_pages,
             "write_through_skipped": self.write_through_skipped,

@@ -91,6 +91,11 @@ class Engine(Lifecycle):
                 self._wake = None
                 self._tick()
                 continue
+            if self._owed_ns:  # the manager's bookkeeping (engine.manager_cost) goes first
+                yield from self._catch_up()
+                owed, self._owed_ns = self._owed_ns, 0
+                yield rt.timeout(owed / NS)
+                self._tick()
             work = self._step_work(batch)
             first = round(work.seconds * NS)
             n = self._run_ahead(batch, first, work) if self.p.fast_forward else 0
@@ -284,9 +289,9 @@ class Engine(Lifecycle):
         row = {"t_s": self.t / NS, "running": len(self._running), "waiting": len(self._waiting)}
         for t in self.mgr.tiers:
             row[f"{t.level.name.lower()}_used_slots"] = t.used
+            row[f"{t.level.name.lower()}_evictable_pages"] = t.index_size()
         if self.mgr.copies_on:  # retained disk copies, apart from evictable disk pages
             row["disk_retained_slots"] = self.mgr.retained_slots()
-            row["disk_evictable_pages"] = self.mgr.tiers[-1].index_size()
         for k, v in self.backend.stats().items():
             if isinstance(v, (int, float)):
                 row[k] = v

@@ -15,65 +15,28 @@ recently admitted running request is preempted (suspended; its pages may move to
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import count
 from typing import Any, Callable
 
 from kvsim.backend import Backend, Runtime
 from kvsim.engine.compute import ComputeModel
 from kvsim.core import Level, RefusalReason, Request, TierManager
 from kvsim.core.types import ReqState
-from kvsim.engine.arrivals import Arrivals
-from kvsim.engine.decoders import Decoders
+from kvsim.engine.lifestate import LifeState
 from kvsim.engine.live import EngineParams, Live, TurnState
-from kvsim.engine.metrics import Metrics
+from kvsim.engine.managercost import plan_cost_s
+from kvsim.engine.metrics import NS
 from kvsim.engine.stages import check_tags, run_plan, tags_equal
 from kvsim.engine.sessions import Cursor, Frame
 
 
-class Lifecycle:
+class Lifecycle(LifeState):
     def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute: ComputeModel,
                  params: EngineParams, *, on_progress: Callable[[int], None] | None = None,
                  on_resume: Callable[[int], None] | None = None):
-        """``compute.step_work(prefill: [(new_tokens, context_before)], n_decode,
-        decode_context_sum)`` gives a step's work and seconds, ``compute.decode_work(n_decode,
-        decode_context_sum)`` the same for a step without prefill
-        (kvsim.engine.compute.ComputeModel; typed, so the compiled build calls it natively).
-        ``on_resume(pages)``: told of every resumed request, with the GPU pages it holds
-        (before its pages are checked)."""
-        self.rt = rt
-        self.backend = backend
-        self.mgr = mgr
-        self.compute = compute
-        self.p = params
-        self.B = mgr.tokens_per_block
-        self.metrics = Metrics()
-        self.on_progress = on_progress
-        self.on_resume = on_resume
-        self.t = 0                                   # engine clock, ns
-        self.block_tokens = mgr.tokens_per_block     # the workload's hash block (load sets it)
-        self.arrivals = Arrivals()                   # turns not yet arrived
-        self._waiting: deque[Live] = deque()
-        self._running: list[Live] = []               # admitted: onboarding/running/growing
-        self._reserved_pages = 0                     # their final GPU pages, summed
-        self._state_held = 0                         # GPU slots their state takes (below)
-        self._with_state: set[int] = set()           # uids of the requests holding it
-        self.dec = Decoders()                        # decoding requests, advanced lazily
-        self._stalled: list[Live] = []               # decoders that must grow before a step
-        self._prefilling: list[Live] = []            # admitted, prompt not fully computed
-        self._idle: dict[int, Frame] = {}            # suspended sessions between turns
-        self._inflight = 0                           # plans running on the backend
-        self._checks_open = 0                        # resume refchecks still running (hw)
-        self._evicting = False                       # a background eviction is running
-        self._evict_failures = 0                     # consecutive failed background evictions
-        self._evict_off = False
-        self._deferred: list = []                    # plan processes to start at the boundary
-        self._wake: Any = None  # the event serve() waits on (the runtime's), while it waits
-        self._dirty = True
-        self._admit_seq = count()
-        self._uids = count()
-        self._next_sample = 0
-        self._vnow = 0.0                             # the runtime's time the engine ran ahead to
+        """See ``LifeState``."""
+        super().__init__(rt, backend, mgr, compute, params, on_progress=on_progress, on_resume=on_resume)
+        if mgr.wt_take_back:
+            self._waits = self._takeback_waits
 
     def _schedule_next(self, cur: Cursor, done_ns: int) -> None:
         """Queue the session's next turn; close finished (sub-)sessions' requests."""
@@ -128,6 +91,7 @@ class Lifecycle:
             if lv.row.admitted_ns < 0:
                 lv.row.admitted_ns = self.t
             self._add_running(lv)
+            self._charge(plan, 0)
             if plan.batches:  # type: ignore[union-attr]
                 lv.state = TurnState.ONBOARDING
                 lv.row.onboard_bytes += plan.nbytes  # type: ignore[union-attr]
@@ -250,7 +214,7 @@ class Lifecycle:
 
     def _plan_proc(self, plan, lv: Live, then: TurnState):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                                 self.p.refcheck_disk_writes)
+                                 self.p.refcheck_disk_writes, self._waits)
         self._inflight -= 1
         self._write_through()
         lv.failures = 0 if ok else lv.failures + 1
@@ -281,12 +245,31 @@ class Lifecycle:
             return
         plan = self.mgr.write_through()
         if plan is not None:
+            self._charge(plan, 0)
+            if self._waits is not None:
+                self._wt_done[plan.pid] = (plan.batches[0], self.rt.event())
             self._launch(self._write_through_proc(plan))
 
+    def _charge(self, plan: Any, new: int) -> None:
+        """engine.manager_cost: a plan's bookkeeping (None: ``new`` pages taken from free
+        slots, no plan), owed the executor: the next step starts after it."""
+        if self._cost_on:
+            ns = round(plan_cost_s(self.p, [b.pages for b in plan.batches] if plan else [], new) * NS)
+            self._owed_ns += ns
+            self.metrics.manager_ns.append(ns)
+
+    def _takeback_waits(self, batch) -> list:
+        """(write-through batch, its plan's end) for each write a TAKEBACK batch waits for."""
+        return [self._wt_done[pid] for pid in self.mgr.takeback_waits(batch) if pid in self._wt_done]
+
     def _write_through_proc(self, plan):
-        """A background write: nobody waits for it; a failed one only loses its copies."""
-        yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                            self.p.refcheck_disk_writes)
+        """A background write: nobody waits for it (but an eviction that takes back one of
+        its pending copies); a failed one only loses its copies."""
+        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                 self.p.refcheck_disk_writes)
+        done = self._wt_done.pop(plan.pid, None)
+        if done is not None:
+            done[1].succeed(ok)
         self._inflight -= 1
         self._write_through()  # pages that waited for the in-flight cap
         self._notify()
@@ -309,6 +292,7 @@ class Lifecycle:
         plan = self.mgr.evict(Level.GPU, n)
         if not plan:
             return
+        self._charge(plan, 0)
         self._evicting = True
         self._launch(self._evict_proc(plan))
 
@@ -324,7 +308,7 @@ class Lifecycle:
 
     def _evict_proc(self, plan):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                                 self.p.refcheck_disk_writes)
+                                 self.p.refcheck_disk_writes, self._waits)
         self._inflight -= 1
         self._write_through()
         self._evicting = False
@@ -350,6 +334,7 @@ class Lifecycle:
         nb = -(-target // self.B)
         extra = [(-1, lv.uid, j) for j in range(len(req.blocks), nb)]
         if self.mgr.extend(req, target, extra):  # free slots, nothing to move: done now
+            self._charge(None, len(extra))
             # (not dirty: taking free slots cannot let a waiting turn in that could not be
             # admitted before, so admission need not run again for it)
             return True
@@ -369,6 +354,7 @@ class Lifecycle:
             if victim is lv:
                 return False
         self._dirty = True
+        self._charge(plan, len(extra))
         if plan.batches:  # type: ignore[union-attr]
             lv.state = TurnState.GROWING
             self._start_plan(plan, lv, TurnState.RUNNING)

@@ -41,6 +41,15 @@ class EngineParams:
     #                                   (a host tier filling: its first unit, or all of it)
     state_pages: int = 0              # GPU pages a running request's fixed state takes: its
     #                                   sliding layers' window, its recurrent state
+    # the manager's bookkeeping a plan (engine.manager_cost), seconds: a plan, a new GPU
+    # page, a moved page; statistics (0 off, 1 a commit a page, 2 a commit a batch): a
+    # page's share and a commit's
+    mgr_per_plan_s: float = 0.0
+    mgr_per_page_s: float = 0.0
+    mgr_per_moved_page_s: float = 0.0
+    mgr_stats: int = 0
+    mgr_stats_per_page_s: float = 0.0
+    mgr_stats_per_commit_s: float = 0.0
 
 
 class Live:

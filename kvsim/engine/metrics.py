@@ -93,6 +93,8 @@ class Metrics:
     # each step of decodes only: its duration (ns), the penalties and stretches in it
     # included (8 bytes a step: a long replay runs millions of them)
     decode_step_ns: array = field(default_factory=lambda: array("q"))
+    # engine.manager_cost: each plan's bookkeeping (ns), charged to the executor
+    manager_ns: array = field(default_factory=lambda: array("q"))
 
     def summary(self, counters: dict, traffic: dict, end_ns: int, wall_s: float,
                 levels: dict[int, str]) -> dict:
@@ -140,7 +142,16 @@ class Metrics:
             "sim_time_s": span,
             "wall_time_s": wall_s,
             **_copies(counters),
+            **_manager(self.manager_ns),
         }
+
+
+def _manager(ns: array) -> dict:
+    """engine.manager_cost (only where it charged anything): the plans charged, the
+    executor's seconds blocked in all, and the longest single plan's."""
+    if not len(ns):
+        return {}
+    return {"manager": {"plans": len(ns), "busy_s": sum(ns) / NS, "max_s": max(ns) / NS}}
 
 
 def _copies(counters: dict) -> dict:
@@ -151,6 +162,7 @@ def _copies(counters: dict) -> dict:
         return {}
     return {"disk_copies": {
         "kept": counters["copies_kept"], "reused": counters["copies_reused"],
+        "reused_pending": counters.get("copies_reused_pending", 0),
         "reclaimed": counters["copies_reclaimed"],
         "write_through_pages": counters["write_through_pages"],
         "write_through_skipped": counters["write_through_skipped"],

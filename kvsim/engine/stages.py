@@ -12,12 +12,13 @@ the copy it reuses must hold the page's bytes.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from kvsim.backend import Backend, Runtime
 from kvsim.core import Batch, Plan, TierManager
+from kvsim.core.plan import BatchKind
 from kvsim.core.spec import Level
 from kvsim.engine.refcheck import RefcheckError, check_tags
 
@@ -57,20 +58,32 @@ def _slots_exist(rt: Runtime, backend: Backend, mgr: TierManager, stage: Sequenc
 
 
 def run_plan(rt: Runtime, backend: Backend, mgr: TierManager, plan: Plan, refcheck: bool,
-             disk_writes: bool = True):
+             disk_writes: bool = True, waits: Callable[[Batch], list] | None = None):
     """Generator process: execute ``plan`` and complete it. Returns True if all batches ran.
-    ``disk_writes``: the refcheck also reads back batches written to disk."""
+    ``disk_writes``: the refcheck also reads back batches written to disk. ``waits``
+    (write_through_take_back): a TAKEBACK batch -> the (write-through batch, its end) it
+    waits for; the stage promotes those writes' queued pieces to the required writes,
+    waits for them, and a TAKEBACK batch whose write failed fails."""
     oks = [False] * len(plan.batches)
     index = {id(b): i for i, b in enumerate(plan.batches)}
     for stage in plan.stages:
         if not (yield from _slots_exist(rt, backend, mgr, stage)):
             break
+        lost: set[int] = set()
+        if waits is not None:
+            held = [(b, waits(b)) for b in stage if b.kind is BatchKind.TAKEBACK]
+            pend = [w for _, ws in held for w in ws]
+            if pend:
+                for wb, _ in pend:
+                    backend.promote(wb)
+                yield rt.all_of([ev for _, ev in pend])
+                lost = {id(b) for b, ws in held if not all(ev.value for _, ev in ws)}
         events = [backend.transfer(b) for b in stage]
         # (one batch, the common stage: its own event, without a condition over it)
         yield events[0] if len(events) == 1 else rt.all_of(events)
         stage_ok = True
         for b, ev in zip(stage, events):
-            ok = bool(ev.value)
+            ok = bool(ev.value) and id(b) not in lost
             oks[index[id(b)]] = ok
             stage_ok &= ok
         if not stage_ok:

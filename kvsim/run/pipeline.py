@@ -25,6 +25,8 @@ from kvsim.config import ConfigFileError, RunConfig, host_fill
 from kvsim.core import Level, ManagerSpec, TierManager, TierSpec
 from kvsim.engine import Engine, EngineParams
 from kvsim.engine.metrics import Row, dist
+from kvsim.engine.balance import tier_balance
+from kvsim.engine.managercost import manager_cost_params
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
                                 describe)
@@ -95,7 +97,8 @@ def build_spec(cfg: RunConfig, shape: ModelShape) -> ManagerSpec:
     copies = {} if disk is None else dict(
         keep_copy=disk.keep_copy, write_through=disk.write_through,
         write_through_inflight_bytes=max(page, disk.write_through_inflight),
-        protected_copy_fraction=disk.protected_copy_fraction)
+        protected_copy_fraction=disk.protected_copy_fraction,
+        write_through_take_back=disk.write_through_pending == "take_back")
     return ManagerSpec(page_bytes=page, tokens_per_block=cfg.cache.tokens_per_block, tiers=tiers,
                        **copies)
 
@@ -304,7 +307,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                                   timeline_interval_s=cfg.output.timeline_interval,
                                   host_serve_slots=host_serve_slots(rk.settings, rk.backend),
                                   state_pages=state_pages(prep.shape, rk.mgr.page_bytes,
-                                                          cfg.cache.tokens_per_block))
+                                                          cfg.cache.tokens_per_block),
+                                  **manager_cost_params(e.manager_cost))
             rk.engine = Engine(rt, rk.backend, rk.mgr, model, params, on_resume=on_resume)
             if pinned_arrivals is not None:
                 rk.engine.pin_arrivals(pinned_arrivals)
@@ -337,6 +341,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     end = max(rk.engine.t for rk in ranks)
     metrics = node.summary(sum_counts(counters), traffic, end, wall, levels)
     metrics["page_bytes"] = mgr.page_bytes
+    metrics["balance"] = tier_balance([(rk.mgr, rk.engine.metrics.timeline) for rk in ranks],
+                                      mgr.page_bytes)
     metrics["tiers_slots"] = {t.level.name.lower(): t.capacity for t in mgr.tiers}
     if any(t.fill is not None for t in cfg.cache.tiers):
         done = [rk.backend.stats().get("host_fill_done_s") for rk in ranks]

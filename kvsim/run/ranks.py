@@ -119,6 +119,7 @@ def merge(metrics: Sequence[Metrics], ranks: int) -> Metrics:
         out.holds_released += m.holds_released
         out.preemptions += m.preemptions
         out.decode_step_ns.extend(m.decode_step_ns)
+        out.manager_ns.extend(m.manager_ns)
     out.serve_start_ns = max(m.serve_start_ns for m in metrics)
     out.rows.sort(key=lambda row: (row.arrival_ns, row.rank, row.rid))
     out.timeline.sort(key=lambda row: (row["t_s"], row["rank"]))

@@ -78,6 +78,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
     if disk is not None:
         where = {DISK_OPTIONS[k]: v for k, v in options.items() if k in DISK_OPTIONS and v is not None}
         d = DiskSettings(io_workers=disk.io_workers, io_write_share=disk.io_write_share,
+                         io_mode=disk.io_mode or ("pool" if disk.io_workers else "queue"),
                          **{"dir": disk.path, **where})
     return BackendSettings(
         page_bytes=int(page_bytes), slots={Level(k): int(v) for k, v in slots.items()},
@@ -91,7 +92,8 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
                                    register_chunk=fill.register_chunk),
         model=ModelSettings.capped(shape.projections_per_gpu()),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
-        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks)
+        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks,
+        kernels_per_step=shape.layers * e.kernels_per_layer)
 
 
 def settings_for(page_bytes: int, slots: Mapping[Level, int],
@@ -99,11 +101,12 @@ def settings_for(page_bytes: int, slots: Mapping[Level, int],
                  sm_ctas: Any = None, kernel_on_coherent_link: bool | None = None,
                  refcheck: bool | None = None, io_workers: int | None = None,
                  io_write_share: float | None = None, host_fill: Mapping | None = None,
+                 io_mode: str | None = None,
                  model: str | None = None, **options: Any) -> BackendSettings:
     """Settings for ``slots`` (level -> slots) of ``page_bytes`` outside a replay (tests,
     benchmarks, calibrate): the config keys given here (``engine.copy_path``,
     ``engine.sm_ctas``, ``engine.kernel_on_coherent_link``, ``engine.refcheck``, the disk
-    tier's ``io_workers`` and ``io_write_share``, the host tier's ``fill``) validated by
+    tier's ``io_workers``, ``io_write_share`` and ``io_mode``, the host tier's ``fill``) validated by
     the config model, the rest its defaults; ``profile``: a profile or a preset name
     (default: the config's); ``model``: a model preset or path (default: the config's);
     ``options``: ``backend_settings``'."""
@@ -113,8 +116,8 @@ def settings_for(page_bytes: int, slots: Mapping[Level, int],
             continue
         t: dict[str, Any] = {"level": LEVEL_NAMES[lv], "quota": max(1, int(slots.get(lv, 1))) * int(page_bytes)}
         if lv == Level.DISK:
-            t.update({k: v for k, v in (("io_workers", io_workers), ("io_write_share", io_write_share))
-                      if v is not None})
+            t.update({k: v for k, v in (("io_workers", io_workers), ("io_write_share", io_write_share),
+                                        ("io_mode", io_mode)) if v is not None})
         if lv == Level.HOST and host_fill is not None:
             t["fill"] = dict(host_fill)
         tiers.append(t)

@@ -28,7 +28,7 @@ import threading
 from contextlib import contextmanager
 from typing import Hashable, Iterator, Sequence
 
-from kvsim.core import Fill, Level, Plan, Refusal, Request, TierManager, TierStats
+from kvsim.core import Batch, Fill, Level, Plan, Refusal, Request, TierManager, TierStats
 from kvsim.core.keys import BlockIds
 from kvsim.core.pages import Page
 
@@ -116,7 +116,7 @@ class SharedManager:
     ``lock``: any object with ``acquire_read``/``release_read``/``acquire_write``/
     ``release_write`` (default: a new ``RWLock``)."""
 
-    __slots__ = ("_m", "_lock", "spec", "page_bytes", "tokens_per_block")
+    __slots__ = ("_m", "_lock", "spec", "page_bytes", "tokens_per_block", "wt_take_back")
 
     def __init__(self, manager: TierManager, lock: RWLock | None = None):
         if not isinstance(manager, TierManager):
@@ -126,6 +126,7 @@ class SharedManager:
         self.spec = manager.spec  # immutable: read without the lock
         self.page_bytes = manager.page_bytes
         self.tokens_per_block = manager.tokens_per_block
+        self.wt_take_back = manager.wt_take_back  # (fixed at construction)
 
     @property
     def lock(self) -> RWLock:
@@ -254,10 +255,15 @@ class SharedManager:
         with self.reading() as m:
             return m.protected_copies()
 
+    def takeback_waits(self, batch: Batch) -> list[int]:
+        with self.reading() as m:
+            return m.takeback_waits(batch)
+
 
 #: TierManager's public methods, by how the facade takes the lock for them (a test checks
 #: that every public method of TierManager is in one of these)
 SHARED_METHODS = ("probe_reuse", "tier_stats", "expected", "plans_in_flight", "requests",
-                  "pages", "level_of", "tier_pos", "retained_slots", "protected_copies")
+                  "pages", "level_of", "tier_pos", "retained_slots", "protected_copies",
+                  "takeback_waits")
 EXCLUSIVE_METHODS = ("create", "prepare", "resume", "grow", "extend", "commit", "suspend",
                      "close", "set_quota", "cap_tier", "evict", "complete", "write_through")

@@ -40,8 +40,10 @@ METRIC_ROOTS = frozenset({
     "evicted_pages", "dropped_pages", "offloaded_pages", "onboarded_pages", "failed_batches",
     "preemptions", "holds_released", "engine_steps", "sim_time_s", "wall_time_s",
     "page_bytes", "tiers_slots", "disk_copies",
+    "balance",    # each tier's evictable pages, the disk's retained copies (kvsim.engine.balance)
     "host_fill",  # only where the config has a host tier fill (kvsim.run.host_fill_metrics)
     "driver",     # only where a host fill takes the profile's driver lock
+    "manager",    # only where engine.manager_cost charged plans (kvsim.engine.managercost)
     "ranks",      # only for a node of several ranks (a list: one summary a rank)
 })
 

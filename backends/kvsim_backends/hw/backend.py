@@ -149,15 +149,16 @@ class HwBackend:
                 st.probes.fail_fill_at_unit, st.probes.fill_unit_delay_s, turns)
         if Level.DISK in self.slots:
             d = st.disk
-            threads = io_threads(d.io_workers, io_threads_q)
+            serial = d.io_mode == "serial"
+            threads = 1 if serial else io_threads(d.io_workers, io_threads_q)
             shared = None
             if st.ranks > 1:  # the node's drive: one set of I/O threads for every rank's file
                 shared = self.runtime.shared("disk_pool", lambda: SharedPool(
-                    threads, piece, d.io_workers > 0, d.io_write_share))
+                    threads, piece, d.io_workers > 0, d.io_write_share, serial))
             self.disk = DiskStore(d.dir, self.slots[Level.DISK], self.page_bytes, threads, piece,
                                   st.probes.io_hook, direct=d.direct_io, preallocate=d.preallocate,
                                   priorities=d.io_workers > 0, io_write_share=d.io_write_share,
-                                  pool=shared)
+                                  pool=shared, serial=serial)
             self.info["disk_direct_io"] = self.disk.uses_direct
         staging_pages = max(1, st.hw.staging_bytes // self.page_bytes)
         self.staging = StagingPool(staging_pages, self.page_bytes, cuda_rt)

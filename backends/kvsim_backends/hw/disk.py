@@ -15,7 +15,9 @@ writes wait up to 0.58 s on the H200 machine). With ``priorities`` (the disk tie
 ``kvsim.core.datapath.diskio`` (``PriorityPool``): restores first, then required writes, then
 background writes, with aging, and while a restore is queued or running at most
 ``write_cap(io_threads, io_write_share)`` write pieces in flight (the disk tier's
-``io_write_share``), the rule the sim models too; a failed piece fails its
+``io_write_share``), the rule the sim models too. With ``serial`` (``io_mode: serial``,
+seed 004's baseline) one thread runs every transfer whole, first in first out, a restore
+behind the writes queued before it; a failed piece fails its
 transfer and its pieces not yet started are not run. O_DIRECT
 is used where the filesystem takes it and the buffer, offset and length are aligned;
 otherwise, or after the first EINVAL, the buffered descriptor.
@@ -68,7 +70,8 @@ class DiskStore:
     def __init__(self, disk_dir: str | os.PathLike, slots: int, page_bytes: int,
                  io_threads: int, piece_bytes: int, io_hook: IoHook | None = None,
                  direct: bool = True, preallocate: bool = True, priorities: bool = False,
-                 io_write_share: float = WRITE_SHARE, pool: SharedPool | None = None):
+                 io_write_share: float = WRITE_SHARE, pool: SharedPool | None = None,
+                 serial: bool = False):
         self.slots = slots
         self.page_bytes = page_bytes
         self.piece_bytes = piece_bytes
@@ -114,7 +117,8 @@ class DiskStore:
         self._layouts: dict[int, list[list[tuple[int, int, int]]]] = {}  # pages -> pieces
         # its I/O threads: its own, or a node's drive's, shared by the ranks' stores
         own = pool is None
-        self._shared = SharedPool(io_threads, piece_bytes, priorities, io_write_share) if own else pool
+        self._shared = (SharedPool(io_threads, piece_bytes, priorities, io_write_share, serial)
+                        if own else pool)
         self.pool = self._shared.join()
         if own:
             self._stop_pool = weakref.finalize(self, self.pool.shutdown, False)  # if never closed
@@ -302,11 +306,15 @@ class SharedPool:
     writes), made by the first store that joins and shut down when the last one leaves."""
 
     def __init__(self, io_threads: int, piece_bytes: int, priorities: bool,
-                 io_write_share: float = WRITE_SHARE):
+                 io_write_share: float = WRITE_SHARE, serial: bool = False):
         rule = (IoRule(piece_bytes=piece_bytes, write_cap=write_cap(io_threads, io_write_share))
                 if priorities else None)
-        self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
-                     else FairPool(io_threads, "kvsim-disk"))
+        if serial:  # io_mode serial: one thread, one queue, transfers whole in arrival order
+            self.pool: FairPool | PriorityPool = PriorityPool(
+                1, "kvsim-disk", IoRule(piece_bytes=piece_bytes), serial=True)
+        else:
+            self.pool = (PriorityPool(io_threads, "kvsim-disk", rule) if rule is not None
+                         else FairPool(io_threads, "kvsim-disk"))
         self.users = 0
 
     def join(self) -> FairPool | PriorityPool:

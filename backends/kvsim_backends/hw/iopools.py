@@ -123,9 +123,11 @@ class PriorityPool(_Threads):
     the real one). A job's future carries ``kv_span`` as FairPool's, and ``kv_wait``: the
     seconds it waited in its queue."""
 
-    def __init__(self, workers: int, name: str, rule: IoRule | None = None):
+    def __init__(self, workers: int, name: str, rule: IoRule | None = None,
+                 serial: bool = False):
         super().__init__(workers, name)
         self.queues = DiskQueues(rule)
+        self.serial = serial  # one queue for every class: first in, first out
         self.pieces_run = 0      # pieces taken by a thread
         self.pieces_dropped = 0  # queued pieces of failed transfers, never run
         self._ids = itertools.count()
@@ -138,6 +140,8 @@ class PriorityPool(_Threads):
         if not futs:
             return futs
         key = ("group", next(self._ids)) if transfer is None else transfer
+        if self.serial:
+            cls = IoClass.WRITE
         with self._cv:
             if self._closed:
                 raise RuntimeError("the disk tier's I/O pool is shut down")

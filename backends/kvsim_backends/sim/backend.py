@@ -108,7 +108,9 @@ class SimBackend(Transfers):
         self.ops_per_page = -(-page_bytes // nv.piece)
         disk_cfg = settings.disk
         io_workers = disk_cfg.io_workers if disk_cfg is not None else 0
-        pooled = io_workers > 0
+        # io_mode serial: one worker, one first-in first-out queue (seed 004's baseline)
+        serial = disk_cfg is not None and disk_cfg.io_mode == "serial"
+        pooled = io_workers > 0 or serial
 
         def disk_rate(bw: float) -> float:
             if pooled:  # the pieces on the workers model the queue: the device's own rate
@@ -150,8 +152,8 @@ class SimBackend(Transfers):
         def node_disk() -> tuple[Fluid, SimDiskPool | None]:
             fluid = Fluid(self.env, disk, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
                           busy_cta_efficiency=1.0) if self._split_disk else self.fluid
-            return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share)
-                           if pooled else None)
+            return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share,
+                                       serial=serial) if pooled else None)
         if self._split_disk:
             self.disk_fluid, self.disk_pool = runtime.shared("disk", node_disk)
         else:
@@ -170,7 +172,8 @@ class SimBackend(Transfers):
         self._compute_nominal_s = 0.0
         self.compute_latency = p.compute.latency  # the backend's fixed cost a compute call
         # the SM kernel's lasting cost a compute call: 0 until it has run enough batches
-        self._lasting = sm.interference.lasting_step_penalty
+        self._lasting = (sm.interference.lasting_step_penalty
+                         + sm.interference.lasting_gap_per_kernel * settings.kernels_per_step)
         self._lasting_after = sm.interference.lasting_after_batches
         self.step_penalty_s = 0.0
         self.step_penalty_since_s = None  # when it began (None: not yet)

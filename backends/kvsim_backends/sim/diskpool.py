@@ -1,4 +1,5 @@
-"""The sim's model of the prioritised disk I/O pool (the disk tier's ``io_workers`` > 0).
+"""The sim's model of the prioritised disk I/O pool (the disk tier's ``io_workers`` > 0),
+and of the serial disk (``io_mode: serial``: one worker, one first-in first-out queue).
 
 The hw backend runs disk transfers as pieces of at most ``nvme.piece`` bytes on N I/O
 threads, in the order ``kvsim.core.datapath.diskio`` gives; this models the same: N workers, the
@@ -48,13 +49,17 @@ class SimDiskPool:
     ``write_cap(io_workers, io_write_share)`` write pieces in flight while reads run."""
 
     def __init__(self, fluid, io_workers: int, latency: float, piece_bytes: int,
-                 io_write_share: float = WRITE_SHARE):
+                 io_write_share: float = WRITE_SHARE, serial: bool = False):
         self.fluid = fluid
         self.clock = fluid.clock
-        self.free = io_workers
+        # serial (the disk tier's io_mode serial): one worker and one queue, so transfers
+        # run one at a time, whole, in the order they came (a restore behind the writes)
+        self.serial = serial
+        self.free = 1 if serial else io_workers
         self.latency = latency
         self.piece_bytes = piece_bytes
-        self.queues = DiskQueues(IoRule(piece_bytes=piece_bytes,
+        self.queues = DiskQueues(IoRule(piece_bytes=piece_bytes, write_cap=None) if serial else
+                                 IoRule(piece_bytes=piece_bytes,
                                         write_cap=write_cap(io_workers, io_write_share)))
         self.pieces_run = 0
         self.pieces_dropped = 0
@@ -64,6 +69,8 @@ class SimDiskPool:
         now = self.clock.now
         sizes = piece_sizes(page_bytes, pages, self.piece_bytes)
         job.left = len(sizes)
+        if self.serial:
+            cls = IoClass.WRITE  # (one queue: no class goes ahead of another)
         self.queues.push_many([(job, n) for n in sizes], cls, now, job.key)
         self._dispatch()
 
