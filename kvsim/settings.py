@@ -155,6 +155,12 @@ class BackendSettings:
     #: drive and the driver's lock, come from the runtime: ``Runtime.shared``)
     rank: int = 0
     ranks: int = 1
+    #: its node in a cluster (``cluster.nodes``): each node's shared parts are its own
+    node: int = 0
+
+    def node_part(self, name: str) -> str:
+        """The name under which this backend's node keeps its shared part ``name``."""
+        return f"{name}@{self.node}" if self.node else name
 
     def key(self, level: Level) -> str:
         """The config key that sizes the tier at ``level``."""

@@ -72,6 +72,9 @@ class Lifecycle:
         self._uids = count()
         self._next_sample = 0
         self._vnow = 0.0                             # the runtime's time the engine ran ahead to
+        self.cluster: Any = None  # a cluster's hooks (kvsim.run.cluster), or None: alone
+        self.queued_tokens = 0                       # prompt tokens queued, not yet computed or found
+        self._handed: dict[int, None] = {}           # turns a router handed it, not yet released
 
     def _schedule_next(self, cur: Cursor, done_ns: int) -> None:
         """Queue the session's next turn; close finished (sub-)sessions' requests."""
@@ -173,6 +176,9 @@ class Lifecycle:
         cached = req.tokens
         lv.prefill_left = max(1, lv.prompt - cached)
         lv.kv = lv.prompt - lv.prefill_left
+        d = lv.kv if lv.kv < lv.queued else lv.queued  # (found cached: not queued work)
+        lv.queued -= d
+        self.queued_tokens -= d
 
     def _on_resumed(self, lv: Live) -> None:
         lv.state = TurnState.RUNNING
@@ -389,6 +395,8 @@ class Lifecycle:
     def _fail(self, lv: Live, why: str) -> None:
         lv.row.failed = why
         lv.state = TurnState.DONE
+        self.queued_tokens -= lv.queued
+        lv.queued = 0
         self.metrics.requests_failed += 1
         if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
             self.mgr.close(lv.req)

@@ -142,11 +142,16 @@ def write_files(result, folder: Path, plots: bool = True) -> None:
     (folder / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True,
                                                     allow_nan=False) + "\n")
     ranks = result.run_info.get("ranks", 1) > 1  # (the rank column: only for a node of several)
+    cluster = result.run_info.get("cluster", False)  # (instance, node, rank: a cluster's)
     with open(folder / "requests.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
-        for r in result.rows:
-            w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
+        if cluster:
+            w.writerow(("instance", "node", "rank", *Row.COLUMNS))
+            w.writerows((r.instance, r.node, r.rank, *r.csv_values()) for r in result.rows)
+        else:
+            w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
+            for r in result.rows:
+                w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
     if result.timeline:
         keys = list(dict.fromkeys(k for row in result.timeline for k in row))
         with open(folder / "timeline.csv", "w", newline="") as f:
