@@ -111,6 +111,7 @@ def cluster_metrics(cfg, merged: Metrics, each: list[dict], cluster: Any) -> dic
             "router": cfg.router.policy,
             "requests_per_instance": served,
             "idle_instances": sum(1 for x in served if x == 0),
+            "requests_per_instance_min": min(served), "requests_per_instance_max": max(served),
             "requests_per_instance_max_over_mean": (max(served) * n / sum(served)) if sum(served) else 1.0,
             "hit_ratio": sum(hit.values()) / total_in if total_in else 0.0,
             "hit_ratio_by_tier": {k: (hit[k] / total_in if total_in else 0.0) for k in LEVELS},

@@ -43,6 +43,8 @@ METRIC_ROOTS = frozenset({
     "host_fill",  # only where the config has a host tier fill (kvsim.run.host_fill_metrics)
     "driver",     # only where a host fill takes the profile's driver lock
     "ranks",      # only for a node of several ranks (a list: one summary a rank)
+    "cluster",    # only for a cluster (kvsim.run.clustermetrics): its own figures
+    "instances",  # ... and each instance's (a list)
 })
 
 
