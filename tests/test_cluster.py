@@ -201,3 +201,36 @@ def test_bad_cluster_settings_exit_2_naming_the_key(tmp_path):
         check_cluster(cfg, "sim", 1000, available=64 << 20)
     with pytest.raises(ConfigFileError, match="cluster.nodes"):
         check_cluster(cfg, "hw", 1000, available=None)
+
+
+SYN = ["workload.synthetic.n_sessions=8", "model=llama-3-8b", "cache.page_bytes=2MiB",
+       "cache.tiers=[{level: gpu, quota: 4GiB}, {level: host, quota: 4GiB}]"]
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "session-affinity"])
+def test_sessions_turns_move_between_instances_and_each_is_served_once(policy):
+    """Closed-loop sessions of many turns: round robin moves a session at every turn (its
+    held pages on the old instance released), session affinity keeps it; either way each
+    turn is served once, and no instance ends holding a request."""
+    prep = prepare_run(load_config("default", [*SYN, "node.ranks=3", f"router.policy={policy}"]))
+    res = replay(prep)
+    keys = [(r.session, r.turn) for r in res.rows]
+    assert len(keys) == prep.workload.request_count() == len(set(keys))
+    assert res.metrics["requests_failed"] == 0
+    where: dict = {}
+    for r in sorted(res.rows, key=lambda r: (r.session, r.turn)):
+        where.setdefault(r.session, []).append(r.instance)
+    moved = sum(a != b for xs in where.values() for a, b in zip(xs, xs[1:]))
+    if policy == "round-robin":
+        assert moved > 0
+    else:  # affinity: a move only where the old instance was past the threshold
+        assert moved < sum(len(xs) - 1 for xs in where.values())
+
+
+def test_a_sampling_router_is_seeded():
+    probe = FakeProbe([(0, 0, 0), (512, 0, 0), (1024, 0, 0)], [Load(0, 0, 0, 0)] * 3)
+    picks = [[PrefixAware(3, {"temperature": 1.0}, seed=s).route(_req(4), probe)
+              for _ in range(1)] for s in range(40)]
+    again = [[PrefixAware(3, {"temperature": 1.0}, seed=s).route(_req(4), probe)
+              for _ in range(1)] for s in range(40)]
+    assert picks == again and len({p[0] for p in picks}) > 1  # seeded, yet it samples
