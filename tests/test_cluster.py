@@ -109,8 +109,10 @@ def test_each_policy_serves_every_request_once_on_busy_instances(tmp_path, polic
 
 def test_prefix_aware_keeps_conversations_together_and_hits_more(tmp_path):
     rr = _run(tmp_path, "cluster.nodes=3", "router.policy=round-robin").metrics["cluster"]
-    pa = _run(tmp_path, "cluster.nodes=3", "router.policy=prefix-aware").metrics["cluster"]
+    first = _run(tmp_path, "cluster.nodes=3", "router.policy=prefix-aware")
+    pa = first.metrics["cluster"]
     assert pa["hit_ratio"] > rr["hit_ratio"]
+    assert _same(first, _run(tmp_path, "cluster.nodes=3", "router.policy=prefix-aware"))  # same seed
 
 
 class Recorder(Router):
