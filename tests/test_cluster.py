@@ -236,3 +236,12 @@ def test_a_sampling_router_is_seeded():
     again = [[PrefixAware(3, {"temperature": 1.0}, seed=s).route(_req(4), probe)
               for _ in range(1)] for s in range(40)]
     assert picks == again and len({p[0] for p in picks}) > 1  # seeded, yet it samples
+
+
+def test_a_clusters_plots_draw_each_instances_queue(tmp_path):
+    from kvsim.run.plots import write_plots
+
+    res = _run(tmp_path, "cluster.nodes=3", "router.policy=least-loaded")
+    names = [p.name for p in write_plots(res, tmp_path)]
+    assert names == ["timeline.png", "cluster_load.png", "ttft_cdf.png"]
+    assert (tmp_path / "cluster_load.png").stat().st_size > 0
