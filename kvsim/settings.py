@@ -161,6 +161,12 @@ class BackendSettings:
     #: kernels an engine step launches (the model's layers x engine.kernels_per_layer): the
     #: profile's lasting_gap_per_kernel is paid this many times a step
     kernels_per_step: int = 0
+    #: its node in a cluster (``cluster.nodes``): each node's shared parts are its own
+    node: int = 0
+
+    def node_part(self, name: str) -> str:
+        """The name under which this backend's node keeps its shared part ``name``."""
+        return f"{name}@{self.node}" if self.node else name
 
     def key(self, level: Level) -> str:
         """The config key that sizes the tier at ``level``."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from kvsim.config.strict import Strict
 
@@ -34,10 +34,63 @@ class NodeConfig(Strict):
     host: Literal["private"] = "private"
 
 
-class RouterConfig(Strict):
-    """Which rank serves a session: ``session-hash`` (a stable hash of the session id)."""
+MAX_NODES = 1024  # cluster.nodes: nodes x ranks instances, each a manager, engine, backend
 
-    policy: Literal["session-hash"] = "session-hash"
+
+class ClusterConfig(Strict):
+    """``nodes``: nodes of the ``node`` section's shape (its ranks, its shared host and
+    disk) behind one router; every rank of every node is an instance."""
+
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES, strict=True)] = 1
+
+
+Weight = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class RouterConfig(Strict):
+    """Which instance serves a request (``kvsim.core.routing``): ``session-hash`` (a
+    stable hash of the session id: the node's rule, decided by the id alone),
+    ``round-robin``, ``least-loaded``, ``session-affinity``, ``prefix-aware``, or
+    ``module:Class`` (a ``kvsim.core.routing.Router`` subclass, given ``knobs``).
+    ``overlap_weight``, the tier weights, ``balance_threshold`` and ``temperature`` are
+    prefix-aware's; ``threshold``, session-affinity's (docs/config.md)."""
+
+    policy: str = "session-hash"
+    overlap_weight: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    gpu_weight: Weight = 1.0
+    host_weight: Weight = 0.8
+    disk_weight: Weight = 0.5
+    balance_threshold: Optional[Annotated[float, Field(ge=0.0)]] = None
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
+    threshold: Annotated[float, Field(ge=1.0, le=1e6)] = 2.0
+    knobs: dict[str, float] = {}
+
+    @field_validator("policy")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from kvsim.core.routing import ROUTER_NAMES  # noqa: PLC0415
+
+        if v in ROUTER_NAMES or (":" in v and all(v.partition(":")[::2])):
+            return v
+        raise ValueError(f"unknown router policy {v!r}; expected one of "
+                         f"{', '.join(ROUTER_NAMES)}, or module:Class for your own")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "RouterConfig":
+        if not self.gpu_weight >= self.host_weight >= self.disk_weight:
+            raise ValueError(f"gpu_weight >= host_weight >= disk_weight expected (a hit in a "
+                             f"faster tier saves more); got {self.gpu_weight}, "
+                             f"{self.host_weight}, {self.disk_weight}")
+        return self
+
+    def builtin_knobs(self) -> dict[str, float]:
+        """The built-in routers' knobs, as ``kvsim.core.routing`` takes them."""
+        k = {"overlap_weight": self.overlap_weight, "gpu_weight": self.gpu_weight,
+             "host_weight": self.host_weight, "disk_weight": self.disk_weight,
+             "temperature": self.temperature, "threshold": self.threshold}
+        if self.balance_threshold is not None:
+            k["balance_threshold"] = self.balance_threshold
+        return k
 
 
 def check_node(node: NodeConfig, tp: int) -> None:

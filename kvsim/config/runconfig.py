@@ -22,7 +22,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from kvsim.config.strict import PositiveSeconds, Seconds, Size
 from kvsim.config.strict import Strict as _Strict
-from kvsim.config.node import NodeConfig, RouterConfig
+from kvsim.config.node import ClusterConfig, NodeConfig, RouterConfig
 from kvsim.config.workload import WorkloadConfig
 from kvsim.core.datapath.diskio import WRITE_SHARE
 from kvsim.core.datapath.fill import UNIT_BYTES
@@ -328,3 +328,4 @@ class RunConfig(_Strict):
     output: OutputConfig = OutputConfig()
     node: NodeConfig = NodeConfig()
     router: RouterConfig = RouterConfig()
+    cluster: ClusterConfig = ClusterConfig()

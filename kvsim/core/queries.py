@@ -39,6 +39,19 @@ class Queries(Planning):
             out[self.tiers[p.tier].level] += need
         return out
 
+    def probe_chain(self, chain: Sequence[tuple[bytes, int]]) -> list[int]:
+        """Tokens cached, by tier position, of the prefix whose blocks have these (chain
+        key, tokens needed) pairs (``kvsim.core.keys.chain_key`` from the request's scope
+        root): its longest prefix in the tree, as ``probe_reuse`` finds it. Changes nothing."""
+        out = [0] * len(self.tiers)
+        get = self.tree.get
+        for key, need in chain:
+            p = get(key)
+            if p is None or p.ntokens < need:
+                break
+            out[p.tier] += need
+        return out
+
     def tier_stats(self, level: Level) -> TierStats:
         pos = self.tier_pos(level)
         tier = self.tiers[pos]

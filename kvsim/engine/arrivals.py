@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from itertools import count
-from typing import Iterable
+from typing import Any, Iterable
 
 from kvsim.engine.metrics import NS
 from kvsim.engine.sessions import Cursor, Frame
@@ -21,6 +21,9 @@ class Arrivals:
         self._seq = count()
         self._pending: deque[Session] = deque()  # closed loop by concurrency: not started yet
         self._pinned: dict[tuple[str, int], int] | None = None  # (session, turn) -> ns
+        # a cluster's: told (the time, ns) when a session ends, instead of starting a
+        # pending one here (the cluster's own arrivals hold those)
+        self.on_end: Any = None
 
     def pin(self, arrivals_s: dict[tuple[str, int], float]) -> None:
         """Release each listed turn (keyed by session and turn) at the given time, or when
@@ -70,9 +73,23 @@ class Arrivals:
                 return finished
             finished.append(cur.pop())
             if not cur.stack:
-                if self._pending:
+                if self.on_end is not None:
+                    self.on_end(done_ns)
+                elif self._pending:
                     finished += self._start(self._pending.popleft(), done_ns)
                 return finished
+
+    def push(self, at_ns: int, cur: Cursor, frame: Frame, turn: Turn) -> None:
+        """Queue a turn due at ``at_ns`` (a cluster's router hands it over)."""
+        heapq.heappush(self.heap, (at_ns, next(self._seq), cur, frame, turn))
+
+    def start_next(self, at_ns: int) -> bool:
+        """Start the next session not yet started (a closed loop by concurrency) at
+        ``at_ns``; False if none is left."""
+        if not self._pending:
+            return False
+        self._start(self._pending.popleft(), at_ns)
+        return True
 
     def next_ns(self) -> int | None:
         """When the next turn is due, or None if none is queued."""

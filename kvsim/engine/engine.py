@@ -34,7 +34,8 @@ from kvsim.core.spec import Level
 from kvsim.engine.lifecycle import Lifecycle
 from kvsim.engine.live import EngineParams, Live, TurnState
 from kvsim.engine.metrics import NS, Row
-from kvsim.workload import Workload, cache_blocks
+from kvsim.engine.sessions import Cursor, Frame
+from kvsim.workload import Turn, Workload, cache_blocks
 
 __all__ = ["Engine", "EngineParams", "TurnState"]
 
@@ -64,7 +65,12 @@ class Engine(Lifecycle):
         self._vnow = rt.now
         if self.p.host_serve_slots:
             yield from self._await_host(self.p.host_serve_slots)
+        cluster = self.cluster
         while True:
+            if cluster is not None and self._vnow > rt.now:
+                nxt = cluster.next_ns()  # due by the engine's clock, not yet by the runtime's:
+                if nxt is not None and nxt <= self.t:  # let the router hand it out first
+                    yield from self._catch_up()
             self._process_due()
             self._release_arrivals()
             if self._dirty:
@@ -79,8 +85,9 @@ class Engine(Lifecycle):
             if batch is None:
                 arrival = self.arrivals.next_ns()
                 if arrival is None and not self._waiting and not self._running:
-                    break
-                if not self._running and not self._inflight and arrival is None:
+                    if self.cluster is None or not self.cluster.open():
+                        break  # (in a cluster: once no session anywhere may send it more)
+                elif not self._running and not self._inflight and arrival is None:
                     self._fail_stuck()
                     continue
                 self._wake = rt.event()
@@ -158,15 +165,53 @@ class Engine(Lifecycle):
         heap = self.arrivals.heap
         if not heap or heap[0][0] > self.t:  # (checked here: once per step, most find none)
             return
+        cluster = self.cluster
         for at, cur, frame, turn in self.arrivals.pop_due(self.t):
-            uid = next(self._uids)
-            row = Row(rid=uid, session=frame.session.sid, turn=cur.turn_index, arrival_ns=at,
-                      input_tokens=turn.input_tokens, output_tokens=turn.output_tokens)
-            self.metrics.rows.append(row)
-            blocks = cache_blocks(turn.hash_ids, self.block_tokens, self.B, turn.input_tokens)
-            self._waiting.append(Live(row, turn, frame, cur, blocks, uid))
-            self._idle.pop(id(frame), None)
-            self._dirty = True
+            if cluster is not None and id(turn) not in self._handed:
+                # a session's next turn, due here: the router may send it elsewhere
+                dest = cluster.reroute(self, at, cur, frame, turn)
+                if dest is not self:
+                    for f in cur.stack:  # its held pages here are released, as at its end
+                        self._release_frame(f)
+                    dest.hand(at, cur, frame, turn)
+                    continue
+            self._accept(at, cur, frame, turn)
+
+    def hand(self, at: int, cur: Cursor, frame: Frame, turn: Turn) -> None:
+        """A cluster's router hands this engine a turn due at ``at`` (ns, now): it joins the
+        engine's arrivals, released at its next step boundary as its own are; its prompt
+        counts in the engine's load from now (``queue_load``)."""
+        self.arrivals.push(at, cur, frame, turn)
+        self.queued_tokens += turn.input_tokens
+        self._handed[id(turn)] = None
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _accept(self, at: int, cur: Cursor, frame: Frame, turn: Turn) -> None:
+        """A turn that arrived at ``at`` (ns) joins the queue."""
+        uid = next(self._uids)
+        row = Row(rid=uid, session=frame.session.sid, turn=cur.turn_index, arrival_ns=at,
+                  input_tokens=turn.input_tokens, output_tokens=turn.output_tokens)
+        self.metrics.rows.append(row)
+        blocks = cache_blocks(turn.hash_ids, self.block_tokens, self.B, turn.input_tokens)
+        self._waiting.append(Live(row, turn, frame, cur, blocks, uid))
+        if self._handed and id(turn) in self._handed:
+            del self._handed[id(turn)]  # (counted when handed)
+        else:
+            self.queued_tokens += turn.input_tokens
+        self._idle.pop(id(frame), None)
+        self._dirty = True
+
+    def wake(self) -> None:
+        """Let a waiting engine look again (a cluster's last session ended)."""
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def queue_load(self) -> tuple[int, int, int, int]:
+        """(prefill tokens queued, decode blocks, requests running, waiting) as of the last
+        step boundary: what a cluster's router probes (``kvsim.core.routing.Load``)."""
+        return (self.queued_tokens, -(-self.dec.dsum // self.B), len(self._running),
+                len(self._waiting))
 
     # == batching =======================================================================
     def _build_batch(self) -> list[tuple[Live, int]] | None:
@@ -229,6 +274,10 @@ class Engine(Lifecycle):
         nxt = dec.next_due()
         k = nxt - dec.S if nxt is not None else 1
         arr = self.arrivals.next_ns()
+        if self.cluster is not None:  # nor past the cluster's next arrival: it may come here
+            ext = self.cluster.next_ns()
+            if ext is not None and (arr is None or ext < arr):
+                arr = ext
         cm, nd, dsum = self.compute, len(dec.members), dec.dsum
         n = 1
         while n < k and (arr is None or self.t < arr):
@@ -265,12 +314,17 @@ class Engine(Lifecycle):
         for lv, n in prefill:
             lv.kv += n
             lv.prefill_left -= n
+            d = n if n < lv.queued else lv.queued
+            lv.queued -= d
+            self.queued_tokens -= d
             lv.row.computed_tokens += n
             fill = mgr.commit(lv.req, min(lv.kv, lv.prompt))
             if fill.pages:
                 be.fill(fill)
             if not lv.prefill_left:
                 self._prefilling.remove(lv)
+                self.queued_tokens -= lv.queued
+                lv.queued = 0
                 lv.gen = 1
                 lv.row.first_token_ns = self.t
                 if lv.gen >= lv.out:

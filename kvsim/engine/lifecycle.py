@@ -171,6 +171,9 @@ class Lifecycle(LifeState):
         cached = req.tokens
         lv.prefill_left = max(1, lv.prompt - cached)
         lv.kv = lv.prompt - lv.prefill_left
+        d = lv.kv if lv.kv < lv.queued else lv.queued  # (found cached: not queued work)
+        lv.queued -= d
+        self.queued_tokens -= d
 
     def _on_resumed(self, lv: Live) -> None:
         lv.state = TurnState.RUNNING
@@ -409,6 +412,8 @@ class Lifecycle(LifeState):
     def _fail(self, lv: Live, why: str) -> None:
         lv.row.failed = why
         lv.state = TurnState.DONE
+        self.queued_tokens -= lv.queued
+        lv.queued = 0
         self.metrics.requests_failed += 1
         if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
             self.mgr.close(lv.req)

@@ -56,7 +56,8 @@ class Live:
     """One turn inside the engine."""
 
     __slots__ = ("row", "turn", "frame", "cursor", "req", "blocks", "prompt", "out",
-                 "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due", "failures")
+                 "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due", "failures",
+                 "queued")
 
     def __init__(self, row: Row, turn: Turn, frame: Frame, cursor: Cursor, blocks: list,
                  uid: int):
@@ -77,3 +78,4 @@ class Live:
         self.s0 = 0            # decoding: engine step at which kv and gen were last synced
         self.due = -1          # decoding: engine step at which it needs attention again
         self.failures = 0      # consecutive plans of this turn whose transfers failed
+        self.queued = turn.input_tokens  # of its prompt: not yet computed nor found cached

@@ -36,6 +36,8 @@ class Row:
     serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
     failed: str = ""
     rank: int = 0                    # the node's rank that served it (kvsim.run.ranks)
+    node: int = 0                    # in a cluster: its node, and its instance (of all nodes')
+    instance: int = 0
 
     @property
     def ttft_s(self) -> float:

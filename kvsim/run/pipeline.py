@@ -30,8 +30,11 @@ from kvsim.engine.managercost import manager_cost_params
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
                                 describe)
+from kvsim.run.budget import available_bytes
+from kvsim.run.cluster import Cluster, build_router, check_cluster, instances_of, routed
+from kvsim.run.clustermetrics import cluster_metrics, is_cluster
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
-from kvsim.run.results import kvsim_version
+from kvsim.run.results import git_commit, kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
 from kvsim.workload import TraceError, Workload, session_start_times
@@ -235,7 +238,7 @@ BACKENDS: dict[str, Callable] = {"sim": _build_sim, "hw": _build_hw}
 
 def build_backend(prep: Prepared, mgr: TierManager, backend: str,
                   options: dict | None = None, rank: int = 0,
-                  runtime=None) -> tuple[BackendSettings, Any, Any]:
+                  runtime=None, node: int = 0) -> tuple[BackendSettings, Any, Any]:
     """(settings, runtime, backend) for a prepared run's ``rank`` on ``backend``: the
     settings built once from its config and ``options`` (``kvsim.run.seam.backend_settings``;
     besides, ``hw_loop``: compare's wrapper of the sim backend), then the registry's
@@ -244,7 +247,7 @@ def build_backend(prep: Prepared, mgr: TierManager, backend: str,
     hw_loop = options.pop("hw_loop", None)
     settings = backend_settings(prep.cfg, prep.profile, mgr.page_bytes,
                                 {t.level: t.max_slots for t in mgr.tiers}, options, prep.shape,
-                                rank=rank)
+                                rank=rank, node=node)
     return (settings, *BACKENDS[backend](settings, runtime, hw_loop))
 
 
@@ -279,10 +282,13 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     cfg = prep.cfg
     if backend not in BACKENDS:
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
-    n = cfg.node.ranks
-    spec = prep.spec
+    n, per_node, spec = instances_of(cfg), cfg.node.ranks, prep.spec
+    check_cluster(cfg, backend, sum(t.quota_bytes // spec.page_bytes for t in spec.tiers),
+                  available_bytes())
+    at_run = routed(cfg)  # the router decides at each arrival (else: split by session hash)
+    parts = [(prep.workload, prep.starts)] * n if at_run else split(prep.workload, prep.starts, n)
     ranks = []
-    for r, (workload, starts) in enumerate(split(prep.workload, prep.starts, n)):
+    for r, (workload, starts) in enumerate(parts):
         policy = build_policy(cfg, workload, backend, starts)  # belady: sim only
         placement = build_placement(cfg, prep.shape, prep.profile, spec.page_bytes)
         tier_policies = build_tier_policies(cfg)
@@ -294,7 +300,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     try:  # from here on the backends hold memory and files: close them on every exit
         for rk in ranks:
             rk.settings, rt, rk.backend = build_backend(prep, rk.mgr, backend, backend_options,
-                                                        rank=rk.rank, runtime=rt)
+                                                        rank=rk.rank % per_node, runtime=rt,
+                                                        node=rk.rank // per_node)
         model = ComputeModel(prep.shape, prep.profile)
         e = cfg.engine
         for rk in ranks:
@@ -312,13 +319,21 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
             rk.engine = Engine(rt, rk.backend, rk.mgr, model, params, on_resume=on_resume)
             if pinned_arrivals is not None:
                 rk.engine.pin_arrivals(pinned_arrivals)
-            rk.engine.load(rk.workload, rk.starts)
+            if not at_run:
+                rk.engine.load(rk.workload, rk.starts)
+        cluster = None
+        if at_run:
+            cluster = Cluster(rt, [rk.engine for rk in ranks], [rk.mgr for rk in ranks],
+                              build_router(cfg, n), prep.workload.block_tokens)
+            cluster.load(prep.workload, prep.starts)
         if progress is not None:
             engines = [rk.engine for rk in ranks]
             for eng in engines:
                 eng.on_progress = lambda t_ns: progress(t_ns / 1e9, sum(len(x.metrics.rows) for x in engines))
         wall0 = time.perf_counter()
         with _gc_for_replay():
+            if cluster is not None:  # (first: a turn due at 0 is handed before serving starts)
+                rt.process(cluster.dispatch())
             done = [rt.process(rk.engine.serve()) for rk in ranks]
             rt.run(until=done[0] if n == 1 else rt.all_of(done))
         # a host fill that failed: the slots it made
@@ -352,14 +367,19 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         metrics["driver"] = {"executor_wait_s": traffic["driver_wait_s"],
                              "executor_waits": traffic["driver_waits"]}
     if n > 1:
-        metrics["ranks"] = [rk.engine.metrics.summary(c, rk.backend.stats(), rk.engine.t, wall, levels)
-                            for rk, c in zip(ranks, counters)]
+        each = [rk.engine.metrics.summary(c, rk.backend.stats(), rk.engine.t, wall, levels)
+                for rk, c in zip(ranks, counters)]
+        if is_cluster(cfg):  # per instance, and the cluster's own figures
+            metrics.update(cluster_metrics(cfg, node, each, cluster))
+        else:
+            metrics["ranks"] = each
     info = getattr(ranks[0].backend, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
                 "git_commit": git_commit(), "policy": cfg.cache.policy.eviction,
                 "policy_is_bound": bool(ranks[0].policy.is_bound), "ranks": n,
                 "model": prep.shape.derived(cfg.cache.tokens_per_block),
+                **({"cluster": True, "instances": n} if is_cluster(cfg) else {}),
                 **describe(cfg, ranks[0].placement, ranks[0].tier_policies)}
     return Result(cfg, backend, metrics, node.rows, node.timeline, sum_counts(counters),
                   prep.profile, run_info)
@@ -395,26 +415,6 @@ def host_fill_metrics(cfg: RunConfig, m, limit: int | None = None,
         during = [r.ttft_s for r in m.rows if r.first_token_ns >= 0 and r.arrival_ns < done_s * 1e9]
         out.update(done_s=done_s, ttft_during_s=dist(during))
     return out
-
-
-def git_commit() -> str | None:
-    """The commit of the checkout kvsim runs from (with ``-dirty`` when it has uncommitted
-    changes), or None for an installed copy or where git is absent."""
-    import subprocess  # noqa: PLC0415
-
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
-        return None
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
-                               capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 @contextmanager

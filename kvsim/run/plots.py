@@ -14,7 +14,8 @@ def write_plots(result, out: Path) -> list[Path]:
     written = []
     name = getattr(getattr(result, "cfg", None), "name", "run")
     tl = result.timeline
-    ranks = sorted({r["rank"] for r in tl}) if tl and "rank" in tl[0] else [None]
+    who_key = "instance" if tl and "instance" in tl[0] else "rank"  # (a cluster: by instance)
+    ranks = sorted({r[who_key] for r in tl}) if tl and who_key in tl[0] else [None]
     if len(tl) >= 2:
         fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
         tiers = [k for k in tl[0] if k.endswith("_used_slots")]
@@ -22,7 +23,7 @@ def write_plots(result, out: Path) -> list[Path]:
         node: dict[float, dict[str, float]] = {}  # the node's traffic: ranks' rates by interval
         step = getattr(getattr(getattr(result, "cfg", None), "output", None), "timeline_interval", 1.0)
         for rank in ranks:
-            rows = [r for r in tl if r.get("rank") == rank] if rank is not None else tl
+            rows = [r for r in tl if r.get(who_key) == rank] if rank is not None else tl
             t = [r["t_s"] for r in rows]
             for key in tiers:
                 tier = key.removesuffix("_used_slots")
@@ -40,7 +41,8 @@ def write_plots(result, out: Path) -> list[Path]:
         for key in ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write"):
             if any(key in node[x] for x in times):
                 ax2.plot(times, [node[x].get(key, 0.0) for x in times], label=key.replace("_", " "))
-        who = "" if ranks == [None] else f" ({len(ranks)} ranks: a line a rank; traffic the node's)"
+        who = "" if ranks == [None] else \
+            f" ({len(ranks)} {who_key}s: a line each; traffic the {'cluster' if who_key == 'instance' else 'node'}'s)"
         ax1.set_title(f"{name}: tier occupancy and link traffic over time{who}", fontsize="medium")
         ax1.set_ylabel("slots used (pages)")
         ax1.legend(loc="upper left")
@@ -53,6 +55,8 @@ def write_plots(result, out: Path) -> list[Path]:
         fig.savefig(p, dpi=100)
         plt.close(fig)
         written.append(p)
+    if getattr(result, "run_info", {}).get("cluster"):
+        written.append(_cluster_load(result, out, name, plt))
     ttft = sorted(r.ttft_s for r in result.rows if r.done_ns >= 0 and not r.failed)
     if ttft:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -68,3 +72,27 @@ def write_plots(result, out: Path) -> list[Path]:
         plt.close(fig)
         written.append(p)
     return written
+
+
+def _cluster_load(result, out: Path, name: str, plt) -> Path:
+    """cluster_load.png: each instance's queued prefill tokens over time (the samples the
+    summary's load imbalance is computed from)."""
+    from kvsim.run.clustermetrics import queue_samples  # noqa: PLC0415
+
+    n = result.run_info["instances"]
+    step = result.cfg.output.timeline_interval
+    end = max((max(r.done_ns, r.first_token_ns, r.arrival_ns) for r in result.rows), default=0)
+    samples = queue_samples(result.rows, n, max(1, round(step * 1e9)), end)
+    t = [i * step for i in range(len(samples))]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i in range(n):
+        ax.plot(t, [q[i] for q in samples], linewidth=0.7, alpha=0.7)
+    ax.set_title(f"{name}: queued prefill tokens by instance ({n} instances, a line each)",
+                 fontsize="medium")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("queued prefill tokens")
+    fig.tight_layout()
+    p = out / "cluster_load.png"
+    fig.savefig(p, dpi=100)
+    plt.close(fig)
+    return p

@@ -142,11 +142,16 @@ def write_files(result, folder: Path, plots: bool = True) -> None:
     (folder / "summary.json").write_text(json.dumps(result.summary(), indent=2, sort_keys=True,
                                                     allow_nan=False) + "\n")
     ranks = result.run_info.get("ranks", 1) > 1  # (the rank column: only for a node of several)
+    cluster = result.run_info.get("cluster", False)  # (instance, node, rank: a cluster's)
     with open(folder / "requests.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
-        for r in result.rows:
-            w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
+        if cluster:
+            w.writerow(("instance", "node", "rank", *Row.COLUMNS))
+            w.writerows((r.instance, r.node, r.rank, *r.csv_values()) for r in result.rows)
+        else:
+            w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
+            for r in result.rows:
+                w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
     if result.timeline:
         keys = list(dict.fromkeys(k for row in result.timeline for k in row))
         with open(folder / "timeline.csv", "w", newline="") as f:
@@ -165,3 +170,23 @@ def write_results(result, out: Path, plots: bool = True) -> Path:
     with Staging.reserve(out) as stage:
         write_files(result, stage.path, plots)
         return stage.commit()
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout kvsim runs from (with ``-dirty`` when it has uncommitted
+    changes), or None for an installed copy or where git is absent."""
+    import subprocess  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

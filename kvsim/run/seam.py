@@ -51,7 +51,8 @@ def check_profile_fit(cfg: RunConfig, profile: HardwareProfile) -> None:
 
 def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
                      slots: Mapping[Level, int], options: Mapping[str, Any] | None = None,
-                     shape: ModelShape | None = None, rank: int = 0) -> BackendSettings:
+                     shape: ModelShape | None = None, rank: int = 0,
+                     node: int = 0) -> BackendSettings:
     """The settings both backends are built from, for ``cfg`` on ``profile`` with tiers of
     ``slots`` slots of ``page_bytes``. ``options``: the run's own (``HwSettings``' and
     ``Probes``' fields, ``disk_dir``, ``disk_preallocate``, ``direct_io``); an unknown
@@ -92,7 +93,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
                                    register_chunk=fill.register_chunk),
         model=ModelSettings.capped(shape.projections_per_gpu()),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
-        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks,
+        tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks, node=node,
         kernels_per_step=shape.layers * e.kernels_per_layer)
 
 

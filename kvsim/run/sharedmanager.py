@@ -165,6 +165,10 @@ class SharedManager:
         finally:
             lock.release_read()
 
+    def probe_chain(self, chain: Sequence[tuple[bytes, int]]) -> list[int]:
+        with self.reading() as m:
+            return m.probe_chain(chain)
+
     def tier_stats(self, level: Level) -> TierStats:
         with self.reading() as m:
             return m.tier_stats(level)
@@ -262,7 +266,7 @@ class SharedManager:
 
 #: TierManager's public methods, by how the facade takes the lock for them (a test checks
 #: that every public method of TierManager is in one of these)
-SHARED_METHODS = ("probe_reuse", "tier_stats", "expected", "plans_in_flight", "requests",
+SHARED_METHODS = ("probe_reuse", "probe_chain", "tier_stats", "expected", "plans_in_flight", "requests",
                   "pages", "level_of", "tier_pos", "retained_slots", "protected_copies",
                   "takeback_waits")
 EXCLUSIVE_METHODS = ("create", "prepare", "resume", "grow", "extend", "commit", "suspend",

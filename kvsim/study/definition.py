@@ -45,6 +45,8 @@ METRIC_ROOTS = frozenset({
     "driver",     # only where a host fill takes the profile's driver lock
     "manager",    # only where engine.manager_cost charged plans (kvsim.engine.managercost)
     "ranks",      # only for a node of several ranks (a list: one summary a rank)
+    "cluster",    # only for a cluster (kvsim.run.clustermetrics): its own figures
+    "instances",  # ... and each instance's (a list)
 })
 
 

@@ -84,12 +84,13 @@ class SimBackend(Transfers):
         self.driver: DriverLock | None = None
         if p.driver is not None:
             call_s = p.driver.call
-            self.driver = runtime.shared("driver", lambda: DriverLock(call_s))
+            self.driver = runtime.shared(settings.node_part("driver"), lambda: DriverLock(call_s))
         self.driver_wait_s = 0.0  # executor calls' waits for the lock, in all
         self.driver_waits = 0
         # the host tier's fill: when its slots exist (a tier without one: at once)
         self.host_fill = SimHostFill(runtime, p, page_bytes, settings.host_fill, slots,
-                                     probes.fail_fill_at_unit, self.errors, self.driver)
+                                     probes.fail_fill_at_unit, self.errors, self.driver,
+                                     node=settings.node)
         unit = probes.registration_unit or registration_unit(settings.host_fill.backing,
                                                              self.host_fill.layout)
         c = settings.copy
@@ -155,7 +156,7 @@ class SimBackend(Transfers):
             return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share,
                                        serial=serial) if pooled else None)
         if self._split_disk:
-            self.disk_fluid, self.disk_pool = runtime.shared("disk", node_disk)
+            self.disk_fluid, self.disk_pool = runtime.shared(settings.node_part("disk"), node_disk)
         else:
             self.disk_fluid, self.disk_pool = node_disk()
         self.copy_engines = Units(ce.count)

@@ -30,7 +30,7 @@ class SimHostFill:
 
     def __init__(self, runtime: SimRuntime, profile, page_bytes: int,
                  fill: HostFillSettings, slots: Mapping[Level, int], fail_at: int | None,
-                 errors: list[str], lock: DriverLock | None = None):
+                 errors: list[str], lock: DriverLock | None = None, node: int = 0):
         self.runtime = runtime
         self.clock = runtime.clock
         self.layout: FillLayout | None = None
@@ -58,7 +58,7 @@ class SimHostFill:
             # other fills (a first-come queue of their calls: ``turns``)
             chunk = fill.register_chunk if fill.backing is Backing.REGISTER else None
             self._chunk = max(page_bytes, chunk // page_bytes * page_bytes) if chunk else None
-            self._turns = runtime.shared("fill_turns", lambda: DriverLock(0.0)) if chunk else None
+            self._turns = runtime.shared(f"fill_turns@{node}" if node else "fill_turns", lambda: DriverLock(0.0)) if chunk else None
             lock.fills += 1
             self._unit(0)
 
