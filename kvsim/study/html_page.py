@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote
 
+from kvsim.study.table import fmt
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 STYLE = """
@@ -78,19 +80,6 @@ def esc(v: Any) -> str:
 def href(rel: str) -> str:
     """A link to a path relative to the page, each part percent-encoded."""
     return esc(quote(rel, safe="/"))
-
-
-def fmt(v: Any) -> str:
-    """A value as a table shows it: numbers to 4 significant digits, booleans on/off."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, bool):
-        return "on" if v else "off"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, int) and abs(v) >= 10**7:
-        return f"{v:.4g}"
-    return str(v)
 
 
 def sort_value(v: Any) -> str:

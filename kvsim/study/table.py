@@ -158,7 +158,9 @@ def write_table(rows: list[dict], out: Path, stem: str = "study") -> tuple[Path,
     return csv_path, pq_path
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any) -> str:
+    """A value as the study's tables show it (terminal and report.html): numbers to 4
+    significant digits (3 for large integers), booleans on/off, missing ``-``."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, bool):
@@ -187,9 +189,9 @@ def rich_table(rows: list[dict], title: str, params: list[str], metrics: list[st
     if len(rows) > max_rows:
         t.caption = f"the first {max_rows} of {len(rows)} points; all of them in study.csv"
     for r in rows[:max_rows]:
-        cells = [Text(_fmt(r.get(c))) for c in params]
+        cells = [Text(fmt(r.get(c))) for c in params]
         for m in shown:
-            v = _fmt(r.get(m))
+            v = fmt(r.get(m))
             if rel and isinstance(r.get(f"rel.{m}"), float) and r["status"] in RAN:
                 v += f" ({r[f'rel.{m}'] * 100:+.1f}%)"
             cells.append(Text(v))
