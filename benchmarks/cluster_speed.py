@@ -11,7 +11,10 @@ the same whatever the instances. ``--limit N``: the trace's first N requests (bo
 
 Prints ``cluster_replay_s`` last (``cluster_scaling_x`` with ``--x8``).
 
-    python benchmarks/cluster_speed.py [--trace FILE] [--limit N] [--x8]
+    python benchmarks/cluster_speed.py [--trace FILE] [--limit N] [--x8] [--installed | --compiled]
+
+``--compiled``: the replays with the optional compiled build (made first in
+``local/compiled-venv`` when missing or stale; ``benchmarks/kvsim_choice.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "backends")]  # the checkout, installed or not
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from kvsim_choice import choose  # noqa: E402
+
+INSTALLED = choose(__file__)  # this checkout's source, --installed or --compiled
 
 from kvsim.config import load_config  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402
@@ -60,10 +66,14 @@ def main() -> None:
     ap.add_argument("--trace", default=str(TRACE))
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--x8", action="store_true")
+    ap.add_argument("--installed", action="store_true",
+                    help="replay with the installed kvsim (e.g. the compiled build), not this checkout")
+    ap.add_argument("--compiled", action="store_true",
+                    help="build local/compiled-venv if needed and run there with --installed")
     a = ap.parse_args()
     sets = [f"workload.path={a.trace}", "router.policy=prefix-aware", "tp=2", "node.ranks=4",
             "output.plots=false"] + ([f"workload.limit={a.limit}"] if a.limit else [])
-    prep = prepare_run(load_config("configs/mooncake-cluster.yaml", [*sets, "cluster.nodes=2"]))
+    prep = prepare_run(load_config(str(ROOT / "configs" / "mooncake-cluster.yaml"), [*sets, "cluster.nodes=2"]))
     wall8, m = timed(prep)
     c = m["cluster"]
     print(f"8 instances: {m['requests_completed']} requests in {wall8:.1f} s; hit ratio "
@@ -71,7 +81,7 @@ def main() -> None:
           f"{c['requests_per_instance']}", flush=True)
     print(f"peak_memory_mb: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
     if a.x8:
-        cfg = load_config("configs/mooncake-cluster.yaml", [*sets, "cluster.nodes=16"])
+        cfg = load_config(str(ROOT / "configs" / "mooncake-cluster.yaml"), [*sets, "cluster.nodes=16"])
         big = prepare_run(cfg, workload=times8(prep.workload))
         wall64, m64 = timed(big)
         print(f"64 instances, trace x8: {m64['requests_completed']} requests in {wall64:.1f} s; "
