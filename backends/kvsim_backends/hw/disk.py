@@ -175,45 +175,36 @@ class DiskStore:
         return self.fd
 
     def _pwrite(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
+        self._io("write", buf, off, addr)
+
+    def _pread(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
+        self._io("read", buf, off, addr)
+
+    def _io(self, op: str, buf: np.ndarray, off: int, addr: int | None) -> None:
+        """Move ``buf`` to (``write``) or from (``read``) the file at ``off`` in as many
+        calls as the kernel needs, on the O_DIRECT descriptor where aligned (dropped for
+        good if the filesystem refuses it), else the buffered one."""
         if self.io_hook is not None:
-            self.io_hook("write", off, buf.nbytes)
+            self.io_hook(op, off, buf.nbytes)
         mv = memoryview(buf).cast("B")
         total = len(mv)
         if addr is None:
             addr = buf.ctypes.data if self.direct_fd is not None else 0
+        write = op == "write"
         done = 0
         while done < total:
             fd = self._fd_for(addr + done, off + done, total - done)
             try:
-                n = os.pwrite(fd, mv[done:], off + done)
+                n = (os.pwrite(fd, mv[done:], off + done) if write
+                     else os.preadv(fd, [mv[done:]], off + done))
             except OSError as e:
                 if e.errno == errno.EINVAL and fd == self.direct_fd:
                     self.direct_fd = None  # the filesystem refused O_DIRECT after all
                     continue
                 raise
             if n <= 0:
-                raise OSError(errno.EIO, f"pwrite wrote nothing at offset {off + done}")
-            done += n
-
-    def _pread(self, buf: np.ndarray, off: int, addr: int | None = None) -> None:
-        if self.io_hook is not None:
-            self.io_hook("read", off, buf.nbytes)
-        mv = memoryview(buf).cast("B")
-        total = len(mv)
-        if addr is None:
-            addr = buf.ctypes.data if self.direct_fd is not None else 0
-        done = 0
-        while done < total:
-            fd = self._fd_for(addr + done, off + done, total - done)
-            try:
-                n = os.preadv(fd, [mv[done:]], off + done)
-            except OSError as e:
-                if e.errno == errno.EINVAL and fd == self.direct_fd:
-                    self.direct_fd = None
-                    continue
-                raise
-            if n <= 0:
-                raise OSError(errno.EIO, f"pread hit the end of the disk tier at offset {off + done}")
+                raise OSError(errno.EIO, f"pwrite wrote nothing at offset {off + done}" if write
+                              else f"pread hit the end of the disk tier at offset {off + done}")
             done += n
 
     def _pieces(self, slots: Sequence[int] | np.ndarray,
