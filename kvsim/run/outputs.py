@@ -205,15 +205,20 @@ def check_path(dest: str | Path, what: str) -> Path:
     if here is not None and (full == here or full in here.parents):
         raise OutputError(f"{what} {text}: is the current folder or holds it; kvsim writes its "
                           f"results into a folder of their own (e.g. {what} results/NAME)")
+    _check_name_and_parent(p, text, what, "the folder name")
+    return p
+
+
+def _check_name_and_parent(p: Path, text: str, what: str, noun: str) -> None:
+    """``p``'s name at most 200 bytes, and its nearest existing ancestor a folder."""
     if len(p.name.encode()) > 200:
-        raise OutputError(f"{what} {text}: the folder name is {len(p.name.encode())} bytes long; "
+        raise OutputError(f"{what} {text}: {noun} is {len(p.name.encode())} bytes long; "
                           f"expected at most 200")
     anc = p.parent
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
     if anc.exists() and not anc.is_dir():
         raise OutputError(f"{what} {text}: {anc} is not a folder")
-    return p
 
 
 def check_folder(dest: str | Path, kind: str, what: str = "--out", hash_: str | None = None,
@@ -372,14 +377,7 @@ def check_file(dest: str | Path, kind: str, what: str = "--out") -> Path:
         raise OutputError(f"{what} {text}: is a folder; expected a file name")
     if os.path.lexists(p) and (p.is_symlink() or not p.is_file()):
         raise OutputError(f"{what} {text}: exists and is not a plain file; choose another {what}")
-    if len(p.name.encode()) > 200:
-        raise OutputError(f"{what} {text}: the name is {len(p.name.encode())} bytes long; expected "
-                          f"at most 200")
-    anc = p.parent
-    while not anc.exists() and anc != anc.parent:
-        anc = anc.parent
-    if anc.exists() and not anc.is_dir():
-        raise OutputError(f"{what} {text}: {anc} is not a folder")
+    _check_name_and_parent(p, text, what, "the name")
     if p.exists() and not ours(p):
         raise OutputError(f"{what} {text}: exists and was not written by {cmd}; kvsim never replaces "
                           f"a file it did not write: choose another {what}")
