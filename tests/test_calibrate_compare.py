@@ -280,6 +280,13 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     # cells, the fill rates of the driver's backings) comes back as committed
     assert a["sm"]["cta_headroom"] == b["sm"]["cta_headroom"] == 2.0
     assert a["sm"]["interference"]["busy_start"] == pytest.approx(283e-6)
+    # except compute.latency and compute.scale: refitted on 2026-12-03 from the compute
+    # stand-in's calls (the report's are the FMA kernel's), as each of those two runs fits them
+    from kvsim.tools.fit import fit_compute
+    calls = json.loads((Path(__file__).parent / "fixtures" / "h200-compute-calls-2026-12-03.json").read_text())
+    for run in calls["runs"]:
+        assert fit_compute(run["busy"])[0] == pytest.approx(a["compute"])
+    a["compute"] = b["compute"]
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     num = [k for k in fa if isinstance(fa[k], (int, float)) and not isinstance(fa[k], bool)]
@@ -622,7 +629,7 @@ def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     """compute(d) calls whose wall time is 100 us + 1% of d over d: latency 100 us, scale
-    1.01; a slope below 0 (noise) or one duration only: scale 1 and the median."""
+    1.01, whatever one call's outlier; a slope below 0 (noise) or one duration only: scale 1 and the median."""
     import statistics
 
     from kvsim.tools.calibrate import profile_text
@@ -639,6 +646,12 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
         [r["wall_s"] - r["requested_s"] for r in short]))
     one = [{"requested_s": 0.01, "wall_s": 0.01 + x} for x in (1e-4, 2e-4, 9e-4)]
     assert fit_compute(one)[0] == {"latency": pytest.approx(2e-4), "scale": 1.0}
+    # one 50 ms call in ten running 12 ms long (the H200's GEMM chains did) moves no cell's
+    # median: the fit stays on the other calls' line (a raw least squares gave +2.5%)
+    rows = [{"requested_s": d, "wall_s": d + 100e-6 + 0.01 * d + (0.012 if d == 0.05 and i == 3 else 0.0),
+             "kind": k} for k in ("gemm", "mix") for d in (0.002, 0.01, 0.05) for i in range(10)]
+    got, why = fit_compute(rows)
+    assert got["scale"] == pytest.approx(1.01, rel=1e-9) and "6 cells" in why
     # the profile written says both, and reads back as fitted
     d = load_profile("h200-pcie").model_dump()
     d["compute"] = {"latency": 100e-6, "scale": 1.01}
