@@ -196,3 +196,15 @@ def test_every_shipped_config_goes_into_the_wheel():
         pkg = ".".join(["kvsim_configs", *f.parent.parts])
         assert pkg in st["packages"], pkg
         assert any(fnmatch.fnmatch(f.name, g) for g in data.get(pkg, [])), f
+
+
+def test_python_dash_m_kvsim_is_the_kvsim_command():
+    """``python -m kvsim`` runs the same CLI as the installed ``kvsim`` script."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kvsim", "--help"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    for command in ("run", "compare", "study", "tune", "calibrate"):
+        assert command in r.stdout
