@@ -98,7 +98,7 @@ class Eviction(Copies):
     _fast: bool
     clock: int
     ticks: int
-    dropped_keys: list[bytes] | None  # keys of dropped tree pages (cache.remote), or None
+    dropped: list[Page] | None  # the pages dropped (cache.remote collects them), or None
 
     def _add_batch(self, rec: PlanRecord, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
@@ -356,8 +356,8 @@ class Eviction(Copies):
             p.phase = dropped
             del live[p.pid]
         self.counters.dropped_pages[tier.level] += len(pages)
-        if self.dropped_keys is not None:  # (a remote tier: the engine offers them to it)
-            self.dropped_keys.extend([p.key for p in pages if p.key])
+        if self.dropped is not None:  # (a remote tier: the engine offers them to it)
+            self.dropped.extend(pages)
 
     def _arrive(self, tier: "Tier", pages: list[Page], dsts: list[int], settle: bool) -> None:
         """The pages of a committed batch are now resident in ``tier`` at ``dsts``. With

@@ -27,8 +27,8 @@ ORDERS = ("lru", "fifo")
 class RemoteStore:
     """Chain keys of the pages in the cluster's remote tier, in eviction order."""
 
-    __slots__ = ("capacity", "policy", "_keys", "_pending", "puts", "put_pages", "gets",
-                 "hit_pages", "evicted_pages", "peak_pages")
+    __slots__ = ("capacity", "policy", "_keys", "_pending", "puts", "sent_pages", "put_pages",
+                 "gets", "hit_pages", "evicted_pages", "peak_pages")
 
     def __init__(self, capacity_pages: int, policy: str = "lru"):
         if not isinstance(capacity_pages, int) or capacity_pages <= 0:
@@ -39,7 +39,8 @@ class RemoteStore:
         self.policy = policy
         self._keys: OrderedDict[bytes, None] = OrderedDict()  # oldest (next victim) first
         self._pending: set[bytes] = set()
-        self.puts = 0           # put batches offered and sent
+        self.puts = 0           # put batches sent
+        self.sent_pages = 0     # pages in them
         self.put_pages = 0      # pages stored by completed puts
         self.gets = 0           # matches that found at least one page
         self.hit_pages = 0      # pages found by them
@@ -66,6 +67,7 @@ class RemoteStore:
                 out.append(k)
         if out:
             self.puts += 1
+            self.sent_pages += len(out)
         return out
 
     def landed(self, keys: Sequence[bytes]) -> None:
@@ -103,5 +105,5 @@ class RemoteStore:
     def stats(self) -> dict:
         return {"capacity_pages": self.capacity, "pages": len(self._keys),
                 "peak_pages": self.peak_pages, "put_batches": self.puts,
-                "put_pages": self.put_pages, "gets": self.gets, "hit_pages": self.hit_pages,
+                "sent_pages": self.sent_pages, "put_pages": self.put_pages, "gets": self.gets, "hit_pages": self.hit_pages,
                 "evicted_pages": self.evicted_pages, "policy": self.policy}

@@ -403,6 +403,8 @@ class Lifecycle(LifeState):
         fill = self.mgr.commit(req, lv.kv, final=True)
         if fill.pages:
             self.backend.fill(fill)
+        if self.remote is not None:
+            self.remote.finished(self, req)
         if lv.frame.req is req:
             self.mgr.suspend(req)
             self._idle[id(lv.frame)] = lv.frame

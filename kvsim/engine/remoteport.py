@@ -12,9 +12,12 @@ fetches, what it sends there.
   (``TurnState.GROWING``), as for an onboarding; then its pages are committed and
   written, as computed ones: they join the instance's prefix tree, and its prefill goes
   on from after them.
-- Put (at each step boundary): the keys of the pages the instance's manager dropped
-  since (``TierManager.dropped_keys``) not yet in the store nor on their way are sent
-  over the node's link in one batch; they are in the store once it lands.
+- Put (at each step boundary): the full pages the instance's manager dropped since
+  (``TierManager.dropped``; a partial page's key would stand for its whole block) whose
+  keys are neither in the store nor on their way are sent over the node's link in one
+  batch; they are in the store once it lands. With ``write_through`` a turn's full pages
+  are offered too when it ends (the store then holds whole prefixes, not only the
+  leaves an instance dropped: a chain with a hole is found only up to the hole).
 
 A key matched stays in the store (shared by every instance). Nothing here decides a
 policy: the store keeps its order, the manager its pages.
@@ -33,10 +36,12 @@ from kvsim.engine.live import Live, TurnState
 class RemotePort:
     """One engine's use of the cluster's remote store over its node's network link."""
 
-    def __init__(self, store: RemoteStore, network: Any, page_bytes: int):
+    def __init__(self, store: RemoteStore, network: Any, page_bytes: int,
+                 write_through: bool = False):
         self.store = store
         self.network = network  # its backend's: ``get(nbytes)``, ``put(nbytes)`` -> waitable
         self.page_bytes = page_bytes
+        self.write_through = write_through
         self.fetches = 0
 
     def match(self, eng: Any, lv: Live) -> int:
@@ -84,12 +89,20 @@ class RemotePort:
         eng._notify()
 
     def drain(self, eng: Any) -> None:
-        """Offer the keys the manager dropped since the last call; send the new ones."""
-        dropped = eng.mgr.dropped_keys
-        if not dropped:
-            return
-        eng.mgr.dropped_keys = []
-        keys = self.store.offer(dropped)
+        """Offer the pages the manager dropped since the last call; send the new ones."""
+        dropped = eng.mgr.dropped
+        if dropped:
+            eng.mgr.dropped = []
+            self._offer(eng, dropped)
+
+    def finished(self, eng: Any, req: Any) -> None:
+        """A turn ended (its pages committed): with write-through, offer its pages."""
+        if self.write_through:
+            self._offer(eng, req.pages)
+
+    def _offer(self, eng: Any, pages: Any) -> None:
+        B = eng.B
+        keys = self.store.offer([p.key for p in pages if p.key and p.ntokens == B])
         if keys:
             eng._launch(self._put_proc(eng, keys))
 

@@ -4,7 +4,7 @@ port to it, and its figures in the summary.
 One ``kvsim.core.remote.RemoteStore`` for the whole run (every instance of the cluster
 shares it), sized in pages of the run's ``page_bytes``; each engine gets a
 ``kvsim.engine.remoteport.RemotePort`` over its backend's network link, and its manager
-collects the keys of the pages it drops (``TierManager.dropped_keys``). Without
+collects the pages it drops (``TierManager.dropped``). Without
 ``cache.remote`` nothing here runs and no output changes.
 """
 
@@ -40,8 +40,8 @@ def attach_remote(cfg, ranks: Sequence[Any], page_bytes: int) -> RemoteStore | N
         return None
     store = RemoteStore(r.capacity // page_bytes, r.policy)
     for rk in ranks:
-        rk.mgr.dropped_keys = []
-        rk.engine.remote = RemotePort(store, rk.backend.network, page_bytes)
+        rk.mgr.dropped = []
+        rk.engine.remote = RemotePort(store, rk.backend.network, page_bytes, r.write_through)
     return store
 
 
