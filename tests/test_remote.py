@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from kvsim.cli import app
 from kvsim.config import load_config
 from kvsim.core.keys import chain_key, scope_root
-from kvsim.core.remote import RemoteStore
+from kvsim.core.remotestore import RemoteStore
 from kvsim.run import prepare_run, replay
 from kvsim.run.results import write_results
 

@@ -3,7 +3,7 @@
 ``capacity``: the store's size (pages of ``cache.page_bytes``); ``network``: each node's
 link to it (``bandwidth`` each way, ``latency`` a transfer); ``gpudirect``: gets land in
 GPU memory straight from the network (no host bounce, no PCIe leg of their own);
-``policy``: the store's eviction order (``kvsim.core.remote.ORDERS``); ``write_through``:
+``policy``: the store's eviction order (``kvsim.core.remotestore.ORDERS``); ``write_through``:
 put a turn's full pages when it ends, not only pages dropped from an instance's last tier.
 Sim backend only.
 """

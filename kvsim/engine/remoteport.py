@@ -2,7 +2,7 @@
 fetches, what it sends there.
 
 - Match (at a turn's prepare): after the prefix the instance holds, the following full
-  blocks whose chain keys the cluster's store holds (``kvsim.core.remote``) are the
+  blocks whose chain keys the cluster's store holds (``kvsim.core.remotestore``) are the
   turn's remote hit (``row.hit_remote``), up to the last block before the prompt's last
   token (a prefill always computes at least one token, as for a local hit). Only a local
   prefix that ends on a block boundary is extended.
@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvsim.core.keys import chain_key
-from kvsim.core.remote import RemoteStore
+from kvsim.core.remotestore import RemoteStore
 from kvsim.core.types import ReqState
 from kvsim.engine.live import Live, TurnState
 

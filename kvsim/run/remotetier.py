@@ -1,7 +1,7 @@
 """The remote tier of a run (``cache.remote``): its checks, its store, each engine's
 port to it, and its figures in the summary.
 
-One ``kvsim.core.remote.RemoteStore`` for the whole run (every instance of the cluster
+One ``kvsim.core.remotestore.RemoteStore`` for the whole run (every instance of the cluster
 shares it), sized in pages of the run's ``page_bytes``; each engine gets a
 ``kvsim.engine.remoteport.RemotePort`` over its backend's network link, and its manager
 collects the pages it drops (``TierManager.dropped``). Without
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kvsim.config import ConfigFileError
-from kvsim.core.remote import RemoteStore
+from kvsim.core.remotestore import RemoteStore
 from kvsim.engine.remoteport import RemotePort
 
 KEY = "cache.remote"
