@@ -27,7 +27,7 @@ def tier_bars(points: list[Point], rows: list[dict], out: Path, study: str,
     plt = pyplot()
     by_name = {r["point"]: r for r in rows}
     labels = [p.name.replace("__", "\n") for p in points]
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(points) + 2), 4.6))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(points) + 3), 4.6))
     bottom = [0.0] * len(points)
     for t in tiers:
         vals = [float(by_name[p.name].get(PREFIX + t) or 0.0) for p in points]
@@ -35,7 +35,9 @@ def tier_bars(points: list[Point], rows: list[dict], out: Path, study: str,
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(points)), labels, rotation=90, fontsize="x-small")
     ax.set_ylabel("hit ratio (hit tokens / input tokens)")
-    ax.legend(title="tier", fontsize="small", ncol=len(tiers))
+    handles, names = ax.get_legend_handles_labels()  # warmest tier on top, as stacked
+    ax.legend(handles[::-1], names[::-1], title="tier", fontsize="small", loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
     ax.grid(True, axis="y", alpha=0.3)
     ax.set_title(f"{study + ': ' if study else ''}hit ratio by tier", fontsize="medium")
     fig.tight_layout()
