@@ -346,7 +346,7 @@ class Eviction(Copies):
         self.tiers[pos].release(slot)
 
     def _drop_each(self, tier: "Tier", pages: list[Page]) -> None:
-        """Drop each page of ``tier`` in order (children first): unindexed, out of the tree, freed."""
+        """Drop each page of ``tier`` in order (children first): out of index and tree, freed."""
         tier.index_discard_each(pages)
         self.tree.remove_each(pages)
         tier.release_many([p.slot for p in pages])

@@ -32,7 +32,8 @@ class RemoteStore:
 
     def __init__(self, capacity_pages: int, policy: str = "lru"):
         if not isinstance(capacity_pages, int) or capacity_pages <= 0:
-            raise ValueError(f"capacity_pages: expected a positive number of pages, got {capacity_pages!r}")
+            raise ValueError(f"capacity_pages: expected a positive number of pages, "
+                             f"got {capacity_pages!r}")
         if policy not in ORDERS:
             raise ValueError(f"policy: expected one of {', '.join(ORDERS)}, got {policy!r}")
         self.capacity = capacity_pages
@@ -105,5 +106,6 @@ class RemoteStore:
     def stats(self) -> dict:
         return {"capacity_pages": self.capacity, "pages": len(self._keys),
                 "peak_pages": self.peak_pages, "put_batches": self.puts,
-                "sent_pages": self.sent_pages, "put_pages": self.put_pages, "gets": self.gets, "hit_pages": self.hit_pages,
+                "sent_pages": self.sent_pages, "put_pages": self.put_pages, "gets": self.gets,
+                "hit_pages": self.hit_pages,
                 "evicted_pages": self.evicted_pages, "policy": self.policy}
