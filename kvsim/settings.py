@@ -137,6 +137,19 @@ NO_PROBES = Probes()
 
 
 @dataclass(frozen=True)
+class NetworkSettings:
+    """The remote tier's network (``cache.remote``): each node's link to the store,
+    ``bandwidth`` bytes a second each way and ``latency`` seconds a transfer;
+    ``gpudirect``: a get lands in GPU memory from the network (no host bounce);
+    ``nodes``: the cluster's nodes, each with its own link."""
+
+    bandwidth: float
+    latency: float
+    gpudirect: bool
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
 class BackendSettings:
     """Everything a backend is built from. ``slots``: slots a tier (its reserved range),
     by level; ``tier_keys``: the config key that sizes each tier (for errors that name
@@ -163,6 +176,8 @@ class BackendSettings:
     kernels_per_step: int = 0
     #: its node in a cluster (``cluster.nodes``): each node's shared parts are its own
     node: int = 0
+    #: the remote tier's network (``cache.remote``; None: no remote tier)
+    network: Optional[NetworkSettings] = None
 
     def node_part(self, name: str) -> str:
         """The name under which this backend's node keeps its shared part ``name``."""

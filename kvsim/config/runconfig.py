@@ -20,6 +20,7 @@ from pydantic import (BeforeValidator, Field, ValidationError, ValidationInfo, f
                       model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from kvsim.config.remote import RemoteConfig
 from kvsim.config.strict import PositiveSeconds, Seconds, Size
 from kvsim.config.strict import Strict as _Strict
 from kvsim.config.node import ClusterConfig, NodeConfig, RouterConfig
@@ -203,6 +204,7 @@ class CacheConfig(_Strict):
     page_bytes: Optional[Size] = None   # default: the model's KV bytes per token x block
     tiers: list[TierConfig]
     policy: PolicyConfig = PolicyConfig()
+    remote: Optional[RemoteConfig] = None  # a cluster-wide remote store (kvsim.config.remote)
 
     @property
     def disk_io_workers(self) -> int:

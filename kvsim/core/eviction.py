@@ -98,6 +98,7 @@ class Eviction(Copies):
     _fast: bool
     clock: int
     ticks: int
+    dropped: list[Page] | None  # the pages dropped (cache.remote collects them), or None
 
     def _add_batch(self, rec: PlanRecord, batches: list[Batch], kind: BatchKind, src: int, dst: int,
                    pages: list[Page], dsts: list[int], stage: int) -> int:
@@ -345,8 +346,7 @@ class Eviction(Copies):
         self.tiers[pos].release(slot)
 
     def _drop_each(self, tier: "Tier", pages: list[Page]) -> None:
-        """Drop each page of ``tier`` in order (children before parents): out of the index
-        and the tree, its slot released, dead."""
+        """Drop each page of ``tier`` in order (children first): out of index and tree, freed."""
         tier.index_discard_each(pages)
         self.tree.remove_each(pages)
         tier.release_many([p.slot for p in pages])
@@ -356,6 +356,8 @@ class Eviction(Copies):
             p.phase = dropped
             del live[p.pid]
         self.counters.dropped_pages[tier.level] += len(pages)
+        if self.dropped is not None:  # (a remote tier: the engine offers them to it)
+            self.dropped.extend(pages)
 
     def _arrive(self, tier: "Tier", pages: list[Page], dsts: list[int], settle: bool) -> None:
         """The pages of a committed batch are now resident in ``tier`` at ``dsts``. With

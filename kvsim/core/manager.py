@@ -66,6 +66,7 @@ class TierManager(Queries):
         self._fast = all(p.fast_lru for p in self.policies) and not self.placement.reads_use
         self.clock = 0  # logical: one tick per prepared turn
         self.ticks = 0  # recency: one tick per page entering or touched in an eviction index
+        self.dropped: list[Page] | None = None  # a list: collect the pages dropped
         self.page_bytes = spec.page_bytes
         self.tokens_per_block = spec.tokens_per_block
         self.tiers: list[Tier] = [

@@ -78,6 +78,8 @@ class Engine(Lifecycle):
                 self._admit()
             self._sample()
             self._maybe_evict()
+            if self.remote is not None:  # pages dropped since: offered to the remote tier
+                self.remote.drain(self)
             batch = self._build_batch()
             if self._deferred or batch is None:
                 yield from self._catch_up()
@@ -232,6 +234,9 @@ class Engine(Lifecycle):
             if budget <= 0:
                 break
             if lv.state is not running:
+                continue
+            if lv.remote:  # its next blocks are fetched from the remote tier first
+                self.remote.fetch(self, lv)
                 continue
             chunk = min(lv.prefill_left, budget)
             if self._ensure(lv, lv.kv + chunk):

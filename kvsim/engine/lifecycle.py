@@ -169,6 +169,8 @@ class Lifecycle(LifeState):
         hits = req.hit_by_level
         lv.row.hit_gpu, lv.row.hit_host, lv.row.hit_disk = hits[0], hits[1], hits[2]
         cached = req.tokens
+        if self.remote is not None:  # the blocks after it found in the remote tier
+            self.remote.match(self, lv)
         lv.prefill_left = max(1, lv.prompt - cached)
         lv.kv = lv.prompt - lv.prefill_left
         d = lv.kv if lv.kv < lv.queued else lv.queued  # (found cached: not queued work)
@@ -401,6 +403,8 @@ class Lifecycle(LifeState):
         fill = self.mgr.commit(req, lv.kv, final=True)
         if fill.pages:
             self.backend.fill(fill)
+        if self.remote is not None:
+            self.remote.finished(self, req)
         if lv.frame.req is req:
             self.mgr.suspend(req)
             self._idle[id(lv.frame)] = lv.frame

@@ -63,6 +63,7 @@ class LifeState:
         self._next_sample = 0
         self._vnow = 0.0                             # the runtime's time the engine ran ahead to
         self.cluster: Any = None  # a cluster's hooks (kvsim.run.cluster), or None: alone
+        self.remote: Any = None   # the remote tier's port (kvsim.engine.remoteport), or None
         self.queued_tokens = 0                       # prompt tokens queued, not yet computed or found
         self._handed: dict[int, None] = {}           # turns a router handed it, not yet released
         # write_through_take_back: each write-through in flight, by plan id: its batch and

@@ -57,7 +57,7 @@ class Live:
 
     __slots__ = ("row", "turn", "frame", "cursor", "req", "blocks", "prompt", "out",
                  "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due", "failures",
-                 "queued")
+                 "queued", "remote")
 
     def __init__(self, row: Row, turn: Turn, frame: Frame, cursor: Cursor, blocks: list,
                  uid: int):
@@ -79,3 +79,4 @@ class Live:
         self.due = -1          # decoding: engine step at which it needs attention again
         self.failures = 0      # consecutive plans of this turn whose transfers failed
         self.queued = turn.input_tokens  # of its prompt: not yet computed nor found cached
+        self.remote = 0        # of its prompt: found in the remote tier, not yet fetched

@@ -38,6 +38,7 @@ class Row:
     rank: int = 0                    # the node's rank that served it (kvsim.run.ranks)
     node: int = 0                    # in a cluster: its node, and its instance (of all nodes')
     instance: int = 0
+    hit_remote: int = -1             # tokens found in the remote tier (-1: none configured)
 
     @property
     def ttft_s(self) -> float:
@@ -106,6 +107,8 @@ class Metrics:
         span = end_ns / NS
         hit = {"gpu": sum(r.hit_gpu for r in done), "host": sum(r.hit_host for r in done),
                "disk": sum(r.hit_disk for r in done)}
+        if any(r.hit_remote >= 0 for r in self.rows):  # a remote tier (cache.remote)
+            hit["remote"] = sum(r.hit_remote for r in done if r.hit_remote > 0)
         by_level = lambda vec: {levels[i]: int(vec[i]) for i in sorted(levels)}  # noqa: E731
         return {
             "requests_completed": len(done),

@@ -31,9 +31,14 @@ def is_cluster(cfg) -> bool:
     return n > 1 and (cfg.cluster.nodes > 1 or cfg.router.policy != "session-hash")
 
 
-def _by_tier(s: dict) -> dict:
+def _levels(each: Sequence[dict]) -> tuple[str, ...]:
+    """The tiers hits are counted in: gpu, host, disk, and remote where configured."""
+    return LEVELS + ("remote",) if any("remote" in s["hit_tokens"] for s in each) else LEVELS
+
+
+def _by_tier(s: dict, levels: tuple[str, ...]) -> dict:
     inp = s["input_tokens"]
-    return {k: (s["hit_tokens"][k] / inp if inp else 0.0) for k in LEVELS}
+    return {k: (s["hit_tokens"].get(k, 0) / inp if inp else 0.0) for k in levels}
 
 
 def queue_samples(rows: Sequence[Any], n: int, interval_ns: int, end_ns: int) -> list[list[int]]:
@@ -42,7 +47,7 @@ def queue_samples(rows: Sequence[Any], n: int, interval_ns: int, end_ns: int) ->
     first token (or its end, if it failed)."""
     events: list[tuple[int, int, int]] = []
     for r in rows:
-        w = r.input_tokens - r.hit_gpu - r.hit_host - r.hit_disk
+        w = r.input_tokens - r.hit_gpu - r.hit_host - r.hit_disk - max(0, r.hit_remote)
         if w <= 0:
             continue
         stop = r.first_token_ns if r.first_token_ns >= 0 else (r.done_ns if r.done_ns >= 0 else end_ns)
@@ -93,17 +98,18 @@ def cluster_metrics(cfg, merged: Metrics, each: list[dict], cluster: Any) -> dic
         if r.admitted_ns >= 0:
             queues[r.instance].append((r.admitted_ns - r.arrival_ns) / NS)
     instances = []
+    levels = _levels(each)
     for i, s in enumerate(each):
         instances.append({
             "instance": i, "node": i // per_node, "rank": i % per_node,
             "requests": s["requests_completed"] + s["requests_failed"],
             "requests_completed": s["requests_completed"], "hit_ratio": s["hit_ratio"],
-            "hit_ratio_by_tier": _by_tier(s), "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"],
+            "hit_ratio_by_tier": _by_tier(s, levels), "ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"],
             "queue_s": dist(queues[i]), "input_tokens": s["input_tokens"],
             "hit_tokens": s["hit_tokens"]})
     served = [x["requests"] for x in instances]
     total_in = sum(s["input_tokens"] for s in each)
-    hit = {k: sum(s["hit_tokens"][k] for s in each) for k in LEVELS}
+    hit = {k: sum(s["hit_tokens"].get(k, 0) for s in each) for k in levels}
     return {
         "instances": instances,
         "cluster": {
@@ -114,7 +120,7 @@ def cluster_metrics(cfg, merged: Metrics, each: list[dict], cluster: Any) -> dic
             "requests_per_instance_min": min(served), "requests_per_instance_max": max(served),
             "requests_per_instance_max_over_mean": (max(served) * n / sum(served)) if sum(served) else 1.0,
             "hit_ratio": sum(hit.values()) / total_in if total_in else 0.0,
-            "hit_ratio_by_tier": {k: (hit[k] / total_in if total_in else 0.0) for k in LEVELS},
+            "hit_ratio_by_tier": {k: (hit[k] / total_in if total_in else 0.0) for k in levels},
             "load_imbalance": imbalance(samples),
             "network_bytes": 0,
             "routed_at_arrival": cluster is not None,

@@ -34,6 +34,7 @@ from kvsim.run.budget import available_bytes
 from kvsim.run.cluster import Cluster, build_router, check_cluster, instances_of, routed
 from kvsim.run.clustermetrics import cluster_metrics, is_cluster
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
+from kvsim.run.remotetier import attach_remote, check_remote, remote_metrics
 from kvsim.run.results import git_commit, kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
@@ -285,6 +286,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     n, per_node, spec = instances_of(cfg), cfg.node.ranks, prep.spec
     check_cluster(cfg, backend, sum(t.quota_bytes // spec.page_bytes for t in spec.tiers),
                   available_bytes())
+    check_remote(cfg, backend, spec.page_bytes)
     at_run = routed(cfg)  # the router decides at each arrival (else: split by session hash)
     parts = [(prep.workload, prep.starts)] * n if at_run else split(prep.workload, prep.starts, n)
     ranks = []
@@ -321,6 +323,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                 rk.engine.pin_arrivals(pinned_arrivals)
             if not at_run:
                 rk.engine.load(rk.workload, rk.starts)
+        store = attach_remote(cfg, ranks, spec.page_bytes)
         cluster = None
         if at_run:
             cluster = Cluster(rt, [rk.engine for rk in ranks], [rk.mgr for rk in ranks],
@@ -373,6 +376,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
             metrics.update(cluster_metrics(cfg, node, each, cluster))
         else:
             metrics["ranks"] = each
+    remote_metrics(metrics, store, traffic)
     info = getattr(ranks[0].backend, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),

@@ -143,15 +143,18 @@ def write_files(result, folder: Path, plots: bool = True) -> None:
                                                     allow_nan=False) + "\n")
     ranks = result.run_info.get("ranks", 1) > 1  # (the rank column: only for a node of several)
     cluster = result.run_info.get("cluster", False)  # (instance, node, rank: a cluster's)
+    remote = result.cfg.cache.remote is not None  # (a hit_remote column last: only then)
+    cols = (*Row.COLUMNS, "hit_remote") if remote else Row.COLUMNS
+    values = (lambda r: (*r.csv_values(), r.hit_remote)) if remote else Row.csv_values
     with open(folder / "requests.csv", "w", newline="") as f:
         w = csv.writer(f)
         if cluster:
-            w.writerow(("instance", "node", "rank", *Row.COLUMNS))
-            w.writerows((r.instance, r.node, r.rank, *r.csv_values()) for r in result.rows)
+            w.writerow(("instance", "node", "rank", *cols))
+            w.writerows((r.instance, r.node, r.rank, *values(r)) for r in result.rows)
         else:
-            w.writerow(("rank", *Row.COLUMNS) if ranks else Row.COLUMNS)
+            w.writerow(("rank", *cols) if ranks else cols)
             for r in result.rows:
-                w.writerow((r.rank, *r.csv_values()) if ranks else r.csv_values())
+                w.writerow((r.rank, *values(r)) if ranks else values(r))
     if result.timeline:
         keys = list(dict.fromkeys(k for row in result.timeline for k in row))
         with open(folder / "timeline.csv", "w", newline="") as f:

@@ -22,7 +22,7 @@ from kvsim.core.datapath.copypath import AUTO, CopyPath, force_per_direction
 from kvsim.core.datapath.fill import Backing, FillMode
 from kvsim.core.spec import Level
 from kvsim.settings import (BackendSettings, CopySettings, DiskSettings, HostFillSettings,
-                            HwSettings, ModelSettings, Probes)
+                            HwSettings, ModelSettings, NetworkSettings, Probes)
 
 #: run options a caller may pass (``replay(backend_options=...)``) besides ``hw_loop``
 #: (the backend registry's: kvsim compare's wrapper of the sim backend)
@@ -94,7 +94,16 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         model=ModelSettings.capped(shape.projections_per_gpu()),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
         tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks, node=node,
-        kernels_per_step=shape.layers * e.kernels_per_layer)
+        kernels_per_step=shape.layers * e.kernels_per_layer, network=network_settings(cfg))
+
+
+def network_settings(cfg: RunConfig) -> NetworkSettings | None:
+    """The remote tier's network (``cache.remote.network``), or None without one."""
+    r = cfg.cache.remote
+    if r is None:
+        return None
+    return NetworkSettings(bandwidth=r.network.bandwidth, latency=r.network.latency,
+                           gpudirect=r.gpudirect, nodes=cfg.cluster.nodes)
 
 
 def settings_for(page_bytes: int, slots: Mapping[Level, int],

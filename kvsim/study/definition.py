@@ -47,6 +47,7 @@ METRIC_ROOTS = frozenset({
     "ranks",      # only for a node of several ranks (a list: one summary a rank)
     "cluster",    # only for a cluster (kvsim.run.clustermetrics): its own figures
     "instances",  # ... and each instance's (a list)
+    "remote",     # only with a remote tier (cache.remote; kvsim.run.remotetier)
 })
 
 

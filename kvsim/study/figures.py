@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kvsim.study.points import Point
 from kvsim.study.labels import axis_label, metric_label
+from kvsim.study.tierbars import tier_bars
 
 MAX_LINES = 12
 MAX_TICKS = 10   # labels on an axis at most (1,000 of them took 17 s of CPU to draw)
@@ -286,4 +287,4 @@ def write_study_plots(points: list[Point], rows: list[dict], folder_of, metrics:
     out.mkdir(parents=True, exist_ok=True)
     return [*axis_plots(points, rows, metrics, out, axes, study),
             *(ttft_cdfs(points, rows, folder_of, out, study) if cdf else []),
-            *variant_bars(points, rows, metrics, out, study)]
+            *variant_bars(points, rows, metrics, out, study), *tier_bars(points, rows, out, study, _plt)]

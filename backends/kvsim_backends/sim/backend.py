@@ -32,6 +32,7 @@ from kvsim.settings import BackendSettings
 from .diskpool import SimDiskPool
 from .driver import DriverLock
 from .fluid import Fluid
+from .network import SimNetwork
 from .hostfill import SimHostFill
 from .routes import DIRECTIONS, ROUTES
 from .runtime import SimRuntime
@@ -190,6 +191,9 @@ class SimBackend(Transfers):
         # disk leg (GPU <-> disk: both)
         self.link_leg_s = 0.0
         self.disk_leg_s = 0.0
+        # the remote tier's network (``cache.remote``; kvsim_backends.sim.network), or None
+        self.network = (SimNetwork(runtime, settings, self.fluid, self._bytes)
+                        if settings.network is not None else None)
 
     def slots_ready(self, level: Level, slots: Sequence[int]) -> simpy.Event | None:
         return self.host_fill.slots_ready(slots) if level == Level.HOST else None
@@ -375,6 +379,8 @@ class SimBackend(Transfers):
             out["step_penalty_s"] = self.step_penalty_s
             out["step_penalty_since_s"] = self.step_penalty_since_s
             out["penalized_compute_calls"] = self._penalized_calls
+        if self.network is not None:  # (a remote tier only: other runs' columns unchanged)
+            out.update(self.network.stats())
         return out
 
     # -- mechanics ------------------------------------------------------------------
