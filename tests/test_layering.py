@@ -260,6 +260,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "kvsim.cli_studies": {"kvsim.console", "kvsim.scratch", "kvsim.run", "kvsim.study",
                           "kvsim.config"},
     "kvsim.entry": {"kvsim.cli"},
+    "kvsim.__main__": {"kvsim.entry"},          # python -m kvsim
     "kvsim": set(),                            # the package's face: its version
 }
 
