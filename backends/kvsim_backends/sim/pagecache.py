@@ -1,6 +1,6 @@
 """The sim's model of the host's page cache in front of the disk tier's file, for a disk
 tier with ``writes: buffered`` (the hw backend opens the file without O_DIRECT); the
-numbers are the hardware profile's ``page_cache`` (``kvsim.config.pagecache``, which cites
+numbers are the hardware profile's ``page_cache`` (``kvsim.config.pagecachespec``, which cites
 Linux's ``vm.dirty_*`` semantics).
 
 What it models:
