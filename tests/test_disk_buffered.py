@@ -67,11 +67,13 @@ def test_a_write_below_the_dirty_limit_completes_at_memory_speed_then_expires_to
     assert s["disk_write"] == PB  # the transfer's bytes, once (not again for the write-back)
 
 
-def test_writes_above_the_dirty_limit_throttle_to_the_drive():
-    """Six pages on one worker: pages 1-4 copy at memory speed (the limit is 4 pages);
-    write-back starts once the third page makes the dirty bytes pass 2 pages; pages 5
-    and 6 each wait for a page's write-back, so they go at the drive's rate."""
-    rt, be = sim(workers=1)
+@pytest.mark.parametrize("workers", [1, None])
+def test_writes_above_the_dirty_limit_throttle_to_the_drive(workers):
+    """Six pages, on one worker or as one batch of the queue (copied a piece at a time):
+    pages 1-4 copy at memory speed (the limit is 4 pages); write-back starts once the
+    third page makes the dirty bytes pass 2 pages; pages 5 and 6 each wait for a page's
+    write-back, so they go at the drive's rate."""
+    rt, be = sim(workers=workers)
     out = ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 6, BatchKind.EVICT))})
     # write-back of page 1 from 3C to 3C + D; page 5 copies then; page 2's ends at 3C + 2D
     assert out["w"] == (pytest.approx(3 * C + 2 * D + C, rel=1e-9), True)

@@ -161,7 +161,7 @@ class SimBackend(Transfers):
                           busy_cta_efficiency=1.0) if self._split_disk else self.fluid
             # (write-back in chunks of the flusher's I/O in flight: queue_depth pieces)
             cache = (SimPageCache(fluid, pcs.dirty_limit, pcs.dirty_background, pcs.dirty_expire,
-                                  pcs.capacity, nv.piece * nv.queue_depth)
+                                  pcs.capacity, nv.piece * nv.queue_depth, nv.piece)
                      if pcs is not None else None)
             return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share,
                                        serial=serial) if pooled else None), cache

@@ -25,7 +25,7 @@ model, so write-back competes with the other writes only, never with reads; dirt
 are not pinned in the LRU (with ``capacity`` >= ``dirty_limit`` they are the most recent).
 
 Invariants: ``reserved`` = dirty bytes + bytes being copied in, never above
-``dirty_limit`` except for one write alone larger than it; bytes written back are
+``dirty_limit`` except for one piece alone larger than it; bytes written back are
 counted here (``written_back``) and never in the backend's disk byte counters (a
 transfer's bytes are counted once, at its completion). Deterministic: FIFO orders only.
 """
@@ -42,14 +42,15 @@ class SimPageCache:
     """A node's page cache of its disk tier files on ``fluid`` (the node's disk fluid)."""
 
     def __init__(self, fluid: Any, dirty_limit: float, dirty_background: float,
-                 dirty_expire: float, capacity: float, chunk: float):
+                 dirty_expire: float, capacity: float, chunk: float, piece: float):
         self.fluid = fluid
         self.clock = fluid.clock
         self.limit = float(dirty_limit)
         self.background = float(dirty_background)
         self.expire = float(dirty_expire)
         self.capacity = float(capacity)
-        self.chunk = float(chunk)
+        self.chunk = float(chunk)  # a write-back flow's most bytes
+        self.piece = float(piece)  # a write's copy's most bytes (the drive's piece)
         self.reserved = 0.0
         self.dirty = 0.0
         self.entries: deque[list[float]] = deque()  # [dirtied at, bytes not written back]
@@ -67,7 +68,17 @@ class SimPageCache:
     def write(self, nbytes: float, res: tuple[str, ...], cap: float, ce: bool,
               then: Callable[[], None]) -> None:
         """A buffered write of ``nbytes`` over ``res`` (its route with the page cache in
-        the drive's place): copied once there is dirty room, then ``then()``."""
+        the drive's place): copied in pieces of at most ``piece`` bytes, one after the
+        other, each once there is dirty room for it (a large write streams in at the
+        write-back's pace rather than waiting for room for all of it), then ``then()``."""
+        if nbytes > self.piece:
+            rest = nbytes - self.piece
+            self._write(self.piece, res, cap, ce, lambda: self.write(rest, res, cap, ce, then))
+            return
+        self._write(nbytes, res, cap, ce, then)
+
+    def _write(self, nbytes: float, res: tuple[str, ...], cap: float, ce: bool,
+               then: Callable[[], None]) -> None:
         if self.waiting or not self._room(nbytes):
             t0 = self.clock.now
             self.counts["page_cache_throttled"] += 1
