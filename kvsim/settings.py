@@ -48,11 +48,14 @@ class DiskSettings:
     file's space reserved up front (else sparse: a full disk fails writes with ENOSPC);
     ``direct_io``: O_DIRECT where the file system allows. ``io_mode``: ``queue`` (the
     above with N 0), ``pool`` (N > 0) or ``serial``: one transfer at a time in arrival
-    order on one thread, no priorities (seed 004's baseline)."""
+    order on one thread, no priorities (seed 004's baseline). ``writes``: ``direct`` or
+    ``buffered`` (the tier file without O_DIRECT: the page cache in front of the drive,
+    the profile's ``page_cache``)."""
 
     io_workers: int
     io_write_share: float
     io_mode: str = "queue"
+    writes: str = "direct"
     dir: Optional[str] = None
     preallocate: bool = True
     direct_io: bool = True

@@ -53,6 +53,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
 from kvsim.core.datapath.interference import KindTerms, Structure
 from kvsim.config.units import parse_rate, parse_size, parse_time
@@ -357,6 +358,7 @@ class HardwareProfile(_Frozen):
     transfer: TransferSpec = TransferSpec()
     compute: ComputeSpec = ComputeSpec()
     driver: DriverSpec | None = None
+    page_cache: PageCacheSpec | None = None  # kvsim.config.pagecachespec (writes: buffered)
     notes: str = ""
 
     @model_validator(mode="before")

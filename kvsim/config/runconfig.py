@@ -97,6 +97,10 @@ class TierConfig(_Strict):
     # the pending copy back and waiting for its write, promoted to the required writes
     # (take_back: seed 004's rule)
     write_through_pending: Literal["pin", "take_back"] = "pin"
+    # disk tier: direct (O_DIRECT: a write completes when the drive has it) or buffered (the
+    # file opened without O_DIRECT: writes complete into the page cache until the profile's
+    # page_cache.dirty_limit, reads of pages it still holds come from memory)
+    writes: Literal["direct", "buffered"] = "direct"
     # this tier's own eviction order (a built-in name or module:Class), instead of
     # cache.policy.eviction's; not belady (a bound over the whole cache)
     eviction: Optional[str] = None
@@ -131,7 +135,8 @@ class TierConfig(_Strict):
                              "workers' writes while restores run)")
         if self.level != "disk":  # (a resolved config dumps the defaults: compare to them)
             for k in ("keep_copy", "write_through", "write_through_inflight",
-                      "protected_copy_fraction", "io_write_share", "write_through_pending"):
+                      "protected_copy_fraction", "io_write_share", "write_through_pending",
+                      "writes"):
                 if getattr(self, k) != type(self).model_fields[k].default:
                     raise ValueError(f"{k} is only for the disk tier")
         if self.path is not None:

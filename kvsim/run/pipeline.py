@@ -369,6 +369,9 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     if "driver_wait_s" in traffic:  # executor calls' waits for the driver's lock
         metrics["driver"] = {"executor_wait_s": traffic["driver_wait_s"],
                              "executor_waits": traffic["driver_waits"]}
+    if "page_cache_written_back" in traffic:  # a buffered disk tier: the node's page cache
+        metrics["page_cache"] = {k[len("page_cache_"):]: v for k, v in ranks[0].backend.stats().items()
+                                 if k.startswith("page_cache_")}
     if n > 1:
         each = [rk.engine.metrics.summary(c, rk.backend.stats(), rk.engine.t, wall, levels)
                 for rk, c in zip(ranks, counters)]

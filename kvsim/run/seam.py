@@ -42,11 +42,16 @@ def tier_keys(cfg: RunConfig) -> dict[Level, str]:
 
 def check_profile_fit(cfg: RunConfig, profile: HardwareProfile) -> None:
     """What the config model cannot check alone, against the hardware profile: the SM
-    kernel's CTAs within the profile's copy CTA slots."""
+    kernel's CTAs within the profile's copy CTA slots; a buffered disk tier's page cache."""
     ctas, cta_slots = cfg.engine.sm_ctas, profile.sm.copy_cta_slots
     if ctas != AUTO and ctas > cta_slots:
         raise ConfigFileError(f"engine.sm_ctas: got {ctas}; the hardware profile {profile.name} "
                               f"has {cta_slots} copy CTA slots (sm.copy_cta_slots)")
+    for i, t in enumerate(cfg.cache.tiers):
+        if t.writes == "buffered" and profile.page_cache is None:
+            raise ConfigFileError(f"cache.tiers[{i}].writes: buffered needs the hardware profile's "
+                                  f"page_cache section (its dirty limit and copy rate); "
+                                  f"{profile.name} has none")
 
 
 def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
@@ -80,6 +85,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         where = {DISK_OPTIONS[k]: v for k, v in options.items() if k in DISK_OPTIONS and v is not None}
         d = DiskSettings(io_workers=disk.io_workers, io_write_share=disk.io_write_share,
                          io_mode=disk.io_mode or ("pool" if disk.io_workers else "queue"),
+                         writes=disk.writes,
                          **{"dir": disk.path, **where})
     return BackendSettings(
         page_bytes=int(page_bytes), slots={Level(k): int(v) for k, v in slots.items()},
@@ -111,12 +117,12 @@ def settings_for(page_bytes: int, slots: Mapping[Level, int],
                  sm_ctas: Any = None, kernel_on_coherent_link: bool | None = None,
                  refcheck: bool | None = None, io_workers: int | None = None,
                  io_write_share: float | None = None, host_fill: Mapping | None = None,
-                 io_mode: str | None = None,
+                 io_mode: str | None = None, writes: str | None = None,
                  model: str | None = None, **options: Any) -> BackendSettings:
     """Settings for ``slots`` (level -> slots) of ``page_bytes`` outside a replay (tests,
     benchmarks, calibrate): the config keys given here (``engine.copy_path``,
     ``engine.sm_ctas``, ``engine.kernel_on_coherent_link``, ``engine.refcheck``, the disk
-    tier's ``io_workers``, ``io_write_share`` and ``io_mode``, the host tier's ``fill``) validated by
+    tier's ``io_workers``, ``io_write_share``, ``io_mode`` and ``writes``, the host tier's ``fill``) validated by
     the config model, the rest its defaults; ``profile``: a profile or a preset name
     (default: the config's); ``model``: a model preset or path (default: the config's);
     ``options``: ``backend_settings``'."""
@@ -127,7 +133,7 @@ def settings_for(page_bytes: int, slots: Mapping[Level, int],
         t: dict[str, Any] = {"level": LEVEL_NAMES[lv], "quota": max(1, int(slots.get(lv, 1))) * int(page_bytes)}
         if lv == Level.DISK:
             t.update({k: v for k, v in (("io_workers", io_workers), ("io_write_share", io_write_share),
-                                        ("io_mode", io_mode)) if v is not None})
+                                        ("io_mode", io_mode), ("writes", writes)) if v is not None})
         if lv == Level.HOST and host_fill is not None:
             t["fill"] = dict(host_fill)
         tiers.append(t)

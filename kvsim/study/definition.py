@@ -43,6 +43,7 @@ METRIC_ROOTS = frozenset({
     "balance",    # each tier's evictable pages, the disk's retained copies (kvsim.engine.balance)
     "host_fill",  # only where the config has a host tier fill (kvsim.run.host_fill_metrics)
     "driver",     # only where a host fill takes the profile's driver lock
+    "page_cache", # only where the disk tier's writes are buffered (kvsim_backends.sim.pagecache)
     "manager",    # only where engine.manager_cost charged plans (kvsim.engine.managercost)
     "ranks",      # only for a node of several ranks (a list: one summary a rank)
     "cluster",    # only for a cluster (kvsim.run.clustermetrics): its own figures

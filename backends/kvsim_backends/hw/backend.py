@@ -156,7 +156,8 @@ class HwBackend:
                 shared = self.runtime.shared("disk_pool", lambda: SharedPool(
                     threads, piece, d.io_workers > 0, d.io_write_share, serial))
             self.disk = DiskStore(d.dir, self.slots[Level.DISK], self.page_bytes, threads, piece,
-                                  st.probes.io_hook, direct=d.direct_io, preallocate=d.preallocate,
+                                  st.probes.io_hook, direct=d.direct_io and d.writes == "direct",
+                                  preallocate=d.preallocate,
                                   priorities=d.io_workers > 0, io_write_share=d.io_write_share,
                                   pool=shared, serial=serial)
             self.info["disk_direct_io"] = self.disk.uses_direct

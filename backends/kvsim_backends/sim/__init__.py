@@ -23,7 +23,10 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   pieces on N modelled workers in ``kvsim.core.datapath.diskio``'s order (``diskpool``): each
   piece one op latency, then its bytes over the device's own bandwidth (``read``,
   ``write``), shared; N replaces ``queue_depth``; while a restore runs, at most
-  ``write_cap(N, io_write_share)`` write pieces are in flight, as on hw.
+  ``write_cap(N, io_write_share)`` write pieces are in flight, as on hw. With the disk
+  tier's ``writes: buffered`` the host's page cache sits in front of the drive
+  (``pagecache``: writes at memory speed up to the dirty limit, write-back on the drive,
+  reads of cached pages from memory; the profile's ``page_cache``).
 - GPU <-> disk: staged through host and pipelined: the disk leg's latency plus the link
   leg's start cost, then one flow over the disk and the link resources together.
 - GPU -> GPU (copy-on-write): a launch, then a flow over HBM at half its bandwidth

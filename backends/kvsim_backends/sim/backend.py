@@ -30,6 +30,7 @@ from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
 
 from .diskpool import SimDiskPool
+from .pagecache import SimPageCache
 from .driver import DriverLock
 from .fluid import Fluid
 from .network import SimNetwork
@@ -119,6 +120,11 @@ class SimBackend(Transfers):
                 return bw
             return min(bw, nv.queue_depth * op / (nv.latency + op / bw))
         disk = {"disk_read": disk_rate(nv.read), "disk_write": disk_rate(nv.write)}
+        # writes: buffered: the page cache before the drive (kvsim_backends.sim.pagecache),
+        # its copies in and out a resource of their own (the profile's page_cache.rate)
+        pcs = p.page_cache if disk_cfg is not None and disk_cfg.writes == "buffered" else None
+        if pcs is not None:
+            disk["disk_cache"] = pcs.rate
         # nvme.rewrite: a write into disk slots written before moves at the rewrite rate; the
         # flow carries such bytes as write / rewrite of a first write's (its link leg, if
         # any, far faster than the disk, is shortened alike); which slots were written is
@@ -151,15 +157,21 @@ class SimBackend(Transfers):
 
         write_share = disk_cfg.io_write_share if disk_cfg is not None else 1.0
 
-        def node_disk() -> tuple[Fluid, SimDiskPool | None]:
+        def node_disk() -> tuple[Fluid, SimDiskPool | None, SimPageCache | None]:
             fluid = Fluid(self.env, disk, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
                           busy_cta_efficiency=1.0) if self._split_disk else self.fluid
+            # (write-back in chunks of the flusher's I/O in flight: queue_depth pieces)
+            cache = (SimPageCache(fluid, pcs.dirty_limit, pcs.dirty_background, pcs.dirty_expire,
+                                  pcs.capacity, nv.piece * nv.queue_depth, nv.piece)
+                     if pcs is not None else None)
             return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share,
-                                       serial=serial) if pooled else None)
+                                       serial=serial) if pooled else None), cache
         if self._split_disk:
-            self.disk_fluid, self.disk_pool = runtime.shared(settings.node_part("disk"), node_disk)
+            self.disk_fluid, self.disk_pool, self.page_cache = runtime.shared(
+                settings.node_part("disk"), node_disk)
         else:
-            self.disk_fluid, self.disk_pool = node_disk()
+            self.disk_fluid, self.disk_pool, self.page_cache = node_disk()
+        self._rank = settings.rank
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None
@@ -365,6 +377,8 @@ class SimBackend(Transfers):
         out["compute_stretch_s"] = self._compute_s - self._compute_nominal_s
         out["copy_path_h2d"] = self.paths["h2d"].value
         out["copy_path_d2h"] = self.paths["d2h"].value
+        if self.page_cache is not None:  # (writes: buffered only: other runs' columns unchanged)
+            out.update(self.page_cache.stats())
         if self.disk_pool is not None:
             q = self.disk_pool.queues
             out["disk_pieces"] = self.disk_pool.pieces_run

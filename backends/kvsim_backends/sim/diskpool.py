@@ -12,6 +12,10 @@ hw. While a restore's piece is queued or running, at most ``write_cap(N, io_writ
 write pieces are in flight (the disk tier's ``io_write_share``): the hw pool's cap, the
 same rule (``kvsim.core.datapath.diskio``); a piece is in flight from its pop to its end.
 
+A buffered write's piece (the disk tier's ``writes: buffered``) costs no op latency and
+goes into the page cache (``kvsim_backends.sim.pagecache``), holding its worker while the
+dirty limit throttles it, as a pwrite blocks on hw.
+
 Invariants: at most N pieces hold a worker; a worker goes to the next piece (``pop`` at the
 simulated now) the moment its piece ends; a transfer completes when its last piece that
 ran ends. A transfer marked to fail fails at its first piece: its pieces still queued are
@@ -21,7 +25,7 @@ function of push times and the order of calls.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable
+from typing import Any, Callable, Hashable
 
 from kvsim.core.datapath.diskio import WRITE_SHARE, DiskQueues, IoClass, IoRule, piece_sizes, write_cap
 
@@ -29,10 +33,10 @@ from kvsim.core.datapath.diskio import WRITE_SHARE, DiskQueues, IoClass, IoRule,
 class DiskJob:
     """One transfer's disk leg in the pool: ``then(ok)`` when its pieces are done."""
 
-    __slots__ = ("res", "cap", "ce", "scale", "left", "fail", "failed", "then", "key")
+    __slots__ = ("res", "cap", "ce", "scale", "left", "fail", "failed", "then", "key", "cache")
 
     def __init__(self, res: tuple[str, ...], cap: float, ce: bool, scale: float,
-                 fail: bool, then: Callable[[bool], None], key: Hashable):
+                 fail: bool, then: Callable[[bool], None], key: Hashable, cache: Any = None):
         self.res = res
         self.cap = cap
         self.ce = ce
@@ -42,6 +46,7 @@ class DiskJob:
         self.failed = False
         self.then = then
         self.key = key
+        self.cache = cache    # a buffered write's page cache (SimPageCache; None: the drive)
 
 
 class SimDiskPool:
@@ -86,13 +91,17 @@ class SimDiskPool:
             self.free -= 1
             self.pieces_run += 1
             job, nbytes = pick.item
-            if self.latency > 0:
+            if self.latency > 0 and job.cache is None:  # (a buffered write: no device op)
                 self.clock.wake_after(self.latency, lambda _w, p=pick: self._move(p))
             else:
                 self._move(pick)
 
     def _move(self, pick) -> None:
         job, nbytes = pick.item
+        if job.cache is not None:  # into the page cache (its worker waits while throttled)
+            job.cache.write(nbytes * job.scale, job.res, job.cap, job.ce,
+                            lambda: self._piece_done(pick))
+            return
         self.fluid.add_flow_then(lambda: self._piece_done(pick), nbytes * job.scale, job.res,
                                  job.cap, 0, job.ce)
 

@@ -27,6 +27,7 @@ from kvsim.core.spec import Level
 
 from .diskpool import DiskJob, SimDiskPool
 from .fluid import Fluid
+from .pagecache import SimPageCache
 from .routes import SM_RES
 from .runtime import Clock
 from .servers import Units
@@ -56,6 +57,8 @@ class Transfers:
     call_threads: Units | None
     cta_pool: simpy.Container
     disk_pool: SimDiskPool | None
+    page_cache: SimPageCache | None  # the disk tier's writes: buffered (else None)
+    _rank: int
     tags: dict[Level, list]
     timing_log: list | None
     on_traffic: Callable[[float, str, int], None] | None
@@ -129,7 +132,7 @@ class Transfer:
     constants and update its counters."""
 
     __slots__ = ("be", "batch", "route", "fail", "t0", "done", "res", "start_s", "cap",
-                 "ctas", "ce", "host_s", "path")
+                 "ctas", "ce", "host_s", "path", "drive")
 
     def __init__(self, be: Transfers, batch: Batch, route, fail: bool):
         self.be = be
@@ -145,6 +148,7 @@ class Transfer:
         self.ce = False
         self.host_s = 0.0
         self.path: CopyPath | None = None  # its link leg's path (None: no link leg)
+        self.drive = 1.0  # the share of its disk leg's bytes the drive moves (page cache: less)
 
     def after(self, delay: float, step: Callable[..., None]) -> None:
         """``step`` once ``delay`` seconds have passed (now, without an event, for none)."""
@@ -160,6 +164,10 @@ class Transfer:
         be = self.be
         link_dir, disk_dir, res, _ = self.route
         self.start_s = be._disk_latency if disk_dir and be.disk_pool is None else 0.0
+        if disk_dir and be.page_cache is not None:
+            self.cached_leg(be.page_cache, disk_dir)
+            if self.drive == 0.0:  # (no device op: a copy in or out of memory)
+                self.start_s = 0.0
         if link_dir is not None:
             if disk_dir:  # (a staged disk leg: the path a direction takes alone, as on hw)
                 path, ctas = be.paths[link_dir], be.ctas[link_dir]
@@ -176,6 +184,23 @@ class Transfer:
         if res == ("hbm",):
             self.start_s += be._sm_launch
         self.after(self.start_s, self.flow)
+
+    def cached_leg(self, pc: SimPageCache, disk_dir: str) -> None:
+        """The page cache's part in a buffered disk leg: a write goes into it (the drive
+        only through write-back); a read's pages found there skip the drive (``drive``:
+        the share of pages that do not), the rest enter it."""
+        batch, rank = self.batch, self.be._rank
+        if disk_dir == "disk_write":
+            pc.insert([(rank, int(d)) for d in batch.dst_slots], batch.page_bytes)
+            self.drive = 0.0
+            return
+        keys = [(rank, int(s)) for s in batch.src_slots]
+        hit = pc.hits(keys)
+        pc.counts["page_cache_read_hits"] += hit
+        pc.counts["page_cache_read_misses"] += len(keys) - hit
+        if hit < len(keys):
+            pc.insert(keys, batch.page_bytes)
+        self.drive = (len(keys) - hit) / len(keys) if keys else 0.0
 
     def ce_held(self, _: object = None) -> None:
         """A copy engine is this transfer's: the disk leg's latency first (GPU <-> disk),
@@ -249,6 +274,22 @@ class Transfer:
                 if link is not None and not cap:
                     cap = be._link_bw[link]
         pool = be.disk_pool
+        pc = be.page_cache
+        if pc is not None and self.route[1] and self.drive < 1.0:
+            # a buffered leg: the page cache in the drive's place (a write; a read all found)
+            mem = tuple(["disk_cache" if r.startswith("disk") else r for r in res])
+            if self.route[1] == "disk_write":
+                if pool is None:
+                    pc.write(flow_bytes, mem, cap, self.ce, self.moved)
+                    return
+                job = DiskJob(mem, cap, self.ce, flow_bytes / nbytes, self.fail,
+                              self.pieces_done, batch, pc)
+                pool.submit(job, io_class(batch), batch.page_bytes, batch.pages)  # type: ignore[arg-type]
+                return
+            if self.drive == 0.0:
+                fluid.add_flow_then(self.moved, flow_bytes, mem, cap, self.ctas, self.ce)
+                return
+            flow_bytes *= self.drive  # (a read partly found: the drive moves the rest)
         if pool is not None and self.route[1]:
             # the disk leg in pieces on the pool's workers (a GPU <-> disk piece also moves
             # over the link: the staged pipeline; its SM kernel's CTAs are not counted per
