@@ -164,6 +164,37 @@ def test_a_check_of_gpu_pages_adds_its_launch_and_starts_when_the_hold_ends():
     assert ends["compute"] > hold + 1e-3
 
 
+def test_a_check_started_at_its_launch_reads_during_the_hold():
+    """refcheck.start: launch: the check of 4 GPU pages starts when the engine launches it
+    (its latency, then 1 MiB read at HBM's rate), inside the loop's 1 ms hold, so the step
+    held behind it starts at the hold's end and is not slowed."""
+    rt, be, loop = make(resume="1ms", resume_per_page="2us",
+                        refcheck={"latency": "10us", "ctas": 4, "launch_per_page": "5us",
+                                  "start": "launch"})
+    loop.resumed(4)
+    chk = be.read_tags_later(Level.GPU, np.arange(4))
+    comp = be.compute(1e-3)
+    ends = {}
+    chk.callbacks.append(lambda e: ends.setdefault("check", rt.now))
+    comp.callbacks.append(lambda e: ends.setdefault("compute", rt.now))
+    rt.run()
+    hold = 1e-3 + 4 * 2e-6 + 4 * 5e-6
+    read = 4 * 256 * KiB / 4e12  # (read from HBM at 4 TB/s, as test_a_check_takes_the_hw_checks_time)
+    assert ends["check"] == pytest.approx(10e-6 + read, rel=1e-6)
+    assert ends["check"] < hold
+    assert ends["compute"] == pytest.approx(hold + 1e-3, rel=1e-12)  # not slowed: done before
+
+
+def test_the_shipped_model_starts_checks_at_their_launch_and_a_bad_start_is_refused(tmp_path):
+    assert load_hw_loop("h200").refcheck.start == "launch"
+    assert HwLoopModel().refcheck.start == "hold_end"  # (a model without the key: as before)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("refcheck: {start: later}\n")
+    with pytest.raises(ProfileError) as e:
+        load_hw_loop(bad)
+    assert f"{bad}: refcheck.start" in str(e.value)
+
+
 # -- the spec and the hardware profile ------------------------------------------------------
 
 
@@ -218,7 +249,8 @@ def test_a_saved_runs_recorded_profile_gives_up_its_loop_terms(tmp_path):
     hw, _, _, loop = saved_hw(folder, cfg)
     assert hw.profile == load_profile("h200-pcie-calibrated")
     assert (loop.resume, loop.resume_per_page, loop.transfer, loop.disk) == (1e-3, 0.0, 2e-4, 0.0)
-    assert loop.refcheck.model_dump() == {"latency": 3e-4, "ctas": 64, "launch_per_page": 1e-7}
+    assert loop.refcheck.model_dump() == {"latency": 3e-4, "ctas": 64, "launch_per_page": 1e-7,
+                                          "start": "hold_end"}  # (placed as it was then)
     summary["hardware_profile"]["refcheck"]["gpu_stall"] = 1.0  # not a term it knows
     (folder / "hw" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match="(?s)hardware_profile: loop/refcheck: .*gpu_stall"):
@@ -271,7 +303,10 @@ def test_the_saved_h200_slice_run_is_predicted_as_before_the_move(tmp_path, refc
     d = load_profile(FIXTURE / "h200-pcie-calibrated-2324.yaml").model_dump()
     d["sm"]["interference"].update(busy_cta_efficiency=0.4, busy_start=0.0)
     then = HardwareProfile.model_validate(d)
-    report, _ = compare_saved(cfg, FIXTURE, str(trace), profile=then)
+    # (and the check placed as it was then: at the hold's end)
+    model = load_hw_loop("h200")
+    model = model.model_copy(update={"refcheck": model.refcheck.model_copy(update={"start": "hold_end"})})
+    report, _ = compare_saved(cfg, FIXTURE, str(trace), profile=then, hw_loop=model)
     got = {k: report["metrics"][k]["sim"] for k in BEFORE[refcheck]}
     assert got == pytest.approx(BEFORE[refcheck], rel=1e-12)
     assert report["hw_loop"]["name"] == "h200" and report["metrics"]["requests_completed"]["sim"] == 90

@@ -24,10 +24,14 @@ What the model charges (all default 0: the loop costs nothing):
 - ``disk``: added to the completion of every transfer with a disk leg, beyond the disk's
   own time (the I/O thread's wait and the loop seeing the completion).
 - ``refcheck.latency`` / ``refcheck.ctas``: a check the engine waits for takes the kernel's
-  launch and completion (``latency``, after the hold), then its pages' bytes read: GPU pages
+  launch and completion (``latency``), then its pages' bytes read: GPU pages
   from HBM, host pages across the link toward the GPU (the check kernel reads them through
   their mapped address), both by at most ``ctas`` CTAs, which slow compute as copy-kernel
   CTAs do; disk pages read back from the device.
+- ``refcheck.start``: when a check starts reading. ``hold_end`` (the default): when the
+  hold ends, beside the held step, as if the loop launched it last; ``launch``: when the
+  engine launches it, so that it reads while the loop's hold keeps the compute stream
+  idle, and only what is left of it when the hold ends meets the step.
 
 The shipped ``configs/hwloop/h200.yaml`` holds the terms fitted to and measured on the H200
 machine's replays (its comments say how); ``none`` is the model that charges nothing.
@@ -36,6 +40,7 @@ machine's replays (its comments say how); ``none`` is the model that charges not
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -54,6 +59,7 @@ class RefcheckCost(_Spec):
     latency: Seconds = 0.0
     ctas: int = Field(132, gt=0)
     launch_per_page: Seconds = 0.0
+    start: Literal["hold_end", "launch"] = "hold_end"
 
 
 class HwLoopModel(_Spec):

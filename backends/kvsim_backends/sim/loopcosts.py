@@ -11,7 +11,8 @@ backend, which it drives only through its public hooks and state:
 - a compute starts late by what the loop owes (``HwLoop.take``: the resumes and the check
   launches since the last compute); while anything is owed the engine cannot run ahead;
 - a check the engine waits for (``read_tags_later``) takes the hw check's time: after
-  what is owed, ``refcheck.latency``, then the pages' bytes read as a fluid flow (GPU pages
+  what is owed (or from its launch: ``refcheck.start``), ``refcheck.latency``, then the
+  pages' bytes read as a fluid flow (GPU pages
   over HBM, host pages over the link toward the GPU, both as an SM kernel of at most
   ``refcheck.ctas`` CTAs: a CTA a 64 KiB part of a page, as the hw ``kv_check``; disk pages
   with the device's latency and read rate; with the disk tier's ``io_workers`` on, as read
@@ -85,9 +86,10 @@ class HwLoopSim:
         found = self.inner.read_tags(level, slots)  # (a copy)
         if level == Level.GPU:  # the loop's time to launch it
             self.loop.check_launched(len(slots))
-        # the loop launches the check at the end of its host work: the check starts when
-        # the held compute would, the two then overlap
-        return self.env.process(self._check(level, len(slots), found, self.loop.owed_s))
+        # refcheck.start: the check starts when the held compute would (hold_end), the two
+        # then overlapping, or now (launch), reading while the hold keeps compute idle
+        after = self.loop.owed_s if self.loop.model.refcheck.start == "hold_end" else 0.0
+        return self.env.process(self._check(level, len(slots), found, after))
 
     def slots_ready(self, level: Level, slots: Sequence[Any]) -> simpy.Event | None:
         return self.inner.slots_ready(level, slots)
