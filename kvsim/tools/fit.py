@@ -191,7 +191,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     _fit_latency(m, d, why, ce_path)
     busy = m.compute.get("busy", [])
     if busy:
-        d["compute"], why["compute.latency"] = fit_compute(busy)
+        fitted, why["compute.latency"] = fit_compute(busy)
+        d["compute"].update(fitted)  # (the base's power state, ``compute.boost``, kept)
         why["compute.scale"] = "fitted with compute.latency, above"
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
