@@ -153,6 +153,19 @@ def fit(runs: Sequence[Sequence[Step]]) -> tuple[Boost, float]:
     return _boost(x), err
 
 
+def fit_trains(rows: Sequence[Sequence]) -> tuple[dict, str]:
+    """``compute.boost`` (a profile dict's section) and where it came from, fitted to
+    ``kvsim calibrate``'s trains of GEMM steps after idle (hw compute log rows:
+    ``kvsim_backends.hw.microbench.measure_power``)."""
+    steps = steps_of(rows)
+    b, err = fit([steps])
+    n = len(predict(steps, None))
+    return ({"gain": b.gain, "spend": b.spend, "recover": b.recover, "calibrated": b.calibrated},
+            f"fitted (kvsim.tools.fitboost): {n} GEMM steps in trains after 0-2 s idle, mean "
+            f"|rel err| of their GPU times {error([steps], None):.1%} at the calibrated rate, "
+            f"{err:.1%} with the power state")
+
+
 def load_run(folder: str) -> list[Step]:
     """A ``kvsim compare`` output folder's hw steps (its saved call logs)."""
     from kvsim.tools.reports import saved_call_logs  # noqa: PLC0415
