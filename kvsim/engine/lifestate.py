@@ -36,6 +36,7 @@ class LifeState:
         self.p = params
         self.B = mgr.tokens_per_block
         self.metrics = Metrics()
+        self.metrics.state_on = params.state_pages > 0
         self.on_progress = on_progress
         self.on_resume = on_resume
         self.t = 0                                   # engine clock, ns
