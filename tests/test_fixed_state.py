@@ -300,3 +300,55 @@ def test_hw_cpu_moves_a_states_bytes_to_host_and_back(tmp_path):
 @pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
 def test_gpu_hw_moves_a_states_bytes_to_host_and_back(tmp_path):
     _hw_round_trip("gpu", tmp_path)
+
+
+# -- a replay, both backends ----------------------------------------------------------------
+
+HYBRID = ["--set", "model=jamba-v0.1", "--set", "workload.synthetic.n_sessions=2",
+          "--set", "workload.synthetic.turns=[3, 3]", "--set", "workload.synthetic.subagent_prob=0",
+          "--set", "workload.synthetic.max_context_tokens=8000",
+          "--set", "workload.synthetic.step_input_tokens=300",
+          "--set", "workload.synthetic.prefix_tokens=1000", "--set", "cache.page_bytes=4KiB",
+          "--set", "cache.tiers=[{level: gpu, quota: 64MiB}, {level: host, quota: 64MiB}, "
+                   "{level: disk, quota: 128MiB}]", "--set", "output.plots=false", "--no-progress"]
+
+
+def _replay(tmp_path, *backend):
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from kvsim.config.hfmodel import load_model
+
+    out = tmp_path / "res"
+    r = CliRunner().invoke(app, ["run", "configs/default.yaml", "--out", str(out), *HYBRID,
+                                 *backend])
+    assert r.exit_code == 0, r.output
+    s = json.loads((out / "summary.json").read_text())
+    m, page = s["metrics"], s["metrics"]["page_bytes"]
+    sp = -(-load_model("jamba-v0.1").state_bytes(32) // page)
+    st = m["fixed_state"]
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    sessions = {r["session"] for r in rows}
+    assert s["config"]["engine"]["refcheck"] and len(rows) > len(sessions) == 2
+    # every turn but each session's last stashed its state, every later turn restored it
+    assert st["stashed"] == st["restored"] == len(rows) - len(sessions)
+    assert st["out_pages"] == st["in_pages"] == sp * st["stashed"] and st["dropped"] == 0
+    assert m["bytes"]["gpu_to_host"] >= sp * page * st["stashed"]
+    assert m["bytes"]["host_to_gpu"] >= sp * page * st["restored"]
+
+
+def test_a_hybrid_replay_moves_its_states_on_the_sim(tmp_path):
+    _replay(tmp_path)
+
+
+def test_a_hybrid_replay_moves_its_states_on_the_hw_backend_in_cpu_mode(tmp_path):
+    _replay(tmp_path, "--backend", "hw", "--device", "cpu", "--time-scale", "50")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_a_hybrid_replay_moves_its_states_on_the_gpu(tmp_path):
+    _replay(tmp_path, "--backend", "hw", "--device", "gpu")
