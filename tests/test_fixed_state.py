@@ -53,6 +53,7 @@ def test_a_state_goes_to_host_on_suspend_and_back_to_gpu_with_its_tags():
     assert m.state_level(req) is HOST and m.tiers[0].used == 2 and m.tiers[1].used == 2
     assert list(be.read_tags(HOST, b.dst_slots)) == list(fill.tags)
     assert m.counters.state_out_pages == 2
+    assert (m.tier_stats(HOST).state, m.tier_stats(HOST).reserved, m.tier_stats(GPU).state) == (2, 0, 0)
     check(m, be)
     # step 3: its next turn takes it back: a STATE batch host -> GPU with the same tags
     back = m.take_state(req, 2)

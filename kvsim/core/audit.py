@@ -244,7 +244,8 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             _fail(f"tier {tier.level.name}: {here} pages but counters say {expect} "
                   f"({c.snapshot()})")
         s = m.tier_stats(tier.level)
-        if s.used != s.locked + s.held + s.droppable + s.reserved + s.retained or s.reserved < 0:
+        if (s.used != s.locked + s.held + s.droppable + s.reserved + s.retained + s.state
+                or s.reserved < 0):
             _fail(f"tier {tier.level.name}: stats do not balance: {s}")
         if s.used <= s.total and s.total != s.used + s.free:
             _fail(f"tier {tier.level.name}: total != used + free: {s}")

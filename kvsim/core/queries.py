@@ -68,10 +68,12 @@ class Queries(FixedState):
                 droppable += 1
         used = tier.used
         retained = self._retained if pos == self._disk_pos else 0
+        state = sum(1 for r in self._requests.values() for p in r.fixed if p.tier == pos)
         return TierStats(level=int(tier.level), total=tier.capacity, used=used, free=tier.free,
                          locked=locked, held=held, droppable=droppable,
-                         reserved=used - locked - held - droppable - retained, moving=moving,
-                         evictable=tier.index_size(), retained=retained)
+                         reserved=used - locked - held - droppable - retained - state,
+                         moving=moving, evictable=tier.index_size(), retained=retained,
+                         state=state)
 
     def requests(self) -> Iterable[Request]:
         return self._requests.values()

@@ -104,7 +104,7 @@ class Counters:
 @dataclass(frozen=True, slots=True)
 class TierStats:
     """Slots of one tier. total == used + free (free is 0 while over a shrunk quota);
-    used == locked + held + droppable + reserved + retained."""
+    used == locked + held + droppable + reserved + retained + state."""
 
     level: int
     total: int
@@ -117,3 +117,4 @@ class TierStats:
     moving: int     # pages pinned as sources of in-flight moves (counted in their state)
     evictable: int  # pages an eviction from this tier may pick now
     retained: int = 0  # disk: slots of retained copies (of pages in a warmer tier), not evictable
+    state: int = 0     # slots of requests' fixed state (kvsim.core.statepages), moving or not
