@@ -247,6 +247,24 @@ def test_no_host_room_drops_the_state_and_the_next_turn_recomputes(recurrent, wi
     assert (m.state_stashed, m.state_dropped, m.state_recomputed_tokens) == (0, 1, redo)
 
 
+def test_a_state_of_no_use_to_the_next_prompt_stays_behind():
+    """Turn 2's prompt keeps only the first 4 of turn 1's 10 blocks (a context compacted):
+    the stashed state stands for the end of turn 1's prompt, not for where turn 2 resumes,
+    so it is not brought back; a recurrent model recomputes the 4 blocks found."""
+    from kvsim.workload import Session, Turn, Workload
+
+    t1 = Turn(input_tokens=320, output_tokens=32, hash_ids=tuple(range(10)), arrival_s=1.0)
+    t2 = Turn(input_tokens=320, output_tokens=32, hash_ids=(0, 1, 2, 3, *range(20, 26)),
+              arrival_s=11.0)
+    rt, eng, mgr, moves = _engine(state_pages=5, state_recurrent=True)
+    rows = _serve(rt, eng, Workload("t", 32, False, (Session("s", "global", (t1, t2), start_s=1.0),)))
+    assert [(m[1], m[2]) for m in moves if m[0] is BatchKind.STATE] == [(GPU, HOST)]
+    assert rows[1].hit_gpu == 4 * 32 and rows[1].computed_tokens == 320
+    m = eng.metrics
+    assert (m.state_stashed, m.state_restored, m.state_stale) == (1, 0, 1)
+    assert m.state_recomputed_tokens == 4 * 32 and mgr.tiers[1].used == 0
+
+
 def test_dropped_or_kept_the_turn_pays_for_its_state():
     """The same session three ways: kept (its state restored: TTFT pays the copy), dropped
     (no host room: TTFT pays the recompute of a recurrent model's whole prefix)."""

@@ -4,8 +4,9 @@ recurrent state (``EngineParams.state_pages`` > 0; with 0 nothing here runs).
 
 - Admission: the state goes on GPU (``_state_in``) before the turn's pages are resumed:
   its stashed state comes back host -> GPU in a plan the turn's onboarding runs first
-  (its TTFT pays it, its ``onboard_bytes`` count it); without one (a new request, or its
-  state was dropped) fresh slots are taken and a cached prefix is of no use to the
+  (its TTFT pays it, its ``onboard_bytes`` count it); without one (a new request, its
+  state was dropped, or it stands for a position the turn does not resume from:
+  ``_state_fits``) fresh slots are taken and a cached prefix is of no use to the
   stateful layers: the turn recomputes it (``_recompute``).
 - Suspend (a turn ends with its session held, or a preemption): the state is written and
   moved GPU -> host in the background (``_state_out``), occupying host slots until the
@@ -23,7 +24,7 @@ from typing import Any
 from kvsim.core import Level, RefusalReason
 from kvsim.core.types import ReqState
 from kvsim.engine.lifestate import LifeState
-from kvsim.engine.live import Live
+from kvsim.engine.live import Live, TurnState
 from kvsim.engine.managercost import plan_cost_s
 from kvsim.engine.metrics import NS
 from kvsim.engine.stages import run_plan
@@ -56,6 +57,9 @@ class StateMoves(LifeState):
         wait; -1: not enough free slots."""
         mgr, sp = self.mgr, self.p.state_pages
         req = lv.req
+        if mgr.state_level(req) is Level.HOST and not self._state_fits(lv):
+            mgr.drop_state(req)  # of no use to this turn: not brought back
+            self.metrics.state_stale += 1
         had = mgr.state_level(req) is not None
         plan = mgr.take_state(req, sp)
         if not plan:
@@ -70,6 +74,21 @@ class StateMoves(LifeState):
             self._charge(None, sp)
         lv.fresh_state = not had
         return 1
+
+    def _state_fits(self, lv: Live) -> bool:
+        """Whether the request's stashed state is the one the turn resumes from: the state
+        stands for the position its last turn reached, the end of that turn's prompt (its
+        output blocks are its own: a later prompt never matches them), and the turn resumes
+        where its cached prefix ends; it fits if that prefix reaches the last block boundary
+        before that position (of the trace's hash blocks where they are the larger: a
+        partial one is hashed anew when a prompt extends it), that is, if the prompt
+        extends the last one; not if it diverged earlier (a context compacted or edited).
+        A preempted turn resumes where it stopped."""
+        frame = lv.frame
+        if frame.req is not lv.req or frame.state_at < 0:
+            return True  # (a preempted turn's own request)
+        g = self.block_tokens if self.block_tokens > self.B else self.B
+        return lv.kv >= frame.state_at // g * g
 
     def _state_back(self, lv: Live) -> None:
         """Admission did not go through after ``_state_in``: undo it (a restore not run is
@@ -120,6 +139,8 @@ class StateMoves(LifeState):
         if not keep:
             mgr.drop_state(req)
             return
+        if lv.frame.req is req:  # (where the next turn will resume: _state_fits)
+            lv.frame.state_at = lv.prompt if lv.state is TurnState.DONE else lv.kv
         fill = mgr.state_fill(req)
         self.backend.fill(fill)
         plan = mgr.stash_state(req)

@@ -122,6 +122,7 @@ def merge(metrics: Sequence[Metrics], ranks: int) -> Metrics:
         out.state_stashed += m.state_stashed
         out.state_restored += m.state_restored
         out.state_dropped += m.state_dropped
+        out.state_stale += m.state_stale
         out.state_recomputed_tokens += m.state_recomputed_tokens
         out.decode_step_ns.extend(m.decode_step_ns)
         out.manager_ns.extend(m.manager_ns)
