@@ -63,8 +63,8 @@ class Lifecycle(StateMoves):
                 self._waiting.popleft()
                 self._fail(lv, f"needs {need} GPU pages; the GPU tier has {full}")
                 continue
-            if self._reserved_pages + need > full:
-                return  # admitted requests will need that room: wait for one to finish
+            if self._reserved_pages + self._state_leaving + need > full:
+                return  # admitted requests (and states moving out) need that room: wait
             if not self._take_state(lv):
                 return  # GPU pages are being evicted to make room for its state
             plan = mgr.resume(lv.req)

@@ -150,12 +150,14 @@ class StateMoves(LifeState):
             return
         self._charge(plan, 0)
         self.metrics.state_stashed += 1
+        self._state_leaving += self.p.state_pages  # (GPU slots admission cannot give yet)
         self._launch(self._stash_proc(plan, req))
 
     def _stash_proc(self, plan, req):
         ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
                                  self.p.refcheck_disk_writes, self._waits)
         self._inflight -= 1
+        self._state_leaving -= self.p.state_pages
         if not ok and req.state is not ReqState.CLOSED and self.mgr.state_level(req) is Level.GPU:
             self.mgr.drop_state(req)  # (its move failed: the GPU slots go to the running)
             self.metrics.state_dropped += 1
