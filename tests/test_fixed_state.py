@@ -265,6 +265,33 @@ def test_a_state_of_no_use_to_the_next_prompt_stays_behind():
     assert m.state_recomputed_tokens == 4 * 32 and mgr.tiers[1].used == 0
 
 
+def test_a_decoder_preempted_without_host_room_recomputes_its_context_and_goes_on():
+    """A request is preempted while it decodes (the engine's own ``_preempt``, called at a
+    step boundary); its state finds no host room and is dropped; re-admitted, it computes
+    its whole context again (prompt and the tokens generated so far) before its next
+    token, keeps its first token's time, and finishes its output."""
+    from kvsim.workload import Session, Turn, Workload
+
+    rt, eng, mgr, moves = _engine(state_pages=5, host_pages=2, state_recurrent=True)
+    turn = Turn(input_tokens=320, output_tokens=64, hash_ids=tuple(range(10)), arrival_s=1.0)
+    seen: dict = {}
+
+    def preempt_once(t):
+        for lv in list(eng.dec.members):
+            if "kv" not in seen and lv.gen >= 5:
+                first = lv.row.first_token_ns
+                eng._preempt(lv)
+                seen.update(kv=lv.kv, first=first, t=t)
+
+    eng.on_progress = preempt_once
+    rows = _serve(rt, eng, Workload("t", 32, False, (Session("s", "global", (turn,), start_s=1.0),)))
+    row = rows[0]
+    assert row.preemptions == 1 and seen["kv"] > 320
+    assert eng.metrics.state_dropped == 1 and eng.metrics.state_recomputed_tokens == seen["kv"]
+    assert row.computed_tokens == 320 + seen["kv"]
+    assert row.first_token_ns == seen["first"] < seen["t"] < row.done_ns
+
+
 def test_dropped_or_kept_the_turn_pays_for_its_state():
     """The same session three ways: kept (its state restored: TTFT pays the copy), dropped
     (no host room: TTFT pays the recompute of a recurrent model's whole prefix)."""
