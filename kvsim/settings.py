@@ -181,6 +181,10 @@ class BackendSettings:
     node: int = 0
     #: the remote tier's network (``cache.remote``; None: no remote tier)
     network: Optional[NetworkSettings] = None
+    #: GPUs a rank spans (the model's tp) and the node's GPUs (``node.gpus``; 0: ranks x
+    #: tp): which PCIe switch a rank is behind (the profile's ``pcie``)
+    tp: int = 1
+    gpus: int = 0
 
     def node_part(self, name: str) -> str:
         """The name under which this backend's node keeps its shared part ``name``."""

@@ -240,7 +240,8 @@ def test_a_running_requests_state_pages_count_at_admission(state, together):
     rt.run(until=rt.process(eng.serve()))
     a, b = sorted(eng.metrics.rows, key=lambda r: r.admitted_ns)
     assert (b.admitted_ns < a.done_ns) is together
-    assert mgr.tiers[0].capacity == 64  # every request's state given back
+    gpu_pages = sum(1 for p in mgr.pages() if p.tier == 0)
+    assert mgr.tiers[0].used == gpu_pages  # every request's state freed (closed requests)
 
 
 def _serial(n: int, blocks: int, gap_s: float = 5.0):
@@ -259,13 +260,13 @@ def test_a_running_requests_state_takes_gpu_slots_from_cached_pages(state):
     the tier has 15 slots while one runs, so its 11 pages leave room for 4 cached ones and
     the others go to host (7 of the first's, then 11 more)."""
     rt, eng, mgr = _engine(state, gpu_pages=70)
-    seen: list[int] = []
-    eng.on_resume = lambda pages: seen.append(mgr.tiers[0].capacity)
+    seen: list[int] = []  # GPU slots left to pages of blocks while each request runs
+    eng.on_resume = lambda pages: seen.append(70 - sum(len(r.fixed) for r in mgr.requests()))
     eng.load(_serial(3, 10))
     rt.run(until=rt.process(eng.serve()))
     assert len(eng.metrics.rows) == 3 and all(r.done_ns > 0 for r in eng.metrics.rows)
     assert seen == [70 - state] * 3
-    assert mgr.tiers[0].capacity == 70
+    assert mgr.tiers[0].used == sum(1 for p in mgr.pages() if p.tier == 0)  # states freed
     own = -(-(32 * 10 + 2 - 1) // 32)
     keep, cached, moved = 70 - state - own, 0, 0
     for _ in range(3):

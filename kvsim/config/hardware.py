@@ -37,6 +37,11 @@ Optional terms (absent: the older, simpler model):
 - ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
   the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
   Default None: every write at ``nvme.write``.
+- ``host.memory_bandwidth``: the node's host DRAM bandwidth that device transfers draw on,
+  both directions and every rank together (``HostSpec``); ``pcie``: PCIe switches, each
+  shared by ``gpus_per_switch`` GPUs behind one uplink (``PcieSpec``). The sim shares
+  both between a node's ranks (``kvsim_backends.sim.nodebus``). Default None: neither
+  limits anything (each GPU its own link, as before them).
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -45,7 +50,6 @@ efficiencies in (0, 1].
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -57,7 +61,7 @@ from kvsim.config.boostspec import BoostSpec
 from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
 from kvsim.core.datapath.interference import KindTerms, Structure
-from kvsim.config.units import parse_rate, parse_size, parse_time
+from kvsim.config.units import PageCost, page_cost_at, parse_rate, parse_size, parse_time
 
 CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.config.paths)
 
@@ -68,44 +72,6 @@ Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Slowdown = Annotated[float, Field(ge=0)]
 MOVED_KEYS = ("loop", "refcheck")  # older profiles' software terms: kvsim.tools.hwloop has them
-
-
-def parse_page_cost(value):
-    """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        if not value:
-            raise ValueError("expected a time or a non-empty table {page size: time}")
-        out = {}
-        for k, v in value.items():
-            size, t = parse_size(k), parse_time(v)
-            if size <= 0 or t < 0:
-                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and a time >= 0")
-            out[size] = t
-        return dict(sorted(out.items()))
-    t = parse_time(value)
-    if t < 0:
-        raise ValueError(f"expected a time >= 0, got {value!r}")
-    return t
-
-
-PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_cost)]
-
-
-def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:
-    """``cost`` at ``page_bytes``: a scalar as is; a table linear in log2(page size)
-    between its two nearest points, its end value beyond either end."""
-    if not isinstance(cost, dict):
-        return float(cost)
-    pts = list(cost.items())
-    if page_bytes <= pts[0][0]:
-        return pts[0][1]
-    for (p0, t0), (p1, t1) in zip(pts, pts[1:]):
-        if page_bytes <= p1:
-            w = math.log2(page_bytes / p0) / math.log2(p1 / p0)
-            return t0 + w * (t1 - t0)
-    return pts[-1][1]
 
 
 class ProfileError(ValueError):
@@ -290,6 +256,9 @@ class HostSpec(_Frozen):
     # the driver's allocation granularity for pinned host memory (cuMemCreate): a cumem
     # fill's units are whole granules (kvsim.core.datapath.fill.layout_for); None: none
     cumem_granule: Bytes | None = None
+    # the node's DRAM bandwidth for device transfers, both directions of all GPUs and the
+    # disk together (None: not a limit)
+    memory_bandwidth: Rate | None = None
 
     def fill_rate_for(self, backing: str) -> float:
         """Bytes per second the fill commits at with ``backing`` ('register', 'pinned' or
@@ -313,6 +282,14 @@ class DriverSpec(_Frozen):
     call: Seconds = 0.0
     register_rate: Rate
     cumem_lock_share: Fraction
+
+
+class PcieSpec(_Frozen):
+    """PCIe switches: GPU g sits behind switch ``g // gpus_per_switch``, whose uplink to
+    the host moves ``uplink`` bytes a second each way (full duplex)."""
+
+    gpus_per_switch: Annotated[int, Field(ge=1, strict=True)]
+    uplink: Rate
 
 
 class GPUSpec(_Frozen):
@@ -360,6 +337,7 @@ class HardwareProfile(_Frozen):
     compute: ComputeSpec = ComputeSpec()
     driver: DriverSpec | None = None
     page_cache: PageCacheSpec | None = None  # kvsim.config.pagecachespec (writes: buffered)
+    pcie: PcieSpec | None = None
     notes: str = ""
 
     @model_validator(mode="before")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
 
 _SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
@@ -71,3 +74,41 @@ def parse_rate(value: object) -> float:
     if factor is None:
         raise ValueError(f"unknown bandwidth unit {unit!r} in {value!r}; use GB/s, GiB/s, MB/s")
     return num * factor
+
+
+def parse_page_cost(value):
+    """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise ValueError("expected a time or a non-empty table {page size: time}")
+        out = {}
+        for k, v in value.items():
+            size, t = parse_size(k), parse_time(v)
+            if size <= 0 or t < 0:
+                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and a time >= 0")
+            out[size] = t
+        return dict(sorted(out.items()))
+    t = parse_time(value)
+    if t < 0:
+        raise ValueError(f"expected a time >= 0, got {value!r}")
+    return t
+
+
+PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_cost)]
+
+
+def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:
+    """``cost`` at ``page_bytes``: a scalar as is; a table linear in log2(page size)
+    between its two nearest points, its end value beyond either end."""
+    if not isinstance(cost, dict):
+        return float(cost)
+    pts = list(cost.items())
+    if page_bytes <= pts[0][0]:
+        return pts[0][1]
+    for (p0, t0), (p1, t1) in zip(pts, pts[1:]):
+        if page_bytes <= p1:
+            w = math.log2(page_bytes / p0) / math.log2(p1 / p0)
+            return t0 + w * (t1 - t0)
+    return pts[-1][1]

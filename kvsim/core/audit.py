@@ -4,7 +4,7 @@ read-only (it changes nothing), so tests call it after every step and runs may c
 behind a flag.
 
 What it checks:
-- slots: every resident or moving page owns a distinct (tier, slot); in-flight
+- slots: every resident or moving page (a request's fixed state's included) owns a distinct (tier, slot); in-flight
   destination slots are distinct and owned by nobody but a page leaving that slot in the
   same plan; per tier, every id below ``next_fresh`` is exactly one of recycled, owned,
   reserved, or forgotten above a capped tier's limit (and ``used`` agrees);
@@ -35,7 +35,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from kvsim.core.keys import tag_of
-from kvsim.core.plan import BatchKind
+from kvsim.core.plan import BatchKind, PlanKind
 from kvsim.core.types import PageState, Phase, ReqState
 
 _LIVE = (Phase.RESIDENT, Phase.MOVING)
@@ -64,6 +64,14 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         if where in owner:
             _fail(f"slot T{p.tier}:{p.slot} owned by both {owner[where]!r} and {p!r}")
         owner[where] = p
+    for req in _state_owners(m):  # a request's fixed state (kvsim.core.statepages)
+        for p in req.fixed:
+            where = (p.tier, p.slot)
+            if p.phase not in _LIVE or not 0 <= p.slot < tiers[p.tier].next_fresh:
+                _fail(f"state page {p!r} of {req!r} is not live in its tier's slots")
+            if where in owner:
+                _fail(f"slot T{p.tier}:{p.slot} owned by both {owner[where]!r} and {p!r}")
+            owner[where] = p
     taking = _audit_copies(m, owner)
 
     # -- plans in flight: reservations -------------------------------------------------
@@ -236,7 +244,8 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             _fail(f"tier {tier.level.name}: {here} pages but counters say {expect} "
                   f"({c.snapshot()})")
         s = m.tier_stats(tier.level)
-        if s.used != s.locked + s.held + s.droppable + s.reserved + s.retained or s.reserved < 0:
+        if (s.used != s.locked + s.held + s.droppable + s.reserved + s.retained + s.state
+                or s.reserved < 0):
             _fail(f"tier {tier.level.name}: stats do not balance: {s}")
         if s.used <= s.total and s.total != s.used + s.free:
             _fail(f"tier {tier.level.name}: total != used + free: {s}")
@@ -286,6 +295,14 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
                 p = ps[int(bad[0])]
                 _fail(f"refcheck: {p!r} expects tag {p.tag}, the backend has {int(got[bad[0]])} "
                       f"({bad.size} pages differ in tier {tiers[pos].level.name})")
+
+
+def _state_owners(m) -> list:
+    """Requests that keep a fixed state: the registered ones, and closed ones whose state
+    a plan in flight still moves (freed when it completes)."""
+    closed = [rec.req for rec in m._plans.values()
+              if rec.kind is PlanKind.STATE and rec.req.state is ReqState.CLOSED]
+    return [r for r in m._requests.values() if r.fixed] + [r for r in closed if r.fixed]
 
 
 def _batches(m, rec):

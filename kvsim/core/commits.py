@@ -123,8 +123,8 @@ class Planning(Eviction):
         tiers = self.tiers
         for bi, (b, good) in enumerate(zip(batches, oks)):
             kind = b.kind
-            if kind is BatchKind.COPY:
-                continue  # handled with the grow's pending pages
+            if kind is BatchKind.COPY or kind is BatchKind.STATE:
+                continue  # handled with the grow's pending pages, or the state's plan
             pages, dsts = rec.moves[bi]
             src_pos, dst_pos = self._pos[b.src], self._pos[b.dst]
             src_tier = tiers[src_pos]
@@ -182,9 +182,14 @@ class Planning(Eviction):
             self._finish_resume(rec, plan, oks, all_ok)
         elif rec.kind is PlanKind.GROW:
             self._finish_grow(rec, batches, oks, all_ok)
+        elif rec.kind is PlanKind.STATE:
+            self._finish_state(rec, plan, oks)
         elif not all_ok and rec.quota is not None:
             pos, old = rec.quota  # a shrink that could not finish: the old quota stands
             tiers[pos].capacity = old
+
+    def _finish_state(self, rec: PlanRecord, plan: Plan, oks: list[bool]) -> None:
+        raise CoreError("a STATE plan needs kvsim.core.statepages")  # (overridden there)
 
     def _finish_resume(self, rec: PlanRecord, plan: Plan, oks: list[bool], all_ok: bool) -> None:
         req = rec.req

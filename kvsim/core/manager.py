@@ -11,6 +11,9 @@ Lifecycle of a request (one core Request may live across the turns of a session)
     suspend(req)                     locked pages become held                       -> SUSPENDED
     close(req)                       pages become droppable or are freed            -> CLOSED
 
+A request's fixed state (a sliding window, a recurrent state) is kept apart from its
+pages of blocks: ``take_state``, ``stash_state``, ``drop_state`` (``kvsim.core.statepages``).
+
 Every state change that moves bytes is two-phase: planning picks victims, reserves
 destination slots and pins sources, and returns a frozen Plan; ``complete(plan, ok)``
 commits it or rolls it back, batch by batch. A plan that cannot be made changes nothing.
@@ -370,6 +373,7 @@ class TierManager(Queries):
                 p.holds -= 1
                 self._settle(p, touch=False)
         req.pages = []
+        self._close_state(req)
         req.state = ReqState.CLOSED
         del self._requests[req.rid]
 

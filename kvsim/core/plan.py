@@ -32,6 +32,7 @@ class BatchKind(enum.IntEnum):
     COPY = 2     # GPU -> GPU copy-on-write of a shared page a request must append to
     BACKGROUND = 3  # a copy to disk nothing waits for (write-through): disk I/O's lowest class
     TAKEBACK = 4    # warmer -> disk onto the page's retained disk copy: no bytes move
+    STATE = 5       # a request's fixed state, GPU -> host on suspend, host -> GPU on resume
 
 
 class Batch:
@@ -73,6 +74,7 @@ class PlanKind(enum.IntEnum):
     QUOTA = 2
     EVICT = 3
     WRITE_THROUGH = 4  # background copies to disk (``TierManager.write_through``)
+    STATE = 5          # a request's fixed state moving (``kvsim.core.statepages``)
 
 
 class Plan:

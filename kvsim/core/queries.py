@@ -1,24 +1,24 @@
 """The tier manager's read-only queries: what a prompt would find cached (``probe_reuse``),
 a tier's occupancy (``tier_stats``), the requests, pages and plans it holds, and what
 the refcheck expects on GPU. A layer of TierManager's single-inheritance chain
-(``TierManager(Queries)``, ``Queries(Planning)``): none of these changes anything.
+(``TierManager(Queries)``, ``Queries(FixedState)``, ``FixedState(Planning)``): none of these changes anything.
 """
 
 from __future__ import annotations
 
 from typing import Hashable, Iterable, Sequence
 
-from kvsim.core.commits import Planning
 from kvsim.core.keys import BlockIds, scope_root
 from kvsim.core.pages import Page
 from kvsim.core.plan import Fill
 from kvsim.core.request import Request
 from kvsim.core.spec import Level
+from kvsim.core.statepages import FixedState
 from kvsim.core.stats import TierStats
 from kvsim.core.types import Phase
 
 
-class Queries(Planning):
+class Queries(FixedState):
     _requests: dict[int, Request]
 
     def _needs(self, ntokens: int, nblocks: int) -> list[int]:
@@ -68,10 +68,12 @@ class Queries(Planning):
                 droppable += 1
         used = tier.used
         retained = self._retained if pos == self._disk_pos else 0
+        state = sum(1 for r in self._requests.values() for p in r.fixed if p.tier == pos)
         return TierStats(level=int(tier.level), total=tier.capacity, used=used, free=tier.free,
                          locked=locked, held=held, droppable=droppable,
-                         reserved=used - locked - held - droppable - retained, moving=moving,
-                         evictable=tier.index_size(), retained=retained)
+                         reserved=used - locked - held - droppable - retained - state,
+                         moving=moving, evictable=tier.index_size(), retained=retained,
+                         state=state)
 
     def requests(self) -> Iterable[Request]:
         return self._requests.values()

@@ -3,7 +3,7 @@
 One Request may live across the turns of a session (``TierManager.prepare`` declares each
 turn's prompt). Its ``state`` is one ReqState; ``pages[i]`` holds block ``i``; the first
 ``committed`` pages have a key (committed or matched); ``plan`` is the id of the plan in
-flight for it (-1: none); ``ahead`` holds the chain keys of blocks ``ahead_from`` on, when
+flight for it (-1: none; a plan moving its fixed state is not named); ``ahead`` holds the chain keys of blocks ``ahead_from`` on, when
 the manager hashed them ahead of their commit (a policy wanted them at ``prepare``). The
 manager owns every field; callers only read them.
 """
@@ -22,7 +22,7 @@ class Request:
 
     __slots__ = ("rid", "scope", "root", "priority", "prefix_blocks", "prefix_priority",
                  "blocks", "pages", "tokens", "committed", "state", "hit_by_level", "plan",
-                 "ahead", "ahead_from")
+                 "ahead", "ahead_from", "fixed", "fixed_version")
 
     def __init__(self, rid: int, scope: Hashable, priority: int):
         self.rid = rid
@@ -40,6 +40,9 @@ class Request:
         self.plan = -1            # pid of the plan in flight for this request
         self.ahead: list[bytes] = []  # chain keys of blocks ahead_from.. (hashed early)
         self.ahead_from = 0
+        self.fixed: list[Page] = []  # its fixed state's pages (kvsim.core.statepages): no
+        #                              blocks, never in the tree or an eviction index
+        self.fixed_version = 0    # times its state was written (its content tags follow it)
 
     @property
     def cached_tokens(self) -> int:

@@ -45,6 +45,10 @@ class Counters:
     write_through_failed: int = 0
     write_through_dropped: int = 0
     copies_on: bool = False  # snapshot reports the copy counters (an option is on)
+    # a request's fixed state (kvsim.core.statepages): pages moved GPU -> host (stashed)
+    # and host -> GPU (restored); not in moved_pages, which counts the pages of blocks
+    state_out_pages: int = 0
+    state_in_pages: int = 0
 
     @property
     def offloaded_pages(self) -> int:
@@ -79,6 +83,9 @@ class Counters:
             "plans": self.plans,
             "refusals": self.refusals,
         }
+        if self.state_out_pages or self.state_in_pages:
+            out["state_out_pages"] = self.state_out_pages
+            out["state_in_pages"] = self.state_in_pages
         if not self.copies_on:
             return out
         out.update({
@@ -97,7 +104,7 @@ class Counters:
 @dataclass(frozen=True, slots=True)
 class TierStats:
     """Slots of one tier. total == used + free (free is 0 while over a shrunk quota);
-    used == locked + held + droppable + reserved + retained."""
+    used == locked + held + droppable + reserved + retained + state."""
 
     level: int
     total: int
@@ -110,3 +117,4 @@ class TierStats:
     moving: int     # pages pinned as sources of in-flight moves (counted in their state)
     evictable: int  # pages an eviction from this tier may pick now
     retained: int = 0  # disk: slots of retained copies (of pages in a warmer tier), not evictable
+    state: int = 0     # slots of requests' fixed state (kvsim.core.statepages), moving or not

@@ -330,8 +330,9 @@ class Engine(Lifecycle):
                 self._prefilling.remove(lv)
                 self.queued_tokens -= lv.queued
                 lv.queued = 0
-                lv.gen = 1
-                lv.row.first_token_ns = self.t
+                if not lv.gen:  # (else a decoder that recomputed its context: StateMoves)
+                    lv.gen = 1
+                    lv.row.first_token_ns = self.t
                 if lv.gen >= lv.out:
                     self._finish(lv)
                 else:

@@ -15,21 +15,19 @@ recently admitted running request is preempted (suspended; its pages may move to
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from kvsim.backend import Backend, Runtime
 from kvsim.engine.compute import ComputeModel
 from kvsim.core import Level, RefusalReason, Request, TierManager
 from kvsim.core.types import ReqState
-from kvsim.engine.lifestate import LifeState
+from kvsim.engine.statemoves import StateMoves
 from kvsim.engine.live import EngineParams, Live, TurnState
-from kvsim.engine.managercost import plan_cost_s
-from kvsim.engine.metrics import NS
 from kvsim.engine.stages import check_tags, run_plan, tags_equal
 from kvsim.engine.sessions import Cursor, Frame
 
 
-class Lifecycle(LifeState):
+class Lifecycle(StateMoves):
     def __init__(self, rt: Runtime, backend: Backend, mgr: TierManager, compute: ComputeModel,
                  params: EngineParams, *, on_progress: Callable[[int], None] | None = None,
                  on_resume: Callable[[int], None] | None = None):
@@ -51,17 +49,6 @@ class Lifecycle(LifeState):
             self.mgr.close(req)
             self._dirty = True
 
-    def _launch(self, proc) -> None:
-        """Start a plan's process once the runtime's clock has caught up with the engine's
-        (at this step boundary, before the step's compute)."""
-        self._inflight += 1
-        self._deferred.append(proc)
-
-    def _notify(self) -> None:
-        self._dirty = True
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-
     # == admission ======================================================================
     def _admit(self) -> None:
         mgr = self.mgr
@@ -71,18 +58,18 @@ class Lifecycle(LifeState):
             if lv.req is None:
                 self._prepare(lv)
             need = self._final_pages(lv)
-            full = gpu.capacity + self._state_held  # (running requests' state taken off it)
+            full = gpu.capacity
             if need > full:
                 self._waiting.popleft()
                 self._fail(lv, f"needs {need} GPU pages; the GPU tier has {full}")
                 continue
-            if self._reserved_pages + need > full:
-                return  # admitted requests will need that room: wait for one to finish
+            if self._reserved_pages + self._state_leaving + need > full:
+                return  # admitted requests (and states moving out) need that room: wait
             if not self._take_state(lv):
                 return  # GPU pages are being evicted to make room for its state
             plan = mgr.resume(lv.req)
             if not plan:
-                self._give_state(lv)
+                self._state_back(lv)
                 if plan.reason is RefusalReason.NO_ROOM and self._release_hold():  # type: ignore[union-attr]
                     continue
                 return
@@ -91,10 +78,12 @@ class Lifecycle(LifeState):
             if lv.row.admitted_ns < 0:
                 lv.row.admitted_ns = self.t
             self._add_running(lv)
+            self._state_admitted(lv)
             self._charge(plan, 0)
-            if plan.batches:  # type: ignore[union-attr]
+            state = lv.state_plan  # its state's way back to GPU, run first
+            if plan.batches or state is not None:  # type: ignore[union-attr]
                 lv.state = TurnState.ONBOARDING
-                lv.row.onboard_bytes += plan.nbytes  # type: ignore[union-attr]
+                lv.row.onboard_bytes += plan.nbytes + (state.nbytes if state else 0)  # type: ignore[union-attr]
                 self._start_plan(plan, lv, TurnState.RUNNING)
             else:
                 mgr.complete(plan)  # type: ignore[arg-type]
@@ -127,11 +116,16 @@ class Lifecycle(LifeState):
         self._give_state(lv)
 
     def _take_state(self, lv: Live) -> bool:
-        """Take the request's state (``state_pages``) off the GPU tier's capacity while it
-        runs (docs/models.md); False while pages are evicted to free the slots. Where none
-        can be and nothing runs to free any, its state is only counted at admission."""
+        """Put the request's state (``state_pages``) on GPU while it runs (docs/models.md;
+        ``StateMoves``); False while it waits: its state still moving to host, or GPU pages
+        evicted to free the slots. Where none can be and nothing runs to free any, it runs
+        without, its state only counted at admission."""
         mgr, gpu, sp = self.mgr, self.mgr.tiers[0], self.p.state_pages
-        if sp and sp > gpu.free:
+        if not sp:
+            return True
+        if mgr.state_moving(lv.req):
+            return False
+        if sp > gpu.free:
             plan = None if self._evicting else mgr.evict(Level.GPU, sp - gpu.free)
             if plan:
                 self._evicting = True
@@ -139,18 +133,7 @@ class Lifecycle(LifeState):
             elif not self._evicting and self._release_hold():
                 return self._take_state(lv)
             return not self._evicting and not self._running and not self._inflight
-        if sp:
-            mgr.complete(mgr.set_quota(Level.GPU, (gpu.capacity - sp) * mgr.page_bytes))  # type: ignore[arg-type]
-            self._state_held += sp
-            self._with_state.add(lv.uid)
-        return True
-
-    def _give_state(self, lv: Live) -> None:
-        if lv.uid in self._with_state:
-            self._with_state.discard(lv.uid)
-            gpu, sp = self.mgr.tiers[0], self.p.state_pages
-            self.mgr.complete(self.mgr.set_quota(Level.GPU, (gpu.capacity + sp) * self.mgr.page_bytes))  # type: ignore[arg-type]
-            self._state_held -= sp
+        return self._state_in(lv) == 1
 
     def _prepare(self, lv: Live) -> None:
         """Match the turn's prompt: the session's held request keeps its common prefix."""
@@ -218,8 +201,17 @@ class Lifecycle(LifeState):
         self._launch(self._plan_proc(plan, lv, then))
 
     def _plan_proc(self, plan, lv: Live, then: TurnState):
-        ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
-                                 self.p.refcheck_disk_writes, self._waits)
+        ok = True
+        state, lv.state_plan = lv.state_plan, None
+        if state is not None:  # its state's way back to GPU first (StateMoves)
+            ok = yield from run_plan(self.rt, self.backend, self.mgr, state, self.p.refcheck,
+                                     self.p.refcheck_disk_writes, self._waits)
+            self.metrics.state_restored += ok
+        if ok:
+            ok = yield from run_plan(self.rt, self.backend, self.mgr, plan, self.p.refcheck,
+                                     self.p.refcheck_disk_writes, self._waits)
+        else:
+            self.mgr.complete(plan, False)
         self._inflight -= 1
         self._write_through()
         lv.failures = 0 if ok else lv.failures + 1
@@ -236,6 +228,7 @@ class Lifecycle(LifeState):
                 self._route(lv)
         else:  # the resume did not complete
             self._remove_running(lv)
+            self._state_out(lv, True)
             if give_up:
                 self._fail(lv, self._failure_reason(lv))
             else:  # back to the head of the queue, to retry
@@ -254,14 +247,6 @@ class Lifecycle(LifeState):
             if self._waits is not None:
                 self._wt_done[plan.pid] = (plan.batches[0], self.rt.event())
             self._launch(self._write_through_proc(plan))
-
-    def _charge(self, plan: Any, new: int) -> None:
-        """engine.manager_cost: a plan's bookkeeping (None: ``new`` pages taken from free
-        slots, no plan), owed the executor: the next step starts after it."""
-        if self._cost_on:
-            ns = round(plan_cost_s(self.p, [b.pages for b in plan.batches] if plan else [], new) * NS)
-            self._owed_ns += ns
-            self.metrics.manager_ns.append(ns)
 
     def _takeback_waits(self, batch) -> list:
         """(write-through batch, its plan's end) for each write a TAKEBACK batch waits for."""
@@ -386,6 +371,7 @@ class Lifecycle(LifeState):
             self.backend.fill(fill)
         self.mgr.suspend(lv.req)
         self._remove_running(lv)
+        self._state_out(lv, True)
         lv.state = TurnState.WAITING
         lv.row.preemptions += 1
         self.metrics.preemptions += 1
@@ -412,6 +398,7 @@ class Lifecycle(LifeState):
             self.mgr.close(req)
         self._dirty = True
         self._schedule_next(lv.cursor, self.t)
+        self._state_out(lv, True)  # (after: a session that ended closed its request)
 
     def _fail(self, lv: Live, why: str) -> None:
         lv.row.failed = why

@@ -36,6 +36,7 @@ class LifeState:
         self.p = params
         self.B = mgr.tokens_per_block
         self.metrics = Metrics()
+        self.metrics.state_on = params.state_pages > 0
         self.on_progress = on_progress
         self.on_resume = on_resume
         self.t = 0                                   # engine clock, ns
@@ -46,6 +47,7 @@ class LifeState:
         self._reserved_pages = 0                     # their final GPU pages, summed
         self._state_held = 0                         # GPU slots their state takes (below)
         self._with_state: set[int] = set()           # uids of the requests holding it
+        self._state_leaving = 0                      # GPU slots of states moving to host
         self.dec = Decoders()                        # decoding requests, advanced lazily
         self._stalled: list[Live] = []               # decoders that must grow before a step
         self._prefilling: list[Live] = []            # admitted, prompt not fully computed

@@ -41,6 +41,8 @@ class EngineParams:
     #                                   (a host tier filling: its first unit, or all of it)
     state_pages: int = 0              # GPU pages a running request's fixed state takes: its
     #                                   sliding layers' window, its recurrent state
+    state_recurrent: bool = False     # a turn without its state recomputes its whole cached
+    state_window: int = 0             # prefix (recurrent), or its last state_window tokens
     # the manager's bookkeeping a plan (engine.manager_cost), seconds: a plan, a new GPU
     # page, a moved page; statistics (0 off, 1 a commit a page, 2 a commit a batch): a
     # page's share and a commit's
@@ -57,7 +59,7 @@ class Live:
 
     __slots__ = ("row", "turn", "frame", "cursor", "req", "blocks", "prompt", "out",
                  "prefill_left", "kv", "gen", "state", "seq", "uid", "s0", "due", "failures",
-                 "queued", "remote")
+                 "queued", "remote", "state_plan", "fresh_state")
 
     def __init__(self, row: Row, turn: Turn, frame: Frame, cursor: Cursor, blocks: list,
                  uid: int):
@@ -80,3 +82,5 @@ class Live:
         self.failures = 0      # consecutive plans of this turn whose transfers failed
         self.queued = turn.input_tokens  # of its prompt: not yet computed nor found cached
         self.remote = 0        # of its prompt: found in the remote tier, not yet fetched
+        self.state_plan: Any = None  # the plan bringing its fixed state back to GPU (StateMoves)
+        self.fresh_state = False     # its state was taken fresh: a cached prefix is recomputed

@@ -92,6 +92,15 @@ class Metrics:
     requests_failed: int = 0
     holds_released: int = 0
     preemptions: int = 0
+    # a request's fixed state (engine.statemoves; reported where the model keeps one):
+    # moves to host, back to GPU, states dropped, stashed ones that did not fit the next
+    # turn's prefix, cached tokens computed again for it
+    state_on: bool = False
+    state_stashed: int = 0
+    state_restored: int = 0
+    state_dropped: int = 0
+    state_stale: int = 0
+    state_recomputed_tokens: int = 0
     serve_start_ns: int = 0          # when serving started (after a host fill's first wait)
     # each step of decodes only: its duration (ns), the penalties and stretches in it
     # included (8 bytes a step: a long replay runs millions of them)
@@ -148,7 +157,21 @@ class Metrics:
             "wall_time_s": wall_s,
             **_copies(counters),
             **_manager(self.manager_ns),
+            **self._state(counters),
         }
+
+    def _state(self, counters: dict) -> dict:
+        """The fixed state's moves (a model that keeps one; else nothing): stashed to host
+        and restored (times, pages), dropped, stale (stashed, then of no use to the next
+        turn's prefix), and the cached tokens recomputed for it."""
+        if not self.state_on:
+            return {}
+        return {"fixed_state": {
+            "stashed": self.state_stashed, "restored": self.state_restored,
+            "dropped": self.state_dropped, "stale": self.state_stale,
+            "recomputed_tokens": self.state_recomputed_tokens,
+            "out_pages": counters.get("state_out_pages", 0),
+            "in_pages": counters.get("state_in_pages", 0)}}
 
 
 def _manager(ns: array) -> dict:

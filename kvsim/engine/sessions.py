@@ -18,6 +18,7 @@ class Frame:
     session: Session
     pos: int = 0
     req: Any = None      # the core Request that carries this (sub-)session's pages
+    state_at: int = -1   # tokens its request's stashed state stands for (engine.statemoves)
 
 
 @dataclass

@@ -317,6 +317,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                                   host_serve_slots=host_serve_slots(rk.settings, rk.backend),
                                   state_pages=state_pages(prep.shape, rk.mgr.page_bytes,
                                                           cfg.cache.tokens_per_block),
+                                  state_recurrent=prep.shape.recurrent_state_bytes > 0,
+                                  state_window=prep.shape.window if prep.shape.windowed else 0,
                                   **manager_cost_params(e.manager_cost))
             rk.engine = Engine(rt, rk.backend, rk.mgr, model, params, on_resume=on_resume)
             if pinned_arrivals is not None:

@@ -118,6 +118,12 @@ def merge(metrics: Sequence[Metrics], ranks: int) -> Metrics:
         out.requests_failed += m.requests_failed
         out.holds_released += m.holds_released
         out.preemptions += m.preemptions
+        out.state_on |= m.state_on
+        out.state_stashed += m.state_stashed
+        out.state_restored += m.state_restored
+        out.state_dropped += m.state_dropped
+        out.state_stale += m.state_stale
+        out.state_recomputed_tokens += m.state_recomputed_tokens
         out.decode_step_ns.extend(m.decode_step_ns)
         out.manager_ns.extend(m.manager_ns)
     out.serve_start_ns = max(m.serve_start_ns for m in metrics)

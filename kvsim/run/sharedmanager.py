@@ -247,6 +247,30 @@ class SharedManager:
         with self.writing() as m:
             m.complete(plan, ok)
 
+    def take_state(self, req: Request, npages: int) -> Plan | Refusal:
+        with self.writing() as m:
+            return m.take_state(req, npages)
+
+    def state_fill(self, req: Request) -> Fill:
+        with self.writing() as m:
+            return m.state_fill(req)
+
+    def stash_state(self, req: Request) -> Plan | Refusal:
+        with self.writing() as m:
+            return m.stash_state(req)
+
+    def drop_state(self, req: Request) -> None:
+        with self.writing() as m:
+            m.drop_state(req)
+
+    def state_level(self, req: Request) -> Level | None:
+        with self.reading() as m:
+            return m.state_level(req)
+
+    def state_moving(self, req: Request) -> bool:
+        with self.reading() as m:
+            return m.state_moving(req)
+
     def write_through(self) -> Plan | None:
         with self.writing() as m:
             return m.write_through()
@@ -268,6 +292,7 @@ class SharedManager:
 #: that every public method of TierManager is in one of these)
 SHARED_METHODS = ("probe_reuse", "probe_chain", "tier_stats", "expected", "plans_in_flight", "requests",
                   "pages", "level_of", "tier_pos", "retained_slots", "protected_copies",
-                  "takeback_waits")
+                  "takeback_waits", "state_level", "state_moving")
 EXCLUSIVE_METHODS = ("create", "prepare", "resume", "grow", "extend", "commit", "suspend",
-                     "close", "set_quota", "cap_tier", "evict", "complete", "write_through")
+                     "close", "set_quota", "cap_tier", "evict", "complete", "write_through",
+                     "take_state", "state_fill", "stash_state", "drop_state")

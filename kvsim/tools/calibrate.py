@@ -30,8 +30,8 @@ from pydantic import BaseModel
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
 from kvsim.tools.fitkinds import KIND_MODEL, kind_works
 from kvsim.tools.measured import Measured, measured_from_report
-from kvsim.config.hardware import HardwareProfile, load_profile, parse_page_cost
-from kvsim.config.units import parse_rate, parse_time
+from kvsim.config.hardware import HardwareProfile, load_profile
+from kvsim.config.units import parse_page_cost, parse_rate, parse_time
 
 
 def _time(v: float) -> str:

@@ -36,6 +36,10 @@ What a transfer of one batch costs (all constants from the HardwareProfile):
   nothing (0 by default: no extra event). A caller may add to it per leg: ``link_leg_s``
   to a transfer with a GPU-link leg, ``disk_leg_s`` to one with a disk leg (0 by default).
 - a refcheck is free and immediate: the tags are not bytes (``read_tags_later`` is None).
+- on a profile with ``host.memory_bandwidth`` or ``pcie``: every flow above with a host leg
+  also draws on the node's host DRAM, and a host <-> GPU (or staged GPU <-> disk) one on
+  its rank's PCIe switch uplink, shared max-min fair by every rank of the node
+  (``nodebus``).
 
 A host-tier batch's path comes from ``kvsim.core.datapath.pathcost`` as it starts (the same
 rule the hw backend applies: alone with nothing computing, ``kvsim.core.datapath.copypath``'s

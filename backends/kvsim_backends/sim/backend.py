@@ -35,6 +35,7 @@ from .pagecache import SimPageCache
 from .driver import DriverLock
 from .fluid import Fluid
 from .network import SimNetwork
+from .nodebus import NodeBus, node_caps, node_routes
 from .hostfill import SimHostFill
 from .routes import DIRECTIONS, ROUTES
 from .runtime import SimRuntime
@@ -157,10 +158,20 @@ class SimBackend(Transfers):
         self._link_bw = {"h2d": link.h2d, "d2h": link.d2h}
 
         write_share = disk_cfg.io_write_share if disk_cfg is not None else 1.0
+        # the node's host DRAM and PCIe switches (``nodebus``), where the profile names them:
+        # every fluid of the node joins its bus, each route's flow adds what it draws on
+        caps = node_caps(p, settings.gpus or settings.ranks * settings.tp)
+        bus: NodeBus | None = (runtime.shared(settings.node_part("bus"), lambda: NodeBus(caps))
+                               if caps else None)
+        self._node_res = node_routes(p, settings.rank * settings.tp)
+        if bus is not None:
+            bus.join(self.fluid)
 
         def node_disk() -> tuple[Fluid, SimDiskPool | None, SimPageCache | None]:
             fluid = Fluid(self.env, disk, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
                           busy_cta_efficiency=1.0) if self._split_disk else self.fluid
+            if bus is not None:
+                bus.join(fluid)
             # (write-back in chunks of the flusher's I/O in flight: queue_depth pieces)
             cache = (SimPageCache(fluid, pcs.dirty_limit, pcs.dirty_background, pcs.dirty_expire,
                                   pcs.capacity, nv.piece * nv.queue_depth, nv.piece)
@@ -208,7 +219,8 @@ class SimBackend(Transfers):
         self.link_leg_s = 0.0
         self.disk_leg_s = 0.0
         # the remote tier's network (``cache.remote``; kvsim_backends.sim.network), or None
-        self.network = (SimNetwork(runtime, settings, self.fluid, self._bytes)
+        self.network = (SimNetwork(runtime, settings, self.fluid, self._bytes,
+                                   self._node_res[(Level.HOST, Level.GPU)])
                         if settings.network is not None else None)
 
     def slots_ready(self, level: Level, slots: Sequence[int]) -> simpy.Event | None:

@@ -30,14 +30,15 @@ running ahead and stepping give the same floats. A job's slowdown is 0.0 exactly
 flow moves bytes and no call issues; without ``kinds`` every job's is the older model's, as before them. Exactly one flow wake-up is live (older ones are
 no longer ``_pending`` and do nothing; ``drop_stale`` takes those at the head of the
 clock's queue off it, so they do not stop a run ahead); a flow completes at the wake-up
-that predicted its end, never earlier. Cost: O(1) SimPy events per flow or job plus one
-per change.
+that predicted its end, never earlier. A fluid on its node's bus (``nodebus``: host DRAM,
+PCIe switches) takes its rates from the bus, set with the node's other fluids'. Cost: O(1)
+SimPy events per flow or job plus one per change.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Final
+from typing import Any, Callable, Final
 
 import simpy
 
@@ -108,6 +109,8 @@ class Fluid:
         self._issue = 0.0                # their sum (with ``kinds`` only)
         self._sigs: list[tuple] = []        # signature number -> (res, cap, ctas, ce)
         self._sig_of: dict[tuple, int] = {}  # (res, cap, ctas, ce) -> signature number
+        self.bus: Any = None  # the node's bus it joined (None: its rates its own)
+        self.bus_index = 0    # (its place among the bus's members)
 
     # -- entry points ---------------------------------------------------------------
 
@@ -276,7 +279,17 @@ class Fluid:
     def _realloc(self) -> None:
         """New rates for the current flows (already synced to now), the slowdown they
         cause, jobs re-timed if it changed, and the next flow wake-up."""
-        rates = self._allocate()
+        if self.bus is not None:
+            self.bus.realloc(self)  # (the node's rates at once: each member's take_rates)
+            return
+        self._apply(self._allocate())
+
+    def take_rates(self, rates: tuple[float, ...]) -> None:
+        """The bus's rates for the current flows (synced to now), in order: as ``_realloc``."""
+        self._slow, self._load = self._loaded(tuple([self._sigs[f.sig] for f in self.flows]), rates)
+        self._apply(rates)
+
+    def _apply(self, rates: tuple[float, ...]) -> None:
         if self.load_log is not None:
             self.load_log.append((self.clock.now, self._load))
         if self.jobs:
@@ -348,21 +361,29 @@ class Fluid:
                     ) -> tuple[float, CopyLoad, tuple[float, ...]]:
         """(slowdown, load, max-min fair rate of each flow) for flows with signatures
         ``sigs`` (``(res, cap, ctas, ce)`` each)."""
-        slow, rates = self._rates(jobs_running, sigs)
+        rates = self._rates(jobs_running, sigs)
+        return (*self._loaded(sigs, rates), rates)
+
+    def _loaded(self, sigs: tuple, rates: tuple[float, ...]) -> tuple[float, CopyLoad]:
+        """(the older model's slowdown, the load) of flows ``sigs`` at ``rates``."""
+        ctas = 0
+        ce = False
+        for _, _, c, e in sigs:
+            ctas += c
+            ce = ce or e
+        slow = legacy_stretch(self.per_cta, self.ce_slow, CopyLoad(ctas, 0, ce))
         issue = self._issue
         if self.kinds is None or not (sigs or issue):
-            return slow, IDLE, rates
+            return slow, IDLE
         h2d = d2h = 0
-        ce = False
         hbm = written = 0.0
-        for (res, _, c, e), r in zip(sigs, rates):
+        for (res, _, c, _), r in zip(sigs, rates):  # (ce: any flow's, as above)
             to_gpu = "h2d" in res
             if c:
                 if to_gpu:
                     h2d += c
                 else:
                     d2h += c
-            ce = ce or e
             if to_gpu:
                 hbm += r
                 written += r
@@ -372,25 +393,18 @@ class Fluid:
                 hbm += 2.0 * r
                 written += r
         load = CopyLoad(h2d, d2h, ce, hbm, written, issue)
-        return slow, (IDLE if load.idle else load), rates
+        return slow, (IDLE if load.idle else load)
 
-    def _rates(self, jobs_running: bool, sigs: tuple) -> tuple[float, tuple[float, ...]]:
-        """(the older model's slowdown, max-min fair rate of each flow) for flows with
-        signatures ``sigs``, by progressive filling."""
-        ctas = 0
-        ce = False
-        for _, _, c, e in sigs:
-            ctas += c
-            ce = ce or e
-        slow = legacy_stretch(self.per_cta, self.ce_slow, CopyLoad(ctas, 0, ce))
+    def _rates(self, jobs_running: bool, sigs: tuple) -> tuple[float, ...]:
+        """Max-min fair rate of each flow with signatures ``sigs``, by progressive filling."""
         if not sigs:
-            return slow, ()
+            return ()
         busy_eff = self.busy_eff
         caps = [(c * busy_eff if (n and jobs_running) else c) for _, c, n, _ in sigs]
         cap = self.cap
         if len(sigs) == 1:  # the common case: no sharing
             rate = min(cap[r] for r in sigs[0][0])
-            return slow, (min(rate, caps[0]) if caps[0] else rate,)
+            return (min(rate, caps[0]) if caps[0] else rate,)
         # only the resources some flow uses take part (min and the per-resource updates
         # do not depend on the order they are visited in)
         count: dict[str, int] = {}
@@ -404,7 +418,7 @@ class Fluid:
             for sg, c in zip(sigs, caps):
                 rate = min(cap[r] for r in sg[0])
                 out.append(min(rate, c) if c else rate)
-            return slow, tuple(out)
+            return tuple(out)
         rates = [0.0] * len(sigs)
         rem = {r: cap[r] for r in count}
         active = list(range(len(sigs)))
@@ -433,4 +447,4 @@ class Fluid:
                 else:
                     still.append(i)
             active = still
-        return slow, tuple(rates)
+        return tuple(rates)

@@ -8,7 +8,8 @@ pays the link's ``latency`` once, then moves its bytes:
 
 - get (remote -> GPU): latency, the bytes over the node's ``net_in``, then, without
   GPUDirect, over the rank's own host -> GPU link (its fluid's ``h2d`` and ``link``,
-  shared with its other copies: the pages bounce through host memory); with GPUDirect
+  shared with its other copies: the pages bounce through host memory; with the node's
+  bus, its host DRAM and the rank's switch too: ``nodebus``); with GPUDirect
   the network leg is the whole of it (the NIC writes into GPU memory);
 - put (GPU/host/disk -> remote): the bytes over the node's ``net_out``, then latency.
   The page's slot is freed when it is dropped: the put reads a copy (the source tier's
@@ -39,7 +40,8 @@ def cluster_network(env: Any, net: NetworkSettings) -> Fluid:
 class SimNetwork:
     """A rank's side of the network: its gets and puts, and their bytes."""
 
-    def __init__(self, runtime: Any, settings: BackendSettings, link: Fluid, counts: dict):
+    def __init__(self, runtime: Any, settings: BackendSettings, link: Fluid, counts: dict,
+                 host: tuple[str, ...] = ()):
         net = settings.network
         assert net is not None
         self.env = runtime.env
@@ -49,6 +51,7 @@ class SimNetwork:
         self.latency = net.latency
         self.gpudirect = net.gpudirect
         self.link = link          # the rank's own GPU link (its fluid)
+        self.pcie = ("h2d", "link") + host  # a get's bounce: the link, host DRAM, its switch
         self.counts = counts      # the backend's byte counters (h2d: a get's PCIe leg)
         self.get_bytes = 0
         self.put_bytes = 0
@@ -66,7 +69,7 @@ class SimNetwork:
             yield self.env.timeout(self.latency)
         yield self.fluid.add_flow(nbytes, self.inbound)
         if not self.gpudirect:
-            yield self.link.add_flow(nbytes, ("h2d", "link"))
+            yield self.link.add_flow(nbytes, self.pcie)
             self.counts["h2d"] += nbytes
         self.get_bytes += nbytes
         return True

@@ -45,6 +45,7 @@ class Transfers:
     disk_fluid: Fluid
     _split_disk: bool
     _link_bw: dict[str, float]
+    _node_res: dict[tuple[Level, Level], tuple[str, ...]]
     refcheck: bool
     paths: dict[str, CopyPath]
     chooser: PathChooser
@@ -273,6 +274,9 @@ class Transfer:
                 link = self.route[0]
                 if link is not None and not cap:
                     cap = be._link_bw[link]
+        node = be._node_res[(batch.src, batch.dst)]
+        if node:  # the node's host DRAM and PCIe switch (``nodebus``)
+            res = res + node
         pool = be.disk_pool
         pc = be.page_cache
         if pc is not None and self.route[1] and self.drive < 1.0:
