@@ -57,6 +57,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
+from kvsim.config.boostspec import BoostSpec
 from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
 from kvsim.core.datapath.interference import KindTerms, Structure
@@ -319,9 +320,9 @@ class TransferSpec(_Frozen):
 class ComputeSpec(_Frozen):
     """A fixed time per compute call beyond the step's work, and how much longer than
     nominal the work itself runs (see the module docstring)."""
-
     latency: Seconds = 0.0
     scale: float = Field(1.0, gt=0)
+    boost: BoostSpec | None = None  # the power state (kvsim.config.boostspec); None: none
 
 
 class HardwareProfile(_Frozen):

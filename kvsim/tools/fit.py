@@ -191,8 +191,14 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     _fit_latency(m, d, why, ce_path)
     busy = m.compute.get("busy", [])
     if busy:
-        d["compute"], why["compute.latency"] = fit_compute(busy)
+        fitted, why["compute.latency"] = fit_compute(busy)
+        d["compute"].update(fitted)  # (the base's power state, ``compute.boost``, kept)
         why["compute.scale"] = "fitted with compute.latency, above"
+    power = m.compute.get("power")
+    if power and power.get("rows"):  # GEMM trains after idle (microbench.measure_power)
+        from kvsim.tools.fitboost import fit_trains  # noqa: PLC0415
+
+        d["compute"]["boost"], why["compute.boost"] = fit_trains(power["rows"])
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     return d, why

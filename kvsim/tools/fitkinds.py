@@ -78,6 +78,9 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
     from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
     from kvsim.run.seam import settings_for  # noqa: PLC0415
 
+    if profile.compute.boost is not None:  # (hw's cells alternate alone and with copies:
+        # the power state cancels in their ratio, so a cell is timed without it)
+        profile = profile.model_copy(update={"compute": profile.compute.model_copy(update={"boost": None})})
     pb = c["page"]
     batches = _cell_batches(c)
     # a cell's path: one of the two, or "default" (the rule's own choice, batch by batch)

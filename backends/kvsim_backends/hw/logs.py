@@ -7,13 +7,15 @@
   (its own host time counts: the batched copy call, the slot upload) to the runtime
   seeing the completion;
 - ``compute_log``: a row a compute call, [start s, nominal s, seconds it took, seconds
-  until the loop saw it done, gpu gap s, host lag s]. took: on a GPU its time between two
+  until the loop saw it done, gpu gap s, host lag s, nominal GEMM s]. took: on a GPU its time between two
   events on the compute stream, in sim seconds; in CPU mode the nominal time. seen - took
   is the time the stream waited before it started, plus the loop's lateness in seeing it
   end. gpu gap: the compute stream's GPU time from the previous compute's end to this
   one's start (None for the first call and in CPU mode). host lag: how far the wall clock
   was past the loop's ``now`` when compute() was called (the engine's host work between
-  two steps, and any lateness in seeing the event that woke it);
+  two steps, and any lateness in seeing the event that woke it); nominal GEMM s: the
+  step's nominal seconds x its ``gemm_share`` (0 without a step), the step's kind for
+  ``kvsim.tools.fitboost``;
 - ``host_log``: the loop thread's own slow calls, [t s, what, seconds] for each of
   transfer() (its enqueue), fill(), compute() (its launch) and the reading of a GPU
   check's tags that held the loop ``HOST_LOG_MIN_S`` or more.
@@ -86,14 +88,15 @@ class HwLogs:
         else:
             ev.callbacks.append(done)
 
-    def count_compute(self, t0: float, nominal_s: float, took_s: float, gap=None, lag: float = 0.0) -> None:
+    def count_compute(self, t0: float, nominal_s: float, took_s: float, gap=None, lag: float = 0.0,
+                      gemm_s: float = 0.0) -> None:
         c = self._compute
         c["compute_calls"] += 1
         c["compute_s"] += took_s
         c["compute_nominal_s"] += nominal_s
         if self.compute_log is not None:
             self.compute_log.append([t0, nominal_s, took_s, self.runtime.now - t0,
-                                     gap() if gap is not None else None, lag])
+                                     gap() if gap is not None else None, lag, gemm_s])
 
     def timed(self, fn, what: str):
         """``fn`` whose calls log their host time in ``host_log`` (as ``host_time``)."""

@@ -16,6 +16,8 @@ Measured:
   call of a step's work (each kind the caller gives) the fixed cost and the overrun in
   proportion to its time; the refcheck of one GPU page as a replay waits for it
   (``read_tags_later``; in the report only: ``kvsim.tools.hwloop``'s ``refcheck.latency``);
+  the power state: trains of a prefill chunk's steps back to back after idle spells
+  (``measure_power``; ``kvsim.tools.fitboost`` fits ``compute.boost`` to them);
 - interference: compute of each kind with copies on each path (``interfere``'s
   ``calibrate_grid``), for the structural model's terms per kind;
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
@@ -318,6 +320,33 @@ def measure_busy(m: Measured, device: str, settings_for: SettingsFor,
         be.close()
 
 
+POWER_IDLE_S = (2.0, 0.5, 0.2, 0.05, 0.0)  # the idle before each train of GEMM steps
+POWER_TRAIN = (8, 8, 8, 8, 24)              # the train's steps (the last: towards the hot rate)
+
+
+def measure_power(m: Measured, device: str, settings_for: SettingsFor, work: StepWork,
+                  step_s: float = 0.02, rounds: int = 2) -> None:
+    """The GPU's power state: after each idle spell of ``POWER_IDLE_S``, a train of
+    ``POWER_TRAIN`` compute calls of ``work`` (a prefill chunk), ``step_s`` each, launched
+    at once (back to back on the stream), ``rounds`` times; their rows of the hw
+    backend's compute log (GPU times and gaps: what a replay's log holds) in
+    ``m.compute["power"]``."""
+    rt = RealtimeRuntime()
+    log: list = []
+    be = HwBackend(rt, settings_for(64 * KiB, {Level.GPU: 4}, device=device, compute_log=log))
+    try:
+        _wait(rt, [be.compute(step_s, work)])  # (a warm-up: the first call captures graphs)
+        for _ in range(rounds):
+            for idle, n in zip(POWER_IDLE_S, POWER_TRAIN):
+                if idle:
+                    _wait(rt, [rt.timeout(idle)])
+                _wait(rt, [be.compute(step_s, work) for _ in range(n)])
+        m.compute["power"] = {"rows": log[1:], "idle_s": list(POWER_IDLE_S), "train": list(POWER_TRAIN),
+                              "how": "compute log rows (kvsim_backends.hw.logs) of GEMM-step trains after idle"}
+    finally:
+        be.close()
+
+
 def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None = None,
             disk_dir: str | None = None, works: Mapping[str, StepWork] | None = None
             ) -> tuple[Measured, Plan]:
@@ -342,6 +371,8 @@ def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None =
     if on_gpu and plan.compute:
         measure_compute(m)
     measure_busy(m, dev, settings_for, works if on_gpu else None)
+    if on_gpu and plan.compute and works and "gemm" in works:
+        measure_power(m, dev, settings_for, works["gemm"])
     if on_gpu and plan.interference and works:
         m.interference = measure_cells(settings_for, calibrate_grid(), works, dev, reps=3)
     return m, plan

@@ -18,7 +18,7 @@ from __future__ import annotations
 from time import perf_counter as _clock
 from typing import Any
 
-from kvsim.core.datapath.work import StepWork, merge
+from kvsim.core.datapath.work import StepWork, gemm_share, merge
 
 
 class Steps:
@@ -67,7 +67,8 @@ class Steps:
                 prev, logs.last_compute_end = logs.last_compute_end, b
                 if prev is not None:  # read once both have passed (when this one is seen)
                     gap = lambda: rt.wall_to_sim(cp.cuda.get_elapsed_time(prev, a) / 1e3)  # noqa: E731
-        ev.callbacks.insert(0, lambda e: logs.count_compute(t0, duration_s, e.value, gap, lag))
+        gemm_s = duration_s * gemm_share(work) if work is not None else 0.0
+        ev.callbacks.insert(0, lambda e: logs.count_compute(t0, duration_s, e.value, gap, lag, gemm_s))
         self._last = (ev, work)
         if logs.host_log is not None:
             logs.host_time("compute", h0)

@@ -24,7 +24,8 @@ from kvsim.core.datapath.copypath import CopyPath, direction_ctas, direction_pat
 from kvsim.core.datapath.fill import FillLayout, registration_unit
 from kvsim.core.datapath.interference import MixTable, issue_share
 from kvsim.core.datapath.pathcost import other_path, path_chooser
-from kvsim.core.datapath.work import StepWork
+from kvsim.core.datapath.powerstate import Boost, PowerState
+from kvsim.core.datapath.work import StepWork, gemm_share
 from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
@@ -76,9 +77,9 @@ class SimBackend(Transfers):
         probes = settings.probes
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = probes.timing_log
-        # optional per-compute log: [start s, nominal s, seconds it took] (the stretch of
-        # copies' interference included, the backend's fixed latency not: the hw backend's
-        # figure is its GPU time between two events)
+        # optional per-compute log: [start s, nominal s, seconds it took, nominal GEMM s]
+        # (the stretch of copies' interference and the power state included, the backend's
+        # fixed latency not: the hw backend's figure is its GPU time between two events)
         self.compute_log = probes.compute_log
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         self.errors: list[str] = []  # what failed, newest last (injected failures here)
@@ -204,6 +205,9 @@ class SimBackend(Transfers):
         self.step_penalty_since_s = None  # when it began (None: not yet)
         self._penalized_calls = 0
         self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
+        bs = p.compute.boost  # the GPU's power state (None: every step at the calibrated rate)
+        self.power = (PowerState(Boost(bs.gain, bs.spend, bs.recover, bs.calibrated))
+                      if bs is not None else None)
         # the profile's per-transfer constants, read once (a transfer reads them all)
         self._disk_latency = nv.latency
         self._ce_per_call = ce.per_call
@@ -290,9 +294,14 @@ class SimBackend(Transfers):
 
     def _compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         self._counts["compute_calls"] += 1
-        done = self.fluid.add_job(duration_s * self.compute_scale, work)
-        done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now:  # type: ignore[misc]
-                              self._count_compute(ev.value, d, t0))
+        work_s = duration_s * self.compute_scale
+        power = self.power
+        if power is not None and work is not None:
+            work_s, h, free_at = power.step(self.clock.now, work_s, work)
+            power.commit(h, free_at)
+        done = self.fluid.add_job(work_s, work)
+        done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now, w=work:  # type: ignore[misc]
+                              self._count_compute(ev.value, d, t0, w))
         lat = self.compute_latency
         if self.step_penalty_s > 0:
             lat += self.step_penalty_s
@@ -315,16 +324,23 @@ class SimBackend(Transfers):
         penalty = self.step_penalty_s
         if penalty > 0:
             lat += penalty
-        end = self.fluid.ahead(start_s, seconds * self.compute_scale, horizon, lat, work)
+        work_s = seconds * self.compute_scale
+        power = self.power
+        stepped = power.step(start_s, work_s, work) if power is not None and work is not None else None
+        if stepped is not None:
+            work_s = stepped[0]
+        end = self.fluid.ahead(start_s, work_s, horizon, lat, work)
         if end is None:
-            return None
+            return None  # (the state unchanged: the engine steps this compute on the clock)
+        if power is not None and stepped is not None:
+            power.commit(stepped[1], stepped[2])
         if penalty > 0:
             self._penalized_calls += 1
         self._counts["compute_calls"] += 1
         self._compute_s += end - start_s  # _count_compute, inline (once per engine step)
         self._compute_nominal_s += seconds
         if self.compute_log is not None:
-            self.compute_log.append([start_s, seconds, end - start_s])
+            self.compute_log.append([start_s, seconds, end - start_s, _gemm_s(seconds, work)])
         return end + lat  # (+ 0.0 when there is none: the same float)
 
     def catch_up(self, until_s: float) -> simpy.Event:
@@ -418,8 +434,15 @@ class SimBackend(Transfers):
         yield self.env.timeout(latency)
         return took + latency
 
-    def _count_compute(self, took_s: float, nominal_s: float, t0: float) -> None:
+    def _count_compute(self, took_s: float, nominal_s: float, t0: float,
+                       work: StepWork | None = None) -> None:
         self._compute_s += took_s
         self._compute_nominal_s += nominal_s
         if self.compute_log is not None:
-            self.compute_log.append([t0, nominal_s, took_s])
+            self.compute_log.append([t0, nominal_s, took_s, _gemm_s(nominal_s, work)])
+
+
+def _gemm_s(nominal_s: float, work: StepWork | None) -> float:
+    """A compute log's 4th column: the step's nominal GEMM seconds (``gemm_share``; 0
+    without a step), what ``kvsim.tools.fitboost`` reads a step's kind from."""
+    return nominal_s * gemm_share(work) if work is not None else 0.0
