@@ -179,6 +179,10 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             else:
                 holds[p.pid] = holds.get(p.pid, 0) + 1
 
+    for pid, n in m.lent().items():  # pages lent to a sibling (kvsim.core.lending): locked
+        locks[pid] = locks.get(pid, 0) + n
+    lent_out = m.lent()
+
     # -- page states and the eviction index --------------------------------------------
     indexed: dict[int, int] = {}  # pid -> tier pos
     for pos, tier in enumerate(tiers):
@@ -193,7 +197,10 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         if p.locks != locks.get(p.pid, 0) or p.holds != holds.get(p.pid, 0):
             _fail(f"{p!r}: requests say locks={locks.get(p.pid, 0)}, holds={holds.get(p.pid, 0)}")
         state = p.state
-        if state is PageState.LOCKED and (p.tier != 0 or p.phase is not Phase.RESIDENT):
+        if state is PageState.LOCKED and p.pid in lent_out:
+            if p.tier == 0 or p.phase is not Phase.RESIDENT:
+                _fail(f"lent page {p!r} is not resident below the GPU")
+        elif state is PageState.LOCKED and (p.tier != 0 or p.phase is not Phase.RESIDENT):
             _fail(f"locked page {p!r} is not resident on GPU")
         if state is PageState.DROPPABLE and not p.in_tree and p.phase is Phase.RESIDENT:
             _fail(f"{p!r} has no owner and is not in the tree: it should have been freed")

@@ -1,0 +1,96 @@
+"""Lending a rank's pages to a sibling (``kvsim.core.lending``, ``node.host: shared``).
+
+Scenario: rank 0 computes a 12-token prompt (3 full blocks of 4 tokens), ends it, and
+a burst of other work evicts its pages to host. A sibling asks, by chain key, how much
+of that prefix rank 0 could lend: all 3 blocks, from host; the same token ids in another
+reuse scope: none. Lent, the pages are pinned: eviction pressure on rank 0's host tier
+takes every other page but never them, and a request of rank 0 that holds them cannot
+resume (BUSY) until they are given back; then all moves again. A lease is all or
+nothing: asking for a block rank 0 does not hold changes nothing. After every step the
+core's audit checks its invariants (a lent page is locked, resident below the GPU, out
+of every eviction index).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import blocks, check, make_manager, backend_for, new_active, run
+from kvsim.core import CoreError, Level, Phase, RefusalReason, chain_key, scope_root
+
+GPU, HOST, DISK = Level.GPU, Level.HOST, Level.DISK
+
+
+def chain(scope, ids):
+    key, out = scope_root(scope), []
+    for i in ids:
+        key = chain_key(key, i)
+        out.append(key)
+    return out
+
+
+def test_a_prefix_in_host_is_lendable_pinned_while_lent_and_free_after():
+    m = make_manager(gpu=4, host=4, disk=4)
+    be = backend_for(m)
+    a = new_active(m, be, 12)          # blocks 0 1 2 of family 0, committed
+    m.close(a)
+    run(m, be, m.evict(GPU, 3))        # its 3 pages go to host
+    keys = chain("s", blocks(3))
+    pages = [m.tree.get(k) for k in keys]
+    assert [p.tier for p in pages] == [1, 1, 1]
+    # what a sibling finds: all 3 from host; another scope, the same ids: nothing
+    assert m.lendable(keys) == [HOST, HOST, HOST]
+    assert m.lendable(chain("other", blocks(3))) == []
+    assert m.lendable(keys + chain("s", [99])) == [HOST] * 3  # stops at the first miss
+    counters = m.counters.snapshot()
+    lease = m.lend(keys)
+    assert lease.slots == [p.slot for p in pages] and lease.levels == [HOST] * 3
+    assert lease.tags == [p.tag for p in pages] and all(p.tag for p in pages)
+    assert m.counters.snapshot() == counters  # the lender counts no hit
+    check(m, be)
+    # eviction pressure on host: a 4th page arrives there, then every evictable page of
+    # host is asked to leave; the lent ones are not evictable
+    b = new_active(m, be, 4, family=1)
+    m.close(b)
+    run(m, be, m.evict(GPU, 1))
+    assert m.tier_stats(HOST).used == 4
+    refused = m.evict(HOST, 2)
+    assert not refused and refused.reason is RefusalReason.NO_ROOM
+    run(m, be, m.evict(HOST, 1))       # only family 1's page may leave
+    assert [(p.tier, p.phase) for p in pages] == [(1, Phase.RESIDENT)] * 3
+    assert [p.slot for p in pages] == lease.slots
+    assert be.read_tags(HOST, lease.slots).tolist() == lease.tags  # bytes intact
+    check(m, be)
+    # rank 0's own next turn holds them: its resume waits while they are lent
+    c = m.create("s", blocks(4), 16)
+    assert c.pages == pages
+    busy = m.resume(c)
+    assert not busy and busy.reason is RefusalReason.BUSY
+    check(m, be)
+    m.give_back(lease)
+    check(m, be)
+    with pytest.raises(CoreError):
+        m.give_back(lease)             # once
+    plan = m.resume(c)
+    assert plan
+    run(m, be, plan)
+    assert [p.tier for p in pages] == [0, 0, 0]
+    check(m, be)
+
+
+def test_a_lease_is_all_or_nothing():
+    m = make_manager(gpu=4, host=4, disk=4)
+    be = backend_for(m)
+    a = new_active(m, be, 8)
+    m.close(a)
+    run(m, be, m.evict(GPU, 2))
+    keys = chain("s", blocks(3))       # block 2 was never computed
+    with pytest.raises(CoreError):
+        m.lend(keys)
+    assert all(m.tree.get(k).locks == 0 for k in keys[:2])
+    assert m.lent() == {}
+    check(m, be)
+    # a page on GPU is not lendable (a sibling cannot read this GPU)
+    d = new_active(m, be, 4, family=2)
+    m.close(d)
+    assert m.lendable(chain("s", blocks(1, family=2))) == []
