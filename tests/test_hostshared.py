@@ -1,0 +1,132 @@
+"""A node's shared host tier (``node.host: shared``): a page one rank computed is
+onboarded by another.
+
+Scenario (two ranks on one node, requests routed round robin, GPU tiers of 8 pages,
+host tiers with room for everything, the refcheck on):
+- rank 0 computes a conversation's first turn (blocks 1 2 3; the last page partial);
+  later prompts on rank 0 push its pages to host;
+- rank 1 serves the conversation's next turn (blocks 1 2 3 4): with ``shared`` it
+  finds blocks 1 and 2 in rank 0's host tier (block 3's page there is partial: not a
+  whole block), copies them over its own PCIe link and computes the rest: 2 blocks of
+  host hits, 2 pages more host -> GPU bytes, the node's ``host_shared`` count 2;
+- with ``private`` (the default) or in another reuse scope it finds nothing;
+- bad input: ``shared`` on the hw backend, beside a remote tier, or with an offline
+  bound (belady): exit 2 naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.config import load_config
+from kvsim.run import prepare_run, replay
+
+B = 512               # the trace's block, and the cache's
+PAGE = B * 128 << 10  # llama-3-8b at tp 1: 128 KiB of KV a token
+
+# requests in arrival order, 1 s apart, round robin (even: rank 0, odd: rank 1)
+# 0 -> 0: blocks 1 2 3 (412 tokens in block 3's page)
+# 1 -> 1, 2 -> 0, 3 -> 1, 4 -> 0: unrelated, 7 blocks each (rank 0's GPU of 8 pages
+#         sends request 0's pages to host)
+# 5 -> 1: blocks 1 2 3 4
+CONVERSATION = [(0, [1, 2, 3], 1)] + [(k * 1000, list(range(100 * k, 100 * k + 7)), 1)
+                                      for k in (1, 2, 3, 4)] + [(5000, [1, 2, 3, 4], 1)]
+TIERS = "cache.tiers=[{level: gpu, quota: 512MiB}, {level: host, quota: 8GiB}]"
+
+
+def _write_trace(path, reqs):
+    with open(path, "w") as f:
+        for ts, ids, out, *tenant in reqs:
+            f.write(json.dumps({"timestamp": ts, "input_length": len(ids) * B - 100,
+                                "output_length": out, "hash_ids": ids,
+                                **({"tenant": tenant[0]} if tenant else {})}) + "\n")
+
+
+def _sets(tmp_path, reqs):
+    trace = tmp_path / "t.jsonl"
+    _write_trace(trace, reqs)
+    return [f"workload.path={trace}", "model=llama-3-8b", "tp=1", "node.ranks=2",
+            "router.policy=round-robin", "engine.gpu_free_watermark=0", "engine.refcheck=true",
+            TIERS]
+
+
+def _run(tmp_path, *more, reqs=CONVERSATION):
+    cfg = load_config("configs/mooncake-conversation.yaml", [*_sets(tmp_path, reqs), *more])
+    return replay(prepare_run(cfg))
+
+
+def test_a_page_rank_0_evicted_to_host_is_onboarded_by_rank_1(tmp_path):
+    shared = _run(tmp_path, "node.host=shared")
+    private = _run(tmp_path)
+    rows = sorted(shared.rows, key=lambda r: r.arrival_ns)
+    assert [r.instance for r in rows] == [0, 1, 0, 1, 0, 1]
+    last = rows[5]
+    assert (last.hit_gpu, last.hit_host, last.hit_disk) == (0, 2 * B, 0)
+    assert last.computed_tokens == last.input_tokens - 2 * B
+    assert last.onboard_bytes == 2 * PAGE
+    # rank 0's own rows are unchanged: the lender counts no hit
+    before = sorted(private.rows, key=lambda r: r.arrival_ns)
+    assert before[5].hit_host == 0 and before[5].computed_tokens == before[5].input_tokens
+    assert [(r.hit_gpu, r.hit_host) for r in rows[:5]] == [(r.hit_gpu, r.hit_host)
+                                                          for r in before[:5]]
+    m, p = shared.metrics, private.metrics
+    assert m["hit_tokens"]["host"] - p["hit_tokens"]["host"] == 2 * B
+    # the bytes crossed a GPU link: 2 pages more host -> GPU in the node
+    assert m["bytes"]["host_to_gpu"] - p["bytes"]["host_to_gpu"] == 2 * PAGE
+    hs = m["node"]["host_shared"]
+    assert (hs["pages"], hs["fetches"], hs["tokens"]) == (2, 1, {"host": 2 * B, "disk": 0})
+    assert [r["pages"] for r in hs["by_rank"]] == [0, 2]      # rank 1 borrowed them
+    assert "node" not in p
+
+
+def test_another_reuse_scope_finds_nothing_on_a_sibling(tmp_path):
+    """The conversation's next turn comes from another tenant: the same block ids, another
+    scope, so other chain keys."""
+    other = CONVERSATION[:5] + [(*CONVERSATION[5], "tenant-b")]
+    res = _run(tmp_path, "node.host=shared", reqs=other)
+    last = sorted(res.rows, key=lambda r: r.arrival_ns)[5]
+    assert (last.hit_gpu, last.hit_host, last.hit_disk) == (0, 0, 0)
+    assert res.metrics["node"]["host_shared"]["pages"] == 0
+
+
+def test_a_sibling_page_in_disk_is_onboarded_through_the_disk(tmp_path):
+    """A host tier of 2 pages beside a disk: rank 0's pages go on to disk; rank 1 reads
+    them from there (disk -> GPU: disk-read bytes and host -> GPU bytes)."""
+    tiers = ("cache.tiers=[{level: gpu, quota: 512MiB}, {level: host, quota: 128MiB}, "
+             "{level: disk, quota: 8GiB}]")
+    shared = _run(tmp_path, "node.host=shared", tiers)
+    private = _run(tmp_path, tiers)
+    last = sorted(shared.rows, key=lambda r: r.arrival_ns)[5]
+    assert last.hit_gpu == 0 and last.hit_host + last.hit_disk == 2 * B and last.hit_disk > 0
+    hs = shared.metrics["node"]["host_shared"]
+    assert hs["pages"] == 2 and hs["tokens"]["disk"] == last.hit_disk
+    m, p = shared.metrics, private.metrics
+    assert m["bytes"]["disk_read"] - p["bytes"]["disk_read"] == last.hit_disk // B * PAGE
+
+
+def test_shared_on_one_rank_changes_nothing(tmp_path):
+    sets = [s for s in _sets(tmp_path, CONVERSATION) if not s.startswith(("node.", "router."))]
+    a = replay(prepare_run(load_config("configs/mooncake-conversation.yaml", sets)))
+    b = replay(prepare_run(load_config("configs/mooncake-conversation.yaml",
+                                       [*sets, "node.host=shared"])))
+    assert [r.csv_values() for r in a.rows] == [r.csv_values() for r in b.rows]
+    assert a.timeline == b.timeline
+
+
+def test_bad_shared_settings_exit_2_naming_the_key(tmp_path):
+    runner = CliRunner()
+    sets = [x for s in _sets(tmp_path, CONVERSATION) for x in ("--set", s)]
+    base = ["run", "configs/mooncake-conversation.yaml", "--out", str(tmp_path / "o"), *sets,
+            "--set", "node.host=shared"]
+    remote = "cache.remote={capacity: 64GiB, network: {bandwidth: 25e9, latency: 10us}}"
+    for more, key in [(["--backend", "hw", "--set", "router.policy=session-hash"], "node.host"),
+                      (["--set", remote], "node.host"),
+                      (["--set", "cache.policy.eviction=belady"], "cache.policy.eviction"),
+                      (["--set", "node.host=pooled"], "node.host")]:
+        r = runner.invoke(app, [*base, *more])
+        assert r.exit_code == 2, (more, r.output)
+        assert key in r.output and "Traceback" not in r.output, r.output
+        assert not (tmp_path / "o").exists()
