@@ -107,6 +107,29 @@ def test_a_sibling_page_in_disk_is_onboarded_through_the_disk(tmp_path):
     assert m["bytes"]["disk_read"] - p["bytes"]["disk_read"] == last.hit_disk // B * PAGE
 
 
+def test_the_host_quota_is_the_nodes_one_pool(tmp_path):
+    """A host quota of 4 pages with a disk behind: private, each rank has 4 (the node's
+    ranks hold 6 at once: 2 of rank 0's, 4 of rank 1's); shared, the node has 4 in all,
+    whichever rank holds them: never more than 4 at once, per the pool and the ranks'
+    own timelines. The conversation still finds its blocks on rank 0, in host or disk."""
+    tiers = ("cache.tiers=[{level: gpu, quota: 512MiB}, {level: host, quota: 256MiB}, "
+             "{level: disk, quota: 8GiB}]")
+    shared = _run(tmp_path, "node.host=shared", tiers)
+    private = _run(tmp_path, tiers)
+    pool = shared.metrics["node"]["host_pool"]
+    assert [(p["capacity_pages"], p["peak_pages"]) for p in pool] == [(4, 4)]
+    assert shared.metrics["tiers_slots"]["host"] == 4
+    def node_peak(res):  # the most host slots the ranks held at once (each rank's last
+        now, most = {}, 0  # sample holds until its next)
+        for row in res.timeline:
+            now[row["rank"]] = row["host_used_slots"]
+            most = max(most, sum(now.values()))
+        return most
+    assert node_peak(private) > 4 and node_peak(shared) == 4
+    last = sorted(shared.rows, key=lambda r: r.arrival_ns)[5]
+    assert last.hit_host + last.hit_disk == 2 * B
+
+
 def test_shared_on_one_rank_changes_nothing(tmp_path):
     sets = [s for s in _sets(tmp_path, CONVERSATION) if not s.startswith(("node.", "router."))]
     a = replay(prepare_run(load_config("configs/mooncake-conversation.yaml", sets)))

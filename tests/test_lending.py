@@ -17,6 +17,7 @@ import pytest
 
 from conftest import blocks, check, make_manager, backend_for, new_active, run
 from kvsim.core import CoreError, Level, Phase, RefusalReason, chain_key, scope_root
+from kvsim.core.tiers import SlotPool
 
 GPU, HOST, DISK = Level.GPU, Level.HOST, Level.DISK
 
@@ -94,3 +95,36 @@ def test_a_lease_is_all_or_nothing():
     d = new_active(m, be, 4, family=2)
     m.close(d)
     assert m.lendable(chain("s", blocks(1, family=2))) == []
+
+
+def test_two_ranks_draw_host_slots_from_one_node_pool():
+    """A node pool of 4 host slots under two ranks whose host tiers could each hold 4.
+    Rank 0 fills it; rank 1's GPU victims then find no host slot and no host page of its
+    own to evict: they skip to its disk. Rank 0, needing host room, evicts its own least
+    recent host page to disk. The pool counts every rank's slots, never more than 4."""
+    pool = SlotPool(4)
+    m0, m1 = make_manager(gpu=4, host=4, disk=8), make_manager(gpu=4, host=4, disk=8)
+    be0, be1 = backend_for(m0), backend_for(m1)
+    for m in (m0, m1):
+        m.share_tier(HOST, pool)
+    a = new_active(m0, be0, 16)        # 4 pages on rank 0's GPU
+    m0.close(a)
+    run(m0, be0, m0.evict(GPU, 4))     # ... all to host: the pool is full
+    assert (pool.used, m0.tiers[1].used, m0.tiers[1].free, m1.tiers[1].free) == (4, 4, 0, 0)
+    b = new_active(m1, be1, 8, family=1)
+    bp = list(b.pages)
+    m1.close(b)
+    run(m1, be1, m1.evict(GPU, 2))     # no host room, none of its own there: to disk
+    assert [p.tier for p in bp] == [2, 2] and m1.tiers[1].used == 0
+    assert pool.used == 4
+    c = new_active(m0, be0, 4, family=2)
+    cp = c.pages[0]
+    m0.close(c)
+    oldest = m0.tree.get(chain("s", blocks(4))[3])  # a's last page: the least recent
+    run(m0, be0, m0.evict(GPU, 1))     # rank 0 makes room in the pool from its own pages
+    assert cp.tier == 1 and oldest.tier == 2
+    assert pool.used == m0.tiers[1].used + m1.tiers[1].used == 4 and pool.peak == 4
+    check(m0, be0)
+    check(m1, be1)
+    with pytest.raises(CoreError):
+        m0.share_tier(HOST, SlotPool(4))  # a tier already in use keeps its slots

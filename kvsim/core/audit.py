@@ -245,8 +245,13 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         s = m.tier_stats(tier.level)
         if s.used != s.locked + s.held + s.droppable + s.reserved + s.retained or s.reserved < 0:
             _fail(f"tier {tier.level.name}: stats do not balance: {s}")
-        if s.used <= s.total and s.total != s.used + s.free:
+        pool = tier.pool  # (a node's pool: the other ranks hold the rest)
+        others = 0 if pool is None else pool.used - s.used
+        if s.used <= s.total and s.total != s.used + s.free + others:
             _fail(f"tier {tier.level.name}: total != used + free: {s}")
+        if pool is not None and not s.used <= pool.used <= pool.capacity:
+            _fail(f"tier {tier.level.name}: its pool holds {pool.used} of {pool.capacity}, "
+                  f"it {s.used}")
 
     # -- prefix tree -------------------------------------------------------------------
     children: dict[int, int] = {}

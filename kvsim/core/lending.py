@@ -1,7 +1,9 @@
-"""Lending a manager's pages to a sibling rank (``node.host: shared``): which leading
-blocks of a chain it could lend (``lendable``), pinning them while a sibling copies
-them (``lend``), and letting them go (``give_back``). A layer of TierManager's
-single-inheritance chain (``TierManager(Lending)``, ``Lending(Queries)``).
+"""What a manager shares with its node's other ranks (``node.host: shared``): its
+pages, lent to a sibling rank (which leading blocks of a chain it could lend,
+``lendable``; pinning them while a sibling copies them, ``lend``; letting them go,
+``give_back``), and a tier's slots, drawn from a node-wide pool (``share_tier``). A
+layer of TierManager's single-inheritance chain (``TierManager(Lending)``,
+``Lending(Queries)``).
 
 A page is lendable when the prefix tree holds it under the chain key, full (a block's
 tokens), resident (not the source or destination of a move) and in a tier below the GPU
@@ -24,6 +26,7 @@ from kvsim.core.errors import CoreError
 from kvsim.core.pages import Page
 from kvsim.core.queries import Queries
 from kvsim.core.spec import Level
+from kvsim.core.tiers import SlotPool
 from kvsim.core.types import Phase
 
 
@@ -109,3 +112,14 @@ class Lending(Queries):
             for p in lease.pages:
                 out[p.pid] = out.get(p.pid, 0) + 1
         return out
+
+    def share_tier(self, level: Level, pool: SlotPool) -> None:
+        """The tier at ``level`` draws its slots from ``pool`` from now on (its free
+        slots: at most what the pool has left; ``kvsim.core.tiers.SlotPool``). Before
+        the tier holds any slot: CoreError otherwise."""
+        tier = self.tiers[self.tier_pos(level)]
+        if tier.used:
+            raise CoreError(f"share_tier: the {level.name} tier already holds {tier.used} slots")
+        if pool.capacity - pool.used < 0:
+            raise CoreError("share_tier: the pool is over its capacity")
+        tier.pool = pool

@@ -31,10 +31,34 @@ if TYPE_CHECKING:
     from kvsim.core.policy.base import TierOrder
 
 
+class SlotPool:
+    """A node's pool of slots of one tier that several ranks' tiers draw from
+    (``node.host: shared``): ``capacity`` slots in all; ``used``, those the ranks hold;
+    ``peak``, the most they held at once. A tier with a pool counts its own slots as
+    ever and has free only what the pool has left (``Tier.free``): a rank that needs room
+    when the pool is full evicts its own least recent pages, as from a full tier of its
+    own (no rank evicts another's: each manager moves only its own pages)."""
+
+    __slots__ = ("capacity", "used", "peak")
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+
+    def take(self, k: int) -> None:
+        used = self.used + k
+        if used > self.capacity:  # a caller skipped the free-count check
+            raise RuntimeError(f"node pool: {k} slots with {self.capacity - self.used} left")
+        self.used = used
+        if used > self.peak:
+            self.peak = used
+
+
 class Tier:
     __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
                  "recycled", "next_fresh", "lru", "_prios", "_churn", "order", "limit", "lost",
-                 "copies")
+                 "copies", "pool")
 
     def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
                  capacity: int, max_slots: int):
@@ -58,6 +82,8 @@ class Tier:
         # the disk tier: the retained copies it may reclaim (complete, not being taken
         # back), oldest first; each owns a slot of this tier (kvsim.core.retained)
         self.copies: dict[Page, None] = {}
+        # a node-wide pool this tier draws from (``node.host: shared``; None: its own quota)
+        self.pool: SlotPool | None = None
 
     # -- slots ---------------------------------------------------------------------------
     @property
@@ -67,6 +93,9 @@ class Tier:
     @property
     def free(self) -> int:
         free = self.capacity - self.used
+        pool = self.pool
+        if pool is not None and pool.capacity - pool.used < free:
+            free = pool.capacity - pool.used
         return free if free > 0 else 0
 
     def cap(self, limit: int) -> None:
@@ -85,6 +114,8 @@ class Tier:
         self.recycled[:] = keep
 
     def alloc(self) -> int:
+        if self.pool is not None:
+            self.pool.take(1)
         if self.recycled:
             return self.recycled.pop()
         slot = self.next_fresh
@@ -95,6 +126,8 @@ class Tier:
 
     def alloc_many(self, k: int) -> list[int]:
         """``k`` slots, in the order ``alloc`` would give them."""
+        if self.pool is not None:
+            self.pool.take(k)
         r = self.recycled
         if k <= len(r):
             out = r[len(r) - k:]
@@ -112,6 +145,8 @@ class Tier:
         return out
 
     def release(self, slot: int) -> None:
+        if self.pool is not None:
+            self.pool.used -= 1
         if slot >= self.limit:  # (only after ``cap``)
             self.lost += 1
             return
@@ -123,6 +158,8 @@ class Tier:
             for s in slots:
                 self.release(s)
             return
+        if self.pool is not None:
+            self.pool.used -= len(slots)
         self.recycled.extend(slots)
 
     # -- eviction index ------------------------------------------------------------------

@@ -35,7 +35,8 @@ from kvsim.run.cluster import Cluster, build_router, check_cluster, instances_of
 from kvsim.run.clustermetrics import cluster_metrics, is_cluster
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
 from kvsim.run.remotetier import attach_remote, check_remote, remote_metrics
-from kvsim.run.sharedhost import attach_shared, check_shared, check_shared_policies, shared_metrics
+from kvsim.run.sharedhost import (attach_shared, check_shared, check_shared_policies, share_pools,
+                                  shared_metrics)
 from kvsim.run.results import git_commit, kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
@@ -301,6 +302,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         ranks.append(RankRun(r, workload, starts, policy, placement, tier_policies,
                              TierManager(spec, policy, placement, tier_policies)))
     check_shared_policies(cfg, ranks)
+    pools = share_pools(cfg, ranks)
     rt = None
     try:  # from here on the backends hold memory and files: close them on every exit
         for rk in ranks:
@@ -381,7 +383,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         else:
             metrics["ranks"] = each
     remote_metrics(metrics, store, traffic)
-    shared_metrics(metrics, shared)
+    shared_metrics(metrics, shared, pools)
     info = getattr(ranks[0].backend, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),
