@@ -128,3 +128,32 @@ def test_two_ranks_draw_host_slots_from_one_node_pool():
     check(m1, be1)
     with pytest.raises(CoreError):
         m0.share_tier(HOST, SlotPool(4))  # a tier already in use keeps its slots
+
+
+def test_a_pools_slot_ids_are_unique_across_ranks():
+    """Two ranks put 2 pages each into a pool of 4: the ids are the node's, 0..3, each
+    held by one rank (one allocation of the node's memory holds them); a freed id is
+    the next one handed out, whichever rank asks."""
+    pool = SlotPool(4)
+    ms = [make_manager(gpu=4, host=4, disk=None) for _ in range(2)]
+    bes = [backend_for(m) for m in ms]
+    for m in ms:
+        m.share_tier(HOST, pool)
+    held = []
+    for r, (m, be) in enumerate(zip(ms, bes)):
+        a = new_active(m, be, 8, family=r)
+        ps = list(a.pages)
+        m.close(a)
+        run(m, be, m.evict(GPU, 2))
+        held.append({p.slot for p in ps if p.tier == 1})
+    assert held[0] | held[1] == {0, 1, 2, 3} and not held[0] & held[1]
+    run(ms[0], bes[0], ms[0].evict(HOST, 1))   # rank 0's last tier: its LRU page drops
+    assert pool.used == 3 and len(pool.recycled) == 1
+    freed = pool.recycled[0]
+    b = new_active(ms[1], bes[1], 4, family=5)
+    bp = b.pages[0]
+    ms[1].close(b)
+    run(ms[1], bes[1], ms[1].evict(GPU, 1))
+    assert (bp.tier, bp.slot) == (1, freed)    # rank 1 reuses the id rank 0 freed
+    for m, be in zip(ms, bes):
+        check(m, be)

@@ -41,6 +41,11 @@ from kvsim.core.types import PageState, Phase, ReqState
 _LIVE = (Phase.RESIDENT, Phase.MOVING)
 
 
+def _fresh(tier) -> int:
+    """Slot ids a tier has handed out lie below this (its pool's, where it has one)."""
+    return tier.pool.next_fresh if tier.pool is not None else tier.next_fresh
+
+
 def _fail(msg: str) -> None:
     raise AssertionError(f"audit: {msg}")
 
@@ -58,7 +63,7 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             _fail(f"page {p!r} filed under pid {pid}")
         if p.phase not in _LIVE:
             _fail(f"live page {p!r} has phase {p.phase.name}")
-        if not 0 <= p.tier < len(tiers) or not 0 <= p.slot < tiers[p.tier].next_fresh:
+        if not 0 <= p.tier < len(tiers) or not 0 <= p.slot < _fresh(tiers[p.tier]):
             _fail(f"page {p!r} is outside its tier's allocated slots")
         where = (p.tier, p.slot)
         if where in owner:
@@ -122,6 +127,16 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
 
     # -- slot conservation per tier ----------------------------------------------------
     for pos, tier in enumerate(tiers):
+        if tier.pool is not None:  # a node's pool: the other ranks own the rest of it
+            mine = {s for (t, s) in owner if t == pos} | {s for (t, s) in reserved if t == pos}
+            if mine & set(tier.pool.recycled):
+                _fail(f"tier {tier.level.name}: slots {sorted(mine & set(tier.pool.recycled))[:10]} "
+                      f"are owned here and free in the node's pool")
+            if tier.used != len(mine):
+                _fail(f"tier {tier.level.name}: used {tier.used} != {len(mine)} owned or reserved")
+            if tier.pool.next_fresh > min(tier.max_slots, tier.pool.capacity):
+                _fail(f"tier {tier.level.name}: the pool's ids reached {tier.pool.next_fresh}")
+            continue
         rec_set = set(tier.recycled)
         if len(rec_set) != len(tier.recycled):
             _fail(f"tier {tier.level.name}: a slot is recycled twice: {sorted(tier.recycled)}")
