@@ -178,6 +178,9 @@ class BackendSettings:
     node: int = 0
     #: the remote tier's network (``cache.remote``; None: no remote tier)
     network: Optional[NetworkSettings] = None
+    #: ``node.host: shared``: the node's ranks share one host tier (the hw backend: one
+    #: pinned allocation, slot ids the node's; ``kvsim.core.tiers.SlotPool``)
+    host_shared: bool = False
 
     def node_part(self, name: str) -> str:
         """The name under which this backend's node keeps its shared part ``name``."""

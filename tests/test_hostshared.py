@@ -10,7 +10,9 @@ host tiers with room for everything, the refcheck on):
   whole block), copies them over its own PCIe link and computes the rest: 2 blocks of
   host hits, 2 pages more host -> GPU bytes, the node's ``host_shared`` count 2;
 - with ``private`` (the default) or in another reuse scope it finds nothing;
-- bad input: ``shared`` on the hw backend, beside a remote tier, or with an offline
+- the hw backend (CPU mode; and a GPU test): the node's ranks share one host
+  allocation, and rank 1's copy of rank 0's pages passes the refcheck (rank 0's bytes);
+- bad input: ``shared`` with a host fill, beside a remote tier, or with an offline
   bound (belady): exit 2 naming the key.
 """
 
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
+from gpuskip import have_gpu
 from kvsim.cli import app
 from kvsim.config import load_config
 from kvsim.run import prepare_run, replay
@@ -145,7 +149,8 @@ def test_bad_shared_settings_exit_2_naming_the_key(tmp_path):
     base = ["run", "configs/mooncake-conversation.yaml", "--out", str(tmp_path / "o"), *sets,
             "--set", "node.host=shared"]
     remote = "cache.remote={capacity: 64GiB, network: {bandwidth: 25e9, latency: 10us}}"
-    for more, key in [(["--backend", "hw", "--set", "router.policy=session-hash"], "node.host"),
+    for more, key in [(["--set", "cache.tiers[1].fill={mode: progressive}"],
+                       r"cache.tiers[1].fill"),
                       (["--set", remote], "node.host"),
                       (["--set", "cache.policy.eviction=belady"], "cache.policy.eviction"),
                       (["--set", "node.host=pooled"], "node.host")]:
@@ -153,3 +158,72 @@ def test_bad_shared_settings_exit_2_naming_the_key(tmp_path):
         assert r.exit_code == 2, (more, r.output)
         assert key in r.output and "Traceback" not in r.output, r.output
         assert not (tmp_path / "o").exists()
+
+
+# == the hw backend: one pinned host pool a node =========================================
+# session-hash sends req-1, req-2, req-3 to rank 0 and req-4 to rank 1: rank 0 computes
+# blocks 1 2 3 and pushes them to host with two unrelated prompts; rank 1's turn over
+# blocks 1 2 3 4 copies blocks 1 and 2 out of the node's host pool (rank 0's bytes)
+# (10 s apart: on hw each prompt's real compute ends well before the next arrives)
+HASHED = [(0, [1, 2, 3], 1), (10_000, list(range(200, 207)), 1),
+          (20_000, list(range(300, 307)), 1), (30_000, [1, 2, 3, 4], 1)]
+SMALL_PAGES = ["cache.page_bytes=256KiB",
+               "cache.tiers=[{level: gpu, quota: 2MiB}, {level: host, quota: 4MiB}]"]
+
+
+def _hashed(tmp_path, backend="sim", device="cpu"):
+    trace = tmp_path / "h.jsonl"
+    _write_trace(trace, HASHED)
+    sets = [f"workload.path={trace}", "model=llama-3-8b", "tp=1", "node.ranks=2",
+            "engine.gpu_free_watermark=0", "engine.refcheck=true", "node.host=shared",
+            *SMALL_PAGES]
+    prep = prepare_run(load_config("configs/mooncake-conversation.yaml", sets))
+    if backend == "sim":
+        return replay(prep)
+    return replay(prep, "hw", backend_options={"device": device, "time_scale": 200.0,
+                                               "disk_dir": str(tmp_path)})
+
+
+def _check_hashed(res):
+    rows = sorted(res.rows, key=lambda r: r.arrival_ns)
+    assert [r.rank for r in rows] == [0, 0, 0, 1]
+    assert (rows[3].hit_gpu, rows[3].hit_host) == (0, 2 * B)
+    assert res.metrics["node"]["host_shared"]["pages"] == 2
+    assert res.metrics["requests_completed"] == 4 and res.metrics["requests_failed"] == 0
+
+
+def test_hw_ranks_share_one_host_allocation(tmp_path):
+    """Two hw backends of a node with a shared host: one host tier object (one pinned
+    allocation of the node's slots), closed only when the last rank closes."""
+    import dataclasses
+
+    from kvsim.core.spec import Level
+    from kvsim.run.seam import settings_for
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+
+    rt = RealtimeRuntime()
+    base = settings_for(1 << 16, {Level.GPU: 4, Level.HOST: 8}, device="cpu")
+    bes = [HwBackend(rt, dataclasses.replace(base, rank=r, ranks=2, host_shared=True))
+           for r in range(2)]
+    try:
+        host = bes[0].host
+        assert host is not None and bes[1].host is host
+        bes[0].close()
+        assert bes[1].host is host and host.view is not None  # rank 1 still uses it
+    finally:
+        for be in bes:
+            be.close()
+
+
+def test_hw_cpu_mode_rank_1_onboards_rank_0s_host_page_refcheck_on(tmp_path):
+    """The hw backend in CPU mode (numpy standing in for device memory), the refcheck on:
+    rank 1's copy of rank 0's host pages carries rank 0's pattern (checked word by word
+    after the copy); the sim's node finds the same."""
+    _check_hashed(_hashed(tmp_path))
+    _check_hashed(_hashed(tmp_path, "hw"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_hw_gpu_rank_1_onboards_rank_0s_host_page_refcheck_on(tmp_path):
+    _check_hashed(_hashed(tmp_path, "hw", device="gpu"))

@@ -94,7 +94,8 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         model=ModelSettings.capped(shape.projections_per_gpu()),
         hw=hw, probes=Probes(**{k: options[k] for k in PROBE_OPTIONS if k in options}),
         tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks, node=node,
-        kernels_per_step=shape.layers * e.kernels_per_layer, network=network_settings(cfg))
+        kernels_per_step=shape.layers * e.kernels_per_layer, network=network_settings(cfg),
+        host_shared=cfg.node.host == "shared")
 
 
 def network_settings(cfg: RunConfig) -> NetworkSettings | None:

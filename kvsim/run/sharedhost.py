@@ -10,8 +10,9 @@ every rank's host tier draws its slots from the node's ``kvsim.core.tiers.SlotPo
 (a rank may hold any share of it); when the pool is full the rank that needs room
 evicts its own least recent host pages (each manager moves only its own pages: a
 node-wide least-recent choice would have one rank plan moves of another's pages). The
-disk tier's quota stays a rank's. The hw backend has no shared pinned pool yet. With
-``private`` (the default) nothing here runs and no output changes.
+disk tier's quota stays a rank's. On the hw backend the node's ranks share one pinned
+host allocation (``kvsim_backends.hw.hosttier.SharedHost``), the pool's slot ids its
+rows. With ``private`` (the default) nothing here runs and no output changes.
 """
 
 from __future__ import annotations
@@ -27,14 +28,11 @@ KEY = "node.host"
 
 
 def check_shared(cfg, backend: str) -> None:
-    """What a shared host tier cannot be (yet): on the hw backend, beside a remote tier.
-    ConfigFileError naming the key."""
+    """What a shared host tier cannot be (yet): filled unit by unit, beside a remote tier.
+    ConfigFileError naming the key. (Both backends build it: ``backend`` is for checks
+    one of them may need.)"""
     if cfg.node.host != "shared":
         return
-    if backend != "sim":
-        raise ConfigFileError(f"{KEY}: shared is built on the sim backend only (the {backend} "
-                              f"backend's ranks have private host pools); use {KEY}: private "
-                              f"or --backend sim")
     for i, t in enumerate(cfg.cache.tiers):
         if t.level == "host" and t.fill is not None and t.fill.mode != "none":
             raise ConfigFileError(f"cache.tiers[{i}].fill: a host fill with {KEY}: shared is not "
