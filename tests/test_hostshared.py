@@ -227,3 +227,34 @@ def test_hw_cpu_mode_rank_1_onboards_rank_0s_host_page_refcheck_on(tmp_path):
 @pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
 def test_hw_gpu_rank_1_onboards_rank_0s_host_page_refcheck_on(tmp_path):
     _check_hashed(_hashed(tmp_path, "hw", device="gpu"))
+
+
+def test_the_lent_pages_survive_the_lenders_eviction_pressure_during_the_copy(
+        tmp_path, monkeypatch):
+    """While rank 1 copies rank 0's host pages, rank 0 is made to evict every host page
+    it can (to disk): the lent ones are not among them. They are still in rank 0's host
+    when the copy ends, and the refcheck after it (rank 0's bytes) passes."""
+    from kvsim.core.spec import Level
+    from kvsim.engine.siblingport import SiblingPort
+
+    seen = []
+    fetch = SiblingPort._fetch_proc
+
+    def pressed(self, eng, lv, sib, lease, dst):
+        mgr = sib.mgr
+        n = mgr.tier_stats(Level.HOST).evictable
+        if n:  # every host page rank 0 could evict now, to its disk, alongside the copy
+            sib.engine._launch(sib.engine._evict_proc(mgr.evict(Level.HOST, n)))
+            sib.engine._notify()  # (its bytes move while the copy's do)
+        seen.append((n, mgr.tier_stats(Level.HOST).used, len(lease)))
+        yield from fetch(self, eng, lv, sib, lease, dst)
+        seen.append([(p.tier, p.slot) for p in lease.pages] == [(1, s) for s in lease.slots])
+
+    monkeypatch.setattr(SiblingPort, "_fetch_proc", pressed)
+    tiers = ("cache.tiers=[{level: gpu, quota: 512MiB}, {level: host, quota: 8GiB}, "
+             "{level: disk, quota: 8GiB}]")
+    res = _run(tmp_path, "node.host=shared", tiers)
+    (evictable, used, lent), stayed = seen
+    assert lent == 2 and evictable == used - lent > 0 and stayed
+    last = sorted(res.rows, key=lambda r: r.arrival_ns)[5]
+    assert last.hit_host == 2 * B and res.metrics["requests_failed"] == 0

@@ -51,6 +51,14 @@ class SiblingPort:
         self.shared_pages = 0
         self.shared_tokens = {"host": 0, "disk": 0}
 
+    def _held(self, key: bytes) -> bool:
+        """Whether a sibling's prefix tree has ``key`` (the chain is hashed no further
+        than the first block none has)."""
+        for sib in self.siblings:
+            if sib.mgr.tree.get(key) is not None:
+                return True
+        return False
+
     def _best(self, keys: list[bytes]) -> tuple[Any, int]:
         """The sibling that could lend the longest run of ``keys`` from the first, and
         its length (the lowest rank on a tie; (None, 0): none)."""
@@ -66,7 +74,7 @@ class SiblingPort:
         lv.remote = 0
         if not self.siblings:
             return 0
-        keys = keys_after(eng, lv, lv.req.tokens, lambda _k: True)
+        keys = keys_after(eng, lv, lv.req.tokens, self._held)
         _, n = self._best(keys) if keys else (None, 0)
         lv.remote = n * eng.B
         return lv.remote
@@ -78,7 +86,7 @@ class SiblingPort:
         if not eng._ensure(lv, lv.kv + lv.remote):
             return
         B = eng.B
-        keys = keys_after(eng, lv, lv.kv, lambda _k: True, lv.remote // B)
+        keys = keys_after(eng, lv, lv.kv, self._held, lv.remote // B)
         sib, n = self._best(keys) if keys else (None, 0)
         if sib is None:
             lv.remote = 0
