@@ -23,7 +23,7 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 # function accepts a str where the annotation says CopyPath; mypyc would enforce it),
 # kvsim/core/audit.py (a checker, not type-clean), kvsim/engine/metrics.py (mypyc turns a
 # dataclass ClassVar into a field: mypyc/mypyc#1122), and the package __init__ files.
-CORE = ["retained", "eviction", "keys", "manager", "queries", "pages", "destinations", "plan", "commits", "request",
+CORE = ["retained", "eviction", "lending", "keys", "manager", "queries", "pages", "destinations", "plan", "commits", "request",
         "spec", "stats", "statepages", "tiers", "tree", "types"]
 ENGINE = ["engine", "lifestate", "statemoves", "lifecycle", "live", "arrivals", "decoders", "sessions", "stages", "compute"]
 SIM = ["backend", "fluid", "runtime", "transfer", "servers", "stepjob"]

@@ -185,6 +185,9 @@ class BackendSettings:
     #: tp): which PCIe switch a rank is behind (the profile's ``pcie``)
     tp: int = 1
     gpus: int = 0
+    #: ``node.host: shared``: the node's ranks share one host tier (the hw backend: one
+    #: pinned allocation, slot ids the node's; ``kvsim.core.tiers.SlotPool``)
+    host_shared: bool = False
 
     def node_part(self, name: str) -> str:
         """The name under which this backend's node keeps its shared part ``name``."""

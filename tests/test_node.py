@@ -134,7 +134,7 @@ def test_one_rank_has_no_rank_column_and_several_have_one(tmp_path):
     (["node.ranks=2", "cache.tiers[0].quota=200GiB"], r"cache\.tiers\[0\]\.quota"),
     (["node.ranks=2", "cache.tiers[1].quota=100MiB",
       "cache.tiers[1].fill={mode: progressive}"], r"cache\.tiers\[1\]\.quota"),
-    (["node.host=shared"], "node.host"),
+    (["node.host=pooled"], "node.host"),
     (["router.policy=random"], "router.policy"),
 ])
 def test_bad_node_settings_are_refused_naming_the_key(sets, key):

@@ -27,11 +27,12 @@ MAX_RANKS = 1024  # a replay keeps a manager, engine and backend per rank
 class NodeConfig(Strict):
     """``ranks``: model instances on the node (each on ``tp`` GPUs); ``gpus``: the node's
     GPUs (default: ranks x tp, one instance per tp GPUs); ``host``: ``private`` (each rank
-    its own partition of host memory, sized by the host tier's quota)."""
+    its own partition of host memory, sized by the host tier's quota) or ``shared`` (a
+    page one rank holds in host or disk is onboarded by another: ``kvsim.run.sharedhost``)."""
 
     ranks: Annotated[int, Field(ge=1, le=MAX_RANKS, strict=True)] = 1
     gpus: Optional[Annotated[int, Field(ge=1, strict=True)]] = None
-    host: Literal["private"] = "private"
+    host: Literal["private", "shared"] = "private"
 
 
 MAX_NODES = 1024  # cluster.nodes: nodes x ranks instances, each a manager, engine, backend

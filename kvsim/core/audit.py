@@ -41,6 +41,11 @@ from kvsim.core.types import PageState, Phase, ReqState
 _LIVE = (Phase.RESIDENT, Phase.MOVING)
 
 
+def _fresh(tier) -> int:
+    """Slot ids a tier has handed out lie below this (its pool's, where it has one)."""
+    return tier.pool.next_fresh if tier.pool is not None else tier.next_fresh
+
+
 def _fail(msg: str) -> None:
     raise AssertionError(f"audit: {msg}")
 
@@ -58,7 +63,7 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             _fail(f"page {p!r} filed under pid {pid}")
         if p.phase not in _LIVE:
             _fail(f"live page {p!r} has phase {p.phase.name}")
-        if not 0 <= p.tier < len(tiers) or not 0 <= p.slot < tiers[p.tier].next_fresh:
+        if not 0 <= p.tier < len(tiers) or not 0 <= p.slot < _fresh(tiers[p.tier]):
             _fail(f"page {p!r} is outside its tier's allocated slots")
         where = (p.tier, p.slot)
         if where in owner:
@@ -130,6 +135,16 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
 
     # -- slot conservation per tier ----------------------------------------------------
     for pos, tier in enumerate(tiers):
+        if tier.pool is not None:  # a node's pool: the other ranks own the rest of it
+            mine = {s for (t, s) in owner if t == pos} | {s for (t, s) in reserved if t == pos}
+            if mine & set(tier.pool.recycled):
+                _fail(f"tier {tier.level.name}: slots {sorted(mine & set(tier.pool.recycled))[:10]} "
+                      f"are owned here and free in the node's pool")
+            if tier.used != len(mine):
+                _fail(f"tier {tier.level.name}: used {tier.used} != {len(mine)} owned or reserved")
+            if tier.pool.next_fresh > min(tier.max_slots, tier.pool.capacity):
+                _fail(f"tier {tier.level.name}: the pool's ids reached {tier.pool.next_fresh}")
+            continue
         rec_set = set(tier.recycled)
         if len(rec_set) != len(tier.recycled):
             _fail(f"tier {tier.level.name}: a slot is recycled twice: {sorted(tier.recycled)}")
@@ -187,6 +202,10 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
             else:
                 holds[p.pid] = holds.get(p.pid, 0) + 1
 
+    for pid, n in m.lent().items():  # pages lent to a sibling (kvsim.core.lending): locked
+        locks[pid] = locks.get(pid, 0) + n
+    lent_out = m.lent()
+
     # -- page states and the eviction index --------------------------------------------
     indexed: dict[int, int] = {}  # pid -> tier pos
     for pos, tier in enumerate(tiers):
@@ -201,7 +220,10 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         if p.locks != locks.get(p.pid, 0) or p.holds != holds.get(p.pid, 0):
             _fail(f"{p!r}: requests say locks={locks.get(p.pid, 0)}, holds={holds.get(p.pid, 0)}")
         state = p.state
-        if state is PageState.LOCKED and (p.tier != 0 or p.phase is not Phase.RESIDENT):
+        if state is PageState.LOCKED and p.pid in lent_out:
+            if p.tier == 0 or p.phase is not Phase.RESIDENT:
+                _fail(f"lent page {p!r} is not resident below the GPU")
+        elif state is PageState.LOCKED and (p.tier != 0 or p.phase is not Phase.RESIDENT):
             _fail(f"locked page {p!r} is not resident on GPU")
         if state is PageState.DROPPABLE and not p.in_tree and p.phase is Phase.RESIDENT:
             _fail(f"{p!r} has no owner and is not in the tree: it should have been freed")
@@ -247,8 +269,13 @@ def audit(manager, backend_tags: Optional[Callable[..., np.ndarray]] = None) -> 
         if (s.used != s.locked + s.held + s.droppable + s.reserved + s.retained + s.state
                 or s.reserved < 0):
             _fail(f"tier {tier.level.name}: stats do not balance: {s}")
-        if s.used <= s.total and s.total != s.used + s.free:
+        pool = tier.pool  # (a node's pool: the other ranks hold the rest)
+        others = 0 if pool is None else pool.used - s.used
+        if s.used <= s.total and s.total != s.used + s.free + others:
             _fail(f"tier {tier.level.name}: total != used + free: {s}")
+        if pool is not None and not s.used <= pool.used <= pool.capacity:
+            _fail(f"tier {tier.level.name}: its pool holds {pool.used} of {pool.capacity}, "
+                  f"it {s.used}")
 
     # -- prefix tree -------------------------------------------------------------------
     children: dict[int, int] = {}

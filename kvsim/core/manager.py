@@ -35,7 +35,7 @@ from kvsim.core.errors import CoreError
 from kvsim.core.eviction import PlanRecord
 from kvsim.core.keys import BlockIds, chain_key, tag_of
 from kvsim.core.pages import Page
-from kvsim.core.queries import Queries
+from kvsim.core.lending import Lending
 from kvsim.core.policy import EvictionPolicy, PriorityLRU, distinct, per_tier
 from kvsim.core.policy.intheap import order_for
 from kvsim.core.policy.placement import Cascade, PlacementPolicy
@@ -48,7 +48,7 @@ from kvsim.core.tree import PrefixTree
 from kvsim.core.types import Phase, ReqState
 
 
-class TierManager(Queries):
+class TierManager(Lending):
     def __init__(self, spec: ManagerSpec, policy: EvictionPolicy | None = None,
                  placement: PlacementPolicy | None = None,
                  tier_policies: dict[int, EvictionPolicy] | None = None):
@@ -93,6 +93,8 @@ class TierManager(Queries):
         self._requests: dict[int, Request] = {}
         self._plans: dict[int, PlanRecord] = {}
         self._next_pid = self._next_rid = self._next_plan = 0
+        self._leases = {}  # pages lent to a sibling rank (kvsim.core.lending)
+        self._next_lease = self.lent_pages = 0
 
     # == lifecycle ======================================================================
     def create(self, scope: Hashable, blocks: Sequence[BlockIds], ntokens: int,
@@ -166,8 +168,8 @@ class TierManager(Queries):
         self._expect(req, ReqState.SUSPENDED, "resume")
         pages = req.pages
         resident = Phase.RESIDENT
-        if any(p.phase is not resident for p in pages):
-            return self._refuse(RefusalReason.BUSY, "a page is moving for another plan")
+        if any(p.phase is not resident or (p.tier and p.locks) for p in pages):
+            return self._refuse(RefusalReason.BUSY, "a page is moving for another plan or lent")
         away = [p for p in pages if p.tier != 0]
         sel = self._select(0, len(away), set(pages)) if away else None
         if away and sel is None:

@@ -31,10 +31,58 @@ if TYPE_CHECKING:
     from kvsim.core.policy.base import TierOrder
 
 
+class SlotPool:
+    """A node's pool of slots of one tier that several ranks' tiers draw from
+    (``node.host: shared``): ``capacity`` slots in all, their ids unique across the
+    ranks (one allocation of the node's memory holds them: slot ``s`` is the same bytes
+    whichever rank reads it); ``used``, those the ranks hold; ``peak``, the most they held
+    at once. Ids are handed out as a tier's are (recycled first, last freed first reused,
+    then fresh ascending from 0), so they stay below ``capacity``. A tier with a pool
+    counts its own slots and has free only what the pool has left (``Tier.free``): a
+    rank that needs room when the pool is full evicts its own least recent pages, as
+    from a full tier of its own (no rank evicts another's: each manager moves only its
+    own pages)."""
+
+    __slots__ = ("capacity", "used", "peak", "recycled", "next_fresh")
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self.recycled: list[int] = []
+        self.next_fresh = 0
+
+    def take(self, k: int) -> list[int]:
+        """``k`` slot ids."""
+        used = self.used + k
+        if used > self.capacity:  # a caller skipped the free-count check
+            raise RuntimeError(f"node pool: {k} slots with {self.capacity - self.used} left")
+        self.used = used
+        if used > self.peak:
+            self.peak = used
+        r = self.recycled
+        if k <= len(r):
+            out = r[len(r) - k:]
+            del r[len(r) - k:]
+            out.reverse()
+            return out
+        out = r[::-1]
+        r.clear()
+        start = self.next_fresh
+        self.next_fresh = start + (k - len(out))
+        out.extend(range(start, self.next_fresh))
+        return out
+
+    def give(self, slots: list[int]) -> None:
+        """``slots`` are free again."""
+        self.used -= len(slots)
+        self.recycled.extend(slots)
+
+
 class Tier:
     __slots__ = ("level", "index_pos", "is_last", "slot_bytes", "capacity", "max_slots",
                  "recycled", "next_fresh", "lru", "_prios", "_churn", "order", "limit", "lost",
-                 "copies")
+                 "copies", "pool", "own")
 
     def __init__(self, level: Level, index_pos: int, is_last: bool, slot_bytes: int,
                  capacity: int, max_slots: int):
@@ -58,15 +106,23 @@ class Tier:
         # the disk tier: the retained copies it may reclaim (complete, not being taken
         # back), oldest first; each owns a slot of this tier (kvsim.core.retained)
         self.copies: dict[Page, None] = {}
+        # a node-wide pool this tier draws from (``node.host: shared``; None: its own quota)
+        self.pool: SlotPool | None = None
+        self.own = 0  # with a pool: the slots this tier holds of it
 
     # -- slots ---------------------------------------------------------------------------
     @property
     def used(self) -> int:
+        if self.pool is not None:
+            return self.own
         return self.next_fresh - len(self.recycled) - self.lost
 
     @property
     def free(self) -> int:
         free = self.capacity - self.used
+        pool = self.pool
+        if pool is not None and pool.capacity - pool.used < free:
+            free = pool.capacity - pool.used
         return free if free > 0 else 0
 
     def cap(self, limit: int) -> None:
@@ -85,6 +141,9 @@ class Tier:
         self.recycled[:] = keep
 
     def alloc(self) -> int:
+        if self.pool is not None:
+            self.own += 1
+            return self.pool.take(1)[0]
         if self.recycled:
             return self.recycled.pop()
         slot = self.next_fresh
@@ -95,6 +154,9 @@ class Tier:
 
     def alloc_many(self, k: int) -> list[int]:
         """``k`` slots, in the order ``alloc`` would give them."""
+        if self.pool is not None:
+            self.own += k
+            return self.pool.take(k)
         r = self.recycled
         if k <= len(r):
             out = r[len(r) - k:]
@@ -112,6 +174,10 @@ class Tier:
         return out
 
     def release(self, slot: int) -> None:
+        if self.pool is not None:
+            self.own -= 1
+            self.pool.give([slot])
+            return
         if slot >= self.limit:  # (only after ``cap``)
             self.lost += 1
             return
@@ -119,6 +185,10 @@ class Tier:
 
     def release_many(self, slots: list[int]) -> None:
         """Release ``slots`` in order (as ``release`` one by one would)."""
+        if self.pool is not None:
+            self.own -= len(slots)
+            self.pool.give(slots)
+            return
         if self.next_fresh > self.limit:  # (only after ``cap``)
             for s in slots:
                 self.release(s)

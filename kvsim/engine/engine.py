@@ -236,8 +236,9 @@ class Engine(Lifecycle):
             if lv.state is not running:
                 continue
             if lv.remote:  # its next blocks are fetched from the remote tier first
-                self.remote.fetch(self, lv)
-                continue
+                self.remote.fetch(self, lv)  # (or a sibling rank's: node.host shared)
+                if lv.remote:
+                    continue  # (else nothing was left to fetch: it computes now)
             chunk = min(lv.prefill_left, budget)
             if self._ensure(lv, lv.kv + chunk):
                 prefill.append((lv, chunk))

@@ -25,7 +25,7 @@ policy: the store keeps its order, the manager its pages.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from kvsim.core.keys import chain_key
 from kvsim.core.remotestore import RemoteStore
@@ -46,18 +46,9 @@ class RemotePort:
 
     def match(self, eng: Any, lv: Live) -> int:
         """The turn's remote hit in tokens (also ``lv.remote`` and ``lv.row.hit_remote``)."""
-        req, B, store = lv.req, eng.B, self.store
+        B, store = eng.B, self.store
         lv.remote = lv.row.hit_remote = 0
-        pages = req.pages
-        if req.tokens != len(pages) * B or (pages and not pages[-1].key):
-            return 0  # a partial last page (or one not yet committed): nothing follows it
-        parent = pages[-1].key if pages else req.root
-        keys = []
-        for i in range(len(pages), (lv.prompt - 1) // B):
-            parent = chain_key(parent, lv.blocks[i])
-            if parent not in store:
-                break
-            keys.append(parent)
+        keys = keys_after(eng, lv, lv.req.tokens, store.__contains__)
         n = store.match(keys) * B if keys else 0
         lv.remote = lv.row.hit_remote = n
         return n
@@ -77,15 +68,9 @@ class RemotePort:
         lv.row.onboard_bytes += nbytes
         if lv.state is TurnState.GROWING and lv.req.state is ReqState.ACTIVE:
             n, lv.remote = lv.remote, 0
-            lv.kv += n
-            lv.prefill_left -= n
-            d = n if n < lv.queued else lv.queued
-            lv.queued -= d
-            eng.queued_tokens -= d
-            fill = eng.mgr.commit(lv.req, lv.kv)
+            fill = land(eng, lv, n)
             if fill.pages:
                 eng.backend.fill(fill)
-            lv.state = TurnState.RUNNING
         eng._notify()
 
     def drain(self, eng: Any) -> None:
@@ -111,3 +96,43 @@ class RemotePort:
         eng._inflight -= 1
         self.store.landed(keys)
         eng._notify()
+
+
+def keys_after(eng: Any, lv: Live, start: int, has: Callable[[bytes], bool],
+               limit: int = -1) -> list[bytes]:
+    """The chain keys of the turn's full blocks after its first ``start`` tokens (the
+    prefix its request holds), up to
+    the block before its prompt's last token (a prefill computes at least one token) and
+    at most ``limit`` (-1: no limit), while ``has(key)``. None after a partial last page
+    (or one not yet committed: nothing follows it)."""
+    req, B = lv.req, eng.B
+    pages = req.pages
+    k = start // B
+    if start != k * B or len(pages) < k or (k and not pages[k - 1].key):
+        return []
+    parent = pages[k - 1].key if k else req.root
+    end = (lv.prompt - 1) // B
+    if limit >= 0 and k + limit < end:
+        end = k + limit
+    keys: list[bytes] = []
+    for i in range(k, end):
+        parent = chain_key(parent, lv.blocks[i])
+        if not has(parent):
+            break
+        keys.append(parent)
+    return keys
+
+
+def land(eng: Any, lv: Live, n: int) -> Any:
+    """``n`` tokens fetched from outside the turn's rank (its GPU pages over them grown
+    and written) become its KV: its prefill goes on after them, they join its prefix
+    tree, and it runs again. Returns the commit's fill (the pages whose bytes the caller
+    accounts for: written as computed, or checked)."""
+    lv.kv += n
+    lv.prefill_left -= n
+    d = n if n < lv.queued else lv.queued
+    lv.queued -= d
+    eng.queued_tokens -= d
+    fill = eng.mgr.commit(lv.req, lv.kv)
+    lv.state = TurnState.RUNNING
+    return fill

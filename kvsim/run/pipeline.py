@@ -35,6 +35,8 @@ from kvsim.run.cluster import Cluster, build_router, check_cluster, instances_of
 from kvsim.run.clustermetrics import cluster_metrics, is_cluster
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
 from kvsim.run.remotetier import attach_remote, check_remote, remote_metrics
+from kvsim.run.sharedhost import (attach_shared, check_shared, check_shared_policies, share_pools,
+                                  shared_metrics)
 from kvsim.run.results import git_commit, kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
@@ -287,6 +289,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     check_cluster(cfg, backend, sum(t.quota_bytes // spec.page_bytes for t in spec.tiers),
                   available_bytes())
     check_remote(cfg, backend, spec.page_bytes)
+    check_shared(cfg, backend)
     at_run = routed(cfg)  # the router decides at each arrival (else: split by session hash)
     parts = [(prep.workload, prep.starts)] * n if at_run else split(prep.workload, prep.starts, n)
     ranks = []
@@ -298,6 +301,8 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
                     tier_policies)
         ranks.append(RankRun(r, workload, starts, policy, placement, tier_policies,
                              TierManager(spec, policy, placement, tier_policies)))
+    check_shared_policies(cfg, ranks)
+    pools = share_pools(cfg, ranks)
     rt = None
     try:  # from here on the backends hold memory and files: close them on every exit
         for rk in ranks:
@@ -326,6 +331,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
             if not at_run:
                 rk.engine.load(rk.workload, rk.starts)
         store = attach_remote(cfg, ranks, spec.page_bytes)
+        shared = attach_shared(cfg, ranks, spec.page_bytes)
         cluster = None
         if at_run:
             cluster = Cluster(rt, [rk.engine for rk in ranks], [rk.mgr for rk in ranks],
@@ -382,6 +388,7 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
         else:
             metrics["ranks"] = each
     remote_metrics(metrics, store, traffic)
+    shared_metrics(metrics, shared, pools)
     info = getattr(ranks[0].backend, "info", {})
     run_info = {"backend": backend, "device": info.get("device", "simulated"),
                 "time_scale": info.get("time_scale"), "kvsim_version": kvsim_version(),

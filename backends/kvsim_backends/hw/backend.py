@@ -54,7 +54,7 @@ from .iopools import PriorityPool
 from .gpu import BatchCopier, Kernels, load_cupy
 from .logs import HOST_LOG_MIN_S, HwLogs, transfer_path_name  # noqa: F401 (re-exported)
 from .hostfill import HostFill
-from .hosttier import HostSlots, start_host_fill
+from .hosttier import HostSlots, SharedHost, start_host_fill
 from .memory import DeviceArena, StagingPool
 from .order import StreamOrder
 from .staged import StagedDisk
@@ -144,9 +144,14 @@ class HwBackend:
         if Level.HOST in self.slots:
             turns = (self.runtime.shared("fill_turns", threading.Lock)
                      if st.host_fill.register_chunk else None)
-            self.host, self.info["host_fill"] = start_host_fill(
+            make = lambda: start_host_fill(  # noqa: E731
                 self.page_bytes, self.slots[Level.HOST], st.host_fill, cuda_rt,
                 st.probes.fail_fill_at_unit, st.probes.fill_unit_delay_s, turns)
+            if st.host_shared and st.ranks > 1:  # node.host shared: the node's one pool
+                self._host_box = SharedHost.join(self.runtime, make)
+                self.host, self.info["host_fill"] = self._host_box.host, self._host_box.info
+            else:
+                self.host, self.info["host_fill"] = make()
         if Level.DISK in self.slots:
             d = st.disk
             serial = d.io_mode == "serial"
@@ -382,6 +387,20 @@ class HwBackend:
             return self.runtime.process(staged.disk_to_gpu(src, dst, io, batch))
         raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
 
+    def onboard_from(self, other: "HwBackend", batch: Batch) -> Any:
+        """A batch from a sibling rank's host or disk tier (``node.host: shared``) into
+        this rank's GPU. The host tier is the node's one allocation (slot ids the node's):
+        a host page is copied as one of this rank's own; a disk page is read from the
+        sibling's file through this rank's staging buffers."""
+        if batch.src == Level.HOST:
+            return self.transfer(batch)
+        if self._closed or other.disk is None:
+            raise RuntimeError("onboard_from: the backend (or the sibling's disk) is closed")
+        src, dst = batch_slots(batch, self.page_bytes, self.slots)
+        staged = StagedDisk(other.disk, self.host, self.staging, self.copies, self.waits,
+                            self.errors)
+        return self.runtime.process(staged.disk_to_gpu(src, dst, [], batch))
+
     def compute(self, duration_s: float, work: StepWork | None = None) -> Any:
         return self.steps.compute(duration_s, work)
 
@@ -417,6 +436,9 @@ class HwBackend:
             pool = self.__dict__.pop(name, None)
             if pool is not None:
                 pool.shutdown(wait=True)
+        box = self.__dict__.pop("_host_box", None)
+        if box is not None and box.leave():  # (a node's shared host: its last user closes it)
+            self.host = None
         for name in ("disk", "host", "staging", "gpu"):
             obj = getattr(self, name, None)
             if obj is not None:

@@ -88,3 +88,26 @@ class HostSlots:
         if not self._reported and self.fill is not None and self.fill.error:
             self._reported = True
             self.errors.append(self.fill.error)
+
+
+class SharedHost:
+    """A node's one host tier (``node.host: shared``), shared by its ranks' backends
+    through the runtime (``Runtime.shared``): the fill, its info, and how many backends
+    use it (the last to leave closes it)."""
+
+    def __init__(self, host: HostFill, info: dict):
+        self.host = host
+        self.info = info
+        self.users = 0
+
+    @staticmethod
+    def join(runtime, make) -> "SharedHost":
+        """The node's host tier (made by ``make()`` -> (fill, info) for its first user)."""
+        box = runtime.shared("host_pool", lambda: SharedHost(*make()))
+        box.users += 1
+        return box
+
+    def leave(self) -> bool:
+        """A backend is done with it: True while others still use it (do not close)."""
+        self.users -= 1
+        return self.users > 0

@@ -39,7 +39,7 @@ from .nodebus import NodeBus, node_caps, node_routes
 from .hostfill import SimHostFill
 from .routes import DIRECTIONS, ROUTES
 from .runtime import SimRuntime
-from .transfer import Transfer, Transfers
+from .transfer import GARBAGE, Transfer, Transfers
 from .servers import Units
 
 _INF: Final = math.inf
@@ -255,6 +255,22 @@ class SimBackend(Transfers):
         else:
             x.start()
         return x.done
+
+    def onboard_from(self, other: "SimBackend", batch: Batch) -> simpy.Event:
+        """A batch from another rank's host or disk tier of this node (``node.host:
+        shared``) into this rank's GPU: its bytes cross this rank's link (a disk source:
+        the node's disk first, as this rank's own disk reads); with the refcheck its
+        destination's tags are the other rank's source tags once it completes."""
+        return self.env.process(self._onboard_from(other, batch))
+
+    def _onboard_from(self, other: "SimBackend", batch: Batch):
+        ok = yield self.transfer(batch)
+        if self.refcheck:
+            dst, src = self.tags[Level.GPU], other.tags[batch.src]
+            srcs: Any = batch.src_slots
+            for d, s in zip(batch.dst_slots, srcs):
+                dst[d] = src[s] if ok else GARBAGE
+        return ok
 
     def driver_call(self) -> float:
         """An executor call now: how long it waits for (and holds) the node's driver lock;
