@@ -30,7 +30,7 @@ from kvsim.core.plan import Batch, BatchKind, Fill
 from kvsim.core.spec import Level
 from kvsim.settings import BackendSettings
 
-from .diskpool import SimDiskPool
+from .diskpool import SimDiskPool, disk_parts
 from .pagecache import SimPageCache
 from .driver import DriverLock
 from .fluid import Fluid
@@ -127,10 +127,9 @@ class SimBackend(Transfers):
         pcs = p.page_cache if disk_cfg is not None and disk_cfg.writes == "buffered" else None
         if pcs is not None:
             disk["disk_cache"] = pcs.rate
-        # nvme.rewrite: a write into disk slots written before moves at the rewrite rate; the
-        # flow carries such bytes as write / rewrite of a first write's (its link leg, if
-        # any, far faster than the disk, is shortened alike); which slots were written is
-        # kept only when the profile gives the rate
+        # nvme.rewrite: a write into disk slots written before moves at the rewrite rate (the
+        # flow carries such bytes as write / rewrite of a first write's, its link leg alike);
+        # which slots were written is kept only when the profile gives the rate
         self._rewrite_cost = 1.0  # (a rewritten byte's share of a first write's time)
         self._disk_written = None  # 1: the disk slot was written
         if nv.rewrite is not None and Level.DISK in slots:
@@ -151,9 +150,8 @@ class SimBackend(Transfers):
                                                                 c.kernel_on_coherent_link),
                                     self.paths, c.sm_ctas, self.fluid.kinds)
         self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
-        # the node's disk drive: one rank's own fluid holds it; ranks of a node share one
-        # (its fluid and its I/O pool: ``Runtime.shared``), where a GPU <-> disk flow is
-        # bounded by its link leg's rate instead of sharing the rank's link resources
+        # the node's disk drive: one rank's own fluid holds it; a node's ranks share one
+        # (``Runtime.shared``), a GPU <-> disk flow bounded by its link leg's rate
         self._split_disk = settings.ranks > 1
         self._link_bw = {"h2d": link.h2d, "d2h": link.d2h}
 
@@ -170,19 +168,9 @@ class SimBackend(Transfers):
         def node_disk() -> tuple[Fluid, SimDiskPool | None, SimPageCache | None]:
             fluid = Fluid(self.env, disk, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
                           busy_cta_efficiency=1.0) if self._split_disk else self.fluid
-            if bus is not None:
-                bus.join(fluid)
-            # (write-back in chunks of the flusher's I/O in flight: queue_depth pieces)
-            cache = (SimPageCache(fluid, pcs.dirty_limit, pcs.dirty_background, pcs.dirty_expire,
-                                  pcs.capacity, nv.piece * nv.queue_depth, nv.piece)
-                     if pcs is not None else None)
-            return fluid, (SimDiskPool(fluid, io_workers, nv.latency, nv.piece, write_share,
-                                       serial=serial) if pooled else None), cache
-        if self._split_disk:
-            self.disk_fluid, self.disk_pool, self.page_cache = runtime.shared(
-                settings.node_part("disk"), node_disk)
-        else:
-            self.disk_fluid, self.disk_pool, self.page_cache = node_disk()
+            return disk_parts(fluid, bus, pcs, nv, io_workers if pooled else 0, write_share, serial)
+        self.disk_fluid, self.disk_pool, self.page_cache = (
+            runtime.shared(settings.node_part("disk"), node_disk) if self._split_disk else node_disk())
         self._rank = settings.rank
         self.copy_engines = Units(ce.count)
         # the host side of copy-engine calls, when the profile gives its threads
@@ -257,10 +245,8 @@ class SimBackend(Transfers):
         return x.done
 
     def onboard_from(self, other: "SimBackend", batch: Batch) -> simpy.Event:
-        """A batch from another rank's host or disk tier of this node (``node.host:
-        shared``) into this rank's GPU: its bytes cross this rank's link (a disk source:
-        the node's disk first, as this rank's own disk reads); with the refcheck its
-        destination's tags are the other rank's source tags once it completes."""
+        """A batch from a sibling rank's host or disk tier into this GPU (``node.host:
+        shared``), as this rank's own; its tags (refcheck) are the sibling's."""
         return self.env.process(self._onboard_from(other, batch))
 
     def _onboard_from(self, other: "SimBackend", batch: Batch):

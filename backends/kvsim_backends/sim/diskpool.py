@@ -29,6 +29,8 @@ from typing import Any, Callable, Hashable
 
 from kvsim.core.datapath.diskio import WRITE_SHARE, DiskQueues, IoClass, IoRule, piece_sizes, write_cap
 
+from .pagecache import SimPageCache
+
 
 class DiskJob:
     """One transfer's disk leg in the pool: ``then(ok)`` when its pieces are done."""
@@ -118,3 +120,19 @@ class SimDiskPool:
         if job.left == 0:
             job.then(not job.failed)
         self._dispatch()
+
+
+def disk_parts(fluid: Any, bus: Any, pcs: Any, nv: Any, workers: int, write_share: float,
+               serial: bool) -> tuple[Any, "SimDiskPool | None", SimPageCache | None]:
+    """The disk's parts on ``fluid`` (a node's ranks share them): the fluid joined to the
+    node's bus (if any), its I/O pool (``workers`` > 0 or ``serial``; else None) and its
+    page cache (``pcs``, a profile's ``page_cache`` for buffered writes; else None), which
+    writes back in chunks of the flusher's I/O in flight (``queue_depth`` pieces)."""
+    if bus is not None:
+        bus.join(fluid)
+    cache = (SimPageCache(fluid, pcs.dirty_limit, pcs.dirty_background, pcs.dirty_expire,
+                          pcs.capacity, nv.piece * nv.queue_depth, nv.piece)
+             if pcs is not None else None)
+    pool = (SimDiskPool(fluid, workers, nv.latency, nv.piece, write_share, serial=serial)
+            if workers > 0 or serial else None)
+    return fluid, pool, cache
