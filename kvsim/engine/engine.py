@@ -183,6 +183,7 @@ class Engine(Lifecycle):
         counts in the engine's load from now (``queue_load``)."""
         self.arrivals.push(at, cur, frame, turn)
         self.queued_tokens += turn.input_tokens
+        self._load_moved()
         self._handed[id(turn)] = None
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -199,6 +200,7 @@ class Engine(Lifecycle):
             del self._handed[id(turn)]  # (counted when handed)
         else:
             self.queued_tokens += turn.input_tokens
+            self._load_moved()
         self._idle.pop(id(frame), None)
         self._dirty = True
 
@@ -224,6 +226,7 @@ class Engine(Lifecycle):
                     continue  # preempted, aborted, or its grow is running
                 if self._ensure(lv, lv.kv + 1):
                     self.dec.join(lv)
+                    self._load_moved()
                 elif lv.state is running:
                     self._stalled.append(lv)  # waits for other requests' plans
         budget = self.p.max_batch_tokens - len(self.dec.members)
@@ -248,7 +251,9 @@ class Engine(Lifecycle):
         dec = self.dec
         if not dec.due or dec.due[0][0] > dec.S:  # (checked here: once per step)
             return
-        for lv in dec.pop_due():
+        due = dec.pop_due()
+        self._load_moved()
+        for lv in due:
             if lv.gen >= lv.out:
                 self._finish(lv)
             else:
@@ -310,6 +315,7 @@ class Engine(Lifecycle):
 
     def _advance(self, prefill: list[tuple[Live, int]], k: int) -> None:
         self.dec.advance(k)
+        self._load_moved()
         mgr, be = self.mgr, self.backend
         for lv, n in prefill:
             lv.kv += n
@@ -317,6 +323,7 @@ class Engine(Lifecycle):
             d = n if n < lv.queued else lv.queued
             lv.queued -= d
             self.queued_tokens -= d
+            self._load_moved()  # (told at once: a request finishing below may route another)
             lv.row.computed_tokens += n
             fill = mgr.commit(lv.req, min(lv.kv, lv.prompt))
             if fill.pages:
@@ -324,6 +331,7 @@ class Engine(Lifecycle):
             if not lv.prefill_left:
                 self._prefilling.remove(lv)
                 self.queued_tokens -= lv.queued
+                self._load_moved()
                 lv.queued = 0
                 lv.gen = 1
                 lv.row.first_token_ns = self.t

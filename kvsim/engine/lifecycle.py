@@ -174,6 +174,7 @@ class Lifecycle(LifeState):
         d = lv.kv if lv.kv < lv.queued else lv.queued  # (found cached: not queued work)
         lv.queued -= d
         self.queued_tokens -= d
+        self._load_moved()
 
     def _on_resumed(self, lv: Live) -> None:
         lv.state = TurnState.RUNNING
@@ -377,6 +378,7 @@ class Lifecycle(LifeState):
         """Suspend a running request: its pages become held and may move colder; it waits
         at the head of the queue and resumes where it stopped."""
         self.dec.leave(lv)
+        self._load_moved()
         if lv in self._prefilling:
             self._prefilling.remove(lv)
         fill = self.mgr.commit(lv.req, lv.kv, final=True)
@@ -413,6 +415,7 @@ class Lifecycle(LifeState):
         lv.row.failed = why
         lv.state = TurnState.DONE
         self.queued_tokens -= lv.queued
+        self._load_moved()
         lv.queued = 0
         self.metrics.requests_failed += 1
         if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
@@ -422,6 +425,7 @@ class Lifecycle(LifeState):
 
     def _abort(self, lv: Live, why: str) -> None:
         self.dec.leave(lv)
+        self._load_moved()
         if lv in self._prefilling:
             self._prefilling.remove(lv)
         if lv.req.state is ReqState.ACTIVE:
