@@ -25,7 +25,8 @@ from kvsim.core.routing import (Load, LeastLoaded, PrefixAware, RouteRequest, Ro
                                 SessionAffinity, load_blocks)
 from kvsim.run import prepare_run, replay
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+TRACE = (Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake"
+         / "conversation_trace.jsonl")
 SYN = ["workload.synthetic.n_sessions=12", "model=llama-3-8b", "cache.page_bytes=2MiB",
        "cache.tiers=[{level: gpu, quota: 2GiB}, {level: host, quota: 4GiB}]"]
 ROUTERS = ["least-loaded", "session-affinity", "prefix-aware",

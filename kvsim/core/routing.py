@@ -111,7 +111,8 @@ class IndexedProbe(Probe, Protocol):
 
 def indexed(probe: Probe) -> IndexedProbe | None:
     """The probe, when it offers the cluster's views; else None."""
-    return probe if getattr(probe, "by_load", None) is not None else None  # type: ignore[return-value]
+    has = getattr(probe, "by_load", None) is not None
+    return probe if has else None  # type: ignore[return-value]
 
 
 class Router:
@@ -200,7 +201,8 @@ class SessionAffinity(Router):
             prev = req.previous
             if prev is not None:
                 mean = view.mean_load()
-                if load_blocks(view.load(prev), req.block_tokens) <= self.threshold * mean or mean == 0:
+                own = load_blocks(view.load(prev), req.block_tokens)
+                if own <= self.threshold * mean or mean == 0:
                     return prev
             return self._least_loaded(view)
         loads = [load_blocks(probe.load(i), req.block_tokens) for i in range(probe.instances)]

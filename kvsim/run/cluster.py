@@ -21,9 +21,10 @@ any other router decides at run time (``Cluster``):
   counters; and, for a router that would rather not ask every instance, the instances
   that may hold the request's first blocks (``holders``) and the instances in order of
   load (``by_load``, ``load_span``, ``mean_load``), kept by ``kvsim.run.routeindex``
-  as pages enter and leave the trees and as engines' loads move. Nothing polls an idle instance: an engine sleeps until a turn is handed to it
-  or the last session ends (``open``); a busy engine runs ahead of the clock no further
-  than the cluster's next arrival (``next_ns``), as it would before its own.
+  as pages enter and leave the trees and as engines' loads move. Nothing polls an idle
+  instance: an engine sleeps until a turn is handed to it or the last session ends
+  (``open``); a busy engine runs ahead of the clock no further than the cluster's next
+  arrival (``next_ns``), as it would before its own.
 
 Cost: the built-in routers ask only the instances that hold the request's first two
 blocks and those near the least loaded (prefix-aware: whose load could still make theirs
