@@ -135,7 +135,7 @@ def test_a_users_router_sees_only_the_probe(tmp_path, monkeypatch):
     res = _run(tmp_path, "node.ranks=3", "router.policy=cluster_user_router:Recorder")
     assert len(Recorder.seen) == GROUPS * TURNS
     for names, req, cached, loads in Recorder.seen:
-        assert names == ["cached", "instances", "load"]
+        assert names == ["by_load", "cached", "holders", "instances", "load", "load_span", "mean_load"]
         assert isinstance(req, RouteRequest) and req.block_tokens == 512
         assert all(sum(c) <= req.input_tokens for c in cached)
         assert all(isinstance(x, Load) and x.queued_prefill_tokens >= 0 for x in loads)

@@ -32,16 +32,24 @@ Policies (``router.policy``):
 A user's router (``router.policy: module:Class``) subclasses ``Router``: built as
 ``Class(instances, knobs, seed)`` (``knobs``: ``router.knobs``), its ``route(request,
 probe)`` returns an index in ``range(probe.instances)``.
+
+A cluster's probe also offers the views of an ``IndexedProbe`` (optional: the built-in
+routers use them when there, and decide exactly as from ``cached`` and ``load`` of every
+instance): ``holders(blocks)``, the instances that may hold the request's first ``blocks``
+blocks (1 or 2; any other instance's cached prefix is shorter), and the instances by load
+in blocks (``by_load``, ``load_span``, ``mean_load``). With them a request costs the
+prefix-aware and least-loaded routers a few probes (the holders, and the instances whose
+load could still give the lowest cost, ties included), not one an instance.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Iterator, Mapping, Protocol, Sequence
 
-__all__ = ["LEVEL_NAMES", "Load", "Probe", "RouteRequest", "Router", "ROUTER_NAMES",
-           "make_router"]
+__all__ = ["IndexedProbe", "LEVEL_NAMES", "Load", "Probe", "RouteRequest", "Router",
+           "ROUTER_NAMES", "make_router"]
 
 LEVEL_NAMES = ("gpu", "host", "disk")
 
@@ -81,6 +89,32 @@ class Probe(Protocol):
         """Instance ``i``'s load."""
 
 
+class IndexedProbe(Probe, Protocol):
+    """A probe with the cluster's views (optional): what every instance's ``cached`` and
+    ``load`` would say, without asking each."""
+
+    def holders(self, blocks: int) -> Sequence[int]:
+        """The instances that may hold the request's first ``blocks`` blocks (1 or 2), in
+        any tier, ascending: every instance whose cached prefix covers that many blocks is
+        among them (ask ``cached`` for its depth); any other's is shorter."""
+
+    def by_load(self) -> Iterator[tuple[float, int]]:
+        """(load in blocks, instance) for every instance, the lowest load first (ties: by
+        index); a load in blocks is ``load_blocks(load(i), block_tokens)``."""
+
+    def load_span(self) -> tuple[float, float]:
+        """The lowest and the highest load in blocks."""
+
+    def mean_load(self) -> float:
+        """The instances' loads in blocks summed in index order, over the instances."""
+
+
+def indexed(probe: Probe) -> IndexedProbe | None:
+    """The probe, when it offers the cluster's views; else None."""
+    has = getattr(probe, "by_load", None) is not None
+    return probe if has else None  # type: ignore[return-value]
+
+
 class Router:
     """A routing policy. ``instances``: the cluster's; ``knobs``: ``router.knobs``;
     ``seed``: the run's (for a router that samples)."""
@@ -113,6 +147,22 @@ class Router:
                 best = i
         return best
 
+    def _least_loaded(self, probe: IndexedProbe) -> int:
+        """``_least`` of every instance's load in blocks, from the probe's load order: the
+        instances tied at the lowest load only."""
+        n = probe.instances
+        start = self._rotate()
+        best, off, lo = start, n, -1.0
+        for load, i in probe.by_load():
+            if off == n:
+                lo = load
+            elif load != lo:
+                break
+            o = (i - start) % n
+            if o < off:
+                best, off = i, o
+        return best
+
 
 def load_blocks(ld: Load, block_tokens: int) -> float:
     """An instance's load in blocks: queued prefill tokens / block tokens + decode blocks."""
@@ -130,6 +180,9 @@ class LeastLoaded(Router):
     name = "least-loaded"
 
     def route(self, req: RouteRequest, probe: Probe) -> int:
+        view = indexed(probe)
+        if view is not None:
+            return self._least_loaded(view)
         return self._least([load_blocks(probe.load(i), req.block_tokens)
                             for i in range(probe.instances)])
 
@@ -143,6 +196,15 @@ class SessionAffinity(Router):
         self.threshold = float(self.knobs.get("threshold", 2.0))
 
     def route(self, req: RouteRequest, probe: Probe) -> int:
+        view = indexed(probe)
+        if view is not None:
+            prev = req.previous
+            if prev is not None:
+                mean = view.mean_load()
+                own = load_blocks(view.load(prev), req.block_tokens)
+                if own <= self.threshold * mean or mean == 0:
+                    return prev
+            return self._least_loaded(view)
         loads = [load_blocks(probe.load(i), req.block_tokens) for i in range(probe.instances)]
         prev = req.previous
         if prev is not None:
@@ -167,21 +229,58 @@ class PrefixAware(Router):
         self.temperature = float(k.get("temperature", 0.0))
         self._rng = SplitMix(seed)
 
-    def costs(self, req: RouteRequest, probe: Probe) -> tuple[list[float], list[float]]:
-        """(each instance's cost, each one's load in blocks)."""
+    def cost(self, req: RouteRequest, probe: Probe, i: int) -> float:
+        """Instance ``i``'s cost for the request."""
         bt = req.block_tokens
         wg, wh, wd = self.weights
-        costs, loads = [], []
-        for i in range(probe.instances):
-            ld = probe.load(i)
-            g, h, d = probe.cached(i)
-            saved = (wg * g + wh * h + wd * d) / bt          # blocks of this request saved
-            prefill = ld.queued_prefill_tokens / bt + max(0.0, req.blocks - saved)
-            costs.append(self.overlap_weight * prefill + ld.decode_blocks)
-            loads.append(ld.queued_prefill_tokens / bt + ld.decode_blocks)
-        return costs, loads
+        ld = probe.load(i)
+        g, h, d = probe.cached(i)
+        saved = (wg * g + wh * h + wd * d) / bt          # blocks of this request saved
+        prefill = ld.queued_prefill_tokens / bt + max(0.0, req.blocks - saved)
+        return self.overlap_weight * prefill + ld.decode_blocks
+
+    def costs(self, req: RouteRequest, probe: Probe) -> tuple[list[float], list[float]]:
+        """(each instance's cost, each one's load in blocks)."""
+        costs = [self.cost(req, probe, i) for i in range(probe.instances)]
+        return costs, [load_blocks(probe.load(i), req.block_tokens) for i in range(probe.instances)]
+
+    def _lowest(self, req: RouteRequest, probe: IndexedProbe) -> int:
+        """``_least(costs)`` asking only the instances whose cost can be the lowest: those
+        that may hold the request's first two blocks, then the rest by ascending load
+        until a lower bound on their cost passes the lowest found (their cached prefix
+        is at most one block, saving at most its tokens x the highest tier weight)."""
+        n, bt = probe.instances, req.block_tokens
+        start = self._rotate()
+        best, off, low = start, n, math.inf
+        deep = probe.holders(2)
+        for i in deep:
+            c, o = self.cost(req, probe, i), (i - start) % n
+            if c < low or (c == low and o < off):
+                best, off, low = i, o, c
+        skip = set(deep)
+        first = min(bt, req.input_tokens)
+        most = max(0.0, *self.weights) * max(0, first) / bt        # blocks saved, at most
+        floor = self.overlap_weight * max(0.0, req.blocks - most)  # prefill blocks, at least
+        scale = min(self.overlap_weight, 1.0)  # ow x queued + decode >= scale x load
+        for load, i in probe.by_load():
+            bound = scale * load + floor
+            if bound - 1e-9 * (abs(bound) + 1.0) > low:  # (a margin for rounding)
+                break  # every later one has a load as high
+            if i in skip:
+                continue
+            c, o = self.cost(req, probe, i), (i - start) % n
+            if c < low or (c == low and o < off):
+                best, off, low = i, o, c
+        return best
 
     def route(self, req: RouteRequest, probe: Probe) -> int:
+        view = indexed(probe)
+        if view is not None and self.temperature <= 0 and self.overlap_weight > 0:
+            if self.balance is not None:
+                lo, hi = view.load_span()
+                if hi - lo > self.balance:
+                    return self._least_loaded(view)
+            return self._lowest(req, view)
         costs, loads = self.costs(req, probe)
         if self.balance is not None and max(loads) - min(loads) > self.balance:
             return self._least(loads)

@@ -4,21 +4,28 @@ Match is read-only (probe_reuse relies on it): it walks the request's blocks, ha
 each onto its parent's key, and stops at the first block not in the tree or whose page
 covers fewer tokens than the request needs from that block (a partial page is reusable
 as a prefix of the block). Insert links a page to its parent; remove requires a leaf.
+
+``watch`` (a cluster's key index, ``kvsim.run.routeindex``): when set, it is told
+``watch(key, True)`` as a page at depth < ``watch_depth`` enters the tree and
+``watch(key, False)`` as it leaves, so that a router can find the instances holding a
+request's first blocks without asking each one.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from kvsim.core.keys import BlockIds, chain_key
 from kvsim.core.pages import Page
 
 
 class PrefixTree:
-    __slots__ = ("_by_key",)
+    __slots__ = ("_by_key", "watch", "watch_depth")
 
     def __init__(self) -> None:
         self._by_key: dict[bytes, Page] = {}
+        self.watch: Callable[[bytes, bool], None] | None = None
+        self.watch_depth = 0                 # pages at a depth below it are told to watch
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -55,11 +62,17 @@ class PrefixTree:
         page.parent = parent
         if parent is not None:
             parent.nchildren += 1
+        watch = self.watch
+        if watch is not None and page.index < self.watch_depth:
+            watch(key, True)
         return True
 
     def remove(self, page: Page) -> None:
         assert page.nchildren == 0, "a child never outlives its parent"
         del self._by_key[page.key]
+        watch = self.watch
+        if watch is not None and page.index < self.watch_depth:
+            watch(page.key, False)
         page.in_tree = False
         if page.parent is not None:
             page.parent.nchildren -= 1
@@ -67,10 +80,12 @@ class PrefixTree:
 
     def remove_each(self, pages: Iterable[Page]) -> None:
         """``remove`` for each page in order (every one in the tree; children first)."""
-        by_key = self._by_key
+        by_key, watch, depth = self._by_key, self.watch, self.watch_depth
         for page in pages:
             assert page.nchildren == 0, "a child never outlives its parent"
             del by_key[page.key]
+            if watch is not None and page.index < depth:
+                watch(page.key, False)
             page.in_tree = False
             parent = page.parent
             if parent is not None:

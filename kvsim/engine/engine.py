@@ -185,6 +185,7 @@ class Engine(Lifecycle):
         counts in the engine's load from now (``queue_load``)."""
         self.arrivals.push(at, cur, frame, turn)
         self.queued_tokens += turn.input_tokens
+        self._load_moved()
         self._handed[id(turn)] = None
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -201,6 +202,7 @@ class Engine(Lifecycle):
             del self._handed[id(turn)]  # (counted when handed)
         else:
             self.queued_tokens += turn.input_tokens
+            self._load_moved()
         self._idle.pop(id(frame), None)
         self._dirty = True
 
@@ -226,6 +228,7 @@ class Engine(Lifecycle):
                     continue  # preempted, aborted, or its grow is running
                 if self._ensure(lv, lv.kv + 1):
                     self.dec.join(lv)
+                    self._load_moved()
                 elif lv.state is running:
                     self._stalled.append(lv)  # waits for other requests' plans
         budget = self.p.max_batch_tokens - len(self.dec.members)
@@ -254,7 +257,9 @@ class Engine(Lifecycle):
         dec = self.dec
         if not dec.due or dec.due[0][0] > dec.S:  # (checked here: once per step)
             return
-        for lv in dec.pop_due():
+        due = dec.pop_due()
+        self._load_moved()
+        for lv in due:
             if lv.gen >= lv.out:
                 self._finish(lv)
             else:
@@ -316,6 +321,7 @@ class Engine(Lifecycle):
 
     def _advance(self, prefill: list[tuple[Live, int]], k: int) -> None:
         self.dec.advance(k)
+        self._load_moved()
         mgr, be = self.mgr, self.backend
         for lv, n in prefill:
             lv.kv += n
@@ -323,6 +329,7 @@ class Engine(Lifecycle):
             d = n if n < lv.queued else lv.queued
             lv.queued -= d
             self.queued_tokens -= d
+            self._load_moved()  # (told at once: a request finishing below may route another)
             lv.row.computed_tokens += n
             fill = mgr.commit(lv.req, min(lv.kv, lv.prompt))
             if fill.pages:
@@ -330,6 +337,7 @@ class Engine(Lifecycle):
             if not lv.prefill_left:
                 self._prefilling.remove(lv)
                 self.queued_tokens -= lv.queued
+                self._load_moved()
                 lv.queued = 0
                 if not lv.gen:  # (else a decoder that recomputed its context: StateMoves)
                     lv.gen = 1

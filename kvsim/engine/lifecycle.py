@@ -159,6 +159,7 @@ class Lifecycle(StateMoves):
         d = lv.kv if lv.kv < lv.queued else lv.queued  # (found cached: not queued work)
         lv.queued -= d
         self.queued_tokens -= d
+        self._load_moved()
 
     def _on_resumed(self, lv: Live) -> None:
         lv.state = TurnState.RUNNING
@@ -364,6 +365,7 @@ class Lifecycle(StateMoves):
         """Suspend a running request: its pages become held and may move colder; it waits
         at the head of the queue and resumes where it stopped."""
         self.dec.leave(lv)
+        self._load_moved()
         if lv in self._prefilling:
             self._prefilling.remove(lv)
         fill = self.mgr.commit(lv.req, lv.kv, final=True)
@@ -404,6 +406,7 @@ class Lifecycle(StateMoves):
         lv.row.failed = why
         lv.state = TurnState.DONE
         self.queued_tokens -= lv.queued
+        self._load_moved()
         lv.queued = 0
         self.metrics.requests_failed += 1
         if lv.req is not None and lv.frame.req is not lv.req and lv.req.state is ReqState.SUSPENDED:
@@ -413,6 +416,7 @@ class Lifecycle(StateMoves):
 
     def _abort(self, lv: Live, why: str) -> None:
         self.dec.leave(lv)
+        self._load_moved()
         if lv in self._prefilling:
             self._prefilling.remove(lv)
         if lv.req.state is ReqState.ACTIVE:

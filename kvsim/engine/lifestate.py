@@ -66,6 +66,9 @@ class LifeState:
         self._vnow = 0.0                             # the runtime's time the engine ran ahead to
         self.cluster: Any = None  # a cluster's hooks (kvsim.run.cluster), or None: alone
         self.remote: Any = None   # the remote tier's port (kvsim.engine.remoteport), or None
+        # told whenever queue_load's prefill tokens or decode blocks may have changed (a
+        # cluster's load order, kvsim.run.routeindex), or None: alone
+        self.on_load: Callable[[], None] | None = None
         self.queued_tokens = 0                       # prompt tokens queued, not yet computed or found
         self._handed: dict[int, None] = {}           # turns a router handed it, not yet released
         # write_through_take_back: each write-through in flight, by plan id: its batch and
@@ -75,3 +78,8 @@ class LifeState:
         self._waits: Any = None  # Lifecycle._takeback_waits where write-through takes back
         self._cost_on = cost_on(params)  # engine.manager_cost: bookkeeping owed the executor
         self._owed_ns = 0
+
+    def _load_moved(self) -> None:
+        """Tell a cluster's router that this engine's load may have moved."""
+        if self.on_load is not None:
+            self.on_load()

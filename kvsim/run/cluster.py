@@ -18,21 +18,32 @@ any other router decides at run time (``Cluster``):
 - the router sees the instances only through ``ClusterProbe``: the request's cached
   prefix on each instance by tier (its chain keys computed once a request, looked up in
   each instance's prefix tree, within the request's reuse scope) and each engine's load
-  counters. Nothing polls an idle instance: an engine sleeps until a turn is handed to it
-  or the last session ends (``open``); a busy engine runs ahead of the clock no further
-  than the cluster's next arrival (``next_ns``), as it would before its own.
+  counters; and, for a router that would rather not ask every instance, the instances
+  that may hold the request's first blocks (``holders``) and the instances in order of
+  load (``by_load``, ``load_span``, ``mean_load``), kept by ``kvsim.run.routeindex``
+  as pages enter and leave the trees and as engines' loads move. Nothing polls an idle
+  instance: an engine sleeps until a turn is handed to it or the last session ends
+  (``open``); a busy engine runs ahead of the clock no further than the cluster's next
+  arrival (``next_ns``), as it would before its own.
 
-Cost: a request costs the router O(instances) dictionary reads (its prefix's keys are
-hashed once), and nothing else grows with instances.
+Cost: the built-in routers ask only the instances that hold the request's first two
+blocks and those near the least loaded (prefix-aware: whose load could still make theirs
+the lowest cost; least-loaded: the lowest, ties included), so a request costs a few probes
+and O(log instances) on top; keeping the views costs a dictionary update as a prompt's
+first or second block's page enters or leaves a tree, and a re-placing (O(log instances))
+for each engine whose load moved since the last request. Round robin asks nothing;
+prefix-aware with ``temperature`` > 0 and a user's router reading ``cached`` and ``load``
+for each instance cost O(instances) a request. Nothing else grows with instances.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from kvsim.config import ConfigFileError
 from kvsim.core.keys import chain_key, scope_root
 from kvsim.core.routing import Load, RouteRequest, Router, make_router
+from kvsim.run.routeindex import DEPTH, KeyIndex, LoadOrder, bits
 from kvsim.engine.arrivals import Arrivals
 from kvsim.engine.metrics import NS
 from kvsim.workload import Workload, cache_blocks
@@ -98,14 +109,16 @@ class ClusterProbe:
     """The read-only view a router has for one request (``kvsim.core.routing.Probe``)."""
 
     __slots__ = ("instances", "_mgrs", "_engines", "_scope", "_blocks", "_ntok", "_bt",
-                 "_keys", "_levels")
+                 "_keys", "_levels", "_index", "_order")
 
     def __init__(self, mgrs: Sequence[Any], engines: Sequence[Any], levels: Sequence[int],
-                 scope: Any, blocks: Sequence[Any], ntokens: int, block_tokens: int) -> None:
+                 scope: Any, blocks: Sequence[Any], ntokens: int, block_tokens: int,
+                 index: KeyIndex, order: LoadOrder) -> None:
         self.instances = len(engines)
         self._mgrs, self._engines, self._levels = mgrs, engines, levels
         self._scope, self._blocks, self._ntok, self._bt = scope, blocks, ntokens, block_tokens
         self._keys: list[tuple[bytes, int]] | None = None
+        self._index, self._order = index, order
 
     def _chain(self) -> list[tuple[bytes, int]]:
         if self._keys is None:  # hashed once a request, whatever the instances
@@ -128,6 +141,26 @@ class ClusterProbe:
 
     def load(self, i: int) -> Load:
         return Load(*self._engines[i].queue_load())
+
+    def holders(self, blocks: int) -> list[int]:
+        chain = self._chain()
+        if not 1 <= blocks <= DEPTH:
+            raise ValueError(f"holders(blocks): blocks is 1 to {DEPTH}, got {blocks}")
+        if len(chain) < blocks:
+            return []
+        return bits(self._index.holding([key for key, _ in chain[:blocks]]))
+
+    def by_load(self) -> Iterator[tuple[float, int]]:
+        self._order.refresh()
+        return self._order.ascending()
+
+    def load_span(self) -> tuple[float, float]:
+        self._order.refresh()
+        return self._order.span()
+
+    def mean_load(self) -> float:
+        self._order.refresh()
+        return self._order.mean()
 
 
 class Cluster:
@@ -152,6 +185,9 @@ class Cluster:
         for e in self.engines:
             e.cluster = self
             e.arrivals.on_end = self._ended
+        self.keys = KeyIndex()                 # who holds a prompt's first blocks
+        self.keys.watch([m.tree for m in self.mgrs])
+        self.loads = LoadOrder(self.engines, self.B)  # the instances by load
 
     def load(self, workload: Workload, starts: list[float] | None) -> None:
         for e in self.engines:
@@ -200,7 +236,7 @@ class Cluster:
                            input_tokens=turn.input_tokens, blocks=len(blocks),
                            block_tokens=self.B, previous=self.where.get(cur.sid))
         probe = ClusterProbe(self.mgrs, self.engines, self.levels, frame.session.scope, blocks,
-                             turn.input_tokens, self.B)
+                             turn.input_tokens, self.B, self.keys, self.loads)
         i = self.router.route(req, probe)
         if not (isinstance(i, int) and 0 <= i < len(self.engines)):
             raise ConfigFileError(f"{KEY}: {type(self.router).__name__}.route returned {i!r}; "
