@@ -166,3 +166,24 @@ def test_the_views_pick_as_every_instance_would(make, bt):
         asked += view.asked
     if isinstance(fast, PrefixAware):
         assert asked < 300 * n / 2  # (asked far fewer than every instance)
+
+
+@pytest.mark.parametrize("extra", [
+    # a remote tier: a fetched prefix takes tokens off the instance's queue
+    ["cache.remote={capacity: 8GiB, network: {bandwidth: 25GB/s, latency: 50us}, write_through: true}"],
+    # a hybrid model: a turn without its state recomputes, queueing tokens again
+    ["model=jamba-v0.1", "cache.page_bytes=null"],
+])
+def test_the_views_hold_with_a_remote_tier_and_a_hybrid_model(extra, monkeypatch):
+    """Beside a remote tier (fetches move queued tokens) and a hybrid model (a turn without
+    its state queues tokens again): the checking router sees views equal to asking each
+    instance at every request, and the replay is the same as the plain path's."""
+    monkeypatch.setitem(sys.modules, "routeindex_checker", sys.modules[__name__])
+    Checker.checked = 0
+    sets = [*SYN, "node.ranks=4", *extra]
+    res = replay(prepare_run(load_config("default", [*sets, "router.policy=routeindex_checker:Checker"])))
+    assert Checker.checked > 12
+    if "remote" in extra[0]:
+        assert res.metrics["hit_tokens"]["remote"] > 0
+    fast, _ = _rows([*sets, "router.policy=prefix-aware"], False, monkeypatch)
+    assert fast == _rows([*sets, "router.policy=prefix-aware"], True, monkeypatch)[0]

@@ -133,6 +133,7 @@ def land(eng: Any, lv: Live, n: int) -> Any:
     d = n if n < lv.queued else lv.queued
     lv.queued -= d
     eng.queued_tokens -= d
+    eng._load_moved()  # (a cluster's load order follows queued_tokens)
     fill = eng.mgr.commit(lv.req, lv.kv)
     lv.state = TurnState.RUNNING
     return fill

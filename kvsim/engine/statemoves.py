@@ -120,6 +120,7 @@ class StateMoves(LifeState):
         lv.prefill_left += r
         lv.queued += r
         self.queued_tokens += r
+        self._load_moved()
         self.metrics.state_recomputed_tokens += r
 
     def _give_state(self, lv: Live) -> None:
