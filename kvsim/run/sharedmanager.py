@@ -3,7 +3,8 @@
 ``SharedManager`` wraps a ``TierManager`` for callers on several threads (e.g. a
 scheduler thread answering prefix-match probes while another thread resizes a request
 to a very long context). Every mutation (create, prepare, resume, grow, extend, commit,
-suspend, close, set_quota, cap_tier, evict, complete, write_through) takes the lock exclusively; the
+suspend, close, set_quota, cap_tier, evict, complete, write_through, the state and lending
+calls) takes the lock exclusively; the
 read-only queries (``probe_reuse``, ``tier_stats``, ``expected``, ...) take it shared, so probes
 run alongside each other and never see a half-made plan: a probe answered while a resize
 is in flight sees the manager as it was before the plan or after it (a plan is made, and
@@ -30,7 +31,9 @@ from typing import Hashable, Iterator, Sequence
 
 from kvsim.core import Batch, Fill, Level, Plan, Refusal, Request, TierManager, TierStats
 from kvsim.core.keys import BlockIds
+from kvsim.core.lending import Lease
 from kvsim.core.pages import Page
+from kvsim.core.tiers import SlotPool
 
 __all__ = ["RWLock", "SharedManager"]
 
@@ -288,11 +291,33 @@ class SharedManager:
             return m.takeback_waits(batch)
 
 
+    # == lending (node.host: shared: a sibling rank reads these pages) ================
+    def lendable(self, keys: Sequence[bytes]) -> list[Level]:
+        with self.reading() as m:
+            return m.lendable(keys)
+
+    def lent(self) -> dict[int, int]:
+        with self.reading() as m:
+            return m.lent()
+
+    def lend(self, keys: Sequence[bytes]) -> Lease:
+        with self.writing() as m:
+            return m.lend(keys)
+
+    def give_back(self, lease: Lease) -> None:
+        with self.writing() as m:
+            m.give_back(lease)
+
+    def share_tier(self, level: Level, pool: SlotPool) -> None:
+        with self.writing() as m:
+            m.share_tier(level, pool)
+
 #: TierManager's public methods, by how the facade takes the lock for them (a test checks
 #: that every public method of TierManager is in one of these)
 SHARED_METHODS = ("probe_reuse", "probe_chain", "tier_stats", "expected", "plans_in_flight", "requests",
                   "pages", "level_of", "tier_pos", "retained_slots", "protected_copies",
-                  "takeback_waits", "state_level", "state_moving")
+                  "takeback_waits", "state_level", "state_moving", "lendable", "lent")
 EXCLUSIVE_METHODS = ("create", "prepare", "resume", "grow", "extend", "commit", "suspend",
                      "close", "set_quota", "cap_tier", "evict", "complete", "write_through",
-                     "take_state", "state_fill", "stash_state", "drop_state")
+                     "take_state", "state_fill", "stash_state", "drop_state", "lend", "give_back",
+                     "share_tier")
