@@ -45,6 +45,7 @@ import simpy
 from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
 from kvsim.core.datapath.work import StepWork
 
+from .fairshare import fair_rates
 from .runtime import Clock, Wake
 from .stepjob import Job
 
@@ -419,32 +420,4 @@ class Fluid:
                 rate = min(cap[r] for r in sg[0])
                 out.append(min(rate, c) if c else rate)
             return tuple(out)
-        rates = [0.0] * len(sigs)
-        rem = {r: cap[r] for r in count}
-        active = list(range(len(sigs)))
-        while active:
-            inc = _INF
-            for r, n in count.items():
-                if n:
-                    inc = min(inc, rem[r] / n)
-            for i in active:
-                if caps[i]:
-                    inc = min(inc, caps[i] - rates[i])
-            for i in active:
-                rates[i] += inc
-            full = set()
-            for r, n in count.items():
-                if n:
-                    rem[r] -= inc * n
-                    if rem[r] <= 1e-12 * cap[r]:
-                        full.add(r)
-            still = []
-            for i in active:
-                res = sigs[i][0]
-                if (caps[i] and rates[i] >= caps[i] * (1 - 1e-12)) or not full.isdisjoint(res):
-                    for r in res:
-                        count[r] -= 1
-                else:
-                    still.append(i)
-            active = still
-        return tuple(rates)
+        return tuple(fair_rates(cap, [sg[0] for sg in sigs], caps))

@@ -26,52 +26,14 @@ anything: every output is as before.
 
 from __future__ import annotations
 
-import math
-from typing import Any, Final, Hashable, Sequence
+from typing import Any, Final, Hashable
 
 from kvsim.core.spec import Level
 
+from .fairshare import fair_rates
+
 HOST_MEM: Final = "host_mem"
 _CACHE_MAX: Final = 4096
-
-
-def fair_rates(cap: dict[Hashable, float], res: Sequence[tuple[Hashable, ...]],
-               limits: Sequence[float]) -> list[float]:
-    """Max-min fair rates of flows over resources ``res[i]`` (a resource named twice takes
-    two bytes of it per byte of the flow), flow i at most ``limits[i]`` (0: no limit), by
-    progressive filling."""
-    count: dict[Hashable, int] = {}
-    for rs in res:
-        for r in rs:
-            count[r] = count.get(r, 0) + 1
-    rates = [0.0] * len(res)
-    rem = {r: cap[r] for r in count}
-    active = list(range(len(res)))
-    while active:
-        inc = math.inf
-        for r, n in count.items():
-            if n:
-                inc = min(inc, rem[r] / n)
-        for i in active:
-            if limits[i]:
-                inc = min(inc, limits[i] - rates[i])
-        for i in active:
-            rates[i] += inc
-        full = set()
-        for r, n in count.items():
-            if n:
-                rem[r] -= inc * n
-                if rem[r] <= 1e-12 * cap[r]:
-                    full.add(r)
-        still = []
-        for i in active:
-            if (limits[i] and rates[i] >= limits[i] * (1 - 1e-12)) or not full.isdisjoint(res[i]):
-                for r in res[i]:
-                    count[r] -= 1
-            else:
-                still.append(i)
-        active = still
-    return rates
 
 
 def node_routes(profile: Any, gpu: int) -> dict[tuple[Level, Level], tuple[str, ...]]:

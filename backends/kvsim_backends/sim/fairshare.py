@@ -1,0 +1,49 @@
+"""Max-min fair sharing of resources between flows (progressive filling): the one
+allocation both a rank's fluid (``fluid.Fluid``) and a node's bus (``nodebus.NodeBus``)
+make. Pure arithmetic; compiled with the sim (setup.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+_INF: Final = math.inf
+
+
+def fair_rates(cap: dict[Any, float], res: list[tuple[Any, ...]],
+               limits: list[float]) -> list[float]:
+    """Max-min fair rates of flows over resources ``res[i]`` (a resource named twice takes
+    two bytes of it per byte of the flow), flow i at most ``limits[i]`` (0: no limit), by
+    progressive filling (a fluid's flows, a node bus's flows of all its ranks)."""
+    count: dict[Any, int] = {}
+    for rs in res:
+        for r in rs:
+            count[r] = count.get(r, 0) + 1
+    rates = [0.0] * len(res)
+    rem = {r: cap[r] for r in count}
+    active = list(range(len(res)))
+    while active:
+        inc = _INF
+        for r, n in count.items():
+            if n:
+                inc = min(inc, rem[r] / n)
+        for i in active:
+            if limits[i]:
+                inc = min(inc, limits[i] - rates[i])
+        for i in active:
+            rates[i] += inc
+        full = set()
+        for r, n in count.items():
+            if n:
+                rem[r] -= inc * n
+                if rem[r] <= 1e-12 * cap[r]:
+                    full.add(r)
+        still = []
+        for i in active:
+            if (limits[i] and rates[i] >= limits[i] * (1 - 1e-12)) or not full.isdisjoint(res[i]):
+                for r in res[i]:
+                    count[r] -= 1
+            else:
+                still.append(i)
+        active = still
+    return rates
