@@ -31,6 +31,18 @@ if TYPE_CHECKING:
     from kvsim.core.policy.base import TierOrder
 
 
+def take_recycled(r: list[int], k: int) -> list[int]:
+    """Up to ``k`` ids off the end of ``r`` (the last freed first), taken out of it."""
+    if k <= len(r):
+        out = r[len(r) - k:]
+        del r[len(r) - k:]
+        out.reverse()
+        return out
+    out = r[::-1]
+    r.clear()
+    return out
+
+
 class SlotPool:
     """A node's pool of slots of one tier that several ranks' tiers draw from
     (``node.host: shared``): ``capacity`` slots in all, their ids unique across the
@@ -60,17 +72,11 @@ class SlotPool:
         self.used = used
         if used > self.peak:
             self.peak = used
-        r = self.recycled
-        if k <= len(r):
-            out = r[len(r) - k:]
-            del r[len(r) - k:]
-            out.reverse()
-            return out
-        out = r[::-1]
-        r.clear()
-        start = self.next_fresh
-        self.next_fresh = start + (k - len(out))
-        out.extend(range(start, self.next_fresh))
+        out = take_recycled(self.recycled, k)
+        if len(out) < k:
+            start = self.next_fresh
+            self.next_fresh = start + (k - len(out))
+            out.extend(range(start, self.next_fresh))
         return out
 
     def give(self, slots: list[int]) -> None:
@@ -157,14 +163,9 @@ class Tier:
         if self.pool is not None:
             self.own += k
             return self.pool.take(k)
-        r = self.recycled
-        if k <= len(r):
-            out = r[len(r) - k:]
-            del r[len(r) - k:]
-            out.reverse()
+        out = take_recycled(self.recycled, k)
+        if len(out) == k:
             return out
-        out = r[::-1]
-        r.clear()
         start = self.next_fresh
         stop = start + (k - len(out))
         if stop > self.limit:
