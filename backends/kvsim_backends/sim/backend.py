@@ -192,8 +192,8 @@ class SimBackend(Transfers):
         self._penalized_calls = 0
         self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
         bs = p.compute.boost  # the GPU's power state (None: every step at the calibrated rate)
-        self.power = (PowerState(Boost(bs.gain, bs.spend, bs.recover, bs.calibrated))
-                      if bs is not None else None)
+        self.power = (gpu_part(runtime, settings, "power", lambda: PowerState(
+            Boost(bs.gain, bs.spend, bs.recover, bs.calibrated))) if bs is not None else None)
         # the profile's per-transfer constants, read once (a transfer reads them all)
         self._disk_latency = nv.latency
         self._ce_per_call = ce.per_call

@@ -3,7 +3,8 @@
 Ranks ``r`` with the same ``r // ranks_per_gpu`` are on one GPU (their first GPU
 ``settings.gpu_index()``): they share its fluid (the PCIe link each way and both, the SM
 copy kernel's ceilings, HBM, and its compute, by processor sharing: ``Fluid.share_compute``),
-its copy engines and its pool of copy-CTA slots. Each part is built once a GPU by the
+its copy engines, its pool of copy-CTA slots and its power state (``compute.boost``: the
+GEMMs of every rank on it spend one headroom). Each part is built once a GPU by the
 first of its ranks (``Runtime.shared``, under a name of the node and the GPU).
 
 Invariants: with one rank a GPU (the default) every part is the rank's own, built as
