@@ -188,10 +188,18 @@ class BackendSettings:
     #: ``node.host: shared``: the node's ranks share one host tier (the hw backend: one
     #: pinned allocation, slot ids the node's; ``kvsim.core.tiers.SlotPool``)
     host_shared: bool = False
+    #: ranks on each GPU (``node.ranks_per_gpu``): rank r's GPUs are those from
+    #: ``(r // ranks_per_gpu) x tp``, and ranks on one GPU share its compute, HBM, copy
+    #: engines, copy CTAs and PCIe link (the sim: one ``Fluid`` a GPU)
+    ranks_per_gpu: int = 1
 
     def node_part(self, name: str) -> str:
         """The name under which this backend's node keeps its shared part ``name``."""
         return f"{name}@{self.node}" if self.node else name
+
+    def gpu_index(self) -> int:
+        """The first GPU of this backend's rank on its node."""
+        return (self.rank // self.ranks_per_gpu) * self.tp
 
     def key(self, level: Level) -> str:
         """The config key that sizes the tier at ``level``."""

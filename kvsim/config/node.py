@@ -10,6 +10,9 @@ and its I/O workers, and the CUDA driver's lock that every process on the machin
 hashes to (a stable hash: the same on every run and machine). Reuse scopes hold across
 ranks: a tenant's pages are never another's hits on any rank.
 
+``ranks_per_gpu`` > 1 puts that many ranks on each GPU (ranks ``i`` with the same
+``i // ranks_per_gpu``): they share its SMs, its HBM, its copy engines and its PCIe link.
+
 One rank (the default) is a plain single-instance replay, its outputs unchanged.
 """
 
@@ -28,11 +31,14 @@ class NodeConfig(Strict):
     """``ranks``: model instances on the node (each on ``tp`` GPUs); ``gpus``: the node's
     GPUs (default: ranks x tp, one instance per tp GPUs); ``host``: ``private`` (each rank
     its own partition of host memory, sized by the host tier's quota) or ``shared`` (a
-    page one rank holds in host or disk is onboarded by another: ``kvsim.run.sharedhost``)."""
+    page one rank holds in host or disk is onboarded by another: ``kvsim.run.sharedhost``);
+    ``ranks_per_gpu``: ranks that share each GPU (its compute, HBM, copy engines and link;
+    1: each rank its own GPUs)."""
 
     ranks: Annotated[int, Field(ge=1, le=MAX_RANKS, strict=True)] = 1
     gpus: Optional[Annotated[int, Field(ge=1, strict=True)]] = None
     host: Literal["private", "shared"] = "private"
+    ranks_per_gpu: Annotated[int, Field(ge=1, le=MAX_RANKS, strict=True)] = 1
 
 
 MAX_NODES = 1024  # cluster.nodes: nodes x ranks instances, each a manager, engine, backend
@@ -96,8 +102,14 @@ class RouterConfig(Strict):
 
 def check_node(node: NodeConfig, tp: int) -> None:
     """What the node section cannot check alone, given the model's tensor-parallel degree:
-    the ranks' GPUs fit the node's. ValueError naming the key."""
-    if node.gpus is not None and node.ranks * tp > node.gpus:
-        raise ValueError(f"node.ranks: {node.ranks} ranks x tp {tp} need {node.ranks * tp} GPUs; "
-                         f"node.gpus is {node.gpus}")
+    the ranks' GPUs fit the node's (``ranks_per_gpu`` ranks on each). ValueError naming
+    the keys."""
+    per = node.ranks_per_gpu
+    if node.gpus is not None and node.ranks * tp > node.gpus * per:
+        if per == 1:
+            raise ValueError(f"node.ranks: {node.ranks} ranks x tp {tp} need {node.ranks * tp} GPUs; "
+                             f"node.gpus is {node.gpus}")
+        raise ValueError(f"node.ranks: {node.ranks} ranks x tp {tp} need {node.ranks * tp} GPU "
+                         f"places; node.gpus {node.gpus} x node.ranks_per_gpu {per} give "
+                         f"{node.gpus * per}")
 

@@ -45,12 +45,19 @@ def check_node_fit(cfg, shape, profile, page_bytes: int) -> None:
         raise ConfigFileError(str(e)) from None
     if node.ranks == 1:
         return
+    per = min(node.ranks_per_gpu, node.ranks)  # (ranks on one GPU, each its tier and weights)
     for i, t in enumerate(cfg.cache.tiers):
-        if t.level == "gpu" and t.quota + shape.weight_bytes_per_gpu > profile.gpu.memory:
+        if t.level == "gpu" and per * (t.quota + shape.weight_bytes_per_gpu) > profile.gpu.memory:
+            where = ("each rank's tier is on its own GPUs" if per == 1 else
+                     f"node.ranks_per_gpu {per}: that many ranks' tiers and weights on each GPU")
             raise ConfigFileError(
+                f"cache.tiers[{i}].quota: {per} x ({t.quota:,} bytes of KV beside "
+                f"{shape.weight_bytes_per_gpu:,} of weights) a GPU exceed the "
+                f"{profile.gpu.memory:,} bytes of a {profile.gpu.name} (node.ranks {node.ranks}: {where})"
+                if per > 1 else
                 f"cache.tiers[{i}].quota: {t.quota:,} bytes of KV beside {shape.weight_bytes_per_gpu:,} "
                 f"of weights a GPU exceed the {profile.gpu.memory:,} bytes of a {profile.gpu.name} "
-                f"(node.ranks {node.ranks}: each rank's tier is on its own GPUs)")
+                f"(node.ranks {node.ranks}: {where})")
         if t.level == "host" and t.fill is not None and t.fill.mode != "none" \
                 and (t.max_quota or t.quota) < max(t.fill.unit, page_bytes):
             raise ConfigFileError(

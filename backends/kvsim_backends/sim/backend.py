@@ -34,6 +34,7 @@ from .diskpool import SimDiskPool, disk_parts
 from .pagecache import SimPageCache
 from .driver import DriverLock
 from .fluid import Fluid
+from .gpushare import gpu_fluid, gpu_part, ranks_on_gpu
 from .network import SimNetwork
 from .nodebus import NodeBus, node_caps, node_routes
 from .hostfill import SimHostFill
@@ -135,14 +136,10 @@ class SimBackend(Transfers):
         if nv.rewrite is not None and Level.DISK in slots:
             self._rewrite_cost = disk["disk_write"] / disk_rate(nv.rewrite)
             self._disk_written = bytearray(int(slots[Level.DISK]))
-        self.fluid = Fluid(self.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
-                                      "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
-                                      "sm_both": p.sm_ceiling("both"),
-                                      "hbm": p.gpu.hbm / 2, **disk},
-                           per_cta_slowdown=sm.interference.per_cta_slowdown,
-                           copy_engine_slowdown=sm.interference.copy_engine_slowdown,
-                           busy_cta_efficiency=sm.interference.busy_cta_efficiency,
-                           kinds=mix_table(p, settings.model))
+        # ranks on one GPU (``ranks_per_gpu``) share its fluid: links, SM pool, HBM, compute
+        per = ranks_on_gpu(settings)
+        self._gpu_shared = per > 1
+        self.fluid = gpu_fluid(runtime, settings, disk, mix_table(p, settings.model))
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
         # each GPU <-> host batch's path by what it costs (kvsim.core.datapath.pathcost),
         # from the batches whose bytes are moving, by direction and path
@@ -158,11 +155,11 @@ class SimBackend(Transfers):
         write_share = disk_cfg.io_write_share if disk_cfg is not None else 1.0
         # the node's host DRAM and PCIe switches (``nodebus``), where the profile names them:
         # every fluid of the node joins its bus, each route's flow adds what it draws on
-        caps = node_caps(p, settings.gpus or settings.ranks * settings.tp)
+        caps = node_caps(p, settings.gpus or -(-settings.ranks * settings.tp // per))
         bus: NodeBus | None = (runtime.shared(settings.node_part("bus"), lambda: NodeBus(caps))
                                if caps else None)
-        self._node_res = node_routes(p, settings.rank * settings.tp)
-        if bus is not None:
+        self._node_res = node_routes(p, settings.gpu_index())
+        if bus is not None and self.fluid.bus is None:  # (a shared GPU's fluid joins once)
             bus.join(self.fluid)
 
         def node_disk() -> tuple[Fluid, SimDiskPool | None, SimPageCache | None]:
@@ -172,10 +169,11 @@ class SimBackend(Transfers):
         self.disk_fluid, self.disk_pool, self.page_cache = (
             runtime.shared(settings.node_part("disk"), node_disk) if self._split_disk else node_disk())
         self._rank = settings.rank
-        self.copy_engines = Units(ce.count)
+        self.copy_engines = gpu_part(runtime, settings, "ce", lambda: Units(ce.count))
         # the host side of copy-engine calls, when the profile gives its threads
         self.call_threads = Units(ce.call_threads) if ce.call_threads else None
-        self.cta_pool = simpy.Container(self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots)
+        self.cta_pool = gpu_part(runtime, settings, "ctas", lambda: simpy.Container(
+            self.env, capacity=sm.copy_cta_slots, init=sm.copy_cta_slots))
         # (0: no content; a list of n references to one int takes 8n bytes, as uint64s would)
         self.tags = {lv: [0] * int(n) for lv, n in slots.items()}
         self._fail = 0
@@ -194,8 +192,8 @@ class SimBackend(Transfers):
         self._penalized_calls = 0
         self.compute_scale = p.compute.scale      # its work: the nominal seconds x this
         bs = p.compute.boost  # the GPU's power state (None: every step at the calibrated rate)
-        self.power = (PowerState(Boost(bs.gain, bs.spend, bs.recover, bs.calibrated))
-                      if bs is not None else None)
+        self.power = (gpu_part(runtime, settings, "power", lambda: PowerState(
+            Boost(bs.gain, bs.spend, bs.recover, bs.calibrated))) if bs is not None else None)
         # the profile's per-transfer constants, read once (a transfer reads them all)
         self._disk_latency = nv.latency
         self._ce_per_call = ce.per_call
@@ -316,7 +314,7 @@ class SimBackend(Transfers):
                       work: StepWork | None = None) -> float | None:
         if self.driver is not None and self.driver.fills:
             return None  # (its launch may wait for the lock: step on the clock)
-        if quiet:
+        if quiet and not self._gpu_shared:  # (a sibling on the GPU may start a step)
             horizon = _INF
         else:
             self.fluid.drop_stale()  # (a superseded flow wake-up changes nothing)

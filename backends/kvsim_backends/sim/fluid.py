@@ -17,7 +17,11 @@ bytes through HBM at the flows' rates, those written into HBM apart) and the cop
 calls issuing their pages (``issue``). Any other job's slowdown (the older model,
 and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
 bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
-job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate.
+job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate. A fluid of a
+GPU that several ranks share (``share_compute``: ``node.ranks_per_gpu`` > 1, one fluid for
+their links, SM pool and HBM) shares its SMs by processor sharing: while n jobs run, each
+progresses at 1 / n of its own rate (its stretch ``(1 + slowdown) x n``); jobs are re-timed
+whenever one starts or ends. Without ``share_compute`` jobs run side by side, as before.
 
 Invariants: rates (and so the load and every slowdown) change only when the set of flows
 changes, or when compute starts or stops while an SM copy kernel moves bytes (the load
@@ -83,6 +87,7 @@ class Fluid:
         self.ce_slow = copy_engine_slowdown
         self.busy_eff = busy_cta_efficiency
         self.kinds = kinds  # the structural model (None: the older one for every job)
+        self.share_compute = False  # its jobs share the SMs (ranks on one GPU)
         self.flows: list[Flow] = []
         self.jobs: list[Job] = []
         self.busy_s = {r: 0.0 for r in self.cap}   # up to the last change of the flows
@@ -159,6 +164,9 @@ class Fluid:
             # compute starts: SM copy kernels drop to their busy rate
             self._sync_flows()
             self._realloc()
+        if self.share_compute:
+            self._reshare(job)
+            return done
         # (at its start, the very float ``ahead`` gives for a load that holds over it)
         left = work_s * (1.0 + self._slow_of(work))
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
@@ -236,6 +244,9 @@ class Fluid:
             slow = slow_m = 0.0
         else:
             _, slow, slow_m = kinds.parts(work, self._load)
+        n = len(self.jobs)
+        if self.share_compute and n > 1:  # processor sharing: 1 / n of the GPU each
+            slow, slow_m = (1.0 + slow) * n - 1.0, (1.0 + slow_m) * n - 1.0
         if slow == job.slow and slow_m == job.slow_m:
             return False
         job.slow, job.slow_m = slow, slow_m
@@ -275,7 +286,21 @@ class Fluid:
             if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
                 self._sync_flows()
                 self._realloc()
+        elif self.share_compute:
+            self._reshare(None)  # (the others' shares of the SMs grow)
         self.clock.succeed(job.done, now - job.start)
+
+    def _reshare(self, new: Job | None) -> None:
+        """The jobs' slowdowns for their number now (``share_compute``): each brought up to
+        now at its old ones and re-timed where they changed; ``new``, just added, timed."""
+        now = self.clock.now
+        for j in self.jobs:
+            old, old_m = j.slow, j.slow_m
+            if self._set_slow(j) and j is not new:
+                j.advance(now, old, old_m)
+                self._time_job(j)
+        if new is not None:
+            self._time_job(new)
 
     def _realloc(self) -> None:
         """New rates for the current flows (already synced to now), the slowdown they
