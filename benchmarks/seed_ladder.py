@@ -58,6 +58,12 @@ def verdict(seed_change: float, mean: float, lo: float, hi: float) -> str:
     return "opposite" if clear else "within spread"
 
 
+def paired_change(runs: dict, prev: dict, m: str) -> tuple[float, float, float]:
+    """Metric ``m``'s change from ``prev`` to ``runs``, paired by seed: mean, min, max."""
+    ch = [runs[s][m] / prev[s][m] - 1 for s in sorted(runs) if s in prev and prev[s][m]]
+    return statistics.fmean(ch), min(ch), max(ch)
+
+
 def markdown(data: dict, spec: dict, rows: list[str], prev_of: dict) -> None:
     """One line a row: each metric's seed value (step), kvsim's mean [min, max] over the
     seeds and its step paired by seed, mean [min, max], and the verdict."""
@@ -81,17 +87,14 @@ def markdown(data: dict, spec: dict, rows: list[str], prev_of: dict) -> None:
             if i < len(ladder):
                 sv = f"{seed_vals[i]:g}"
             if 0 < i < len(ladder):
-                prev = data[ladder[i - 1]]
-                ch = [runs[s][m] / prev[s][m] - 1 for s in sorted(runs) if s in prev and prev[s][m]]
-                cm = statistics.fmean(ch)
+                cm, lo, hi = paired_change(runs, data[ladder[i - 1]], m)
                 sc = seed_vals[i] / seed_vals[i - 1] - 1
                 sv += f" ({sc:+.0%})"
-                k += f" ({cm:+.1%} [{min(ch):+.1%}, {max(ch):+.1%}])"
-                vd = verdict(sc, cm, min(ch), max(ch))
+                k += f" ({cm:+.1%} [{lo:+.1%}, {hi:+.1%}])"
+                vd = verdict(sc, cm, lo, hi)
             elif v in prev_of:  # a row beside the ladder: its change from the row it replaces
-                prev = data[prev_of[v]]
-                ch = [runs[s][m] / prev[s][m] - 1 for s in sorted(runs) if s in prev and prev[s][m]]
-                k += f" (vs {prev_of[v]}: {statistics.fmean(ch):+.1%} [{min(ch):+.1%}, {max(ch):+.1%}])"
+                cm, lo, hi = paired_change(runs, data[prev_of[v]], m)
+                k += f" (vs {prev_of[v]}: {cm:+.1%} [{lo:+.1%}, {hi:+.1%}])"
             cells += [sv, k, vd]
         print("| " + " | ".join(cells) + " |")
 
@@ -134,13 +137,11 @@ def main(argv: list[str] | None = None) -> int:
             if i < len(ladder):
                 sv = f"{seed_vals[i]:.4g}"
             if 0 < i < len(ladder):
-                prev = data[ladder[i - 1]]
-                ch = [runs[s][m] / prev[s][m] - 1 for s in sorted(runs) if s in prev and prev[s][m]]
-                cm = statistics.fmean(ch)
-                step = f"{cm:+.1%} [{min(ch):+.1%}, {max(ch):+.1%}]"
+                cm, lo, hi = paired_change(runs, data[ladder[i - 1]], m)
+                step = f"{cm:+.1%} [{lo:+.1%}, {hi:+.1%}]"
                 sc = seed_vals[i] / seed_vals[i - 1] - 1
                 seed_step = f"{sc:+.0%}"
-                vd = verdict(sc, cm, min(ch), max(ch))
+                vd = verdict(sc, cm, lo, hi)
                 cells += 1
                 agree += vd.startswith("same")
             print(f"{v:<22} {sv:>8} {seed_step:>10} {cell:>28} {step:>32}  {vd}")
