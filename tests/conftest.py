@@ -111,3 +111,16 @@ def round_profile(**over):
     }
     d.update(over)
     return HardwareProfile.model_validate(d)
+
+
+def run_events(rt, evs: dict) -> dict:
+    """Run the runtime to the end (write-back too); each named event's (time, value)."""
+    out = {}
+
+    def watch(name, ev):
+        v = yield ev
+        out[name] = (rt.now, v)
+    for k, ev in evs.items():
+        rt.process(watch(k, ev))
+    rt.run()
+    return out

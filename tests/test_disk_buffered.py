@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import round_profile  # noqa: E402
+from conftest import round_profile, run_events  # noqa: E402
 from gpuskip import have_gpu  # noqa: E402
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.plan import Batch, BatchKind
@@ -42,22 +42,10 @@ def sim(workers=None, writes="buffered"):
                                            io_workers=workers, writes=writes))
 
 
-def ends(rt, evs: dict) -> dict:
-    """Each event's (time, value), the clock run until nothing is left (write-back too)."""
-    out = {}
-
-    def watch(name, ev):
-        v = yield ev
-        out[name] = (rt.now, v)
-    for k, ev in evs.items():
-        rt.process(watch(k, ev))
-    rt.run()
-    return out
-
 
 def test_a_write_below_the_dirty_limit_completes_at_memory_speed_then_expires_to_the_drive():
     rt, be = sim()
-    out = ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT))})
+    out = run_events(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT))})
     assert out["w"] == (pytest.approx(C, rel=1e-9), True)  # (direct: 1 ms + D)
     # one page dirty is below the background limit: written back when it expires, 1 s on
     assert rt.now == pytest.approx(C + 1.0 + D, rel=1e-9)
@@ -74,7 +62,7 @@ def test_writes_above_the_dirty_limit_throttle_to_the_drive(workers):
     third page makes the dirty bytes pass 2 pages; pages 5 and 6 each wait for a page's
     write-back, so they go at the drive's rate."""
     rt, be = sim(workers=workers)
-    out = ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 6, BatchKind.EVICT))})
+    out = run_events(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 6, BatchKind.EVICT))})
     # write-back of page 1 from 3C to 3C + D; page 5 copies then; page 2's ends at 3C + 2D
     assert out["w"] == (pytest.approx(3 * C + 2 * D + C, rel=1e-9), True)
     s = be.stats()
@@ -90,7 +78,7 @@ def test_writes_above_the_dirty_limit_throttle_to_the_drive(workers):
 
 def test_the_direct_default_writes_through_to_the_drive():
     rt, be = sim(workers=1, writes=None)
-    out = ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 2, BatchKind.EVICT))})
+    out = run_events(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 2, BatchKind.EVICT))})
     assert out["w"] == (pytest.approx(2 * (1e-3 + D), rel=1e-9), True)
     assert "page_cache_written_back" not in be.stats()
 
@@ -99,17 +87,17 @@ def test_reads_of_pages_the_cache_holds_skip_the_drive():
     """Slot 0 written, then read: a copy out of memory. Slot 40 never written: from the
     drive. Then 8 more pages written (the cache holds 8): slot 0 is out, from the drive."""
     rt, be = sim()
-    ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT))})
+    run_events(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT))})
     t0 = rt.now
-    out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, d0=10))})
+    out = run_events(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, d0=10))})
     assert out["r"] == (pytest.approx(t0 + C, rel=1e-9), True)
     t1 = rt.now
-    out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, s0=40, d0=11))})
+    out = run_events(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, s0=40, d0=11))})
     assert out["r"][0] == pytest.approx(t1 + R, rel=1e-9)
     for i in range(8):
-        ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=i, d0=20 + i))})
+        run_events(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=i, d0=20 + i))})
     t2 = rt.now
-    out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, d0=12))})
+    out = run_events(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, d0=12))})
     assert out["r"][0] == pytest.approx(t2 + R, rel=1e-9)
     s = be.stats()
     assert (s["page_cache_read_hits"], s["page_cache_read_misses"]) == (1, 2)
@@ -118,9 +106,9 @@ def test_reads_of_pages_the_cache_holds_skip_the_drive():
 
 def test_a_read_partly_in_the_cache_moves_the_rest_from_the_drive():
     rt, be = sim()
-    ends(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT))})
+    run_events(rt, {"w": be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT))})
     t0 = rt.now
-    out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 2, BatchKind.ONBOARD, d0=10))})
+    out = run_events(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 2, BatchKind.ONBOARD, d0=10))})
     assert out["r"][0] == pytest.approx(t0 + 1e-3 + PB / 2e9, rel=1e-9)  # half the bytes
 
 
@@ -130,7 +118,7 @@ def test_same_seed_same_timeline():
         evs = {i: be.transfer(batch(Level.HOST, Level.DISK, 3, BatchKind.EVICT, s0=3 * i, d0=3 * i))
                for i in range(4)}
         evs["r"] = be.transfer(batch(Level.DISK, Level.HOST, 2, BatchKind.ONBOARD, d0=40))
-        return ends(rt, evs), be.stats()
+        return run_events(rt, evs), be.stats()
     assert run() == run()
 
 
@@ -148,7 +136,6 @@ def test_buffered_needs_a_profile_with_a_page_cache():
 
 
 def test_profile_page_cache_limits_are_ordered():
-    from kvsim.config.hardware import HardwareProfile  # noqa: F401 (round_profile validates)
     with pytest.raises(ValueError, match="dirty_background .* is above dirty_limit"):
         round_profile(page_cache=dict(CACHE, dirty_background="32MiB"))
     with pytest.raises(ValueError, match="dirty_limit .* is above capacity"):

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import round_profile  # noqa: E402
+from conftest import round_profile, run_events  # noqa: E402
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
@@ -34,17 +34,6 @@ def batch(src, dst, n, kind, s0=0, d0=0, page=PB):
     return Batch(kind, src, dst, list(range(s0, s0 + n)), list(range(d0, d0 + n)), [0] * n, page, 0)
 
 
-def run_all(rt, evs: dict) -> dict:
-    out = {}
-
-    def watch(name, ev):
-        v = yield ev
-        out[name] = (rt.now, v)
-    for k, ev in evs.items():
-        rt.process(watch(k, ev))
-    rt.run()
-    return out
-
 
 def sim(mode=None, workers=None):
     rt = SimRuntime()
@@ -57,7 +46,7 @@ def test_sim_serial_a_restore_waits_behind_the_writes_queued_before_it():
     ev1 = be.transfer(batch(Level.HOST, Level.DISK, 4, BatchKind.EVICT))
     ev2 = be.transfer(batch(Level.HOST, Level.DISK, 2, BatchKind.EVICT, s0=4, d0=4))
     rd = be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, s0=10, d0=10))
-    out = run_all(rt, {"e1": ev1, "e2": ev2, "rd": rd})
+    out = run_events(rt, {"e1": ev1, "e2": ev2, "rd": rd})
     assert out["e1"] == (pytest.approx(4 * W, rel=1e-9), True)
     assert out["e2"] == (pytest.approx(6 * W, rel=1e-9), True)
     assert out["rd"] == (pytest.approx(6 * W + R, rel=1e-9), True)  # (the pool: W + R)
@@ -71,7 +60,7 @@ def test_sim_serial_against_the_pool_and_the_queue():
         rt, be = sim(mode, workers)
         be.transfer(batch(Level.HOST, Level.DISK, 4, BatchKind.EVICT))
         rd = be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, s0=10, d0=10))
-        return run_all(rt, {"rd": rd})["rd"][0]
+        return run_events(rt, {"rd": rd})["rd"][0]
     serial, pool = restore_end("serial", None), restore_end("pool", 1)
     assert serial == pytest.approx(4 * W + R, rel=1e-9)
     assert pool == pytest.approx(W + R, rel=1e-9)

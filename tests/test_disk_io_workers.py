@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import round_profile  # noqa: E402
+from conftest import round_profile, run_events  # noqa: E402
 from kvsim.run.seam import settings_for
 from kvsim.config import ConfigFileError, load_config
 from kvsim.core.datapath.diskio import IoClass
@@ -43,24 +43,12 @@ def batch(src, dst, n, kind, s0=0, d0=0, page=PB):
     return Batch(kind, src, dst, list(range(s0, s0 + n)), list(range(d0, d0 + n)), [0] * n, page, 0)
 
 
-def ends(rt, evs: dict) -> dict:
-    """Run to the end; each named event's completion time and value."""
-    out = {}
-
-    def watch(name, ev):
-        v = yield ev
-        out[name] = (rt.now, v)
-    for k, ev in evs.items():
-        rt.process(watch(k, ev))
-    rt.run()
-    return out
-
 
 def test_sim_a_restore_overtakes_queued_eviction_writes():
     rt, be = sim(1)
     ev = be.transfer(batch(Level.HOST, Level.DISK, 4, BatchKind.EVICT))  # takes the worker
     rd = be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, s0=10, d0=10))
-    out = ends(rt, {"evict": ev, "restore": rd})
+    out = run_events(rt, {"evict": ev, "restore": rd})
     assert out["restore"] == (pytest.approx(W + R, rel=1e-9), True)  # after one write piece
     assert out["evict"] == (pytest.approx(4 * W + R, rel=1e-9), True)
     assert be.stats()["disk_pieces"] == 5
@@ -70,7 +58,7 @@ def test_sim_an_aged_write_jumps_a_long_restore_once_then_the_reads_go_on():
     rt, be = sim(1)
     rd = be.transfer(batch(Level.DISK, Level.HOST, 10, BatchKind.ONBOARD))
     ev = be.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=20, d0=20))
-    out = ends(rt, {"restore": rd, "evict": ev})
+    out = run_events(rt, {"restore": rd, "evict": ev})
     j = math.ceil(0.010 / R)  # the read pieces that end before the write has waited 10 ms
     assert out["evict"][0] == pytest.approx(j * R + W, rel=1e-9)
     assert out["restore"][0] == pytest.approx(10 * R + W, rel=1e-9)
@@ -87,7 +75,7 @@ def test_sim_background_writes_go_last_unless_promoted():
         rd = be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD, s0=33, d0=33))
         if promote:
             assert be.promote(bg_batch) == 1
-        out = ends(rt, {"blocker": blocker, "bg": bg, "wr": wr, "rd": rd})
+        out = run_events(rt, {"blocker": blocker, "bg": bg, "wr": wr, "rd": rd})
         t = {k: v[0] for k, v in out.items()}
         assert t["blocker"] == pytest.approx(W) and t["rd"] == pytest.approx(W + R)
         if promote:  # pushed before the eviction: first among the writes now
@@ -102,7 +90,7 @@ def test_sim_a_failed_piece_fails_its_transfer_and_its_queued_pieces_never_run()
     be.fail_next_transfer(1)
     bad = be.transfer(batch(Level.DISK, Level.HOST, 4, BatchKind.ONBOARD))
     good = be.transfer(batch(Level.DISK, Level.HOST, 2, BatchKind.ONBOARD, s0=8, d0=8))
-    out = ends(rt, {"bad": bad, "good": good})
+    out = run_events(rt, {"bad": bad, "good": good})
     assert out["bad"] == (pytest.approx(R), False)       # its first piece, then it fails
     assert out["good"] == (pytest.approx(3 * R), True)   # the 3 pieces left never ran
     s = be.stats()
@@ -111,20 +99,20 @@ def test_sim_a_failed_piece_fails_its_transfer_and_its_queued_pieces_never_run()
 
 def test_sim_n_workers_share_the_device_and_pay_the_op_latency_each():
     rt, be = sim(4)
-    out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 16, BatchKind.ONBOARD))})
+    out = run_events(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 16, BatchKind.ONBOARD))})
     assert out["r"][0] == pytest.approx(4 * (LAT + 4 * PB / 2e9), rel=1e-9)  # 4 waves of 4
 
 
 def test_sim_gpu_to_disk_pieces_after_the_copy_call():
     rt, be = sim(1)
-    out = ends(rt, {"g": be.transfer(batch(Level.GPU, Level.DISK, 1, BatchKind.EVICT))})
+    out = run_events(rt, {"g": be.transfer(batch(Level.GPU, Level.DISK, 1, BatchKind.EVICT))})
     assert out["g"] == (pytest.approx(CALL + PER_PAGE + W, rel=1e-9), True)
 
 
 def test_sim_io_workers_zero_is_todays_model():
     rt, be = sim(0)
     assert be.disk_pool is None and "disk_pieces" not in be.stats()
-    out = ends(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD))})
+    out = run_events(rt, {"r": be.transfer(batch(Level.DISK, Level.HOST, 1, BatchKind.ONBOARD))})
     assert out["r"][0] == pytest.approx(LAT + PB / 2e9, rel=1e-9)
     with pytest.raises(ValueError, match=r"cache\.tiers\[2\]\.io_workers"):
         sim(-1)
@@ -324,7 +312,7 @@ def test_compares_sim_side_reads_disk_checks_as_pool_pieces():
     blocker = w.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=40, d0=40))
     wr = w.transfer(batch(Level.HOST, Level.DISK, 1, BatchKind.EVICT, s0=41, d0=41))
     chk = w.read_tags_later(Level.DISK, [50, 51])
-    out = ends(rt, {"blocker": blocker, "wr": wr, "chk": chk})
+    out = run_events(rt, {"blocker": blocker, "wr": wr, "chk": chk})
     assert be.stats()["disk_pieces"] == 4
     assert out["chk"][0] < out["wr"][0]  # the check's pieces went before the queued write
     assert w.promote(batch(Level.HOST, Level.DISK, 1, BatchKind.BACKGROUND)) == 0
