@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
@@ -236,9 +237,9 @@ def test_calibrate_fits_the_power_state_from_its_gemm_trains():
 def test_gpu_gemm_steps_after_idle_run_short_and_the_fit_says_so():
     """On a GPU (the lead runs it on the H200): calibrate's trains of a prefill chunk's
     steps after idle. The first step after 2 s of idle runs at least 3% short of nominal
-    (the 2026-12-03 replays: -5 to -12%), the 24th of a train straight after others no
-    shorter than the first of it, and the power state fitted to them predicts their GPU
-    times better than the calibrated rate."""
+    (the 2026-12-03 replays: -5 to -12%), the last steps of a train straight after others
+    no shorter than its first (medians of 4, up to 1.5%), and the power state fitted to them
+    predicts their GPU times better than the calibrated rate."""
     from kvsim.run.seam import settings_for as sf
     from kvsim.tools.fitkinds import kind_works
     from kvsim.tools.measured import Measured
@@ -254,8 +255,12 @@ def test_gpu_gemm_steps_after_idle_run_short_and_the_fit_says_so():
     assert len(rows) == 2 * sum(POWER_TRAIN)
     first = rows[0]
     assert first[2] < 0.97 * first[1], f"after 2 s idle: {first[2] * 1e3:.2f} ms of {first[1] * 1e3:.2f}"
-    last_train = rows[sum(POWER_TRAIN[:-1]):sum(POWER_TRAIN)]
-    assert last_train[-1][2] >= last_train[0][2]
+    # a train straight after others runs at the hot rate: its last steps are no shorter than
+    # its first, up to one step's noise (medians of 4 against 4, 1.5%: the boost is 6-8%;
+    # single steps differed by -1.0% on the H200, 2026-12-03 10:15)
+    last_train = [r[2] for r in rows[sum(POWER_TRAIN[:-1]):sum(POWER_TRAIN)]]
+    head, tail = statistics.median(last_train[:4]), statistics.median(last_train[-4:])
+    assert tail >= 0.985 * head, f"the hot train's last steps {tail * 1e3:.2f} ms, first {head * 1e3:.2f} ms"
     steps = fitboost.steps_of(rows)
     b, err = fitboost.fit([steps])
     print(f"compute.boost: {b}, mean |rel err| {fitboost.error([steps], None):.2%} -> {err:.2%}")
