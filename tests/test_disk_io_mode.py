@@ -121,6 +121,54 @@ def test_hw_backend_reads_io_mode(tmp_path):
         be.close()
 
 
+class Hold:
+    """An I/O hook that, once ``armed``, holds the first piece until ``go`` is set, and
+    records the disk slot each piece touches from then on."""
+
+    def __init__(self):
+        self.armed = False
+        self.go = threading.Event()
+        self.order: list[int] = []
+
+    def __call__(self, op, off, nbytes):
+        if not self.armed or op not in ("read", "write"):
+            return
+        self.order.append(off // PB_HW)
+        if len(self.order) == 1:
+            self.go.wait(10)
+
+
+def test_hw_serial_keeps_a_staged_transfer_whole(tmp_path):
+    """GPU <-> disk goes through staging buffers a buffer at a time (here one page each,
+    two in flight), so a disk -> GPU read of three pages submits its third piece only
+    after its first is done. Serial: a write submitted after the read still waits for
+    all three, and the read brings back the bytes the disk held."""
+    from kvsim_backends.hw import HwBackend, RealtimeRuntime
+    hold = Hold()
+    rt = RealtimeRuntime()
+    be = HwBackend(rt, settings_for(PB_HW, {Level.GPU: 8, Level.DISK: 32}, disk_dir=tmp_path,
+                                    device="cpu", profile=round_profile(), io_mode="serial",
+                                    staging_bytes=PB_HW, io_hook=hold))
+    try:
+        pages = np.arange(3 * PB_HW, dtype=np.uint64).view(np.uint8)[: 3 * PB_HW].reshape(3, PB_HW)
+        for f in be.disk.submit_writes(np.array([10, 11, 12]), pages):
+            f.result(timeout=10)
+        be.disk.mark_written(np.array([10, 11, 12]))
+        hold.armed = True
+        first = be.transfer(batch(Level.GPU, Level.DISK, 1, BatchKind.EVICT, page=PB_HW))
+        read = be.transfer(batch(Level.DISK, Level.GPU, 3, BatchKind.ONBOARD, s0=10, d0=4, page=PB_HW))
+        last = be.transfer(batch(Level.GPU, Level.DISK, 1, BatchKind.EVICT, s0=1, d0=20, page=PB_HW))
+        threading.Timer(0.3, hold.go.set).start()
+        assert rt.run(rt.all_of([first, read, last])) is not None
+        assert (first.value, read.value, last.value) == (True, True, True)
+        assert hold.order == [0, 10, 11, 12, 20]  # (the read cut in two: 0, 10, 11, 20, 12)
+        assert np.array_equal(be.gpu.view[4:7], pages)
+        assert be.staged.turn.turns == 3 and not be.staged.turn.busy
+    finally:
+        hold.go.set()
+        be.close()
+
+
 @pytest.mark.parametrize("sets, msg", [
     (["cache.tiers[2].io_mode=serial", "cache.tiers[2].io_workers=4"], r"tiers\[2\]: .*io_workers must be 0"),
     (["cache.tiers[2].io_mode=pool"], r"tiers\[2\]: io_mode pool needs io_workers > 0"),

@@ -57,7 +57,7 @@ from .hostfill import HostFill
 from .hosttier import HostSlots, SharedHost, start_host_fill
 from .memory import DeviceArena, StagingPool
 from .order import StreamOrder
-from .staged import StagedDisk
+from .staged import SerialTurn, StagedDisk
 from .standin import StandIn
 from .steps import Steps
 from .waits import Waits
@@ -221,8 +221,10 @@ class HwBackend:
         self.copies = Copies(cp, self.page_bytes, self.gpu, self.host, self.waits, paths={}, ctas={},
                              threads_per_cta=self.threads_per_cta, streams=self.streams,
                              kernels=self.kernels, copier=self.copier, order=self.order)
-        self.staged = (StagedDisk(self.disk, self.host, self.staging, self.copies, self.waits, self.errors)
-                       if self.disk is not None else None)
+        turn = (None if self.disk is None or self.settings.disk.io_mode != "serial" else SerialTurn(self.runtime)
+                if self.settings.ranks == 1 else self.runtime.shared("disk_turn", lambda: SerialTurn(self.runtime)))
+        self.staged = (StagedDisk(self.disk, self.host, self.staging, self.copies, self.waits, self.errors,
+                                  turn) if self.disk is not None else None)
         self.steps = Steps(self.runtime, logs, cp, self.streams, self.kernels, self.standin,
                            self.compute_chunk_s)
         self.checker = Checker(self.runtime, self.page_bytes, self.refcheck, self.gpu, self.host,
@@ -376,15 +378,15 @@ class HwBackend:
             return ev
         if key == (Level.GPU, Level.GPU):
             return self.copies.gpu_gpu(src, dst)
-        staged = self.staged
+        staged = self.staged  # (its process: in the disk's turn where io_mode is serial)
         if key == (Level.HOST, Level.DISK):
-            return self.runtime.process(staged.host_to_disk(src, dst, io, io_class(batch), batch))
+            return staged.process(staged.host_to_disk(src, dst, io, io_class(batch), batch))
         if key == (Level.DISK, Level.HOST):
-            return self.runtime.process(staged.disk_to_host(src, dst, io, batch))
+            return staged.process(staged.disk_to_host(src, dst, io, batch))
         if key == (Level.GPU, Level.DISK):
-            return self.runtime.process(staged.gpu_to_disk(src, dst, io, io_class(batch), batch))
+            return staged.process(staged.gpu_to_disk(src, dst, io, io_class(batch), batch))
         if key == (Level.DISK, Level.GPU):
-            return self.runtime.process(staged.disk_to_gpu(src, dst, io, batch))
+            return staged.process(staged.disk_to_gpu(src, dst, io, batch))
         raise ValueError(f"batch: no transfer from {batch.src.name} to {batch.dst.name}")
 
     def onboard_from(self, other: "HwBackend", batch: Batch) -> Any:
@@ -398,8 +400,8 @@ class HwBackend:
             raise RuntimeError("onboard_from: the backend (or the sibling's disk) is closed")
         src, dst = batch_slots(batch, self.page_bytes, self.slots)
         staged = StagedDisk(other.disk, self.host, self.staging, self.copies, self.waits,
-                            self.errors)
-        return self.runtime.process(staged.disk_to_gpu(src, dst, [], batch))
+                            self.errors, self.staged.turn)  # (the node's one drive: one turn)
+        return staged.process(staged.disk_to_gpu(src, dst, [], batch))
 
     def compute(self, duration_s: float, work: StepWork | None = None) -> Any:
         return self.steps.compute(duration_s, work)

@@ -1,0 +1,80 @@
+"""benchmarks/page_cache.py, tiny (32 MiB in 1 MiB pieces): it prints the profile's
+``page_cache`` keys as YAML the profile's model accepts, the timeline beside the sim's,
+and its headline last; it removes its file when it ends, when it fails, and one a killed
+run left behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvsim import scratch
+from kvsim.config.pagecachespec import PageCacheSpec
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="needs Linux's /proc")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench():
+    spec = importlib.util.spec_from_file_location("page_cache_bench", ROOT / "benchmarks" / "page_cache.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tiny_run_prints_the_keys_and_leaves_nothing(tmp_path, capsys):
+    dead = tmp_path / f"kvsim-pagecache.kvsim-{2**22 + 7}-1-{scratch._host()}-abcdefgh.bin"
+    dead.write_bytes(b"x")  # a killed run's file (no process has that pid)
+    other = tmp_path / "keep.bin"
+    other.write_bytes(b"y")  # not a scratch file: never touched
+    assert bench().main(["--dir", str(tmp_path), "--size", str(32 / 1024), "--piece", "1",
+                         "--read", str(8 / 1024)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.bin"]
+    name, value = out[-1].split(": ")
+    assert name == "page_cache_sim_rel_err" and float(value) > -1.0
+    start = out.index("page_cache:")
+    keys = yaml.safe_load("\n".join(out[start:start + 6]))["page_cache"]
+    spec = PageCacheSpec.model_validate(keys)  # the profile's own validation
+    assert spec.rate > 0 and spec.dirty_background <= spec.dirty_limit <= spec.capacity
+    rows = [line.split() for line in out if line.startswith("# ") and line[2:].strip()[:1].isdigit()]
+    assert len(rows) == 10 and float(rows[-1][1]) == pytest.approx(32 / 1024, abs=1e-3)
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+
+
+def test_a_failed_run_removes_its_file(tmp_path, monkeypatch):
+    mod = bench()
+
+    def boom(fd, size, piece):
+        os.pwrite(fd, b"z" * 4096, 0)
+        raise KeyboardInterrupt  # as Ctrl-C mid-write
+
+    monkeypatch.setattr(mod, "write_file", boom)
+    with pytest.raises(KeyboardInterrupt):
+        mod.main(["--dir", str(tmp_path), "--size", str(8 / 1024), "--piece", "1"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_missing_folder_is_refused(tmp_path, capsys):
+    assert bench().main(["--dir", str(tmp_path / "nope")]) == 2
+    assert "--dir" in capsys.readouterr().err
+
+
+def test_phases_find_the_throttle_in_a_known_timeline():
+    """4 MiB pieces: 1 GiB at 8 GB/s, then 1 GiB at 2 GB/s; Dirty sampled every 64 MiB is
+    the bytes written so far. The memory rate, the final rate and the onset (the first
+    64 MiB window after 1 GiB) come back."""
+    import numpy as np
+    mib, piece = 2**20, 4 * 2**20
+    n = 512
+    dt = np.where(np.arange(n) < 256, piece / 8e9, piece / 2e9)
+    ends = np.cumsum(dt)
+    dirty = [((i + 1) * piece, (i + 1) * piece) for i in range(15, n, 16)]
+    ph = bench().phases(ends, piece, dirty)
+    assert ph["memory_rate"] == pytest.approx(8e9) and ph["throttled_rate"] == pytest.approx(2e9)
+    assert ph["throttle_at"] == 1024 * mib and ph["dirty_at_throttle"] == 1024 * mib
