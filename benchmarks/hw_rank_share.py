@@ -1,15 +1,19 @@
 """How two ranks' steps share one GPU on the hw backend: what each kind of step loses to
 another rank's step running at once on the same GPU.
 
-Two ranks on one GPU each launch their steps on their own compute stream (the hw
-backend's ranks: threads of one process, ``node.ranks_per_gpu``). Each cell pairs a
-*victim* step (about ``--victim-ms`` of one kind) with an *other* step (three times as
-long, launched first, so that it covers the victim's whole run) on a second stream; the
-victim's GPU time (CUDA events on its stream) with the other beside it, over its time
-alone: its stretch. Kinds (the stand-in's work, ``kvsim_backends.hw.standin``):
+Two ranks on one GPU each launch their steps on their own compute stream from the one
+runtime thread (the hw backend's ranks, ``node.ranks_per_gpu``), a step's kernels all at
+once when the rank's previous step has ended. Each cell runs two such ranks for
+``--window-ms``, each launching steps of its kind back to back (one step in flight a
+rank, as a replay's loop without run-ahead), and takes each rank's steps that ran while
+the other's ran too (its first and last dropped): their median GPU time (CUDA events on
+its stream) over the same step's alone, its stretch. Kinds (the stand-in's work,
+``kvsim_backends.hw.standin``, each at its nominal step time on the profile's compute
+model):
 
 - ``prefill-256`` / ``prefill-4096``: a prefill chunk of 256 / 4096 tokens (tensor-core
-  GEMM chains at M = 256 / 4096: kernels of tens to hundreds of microseconds);
+  GEMM chains at M = 256 / 4096, kernels of tens to hundreds of microseconds; the short
+  chunk's overhead share as reads);
 - ``decode``: a decode step of 4 requests at 32K context (HBM reads in kernels of
   ``--chunk-ms``, the stand-in's ``hw.compute_chunk_s``).
 
@@ -19,11 +23,11 @@ streams' kernels take turns, so a step's share is its kernel's length over the s
 both steps' kernel lengths: stretch (k_v + k_o) / k_v), with each kind's kernel length
 measured here (its GPU time alone over its kernels).
 
-    python3 benchmarks/hw_rank_share.py [--victim-ms 20] [--chunk-ms 0.5,0.1] [--reps 5]
+    python3 benchmarks/hw_rank_share.py [--window-ms 400] [--chunk-ms 0.5,0.1] [--reps 5]
         [--model llama-3-8b] [--json OUT]
 
 Needs CuPy and a CUDA GPU. Prints ``rank_share_kernel_rule_closer: K of N`` last: the
-cells where the kernel-length rule is closer to the measured stretch than processor
+rank-steps where the kernel-length rule is closer to the measured stretch than processor
 sharing.
 """
 
@@ -34,6 +38,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
@@ -64,24 +69,53 @@ def kernels_of(si, seconds: float, work) -> int:
     return len(si.model.projections) * sum(k for _, k in gemms) + -(-ctas // per)
 
 
-def timed(cp, si, stream, seconds: float, work, other=None) -> float:
-    """GPU seconds of ``seconds`` of ``work`` on ``stream``, with ``other`` = (stream,
-    seconds, work) launched just before it (None: alone)."""
-    if other is not None:
-        si.launch(other[0], other[1], other[2])
-    a, b = cp.cuda.Event(), cp.cuda.Event()
-    a.record(stream)
-    si.launch(stream, seconds, work)
-    b.record(stream)
-    b.synchronize()
-    if other is not None:
-        other[0].synchronize()
-    return cp.cuda.get_elapsed_time(a, b) / 1e3
+def alone_s(cp, si, stream, work, reps: int) -> float:
+    """Median GPU seconds of one step of ``work`` (its nominal time) alone, warm."""
+    out = []
+    for i in range(reps + 2):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(stream)
+        si.launch(stream, work.seconds, work)
+        b.record(stream)
+        b.synchronize()
+        if i >= 2:
+            out.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
+    return statistics.median(out)
+
+
+def together(cp, si, streams, pair, window_s: float) -> list[list[float]]:
+    """Each rank's step GPU seconds while both ran: ``pair`` (work, work) launched step by
+    step on ``streams`` from this thread for ``window_s``."""
+    took: list[list[float]] = [[], []]
+    cur: list = [None, None]
+    t_end = time.perf_counter() + window_s
+
+    def launch(i):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(streams[i])
+        si.launch(streams[i], pair[i].seconds, pair[i])
+        b.record(streams[i])
+        cur[i] = (a, b)
+
+    launch(0)
+    launch(1)
+    live = [True, True]
+    while any(live):
+        for i in (0, 1):
+            if not live[i] or not cur[i][1].query():
+                continue
+            took[i].append(cp.cuda.get_elapsed_time(*cur[i]) / 1e3)
+            if time.perf_counter() < t_end:
+                launch(i)
+            else:
+                live[i] = False
+    # the first step of each started before the other's, the last may have run alone
+    return [t[1:-1] for t in took]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--victim-ms", type=float, default=20.0)
+    ap.add_argument("--window-ms", type=float, default=400.0)
     ap.add_argument("--chunk-ms", default="0.5,0.1")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--model", default="llama-3-8b")
@@ -97,32 +131,31 @@ def main() -> None:
                                         model=a.model, compute_chunk_s=chunk_ms / 1e3))
         try:
             si = be.standin
-            s1 = cp.cuda.Stream(non_blocking=True)
-            s2 = cp.cuda.Stream(non_blocking=True)
+            streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
             w = works(a.model)
-            v_s = a.victim_ms / 1e3
-            alone, klen = {}, {}
-            for kind, work in w.items():
-                for _ in range(2):  # warm
-                    timed(cp, si, s1, v_s, work)
-                alone[kind] = statistics.median(timed(cp, si, s1, v_s, work) for _ in range(a.reps))
-                klen[kind] = alone[kind] / max(1, kernels_of(si, v_s, work))
-            for victim in w:
-                for other in w:
-                    got = statistics.median(
-                        timed(cp, si, s1, v_s, w[victim], (s2, 3 * v_s, w[other])) for _ in range(a.reps))
-                    x = got / alone[victim]
-                    kr = (klen[victim] + klen[other]) / klen[victim]
-                    near = abs(kr - x) < abs(2.0 - x)
-                    closer += near
-                    rows.append({"chunk_ms": chunk_ms, "victim": victim, "other": other,
-                                 "alone_ms": alone[victim] * 1e3, "with_ms": got * 1e3, "stretch": x,
-                                 "kernel_rule": kr, "ps_rule": 2.0,
-                                 "victim_kernel_us": klen[victim] * 1e6, "other_kernel_us": klen[other] * 1e6})
-                    print(f"chunk {chunk_ms:.2f} ms  {victim:>12} beside {other:>12}: "
-                          f"{alone[victim] * 1e3:6.2f} -> {got * 1e3:6.2f} ms  x{x:.2f}  "
-                          f"(kernel rule x{kr:.2f}, kernels {klen[victim] * 1e6:.0f} / {klen[other] * 1e6:.0f} us; "
-                          f"processor sharing x2.00)", flush=True)
+            alone = {k: alone_s(cp, si, streams[0], wk, a.reps) for k, wk in w.items()}
+            klen = {k: alone[k] / max(1, kernels_of(si, wk.seconds, wk)) for k, wk in w.items()}
+            kinds = list(w)
+            for i, ka in enumerate(kinds):
+                for kb in kinds[i:]:
+                    got = together(cp, si, streams, (w[ka], w[kb]), a.window_ms / 1e3)
+                    for me, other, t in ((ka, kb, got[0]), (kb, ka, got[1])):
+                        if not t:
+                            print(f"chunk {chunk_ms:.2f} ms  {me:>12} beside {other:>12}: no step ran beside the other")
+                            continue
+                        x = statistics.median(t) / alone[me]
+                        kr = (klen[me] + klen[other]) / klen[me]
+                        closer += abs(kr - x) < abs(2.0 - x)
+                        rows.append({"chunk_ms": chunk_ms, "rank": me, "other": other, "steps": len(t),
+                                     "alone_ms": alone[me] * 1e3, "with_ms": statistics.median(t) * 1e3,
+                                     "stretch": x, "kernel_rule": kr, "ps_rule": 2.0,
+                                     "kernel_us": klen[me] * 1e6, "other_kernel_us": klen[other] * 1e6})
+                        print(f"chunk {chunk_ms:.2f} ms  {me:>12} beside {other:>12}: {len(t):3d} steps "
+                              f"{alone[me] * 1e3:6.2f} -> {statistics.median(t) * 1e3:6.2f} ms  x{x:.2f}  "
+                              f"(kernel rule x{kr:.2f}, kernels {klen[me] * 1e6:.0f} / {klen[other] * 1e6:.0f} us; "
+                              f"processor sharing x2.00)", flush=True)
+                        if ka == kb:
+                            break
         finally:
             be.close()
     if a.json:
