@@ -102,7 +102,7 @@ def together(cp, si, streams, pair, window_s: float) -> list[list[float]]:
     live = [True, True]
     while any(live):
         for i in (0, 1):
-            if not live[i] or not cur[i][1].query():
+            if not live[i] or not cur[i][1].done:
                 continue
             took[i].append(cp.cuda.get_elapsed_time(*cur[i]) / 1e3)
             if time.perf_counter() < t_end:

@@ -102,7 +102,10 @@ class HwSettings:
     ``device``: the GPU when CuPy finds one (``auto``), or ``cpu``/``gpu``; ``time_scale``:
     simulated seconds a wall second; ``staging_bytes``: pinned staging for GPU <-> disk;
     ``compute_graphs``: the busy kernel and the stand-in's reads launched through CUDA
-    graphs; ``compute_chunk_s``: one busy or read kernel's length; ``compute_standin``:
+    graphs; ``compute_chunk_s``: one busy or read kernel's length (0.1 ms: two ranks' steps
+    on one GPU then share it by turns of their kernels, as ``benchmarks/hw_rank_share.py``
+    measured on the H200, 2026-12-03; at 0.5 ms a decode beside a long prefill waited for
+    most of it); ``compute_standin``:
     a step's work runs as the compute stand-in (GEMMs and HBM reads,
     ``kvsim_backends.hw.standin``), else as the busy kernel (a load of the SMs alone);
     ``check_capacity``: refuse tiers larger than the machine can give, before
@@ -112,7 +115,7 @@ class HwSettings:
     time_scale: float = 1.0
     staging_bytes: int = 64 << 20
     compute_graphs: bool = True
-    compute_chunk_s: float = 0.5e-3
+    compute_chunk_s: float = 0.1e-3
     compute_standin: bool = True
     check_capacity: bool = True
 
