@@ -34,8 +34,9 @@ What the model charges (all default 0: the loop costs nothing):
   idle, and only what is left of it when the hold ends meets the step.
 - ``refcheck.holds_sms``: which checks take every SM while they read, so that a step
   running or launched meanwhile makes no progress until the check ends (the hw
-  ``kv_check`` is a grid of up to 65535 CTAs queued ahead of the step's kernels: host
-  pages read through their mapped address hold the SMs at the link's rate). ``none``
+  ``kv_check`` is a grid of up to 65535 CTAs on a stream of the highest priority, the
+  step's on the lowest: host pages, read through their mapped address at about the SM
+  copy kernel's rate, hold the SMs for ~44 us a 2 MiB page on the H200). ``none``
   (the default): a check's CTAs slow compute as copy-kernel CTAs do; ``host``: checks
   of host pages hold them; ``all``: GPU pages' checks too.
 

@@ -23,8 +23,8 @@ their links, SM pool and HBM) shares its SMs by processor sharing: while n jobs 
 progresses at 1 / n of its own rate (its stretch ``(1 + slowdown) x n``); jobs are re-timed
 whenever one starts or ends. Without ``share_compute`` jobs run side by side, as before.
 While a kernel that takes every SM runs (``hold``: the hw refcheck's kernel, a grid of
-CTAs queued ahead of the step's), jobs make no progress: each resumes where it was when
-the last hold ends.
+CTAs on a stream of higher priority than the step's), jobs make no progress: each
+resumes where it was when the last hold ends.
 
 Invariants: rates (and so the load and every slowdown) change only when the set of flows
 changes, or when compute starts or stops while an SM copy kernel moves bytes (the load
