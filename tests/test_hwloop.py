@@ -89,6 +89,44 @@ def test_a_host_check_beside_compute_slows_both():
     assert took == pytest.approx(1e-3 + read * 0.2 / 1.2, rel=1e-9)
 
 
+def test_a_held_host_check_stops_the_step_beside_it():
+    """refcheck.holds_sms: host: a check of 8 host pages (2 MiB) launched beside a 1 ms step
+    holds every SM while it reads, at the SM copy kernel's ceiling (25 GB/s here, below the
+    link's 50) and at that full rate (the held step takes no SM from it): the step makes no
+    progress for those 84 us and ends that much later, not slowed otherwise."""
+    sm = {"count": 8, "cta_onboard": "10GB/s", "cta_offload": "10GB/s", "threads_per_cta": 128,
+          "copy_cta_slots": 8, "launch": "5us", "h2d": "25GB/s",
+          "interference": {"sm_kernel_slowdown": 0.2, "sm_kernel_ctas": 4,
+                           "copy_engine_slowdown": 0.1, "busy_cta_efficiency": 0.5}}
+    rt, be, _ = make(round_profile(sm=sm), refcheck={**CHECK, "holds_sms": "host"})
+    be.fill(Fill(Level.HOST, np.arange(8), np.arange(1, 9, dtype=np.uint64)))
+    done = be.compute(1e-3)
+    t_check, _ = finish(rt, be.read_tags_later(Level.HOST, np.arange(8)))
+    read = 8 * 256 * KiB / 25e9
+    assert t_check == pytest.approx(CHECK_LAT + read, rel=1e-9)
+    _, took = finish(rt, done)
+    assert took == pytest.approx(1e-3 + read, rel=1e-9)
+
+
+@pytest.mark.parametrize("holds", ["none", "host", "all"])
+def test_which_checks_hold_the_sms(holds):
+    """A check of 8 GPU pages (2 MiB from HBM, 4 TB/s) beside a 1 ms step: held only with
+    ``all`` (the step ends the read's time later), else its 4 CTAs slow the step as before
+    (``none`` and ``host`` alike, by less than the read's time)."""
+    def took(h):
+        rt, be, _ = make(refcheck={**CHECK, "holds_sms": h})
+        be.fill(Fill(Level.GPU, np.arange(8), np.arange(1, 9, dtype=np.uint64)))
+        done = be.compute(1e-3)
+        finish(rt, be.read_tags_later(Level.GPU, np.arange(8)))
+        return finish(rt, done)[1]
+
+    read = 8 * 256 * KiB / 4e12
+    if holds == "all":
+        assert took(holds) == pytest.approx(1e-3 + read, rel=1e-9)
+    else:
+        assert took(holds) == took("none") and 1e-3 < took(holds) < 1e-3 + read
+
+
 def test_a_check_reads_the_tags_as_they_were_when_it_started():
     """As on hw (a later write into a checked slot waits for the check), a slot rewritten
     while its modelled check runs does not change what the check found."""
@@ -195,6 +233,16 @@ def test_the_shipped_model_starts_checks_at_their_launch_and_a_bad_start_is_refu
     assert f"{bad}: refcheck.start" in str(e.value)
 
 
+def test_the_shipped_model_holds_the_sms_for_host_checks_and_a_bad_value_is_refused(tmp_path):
+    assert load_hw_loop("h200").refcheck.holds_sms == "host"
+    assert HwLoopModel().refcheck.holds_sms == "none"  # (a model without the key: as before)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("refcheck: {holds_sms: gpu}\n")
+    with pytest.raises(ProfileError) as e:
+        load_hw_loop(bad)
+    assert f"{bad}: refcheck.holds_sms" in str(e.value)
+
+
 # -- the spec and the hardware profile ------------------------------------------------------
 
 
@@ -250,7 +298,7 @@ def test_a_saved_runs_recorded_profile_gives_up_its_loop_terms(tmp_path):
     assert hw.profile == load_profile("h200-pcie-calibrated")
     assert (loop.resume, loop.resume_per_page, loop.transfer, loop.disk) == (1e-3, 0.0, 2e-4, 0.0)
     assert loop.refcheck.model_dump() == {"latency": 3e-4, "ctas": 64, "launch_per_page": 1e-7,
-                                          "start": "hold_end"}  # (placed as it was then)
+                                          "start": "hold_end", "holds_sms": "none"}  # (as then)
     summary["hardware_profile"]["refcheck"]["gpu_stall"] = 1.0  # not a term it knows
     (folder / "hw" / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(ValueError, match="(?s)hardware_profile: loop/refcheck: .*gpu_stall"):
@@ -303,9 +351,10 @@ def test_the_saved_h200_slice_run_is_predicted_as_before_the_move(tmp_path, refc
     d = load_profile(FIXTURE / "h200-pcie-calibrated-2324.yaml").model_dump()
     d["sm"]["interference"].update(busy_cta_efficiency=0.4, busy_start=0.0)
     then = HardwareProfile.model_validate(d)
-    # (and the check placed as it was then: at the hold's end)
+    # (and the check placed as it was then: at the hold's end, holding no SM)
     model = load_hw_loop("h200")
-    model = model.model_copy(update={"refcheck": model.refcheck.model_copy(update={"start": "hold_end"})})
+    model = model.model_copy(update={"refcheck": model.refcheck.model_copy(
+        update={"start": "hold_end", "holds_sms": "none"})})
     report, _ = compare_saved(cfg, FIXTURE, str(trace), profile=then, hw_loop=model)
     got = {k: report["metrics"][k]["sim"] for k in BEFORE[refcheck]}
     assert got == pytest.approx(BEFORE[refcheck], rel=1e-12)

@@ -316,3 +316,69 @@ def test_the_sim_backends_copy_engine_calls_issue_by_their_host_bound_share():
     share = 1 - 256 * KiB / prof.link.h2d / 20e-6
     assert be.issue_share["h2d"] == pytest.approx(share)
     assert _took(be, rt, GEMM) == pytest.approx(0.001 * (1 + 0.3 * share), rel=1e-12)
+
+
+def test_a_hold_stops_every_job_until_the_last_one_ends():
+    """A kernel that takes every SM (``Fluid.hold``): the 2 ms step (1 ms GEMMs, 1 ms reads)
+    started at 0 is stopped from 0.5 ms to 1.2 ms (two holds, the inner one ending first at
+    1.0 ms), so it ends at 2.7 ms; a 1 ms compute added at 0.8 ms, inside the hold, starts
+    progressing at 1.2 ms and ends at 2.2 ms; meanwhile nothing runs ahead."""
+    env, f = _fluid()
+    out = {}
+
+    def step():
+        out["step"] = yield f.add_job(0.002, HALF)
+
+    def later():
+        yield env.timeout(0.0008)
+        assert f.ahead(env.now, 0.001, 1.0) is None  # (held)
+        out["later"] = yield f.add_job(0.001)
+
+    def holds():
+        yield env.timeout(0.0005)
+        f.hold(True)
+        yield env.timeout(0.0002)
+        f.hold(True)
+        yield env.timeout(0.0003)
+        f.hold(False)  # (one still holds)
+        yield env.timeout(0.0002)
+        f.hold(False)
+    for p in (step, later, holds):
+        env.process(p())
+    env.run()
+    assert out["step"] == pytest.approx(0.002 + 0.0007, rel=1e-12)
+    assert out["later"] == pytest.approx(0.0012 + 0.001 - 0.0008, rel=1e-12)
+    assert f.held == 0 and f.ahead(env.now, 0.001, 1.0) == pytest.approx(env.now + 0.001)
+
+
+def test_while_held_an_sm_copy_kernel_runs_at_its_idle_rate():
+    """Under compute an SM copy kernel's flow gets ``busy_cta_efficiency`` (0.5) of its
+    cap; while a hold stops the compute the SMs are not the step's, and 1 MB at 1 GB/s
+    takes 1 ms, not 2."""
+    import simpy
+
+    from kvsim_backends.sim.fluid import Fluid
+
+    def run(hold):
+        env = simpy.Environment()
+        f = Fluid(env, {"h2d": 1e9}, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
+                  busy_cta_efficiency=0.5)
+        out = {}
+
+        def job():
+            out["job"] = yield f.add_job(0.005)
+
+        def flow():
+            if hold:
+                f.hold(True)
+            yield f.add_flow(1e6, ("h2d",), cap=1e9, ctas=4)
+            out["flow"] = env.now
+            if hold:
+                f.hold(False)
+        env.process(job())
+        env.process(flow())
+        env.run()
+        return out
+
+    assert run(False) == pytest.approx({"flow": 0.002, "job": 0.005})
+    assert run(True) == pytest.approx({"flow": 0.001, "job": 0.006}, rel=1e-12)

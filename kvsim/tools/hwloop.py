@@ -32,6 +32,13 @@ What the model charges (all default 0: the loop costs nothing):
   hold ends, beside the held step, as if the loop launched it last; ``launch``: when the
   engine launches it, so that it reads while the loop's hold keeps the compute stream
   idle, and only what is left of it when the hold ends meets the step.
+- ``refcheck.holds_sms``: which checks take every SM while they read, so that a step
+  running or launched meanwhile makes no progress until the check ends (the hw
+  ``kv_check`` is a grid of up to 65535 CTAs on a stream of the highest priority, the
+  step's on the lowest: host pages, read through their mapped address at about the SM
+  copy kernel's rate, hold the SMs for ~44 us a 2 MiB page on the H200). ``none``
+  (the default): a check's CTAs slow compute as copy-kernel CTAs do; ``host``: checks
+  of host pages hold them; ``all``: GPU pages' checks too.
 
 The shipped ``configs/hwloop/h200.yaml`` holds the terms fitted to and measured on the H200
 machine's replays (its comments say how); ``none`` is the model that charges nothing.
@@ -60,6 +67,7 @@ class RefcheckCost(_Spec):
     ctas: int = Field(132, gt=0)
     launch_per_page: Seconds = 0.0
     start: Literal["hold_end", "launch"] = "hold_end"
+    holds_sms: Literal["none", "host", "all"] = "none"
 
 
 class HwLoopModel(_Spec):

@@ -1,6 +1,6 @@
 """Max-min fair sharing of resources between flows (progressive filling): the one
-allocation both a rank's fluid (``fluid.Fluid``) and a node's bus (``nodebus.NodeBus``)
-make. Pure arithmetic; compiled with the sim (setup.py)."""
+allocation both a rank's fluid (``fluid.Fluid``, through ``flow_rates``) and a node's bus
+(``nodebus.NodeBus``) make. Pure arithmetic; compiled with the sim (setup.py)."""
 
 from __future__ import annotations
 
@@ -47,3 +47,31 @@ def fair_rates(cap: dict[Any, float], res: list[tuple[Any, ...]],
                 still.append(i)
         active = still
     return rates
+
+
+def flow_rates(cap: dict[str, float], sigs: tuple, busy_eff: float, jobs_running: bool
+               ) -> tuple[float, ...]:
+    """Max-min fair rate of each of a fluid's flows with signatures ``sigs`` (``(res, cap,
+    ctas, ce)`` each) over resources of bandwidths ``cap``, by progressive filling; an SM
+    copy kernel's cap is ``busy_eff`` of it while compute runs (``jobs_running``)."""
+    if not sigs:
+        return ()
+    caps = [(c * busy_eff if (n and jobs_running) else c) for _, c, n, _ in sigs]
+    if len(sigs) == 1:  # the common case: no sharing
+        rate = min(cap[r] for r in sigs[0][0])
+        return (min(rate, caps[0]) if caps[0] else rate,)
+    # only the resources some flow uses take part (min and the per-resource updates
+    # do not depend on the order they are visited in)
+    count: dict[str, int] = {}
+    for res, _, _, _ in sigs:
+        for r in res:
+            count[r] = count.get(r, 0) + 1
+    if len(count) == sum(len(sg[0]) for sg in sigs):
+        # no resource shared (e.g. a disk write beside a host -> GPU copy): each flow
+        # alone, as progressive filling would give it
+        out = []
+        for sg, c in zip(sigs, caps):
+            rate = min(cap[r] for r in sg[0])
+            out.append(min(rate, c) if c else rate)
+        return tuple(out)
+    return tuple(fair_rates(cap, [sg[0] for sg in sigs], caps))

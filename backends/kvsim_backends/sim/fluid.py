@@ -22,6 +22,9 @@ GPU that several ranks share (``share_compute``: ``node.ranks_per_gpu`` > 1, one
 their links, SM pool and HBM) shares its SMs by processor sharing: while n jobs run, each
 progresses at 1 / n of its own rate (its stretch ``(1 + slowdown) x n``); jobs are re-timed
 whenever one starts or ends. Without ``share_compute`` jobs run side by side, as before.
+While a kernel that takes every SM runs (``hold``: the hw refcheck's kernel, a grid of
+CTAs on a stream of higher priority than the step's), jobs make no progress: each
+resumes where it was when the last hold ends.
 
 Invariants: rates (and so the load and every slowdown) change only when the set of flows
 changes, or when compute starts or stops while an SM copy kernel moves bytes (the load
@@ -49,7 +52,7 @@ import simpy
 from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
 from kvsim.core.datapath.work import StepWork
 
-from .fairshare import fair_rates
+from .fairshare import flow_rates
 from .runtime import Clock, Wake
 from .stepjob import Job
 
@@ -88,6 +91,7 @@ class Fluid:
         self.busy_eff = busy_cta_efficiency
         self.kinds = kinds  # the structural model (None: the older one for every job)
         self.share_compute = False  # its jobs share the SMs (ranks on one GPU)
+        self.held = 0  # kernels that take every SM now (``hold``): no job progresses
         self.flows: list[Flow] = []
         self.jobs: list[Job] = []
         self.busy_s = {r: 0.0 for r in self.cap}   # up to the last change of the flows
@@ -157,6 +161,7 @@ class Fluid:
         now = self.clock.now
         job = Job(work_s, now, done, work, 0.0, self.kinds is not None)
         self._set_slow(job)
+        job.held = self.held > 0
         if not self.jobs:
             self._jobs_since = now
         self.jobs.append(job)
@@ -167,6 +172,8 @@ class Fluid:
         if self.share_compute:
             self._reshare(job)
             return done
+        if job.held:
+            return done  # (timed when the hold ends)
         # (at its start, the very float ``ahead`` gives for a load that holds over it)
         left = work_s * (1.0 + self._slow_of(work))
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
@@ -187,6 +194,22 @@ class Fluid:
         self._issue = sum(self._issuing)
         self._realloc()
 
+    def hold(self, start: bool) -> None:
+        """A kernel that takes every SM starts (``start``) or ends: while any runs, jobs
+        make no progress (each brought up to now and stopped); when the last ends, each
+        goes on from where it stopped at its current slowdowns. SM copy kernels meanwhile
+        run at their idle rate."""
+        now = self.clock.now
+        self.held += 1 if start else -1
+        if self.held == (1 if start else 0):
+            for j in self.jobs:
+                j.advance(now, j.slow, j.slow_m)
+                j.held = start
+                self._time_job(j)
+            if self._n_sm and self.jobs:  # (SM copy kernels: compute's SMs are theirs, or not)
+                self._sync_flows()
+                self._realloc()
+
     def ahead(self, start: float, work_s: float, horizon: float, tail: float = 0.0,
               work: StepWork | None = None) -> float | None:
         """Where a compute of ``work_s`` (of ``work``, as ``add_job``) started at ``start``
@@ -194,7 +217,7 @@ class Fluid:
         bytes (their rates depend on compute), and it ends, ``tail`` seconds later still,
         strictly before ``horizon`` (the next event that could change anything). None
         otherwise. Counted as compute time as a job would be."""
-        if self.jobs or self._n_sm:
+        if self.jobs or self._n_sm or self.held:
             return None
         end = start + work_s * (1.0 + self._slow_of(work))
         if not end + tail < horizon:
@@ -270,6 +293,9 @@ class Fluid:
                 busy[r] += dt
 
     def _time_job(self, job: Job) -> None:
+        if job.held:  # (timed when the hold ends)
+            job.wake = None
+            return
         left = job.left()
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
 
@@ -370,7 +396,7 @@ class Fluid:
         rate, in order (the caller sets them). Memoised: the result depends only on the
         flows' signatures, in order, and on whether compute runs, and recomputing it gives
         the very same floats."""
-        jobs = bool(self.jobs)
+        jobs = bool(self.jobs) and not self.held  # (held jobs take no SM from a copy)
         nums = [f.sig for f in self.flows]
         key = (jobs, self._issue, *nums)
         cache = self._alloc_cache
@@ -387,7 +413,7 @@ class Fluid:
                     ) -> tuple[float, CopyLoad, tuple[float, ...]]:
         """(slowdown, load, max-min fair rate of each flow) for flows with signatures
         ``sigs`` (``(res, cap, ctas, ce)`` each)."""
-        rates = self._rates(jobs_running, sigs)
+        rates = flow_rates(self.cap, sigs, self.busy_eff, jobs_running)
         return (*self._loaded(sigs, rates), rates)
 
     def _loaded(self, sigs: tuple, rates: tuple[float, ...]) -> tuple[float, CopyLoad]:
@@ -420,29 +446,3 @@ class Fluid:
                 written += r
         load = CopyLoad(h2d, d2h, ce, hbm, written, issue)
         return slow, (IDLE if load.idle else load)
-
-    def _rates(self, jobs_running: bool, sigs: tuple) -> tuple[float, ...]:
-        """Max-min fair rate of each flow with signatures ``sigs``, by progressive filling."""
-        if not sigs:
-            return ()
-        busy_eff = self.busy_eff
-        caps = [(c * busy_eff if (n and jobs_running) else c) for _, c, n, _ in sigs]
-        cap = self.cap
-        if len(sigs) == 1:  # the common case: no sharing
-            rate = min(cap[r] for r in sigs[0][0])
-            return (min(rate, caps[0]) if caps[0] else rate,)
-        # only the resources some flow uses take part (min and the per-resource updates
-        # do not depend on the order they are visited in)
-        count: dict[str, int] = {}
-        for res, _, _, _ in sigs:
-            for r in res:
-                count[r] = count.get(r, 0) + 1
-        if len(count) == sum(len(sg[0]) for sg in sigs):
-            # no resource shared (e.g. a disk write beside a host -> GPU copy): each flow
-            # alone, as progressive filling would give it
-            out = []
-            for sg, c in zip(sigs, caps):
-                rate = min(cap[r] for r in sg[0])
-                out.append(min(rate, c) if c else rate)
-            return tuple(out)
-        return tuple(fair_rates(cap, [sg[0] for sg in sigs], caps))

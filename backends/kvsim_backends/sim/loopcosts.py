@@ -17,7 +17,10 @@ backend, which it drives only through its public hooks and state:
   ``refcheck.ctas`` CTAs: a CTA a 64 KiB part of a page, as the hw ``kv_check``; disk pages
   with the device's latency and read rate; with the disk tier's ``io_workers`` on, as read
   pieces on the sim's disk pool, where the hw backend reads them). The tags it finds are read when it is asked
-  for: the hw backend orders a later write into a checked slot after the check.
+  for: the hw backend orders a later write into a checked slot after the check. A check
+  of the levels ``refcheck.holds_sms`` names holds every SM while it reads
+  (``Fluid.hold``): compute makes no progress meanwhile, and a held check of host pages
+  reads at the SM copy kernel's ceilings (``sm_h2d``, ``sm_both``) as well as the link's.
 """
 
 from __future__ import annotations
@@ -135,9 +138,15 @@ class HwLoopSim:
         else:
             # "hbm" is a copy's rate (each byte read and written): a check only reads
             ctas = min(pages * -(-page_bytes // CHECK_PART_BYTES), cost.ctas)
+            hold = cost.holds_sms == "all" or (cost.holds_sms == "host" and level == Level.HOST)
+            if hold:
+                fluid.hold(True)
             if level == Level.GPU:
                 yield fluid.add_flow(nbytes / 2, ("hbm",), cap=fluid.cap["hbm"], ctas=ctas)
-            else:
-                yield fluid.add_flow(nbytes, ("h2d", "link"), cap=fluid.cap["h2d"], ctas=ctas)
+            else:  # (held: its SM loads through the mapped address at the SM kernel's ceilings)
+                res = ("h2d", "link", "sm_h2d", "sm_both") if hold else ("h2d", "link")
+                yield fluid.add_flow(nbytes, res, cap=fluid.cap["h2d"], ctas=ctas)
+            if hold:
+                fluid.hold(False)
         self.checks_modeled += 1
         return found

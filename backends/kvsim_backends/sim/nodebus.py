@@ -92,7 +92,8 @@ class NodeBus:
         members = [moving[i] for i in sorted(moving)]
         for m in members:
             m._sync_flows()  # (changed's already is: a no-op)
-        key = tuple([(m.bus_index, bool(m.jobs), *[f.sig for f in m.flows]) for m in members])
+        key = tuple([(m.bus_index, bool(m.jobs) and not m.held, *[f.sig for f in m.flows])
+                     for m in members])
         rates = self._cache.get(key)
         if rates is None:
             if len(self._cache) >= _CACHE_MAX:
@@ -111,7 +112,7 @@ class NodeBus:
         sizes = []
         for m in members:
             i, own, sigs = m.bus_index, m.cap, m._sigs
-            busy = bool(m.jobs)
+            busy = bool(m.jobs) and not m.held  # (held jobs take no SM from a copy)
             for f in m.flows:
                 rs, c, n, _ = sigs[f.sig]
                 keys = tuple([r if r in self.cap else (i, r) for r in rs])

@@ -6,7 +6,8 @@ its reads, each at its own kind's slowdown.
 Invariants: ``remaining`` only falls, as ``advance`` brings it up to a time at the
 slowdowns it ran at since ``since``; the last ``mem_s`` seconds of the work are its
 reads (0: one part, at ``slow``); ``left`` is the seconds it takes to finish at its
-current slowdowns.
+current slowdowns; while ``held`` (a kernel that takes every SM runs ahead of it) it makes
+no progress and has no wake-up.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .runtime import Wake
 
 
 class Job:
-    __slots__ = ("remaining", "since", "start", "done", "wake", "work", "slow", "mem_s", "slow_m")
+    __slots__ = ("remaining", "since", "start", "done", "wake", "work", "slow", "mem_s", "slow_m",
+                 "held")
 
     def __init__(self, work_s: float, start: float, done: simpy.Event, work: StepWork | None,
                  slow: float, parts: bool = False):
@@ -38,11 +40,15 @@ class Job:
             if 0.0 < work.flop_s < total:
                 self.mem_s = work_s * (work.memory_s / total)
         self.slow_m = slow
+        self.held = False
 
     def advance(self, now: float, slow: float, slow_m: float) -> None:
         """Bring the work left up to ``now``, at ``slow`` (``slow_m`` its reads) since
         ``since``."""
         e = now - self.since
+        if self.held:  # (no progress while held)
+            self.since = now
+            return
         rem = self.remaining
         gemm_left = rem - self.mem_s
         self.since = now
