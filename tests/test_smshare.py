@@ -2,8 +2,9 @@
 
 Scenarios:
 - a step's kernels: a compute-bound step's GEMMs are the model's mean projection at its M
-  at the step's FLOP rate, its reads kernels of ``engine.read_kernel``; a memory-bound step
-  (a decode) and a compute without a step are reads throughout;
+  at the step's FLOP rate (or the profile's ``gpu.gemm_flops`` at that M), its reads
+  kernels of ``engine.read_kernel``; a memory-bound step (a decode) and a compute without a
+  step are reads throughout; a bad ``gpu.gemm_flops`` is refused naming the key;
 - two ranks on one GPU, a prefill (GEMM kernels of 0.1 ms, then reads) and a decode (read
   kernels of 0.5 ms) launched at once: while the prefill's GEMMs run it gets 0.1 / 0.6 of
   the GPU and the decode 0.5 / 0.6; once in its reads, half each; then the decode alone.
@@ -21,7 +22,8 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.config import ConfigFileError, load_config
-from kvsim.config.hardware import load_profile
+from kvsim.config.hardware import ProfileError, load_profile
+from kvsim.config.paths import CONFIGS
 from kvsim.core.datapath.work import READ_KERNEL_S, StepWork
 from kvsim.core.spec import Level
 from kvsim.run import prepare_run
@@ -84,6 +86,28 @@ def test_a_steps_kernels_from_its_work_and_the_model():
     assert k.of(_decode(0.01)) == (R, R)   # memory-bound: reads throughout
     assert k.of(None) == (R, R)            # the SMs alone: the busy kernel's chunks
     assert KernelLengths(base.model, 2e-3).of(pre)[1] == 2e-3
+
+
+def test_gemm_kernels_at_the_profiles_rates_by_m():
+    _, _, base = _node(1)
+    kn = _mean_kn(base.model)
+    k = KernelLengths(base.model, R, {128: 3e14, 1024: 6e14, 8192: 6.5e14})
+    pre = _prefill(base.model, 0.006, 0.002, 1e-4, tokens=2048)  # M 2048: the 1024 entry
+    assert k.of(pre)[0] == pytest.approx(2 * 2048 * kn / 6e14, rel=1e-12)
+    assert k.of(pre._replace(prefill_tokens=200))[0] == pytest.approx(2 * 128 * kn / 3e14, rel=1e-12)
+    assert k.of(pre._replace(prefill_tokens=9000))[0] == pytest.approx(2 * 8192 * kn / 6.5e14, rel=1e-12)
+    assert KernelLengths(base.model, R, {1024: 6e14}).rate_at(128) == 6e14  # (below the table)
+    assert k.of(_decode(0.01)) == (R, R)
+
+
+@pytest.mark.parametrize("table", ["{128: -1.0}", "{0: 1.0e+14}", "fast"])
+def test_a_bad_gemm_flops_table_is_refused_naming_the_key(tmp_path, table):
+    src = (CONFIGS / "hardware" / "h200-pcie.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(src.replace("\ngpu:\n", f"\ngpu:\n  gemm_flops: {table}\n", 1))
+    assert "gemm_flops" in bad.read_text()
+    with pytest.raises(ProfileError, match=r"gpu\.gemm_flops"):
+        load_profile(bad)
 
 
 def test_a_prefill_beside_a_decode_shares_by_kernel_length():

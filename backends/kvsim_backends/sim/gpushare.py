@@ -40,7 +40,8 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
     """The rank's GPU fluid: its link (``h2d``, ``d2h``, ``link`` both ways), the SM copy
     kernel's ceilings, HBM, ``disk``'s resources; shared by the ranks on its GPU, whose
     compute then shares its SMs by their steps' kernels (``Fluid.share_compute``: the
-    model's projections, reads in kernels of ``engine.read_kernel``)."""
+    model's projections at the profile's ``gpu.gemm_flops``, reads in kernels of
+    ``engine.read_kernel``)."""
     p = settings.profile
     link, sm = p.link, p.sm
 
@@ -52,6 +53,7 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
                   copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                   busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds)
         if ranks_on_gpu(settings) > 1:
-            f.share_compute = KernelLengths(settings.model, settings.read_kernel_s)
+            f.share_compute = KernelLengths(settings.model, settings.read_kernel_s,
+                                            p.gpu.gemm_flops)
         return f
     return gpu_part(runtime, settings, "fluid", make)

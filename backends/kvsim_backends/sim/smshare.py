@@ -14,7 +14,8 @@ beside a decode's reads 0.10-0.13 (docs/validation.md, 2026-12-03).
 A step's kernels (``KernelLengths.of``), in the order the stand-in
 (``kvsim_backends.hw.standin``) runs them: its GEMM part (``gemm_share``) as the model's
 layer projections at its M (``gemm_rows``), each kernel the mean projection's FLOPs at the
-step's own FLOP rate (the compute model's); its reads part as kernels of
+step's own FLOP rate (the compute model's), or at the profile's ``gpu.gemm_flops`` at that M
+where it has them (the rate the GPU runs such GEMMs at); its reads part as kernels of
 ``engine.read_kernel`` (the stand-in's read kernels). A memory-bound step (``memory_s >=
 flop_s``: a decode) runs as reads throughout: its projections, at its few rows, read
 weights (the stand-in runs such a step's GEMM share, less than one chain of them, as
@@ -34,10 +35,12 @@ from kvsim.core.datapath.work import StepWork, gemm_rows
 
 class KernelLengths:
     """Kernel lengths of a step's two parts for a model's layer projections
-    (``ModelSettings``: ``projections`` (K, N), ``min_rows``, ``max_rows``) and a read
-    kernel of ``read_kernel_s``."""
+    (``ModelSettings``: ``projections`` (K, N), ``min_rows``, ``max_rows``), a read kernel
+    of ``read_kernel_s`` and the GPU's GEMM rates by M (``gemm_flops``; None: each step's
+    own)."""
 
-    def __init__(self, model: Any, read_kernel_s: float):
+    def __init__(self, model: Any, read_kernel_s: float, gemm_flops: dict[int, float] | None = None):
+        self.rates = sorted(gemm_flops.items()) if gemm_flops else []
         proj = model.projections
         self.mean_kn = sum(float(k) * n for k, n in proj) / len(proj) if proj else 0.0
         self.min_rows = model.min_rows
@@ -49,11 +52,23 @@ class KernelLengths:
         r = self.read_s
         if work is None or work.flop_s <= work.memory_s or self.mean_kn <= 0.0:
             return r, r
+        m = gemm_rows(work.tokens, self.min_rows, self.max_rows)
+        if self.rates:
+            return 2.0 * m * self.mean_kn / self.rate_at(m), r
         flops = work.dense_flops + work.attn_flops
         if flops <= 0.0:
             return r, r
-        m = gemm_rows(work.tokens, self.min_rows, self.max_rows)
         return 2.0 * m * self.mean_kn * (work.flop_s / flops), r
+
+    def rate_at(self, m: int) -> float:
+        """The GPU's GEMM FLOP/s at M = ``m``: its entry at the largest rows <= ``m``, else
+        its smallest rows'."""
+        rate = self.rates[0][1]
+        for rows, f in self.rates:
+            if rows > m:
+                break
+            rate = f
+        return rate
 
 
 def factors(job: Any, jobs: Sequence[Any], now: float) -> tuple[float, float]:
