@@ -150,6 +150,17 @@ def test_a_prefill_whose_reads_start_later_reshares_at_its_turn():
     assert took[1] == pytest.approx(t2 + (D - d1 - Rd) - at, rel=1e-9)
 
 
+def test_a_step_of_gemms_only_beside_a_decode():
+    rt, bes, base = _node(2)
+    s = PROFILE.compute.scale
+    kg, G, D = 2e-4, 0.003, 0.030
+    took = _took(rt, bes, [(0.0, _prefill(base.model, G, 0.0, kg)), (0.0, _decode(D))])
+    G, D = G * s, D * s
+    t1 = G * (kg + R) / kg  # at kg / (kg + R) of the GPU throughout
+    assert took[0] == pytest.approx(t1, rel=1e-9)
+    assert took[1] == pytest.approx(t1 + (D - t1 * R / (kg + R)), rel=1e-9)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_equal_kernels_share_one_nth_each(n):
     rt, bes, _ = _node(n)

@@ -277,7 +277,7 @@ class Fluid:
 
     def _time_job(self, job: Job) -> None:
         job.turn = (self.share_compute is not None and len(self.jobs) > 1
-                    and job.k_g != job.k_m and job.to_turn() > 0.0)
+                    and job.mem_s > 0.0 and job.k_g != job.k_m and job.to_turn() > 0.0)
         left = job.to_turn() if job.turn else job.left()
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
 
