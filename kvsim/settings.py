@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, Uni
 
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.fill import Backing, FillMode
+from kvsim.core.datapath.work import READ_KERNEL_S
 from kvsim.core.spec import Level
 
 if TYPE_CHECKING:
@@ -102,10 +103,7 @@ class HwSettings:
     ``device``: the GPU when CuPy finds one (``auto``), or ``cpu``/``gpu``; ``time_scale``:
     simulated seconds a wall second; ``staging_bytes``: pinned staging for GPU <-> disk;
     ``compute_graphs``: the busy kernel and the stand-in's reads launched through CUDA
-    graphs; ``compute_chunk_s``: one busy or read kernel's length (0.1 ms: two ranks' steps
-    on one GPU then share it by turns of their kernels, as ``benchmarks/hw_rank_share.py``
-    measured on the H200, 2026-12-03; at 0.5 ms a decode beside a long prefill waited for
-    most of it); ``compute_standin``:
+    graphs (each busy or read kernel ``BackendSettings.read_kernel_s`` long); ``compute_standin``:
     a step's work runs as the compute stand-in (GEMMs and HBM reads,
     ``kvsim_backends.hw.standin``), else as the busy kernel (a load of the SMs alone);
     ``check_capacity``: refuse tiers larger than the machine can give, before
@@ -115,7 +113,6 @@ class HwSettings:
     time_scale: float = 1.0
     staging_bytes: int = 64 << 20
     compute_graphs: bool = True
-    compute_chunk_s: float = 0.1e-3
     compute_standin: bool = True
     check_capacity: bool = True
 
@@ -195,6 +192,10 @@ class BackendSettings:
     #: ``(r // ranks_per_gpu) x tp``, and ranks on one GPU share its compute, HBM, copy
     #: engines, copy CTAs and PCIe link (the sim: one ``Fluid`` a GPU)
     ranks_per_gpu: int = 1
+    #: one kernel of a step's HBM reads (``engine.read_kernel``): the hw stand-in's read
+    #: and busy kernels' length; in the sim, ranks on one GPU share its SMs by their
+    #: steps' kernel lengths (``kvsim_backends.sim.smshare``)
+    read_kernel_s: float = READ_KERNEL_S
 
     def node_part(self, name: str) -> str:
         """The name under which this backend's node keeps its shared part ``name``."""

@@ -110,4 +110,6 @@ def test_calibrate_writes_the_kinds_and_the_standins_rates(tmp_path):
     assert "sm.interference.memory: fitted: 18 cells (6 gemm, 6 memory, 6 mix" in text
     assert prof.gpu.prefill_efficiency == pytest.approx(7.9e14 / prof.gpu.flops_bf16)
     assert prof.gpu.decode_efficiency == pytest.approx(4.0e12 / prof.gpu.hbm)
+    assert prof.gpu.gemm_flops == {128: 3e14, 8192: 7.9e14}
+    assert "gpu.gemm_flops: measured" in text
     assert "compute stand-in's fp16 GEMM chains at M = 8192" in text

@@ -42,6 +42,12 @@ Optional terms (absent: the older, simpler model):
   shared by ``gpus_per_switch`` GPUs behind one uplink (``PcieSpec``). The sim shares
   both between a node's ranks (``kvsim_backends.sim.nodebus``). Default None: neither
   limits anything (each GPU its own link, as before them).
+- ``gpu.gemm_flops``: FLOP/s of the model's layer projection GEMMs by M (``{rows:
+  FLOP/s}``, rows powers of two), as the GPU runs them (``kvsim calibrate``: the compute
+  stand-in's chains); a GEMM kernel at M lasts its FLOPs over the entry at the largest
+  rows <= M (the smallest beyond). Only ranks sharing a GPU read it (they take turns on
+  its SMs by kernel length: ``kvsim_backends.sim.smshare``). Default None: the step's
+  own rate (the compute model's).
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -300,6 +306,8 @@ class GPUSpec(_Frozen):
     prefill_efficiency: Fraction
     decode_efficiency: Fraction
     step_overhead: Seconds
+    # FLOP/s of the layer projections' GEMMs by M (see the module docstring); None: none
+    gemm_flops: dict[Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0)]] | None = None
 
 
 class TransferSpec(_Frozen):

@@ -27,6 +27,7 @@ from kvsim.config.node import ClusterConfig, NodeConfig, RouterConfig
 from kvsim.config.workload import WorkloadConfig
 from kvsim.core.datapath.diskio import WRITE_SHARE
 from kvsim.core.datapath.fill import UNIT_BYTES
+from kvsim.core.datapath.work import READ_KERNEL_S
 from kvsim.core.policy import BOUND_NAMES, PLACEMENT_NAMES, POLICIES, POLICY_NAMES, knobs_of
 
 
@@ -302,6 +303,10 @@ class EngineConfig(_Strict):
     # kernels a step launches a layer (seed 000: the SM copy kernel's lasting idle gap is
     # paid once a kernel, the profile's sm.interference.lasting_gap_per_kernel)
     kernels_per_layer: Annotated[int, Field(gt=0)] = 8
+    # one kernel of a step's HBM reads: the hw stand-in runs them as kernels this long,
+    # and ranks on one GPU take turns on its SMs kernel by kernel (the sim shares them by
+    # kernel length: kvsim_backends.sim.smshare); how the engine cuts work, not hardware
+    read_kernel: PositiveSeconds = READ_KERNEL_S
     # the manager's bookkeeping time a plan, charged to the executor (seed 003)
     manager_cost: ManagerCostConfig = ManagerCostConfig()
 

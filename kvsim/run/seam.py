@@ -102,7 +102,7 @@ def backend_settings(cfg: RunConfig, profile: HardwareProfile, page_bytes: int,
         tier_keys=tier_keys(cfg), rank=rank, ranks=cfg.node.ranks, node=node,
         kernels_per_step=shape.layers * e.kernels_per_layer, network=network_settings(cfg),
         tp=shape.tp, gpus=cfg.node.gpus or 0, host_shared=cfg.node.host == "shared",
-        ranks_per_gpu=cfg.node.ranks_per_gpu)
+        ranks_per_gpu=cfg.node.ranks_per_gpu, read_kernel_s=e.read_kernel)
 
 
 def network_settings(cfg: RunConfig) -> NetworkSettings | None:

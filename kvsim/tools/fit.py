@@ -173,6 +173,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         top = max(standin["gemm_flops"], key=int)
         d["gpu"]["prefill_efficiency"] = min(1.0, standin["gemm_flops"][top] / base.gpu.flops_bf16)
         d["gpu"]["decode_efficiency"] = min(1.0, standin["read_Bps"] / base.gpu.hbm)
+        d["gpu"]["gemm_flops"] = {int(m): float(f) for m, f in standin["gemm_flops"].items()}
+        why["gpu.gemm_flops"] = "measured: the compute stand-in's fp16 GEMM chains by M, FLOP/s"
         why["gpu.prefill_efficiency"] = (f"measured: the compute stand-in's fp16 GEMM chains at M = "
                                          f"{top} (the model's projections), FLOP/s over the base's peak")
         why["gpu.decode_efficiency"] = "measured: the compute stand-in's HBM reads, over the base's peak"

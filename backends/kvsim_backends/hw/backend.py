@@ -112,7 +112,7 @@ class HwBackend:
             raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
         self.on_gpu = self.cp is not None
         self.threads_per_cta = self.profile.sm.threads_per_cta
-        self.compute_chunk_s = hw.compute_chunk_s
+        self.compute_chunk_s = settings.read_kernel_s
         self._closed = False
         self.disk: DiskStore | None = None
         self.host: HostFill | None = None
@@ -194,7 +194,7 @@ class HwBackend:
         self.kernels.use_graphs = self.info["compute_graphs"] = bool(st.hw.compute_graphs)
         self.info["sm_count"] = self.kernels.sm_count
         if st.hw.compute_standin:
-            self.standin = StandIn(cp, st.model, self.kernels.read, st.hw.compute_chunk_s,
+            self.standin = StandIn(cp, st.model, self.kernels.read, st.read_kernel_s,
                                    self.kernels.l2_bytes, use_graphs=bool(st.hw.compute_graphs))
             self.info["standin"] = self.standin.calibrate(self.streams["compute"])
 

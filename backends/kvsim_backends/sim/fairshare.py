@@ -1,11 +1,14 @@
 """Max-min fair sharing of resources between flows (progressive filling): the one
 allocation both a rank's fluid (``fluid.Fluid``, through ``flow_rates``) and a node's bus
-(``nodebus.NodeBus``) make. Pure arithmetic; compiled with the sim (setup.py)."""
+(``nodebus.NodeBus``) make, and the load the flows' rates put on compute (``flows_load``).
+Pure arithmetic; compiled with the sim (setup.py)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Final
+
+from kvsim.core.datapath.interference import IDLE, CopyLoad
 
 _INF: Final = math.inf
 
@@ -75,3 +78,29 @@ def flow_rates(cap: dict[str, float], sigs: tuple, busy_eff: float, jobs_running
             out.append(min(rate, c) if c else rate)
         return tuple(out)
     return tuple(fair_rates(cap, [sg[0] for sg in sigs], caps))
+
+
+def flows_load(sigs: tuple, rates: tuple[float, ...], ce: bool, issue: float) -> CopyLoad:
+    """What flows of signatures ``sigs`` (``(res, cap, ctas, ce)`` each) at ``rates`` take
+    from compute: their copy CTAs by direction, ``ce`` (a copy-engine flow moves bytes),
+    the bytes they move through HBM (a GPU -> GPU copy reads and writes each byte), those
+    written into it, and ``issue`` (``IDLE`` where all are 0)."""
+    h2d = d2h = 0
+    hbm = written = 0.0
+    for (res, _, c, _), r in zip(sigs, rates):
+        to_gpu = "h2d" in res
+        if c:
+            if to_gpu:
+                h2d += c
+            else:
+                d2h += c
+        if to_gpu:
+            hbm += r
+            written += r
+        elif "d2h" in res:
+            hbm += r
+        elif "hbm" in res:
+            hbm += 2.0 * r
+            written += r
+    load = CopyLoad(h2d, d2h, ce, hbm, written, issue)
+    return IDLE if load.idle else load

@@ -19,9 +19,11 @@ and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel 
 bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
 job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate. A fluid of a
 GPU that several ranks share (``share_compute``: ``node.ranks_per_gpu`` > 1, one fluid for
-their links, SM pool and HBM) shares its SMs by processor sharing: while n jobs run, each
-progresses at 1 / n of its own rate (its stretch ``(1 + slowdown) x n``); jobs are re-timed
-whenever one starts or ends. Without ``share_compute`` jobs run side by side, as before.
+their links, SM pool and HBM) shares its SMs by its jobs' kernel lengths
+(``kvsim_backends.sim.smshare``; equal kernels: 1 / n each, processor sharing): a job's
+stretch is ``(1 + slowdown) x factor``; jobs are re-timed whenever one starts or ends, or
+one's GEMM part ends while others run (its wake-up there: ``Job.turn``). Without
+``share_compute`` jobs run side by side, as before.
 While a kernel that takes every SM runs (``hold``: the hw refcheck's kernel, a grid of
 CTAs on a stream of higher priority than the step's), jobs make no progress: each
 resumes where it was when the last hold ends.
@@ -52,8 +54,9 @@ import simpy
 from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
 from kvsim.core.datapath.work import StepWork
 
-from .fairshare import flow_rates
+from .fairshare import flow_rates, flows_load
 from .runtime import Clock, Wake
+from .smshare import KernelLengths, factors
 from .stepjob import Job
 
 _INF: Final = math.inf
@@ -90,7 +93,7 @@ class Fluid:
         self.ce_slow = copy_engine_slowdown
         self.busy_eff = busy_cta_efficiency
         self.kinds = kinds  # the structural model (None: the older one for every job)
-        self.share_compute = False  # its jobs share the SMs (ranks on one GPU)
+        self.share_compute: KernelLengths | None = None  # its jobs share the SMs (ranks on one GPU)
         self.held = 0  # kernels that take every SM now (``hold``): no job progresses
         self.flows: list[Flow] = []
         self.jobs: list[Job] = []
@@ -159,7 +162,10 @@ class Fluid:
             self.clock.succeed(done, 0.0)
             return done
         now = self.clock.now
-        job = Job(work_s, now, done, work, 0.0, self.kinds is not None)
+        share = self.share_compute
+        job = Job(work_s, now, done, work, 0.0, self.kinds is not None or share is not None)
+        if share is not None:
+            job.k_g, job.k_m = share.of(work)
         self._set_slow(job)
         job.held = self.held > 0
         if not self.jobs:
@@ -169,7 +175,7 @@ class Fluid:
             # compute starts: SM copy kernels drop to their busy rate
             self._sync_flows()
             self._realloc()
-        if self.share_compute:
+        if share is not None:
             self._reshare(job)
             return done
         if job.held:
@@ -267,9 +273,9 @@ class Fluid:
             slow = slow_m = 0.0
         else:
             _, slow, slow_m = kinds.parts(work, self._load)
-        n = len(self.jobs)
-        if self.share_compute and n > 1:  # processor sharing: 1 / n of the GPU each
-            slow, slow_m = (1.0 + slow) * n - 1.0, (1.0 + slow_m) * n - 1.0
+        if self.share_compute is not None and len(self.jobs) > 1:  # (smshare's factors)
+            fg, fm = factors(job, self.jobs, self.clock.now)
+            slow, slow_m = (1.0 + slow) * fg - 1.0, (1.0 + slow_m) * fm - 1.0
         if slow == job.slow and slow_m == job.slow_m:
             return False
         job.slow, job.slow_m = slow, slow_m
@@ -296,7 +302,9 @@ class Fluid:
         if job.held:  # (timed when the hold ends)
             job.wake = None
             return
-        left = job.left()
+        job.turn = (self.share_compute is not None and len(self.jobs) > 1
+                    and job.mem_s > 0.0 and job.k_g != job.k_m and job.to_turn() > 0.0)
+        left = job.to_turn() if job.turn else job.left()
         job.wake = self.clock.wake_after(left if left > 0.0 else 0.0, self._job_wake)
 
     def _job_wake(self, ev: Wake) -> None:
@@ -305,14 +313,19 @@ class Fluid:
                 break
         else:
             return  # re-timed since: this wake-up is stale
-        del self.jobs[i]
         now = self.clock.now
+        if job.turn:  # its GEMM part is done: its reads from now, the others' shares anew
+            job.advance(now, job.slow, job.slow_m)
+            job.remaining = job.mem_s
+            self._reshare(job)
+            return
+        del self.jobs[i]
         if not self.jobs:
             self.compute_busy_s += now - self._jobs_since
             if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
                 self._sync_flows()
                 self._realloc()
-        elif self.share_compute:
+        elif self.share_compute is not None:
             self._reshare(None)  # (the others' shares of the SMs grow)
         self.clock.succeed(job.done, now - job.start)
 
@@ -427,22 +440,4 @@ class Fluid:
         issue = self._issue
         if self.kinds is None or not (sigs or issue):
             return slow, IDLE
-        h2d = d2h = 0
-        hbm = written = 0.0
-        for (res, _, c, _), r in zip(sigs, rates):  # (ce: any flow's, as above)
-            to_gpu = "h2d" in res
-            if c:
-                if to_gpu:
-                    h2d += c
-                else:
-                    d2h += c
-            if to_gpu:
-                hbm += r
-                written += r
-            elif "d2h" in res:
-                hbm += r
-            elif "hbm" in res:  # (a GPU -> GPU copy reads and writes each byte)
-                hbm += 2.0 * r
-                written += r
-        load = CopyLoad(h2d, d2h, ce, hbm, written, issue)
-        return slow, (IDLE if load.idle else load)
+        return slow, flows_load(sigs, rates, ce, issue)

@@ -2,7 +2,8 @@
 
 Ranks ``r`` with the same ``r // ranks_per_gpu`` are on one GPU (their first GPU
 ``settings.gpu_index()``): they share its fluid (the PCIe link each way and both, the SM
-copy kernel's ceilings, HBM, and its compute, by processor sharing: ``Fluid.share_compute``),
+copy kernel's ceilings, HBM, and its compute, by its steps' kernel lengths:
+``Fluid.share_compute``, ``kvsim_backends.sim.smshare``),
 its copy engines, its pool of copy-CTA slots and its power state (``compute.boost``: the
 GEMMs of every rank on it spend one headroom). Each part is built once a GPU by the
 first of its ranks (``Runtime.shared``, under a name of the node and the GPU).
@@ -18,6 +19,7 @@ from typing import Any, Callable, TypeVar
 from kvsim.core.datapath.interference import MixTable
 
 from .fluid import Fluid
+from .smshare import KernelLengths
 
 T = TypeVar("T")
 
@@ -37,7 +39,9 @@ def gpu_part(runtime: Any, settings: Any, name: str, make: Callable[[], T]) -> T
 def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTable | None) -> Fluid:
     """The rank's GPU fluid: its link (``h2d``, ``d2h``, ``link`` both ways), the SM copy
     kernel's ceilings, HBM, ``disk``'s resources; shared by the ranks on its GPU, whose
-    compute then shares its SMs (``Fluid.share_compute``)."""
+    compute then shares its SMs by their steps' kernels (``Fluid.share_compute``: the
+    model's projections at the profile's ``gpu.gemm_flops``, reads in kernels of
+    ``engine.read_kernel``)."""
     p = settings.profile
     link, sm = p.link, p.sm
 
@@ -48,6 +52,8 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
                   per_cta_slowdown=sm.interference.per_cta_slowdown,
                   copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                   busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds)
-        f.share_compute = ranks_on_gpu(settings) > 1
+        if ranks_on_gpu(settings) > 1:
+            f.share_compute = KernelLengths(settings.model, settings.read_kernel_s,
+                                            p.gpu.gemm_flops)
         return f
     return gpu_part(runtime, settings, "fluid", make)

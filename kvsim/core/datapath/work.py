@@ -32,6 +32,12 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 
+#: one kernel of a step's HBM reads (its memory-bound part), in seconds: what the hw
+#: backend's stand-in runs them as (``kv_read`` kernels, and the busy kernel's chunks), and
+#: the default of ``engine.read_kernel``, by which ranks on one GPU take turns on its SMs
+READ_KERNEL_S = 0.5e-3
+
+
 class StepWork(NamedTuple):
     """One engine step, per GPU: ``seconds`` the compute model's nominal step time (its
     per-step overhead included); ``dense_flops`` and ``attn_flops`` (the layer
