@@ -15,7 +15,7 @@ model):
   GEMM chains at M = 256 / 4096, kernels of tens to hundreds of microseconds; the short
   chunk's overhead share as reads);
 - ``decode``: a decode step of 4 requests at 32K context (HBM reads in kernels of
-  ``--chunk-ms``, the stand-in's ``hw.compute_chunk_s``).
+  ``--chunk-ms``, the stand-in's ``engine.read_kernel``).
 
 Two rules the sim could take for steps that run at once, printed beside each cell:
 processor sharing (each of n at 1/n: stretch 2.0) and sharing by kernel length (the
@@ -34,6 +34,7 @@ sharing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -127,8 +128,8 @@ def main() -> None:
     rows, closer = [], 0
     for chunk_ms in [float(x) for x in a.chunk_ms.split(",")]:
         rt = RealtimeRuntime()
-        be = HwBackend(rt, settings_for(64 << 10, {Level.GPU: 4}, load_profile(PROFILE), device="gpu",
-                                        model=a.model, compute_chunk_s=chunk_ms / 1e3))
+        st = settings_for(64 << 10, {Level.GPU: 4}, load_profile(PROFILE), device="gpu", model=a.model)
+        be = HwBackend(rt, dataclasses.replace(st, read_kernel_s=chunk_ms / 1e3))  # (engine.read_kernel)
         try:
             si = be.standin
             streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
