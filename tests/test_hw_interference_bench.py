@@ -93,7 +93,7 @@ from gpuskip import have_gpu  # noqa: E402
 @pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
 def test_gpu_cells_measure_the_compute_alone_and_with_the_copy():
     """Two cells on the GPU, two reps each: the compute alone lasts about what was asked
-    (the stand-in), the copy moves at a plausible rate, the stretch is the medians' ratio."""
+    (the stand-in; a GEMM after idle up to the power state's boost shorter), the copy moves at a plausible rate, the stretch is the medians' ratio."""
     from kvsim.run.seam import settings_for
     from kvsim.tools.fitkinds import kind_works
     from kvsim_backends.hw.interfere import Cell, measure_cells
@@ -103,9 +103,15 @@ def test_gpu_cells_measure_the_compute_alone_and_with_the_copy():
              Cell("memory", 0.01, "copy_engine", "h2d", 1 << 20, 256 << 20)]
     rows = measure_cells(lambda pb, slots, **kw: settings_for(pb, slots, prof, model="llama-3-8b", **kw),
                          cells, kind_works(prof), "gpu", reps=2, gap_s=0.05)
+    # a GEMM-bound compute after the cells' idle gap runs short by the GPU's power state, at
+    # most to what the profile's boost gives from idle (x0.878 on the H200: 17.5 ms for
+    # 20 ms there, 2026-12-03 11:41); memory-bound work is not power-bound
+    b = prof.compute.boost
+    fastest = (1 + b.gain * b.calibrated) / (1 + b.gain) if b is not None else 1.0
     for c, r in zip(cells, rows):
         assert r["device"] == "gpu" and r["kind"] == c.kind
-        assert abs(r["alone_s"] - c.compute_s) < 0.1 * c.compute_s, r
+        low = 0.9 * c.compute_s * (fastest if c.kind == "gemm" else 1.0)
+        assert low < r["alone_s"] < 1.1 * c.compute_s, r
         assert 10e9 < r["bytes"] / r["copy_s"] < 120e9, r
         assert r["stretch"] == pytest.approx(r["with_s"] / r["alone_s"] - 1)
         assert r["spread"] >= 0 and len(r["with_reps"]) == 2
