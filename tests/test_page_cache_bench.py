@@ -78,3 +78,16 @@ def test_phases_find_the_throttle_in_a_known_timeline():
     ph = bench().phases(ends, piece, dirty)
     assert ph["memory_rate"] == pytest.approx(8e9) and ph["throttled_rate"] == pytest.approx(2e9)
     assert ph["throttle_at"] == 1024 * mib and ph["dirty_at_throttle"] == 1024 * mib
+
+
+def test_a_throttled_writer_starts_write_back_whatever_the_background():
+    """The sim's page cache with ``dirty_background`` equal to ``dirty_limit`` (as the H200's
+    measurement gave): a writer of 10 pieces past the limit goes on at the drive's pace,
+    not at the 30 s expiry's (the model waited for it before 2026-12-03)."""
+    mb = 1 << 20
+    keys = {"rate": 1e9, "dirty_limit": 3 * mb, "dirty_background": 3 * mb, "dirty_expire": 30.0,
+            "capacity": 64 * mb}
+    ends = bench().predict(10, mb, keys, 0.5e9, mb)
+    # 3 pieces into memory, then each further one after a piece of write-back at 0.5 GB/s
+    assert ends[2] == pytest.approx(3 * mb / 1e9, rel=1e-6)
+    assert 7 * mb / 0.5e9 <= ends[-1] < 3 * mb / 1e9 + 8 * mb / 0.5e9 + 8 * mb / 1e9

@@ -10,7 +10,9 @@ What it models:
   ``dirty_limit`` the writer waits, first come first served, until write-back has made
   room: above the limit writers go at the drive's write rate (Linux's
   ``balance_dirty_pages``, modelled as a hard limit rather than its gradual throttle
-  between the background and the hard limit);
+  between the background and the hard limit); while a writer waits, write-back runs
+  whatever the dirty bytes (Linux starts it for a throttled writer; without this a
+  ``dirty_background`` equal to ``dirty_limit`` left a writer waiting for the expiry);
 - write-back: one flusher writes dirty bytes oldest first, in chunks of at most
   ``chunk`` bytes, as a flow over the drive's write side (``disk_write``), while the
   dirty bytes are above ``dirty_background`` or the oldest dirty byte is older than
@@ -83,6 +85,7 @@ class SimPageCache:
             t0 = self.clock.now
             self.counts["page_cache_throttled"] += 1
             self.waiting.append((nbytes, lambda: self._copy(nbytes, res, cap, ce, then, t0)))
+            self._kick()  # (a throttled writer waits on write-back: it must be running)
             return
         self._copy(nbytes, res, cap, ce, then, -1.0)
 
@@ -113,7 +116,7 @@ class SimPageCache:
             return
         now = self.clock.now
         due = self.entries[0][0] + self.expire
-        if self.dirty > self.background or due <= now:
+        if self.dirty > self.background or due <= now or self.waiting:
             self.flushing = True
             n = min(self.chunk, self.entries[0][1])
             self.fluid.add_flow_then(lambda: self._flushed(n), n, _WRITE_BACK, 0.0, 0, False)
