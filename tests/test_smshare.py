@@ -33,13 +33,14 @@ from kvsim_backends.sim.smshare import KernelLengths
 
 PB = 2 << 20
 PROFILE = load_profile("h200-pcie")  # (no power state, no node bus)
-R = READ_KERNEL_S
+R = 0.5e-3  # the tests' read kernel (five of their 0.1 ms GEMM kernels), not the default
 
 
 def _node(ranks, per_gpu=None):
     rt = SimRuntime()
     base = settings_for(PB, {Level.GPU: 64, Level.HOST: 64}, PROFILE, model="llama-3-8b")
     per = ranks if per_gpu is None else per_gpu
+    base = dataclasses.replace(base, read_kernel_s=R)
     return rt, [SimBackend(rt, dataclasses.replace(base, rank=r, ranks=ranks, tp=1, ranks_per_gpu=per))
                 for r in range(ranks)], base
 
@@ -188,7 +189,7 @@ def test_read_kernel_key_reaches_the_settings():
     prep = prepare_run(cfg)
     st = backend_settings(cfg, prep.profile, PB, {Level.GPU: 1}, shape=prep.shape)
     assert st.read_kernel_s == pytest.approx(0.25e-3)
-    assert load_config("default", SMALL).engine.read_kernel == R
+    assert load_config("default", SMALL).engine.read_kernel == READ_KERNEL_S
 
 
 @pytest.mark.parametrize("value", ["0", "-1ms", "fast"])
