@@ -35,10 +35,10 @@ from typing import NamedTuple, Sequence
 #: one kernel of a step's HBM reads (its memory-bound part), in seconds: what the hw
 #: backend's stand-in runs them as (``kv_read`` kernels, and the busy kernel's chunks), and
 #: the default of ``engine.read_kernel``, by which ranks on one GPU take turns on its SMs.
-#: 0.1 ms: with read kernels this long two ranks' steps on an H200 shared it by turns of
-#: their kernels in all 9 pairs of kinds (``benchmarks/hw_rank_share.py``, 2026-12-03);
-#: at 0.5 ms not (a decode beside a 4096-token prefill waited for most of it)
-READ_KERNEL_S = 0.1e-3
+#: 0.5 ms: what every single-rank H200 validation ran. With 0.1 ms two ranks' steps on an
+#: H200 followed the kernel-length rule in all 9 pairs of kinds, at 0.5 ms not in 3
+#: (``benchmarks/hw_rank_share.py``, 2026-12-03); 0.1 ms awaits a single-rank compare
+READ_KERNEL_S = 0.5e-3
 
 
 class StepWork(NamedTuple):
