@@ -21,7 +21,16 @@ same whatever the instances. Without ``--x8``: ``--repeat`` (1 by default) 8-ins
 replays, ``cluster_replay_s`` (their median) last. ``--limit N``: the trace's first N
 requests (both sides).
 
-    python benchmarks/cluster_speed.py [--trace FILE] [--limit N] [--x8] [--repeat N]
+``--apart`` (with ``--x8``): the x8 trace on 64 instances is not 8 times the work of the
+trace on 8: prefix-aware routing mixes the copies, so that an instance caches eight copies'
+prefixes (the trace's shared first blocks among them) where it cached one, hits less and
+queues more. Then also both sides once more with a router that keeps the copies apart
+(copy k on instances 8k..8k+7, each group prefix-aware over its own 8, asking ``cached`` and
+``load`` of each; the trace alone on 8: one group): every group replays what the 8
+instances do (the same hit ratio), so ``cluster_scaling_apart_x`` (the same ratio of the
+walls, ``..._apart_cpu_x`` of CPU times) is what the instances alone cost.
+
+    python benchmarks/cluster_speed.py [--trace FILE] [--limit N] [--x8 [--apart]] [--repeat N]
                                        [--installed | --compiled]
 
 ``--compiled``: the replays with the optional compiled build (made first in
@@ -49,6 +58,7 @@ from kvsim_choice import choose  # noqa: E402
 INSTALLED = choose(__file__)  # this checkout's source, --installed or --compiled
 
 from kvsim.config import load_config  # noqa: E402
+from kvsim.core.routing import Router, make_router  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
@@ -70,12 +80,49 @@ def times8(workload):
     return dataclasses.replace(workload, sessions=tuple(sessions))
 
 
-def one_replay(instances: int, trace: str, limit: int | None) -> dict:
-    """One replay on ``instances`` (8: the trace; 64: the trace x8), timed, in this process."""
+class _Sub:
+    """Instances ``base``..``base + n - 1`` of a probe, as instances 0..n-1."""
+
+    def __init__(self, probe, base: int, n: int) -> None:
+        self.probe, self.base, self.instances = probe, base, n
+
+    def cached(self, i: int):
+        return self.probe.cached(self.base + i)
+
+    def load(self, i: int):
+        return self.probe.load(self.base + i)
+
+
+class Apart(Router):
+    """``--apart``: copy k of the x8 trace (sessions ``...-xk``; the trace alone: 0) on
+    instances 8k..8k+7, by a prefix-aware router of its own (the config's knobs)."""
+
+    knobs_of_each: dict = {}
+
+    def __init__(self, instances, knobs=None, seed=0) -> None:
+        super().__init__(instances, knobs, seed)
+        self.each = [make_router("prefix-aware", 8, self.knobs_of_each, seed)
+                     for _ in range(instances // 8)]
+
+    def route(self, req, probe) -> int:
+        _, x, k = req.session.rpartition("-x")
+        base = 8 * int(k) if x else 0
+        prev = None if req.previous is None else req.previous - base
+        return base + self.each[base // 8].route(dataclasses.replace(req, previous=prev),
+                                                 _Sub(probe, base, 8))
+
+
+def one_replay(instances: int, trace: str, limit: int | None, apart: bool = False) -> dict:
+    """One replay on ``instances`` (8: the trace; 64: the trace x8), timed, in this process;
+    ``apart``: the copies kept apart (``Apart``)."""
     sets = [f"workload.path={trace}", "router.policy=prefix-aware", "tp=2", "node.ranks=4",
             "output.plots=false", f"cluster.nodes={NODES[instances]}"] + (
         [f"workload.limit={limit}"] if limit else [])
     cfg = load_config(str(ROOT / "configs" / "mooncake-cluster.yaml"), sets)
+    if apart:
+        Apart.knobs_of_each = dict(cfg.router.builtin_knobs())
+        cfg = load_config(str(ROOT / "configs" / "mooncake-cluster.yaml"),
+                          [*sets, "router.policy=__main__:Apart"])
     prep = prepare_run(cfg)
     if instances == 64:
         prep = prepare_run(cfg, workload=times8(prep.workload))
@@ -84,18 +131,18 @@ def one_replay(instances: int, trace: str, limit: int | None) -> dict:
     m = replay(prep).metrics
     wall, cpu = time.perf_counter() - w, time.process_time() - c
     per = m["cluster"]["requests_per_instance"]
-    return {"instances": instances, "wall_s": wall, "cpu_s": cpu,
+    return {"instances": instances, "apart": apart, "wall_s": wall, "cpu_s": cpu,
             "requests": m["requests_completed"], "hit_ratio": m["hit_ratio"],
             "ttft_p50_s": m["ttft_s"]["p50"], "requests_per_instance": per,
             "idle_instances": m["cluster"]["idle_instances"],
             "peak_memory_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def child_replay(instances: int, trace: str, limit: int | None) -> dict:
+def child_replay(instances: int, trace: str, limit: int | None, apart: bool = False) -> dict:
     """``one_replay`` in a fresh interpreter: this script with ``--one``, the same build."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", str(instances),
            "--trace", trace] + (["--installed"] if INSTALLED else []) + (
-        ["--limit", str(limit)] if limit else [])
+        ["--limit", str(limit)] if limit else []) + (["--apart"] if apart else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         raise SystemExit(f"the {instances}-instance replay failed:\n{out.stderr[-3000:]}")
@@ -103,7 +150,8 @@ def child_replay(instances: int, trace: str, limit: int | None) -> dict:
 
 
 def show(r: dict) -> None:
-    what = "trace x8 on 64 instances" if r["instances"] == 64 else "8 instances"
+    what = ("trace x8 on 64 instances" if r["instances"] == 64 else "8 instances") + (
+        ", copies apart" if r["apart"] else "")
     print(f"{what}: {r['requests']} requests, wall {r['wall_s']:.1f} s, cpu {r['cpu_s']:.1f} s, "
           f"peak memory {r['peak_memory_mb']:.0f} MB; hit ratio {r['hit_ratio']:.4f}, TTFT p50 "
           f"{r['ttft_p50_s']:.2f} s, idle instances {r['idle_instances']}"
@@ -118,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--x8", action="store_true")
     ap.add_argument("--repeat", type=int, default=None,
                     help="8-instance replays (median); default 3 with --x8, else 1")
+    ap.add_argument("--apart", action="store_true",
+                    help="with --x8: also both sides with the copies kept apart")
     ap.add_argument("--installed", action="store_true",
                     help="replay with the installed kvsim (e.g. the compiled build), not this checkout")
     ap.add_argument("--compiled", action="store_true",
@@ -128,21 +178,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--trace {a.trace}: no such file", file=sys.stderr)
         return 2
     if a.one:
-        print(json.dumps(one_replay(a.one, a.trace, a.limit)))
+        print(json.dumps(one_replay(a.one, a.trace, a.limit, a.apart)))
         return 0
     repeat = a.repeat if a.repeat is not None else (3 if a.x8 else 1)
     if repeat < 1:
         print(f"--repeat: got {repeat}; expected >= 1", file=sys.stderr)
         return 2
-    order = [8] * repeat
+    if a.apart and not a.x8:
+        print("--apart: with --x8 only", file=sys.stderr)
+        return 2
+    order = [(8, False)] * repeat
     if a.x8:
-        order.insert((repeat + 1) // 2, 64)
-    print(f"each replay in its own process, in this order: {', '.join(map(str, order))} instances",
-          flush=True)
+        order.insert((repeat + 1) // 2, (64, False))
+    if a.apart:
+        order += [(n, True) for n, _ in order]
+    print("each replay in its own process, in this order: "
+          + ", ".join(f"{n}{' apart' if x else ''}" for n, x in order) + " instances", flush=True)
     runs = []
-    for n in order:
-        runs.append(child_replay(n, a.trace, a.limit))
+    for n, x in order:
+        runs.append(child_replay(n, a.trace, a.limit, x))
         show(runs[-1])
+    if a.apart:
+        sa = [r for r in runs if r["instances"] == 8 and r["apart"]]
+        ba = next(r for r in runs if r["instances"] == 64 and r["apart"])
+        print(f"cluster_scaling_apart_cpu_x: "
+              f"{ba['cpu_s'] / (8 * statistics.median(r['cpu_s'] for r in sa)):.3f}")
+        print(f"cluster_scaling_apart_x: "
+              f"{ba['wall_s'] / (8 * statistics.median(r['wall_s'] for r in sa)):.3f}")
+        runs = [r for r in runs if not r["apart"]]
     small = [r for r in runs if r["instances"] == 8]
     wall8 = statistics.median(r["wall_s"] for r in small)
     if not a.x8:
