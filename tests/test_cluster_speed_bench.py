@@ -44,3 +44,17 @@ def test_the_big_replay_runs_between_the_small_ones_and_the_figure_comes_last(ca
 def test_a_missing_trace_is_refused(tmp_path, capsys):
     assert cluster_speed.main(["--trace", str(tmp_path / "none.jsonl")]) == 2
     assert "--trace" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="../shared/traces not present")
+def test_copies_kept_apart_replay_what_the_8_instances_do(capsys):
+    assert cluster_speed.main(["--x8", "--apart", "--repeat", "1", "--limit", "60",
+                               "--trace", str(TRACE)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    apart = [x for x in lines if "copies apart:" in x]
+    hits = [re.search(r"hit ratio (\d\.\d+), TTFT p50 (\S+)", x).groups() for x in apart]
+    plain8 = next(x for x in lines if x.startswith("8 instances: "))
+    assert len(hits) == 2 and hits[0] == hits[1]  # every group of 8 as the 8 alone
+    assert hits[0] == re.search(r"hit ratio (\d\.\d+), TTFT p50 (\S+)", plain8).groups()
+    assert any(x.startswith("cluster_scaling_apart_x: ") for x in lines)
+    assert lines[-1].startswith("cluster_scaling_x: ")
