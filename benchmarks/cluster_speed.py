@@ -122,7 +122,7 @@ def one_replay(instances: int, trace: str, limit: int | None, apart: bool = Fals
     if apart:
         Apart.knobs_of_each = dict(cfg.router.builtin_knobs())
         cfg = load_config(str(ROOT / "configs" / "mooncake-cluster.yaml"),
-                          [*sets, "router.policy=__main__:Apart"])
+                          [*sets, f"router.policy={__name__}:Apart"])
     prep = prepare_run(cfg)
     if instances == 64:
         prep = prepare_run(cfg, workload=times8(prep.workload))
