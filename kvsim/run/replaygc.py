@@ -11,13 +11,14 @@ below, not 10), what existed before the replay frozen (no collection walks it).
 serving loop starts.
 
 Why the whole replay: a full collection walks every tracked object it does not skip, and
-the heap grows with the instances. Measured on the compiled build with the trace x8 on 64
-instances (``benchmarks/cluster_speed.py``, 2026-12-03): with the default thresholds while
-the instances are built and the metrics summed, two full collections ran (one as the 64
-instances were built, one over the whole unfrozen heap, trace included, as their metrics
-were summed), none of them at 8 instances; with the collector tuned from start to end and
-the built cluster frozen, none ran there either. Both come back to the defaults when the
-replay returns, by when its instances are garbage (freed by reference counts).
+the heap grows with the instances. Counted with ``gc.callbacks`` on the compiled build,
+the whole Mooncake trace x8 on 64 instances (``benchmarks/cluster_speed.py --apart``,
+2026-12-03): tuned around the serving loop only, ``replay()`` ran 4 full collections
+(1.8 s; with the trace's first 4,000 requests 2: one as the 64 instances were built, one
+over the whole unfrozen heap as their metrics were summed) and 1,386 young ones (4.2 s),
+at 8 instances none and 169; tuned from start to end, with the built cluster frozen, none
+and 111 (3.8 s), at 8 instances none and 10. The defaults come back when the replay
+returns, by when its instances are garbage (freed by reference counts).
 """
 
 from __future__ import annotations
