@@ -10,11 +10,9 @@ kvsim that imports ``kvsim_backends``; the rest of kvsim never asks which backen
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import time
-from contextlib import contextmanager
 from functools import partial
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +35,7 @@ from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
 from kvsim.run.remotetier import attach_remote, check_remote, remote_metrics
 from kvsim.run.sharedhost import (attach_shared, check_shared, check_shared_policies, share_pools,
                                   shared_metrics)
+from kvsim.run.replaygc import collector_for_replay, freeze_built
 from kvsim.run.results import git_commit, kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
 from kvsim.settings import BackendSettings
@@ -281,7 +280,14 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
     """Replay the prepared run on ``backend``. ``pinned_arrivals`` ((session, turn) ->
     seconds): release those turns then, not a think time after their previous item
     (``Engine.pin_arrivals``). ``on_resume``: the engine's (told the GPU pages of each
-    resumed request)."""
+    resumed request). The collector is tuned from start to end (``kvsim.run.replaygc``)."""
+    with collector_for_replay():
+        return _replay(prep, backend, progress, backend_options, pinned_arrivals, on_resume)
+
+
+def _replay(prep: Prepared, backend: str, progress: Callable[[float, float], None] | None,
+            backend_options: dict | None, pinned_arrivals: dict[tuple[str, int], float] | None,
+            on_resume: Callable[[int], None] | None) -> Result:
     cfg = prep.cfg
     if backend not in BACKENDS:
         raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -340,12 +346,12 @@ def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, floa
             engines = [rk.engine for rk in ranks]
             for eng in engines:
                 eng.on_progress = lambda t_ns: progress(t_ns / 1e9, sum(len(x.metrics.rows) for x in engines))
+        freeze_built()  # (the instances, built: no collection walks them while they serve)
         wall0 = time.perf_counter()
-        with _gc_for_replay():
-            if cluster is not None:  # (first: a turn due at 0 is handed before serving starts)
-                rt.process(cluster.dispatch())
-            done = [rt.process(rk.engine.serve()) for rk in ranks]
-            rt.run(until=done[0] if n == 1 else rt.all_of(done))
+        if cluster is not None:  # (first: a turn due at 0 is handed before serving starts)
+            rt.process(cluster.dispatch())
+        done = [rt.process(rk.engine.serve()) for rk in ranks]
+        rt.run(until=done[0] if n == 1 else rt.all_of(done))
         # a host fill that failed: the slots it made
         fill_limit = ranks[0].backend.slot_limit(Level.HOST)
     finally:
@@ -430,21 +436,3 @@ def host_fill_metrics(cfg: RunConfig, m, limit: int | None = None,
         during = [r.ttft_s for r in m.rows if r.first_token_ns >= 0 and r.arrival_ns < done_s * 1e9]
         out.update(done_s=done_s, ttft_during_s=dist(during))
     return out
-
-
-@contextmanager
-def _gc_for_replay(young: int = 20_000, older: int = 20):
-    """Run a replay with the cyclic garbage collector tuned for it, then restore it. What
-    exists before the replay (the loaded trace, the configuration) lives through it: frozen,
-    full collections skip it. A replay allocates short-lived events, plans and pages by the
-    million: collecting the young generation every ``young`` net allocations rather than
-    every 700 (and each older one after ``older`` collections of the one below, not 10)
-    spends less time finding little. Changes timing only, never results."""
-    threshold = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(young, older, older)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*threshold)
-        gc.unfreeze()
