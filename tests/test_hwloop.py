@@ -19,7 +19,7 @@ from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.plan import Fill
 from kvsim.core.spec import Level
 from kvsim.config.hardware import HardwareProfile, ProfileError, load_profile
-from kvsim.tools.hwloop import HwLoop, HwLoopModel, load_hw_loop
+from kvsim.tools.hwloop import HwLoop, HwLoopModel, StepCost, load_hw_loop
 from test_sim_backend import DISK_LAT, H2D, batch, finish
 
 from kvsim_backends.sim import SimBackend, SimRuntime
@@ -351,10 +351,10 @@ def test_the_saved_h200_slice_run_is_predicted_as_before_the_move(tmp_path, refc
     d = load_profile(FIXTURE / "h200-pcie-calibrated-2324.yaml").model_dump()
     d["sm"]["interference"].update(busy_cta_efficiency=0.4, busy_start=0.0)
     then = HardwareProfile.model_validate(d)
-    # (and the check placed as it was then: at the hold's end, holding no SM)
+    # (and the check placed as it was then: at the hold's end, holding no SM; no step terms)
     model = load_hw_loop("h200")
     model = model.model_copy(update={"refcheck": model.refcheck.model_copy(
-        update={"start": "hold_end", "holds_sms": "none"})})
+        update={"start": "hold_end", "holds_sms": "none"}), "step": StepCost()})
     report, _ = compare_saved(cfg, FIXTURE, str(trace), profile=then, hw_loop=model)
     got = {k: report["metrics"][k]["sim"] for k in BEFORE[refcheck]}
     assert got == pytest.approx(BEFORE[refcheck], rel=1e-12)

@@ -39,6 +39,13 @@ What the model charges (all default 0: the loop costs nothing):
   copy kernel's rate, hold the SMs for ~44 us a 2 MiB page on the H200). ``none``
   (the default): a check's CTAs slow compute as copy-kernel CTAs do; ``host``: checks
   of host pages hold them; ``all``: GPU pages' checks too.
+- ``step.gap``: the loop's host time between a step's end and the next step's launch,
+  before every step (on hw the compute stream sits idle meanwhile: the compute log's GPU
+  gap); a held step's hold (``resume``, fitted beyond the run's median lag) comes on top.
+- ``step.overrun_rate`` / ``step.overrun_after``: a step's GPU time (its two events on hw)
+  is longer by ``overrun_rate`` x its read seconds beyond ``overrun_after`` (the nominal
+  seconds not in GEMMs), as time the SMs are not held (``HwLoopSim``: a tail after the
+  step's work). Fitted by ``kvsim.tools.fitgap``; what it is and is not: its module.
 
 The shipped ``configs/hwloop/h200.yaml`` holds the terms fitted to and measured on the H200
 machine's replays (its comments say how); ``none`` is the model that charges nothing.
@@ -47,7 +54,7 @@ machine's replays (its comments say how); ``none`` is the model that charges not
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,6 +77,18 @@ class RefcheckCost(_Spec):
     holds_sms: Literal["none", "host", "all"] = "none"
 
 
+class StepCost(_Spec):
+    """What every engine step costs the hw loop beyond the step's nominal time."""
+
+    gap: Seconds = 0.0
+    overrun_rate: Annotated[float, Field(ge=0)] = 0.0
+    overrun_after: Seconds = 0.0
+
+    def overrun_s(self, read_s: float) -> float:
+        """How much longer than nominal a step with ``read_s`` of reads runs."""
+        return self.overrun_rate * max(0.0, read_s - self.overrun_after)
+
+
 class HwLoopModel(_Spec):
     """The hw backend's own host costs in a replay (the module docstring)."""
 
@@ -79,6 +98,7 @@ class HwLoopModel(_Spec):
     transfer: Seconds = 0.0
     disk: Seconds = 0.0
     refcheck: RefcheckCost = RefcheckCost()
+    step: StepCost = StepCost()
     notes: str = ""
 
     def resume_s(self, pages: int) -> float:

@@ -16,7 +16,7 @@ served without events of their own (``Units``).
 from __future__ import annotations
 
 import math
-from typing import Any, Final, Sequence
+from typing import Any, Callable, Final, Sequence
 
 import simpy
 
@@ -79,9 +79,10 @@ class SimBackend(Transfers):
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = probes.timing_log
         # optional per-compute log: [start s, nominal s, seconds it took, nominal GEMM s]
-        # (the stretch of copies' interference and the power state included, the backend's
-        # fixed latency not: the hw backend's figure is its GPU time between two events)
+        # (interference, the power state and step_tail's tail in it, the fixed latency not)
         self.compute_log = probes.compute_log
+        # kvsim compare's hw loop: (nominal s, work) -> seconds a step ends after its work
+        self.step_tail: Callable[[float, StepWork | None], float] | None = None
         link, sm, ce, nv = p.link, p.sm, p.copy_engine, p.nvme
         self.errors: list[str] = []  # what failed, newest last (injected failures here)
         # the node's driver lock (a profile with a ``driver``): fills hold it, executor
@@ -289,8 +290,7 @@ class SimBackend(Transfers):
 
     def _later(self, wait: float, duration_s: float, work: StepWork | None):
         yield self.env.timeout(wait)
-        took = yield self._compute(duration_s, work)
-        return took
+        return (yield self._compute(duration_s, work))
 
     def _compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
         self._counts["compute_calls"] += 1
@@ -300,6 +300,9 @@ class SimBackend(Transfers):
             work_s, h, free_at = power.step(self.clock.now, work_s, work)
             power.commit(h, free_at)
         done = self.fluid.add_job(work_s, work)
+        tail = self.step_tail(duration_s, work) if self.step_tail is not None else 0.0
+        if tail > 0:  # (kvsim compare's hw loop: in the step's time, the SMs not held)
+            done = self.env.process(self._after(done, tail))
         done.callbacks.append(lambda ev, d=duration_s, t0=self.clock.now, w=work:  # type: ignore[misc]
                               self._count_compute(ev.value, d, t0, w))
         lat = self.compute_latency
@@ -428,8 +431,7 @@ class SimBackend(Transfers):
     # -- mechanics ------------------------------------------------------------------
 
     def _after(self, done: simpy.Event, latency: float):
-        """A compute's completion ``latency`` after its work (the profile's
-        ``compute.latency``: the backend's own cost per call)."""
+        """A compute's completion ``latency`` after its work (``compute.latency``, a tail)."""
         took = yield done
         yield self.env.timeout(latency)
         return took + latency

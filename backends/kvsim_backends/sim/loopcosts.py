@@ -9,7 +9,10 @@ backend, which it drives only through its public hooks and state:
   later (the sim backend's ``link_leg_s`` / ``disk_leg_s``: added to the fixed cost of the
   transfer, holding nothing);
 - a compute starts late by what the loop owes (``HwLoop.take``: the resumes and the check
-  launches since the last compute); while anything is owed the engine cannot run ahead;
+  launches since the last compute) and the loop's gap before every step (``step.gap``);
+  while anything is owed, or with a gap, the engine cannot run ahead;
+- a compute's time holds its overrun (``step.overrun_s`` of its read seconds, the nominal
+  seconds not in GEMMs) after its work, the SMs free (the sim backend's ``step_tail``);
 - a check the engine waits for (``read_tags_later``) takes the hw check's time: after
   what is owed (or from its launch: ``refcheck.start``), ``refcheck.latency``, then the
   pages' bytes read as a fluid flow (GPU pages
@@ -34,7 +37,7 @@ from kvsim.core.spec import Level
 from kvsim.tools.hwloop import HwLoop
 
 from kvsim.core.datapath.diskio import IoClass
-from kvsim.core.datapath.work import StepWork
+from kvsim.core.datapath.work import StepWork, gemm_share
 
 from .backend import SimBackend
 from .diskpool import DiskJob
@@ -56,19 +59,22 @@ class HwLoopSim:
         self.checks_modeled = 0  # checks timed (not in stats: the columns stay the sim's)
         inner.link_leg_s = loop.model.transfer
         inner.disk_leg_s = loop.model.disk
+        self.step = step = loop.model.step
+        if step.overrun_rate > 0:
+            inner.step_tail = self._tail
 
     def transfer(self, batch: Batch) -> simpy.Event:
         return self.inner.transfer(batch)
 
     def compute(self, duration_s: float, work: StepWork | None = None) -> simpy.Event:
-        owed = self.loop.take()
+        owed = self.loop.take() + self.step.gap
         if owed > 0.0:
             return self.env.process(self._held(owed, duration_s, work))
         return self.inner.compute(duration_s, work)
 
     def compute_ahead(self, start_s: float, seconds: float, quiet: bool,
                       work: StepWork | None = None) -> float | None:
-        if self.loop.owed_s > 0.0:
+        if self.loop.owed_s > 0.0 or self.step.gap > 0.0:
             return None  # (compute() starts it late)
         return self.inner.compute_ahead(start_s, seconds, quiet, work)
 
@@ -111,6 +117,11 @@ class HwLoopSim:
 
     def close(self) -> None:
         self.inner.close()
+
+    def _tail(self, duration_s: float, work: StepWork | None) -> float:
+        """The step's overrun: ``step.overrun_s`` of its read seconds."""
+        read_s = duration_s * (1.0 - gemm_share(work)) if work is not None else duration_s
+        return self.step.overrun_s(read_s)
 
     def _held(self, owed: float, duration_s: float, work: StepWork | None):
         yield self.env.timeout(owed)
