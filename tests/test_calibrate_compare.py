@@ -94,7 +94,8 @@ def test_compare_tiny_config_cpu(tmp_path):
     # loop thread's calls that held it 0.5 ms or more
     from kvsim_backends.hw.backend import HOST_LOG_MIN_S
     rows = report["logs"]["hw_compute"]
-    assert all(len(r) == 7 and r[3] >= r[2] - 1e-9 and r[4] is None and r[5] >= 0 for r in rows)
+    assert all(len(r) == 8 and r[3] >= r[2] - 1e-9 and r[4] is None and r[5] >= 0 and r[7] == 0
+               for r in rows)
     # and each call's nominal GEMM seconds, the step's as the sim logs it (both sides run
     # the same steps here: a nominal time has one GEMM time on either side)
     sim_gemm = {r[1]: r[3] for r in report["logs"]["sim_compute"]}

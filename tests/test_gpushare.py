@@ -9,6 +9,7 @@ Scenarios:
   (on GPUs of their own: each at the full rate);
 - ``ranks_per_gpu: 1`` is the node as before (its rows equal a run without the key), and
   sharing the GPU makes the same node's turns slower;
+- the compute log names each call's rank (the steps of ranks on one GPU overlap);
 - bad input: more ranks x tp than gpus x ranks_per_gpu, a bad value, or GPU tiers and
   weights of the ranks on one GPU beyond its memory: exit 2, naming the key.
 """
@@ -123,6 +124,25 @@ def test_one_rank_a_gpu_is_the_node_as_before_and_sharing_is_slower():
     shared = _rows(["node.gpus=1", "node.ranks_per_gpu=2"])
     assert [r[:3] for r in shared] == [r[:3] for r in before]
     assert sum(r[4] for r in shared) > sum(r[4] for r in before)
+
+
+def test_the_compute_log_names_each_calls_rank():
+    """Two ranks on one GPU: their steps overlap in time, and each compute log row's last
+    column says whose it was: a rank's own rows run one after another, and there are as
+    many of them as that rank's compute calls."""
+    log: list = []
+    res = replay(prepare_run(load_config("default", [*SMALL, "node.gpus=1", "node.ranks_per_gpu=2"])),
+                 "sim", backend_options={"compute_log": log})
+    last = {row["rank"]: row["compute_calls"] for row in res.timeline}  # (each rank's last row)
+    by_rank = {r: sorted(x[:3] for x in log if x[-1] == r) for r in (0, 1)}
+    assert {x[-1] for x in log} == {0, 1}
+    assert {r: len(rows) for r, rows in by_rank.items()} == last
+    for rows in by_rank.values():
+        assert all(b[0] >= a[0] + a[2] - 1e-9 for a, b in zip(rows, rows[1:]))
+    # the two ranks' calls do overlap (so the time alone could not tell them apart)
+    starts = [s for s, _, _ in by_rank[1]]
+    assert any(np.searchsorted(starts, s + t) > np.searchsorted(starts, s, side="right")
+               for s, _, t in by_rank[0])
 
 
 def _gpu_quota_beyond_two():

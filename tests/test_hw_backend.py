@@ -697,7 +697,8 @@ def test_gpu_compute_log_measures_the_loops_host_lag_and_the_streams_gap(tmp_pat
         rt.run(rt.process(proc()))
     finally:
         be.close()
-    assert [len(r) for r in log] == [7, 7]  # (logs.py: the row's fields)
+    assert [len(r) for r in log] == [8, 8]  # (logs.py: the row's fields)
+    assert [r[7] for r in log] == [0, 0]  # (one rank: rank 0's calls)
     assert log[0][4] is None and log[0][5] < 0.005
     assert 0.02 <= log[1][5] < 0.04, log[1]
     assert 0.02 <= log[1][4] < 0.05, log[1]

@@ -105,7 +105,7 @@ class HwBackend:
         hw, probes = settings.hw, settings.probes
         self.errors: collections.deque[str] = collections.deque(maxlen=100)
         self.logs = HwLogs(runtime, self.page_bytes, self.path_name, probes.timing_log,
-                           probes.compute_log, probes.host_log)
+                           probes.compute_log, probes.host_log, settings.rank)
         self._fail_next = 0
         self.cp = load_cupy() if hw.device != "cpu" else None
         if hw.device == "gpu" and self.cp is None:

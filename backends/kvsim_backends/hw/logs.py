@@ -7,15 +7,16 @@
   (its own host time counts: the batched copy call, the slot upload) to the runtime
   seeing the completion;
 - ``compute_log``: a row a compute call, [start s, nominal s, seconds it took, seconds
-  until the loop saw it done, gpu gap s, host lag s, nominal GEMM s]. took: on a GPU its time between two
-  events on the compute stream, in sim seconds; in CPU mode the nominal time. seen - took
-  is the time the stream waited before it started, plus the loop's lateness in seeing it
-  end. gpu gap: the compute stream's GPU time from the previous compute's end to this
+  until the loop saw it done, gpu gap s, host lag s, nominal GEMM s, rank]. took: on a
+  GPU its time between two events on the compute stream, in sim seconds; in CPU mode the
+  nominal time. seen - took is the time the stream waited before it started, plus the
+  loop's lateness in seeing it end. gpu gap: the compute stream's GPU time from the previous compute's end to this
   one's start (None for the first call and in CPU mode). host lag: how far the wall clock
   was past the loop's ``now`` when compute() was called (the engine's host work between
   two steps, and any lateness in seeing the event that woke it); nominal GEMM s: the
   step's nominal seconds x its ``gemm_share`` (0 without a step), the step's kind for
-  ``kvsim.tools.fitboost``;
+  ``kvsim.tools.fitboost``; rank: the node's rank whose step it was (on a GPU that ranks
+  share, what tells one rank's calls from another's);
 - ``host_log``: the loop thread's own slow calls, [t s, what, seconds] for each of
   transfer() (its enqueue), fill(), compute() (its launch) and the reading of a GPU
   check's tags that held the loop ``HOST_LOG_MIN_S`` or more.
@@ -46,8 +47,9 @@ class HwLogs:
     data path for the timing log."""
 
     def __init__(self, runtime, page_bytes: int, path_name: Callable, timing_log: list | None = None,
-                 compute_log: list | None = None, host_log: list | None = None):
+                 compute_log: list | None = None, host_log: list | None = None, rank: int = 0):
         self.runtime = runtime
+        self.rank = rank  # (compute_log's last column)
         self.page_bytes = page_bytes
         self.path_name = path_name
         self.timing_log = timing_log
@@ -96,7 +98,7 @@ class HwLogs:
         c["compute_nominal_s"] += nominal_s
         if self.compute_log is not None:
             self.compute_log.append([t0, nominal_s, took_s, self.runtime.now - t0,
-                                     gap() if gap is not None else None, lag, gemm_s])
+                                     gap() if gap is not None else None, lag, gemm_s, self.rank])
 
     def timed(self, fn, what: str):
         """``fn`` whose calls log their host time in ``host_log`` (as ``host_time``)."""

@@ -78,7 +78,7 @@ class SimBackend(Transfers):
         probes = settings.probes
         # optional per-batch timing log: dicts (t_s, src, dst, pages, bytes, path, seconds)
         self.timing_log = probes.timing_log
-        # optional per-compute log: [start s, nominal s, seconds it took, nominal GEMM s]
+        # optional per-compute log: [start s, nominal s, seconds it took, nominal GEMM s, rank]
         # (interference, the power state and step_tail's tail in it, the fixed latency not)
         self.compute_log = probes.compute_log
         # kvsim compare's hw loop: (nominal s, work) -> seconds a step ends after its work
@@ -343,7 +343,7 @@ class SimBackend(Transfers):
         self._compute_s += end - start_s  # _count_compute, inline (once per engine step)
         self._compute_nominal_s += seconds
         if self.compute_log is not None:
-            self.compute_log.append([start_s, seconds, end - start_s, _gemm_s(seconds, work)])
+            self.compute_log.append([start_s, seconds, end - start_s, _gemm_s(seconds, work), self._rank])
         return end + lat  # (+ 0.0 when there is none: the same float)
 
     def catch_up(self, until_s: float) -> simpy.Event:
@@ -441,7 +441,7 @@ class SimBackend(Transfers):
         self._compute_s += took_s
         self._compute_nominal_s += nominal_s
         if self.compute_log is not None:
-            self.compute_log.append([t0, nominal_s, took_s, _gemm_s(nominal_s, work)])
+            self.compute_log.append([t0, nominal_s, took_s, _gemm_s(nominal_s, work), self._rank])
 
 
 def _gemm_s(nominal_s: float, work: StepWork | None) -> float:
