@@ -1,7 +1,8 @@
 """The page cache in front of the disk tier (``writes: buffered``), measured on this machine,
 beside the sim's model of it (``kvsim_backends.sim.pagecache``).
 
-Linux only (it reads ``/proc``). Steps:
+Linux only (it reads ``/proc``). The measurement is ``kvsim_backends.hw.pagecacheprobe``'s,
+which ``kvsim calibrate`` runs too (bounded, and fitted by ``kvsim.tools.fitpagecache``). Steps:
 
 1. Reads ``vm.dirty_bytes`` / ``dirty_ratio``, ``dirty_background_bytes`` / ``_ratio``,
    ``dirty_expire_centisecs`` and ``MemTotal`` / ``MemAvailable``: the kernel's dirty limits
