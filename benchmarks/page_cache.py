@@ -1,7 +1,8 @@
 """The page cache in front of the disk tier (``writes: buffered``), measured on this machine,
 beside the sim's model of it (``kvsim_backends.sim.pagecache``).
 
-Linux only (it reads ``/proc``). Steps:
+Linux only (it reads ``/proc``). The measurement is ``kvsim_backends.hw.pagecacheprobe``'s,
+which ``kvsim calibrate`` runs too (bounded, and fitted by ``kvsim.tools.fitpagecache``). Steps:
 
 1. Reads ``vm.dirty_bytes`` / ``dirty_ratio``, ``dirty_background_bytes`` / ``_ratio``,
    ``dirty_expire_centisecs`` and ``MemTotal`` / ``MemAvailable``: the kernel's dirty limits
@@ -34,10 +35,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,108 +44,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "backends")]
 
-from kvsim import scratch  # noqa: E402
+from kvsim_backends.hw.pagecacheprobe import (  # noqa: E402
+    kernel_limits, phases, probe_size, run_probe)
+from kvsim.tools.fitpagecache import measured_dirty  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
-WINDOW = 64 * MiB
-
-
-def _read(path: str) -> int | None:
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def meminfo() -> dict[str, int]:
-    """``/proc/meminfo``'s fields, in bytes."""
-    out = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                k, v = line.split(":", 1)
-                out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def kernel_limits() -> dict:
-    """The kernel's dirty limits in bytes (a ``*_bytes`` key wins over its ratio, as in
-    the kernel; a ratio of MemAvailable), the expiry, MemTotal and MemAvailable."""
-    vm, mem = "/proc/sys/vm/", meminfo()
-    avail = mem.get("MemAvailable", 0)
-
-    def limit(name: str) -> int:
-        b = _read(vm + f"{name}_bytes") or 0
-        return b if b > 0 else (_read(vm + f"{name}_ratio") or 0) * avail // 100
-    return {"dirty_limit": limit("dirty"), "dirty_background": limit("dirty_background"),
-            "dirty_expire": (_read(vm + "dirty_expire_centisecs") or 3000) / 100.0,
-            "mem_total": mem.get("MemTotal", 0), "mem_available": avail}
 
 
 def default_size(limits: dict, folder: str) -> int:
-    free = shutil.disk_usage(folder).free
-    want = max(GiB, limits["dirty_limit"] * 5 // 4)
-    return int(min(want, 48 * GiB, free // 2)) // MiB * MiB
-
-
-def write_file(fd: int, size: int, piece: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Buffered pwrite of ``size`` bytes in pieces: each piece's end (seconds from the
-    first's start), and (bytes written, Dirty bytes) every window."""
-    buf = np.random.default_rng(0).integers(0, 255, piece, dtype=np.uint8)  # not zeros: no shortcut
-    n = size // piece
-    ends = np.empty(n)
-    dirty: list[tuple[int, int]] = []
-    every = max(1, WINDOW // piece)
-    t0 = time.perf_counter()
-    for i in range(n):
-        off = i * piece
-        done = 0
-        while done < piece:
-            done += os.pwrite(fd, memoryview(buf)[done:], off + done)
-        ends[i] = time.perf_counter() - t0
-        if i % every == every - 1:
-            dirty.append(((i + 1) * piece, meminfo().get("Dirty", 0)))
-    return ends, dirty
-
-
-def phases(ends: np.ndarray, piece: int, dirty: list[tuple[int, int]]) -> dict:
-    """The memory-speed rate, where the throttle starts (bytes, and Dirty then) and the
-    throttled rate, from the pieces' ends in windows of WINDOW bytes."""
-    per = max(1, WINDOW // piece)
-    t = np.concatenate([[0.0], ends[per - 1::per]])
-    rates = per * piece / np.maximum(np.diff(t), 1e-9)
-    if len(rates) < 4:
-        r = len(ends) * piece / ends[-1]
-        return {"memory_rate": r, "throttled_rate": r, "throttle_at": None, "dirty_at_throttle": None}
-    first = rates[: max(1, len(rates) // 10)]
-    mem_rate = float(np.median(first))
-    final = float(np.median(rates[-max(1, len(rates) // 4):]))
-    cut = (mem_rate + final) / 2
-    at = None
-    if final < 0.8 * mem_rate:
-        for k in range(len(rates) - 3):
-            if (rates[k: k + 4] < cut).all():
-                at = k
-                break
-    throttle_at = None if at is None else at * per * piece
-    d_at = None
-    if at is not None and dirty:
-        d_at = min(dirty, key=lambda bd: abs(bd[0] - throttle_at))[1]
-    return {"memory_rate": mem_rate, "throttled_rate": final, "throttle_at": throttle_at,
-            "dirty_at_throttle": d_at}
-
-
-def read_back(fd: int, size: int, nbytes: int, piece: int) -> float:
-    """The rate of reading the file's last ``nbytes`` (cached, clean after fsync)."""
-    nbytes = min(nbytes, size) // piece * piece
-    buf = bytearray(piece)
-    t0 = time.perf_counter()
-    for off in range(size - nbytes, size, piece):
-        os.preadv(fd, [buf], off)
-    return nbytes / max(time.perf_counter() - t0, 1e-9)
+    return probe_size(limits, folder, 48 * GiB, floor=GiB)
 
 
 def predict(pieces: int, piece: int, keys: dict, drive_rate: float, chunk: float) -> np.ndarray:
@@ -194,7 +100,6 @@ def main(argv=None) -> int:
     from kvsim.config.hardware import load_profile
 
     nv = load_profile(a.profile).nvme
-    scratch.sweep(a.dir)  # a file a killed run left
     limits = kernel_limits()
     piece = max(4096, int(a.piece * MiB) // 4096 * 4096)
     size = int(a.size * GiB) if a.size else default_size(limits, a.dir)
@@ -203,23 +108,16 @@ def main(argv=None) -> int:
           f"{limits['dirty_background'] / GiB:.2f} GiB, MemTotal {limits['mem_total'] / GiB:.1f} GiB, "
           f"MemAvailable {limits['mem_available'] / GiB:.1f} GiB; writing {size / GiB:.2f} GiB "
           f"in {piece / MiB:g} MiB pieces to {a.dir}", flush=True)
-    with scratch.terminate_raises():
-        path, fd = scratch.make_file(a.dir, "kvsim-pagecache", ".bin")
-        try:
-            ends, dirty = write_file(fd, size, piece)
-            t0 = time.perf_counter()
-            os.fsync(fd)
-            fsync_s = time.perf_counter() - t0
-            dirty_left = dirty[-1][1] if dirty else 0
-            read_rate = read_back(fd, size, int(a.read * GiB), piece)
-        finally:
-            os.close(fd)
-            scratch.remove(path)
+    run = run_probe(a.dir, size, piece, int(a.read * GiB))
+    ends, dirty, fsync_s = run["ends"], run["dirty"], run["fsync_s"]
+    dirty_left, read_rate = run["dirty_left"], run["read_rate"]
     ph = phases(ends, piece, dirty)
-    measured_limit = ph["dirty_at_throttle"] or ph["throttle_at"]
+    measured = measured_dirty({"phases": ph, "limits": limits})
+    measured_limit = measured[0] if measured else None
     keys = {"rate": ph["memory_rate"],
-            "dirty_limit": int(measured_limit or limits["dirty_limit"]),
-            "dirty_background": int(min(limits["dirty_background"], measured_limit or limits["dirty_limit"])),
+            "dirty_limit": measured[0] if measured else int(limits["dirty_limit"]),
+            "dirty_background": (measured[1] if measured
+                                 else int(min(limits["dirty_background"], limits["dirty_limit"]))),
             "dirty_expire": limits["dirty_expire"], "capacity": int(limits["mem_available"])}
     drive = ph["throttled_rate"] if ph["throttle_at"] is not None else nv.write
     sim = predict(len(ends), piece, keys, drive, nv.piece * nv.queue_depth)

@@ -183,6 +183,9 @@ def calibrate(
     worst = report.get("fit_max_abs_err")
     Console().print(f"max |rel err| {worst * 100:.1f}%" if worst is not None else "no cells")
     if not check:
+        for k, v in report.get("why", {}).items():
+            if k.startswith("page_cache"):
+                Console().print(f"{k}: {v}", highlight=False)
         Console().print(f"profile: {out} ({report.get('seconds', 0.0):.1f} s)")
 
 

@@ -54,7 +54,8 @@ def test_a_failed_run_removes_its_file(tmp_path, monkeypatch):
         os.pwrite(fd, b"z" * 4096, 0)
         raise KeyboardInterrupt  # as Ctrl-C mid-write
 
-    monkeypatch.setattr(mod, "write_file", boom)
+    from kvsim_backends.hw import pagecacheprobe
+    monkeypatch.setattr(pagecacheprobe, "write_file", boom)
     with pytest.raises(KeyboardInterrupt):
         mod.main(["--dir", str(tmp_path), "--size", str(8 / 1024), "--piece", "1"])
     assert list(tmp_path.iterdir()) == []

@@ -99,8 +99,9 @@ def profile_text(d: dict, why: dict[str, str], base_name: str, header: str) -> s
 
 
 def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str,
-           notes: str) -> tuple[HardwareProfile, list[dict]]:
-    """Fit ``m``, write the profile YAML to ``out`` (validated first); (profile, fit check)."""
+           notes: str) -> tuple[HardwareProfile, list[dict], dict[str, str]]:
+    """Fit ``m``, write the profile YAML to ``out`` (validated first); (profile, fit check,
+    where each fitted key came from)."""
     d, why = fit(m, base_p)
     d["name"] = name
     d["notes"] = notes
@@ -110,7 +111,7 @@ def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: s
     fitted = load_profile_text(text, out)  # validate before it replaces anything
     out.parent.mkdir(parents=True, exist_ok=True)
     write_whole(out, text.encode())
-    return fitted, check_fit(m, fitted) + check_small(m, fitted)
+    return fitted, check_fit(m, fitted) + check_small(m, fitted), why
 
 
 def load_profile_text(text: str, out: Path) -> HardwareProfile:
@@ -162,13 +163,13 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
              "not measured" + ("; CPU mode: tiny sizes, not a GPU profile" if m.device == "cpu" else ""))
     header = (f"Written by `kvsim calibrate` on {stamp}, device {m.device}, on the base profile "
               f"{base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check = _write(out, m, base_p, name, header, notes)
+    fitted, check, why = _write(out, m, base_p, name, header, notes)
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
               "host_fills": m.host_fills, "driver_call_s": m.driver_call_s,
               "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting,
-              "interference": m.interference, "fit_check": check,
+              "interference": m.interference, "page_cache": m.page_cache, "why": why, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
     _write_report(out, report)
     return report
@@ -192,14 +193,14 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     header = (f"Re-fitted by `kvsim calibrate --from-report {src}` on {stamp} from the\n"
               f"measurements of `kvsim calibrate` on {old['date']}, device {m.device}, on the base "
               f"profile {base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check = _write(out, m, base_p, name, header, notes)
+    fitted, check, why = _write(out, m, base_p, name, header, notes)
     previous = list(old.get("previous_fit_checks", []))
     if old.get("fit_check"):
         previous.append({"date": old.get("refit_date", old["date"]), "fit_check": old["fit_check"],
                          "fit_max_abs_err": old.get("fit_max_abs_err")})
     report = {k: v for k, v in old.items() if k not in ("fit_check", "fit_max_abs_err", "previous_fit_checks")}
     report.update({"profile": str(out), "refit_from": str(report_path), "refit_date": stamp,
-                   "fit_check": check,
+                   "why": why, "fit_check": check,
                    "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None),
                    "previous_fit_checks": previous})
     # cells measured elsewhere (benchmarks/hw_copy.py --json), kept in the report: their

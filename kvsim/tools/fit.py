@@ -12,7 +12,8 @@ piece size the hw backend runs at, host fill rate, prefill/decode efficiencies, 
 engine's ``per_call`` (the batched call's host time for one page), the backend's fixed
 cost per transfer (``transfer.latency``, ``transfer.latency_sm_kernel``: what small batches
 take beyond everything else the sim models) and the structural interference terms per kind
-of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``). Everything else
+of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``) and the page
+cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``). Everything else
 (the older interference terms, launch, step overhead, public peaks) is kept from a base
 profile. ``fit`` also says, per key, where its
 value came from; its docstring says why each term has the form it has.
@@ -25,6 +26,7 @@ import statistics
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
+from kvsim.tools.fitpagecache import fit_page_cache
 from kvsim.tools.measured import Measured
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -161,6 +163,7 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         why["nvme"] = (f"measured: disk-tier file, {how} {best_r['threads']} threads x "
                        f"{best_r['piece'] // MiB} MiB pieces; latency: median over the passes of "
                        f"piece / 1-thread rate - piece / rate")
+    fit_page_cache(m.page_cache, d, why)
     if m.host_fills or m.driver_call_s is not None:
         fit_driver(m.host_fills, m.driver_call_s, d, why)
     elif m.host_fill_Bps:  # CPU mode, or a report from before the fills per backing

@@ -32,6 +32,9 @@ class Measured:
     # call's host time (``call_s``): the driver's lock as the profile's ``driver`` models it
     host_fills: dict[str, dict] = field(default_factory=dict)
     driver_call_s: float | None = None
+    # the page cache in front of the disk folder (kvsim_backends.hw.pagecacheprobe's
+    # ``measure_for_calibrate``: limits, phases, or why it was skipped); None: not measured
+    page_cache: dict | None = None
 
 
 
@@ -43,7 +46,8 @@ def measured_from_report(report: dict) -> Measured:
                     disk_setting=report.get("disk_setting"),
                     interference=list(report.get("interference", [])),
                     host_fills=dict(report.get("host_fills", {})),
-                    driver_call_s=report.get("driver_call_s"))
+                    driver_call_s=report.get("driver_call_s"),
+                    page_cache=report.get("page_cache"))
 
 
 def batch(src, dst, ss, ds, pb) -> Batch:

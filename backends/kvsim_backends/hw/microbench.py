@@ -8,6 +8,9 @@ Measured:
 - disk reads, writes and rewrites (the same slots again) per I/O thread count and piece
   size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
   which the hw backend runs at;
+- the page cache in front of the disk folder (``pagecacheprobe``): one buffered writer of
+  at most ``Plan.page_cache_cap`` bytes (8 GiB on a GPU, 64 MiB in CPU mode; less where the
+  kernel's dirty limit x 1.25 or half the free space is less), where the kernel throttles it;
 - host-tier fill: on a GPU the hw backend's own tier per backing (register, pinned,
   cumem) with a probe of the driver's lock (``driverprobe``), and an executor call's host
   time; in CPU mode the rate of mapping and touching;
@@ -51,6 +54,7 @@ from .driverprobe import call_cost, fill_probed
 from .gpu import load_cupy
 from .interfere import calibrate_grid, measure_cells
 from .memory import HostRegion
+from .pagecacheprobe import measure_for_calibrate
 from .runtime import RealtimeRuntime
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -75,14 +79,16 @@ class Plan:
     small_counts: tuple[int, ...] = ()    # pages a batch,
     small_repeats: int = 25               # batches timed a cell (median; the first 3 dropped)
     interference: bool = False            # compute with copies (interfere.calibrate_grid)
+    page_cache_cap: int = 0               # the most bytes the page-cache probe writes (0: none)
 
     @staticmethod
     def for_device(on_gpu: bool) -> "Plan":
         if on_gpu:
             return Plan(GPU_PAGES, 1024 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
-                        (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25, True)
+                        (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25, True,
+                        page_cache_cap=8 << 30)
         return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False,
-                    64 * KiB, (1, 4), 6)
+                    64 * KiB, (1, 4), 6, page_cache_cap=64 * MiB)
 
 
 
@@ -367,6 +373,9 @@ def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None =
     measure_copies(plan, dev, m, settings_for)
     measure_small(plan, dev, m, settings_for)
     measure_disk(plan, m, disk_dir, cp.cuda.runtime if on_gpu else None)
+    if plan.page_cache_cap:
+        m.page_cache = measure_for_calibrate(disk_dir or tempfile.gettempdir(), plan.page_cache_cap,
+                                             nv.piece)
     measure_host_fill(plan, m, cp)
     if on_gpu and plan.compute:
         measure_compute(m)
