@@ -51,7 +51,7 @@ from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim_backends.hw.backend import HwBackend  # noqa: E402
 from kvsim_backends.hw.gpu import load_cupy  # noqa: E402
 from kvsim_backends.hw.runtime import RealtimeRuntime  # noqa: E402
-from kvsim_backends.hw.standin import plan  # noqa: E402
+from kvsim_backends.hw.standin import READ_CTA_BYTES, plan  # noqa: E402
 
 PROFILE = "h200-pcie-calibrated"
 
@@ -65,8 +65,8 @@ def works(model: str) -> dict:
 def kernels_of(si, seconds: float, work) -> int:
     """The kernels the stand-in launches for ``seconds`` of ``work``."""
     _, gemms, read_s = plan(seconds, work, si.model, si.chain_s)
-    per = max(1, int(si.chunk_s * si.read_Bps / (64 << 10)))
-    ctas = int(read_s * si.read_Bps / (64 << 10)) if read_s > 0 else 0
+    per = max(1, int(si.chunk_s * si.read_Bps / READ_CTA_BYTES))  # (as StandIn._reads)
+    ctas = int(read_s * si.read_Bps / READ_CTA_BYTES) if read_s > 0 else 0
     return len(si.model.projections) * sum(k for _, k in gemms) + -(-ctas // per)
 
 
