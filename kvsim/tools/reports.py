@@ -113,7 +113,8 @@ def _num(x) -> str:
 
 
 def report_tables(report: dict):
-    """Two rich tables: headline metrics and transfers."""
+    """Two rich tables: headline metrics and transfers; for a node of several ranks a
+    third, its ``ranks`` (``rank_table``)."""
     from rich.table import Table  # noqa: PLC0415
 
     t = Table(title=f"kvsim compare {report['config']}: sim vs hw (rel err = (sim - hw) / hw)")
