@@ -303,7 +303,7 @@ def diff(
     metrics with (a - b) / b, and how many turns found the same hits by tier."""
     from kvsim.run.outputs import check_file, write_whole
     from kvsim.tools.compare import diff_runs
-    from kvsim.tools.reports import diff_table
+    from kvsim.tools.reports import diff_table, rank_table
 
     console = Console(stderr=True)
     _sweep()
@@ -323,6 +323,8 @@ def diff(
             error(console, f"--out {out}: cannot write ({e.strerror})")
             raise typer.Exit(2)
     Console().print(diff_table(report))
+    if report.get("ranks"):  # both runs a node of the same several ranks
+        Console().print(rank_table(report["ranks"], ("a", "b")))
 
 
 register_studies(app)

@@ -13,7 +13,9 @@ value and the relative error ``(sim - hw) / hw`` (hw is the reference):
   of a few dozen turns moves with the turns near it), requests and output tokens per
   second, hit tokens by tier;
 - turns (matched by session and turn) that found the same hit tokens by tier, and the
-  turns whose TTFT is far apart with the races behind them (``turn_timing``).
+  turns whose TTFT is far apart with the races behind them (``turn_timing``);
+- for a node of several ranks, each rank's TTFT, requests/s and bytes by kind (``ranks``,
+  ``kvsim.tools.rankcmp``; absent for one rank).
 
 ``compare_saved`` replays the sim only and compares it with the hw side an earlier compare
 saved (``kvsim compare --hw-from DIR``): a re-fitted profile re-predicts a GPU run offline.
@@ -34,20 +36,13 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 
 from kvsim.config import RunConfig
 from kvsim.tools.hwloop import DEFAULT as DEFAULT_HW_LOOP, HwLoop, HwLoopModel, load_hw_loop
+from kvsim.tools.rankcmp import per_rank, rank_count, rel_err
 from kvsim.tools.reports import read_report, saved_call_logs
 from kvsim.run import Result, prepare_run, replay
+from kvsim.run.clustermetrics import is_cluster
 
 if TYPE_CHECKING:
     from kvsim.config.hardware import HardwareProfile
-
-
-def rel_err(sim: float | None, hw: float | None) -> float | None:
-    """(sim - hw) / hw, or None when either is missing or hw is 0 (0 when both are 0)."""
-    if sim is None or hw is None:
-        return None
-    if hw == 0:
-        return 0.0 if sim == 0 else None
-    return (sim - hw) / hw
 
 
 def transfer_table(log: Iterable[dict]) -> dict[str, dict]:
@@ -240,10 +235,14 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "rel_err_seconds_p50": rel_err(a.get("seconds_p50"), b.get("seconds_p50")),
             "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
         }
-    return {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
-            "compute": {"sim": compute_summary(sim_compute), "hw": compute_summary(hw_compute)},
-            "turns": {**hits_agreement(sim.rows, hw.rows), **turn_timing(sim.rows, hw.rows)},
-            "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
+    report = {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
+              "compute": {"sim": compute_summary(sim_compute), "hw": compute_summary(hw_compute)},
+              "turns": {**hits_agreement(sim.rows, hw.rows), **turn_timing(sim.rows, hw.rows)},
+              "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
+    ranks = per_rank(sim.metrics, hw.metrics)
+    if ranks is not None:  # a node of several ranks (one rank: the report as it was)
+        report["ranks"] = ranks
+    return report
 
 
 def replay_sim_side(prep, sim_log: list[dict], pinned: dict | None = None,
@@ -371,6 +370,10 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     instead of either (e.g. the saved one with a term changed). ``hw_loop``: the sim's
     model of the hw backend's host costs (None: the default, or the recorded one)."""
     hw, hw_log, hw_options, saved_loop = saved_hw(folder, cfg)
+    had = len(hw.metrics.get("ranks") or ()) or 1  # (a cluster's instances report apart)
+    if not is_cluster(cfg) and had != cfg.node.ranks:  # before the replay, not after it
+        raise ValueError(f"--hw-from {folder}: its hw run had {had} rank(s), the config has "
+                         f"node.ranks={cfg.node.ranks}; compare runs of the same node")
     hw_compute = saved_call_logs(folder).get("hw_compute")  # (None for runs saved before)
     if saved_profile and hw.profile is None:
         raise ValueError(f"--saved-profile: {Path(folder) / 'hw' / 'summary.json'} records no "
@@ -406,7 +409,14 @@ def diff_runs(a: str | Path, b: str | Path) -> dict:
     metrics = {k: {"a": ha.get(k), "b": hb.get(k), "rel_err": rel_err(ha.get(k), hb.get(k))}
                for k in dict.fromkeys([*ha, *hb])}
     _ttft_ci(rb, metrics, "b_ci90")
+    na, nb = rank_count(sa), rank_count(sb)
+    if (na > 1 or nb > 1) and na != nb:
+        raise ValueError(f"per-rank diff: {a} has {na} rank(s), {b} has {nb}; diff runs of the same node")
     name = lambda s: s.get("config", {}).get("name")  # noqa: E731
-    return {"a": str(a), "b": str(b), "a_backend": sa.get("backend"), "b_backend": sb.get("backend"),
-            "a_config": name(sa), "b_config": name(sb), "metrics": metrics,
-            "turns": {**hits_agreement(ra, rb), **turn_timing(ra, rb)}}
+    report = {"a": str(a), "b": str(b), "a_backend": sa.get("backend"), "b_backend": sb.get("backend"),
+              "a_config": name(sa), "b_config": name(sb), "metrics": metrics,
+              "turns": {**hits_agreement(ra, rb), **turn_timing(ra, rb)}}
+    ranks = per_rank(sa["metrics"], sb["metrics"], ("a", "b"), (str(a), str(b)))
+    if ranks is not None:  # both a node of the same several ranks
+        report["ranks"] = ranks
+    return report

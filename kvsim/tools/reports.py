@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def diff_table(report: dict):
-    """The ``kvsim diff`` report as a rich table."""
+    """The ``kvsim diff`` report as a rich table (its ``ranks``, if any: ``rank_table``)."""
     from rich.table import Table  # noqa: PLC0415
 
     t = Table(title=f"kvsim diff: a ({report['a_backend']}) vs b ({report['b_backend']}), "
@@ -113,7 +113,8 @@ def _num(x) -> str:
 
 
 def report_tables(report: dict):
-    """Two rich tables: headline metrics and transfers."""
+    """Two rich tables: headline metrics and transfers; for a node of several ranks a
+    third, its ``ranks`` (``rank_table``)."""
     from rich.table import Table  # noqa: PLC0415
 
     t = Table(title=f"kvsim compare {report['config']}: sim vs hw (rel err = (sim - hw) / hw)")
@@ -137,7 +138,33 @@ def report_tables(report: dict):
     comp = report.get("compute") or {}
     if comp.get("sim") and comp.get("hw"):
         x.caption = _compute_caption(comp["sim"], comp["hw"])
+    if report.get("ranks"):  # a node of several ranks: a third table, rank by rank
+        return t, x, rank_table(report["ranks"])
     return t, x
+
+
+RANK_LABELS = {"ttft_p50_s": "TTFT p50 s", "ttft_p90_s": "TTFT p90 s", "requests_per_s": "requests/s",
+               "bytes_host_to_gpu": "host->gpu GB", "bytes_gpu_to_host": "gpu->host GB",
+               "bytes_disk_read": "disk read GB", "bytes_disk_write": "disk write GB"}
+
+
+def rank_table(ranks: list[dict], names: tuple[str, str] = ("sim", "hw")):
+    """A report's ``ranks`` (kvsim.tools.rankcmp.per_rank) as a rich table: a row a rank and
+    figure, bytes shown in GB (1e9; the report keeps bytes)."""
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=f"per rank (rel err = ({names[0]} - {names[1]}) / {names[1]})")
+    for c in ("rank", "metric", names[0], names[1], "rel err"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for row in ranks:
+        for k, v in row.items():
+            if k == "rank":
+                continue
+            gb = k.startswith("bytes_")
+            a, b = ((None if x is None else x / 1e9) if gb else x for x in (v[names[0]], v[names[1]]))
+            t.add_row(str(row["rank"]), RANK_LABELS.get(k, k), _num(a), _num(b), _pct(v["rel_err"]))
+        t.add_section()
+    return t
 
 
 def _compute_caption(a: dict, b: dict) -> str:
