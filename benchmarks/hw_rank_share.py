@@ -23,12 +23,18 @@ streams' kernels take turns, so a step's share is its kernel's length over the s
 both steps' kernel lengths: stretch (k_v + k_o) / k_v), with each kind's kernel length
 measured here (its GPU time alone over its kernels).
 
+The profile's ``gpu.kernel_overlap`` from the cells: a cell's overlap is how much less
+than the other rank's kernel each of its own kernels waited, k_o - (stretch - 1) x k_v;
+the fit is their median per read-kernel length (``kernel_overlap_us``), and each cell's
+stretch by the rule with that overlap, (k_v + k_o - overlap) / k_v, is printed beside it.
+
     python3 benchmarks/hw_rank_share.py [--window-ms 400] [--chunk-ms 0.5,0.1] [--reps 5]
         [--model llama-3-8b] [--json OUT]
+    python3 benchmarks/hw_rank_share.py --from OUT.json [OUT2.json ...]   (the fit only)
 
-Needs CuPy and a CUDA GPU. Prints ``rank_share_kernel_rule_closer: K of N`` last: the
-rank-steps where the kernel-length rule is closer to the measured stretch than processor
-sharing.
+Needs CuPy and a CUDA GPU (not with ``--from``). Prints ``rank_share_kernel_rule_closer:
+K of N`` last: the rank-steps where the kernel-length rule is closer to the measured
+stretch than processor sharing.
 """
 
 from __future__ import annotations
@@ -114,6 +120,35 @@ def together(cp, si, streams, pair, window_s: float) -> list[list[float]]:
     return [t[1:-1] for t in took]
 
 
+def overlap_of(row: dict) -> float:
+    """A cell's overlap (us): how much less than the other's kernel each kernel waited."""
+    return row["other_kernel_us"] - (row["stretch"] - 1.0) * row["kernel_us"]
+
+
+def fit_overlap(rows: list[dict]) -> dict[float, float]:
+    """The median cell overlap (us, at least 0) per read-kernel length (``chunk_ms``)."""
+    by: dict[float, list[float]] = {}
+    for r in rows:
+        by.setdefault(r["chunk_ms"], []).append(overlap_of(r))
+    return {c: max(0.0, statistics.median(v)) for c, v in sorted(by.items())}
+
+
+def report_overlap(rows: list[dict]) -> None:
+    """Each cell's stretch beside the rule with the fitted overlap; the fit per length."""
+    fit = fit_overlap(rows)
+    for r in rows:
+        ov = fit[r["chunk_ms"]]
+        pred = (r["kernel_us"] + max(0.0, r["other_kernel_us"] - ov)) / r["kernel_us"]
+        print(f"chunk {r['chunk_ms']:.2f} ms  {r['rank']:>12} beside {r['other']:>12}: x{r['stretch']:.2f}, "
+              f"rule with overlap {ov:.1f} us x{pred:.2f} ({(pred / r['stretch'] - 1) * 100:+.1f}%), "
+              f"this cell's overlap {overlap_of(r):+.1f} us")
+    for c, ov in fit.items():
+        near = sum(abs((r["kernel_us"] + max(0.0, r["other_kernel_us"] - ov)) / r["kernel_us"] / r["stretch"] - 1) <= 0.1
+                   for r in rows if r["chunk_ms"] == c)
+        n = sum(r["chunk_ms"] == c for r in rows)
+        print(f"kernel_overlap_us (read kernels {c:.2f} ms): {ov:.2f}; the rule with it within 10% in {near} of {n}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window-ms", type=float, default=400.0)
@@ -121,7 +156,15 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--model", default="llama-3-8b")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--from", dest="saved", nargs="+", default=None,
+                    help="the --json files of earlier runs: fit the overlap from them, measure nothing")
     a = ap.parse_args()
+    if a.saved:
+        rows = [r for path in a.saved for r in json.load(open(path))]
+        report_overlap(rows)
+        print(f"rank_share_kernel_rule_closer: "
+              f"{sum(abs(r['kernel_rule'] - r['stretch']) < abs(2.0 - r['stretch']) for r in rows)} of {len(rows)}")
+        return
     cp = load_cupy()
     if cp is None:
         sys.exit("hw_rank_share.py needs CuPy and a CUDA GPU")
@@ -162,6 +205,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
+    report_overlap(rows)
     print(f"rank_share_kernel_rule_closer: {closer} of {len(rows)}")
 
 

@@ -35,6 +35,8 @@ from kvsim_backends.sim import SimBackend, SimRuntime
 PB = 2 << 20     # 2 MiB pages
 PAGES = 64       # 128 MiB a batch
 PROFILE = load_profile("h200-pcie")  # (no node bus: a rank's link is its GPU's alone)
+# strict turns (the ends below are worked out without it; tests/test_smshare.py has the overlap)
+PROFILE = PROFILE.model_copy(update={"gpu": PROFILE.gpu.model_copy(update={"kernel_overlap": 0.0})})
 
 
 def _node(ranks, per_gpu):

@@ -10,6 +10,10 @@ Scenarios:
   the GPU and the decode 0.5 / 0.6; once in its reads, half each; then the decode alone.
   Every end worked out by hand below;
 - equal kernels (two decodes; three ranks' decodes): 1 / n each, processor sharing, as before;
+- with ``gpu.kernel_overlap`` O another rank's kernel delays one's by its length less O:
+  two equal decodes each stretch by (2R - O) / R, a prefill's GEMMs beside a decode by
+  (kg + R - O) / kg; an overlap longer than the other's kernel delays nothing; a bad value
+  is refused naming the key;
 - ``engine.read_kernel`` reaches the settings; a bad value exits 2 naming the key.
 """
 
@@ -36,9 +40,11 @@ PROFILE = load_profile("h200-pcie")  # (no power state, no node bus)
 R = 0.5e-3  # the tests' read kernel (five of their 0.1 ms GEMM kernels), not the default
 
 
-def _node(ranks, per_gpu=None):
+def _node(ranks, per_gpu=None, overlap=0.0):
     rt = SimRuntime()
-    base = settings_for(PB, {Level.GPU: 64, Level.HOST: 64}, PROFILE, model="llama-3-8b")
+    # (strict turns unless a test asks for an overlap, whatever the profile's)
+    prof = PROFILE.model_copy(update={"gpu": PROFILE.gpu.model_copy(update={"kernel_overlap": overlap})})
+    base = settings_for(PB, {Level.GPU: 64, Level.HOST: 64}, prof, model="llama-3-8b")
     per = ranks if per_gpu is None else per_gpu
     base = dataclasses.replace(base, read_kernel_s=R)
     return rt, [SimBackend(rt, dataclasses.replace(base, rank=r, ranks=ranks, tp=1, ranks_per_gpu=per))
@@ -178,6 +184,38 @@ def test_equal_kernels_share_one_nth_each(n):
     # (one GPU each: every step its own time)
     rt, bes, _ = _node(n, 1)
     assert _took(rt, bes, [(0.0, _decode(w)) for w in works]) == pytest.approx(a, rel=1e-9)
+
+
+def test_kernels_overlap_by_the_profiles_kernel_overlap():
+    s = PROFILE.compute.scale
+    O = 0.1e-3  # a fifth of R
+    # two decodes of 10 and 20 ms at once: each stretched by (R + R - O) / R until the
+    # first ends, then the second alone
+    rt, bes, _ = _node(2, overlap=O)
+    took = _took(rt, bes, [(0.0, _decode(0.010)), (0.0, _decode(0.020))])
+    f = (2 * R - O) / R
+    assert f < 2.0
+    a0, a1 = 0.010 * s, 0.020 * s
+    assert took == pytest.approx([a0 * f, a0 * f + (a1 - a0)], rel=1e-9)
+    # a step of GEMMs only (kernels kg) beside a long decode: (kg + R - O) / kg while it runs
+    rt, bes, base = _node(2, overlap=O)
+    kg, G = 0.1e-3, 0.004
+    took = _took(rt, bes, [(0.0, _prefill(base.model, G, 0.0, kg)), (0.0, _decode(0.5))])
+    assert took[0] == pytest.approx(G * s * (kg + R - O) / kg, rel=1e-9)
+    # an overlap as long as the other's kernel: no delay at all beside it
+    rt, bes, _ = _node(2, overlap=R)
+    took = _took(rt, bes, [(0.0, _decode(0.010)), (0.0, _decode(0.020))])
+    assert took[0] == pytest.approx(a0, rel=1e-9)
+
+
+@pytest.mark.parametrize("value", ["-1us", "fast"])
+def test_a_bad_kernel_overlap_is_refused_naming_the_key(tmp_path, value):
+    src = (CONFIGS / "hardware" / "h200-pcie.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    assert src.count("  kernel_overlap: 9.19us\n") == 1
+    bad.write_text(src.replace("  kernel_overlap: 9.19us\n", f"  kernel_overlap: {value}\n"))
+    with pytest.raises(ProfileError, match=r"gpu\.kernel_overlap"):
+        load_profile(bad)
 
 
 SMALL = ["workload.synthetic.n_sessions=2", "workload.max_turns=2", "model=llama-3-8b",

@@ -48,6 +48,10 @@ Optional terms (absent: the older, simpler model):
   rows <= M (the smallest beyond). Only ranks sharing a GPU read it (they take turns on
   its SMs by kernel length: ``kvsim_backends.sim.smshare``). Default None: the step's
   own rate (the compute model's).
+- ``gpu.kernel_overlap``: how long two ranks' consecutive kernels on one GPU run at once
+  (the next starts on the SMs the last CTAs of the current leave free); another rank's
+  kernel delays this one's by its length less this. ``benchmarks/hw_rank_share.py`` fits
+  it. Default 0: strict turns.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -308,6 +312,7 @@ class GPUSpec(_Frozen):
     step_overhead: Seconds
     # FLOP/s of the layer projections' GEMMs by M (see the module docstring); None: none
     gemm_flops: dict[Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0)]] | None = None
+    kernel_overlap: Seconds = 0.0  # ranks on one GPU: consecutive kernels' overlap (docstring)
 
 
 class TransferSpec(_Frozen):

@@ -274,7 +274,7 @@ class Fluid:
         else:
             _, slow, slow_m = kinds.parts(work, self._load)
         if self.share_compute is not None and len(self.jobs) > 1:  # (smshare's factors)
-            fg, fm = factors(job, self.jobs, self.clock.now)
+            fg, fm = factors(job, self.jobs, self.clock.now, self.share_compute.overlap_s)
             slow, slow_m = (1.0 + slow) * fg - 1.0, (1.0 + slow_m) * fm - 1.0
         if slow == job.slow and slow_m == job.slow_m:
             return False

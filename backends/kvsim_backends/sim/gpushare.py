@@ -41,7 +41,7 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
     kernel's ceilings, HBM, ``disk``'s resources; shared by the ranks on its GPU, whose
     compute then shares its SMs by their steps' kernels (``Fluid.share_compute``: the
     model's projections at the profile's ``gpu.gemm_flops``, reads in kernels of
-    ``engine.read_kernel``)."""
+    ``engine.read_kernel``, overlapping by ``gpu.kernel_overlap``)."""
     p = settings.profile
     link, sm = p.link, p.sm
 
@@ -54,6 +54,6 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
                   busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds)
         if ranks_on_gpu(settings) > 1:
             f.share_compute = KernelLengths(settings.model, settings.read_kernel_s,
-                                            p.gpu.gemm_flops)
+                                            p.gpu.gemm_flops, p.gpu.kernel_overlap)
         return f
     return gpu_part(runtime, settings, "fluid", make)

@@ -11,6 +11,12 @@ ranks of one process (the hw backend's threads, each its streams) overlapping ea
 shared the GPU this way: decodes beside decodes 0.51 each, a prefill's GEMMs at M 256
 beside a decode's reads 0.10-0.13 (docs/validation.md, 2026-12-03).
 
+Turns are not quite exclusive: the other stream's next kernel starts on the SMs that the
+current one's last CTAs leave free while they drain, so another rank's kernel delays this
+one's by its length less the profile's ``gpu.kernel_overlap`` (at least 0); two equal
+kernels then share by (2k - overlap) / k, a little under 2 (``benchmarks/hw_rank_share.py``
+fits it: the median over its pairs of k_other less the delay it measured).
+
 A step's kernels (``KernelLengths.of``), in the order the stand-in
 (``kvsim_backends.hw.standin``) runs them: its GEMM part (``gemm_share``) as the model's
 layer projections at its M (``gemm_rows``), each kernel the mean projection's FLOPs at the
@@ -21,9 +27,10 @@ flop_s``: a decode) runs as reads throughout: its projections, at its few rows, 
 weights (the stand-in runs such a step's GEMM share, less than one chain of them, as
 reads). A compute without a ``StepWork`` (the SMs alone: the busy kernel) is reads too.
 
-Invariants: pure arithmetic (no clock, no state but the model's constants); a job's
-factor is exactly ``n`` (as processor sharing's) whenever every current kernel equals its
-own; with one job running every factor is 1.0.
+Invariants: pure arithmetic (no clock, no state but the model's constants); without
+overlap a job's factor is exactly ``n`` (as processor sharing's) whenever every current
+kernel equals its own; with one job running every factor is 1.0; a factor is never below
+1.0.
 """
 
 from __future__ import annotations
@@ -36,11 +43,13 @@ from kvsim.core.datapath.work import StepWork, gemm_rows
 class KernelLengths:
     """Kernel lengths of a step's two parts for a model's layer projections
     (``ModelSettings``: ``projections`` (K, N), ``min_rows``, ``max_rows``), a read kernel
-    of ``read_kernel_s`` and the GPU's GEMM rates by M (``gemm_flops``; None: each step's
-    own)."""
+    of ``read_kernel_s``, the GPU's GEMM rates by M (``gemm_flops``; None: each step's
+    own) and the time two streams' consecutive kernels overlap (``overlap_s``)."""
 
-    def __init__(self, model: Any, read_kernel_s: float, gemm_flops: dict[int, float] | None = None):
+    def __init__(self, model: Any, read_kernel_s: float, gemm_flops: dict[int, float] | None = None,
+                 overlap_s: float = 0.0):
         self.rates = sorted(gemm_flops.items()) if gemm_flops else []
+        self.overlap_s = overlap_s
         proj = model.projections
         self.mean_kn = sum(float(k) * n for k, n in proj) / len(proj) if proj else 0.0
         self.min_rows = model.min_rows
@@ -71,21 +80,22 @@ class KernelLengths:
         return rate
 
 
-def factors(job: Any, jobs: Sequence[Any], now: float) -> tuple[float, float]:
+def factors(job: Any, jobs: Sequence[Any], now: float, overlap_s: float = 0.0) -> tuple[float, float]:
     """How many times longer ``job``'s GEMM part and reads part take beside the other
     ``jobs`` running (each at its current kernel at ``now``: ``Job.kernel_at``) than
-    alone: (its kernel + theirs) / its kernel; ``len(jobs)`` exactly where all are equal."""
+    alone: (its kernel + theirs, each less ``overlap_s``) / its kernel; ``len(jobs)``
+    exactly where all are equal and nothing overlaps."""
     n = len(jobs)
     if n < 2:
         return 1.0, 1.0
     own_g, own_m = job.k_g, job.k_m
     others = 0.0
-    same_g = same_m = True
+    same_g = same_m = overlap_s <= 0.0
     for j in jobs:
         if j is job:
             continue
         k = j.kernel_at(now)
-        others += k
+        others += k - overlap_s if k > overlap_s else 0.0
         same_g = same_g and k == own_g
         same_m = same_m and k == own_m
     fg = float(n) if same_g else (own_g + others) / own_g
