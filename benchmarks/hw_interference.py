@@ -16,7 +16,8 @@ pages; 64 MiB-2 GiB a direction) under each kind, computes of 2-50 ms turning th
 the cells so that each kind meets copies shorter and longer than itself (about 3
 minutes on an H200). ``--full``: every copy, kind and length (192 cells, about 12
 minutes): run it in parts (``--part 1/3`` ... ``3/3``, each with ``--json``) and merge
-them with ``--sim-from A.json B.json C.json``.
+them with ``--sim-from A.json B.json C.json``. ``--sim-from`` also takes ``kvsim
+calibrate``'s reports (``PROFILE.yaml.report.json``: the cells it measured).
 
 Beside each cell, the sim's prediction of the same compute and copy on ``--profile``
 (``kvsim.tools.fit.predict_cell``); a cell is *within* when the sim's stretch is within
@@ -138,7 +139,8 @@ def _load(paths) -> list[dict]:
         try:
             with open(p) as f:
                 data = json.load(f)
-            cells = data["cells"]
+            # (a saved run's cells, or a `kvsim calibrate` report's interference cells)
+            cells = data["cells"] if "cells" in data else data["interference"]
             for c in cells:
                 for k in ("kind", "compute_s", "path", "dir", "page", "stretch", "work", "batches"):
                     if k not in c:

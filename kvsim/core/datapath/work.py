@@ -35,10 +35,11 @@ from typing import NamedTuple, Sequence
 #: one kernel of a step's HBM reads (its memory-bound part), in seconds: what the hw
 #: backend's stand-in runs them as (``kv_read`` kernels, and the busy kernel's chunks), and
 #: the default of ``engine.read_kernel``, by which ranks on one GPU take turns on its SMs.
-#: 0.5 ms: what every single-rank H200 validation ran. With 0.1 ms two ranks' steps on an
-#: H200 followed the kernel-length rule in all 9 pairs of kinds, at 0.5 ms not in 3
-#: (``benchmarks/hw_rank_share.py``, 2026-12-03); 0.1 ms awaits a single-rank compare
-READ_KERNEL_S = 0.5e-3
+#: 0.1 ms: with it two ranks' steps on an H200 followed the kernel-length rule in all 9
+#: pairs of kinds in two runs (at 0.5 ms 6 of 9, ``benchmarks/hw_rank_share.py``), and the
+#: single-rank agentic slice's two H200 compares held (per-turn TTFT median +1.2% / -0.4%;
+#: docs/validation.md, 2026-12-03 13:25 / 13:55); a real decode's kernels are tens of us
+READ_KERNEL_S = 0.1e-3
 
 
 class StepWork(NamedTuple):
