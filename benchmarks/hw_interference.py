@@ -34,6 +34,10 @@ Last line: ``hw_interference_sim_within: K of N``.
 terms fitted to each half of the cells (alternate cells) predict the other half,
 ``hw_interference_heldout_within: K of N``.
 
+With ``--sim-from`` of several runs that measured the same cells (e.g. calibrate reports
+from several days), each kind's cells are also judged against hw's own repeatability: the
+sim's mean distance from hw's median over the runs beside the runs' own mean distance.
+
 On a machine without a GPU (``--device cpu``, the default there) the cells run on numpy
 (the compute a wait, the copies tiny): a smoke test of the plumbing, the hw columns n/a,
 the sim's predictions of the full-size cells printed.
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -151,6 +156,26 @@ def _load(paths) -> list[dict]:
     return rows
 
 
+def against_runs(rows: list[dict], profile) -> dict[str, tuple[float, float, int]]:
+    """Where the same cell was measured in several runs (``--sim-from`` of several files):
+    per kind, the sim's mean |stretch - hw's median over the runs| beside the runs' own
+    mean |stretch - that median|, and how many such cells: (sim, hw, cells)."""
+    by: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("device", "gpu") == "gpu":
+            by.setdefault((r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes")), []).append(r)
+    out: dict[str, list[list[float]]] = {}
+    for key, cs in by.items():
+        if len(cs) < 2:
+            continue
+        s = [c["stretch"] for c in cs]
+        med = statistics.median(s)
+        e = out.setdefault(key[0], [[], []])
+        e[0].append(abs(predict_cell(profile, cs[0])[0] - med))
+        e[1].append(statistics.mean(abs(x - med) for x in s))
+    return {k: (statistics.mean(a), statistics.mean(b), len(a)) for k, (a, b) in out.items()}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="every copy, kind and length (192 cells)")
@@ -181,6 +206,9 @@ def main(argv=None) -> None:
         except ValueError as e:
             ap.error(str(e))
         good, n = report(rows, profile)
+        for kind, (sim, hw, cells) in against_runs(rows, profile).items():
+            print(f"{kind}: over {cells} cells measured in several runs, the sim {sim * 100:.2f} points of "
+                  f"stretch from hw's median, hw's runs {hw * 100:.2f} (x{sim / hw if hw else float('inf'):.2f})")
         print(f"hw_interference_sim_within: {good} of {n}" if n else "hw_interference_sim_within: n/a (cpu)")
         return
     if a.reps < 1:

@@ -66,6 +66,31 @@ def test_a_saved_gpu_run_is_re_predicted_and_counted(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: 1 of 2"
 
 
+def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
+    """The same GPU cell in three runs (a calibrate report and two saved runs): the sim's
+    distance from hw's median over them beside the runs' own mean distance."""
+    base = {**_cpu_cell(tmp_path), "device": "gpu"}
+    prof = load_profile(hw_interference.PROFILE)
+    sim, _ = predict_cell(prof, base)
+    runs = [sim + 0.02, sim + 0.04, sim + 0.09]  # median sim + 0.04; runs 0.02, 0, 0.05 from it
+    paths = []
+    for i, st in enumerate(runs):
+        p = tmp_path / f"r{i}.json"
+        cells = [{**base, "stretch": st, "spread": 0.0}]
+        p.write_text(json.dumps({"interference": cells} if i == 0 else {"cells": cells}))
+        paths.append(str(p))
+    got = hw_interference.against_runs([{**base, "stretch": st, "spread": 0.0} for st in runs], prof)
+    assert got == {base["kind"]: pytest.approx((0.04, 0.07 / 3, 1))}
+    hw_interference.main(["--sim-from", *paths])
+    lines = capsys.readouterr().out.strip().splitlines()
+    k = sum(hw_interference.within(st, 0.0, sim) for st in runs)
+    assert lines[-1] == f"hw_interference_sim_within: {k} of 3"
+    assert lines[-2] == (f"{base['kind']}: over 1 cells measured in several runs, the sim 4.00 points of "
+                         f"stretch from hw's median, hw's runs 2.33 (x1.71)")
+    # one run: nothing to judge repeatability by
+    assert hw_interference.against_runs([{**base, "stretch": 0.1, "spread": 0.0}], prof) == {}
+
+
 def _cpu_cell(tmp_path):
     out = tmp_path / "one.json"
     hw_interference.main(["--device", "cpu", "--reps", "1", "--gap", "0", "--part", "2/48",
