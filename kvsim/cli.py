@@ -325,6 +325,8 @@ def diff(
     Console().print(diff_table(report))
     if report.get("ranks"):  # both runs a node of the same several ranks
         Console().print(rank_table(report["ranks"], ("a", "b")))
+    elif report.get("ranks_differ"):
+        Console().print(report["ranks_differ"], highlight=False)
 
 
 register_studies(app)

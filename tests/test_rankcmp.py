@@ -104,12 +104,15 @@ def test_two_rank_compare_and_diff_report_each_rank(tmp_path):
     d = json.loads((tmp_path / "d.json").read_text())
     assert [row["bytes_host_to_gpu"]["a"] for row in d["ranks"]] == \
         [row["bytes_host_to_gpu"]["sim"] for row in report["ranks"]]
-    # against a one-rank run: refused, naming both folders and their rank counts
+    # against a one-rank run: the node-wide table, and why no per-rank one
     one = tmp_path / "one"
     r = CliRunner().invoke(app, ["run", "default", *sets([*HW2, "node.ranks=1", "output.plots=false"]),
                                  "--no-progress", "--out", str(one)])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(app, ["diff", str(out / "hw"), str(one)])
-    assert r.exit_code == 2 and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["diff", str(out / "hw"), str(one), "--out", str(tmp_path / "d1.json")])
+    assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())  # (rich wraps long lines)
+    assert "ttft_p50_s" in text and "per rank" not in text
     assert f"{out / 'hw'} has 2 rank(s)" in text and f"{one} has 1" in text, r.output
+    d1 = json.loads((tmp_path / "d1.json").read_text())
+    assert "ranks" not in d1 and d1["ranks_differ"].endswith("no per-rank table")
