@@ -27,6 +27,8 @@ The profile's ``gpu.kernel_overlap`` from the cells: a cell's overlap is how muc
 than the other rank's kernel each of its own kernels waited, k_o - (stretch - 1) x k_v;
 the fit is their median per read-kernel length (``kernel_overlap_us``), and each cell's
 stretch by the rule with that overlap, (k_v + k_o - overlap) / k_v, is printed beside it.
+The measurement is ``kvsim_backends.hw.rankshareprobe``'s and the fit
+``kvsim.tools.fitoverlap``'s: ``kvsim calibrate`` runs both on a GPU, at its read kernel.
 
     python3 benchmarks/hw_rank_share.py [--window-ms 400] [--chunk-ms 0.5,0.1] [--reps 5]
         [--model llama-3-8b] [--json OUT]
@@ -43,94 +45,26 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import sys
-import time
 
 _ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, installed or not
 
 from kvsim.config.hardware import load_profile  # noqa: E402
 from kvsim.core.spec import Level  # noqa: E402
-from kvsim.engine.compute import ComputeModel, load_model  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
+from kvsim.tools.fitkinds import share_works  # noqa: E402
+from kvsim.tools.fitoverlap import fit_overlap, overlap_of, rule_stretch, within  # noqa: E402
 from kvsim_backends.hw.backend import HwBackend  # noqa: E402
 from kvsim_backends.hw.gpu import load_cupy  # noqa: E402
+from kvsim_backends.hw.rankshareprobe import run_cells  # noqa: E402
 from kvsim_backends.hw.runtime import RealtimeRuntime  # noqa: E402
-from kvsim_backends.hw.standin import READ_CTA_BYTES, plan  # noqa: E402
 
 PROFILE = "h200-pcie-calibrated"
 
 
 def works(model: str) -> dict:
-    m = ComputeModel(load_model(model), load_profile(PROFILE))
-    return {"prefill-256": m.step_work([(256, 0)], 0, 0), "prefill-4096": m.step_work([(4096, 0)], 0, 0),
-            "decode": m.decode_work(4, 4 * 32768)}
-
-
-def kernels_of(si, seconds: float, work) -> int:
-    """The kernels the stand-in launches for ``seconds`` of ``work``."""
-    _, gemms, read_s = plan(seconds, work, si.model, si.chain_s)
-    per = max(1, int(si.chunk_s * si.read_Bps / READ_CTA_BYTES))  # (as StandIn._reads)
-    ctas = int(read_s * si.read_Bps / READ_CTA_BYTES) if read_s > 0 else 0
-    return len(si.model.projections) * sum(k for _, k in gemms) + -(-ctas // per)
-
-
-def alone_s(cp, si, stream, work, reps: int) -> float:
-    """Median GPU seconds of one step of ``work`` (its nominal time) alone, warm."""
-    out = []
-    for i in range(reps + 2):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(stream)
-        si.launch(stream, work.seconds, work)
-        b.record(stream)
-        b.synchronize()
-        if i >= 2:
-            out.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
-    return statistics.median(out)
-
-
-def together(cp, si, streams, pair, window_s: float) -> list[list[float]]:
-    """Each rank's step GPU seconds while both ran: ``pair`` (work, work) launched step by
-    step on ``streams`` from this thread for ``window_s``."""
-    took: list[list[float]] = [[], []]
-    cur: list = [None, None]
-    t_end = time.perf_counter() + window_s
-
-    def launch(i):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record(streams[i])
-        si.launch(streams[i], pair[i].seconds, pair[i])
-        b.record(streams[i])
-        cur[i] = (a, b)
-
-    launch(0)
-    launch(1)
-    live = [True, True]
-    while any(live):
-        for i in (0, 1):
-            if not live[i] or not cur[i][1].done:
-                continue
-            took[i].append(cp.cuda.get_elapsed_time(*cur[i]) / 1e3)
-            if time.perf_counter() < t_end:
-                launch(i)
-            else:
-                live[i] = False
-    # the first step of each started before the other's, the last may have run alone
-    return [t[1:-1] for t in took]
-
-
-def overlap_of(row: dict) -> float:
-    """A cell's overlap (us): how much less than the other's kernel each kernel waited."""
-    return row["other_kernel_us"] - (row["stretch"] - 1.0) * row["kernel_us"]
-
-
-def fit_overlap(rows: list[dict]) -> dict[float, float]:
-    """The median cell overlap (us, at least 0) per read-kernel length (``chunk_ms``)."""
-    by: dict[float, list[float]] = {}
-    for r in rows:
-        by.setdefault(r["chunk_ms"], []).append(overlap_of(r))
-    return {c: max(0.0, statistics.median(v)) for c, v in sorted(by.items())}
+    return share_works(load_profile(PROFILE), model)
 
 
 def report_overlap(rows: list[dict]) -> None:
@@ -138,15 +72,14 @@ def report_overlap(rows: list[dict]) -> None:
     fit = fit_overlap(rows)
     for r in rows:
         ov = fit[r["chunk_ms"]]
-        pred = (r["kernel_us"] + max(0.0, r["other_kernel_us"] - ov)) / r["kernel_us"]
+        pred = rule_stretch(r, ov)
         print(f"chunk {r['chunk_ms']:.2f} ms  {r['rank']:>12} beside {r['other']:>12}: x{r['stretch']:.2f}, "
               f"rule with overlap {ov:.1f} us x{pred:.2f} ({(pred / r['stretch'] - 1) * 100:+.1f}%), "
               f"this cell's overlap {overlap_of(r):+.1f} us")
     for c, ov in fit.items():
-        near = sum(abs((r["kernel_us"] + max(0.0, r["other_kernel_us"] - ov)) / r["kernel_us"] / r["stretch"] - 1) <= 0.1
-                   for r in rows if r["chunk_ms"] == c)
-        n = sum(r["chunk_ms"] == c for r in rows)
-        print(f"kernel_overlap_us (read kernels {c:.2f} ms): {ov:.2f}; the rule with it within 10% in {near} of {n}")
+        cells = [r for r in rows if r["chunk_ms"] == c]
+        print(f"kernel_overlap_us (read kernels {c:.2f} ms): {ov:.2f}; the rule with it within 10% in "
+              f"{within(cells, ov)} of {len(cells)}")
 
 
 def main() -> None:
@@ -173,33 +106,20 @@ def main() -> None:
         rt = RealtimeRuntime()
         st = settings_for(64 << 10, {Level.GPU: 4}, load_profile(PROFILE), device="gpu", model=a.model)
         be = HwBackend(rt, dataclasses.replace(st, read_kernel_s=chunk_ms / 1e3))  # (engine.read_kernel)
+
+        def say(me: str, other: str, r: dict | None, chunk_ms: float = chunk_ms) -> None:
+            nonlocal closer
+            if r is None:
+                print(f"chunk {chunk_ms:.2f} ms  {me:>12} beside {other:>12}: no step ran beside the other")
+                return
+            x, kr = r["stretch"], r["kernel_rule"]
+            closer += abs(kr - x) < abs(2.0 - x)
+            print(f"chunk {chunk_ms:.2f} ms  {me:>12} beside {other:>12}: {r['steps']:3d} steps "
+                  f"{r['alone_ms']:6.2f} -> {r['with_ms']:6.2f} ms  x{x:.2f}  "
+                  f"(kernel rule x{kr:.2f}, kernels {r['kernel_us']:.0f} / {r['other_kernel_us']:.0f} us; "
+                  f"processor sharing x2.00)", flush=True)
         try:
-            si = be.standin
-            streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
-            w = works(a.model)
-            alone = {k: alone_s(cp, si, streams[0], wk, a.reps) for k, wk in w.items()}
-            klen = {k: alone[k] / max(1, kernels_of(si, wk.seconds, wk)) for k, wk in w.items()}
-            kinds = list(w)
-            for i, ka in enumerate(kinds):
-                for kb in kinds[i:]:
-                    got = together(cp, si, streams, (w[ka], w[kb]), a.window_ms / 1e3)
-                    for me, other, t in ((ka, kb, got[0]), (kb, ka, got[1])):
-                        if not t:
-                            print(f"chunk {chunk_ms:.2f} ms  {me:>12} beside {other:>12}: no step ran beside the other")
-                            continue
-                        x = statistics.median(t) / alone[me]
-                        kr = (klen[me] + klen[other]) / klen[me]
-                        closer += abs(kr - x) < abs(2.0 - x)
-                        rows.append({"chunk_ms": chunk_ms, "rank": me, "other": other, "steps": len(t),
-                                     "alone_ms": alone[me] * 1e3, "with_ms": statistics.median(t) * 1e3,
-                                     "stretch": x, "kernel_rule": kr, "ps_rule": 2.0,
-                                     "kernel_us": klen[me] * 1e6, "other_kernel_us": klen[other] * 1e6})
-                        print(f"chunk {chunk_ms:.2f} ms  {me:>12} beside {other:>12}: {len(t):3d} steps "
-                              f"{alone[me] * 1e3:6.2f} -> {statistics.median(t) * 1e3:6.2f} ms  x{x:.2f}  "
-                              f"(kernel rule x{kr:.2f}, kernels {klen[me] * 1e6:.0f} / {klen[other] * 1e6:.0f} us; "
-                              f"processor sharing x2.00)", flush=True)
-                        if ka == kb:
-                            break
+            rows += run_cells(cp, be.standin, works(a.model), a.window_ms / 1e3, a.reps, chunk_ms, say)
         finally:
             be.close()
     if a.json:

@@ -184,7 +184,7 @@ def calibrate(
     Console().print(f"max |rel err| {worst * 100:.1f}%" if worst is not None else "no cells")
     if not check:
         for k, v in report.get("why", {}).items():
-            if k.startswith("page_cache"):
+            if k.startswith("page_cache") or k == "gpu.kernel_overlap":
                 Console().print(f"{k}: {v}", highlight=False)
         Console().print(f"profile: {out} ({report.get('seconds', 0.0):.1f} s)")
 

@@ -50,8 +50,9 @@ Optional terms (absent: the older, simpler model):
   own rate (the compute model's).
 - ``gpu.kernel_overlap``: how long two ranks' consecutive kernels on one GPU run at once
   (the next starts on the SMs the last CTAs of the current leave free); another rank's
-  kernel delays this one's by its length less this. ``benchmarks/hw_rank_share.py`` fits
-  it. Default 0: strict turns.
+  kernel delays this one's by its length less this. ``kvsim calibrate`` on a GPU fits it
+  (``kvsim.tools.fitoverlap``), as ``benchmarks/hw_rank_share.py`` does. Default 0:
+  strict turns.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;

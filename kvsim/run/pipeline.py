@@ -261,16 +261,17 @@ def sim_backend(settings: BackendSettings):
 
 def measure_hardware(device: str = "auto", plan=None, disk_dir: str | None = None,
                      profile: HardwareProfile | None = None, model: str | None = None,
-                     works: dict | None = None):
+                     works: dict | None = None, share_works: dict | None = None):
     """``kvsim calibrate``'s measurements of this machine on the hw backend, its backends
     built on ``profile`` (default: the default config's) for ``model``'s GEMMs (default:
     the config's): (``kvsim.tools.fit.Measured``, the plan measured); ``works``: a step's
-    work of each kind; see ``kvsim_backends.hw.microbench``."""
+    work of each kind, ``share_works`` of each kind two ranks run on one GPU; see
+    ``kvsim_backends.hw.microbench``."""
     from kvsim_backends.hw.microbench import measure
 
     profile = profile or load_profile(RunConfig.model_fields["hardware"].default)
     return measure(partial(settings_for, profile=profile, model=model), device, plan, disk_dir,
-                   works)
+                   works, share_works)
 
 
 def replay(prep: Prepared, backend: str = "sim", progress: Callable[[float, float], None] | None = None,

@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel
 
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
-from kvsim.tools.fitkinds import KIND_MODEL, kind_works
+from kvsim.tools.fitkinds import KIND_MODEL, kind_works, share_works
 from kvsim.tools.measured import Measured, measured_from_report
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.config.units import parse_page_cost, parse_rate, parse_time
@@ -149,14 +149,16 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     """Measure, fit, write ``out`` (YAML) and ``out`` with ``.report.json``; returns the report.
     ``plan``: what to measure (``kvsim_backends.hw.microbench.Plan``; default the device's);
     ``model``: the model whose steps the compute calls and interference cells run
-    (``kvsim.tools.fitkinds.kind_works``)."""
+    (``kvsim.tools.fitkinds.kind_works``) and the rank-share cells of two ranks on one GPU
+    (``share_works``; ``gpu.kernel_overlap``)."""
     from kvsim.run import measure_hardware  # noqa: PLC0415 (the backend registry)
 
     _check_yaml(out)
     out = Path(out)
     base_p = load_profile(base)
     t0 = time.perf_counter()
-    m, plan = measure_hardware(device, plan, disk_dir, base_p, model, kind_works(base_p, model))
+    m, plan = measure_hardware(device, plan, disk_dir, base_p, model, kind_works(base_p, model),
+                               share_works(base_p, model))
     name = name or out.stem
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     notes = (f"kvsim calibrate on {m.device} ({stamp}); base {base_p.name} for what was "
@@ -169,7 +171,8 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
               "host_fills": m.host_fills, "driver_call_s": m.driver_call_s,
               "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting,
-              "interference": m.interference, "page_cache": m.page_cache, "why": why, "fit_check": check,
+              "interference": m.interference, "page_cache": m.page_cache,
+              "rank_share": m.rank_share, "why": why, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
     _write_report(out, report)
     return report

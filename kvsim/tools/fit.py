@@ -13,7 +13,8 @@ engine's ``per_call`` (the batched call's host time for one page), the backend's
 cost per transfer (``transfer.latency``, ``transfer.latency_sm_kernel``: what small batches
 take beyond everything else the sim models) and the structural interference terms per kind
 of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``) and the page
-cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``). Everything else
+cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``) and how long two
+ranks' kernels on one GPU overlap (``gpu.kernel_overlap``, ``kvsim.tools.fitoverlap``). Everything else
 (the older interference terms, launch, step overhead, public peaks) is kept from a base
 profile. ``fit`` also says, per key, where its
 value came from; its docstring says why each term has the form it has.
@@ -26,6 +27,7 @@ import statistics
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
+from kvsim.tools.fitoverlap import fit_kernel_overlap
 from kvsim.tools.fitpagecache import fit_page_cache
 from kvsim.tools.measured import Measured
 
@@ -190,6 +192,7 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
         d["sm"]["interference"].update(kinds)
         why.update(kinds_why)
+    fit_kernel_overlap(m.rank_share, d, why)
     if m.device == "gpu":
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"

@@ -52,6 +52,18 @@ def kind_works(profile: HardwareProfile, model: str = KIND_MODEL) -> dict[str, S
             "mix": m.decode_work(256, 256 * 512)}
 
 
+def share_works(profile: HardwareProfile, model: str = KIND_MODEL) -> dict[str, StepWork]:
+    """The step kinds two ranks on one GPU run beside each other (``gpu.kernel_overlap``'s
+    cells, ``kvsim_backends.hw.rankshareprobe``) for ``model`` on ``profile``'s compute
+    model: ``prefill-256`` / ``prefill-4096``, a prefill chunk of 256 / 4096 tokens;
+    ``decode``, a decode step of 4 requests at 32K tokens of context."""
+    from kvsim.engine.compute import ComputeModel, load_model  # noqa: PLC0415
+
+    m = ComputeModel(load_model(model), profile)
+    return {"prefill-256": m.step_work([(256, 0)], 0, 0), "prefill-4096": m.step_work([(4096, 0)], 0, 0),
+            "decode": m.decode_work(4, 4 * 32768)}
+
+
 def cell_work(row: dict) -> StepWork:
     return StepWork(*row["work"])
 

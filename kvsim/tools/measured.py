@@ -35,7 +35,9 @@ class Measured:
     # the page cache in front of the disk folder (kvsim_backends.hw.pagecacheprobe's
     # ``measure_for_calibrate``: limits, phases, or why it was skipped); None: not measured
     page_cache: dict | None = None
-
+    # two ranks' steps on one GPU (kvsim_backends.hw.rankshareprobe's
+    # ``measure_for_calibrate``: rows, or why it was skipped); None: not measured
+    rank_share: dict | None = None
 
 
 def measured_from_report(report: dict) -> Measured:
@@ -47,7 +49,7 @@ def measured_from_report(report: dict) -> Measured:
                     interference=list(report.get("interference", [])),
                     host_fills=dict(report.get("host_fills", {})),
                     driver_call_s=report.get("driver_call_s"),
-                    page_cache=report.get("page_cache"))
+                    page_cache=report.get("page_cache"), rank_share=report.get("rank_share"))
 
 
 def batch(src, dst, ss, ds, pb) -> Batch:

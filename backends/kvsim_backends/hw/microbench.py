@@ -23,6 +23,9 @@ Measured:
   (``measure_power``; ``kvsim.tools.fitboost`` fits ``compute.boost`` to them);
 - interference: compute of each kind with copies on each path (``interfere``'s
   ``calibrate_grid``), for the structural model's terms per kind;
+- ranks sharing a GPU (``rankshareprobe``, on a GPU): two ranks' steps of each pair of
+  kinds (the caller's ``share_works``) on one GPU, at the settings' read-kernel length,
+  for ``gpu.kernel_overlap``;
 - small batches (1, 2, 4, 16 pages of 2 MiB on a GPU), each path and direction, timed as a
   replay's are (from ``transfer()`` to the runtime seeing the completion), and the batched
   copy-engine call's own host time.
@@ -55,6 +58,7 @@ from .gpu import load_cupy
 from .interfere import calibrate_grid, measure_cells
 from .memory import HostRegion
 from .pagecacheprobe import measure_for_calibrate
+from .rankshareprobe import measure_for_calibrate as measure_rank_share
 from .runtime import RealtimeRuntime
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -80,13 +84,14 @@ class Plan:
     small_repeats: int = 25               # batches timed a cell (median; the first 3 dropped)
     interference: bool = False            # compute with copies (interfere.calibrate_grid)
     page_cache_cap: int = 0               # the most bytes the page-cache probe writes (0: none)
+    rank_share: bool = False              # two ranks' steps on one GPU (rankshareprobe; a GPU's)
 
     @staticmethod
     def for_device(on_gpu: bool) -> "Plan":
         if on_gpu:
             return Plan(GPU_PAGES, 1024 * MiB, 3, (4, 8, 16, 24, 32, 64), 1 << 30, (1, 4, 16),
                         (1 * MiB, 4 * MiB), 2 << 30, True, 2 * MiB, (1, 2, 4, 16), 25, True,
-                        page_cache_cap=8 << 30)
+                        page_cache_cap=8 << 30, rank_share=True)
         return Plan(CPU_PAGES, 2 * MiB, 2, (2, 4), 8 * MiB, (1, 2), (1 * MiB,), 8 * MiB, False,
                     64 * KiB, (1, 4), 6, page_cache_cap=64 * MiB)
 
@@ -354,12 +359,14 @@ def measure_power(m: Measured, device: str, settings_for: SettingsFor, work: Ste
 
 
 def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None = None,
-            disk_dir: str | None = None, works: Mapping[str, StepWork] | None = None
-            ) -> tuple[Measured, Plan]:
+            disk_dir: str | None = None, works: Mapping[str, StepWork] | None = None,
+            share_works: Mapping[str, StepWork] | None = None) -> tuple[Measured, Plan]:
     """Everything calibrate measures, with hw backends built from ``settings_for``'s
     settings (on the profile being calibrated); the disk also at the profile's queue
     depth and piece size. ``works``: a step's work of each kind (``gemm``, ``memory``,
-    ``mix``), for the compute calls and the interference cells (None: neither)."""
+    ``mix``), for the compute calls and the interference cells (None: neither);
+    ``share_works``: the step kinds two ranks run beside each other on one GPU (None:
+    not measured)."""
     cp = load_cupy() if device != "cpu" else None
     if device == "gpu" and cp is None:
         raise RuntimeError("device: 'gpu' was asked for but CuPy or a CUDA GPU is not available")
@@ -384,4 +391,7 @@ def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None =
         measure_power(m, dev, settings_for, works["gemm"])
     if on_gpu and plan.interference and works:
         m.interference = measure_cells(settings_for, calibrate_grid(), works, dev, reps=3)
+    if share_works:
+        m.rank_share = (measure_rank_share(settings_for, dev, share_works) if on_gpu and plan.rank_share
+                        else {"skipped": "needs a GPU" if not on_gpu else "not in the plan"})
     return m, plan
