@@ -136,6 +136,34 @@ def test_the_probe_without_a_gpu_says_why(monkeypatch):
     assert probe.measure_for_calibrate(None, "gpu", {}) == {"skipped": "needs a GPU"}
 
 
+def test_a_failed_measurement_is_skipped_with_its_error(monkeypatch):
+    """A CUDA error while the cells run (a RuntimeError, as CuPy's are) ends the probe with
+    the reason, the backend closed; calibrate keeps the base's value and says why."""
+    closed = []
+
+    class Backend:
+        def __init__(self, rt, st):
+            self.standin = object()
+
+        def close(self):
+            closed.append(True)
+
+    def fail(*a, **k):
+        raise RuntimeError("cudaErrorLaunchFailure: unspecified launch failure")
+    monkeypatch.setattr(probe, "load_cupy", lambda: object())
+    monkeypatch.setattr(probe, "HwBackend", Backend)
+    monkeypatch.setattr(probe, "RealtimeRuntime", lambda: None)
+    monkeypatch.setattr(probe, "run_cells", fail)
+    st = type("St", (), {"read_kernel_s": 1e-4})()
+    got = probe.measure_for_calibrate(lambda *a, **k: st, "gpu", {})
+    assert got == {"skipped": "the measurement failed (RuntimeError: cudaErrorLaunchFailure: "
+                              "unspecified launch failure)"}
+    assert closed == [True]
+    d, why = {"gpu": {"kernel_overlap": 9e-6}}, {}
+    fit_kernel_overlap(got, d, why)
+    assert d["gpu"]["kernel_overlap"] == 9e-6 and why["gpu.kernel_overlap"].startswith("base: the measurement failed")
+
+
 @pytest.fixture(scope="module")
 def cpu_calibration(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cal") / "cpu.yaml"

@@ -133,7 +133,8 @@ def measure_for_calibrate(settings_for: Callable, device: str, works: Mapping[st
                           window_s: float = WINDOW_S, reps: int = REPS) -> dict:
     """``kvsim calibrate``'s rank-share cells on this GPU, at the read-kernel length its
     settings give: ``rows`` (``run_cells``'), the window, reps and seconds; or ``skipped``
-    with the reason (no CuPy or GPU, no compute stand-in)."""
+    with the reason (no CuPy or GPU, no compute stand-in, a CUDA error while measuring:
+    calibrate then keeps the base's value and says why)."""
     cp = load_cupy()
     if cp is None:
         return {"skipped": "needs a GPU"}
@@ -144,7 +145,10 @@ def measure_for_calibrate(settings_for: Callable, device: str, works: Mapping[st
         if be.standin is None:
             return {"skipped": "needs the compute stand-in (hw.compute_standin)"}
         chunk_ms = st.read_kernel_s * 1e3
-        rows = run_cells(cp, be.standin, works, window_s, reps, chunk_ms)
+        try:
+            rows = run_cells(cp, be.standin, works, window_s, reps, chunk_ms)
+        except RuntimeError as e:  # (a CUDA error: the rest of the calibration still counts)
+            return {"skipped": f"the measurement failed ({type(e).__name__}: {e})"}
     finally:
         be.close()
     return {"rows": rows, "read_kernel_ms": chunk_ms, "window_ms": window_s * 1e3, "reps": reps,
