@@ -329,6 +329,45 @@ def diff(
         Console().print(report["ranks_differ"], highlight=False)
 
 
+@app.command()
+def fidelity(
+    compare_dir: str = typer.Argument(..., help="a kvsim compare folder (its sim/ and hw/)"),
+    hw_runs: List[str] = typer.Argument(None, help="further hw runs of the same config: results "
+                                        "folders or compare folders (their hw/)"),
+    out: Optional[str] = typer.Option(None, help="also write the rows here (JSON)"),
+):
+    """The fidelity standard, figure by figure: the sim no further from hw than hw runs of the
+    same config are from each other, or within 10% (TTFT p50/p90) and 5% (bytes moved);
+    node-wide and rank by rank."""
+    from kvsim.run.outputs import check_file, write_whole
+    from kvsim.tools.fidelity import judge, load_metrics, table
+
+    console = Console(stderr=True)
+    _sweep()
+    try:
+        if out:
+            check_file(out, "fidelity")
+        others = [load_metrics(h) for h in hw_runs or []]
+        rows = judge(load_metrics(compare_dir, "sim"), load_metrics(compare_dir, "hw"), others,
+                     ["sim", f"{compare_dir}/hw", *(hw_runs or [])])
+    except ValueError as e:
+        error(console, str(e))
+        raise typer.Exit(2)
+    if out:
+        try:
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            write_whole(Path(out), (json.dumps({"kvsim_report": "fidelity", "compare": compare_dir,
+                                                "hw_runs": hw_runs or [], "rows": rows}, indent=2) + "\n").encode())
+        except OSError as e:
+            error(console, f"--out {out}: cannot write ({e.strerror})")
+            raise typer.Exit(2)
+    t = table(rows)
+    t.caption = (f"hw spread: the largest error of the {len(hw_runs or [])} other hw run(s) against the "
+                 f"compared one; within: |sim err| <= max(tol, hw spread)")
+    Console().print(t)
+    print(f"fidelity: {sum(r['within'] for r in rows)} of {len(rows)} figures within the standard")
+
+
 register_studies(app)
 
 

@@ -362,6 +362,7 @@ FILE_KINDS: dict[str, tuple[Callable[[Path], bool], str]] = {
     "profile-report": (_profile_report, "kvsim calibrate"),
     "diff": (_json_field("kvsim_report", "diff"), "kvsim diff"),
     "calibrate-check": (_json_field("kvsim_report", "calibrate-check"), "kvsim calibrate --check"),
+    "fidelity": (_json_field("kvsim_report", "fidelity"), "kvsim fidelity"),
 }
 
 

@@ -1,0 +1,115 @@
+"""``kvsim fidelity``: the fidelity standard figure by figure (``kvsim.tools.fidelity``).
+
+Scenarios (every expectation worked out from the inputs here):
+- a figure is within when the sim's error is inside its tolerance (10% TTFT, 5% bytes), or
+  inside hw's own spread (the largest error of another hw run against the compared one),
+  and not otherwise; with no other hw run the spread is 0;
+- a figure whose hw value is 0: within where the sim's is 0 too, or another hw run's is not;
+- a node of ranks: node-wide rows, then each rank's; runs of different rank counts refused;
+- the CLI: a compare folder (sim/, hw/) and further hw runs; a ``--hw-from`` compare folder
+  (its hw side where compare.json points); the last line counts the figures within;
+  ``--out`` writes the rows; a folder without a summary exits 2 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvsim.cli import app
+from kvsim.tools.fidelity import judge
+
+KINDS = ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write")
+
+
+def metrics(p50, p90, nbytes=(100, 200, 50, 80), ranks=None):
+    m = {"ttft_s": {"p50": p50, "p90": p90}, "bytes": dict(zip(KINDS, nbytes))}
+    if ranks is not None:
+        m["ranks"] = ranks
+    return m
+
+
+def by(rows, scope="node"):
+    return {r["figure"]: r for r in rows if r["scope"] == scope}
+
+
+def test_within_by_tolerance_or_by_hws_own_spread():
+    hw = metrics(1.0, 2.0)
+    sim = metrics(1.09, 2.3, (104, 212, 50, 80))  # +9%, +15%; bytes +4%, +6%
+    rows = by(judge(sim, hw, []))
+    assert rows["ttft_p50_s"]["err"] == pytest.approx(0.09) and rows["ttft_p50_s"]["within"]
+    assert not rows["ttft_p90_s"]["within"] and rows["ttft_p90_s"]["spread"] == 0.0
+    assert rows["bytes_host_to_gpu"]["within"] and not rows["bytes_gpu_to_host"]["within"]
+    # another hw run 20% off at p90 and 7% at gpu->host: the sim's +15% and +6% are within it
+    other = metrics(0.95, 2.4, (100, 186, 50, 80))
+    rows = by(judge(sim, hw, [other]))
+    assert rows["ttft_p90_s"]["spread"] == pytest.approx(0.2) and rows["ttft_p90_s"]["within"]
+    assert rows["bytes_gpu_to_host"]["spread"] == pytest.approx(0.07) and rows["bytes_gpu_to_host"]["within"]
+    assert rows["ttft_p50_s"]["spread"] == pytest.approx(0.05)
+
+
+def test_a_figure_hw_has_at_zero():
+    hw = metrics(1.0, 2.0, (100, 200, 0, 80))
+    assert by(judge(metrics(1.0, 2.0, (100, 200, 0, 80)), hw, []))["bytes_disk_read"]["within"]
+    sim = metrics(1.0, 2.0, (100, 200, 30, 80))
+    assert not by(judge(sim, hw, []))["bytes_disk_read"]["within"]
+    assert by(judge(sim, hw, [metrics(1.0, 2.0, (100, 200, 0, 80))]))["bytes_disk_read"]["within"] is False
+    row = by(judge(sim, hw, [metrics(1.0, 2.0, (100, 200, 9, 80))]))["bytes_disk_read"]
+    assert row["within"] and row["spread"] is None  # (hw itself moved off 0: no scale)
+
+
+def test_a_node_of_ranks_node_wide_then_rank_by_rank():
+    r_hw = [metrics(1.0, 2.0), metrics(1.0, 2.0)]
+    r_sim = [metrics(1.0, 2.0), metrics(1.5, 2.0)]
+    rows = judge(metrics(1.0, 2.0, ranks=r_sim), metrics(1.0, 2.0, ranks=r_hw), [])
+    assert [r["scope"] for r in rows] == ["node"] * 6 + ["rank 0"] * 6 + ["rank 1"] * 6
+    assert [r["figure"] for r in rows if not r["within"]] == ["ttft_p50_s"]
+    assert by(rows, "rank 1")["ttft_p50_s"]["err"] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"sim 2, hw 2, other 1"):
+        judge(metrics(1.0, 2.0, ranks=r_sim), metrics(1.0, 2.0, ranks=r_hw), [metrics(1.0, 2.0)],
+              ["sim", "hw", "other"])
+
+
+def _summary(folder, m):
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"metrics": m}))
+
+
+def test_cli_on_compare_folders_and_further_hw_runs(tmp_path):
+    cmp = tmp_path / "cmp"
+    _summary(cmp / "sim", metrics(1.12, 2.0))
+    _summary(cmp / "hw", metrics(1.0, 2.0))
+    other = tmp_path / "other-cmp"
+    _summary(other / "hw", metrics(0.85, 2.0))  # a compare folder: its hw/ is the run
+    r = CliRunner().invoke(app, ["fidelity", str(cmp)])
+    assert r.exit_code == 0, r.output
+    assert r.output.strip().splitlines()[-1].startswith("fidelity: 5 of 6 figures within")
+    out = tmp_path / "f.json"
+    r = CliRunner().invoke(app, ["fidelity", str(cmp), str(other), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "fidelity: 6 of 6 figures within" in " ".join(r.output.split())
+    saved = json.loads(out.read_text())
+    assert saved["kvsim_report"] == "fidelity" and len(saved["rows"]) == 6
+    assert by(saved["rows"])["ttft_p50_s"]["spread"] == pytest.approx(0.15)
+    # a --hw-from compare: sim/ here, the hw side where compare.json says
+    again = tmp_path / "again"
+    _summary(again / "sim", metrics(1.0, 2.0))
+    (again / "compare.json").write_text(json.dumps({"hw_from": str(cmp)}))
+    r = CliRunner().invoke(app, ["fidelity", str(again)])
+    assert r.exit_code == 0 and "6 of 6" in r.output, r.output
+
+
+def test_cli_refuses_a_folder_without_a_summary_and_a_users_file(tmp_path):
+    r = CliRunner().invoke(app, ["fidelity", str(tmp_path / "nothing")])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "nothing" in r.output and "summary.json" in r.output
+    cmp = tmp_path / "cmp"
+    _summary(cmp / "sim", metrics(1.0, 2.0))
+    _summary(cmp / "hw", metrics(1.0, 2.0))
+    mine = tmp_path / "notes.json"
+    mine.write_text('{"mine": 1}')
+    r = CliRunner().invoke(app, ["fidelity", str(cmp), "--out", str(mine)])
+    assert r.exit_code == 2 and "was not written by kvsim fidelity" in " ".join(r.output.split())
+    assert mine.read_text() == '{"mine": 1}'
