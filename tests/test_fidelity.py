@@ -25,7 +25,8 @@ KINDS = ("host_to_gpu", "gpu_to_host", "disk_read", "disk_write")
 
 
 def metrics(p50, p90, nbytes=(100, 200, 50, 80), ranks=None):
-    m = {"ttft_s": {"p50": p50, "p90": p90}, "bytes": dict(zip(KINDS, nbytes))}
+    m = {"ttft_s": {"p50": p50, "p90": p90}, "bytes": dict(zip(KINDS, nbytes)),
+         "throughput": {"requests_per_s": 1.0}}
     if ranks is not None:
         m["ranks"] = ranks
     return m

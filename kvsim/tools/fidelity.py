@@ -24,20 +24,17 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from kvsim.tools.rankcmp import BYTE_KINDS, rel_err
+from kvsim.tools.rankcmp import rank_headline, rel_err
 
 TTFT_TOL, BYTES_TOL = 0.10, 0.05
 
 
 def figures(m: dict) -> dict[str, tuple[float | None, float]]:
     """The judged figures of a ``metrics`` dict (summary.json's, or one of its ``ranks``):
+    those ``kvsim compare`` puts rank by rank (``rankcmp.rank_headline``) but requests/s,
     name -> (value, tolerance)."""
-    nbytes = m.get("bytes") or {}
-    out: dict[str, tuple[float | None, float]] = {
-        "ttft_p50_s": (m["ttft_s"]["p50"], TTFT_TOL), "ttft_p90_s": (m["ttft_s"]["p90"], TTFT_TOL)}
-    for kind in BYTE_KINDS:
-        out[f"bytes_{kind}"] = (nbytes.get(kind), BYTES_TOL)
-    return out
+    return {k: (v, BYTES_TOL if k.startswith("bytes_") else TTFT_TOL)
+            for k, v in rank_headline(m).items() if k != "requests_per_s"}
 
 
 def _scopes(m: dict) -> list[tuple[str, dict]]:
@@ -94,9 +91,10 @@ def load_metrics(folder: str | Path, side: str = "hw") -> dict:
         if p.is_file():
             try:
                 m = json.loads(p.read_text())["metrics"]
-                m["ttft_s"]["p50"], m["ttft_s"]["p90"]
+                m["ttft_s"]["p50"], m["ttft_s"]["p90"], m["throughput"]["requests_per_s"]
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{p}: not a kvsim summary (metrics.ttft_s p50/p90: {e})") from None
+                raise ValueError(f"{p}: not a kvsim summary (metrics.ttft_s, metrics.throughput: "
+                                 f"missing {e})") from None
             return m
     raise ValueError(f"{folder}: expected a results folder (summary.json) or a compare's "
                      f"folder ({side}/summary.json)")
