@@ -30,14 +30,42 @@ def chooser(profile, page, force=None):
                         None, None)
 
 
-def test_alone_and_idle_a_batch_keeps_the_older_rule():
-    for page in (16 * KiB, 256 * KiB, 4096 * KiB):
+def test_alone_and_idle_a_batch_keeps_the_older_rule_where_no_pair_loses():
+    """16 KiB and 64 KiB: the best pair is one direction on each path (``link.mixed``)
+    whichever path the first takes, so the first keeps the older rule's (the SM kernel);
+    4 MiB: the older rule's copy engine is best alone and in a pair."""
+    for page in (16 * KiB, 64 * KiB, 4096 * KiB):
         ch = chooser(CAL, page)
         want = direction_paths(CAL, page, {"h2d": None, "d2h": None}, None, 0, False)
         for d in ("h2d", "d2h"):
             path, ctas = ch.choose(d, 1000)
-            assert path is want[d]
+            assert path is want[d] is ch.lone[d]
             assert ctas == cost_inputs(CAL, page, None).ctas_one[d]
+
+
+def test_a_lone_batch_weighs_the_pair_it_may_become():
+    """256 KiB, H200 calibrated, by hand. Alone: host -> GPU on the SM kernel 49.73 GB/s,
+    on the copy engine 262144 B / (0.6643 us + 262144 B / 53.89 GB/s) = 47.41 (4.9%
+    less); GPU -> host 51.24 against 262144 / (0.8668 + 262144 / 54.46 GB/s) = 46.15
+    (11.0% less). Joined by an equal batch the other way: both on the copy engine, a page
+    each way costs both host times (one call thread) and the DMA at half of 96.28 GB/s,
+    2 x 262144 / (0.6643 + 0.8668 + 5.445 us) = 75.2 GB/s; with the first on the SM
+    kernel the best pair is the mixed one, 70.1 (7.3% less). So host -> GPU gives up 4.9%
+    alone for 7.3% in a pair (the copy engine) and GPU -> host keeps the SM kernel (11.0%
+    against 7.3%), as the H200 measured: alone 49.0 / 49.6 and 44.7 / 51.2 GB/s, both ways
+    76.1 against 70.3 (hw_copy.py, 2026-12-03 05:05)."""
+    ch = chooser(CAL, 256 * KiB)
+    assert direction_paths(CAL, 256 * KiB, {"h2d": None, "d2h": None}, None, 0, False) == \
+        {"h2d": SM, "d2h": SM}
+    assert ch._alone_rate("h2d", CE) == pytest.approx(47.41e9, rel=1e-3)
+    assert ch._alone_rate("h2d", SM) == pytest.approx(49.73e9, rel=1e-6)
+    assert ch._alone_rate("d2h", CE) == pytest.approx(46.15e9, rel=1e-3)
+    assert ch._pair_rate("h2d", CE, CE) == pytest.approx(75.2e9, rel=2e-3)
+    assert ch._pair_rate("h2d", SM, CE) == pytest.approx(70.1e9, rel=1e-6)
+    assert ch.lone == {"h2d": CE, "d2h": SM}
+    assert ch.choose("h2d", 4096)[0] is CE
+    # the joiner then takes the copy engine too: the pair both ways on it
+    assert ch.choose("d2h", 4096, other=CE)[0] is CE
 
 
 def test_the_fair_rates_of_a_mixed_pair_by_hand():
@@ -57,14 +85,13 @@ def test_the_fair_rates_of_a_mixed_pair_by_hand():
 
 
 def test_beside_the_other_direction_the_pair_keeps_the_higher_sum():
-    """256 KiB pages: host -> GPU alone takes the SM kernel (the older rule: 5.27 us a page
-    against 0.66 + 4.86 us); GPU -> host beside it on the SM kernel would halve both to
+    """256 KiB pages, host -> GPU on the SM kernel (as the older rule has it alone: 5.27 us
+    a page against 0.66 + 4.86 us); GPU -> host beside it on the SM kernel would halve both to
     30.5 GB/s under the kernel's 61 GB/s both-ways ceiling, on the copy engine both run at
     35.05 GB/s (half the measured 70.1 GB/s of a pair on different paths): the copy engine,
     by the ratio of those rates less its host time. Both SM-kernel directions get CTAs for
     half that ceiling."""
     ch = chooser(CAL, 256 * KiB)
-    assert ch.choose("h2d", 4096)[0] is SM
     ce, sm = ch.cost("d2h", 4096, CE, SM, None), ch.cost("d2h", 4096, SM, SM, None)
     assert ce < sm and ce / sm == pytest.approx(30.54 / 35.05, rel=0.05)
     assert ch.choose("d2h", 4096, other=SM)[0] is CE
@@ -111,21 +138,26 @@ def _batch(src, dst, n, page, base):
     return Batch(BatchKind.EVICT, src, dst, idx, idx, np.zeros(n, np.uint64), page, 0)
 
 
-def _paths_taken(make):
-    """A host -> GPU batch, then a GPU -> host one while it is in flight: the paths the
-    backend's timing log records for them."""
+def _paths_taken(make, first=Level.HOST):
+    """A batch one way (``first``: its source, host -> GPU by default), then one the other
+    way while it is in flight: the paths the backend's timing log records for them, the
+    first's first."""
     log: list = []
     rt, be = make(log)
+    other = Level.GPU if first == Level.HOST else Level.HOST
     try:
-        evs = [be.transfer(_batch(Level.HOST, Level.GPU, 8, 256 * KiB, 0)),
-               be.transfer(_batch(Level.GPU, Level.HOST, 8, 256 * KiB, 8))]
+        evs = [be.transfer(_batch(first, other, 8, 256 * KiB, 0)),
+               be.transfer(_batch(other, first, 8, 256 * KiB, 8))]
         rt.run(rt.all_of(evs))
     finally:
         be.close()
-    return [r["path"] for r in sorted(log, key=lambda r: r["src"] != "host")]
+    return [r["path"] for r in sorted(log, key=lambda r: r["src"] != first.name.lower())]
 
 
 def test_both_backends_pick_alike_from_the_same_state():
+    """256 KiB: host -> GPU first takes the copy engine (the pair it may become), GPU ->
+    host beside it too; GPU -> host first keeps the SM kernel, host -> GPU beside it the
+    copy engine (the mixed pair, above both on the SM kernel)."""
     slots = {Level.GPU: 32, Level.HOST: 32}
 
     def sim(log):
@@ -136,4 +168,5 @@ def test_both_backends_pick_alike_from_the_same_state():
         rt = RealtimeRuntime()
         return rt, HwBackend(rt, settings_for(256 * KiB, slots, CAL, device="cpu", timing_log=log))
 
-    assert _paths_taken(sim) == _paths_taken(hw) == ["sm_kernel", "copy_engine"]
+    assert _paths_taken(sim) == _paths_taken(hw) == ["copy_engine", "copy_engine"]
+    assert _paths_taken(sim, Level.GPU) == _paths_taken(hw, Level.GPU) == ["sm_kernel", "copy_engine"]

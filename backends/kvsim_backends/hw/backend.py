@@ -72,10 +72,10 @@ class HwBackend:
     its pieces run round robin over the transfers in flight on ``nvme.queue_depth``
     threads; N > 0, on N threads in the order of ``kvsim.core.datapath.diskio`` (restores,
     then required writes, then background writes, aging; while a restore runs at most
-    ``write_cap(N, io_write_share)`` write pieces in flight), as the sim models them. The
-    copy path a direction comes from ``direction_paths`` (the host tier's registration
-    units, the fill's with the ``register`` backing, force the SM kernel where a page
-    could straddle two; the fill's units hold whole slots, so none does)."""
+    ``write_cap(N, io_write_share)`` write pieces in flight), as the sim models them. A
+    batch alone takes ``PathChooser.lone``'s path (forced, or the SM kernel where the
+    host tier's registration units could split a page: the fill's hold whole slots,
+    none does; else by rule)."""
 
     name = "hw"
 
@@ -233,18 +233,18 @@ class HwBackend:
                                copies=self.copies)
 
     def _choose_paths(self) -> None:
-        """The copy path of each direction (``copies.choose_paths``) and the SM kernel's CTAs."""
+        """Each direction's path alone (from ``copies.choose_paths``) and SM kernel's CTAs."""
         c = self.settings.copy
         args = (self.profile, self.page_bytes, self.host, self.slots.get(Level.HOST, 0), self.on_gpu,
                 c.force, c.kernel_on_coherent_link)
-        self.copies.paths = choose_paths(*args)
         self.ctas = direction_ctas(c.sm_ctas, self.profile)
         structure = self.profile.interference_structure()
         m = self.settings.model
         kinds = (MixTable(structure, m.projections, m.min_rows, m.max_rows)
                  if structure is not None else None)
         self.chooser = path_chooser(self.profile, self.page_bytes, pinned_for(*args),
-                                    self.copies.paths, c.sm_ctas, kinds)
+                                    choose_paths(*args), c.sm_ctas, kinds)
+        self.copies.paths = dict(self.chooser.lone)  # (staging's, and reported)
         self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         self.info["copy_path"] = self.copy_path.value
         self.info["copy_paths"] = {d: p.value for d, p in self.copy_paths.items()}

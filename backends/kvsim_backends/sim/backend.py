@@ -58,11 +58,10 @@ def mix_table(profile, model) -> MixTable | None:
 class SimBackend(Transfers):
     """Built from ``settings`` (``kvsim.settings.BackendSettings``) alone: ``slots``, how
     many slots each tier's tag array has (its reserved range); the profile's constants;
-    the copy path of each direction by ``direction_paths`` (forced or the rule's; the
-    host tier's registration units, the fill's with the ``register`` backing, or the
-    probe's ``registration_unit``, force the SM kernel where a host page could straddle
-    two registrations); the SM kernel's CTAs by ``direction_ctas``; the disk tier's
-    ``io_workers`` and ``io_write_share``; the host tier's fill."""
+    the copy path of a batch alone, each direction (``PathChooser.lone``: forced, or the
+    SM kernel where the host tier's registration units could split a page, else by rule;
+    the units the fill's with ``register``, or the probe's ``registration_unit``); the
+    SM kernel's CTAs by ``direction_ctas``; the disk tier's ``io_workers`` and ``io_write_share``; the host tier's fill."""
 
     name = "sim"
 
@@ -147,6 +146,7 @@ class SimBackend(Transfers):
         self.chooser = path_chooser(p, page_bytes, pinned_paths(p, page_bytes, c.force, unit, host_slots,
                                                                 c.kernel_on_coherent_link),
                                     self.paths, c.sm_ctas, self.fluid.kinds)
+        self.paths = self.chooser.lone
         self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         # the node's disk drive: one rank's own fluid holds it; a node's ranks share one
         # (``Runtime.shared``), a GPU <-> disk flow bounded by its link leg's rate

@@ -26,11 +26,14 @@ Otherwise, for a batch of ``n`` pages of ``p`` bytes in direction ``d``:
   against without it); ``slowdown``, the share of its rate the other direction's batch
   loses to this one. The cheaper path wins; a tie goes to the copy engine (no SMs).
 
-A batch moving alone while nothing computes takes the older time-per-page rule's path
-(``direction_paths``: what the backends report as each direction's path, validated on the
-H200 one direction at a time). With both directions in flight, the path that keeps their
-sum highest wins; while a GEMM-heavy step computes, the SM kernel pays for the waves it
-takes.
+A batch moving alone while nothing computes takes ``PathChooser.lone``: the older
+time-per-page rule's path (``direction_paths``, validated on the H200 one direction at a
+time) unless the other path's worse regret is smaller over the two futures the batch may
+have: alone to its end, or joined by the other direction (a path that moves a few percent
+more alone can leave a pair well below what the other allows). It is what the backends
+report as each direction's path. With both directions in flight, the path that keeps
+their sum highest wins; while a GEMM-heavy step computes, the SM kernel pays for the
+waves it takes.
 
 Decisions are cached by (direction, the other's path, the compute's key, the batch's
 pages rounded down to a power of two, the size the cost is computed at): a pure function
@@ -67,6 +70,7 @@ class CostInputs:
     busy_eff: float
     busy_start: float
     additive: bool                   # host time, then DMA (else they overlap)
+    one_thread: bool = False         # copy-engine calls issued on one host thread, in turn
 
 
 def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
@@ -88,7 +92,8 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
         page_bytes, link, ceil, {d: ce.per_page_for(d, page_bytes) for d in DIRECTIONS},
         ce.per_call, sm.launch, {CE: profile.transfer.latency_for(False), SM: profile.transfer.latency_for(True)},
         rate, {d: size(link[d], d) for d in DIRECTIONS}, {d: size(ceil["both"] / 2, d) for d in DIRECTIONS},
-        i.busy_cta_efficiency, i.busy_start, sm.h2d is not None or sm.d2h is not None)
+        i.busy_cta_efficiency, i.busy_start, sm.h2d is not None or sm.d2h is not None,
+        ce.call_threads == 1)
 
 
 def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs) -> list[float]:
@@ -135,6 +140,7 @@ class PathChooser:
         self.inputs = inputs
         self.pinned = dict(pinned)
         self.idle = dict(idle)
+        self.lone = {d: self._lone(d) for d in DIRECTIONS}
         self.kinds = kinds
         self.per_cta = per_cta
         self.ce_slow = ce_slow
@@ -158,6 +164,66 @@ class PathChooser:
         return self.choose(d, pages, other,
                            lambda load: structure.stretch(share, gemms, load), (share, rows))
 
+    def _lone(self, d: str) -> CopyPath:
+        """The path of a batch that starts alone while nothing computes: the older rule's
+        (``idle``) unless the other path's worse regret over the two futures it may have is
+        smaller: moving alone to its end (the regret: the better path's rate alone over
+        this one's) or joined by an equal batch the other way (the best pair's total rate
+        over the best this path leaves, the joiner on the path ``choose`` would give it).
+        So a batch gives up a few percent alone where its path would hold a pair well below
+        what the other path allows (256 KiB pages on the H200: the copy engine both ways
+        ~76 GB/s against ~70 once one direction holds the SM kernel)."""
+        p = self.pinned.get(d)
+        if p is not None:
+            return p
+        idle = self.idle[d]
+        alt = SM if idle is CE else CE
+        alone = {q: self._alone_rate(d, q) for q in (CE, SM)}
+        pair = {q: max(self._pair_rate(d, q, j) for j in (CE, SM)) for q in (CE, SM)}
+        a, b = max(alone.values()), max(pair.values())
+
+        def regret(q: CopyPath) -> float:
+            return max(a / alone[q], b / pair[q]) - 1.0
+        return alt if regret(alt) < regret(idle) - 1e-9 else idle
+
+    def _cap(self, d: str, path: CopyPath, other: CopyPath | None, eff: float) -> float:
+        """A flow's own cap: the SM kernel's CTAs x their rate (x ``eff``), none on the copy engine."""
+        if path is CE:
+            return float("inf")
+        return self.ctas(d, path, other) * self.inputs.cta_rate[d] * eff
+
+    def _alone_rate(self, d: str, path: CopyPath) -> float:
+        """Bytes a second of a long batch moving alone in ``d`` on ``path`` (the copy
+        engine's host time a page exposed as ``cost`` has it)."""
+        ci = self.inputs
+        r = _fair([(d, path, self._cap(d, path, None, 1.0))], ci)[0]
+        if path is SM:
+            return r
+        pp, dma = ci.per_page[d], ci.page_bytes / r
+        return ci.page_bytes / (pp + dma if ci.additive else max(pp, dma))
+
+    def _pair_rate(self, d: str, path: CopyPath, joiner: CopyPath) -> float:
+        """Total bytes a second of long equal batches both ways, ``d``'s on ``path``, the
+        other's on ``joiner``. Both on the copy engine: a page each way costs its host
+        times (in turn where calls share one thread) and its DMA at the pair's fair rates;
+        otherwise the fair rates' sum (``link.mixed`` is measured as a pair's total, host
+        time and all)."""
+        ci = self.inputs
+        od = "d2h" if d == "h2d" else "h2d"
+        rates = _fair([(d, path, self._cap(d, path, joiner, 1.0)),
+                       (od, joiner, self._cap(od, joiner, path, 1.0))], ci)
+        if path is not CE or joiner is not CE:
+            return sum(rates)
+        pb = ci.page_bytes
+        hosts, dmas = (ci.per_page[d], ci.per_page[od]), (pb / rates[0], pb / rates[1])
+        if ci.one_thread:
+            t = sum(hosts) + max(dmas) if ci.additive else max(sum(hosts), max(dmas))
+        elif ci.additive:
+            t = max(h + m for h, m in zip(hosts, dmas))
+        else:
+            t = max(max(h, m) for h, m in zip(hosts, dmas))
+        return 2 * pb / t
+
     def ctas(self, d: str, path: CopyPath, other: CopyPath | None) -> int:
         ci = self.inputs
         return ci.ctas_both[d] if (path is SM and other is SM) else ci.ctas_one[d]
@@ -171,8 +237,8 @@ class PathChooser:
         p = self.pinned.get(d)
         if p is not None:  # (a pinned path keeps its CTAs too: what it was sized and measured at)
             return p, self.inputs.ctas_one[d]
-        if other is None and stretch is None:  # alone, nothing computing: the older rule
-            p = self.idle[d]
+        if other is None and stretch is None:  # alone, nothing computing: ``lone``
+            p = self.lone[d]
             return p, self.inputs.ctas_one[d]
         n = 1 << (max(1, pages).bit_length() - 1)
         k = (d, other, key if stretch is not None else None, n)
@@ -194,9 +260,7 @@ class PathChooser:
         od = "d2h" if d == "h2d" else "h2d"
 
         def cap(dd: str, pp: CopyPath, oth: CopyPath | None) -> float:
-            if pp is CE:
-                return float("inf")
-            return self.ctas(dd, pp, oth) * ci.cta_rate[dd] * eff
+            return self._cap(dd, pp, oth, eff)
 
         flows = [(d, path, cap(d, path, other))]
         if other is not None:
