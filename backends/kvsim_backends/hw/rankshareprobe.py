@@ -36,7 +36,8 @@ from .standin import READ_CTA_BYTES, plan
 
 #: calibrate's window a cell and timed steps alone a kind: the benchmark's defaults. A
 #: 4096-token prefill beside itself takes ~160 ms a step on an H200: a window under ~330
-#: ms leaves it no step between its first and last. A run is ~0.5 s a pair (6 pairs), the
+#: ms can leave it no step between its first and last (a cell's window grows to four
+#: times its pair's steps alone, ``run_cells``). A run is ~0.5 s a pair (6 pairs), the
 #: steps alone ~0.7 s, and the backend's build (its stand-in's rates) a few seconds.
 WINDOW_S = 0.4
 REPS = 5
@@ -100,7 +101,9 @@ def together(cp, si, streams, pair, window_s: float) -> list[list[float]]:
 def run_cells(cp, si, works: Mapping[str, StepWork], window_s: float, reps: int,
               chunk_ms: float, on_cell: OnCell | None = None) -> list[dict]:
     """Every pair of ``works``' kinds on the stand-in ``si`` (its read kernels ``chunk_ms``
-    long): a row per rank-step that ran beside the other (``chunk_ms``, ``rank``, ``other``,
+    long), each for ``window_s`` or four times the pair's steps alone, whichever is
+    longer (so the slower rank has steps between its first and last): a row per
+    rank-step that ran beside the other (``chunk_ms``, ``rank``, ``other``,
     ``steps``, ``alone_ms``, ``with_ms``, ``stretch``, the kernel-length and processor-
     sharing rules' stretches, both kinds' ``kernel_us``); ``on_cell`` told of each."""
     streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)]
@@ -110,7 +113,9 @@ def run_cells(cp, si, works: Mapping[str, StepWork], window_s: float, reps: int,
     rows = []
     for i, ka in enumerate(kinds):
         for kb in kinds[i:]:
-            got = together(cp, si, streams, (works[ka], works[kb]), window_s)
+            # long enough for >= 4 steps of the slower rank at worst (the pair run in turn)
+            window = max(window_s, 4 * (alone[ka] + alone[kb]))
+            got = together(cp, si, streams, (works[ka], works[kb]), window)
             for me, other, t in ((ka, kb, got[0]), (kb, ka, got[1])):
                 if not t:
                     if on_cell:
