@@ -170,3 +170,22 @@ def test_both_backends_pick_alike_from_the_same_state():
 
     assert _paths_taken(sim) == _paths_taken(hw) == ["copy_engine", "copy_engine"]
     assert _paths_taken(sim, Level.GPU) == _paths_taken(hw, Level.GPU) == ["sm_kernel", "copy_engine"]
+
+
+def test_under_compute_the_copy_engine_pays_its_busy_cost_a_page():
+    """Round profile, 16 KiB pages GPU -> host, ``busy_per_page_d2h`` 3 us: under compute a
+    copy-engine batch of 64 pages costs 10 us + 64 x (2 + 3) us of host time (its DMA,
+    0.41 us a page, overlaps), against 10 + 64 x 2 idle; the compute's share it takes is
+    the same (the older terms: the copy engine's 0.1), so the costs part by that ratio."""
+    prof = round_profile()
+    d = prof.model_dump()
+    d["copy_engine"]["busy_per_page_d2h"] = "3us"
+    busy = type(prof).model_validate(d)
+    stretch = lambda load: legacy_stretch(0.05, 0.1, load)  # noqa: E731
+    page = 16 * KiB
+    a = chooser(prof, page).cost("d2h", 64, CE, None, stretch)
+    b = chooser(busy, page).cost("d2h", 64, CE, None, stretch)
+    assert b / a == pytest.approx((10 + 64 * 5) / (10 + 64 * 2), rel=1e-9)
+    # idle, and host -> GPU, the term costs nothing
+    assert chooser(busy, page).cost("d2h", 64, CE, None, None) == chooser(prof, page).cost("d2h", 64, CE, None, None)
+    assert chooser(busy, page).cost("h2d", 64, CE, None, stretch) == chooser(prof, page).cost("h2d", 64, CE, None, stretch)

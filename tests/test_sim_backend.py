@@ -808,3 +808,29 @@ def test_busy_start_delays_only_sm_kernel_copies_under_compute():
         busy0, busy1 = sim_cell(p0, c, 0.05)[0], sim_cell(p1, c, 0.05)[0]
         assert sim_cell(p1, c)[0] == sim_cell(p0, c)[0]  # idle: no later start
         assert busy1 - busy0 == pytest.approx(3e-4 if path == "sm_kernel" else 0.0, abs=1e-9)
+
+
+def test_busy_per_page_slows_only_copy_engine_copies_under_compute():
+    """``copy_engine.busy_per_page_d2h``: a copy-engine batch issued while compute runs
+    takes that much longer a page (host -> GPU, whose term is 0, and the SM kernel do not);
+    idle, nothing changes."""
+    from kvsim.tools.fit import sim_cell
+    from kvsim.config.hardware import HardwareProfile
+
+    base = load_profile("h200-pcie-calibrated")
+    d = base.model_dump()
+    d["copy_engine"].update(busy_per_page_h2d=None, busy_per_page_d2h=None)
+    p0 = HardwareProfile.model_validate(d)
+    d["copy_engine"].update(busy_per_page_d2h={"64KiB": "1us", "4MiB": "2us"})
+    p1 = HardwareProfile.model_validate(d)
+    per = p1.copy_engine.busy_per_page_for("d2h", 1 << 20)
+    assert per == pytest.approx((1 + 4 / 6) * 1e-6)  # 1 MiB: 4 of the 6 doublings from 64 KiB
+    assert p1.copy_engine.busy_per_page_for("h2d", 1 << 20) == 0.0
+    for path in ("copy_engine", "sm_kernel"):
+        for dr in ("d2h", "h2d"):
+            c = {"page": 1 << 20, "path": path, "dir": dr, "pages": 256, "bytes": 256 << 20,
+                 "batches": [[dr, 256]]}
+            assert sim_cell(p1, c)[0] == sim_cell(p0, c)[0]  # idle
+            extra = sim_cell(p1, c, 0.05)[0] - sim_cell(p0, c, 0.05)[0]
+            want = 256 * per if (path, dr) == ("copy_engine", "d2h") else 0.0
+            assert extra == pytest.approx(want, abs=1e-9)

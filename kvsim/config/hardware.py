@@ -117,7 +117,8 @@ class CopyEngineSpec(_Frozen):
     then its bytes move. ``per_page_h2d`` and ``per_page_d2h`` (a time or a table by page
     size) override ``per_page`` per direction. ``call_threads``: host threads making the
     calls (the hw backend makes every CUDA call on one), so calls' host times take turns;
-    None: every call's host time runs at once (the older model)."""
+    None: every call's host time runs at once (the older model). ``busy_per_page_h2d`` /
+    ``_d2h`` (likewise; default 0): a page's more while compute runs, added to the call's."""
 
     count: Annotated[int, Field(gt=0)]
     per_call: Seconds
@@ -125,6 +126,13 @@ class CopyEngineSpec(_Frozen):
     per_page_h2d: PageCost = None
     per_page_d2h: PageCost = None
     call_threads: Annotated[int, Field(gt=0)] | None = None
+    busy_per_page_h2d: PageCost = None
+    busy_per_page_d2h: PageCost = None
+
+    def busy_per_page_for(self, direction: str, page_bytes: int) -> float:
+        """Seconds a page of ``page_bytes`` costs more in ``direction`` while compute runs."""
+        cost = self.busy_per_page_h2d if direction == "h2d" else self.busy_per_page_d2h
+        return 0.0 if cost is None else page_cost_at(cost, page_bytes)
 
     def per_page_for(self, direction: str, page_bytes: int) -> float:
         """Host seconds a page of ``page_bytes`` costs in ``direction`` ('h2d' or 'd2h')."""

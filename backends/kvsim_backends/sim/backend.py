@@ -58,10 +58,9 @@ def mix_table(profile, model) -> MixTable | None:
 class SimBackend(Transfers):
     """Built from ``settings`` (``kvsim.settings.BackendSettings``) alone: ``slots``, how
     many slots each tier's tag array has (its reserved range); the profile's constants;
-    the copy path of a batch alone, each direction (``PathChooser.lone``: forced, or the
-    SM kernel where the host tier's registration units could split a page, else by rule;
-    the units the fill's with ``register``, or the probe's ``registration_unit``); the
-    SM kernel's CTAs by ``direction_ctas``; the disk tier's ``io_workers`` and ``io_write_share``; the host tier's fill."""
+    a batch alone's copy path each direction (``PathChooser.lone``: forced, the SM kernel
+    where host registration units, the fill's or the probe's, could split a page, else by
+    rule); the SM kernel's CTAs by ``direction_ctas``; the disk tier's ``io_workers`` and ``io_write_share``; the host tier's fill."""
 
     name = "sim"
 
@@ -103,6 +102,7 @@ class SimBackend(Transfers):
         self.paths = direction_paths(p, page_bytes, c.force, unit, host_slots,
                                      c.kernel_on_coherent_link)
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
+        self.busy_per_page = {d: ce.busy_per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         # the host-bound share of a copy-engine call's issuing, by direction (the
         # structural interference model's issue term; nothing without it)
         self.issue_share = {d: (issue_share(self.per_page[d], page_bytes, getattr(link, d))

@@ -51,6 +51,7 @@ class Transfers:
     chooser: PathChooser
     _flowing: dict[str, list[int]]
     per_page: dict[str, float]
+    busy_per_page: dict[str, float]
     issue_share: dict[str, float]
     ctas: dict[str, int]
     _cta_rate: dict[str, float]
@@ -217,7 +218,9 @@ class Transfer:
         be = self.be
         be._counts["copy_engine_calls"] += 1
         self.ce = True
-        self.host_s = be._ce_per_call + self.batch.pages * be.per_page[self.route[0]]
+        d = self.route[0]
+        per = be.per_page[d] + (be.busy_per_page[d] if be.fluid.jobs else 0.0)
+        self.host_s = be._ce_per_call + self.batch.pages * per
         if be.call_threads is None:
             be.fluid.issue(be.issue_share[self.route[0]], True)
             self.after(self.host_s, self.issued)

@@ -16,9 +16,10 @@ Otherwise, for a batch of ``n`` pages of ``p`` bytes in direction ``d``:
   before); a batch the rule puts on the SM kernel beside the other direction's SM-kernel
   batch, for half the kernel's both-directions ceiling, so the pair holds no more CTAs
   than it can keep busy (a pinned path keeps a direction's own);
-- **time**: the copy engine ``per_call + n x per_page + n x p / rate`` (the H200's
-  measured additive model, where the profile gives the SM kernel's ceilings; else
-  ``n x max(per_page, p / rate)``, the older overlap model), the SM kernel ``launch`` (+
+- **time**: the copy engine ``per_call + n x per_page + n x p / rate`` (``per_page``
+  + ``busy_per_page`` under compute; the H200's measured additive model, where the
+  profile gives the SM kernel's ceilings; else ``n x max(per_page, p / rate)``, the
+  older overlap model), the SM kernel ``launch`` (+
   ``busy_start`` under compute) ``+ n x p / rate``; each path's ``transfer.latency``;
 - **cost**: ``time x (1 + stretch + slowdown)``: ``stretch``, the share of the running
   compute's progress the batch's copy takes while it runs (the interference model,
@@ -71,6 +72,7 @@ class CostInputs:
     busy_start: float
     additive: bool                   # host time, then DMA (else they overlap)
     one_thread: bool = False         # copy-engine calls issued on one host thread, in turn
+    busy_per_page: Mapping[str, float] | None = None  # the copy engine's more a page under compute
 
 
 def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
@@ -93,7 +95,7 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
         ce.per_call, sm.launch, {CE: profile.transfer.latency_for(False), SM: profile.transfer.latency_for(True)},
         rate, {d: size(link[d], d) for d in DIRECTIONS}, {d: size(ceil["both"] / 2, d) for d in DIRECTIONS},
         i.busy_cta_efficiency, i.busy_start, sm.h2d is not None or sm.d2h is not None,
-        ce.call_threads == 1)
+        ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS})
 
 
 def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs) -> list[float]:
@@ -270,7 +272,8 @@ class PathChooser:
         r = rates[0]
         issue = 0.0
         if path is CE:
-            host = pages * ci.per_page[d]
+            busy = ci.busy_per_page[d] if (computing and ci.busy_per_page) else 0.0
+            host = pages * (ci.per_page[d] + busy)
             t = ci.per_call + (host + nbytes / r if ci.additive else max(host, nbytes / r))
             # its issuing's host-bound share, over the batch's time
             issue = issue_share(ci.per_page[d], ci.page_bytes, ci.link[d]) * host / t if t > 0 else 0.0
