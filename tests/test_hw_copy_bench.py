@@ -159,3 +159,60 @@ def test_sim_from_bad_file_is_a_clear_error(tmp_path, capsys):
         hw_copy.main(["--sim-from", str(bad)])
     assert e.value.code == 2
     assert "--sim-from" in capsys.readouterr().err
+
+
+def _copy_engine_run(extra_s: float, pages_scale: float = 1.0) -> dict:
+    """A saved run whose copy-engine cells are the sim's own times on a profile without
+    ``busy_per_page``, the busy ones ``extra_s`` a page longer (the idle ones
+    ``pages_scale`` x the sim's: an idle model error the fit must take out)."""
+    p = load_profile(hw_copy.PROFILE)
+    d = p.model_dump()
+    d["copy_engine"].update(busy_per_page_h2d=None, busy_per_page_d2h=None)
+    bare = type(p).model_validate(d)
+    copies, busy = [], []
+    for dr in ("h2d", "d2h"):
+        c = _cell("copy_engine", dr, 0.0)
+        copies.append({**c, "seconds": sim_cell(bare, c)[0] * pages_scale})
+        b = _cell("copy_engine", dr, 0.0, busy_s=0.1, compute_s=0.1)
+        idle_err = sim_cell(bare, c)[0] * (pages_scale - 1) / c["pages"]
+        busy.append({**b, "seconds": sim_cell(bare, b, 0.1)[0] + b["pages"] * (extra_s + idle_err)})
+    return {"copies": copies, "busy_copies": busy}
+
+
+def test_busy_per_page_fit_gives_back_the_extra_a_page_takes_under_compute():
+    """Runs whose busy copy-engine pages take 0.6 us and 0.8 us longer than the sim (one
+    with its idle cells 5% slow throughout: not interference) imply their median, 0.7 us,
+    each direction; a run that took less under compute is clipped to 0."""
+    got = hw_copy.busy_per_page_fit([_copy_engine_run(0.6e-6), _copy_engine_run(0.8e-6, 1.05)],
+                                    load_profile(hw_copy.PROFILE))
+    for dr in ("h2d", "d2h"):
+        assert got[dr][MiB] == pytest.approx(0.7e-6, abs=2e-9)
+    got = hw_copy.busy_per_page_fit([_copy_engine_run(-0.5e-6)], load_profile(hw_copy.PROFILE))
+    assert got["h2d"][MiB] == 0.0
+
+
+def test_busy_picks_judges_the_rule_by_the_runs_own_cells():
+    """Under a prefill's work on the shipped profile the rule puts 1 MiB pages on the copy
+    engine: judged right where the copy engine's cells cost less, wrong where the SM
+    kernel's cost 20% less, and right again where the two are within their spread."""
+    from kvsim.tools.fitkinds import kind_works  # noqa: PLC0415
+
+    p = load_profile(hw_copy.PROFILE)
+    work = list(kind_works(p)["gemm"])
+
+    def run(sm_cost_ratio, rounds=None):
+        busy = []
+        for path in ("copy_engine", "sm_kernel"):
+            for dr in hw_copy.DIRS:
+                s = 0.010 * (sm_cost_ratio if path == "sm_kernel" else 1.0)
+                busy.append(_cell(path, dr, s, busy_s=0.1, compute_s=0.1, alone_ratio=1.0, work=work))
+        return {"busy_copies": busy, "busy_rounds": rounds}
+
+    assert hw_copy.busy_picks(run(1.5), p)[:2] == (3, 3)
+    good, n, misses = hw_copy.busy_picks(run(0.8), p)
+    assert (good, n) == (0, 3) and misses[0].startswith("1 MiB h2d: the rule's copy_engine")
+    # the copy engine's cost moves 33% between two rounds (10 and 14 ms about their median
+    # 12): the SM kernel's 25% less is within it
+    d = run(0.8)
+    r2 = [{**c, "seconds": c["seconds"] * (1.4 if c["path"] == "copy_engine" else 1.0)} for c in d["busy_copies"]]
+    assert hw_copy.busy_picks(run(0.8, [d["busy_copies"], r2]), p)[:2] == (3, 3)
