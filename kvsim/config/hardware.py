@@ -118,7 +118,7 @@ class CopyEngineSpec(_Frozen):
     size) override ``per_page`` per direction. ``call_threads``: host threads making the
     calls (the hw backend makes every CUDA call on one), so calls' host times take turns;
     None: every call's host time runs at once (the older model). ``busy_per_page_h2d`` /
-    ``_d2h`` (likewise; default 0): a page's more while compute runs, added to the call's."""
+    ``_d2h`` (likewise; default 0): a page's more under compute, before its bytes move."""
 
     count: Annotated[int, Field(gt=0)]
     per_call: Seconds

@@ -219,8 +219,10 @@ class Transfer:
         be._counts["copy_engine_calls"] += 1
         self.ce = True
         d = self.route[0]
-        per = be.per_page[d] + (be.busy_per_page[d] if be.fluid.jobs else 0.0)
-        self.host_s = be._ce_per_call + self.batch.pages * per
+        self.host_s = be._ce_per_call + self.batch.pages * be.per_page[d]
+        # under compute its pages take longer (busy_per_page), each direction on its own,
+        # off the call thread: the wait after its issuing, before its bytes move
+        self.start_s = self.batch.pages * be.busy_per_page[d] if be.fluid.jobs else 0.0
         if be.call_threads is None:
             be.fluid.issue(be.issue_share[self.route[0]], True)
             self.after(self.host_s, self.issued)
@@ -229,9 +231,9 @@ class Transfer:
 
     def issued(self, _: object = None) -> None:
         """The call's host time is over: its issuing ends (the interference model's
-        issue term), its bytes move."""
+        issue term), its bytes move (after its busy wait, under compute)."""
         self.be.fluid.issue(self.be.issue_share[self.route[0]], False)
-        self.flow()
+        self.after(self.start_s, self.flow)
 
     def thread_held(self) -> None:
         self.be.fluid.issue(self.be.issue_share[self.route[0]], True)
