@@ -220,9 +220,10 @@ class Transfer:
         self.ce = True
         d = self.route[0]
         self.host_s = be._ce_per_call + self.batch.pages * be.per_page[d]
-        # under compute its pages take longer (busy_per_page), each direction on its own,
-        # off the call thread: the wait after its issuing, before its bytes move
-        self.start_s = self.batch.pages * be.busy_per_page[d] if be.fluid.jobs else 0.0
+        busy = be.busy_per_page[d]
+        if busy > 0 and be.fluid.jobs:  # under compute a page takes longer (busy_per_page):
+            pb = self.batch.page_bytes  # its flow capped at a page a (its DMA + that)
+            self.cap = pb / (pb / be._link_bw[d] + busy)
         if be.call_threads is None:
             be.fluid.issue(be.issue_share[self.route[0]], True)
             self.after(self.host_s, self.issued)
@@ -231,9 +232,9 @@ class Transfer:
 
     def issued(self, _: object = None) -> None:
         """The call's host time is over: its issuing ends (the interference model's
-        issue term), its bytes move (after its busy wait, under compute)."""
+        issue term), its bytes move."""
         self.be.fluid.issue(self.be.issue_share[self.route[0]], False)
-        self.after(self.start_s, self.flow)
+        self.flow()
 
     def thread_held(self) -> None:
         self.be.fluid.issue(self.be.issue_share[self.route[0]], True)
