@@ -171,7 +171,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
               "host_fills": m.host_fills, "driver_call_s": m.driver_call_s,
               "compute": m.compute, "small": m.small, "disk_setting": m.disk_setting,
-              "interference": m.interference, "page_cache": m.page_cache,
+              "interference": m.interference, "busy_copies": m.busy_copies, "page_cache": m.page_cache,
               "rank_share": m.rank_share, "why": why, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
     _write_report(out, report)

@@ -188,10 +188,6 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["gpu"]["decode_efficiency"] = min(1.0, m.compute["hbm_copy_Bps"] / base.gpu.hbm)
         why["gpu.prefill_efficiency"] = "measured: fp16 8192^3 matmul FLOP/s over the base's peak"
         why["gpu.decode_efficiency"] = "measured: 1 GiB device copy bandwidth over the base's peak"
-    if m.interference:
-        kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
-        d["sm"]["interference"].update(kinds)
-        why.update(kinds_why)
     fit_kernel_overlap(m.rank_share, d, why)
     if m.device == "gpu":
         d["sm"]["threads_per_cta"] = 128
@@ -209,7 +205,43 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["compute"]["boost"], why["compute.boost"] = fit_trains(power["rows"])
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
+    # last: each replays cells on the sim of everything above (the copy engine's busy cost
+    # is part of the interference cells' copies)
+    fit_busy_per_page(m.busy_copies, m.copies, d, why)
+    if m.interference:
+        kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
+        d["sm"]["interference"].update(kinds)
+        why.update(kinds_why)
     return d, why
+
+
+def fit_busy_per_page(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
+    """``copy_engine.busy_per_page_h2d`` / ``_d2h`` into ``d`` (a profile's fields, fitted
+    so far) from copy-engine cells one way under compute (``rows``: GPU rows of
+    ``kvsim_backends.hw.interfere.busy_grid``): a page's time beyond the sim's under the
+    same compute without the term, less the same page size's idle cell's (``copies``)
+    own error a page, >= 0; by page size. Nothing without such rows (the base's kept)."""
+    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "copy_engine"
+            and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
+    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "copy_engine"}
+    rows = [r for r in rows if (r["page"], r["dir"]) in idle]
+    if not rows:
+        return
+    bare = dict(d, copy_engine={**d["copy_engine"], "busy_per_page_h2d": None, "busy_per_page_d2h": None})
+    p = HardwareProfile.model_validate(bare)
+    table: dict[str, dict[int, float]] = {"h2d": {}, "d2h": {}}
+    for r in sorted(rows, key=lambda r: r["page"]):
+        i = idle[r["page"], r["dir"]]
+        busy = sim_cell(p, r, r["compute_s"], cell_work(r))[0]
+        x = (r["copy_s"] - busy) / r["pages"] - (i["seconds"] - sim_cell(p, i)[0]) / i["pages"]
+        table[r["dir"]][int(r["page"])] = max(0.0, x)
+    for dr, t in table.items():
+        if t:
+            d["copy_engine"][f"busy_per_page_{dr}"] = t
+            why[f"copy_engine.busy_per_page_{dr}"] = (
+                f"measured: copy-engine batches under a prefill's GEMMs ({len(t)} page sizes, "
+                "kvsim_backends.hw.interfere.busy_grid), a page's time beyond the sim's less "
+                "the idle cell's own error, >= 0")
 
 
 def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: int) -> None:

@@ -27,6 +27,8 @@ class Measured:
     disk_setting: dict | None = None
     # compute with copies, per kind of work (kvsim_backends.hw.interfere's rows)
     interference: list[dict] = field(default_factory=list)
+    # the copy engine one way under a prefill (interfere's rows of its ``busy_grid``)
+    busy_copies: list[dict] = field(default_factory=list)
     # the host fill per backing on a GPU (kvsim_backends.hw.driverprobe.fill_probed's
     # rows: rate, probe blocked share, seconds in cudaHostRegister) and an executor
     # call's host time (``call_s``): the driver's lock as the profile's ``driver`` models it
@@ -47,6 +49,7 @@ def measured_from_report(report: dict) -> Measured:
                     compute=dict(report.get("compute", {})), small=list(report.get("small", [])),
                     disk_setting=report.get("disk_setting"),
                     interference=list(report.get("interference", [])),
+                    busy_copies=list(report.get("busy_copies", [])),
                     host_fills=dict(report.get("host_fills", {})),
                     driver_call_s=report.get("driver_call_s"),
                     page_cache=report.get("page_cache"), rank_share=report.get("rank_share"))

@@ -22,7 +22,8 @@ Measured:
   the power state: trains of a prefill chunk's steps back to back after idle spells
   (``measure_power``; ``kvsim.tools.fitboost`` fits ``compute.boost`` to them);
 - interference: compute of each kind with copies on each path (``interfere``'s
-  ``calibrate_grid``), for the structural model's terms per kind;
+  ``calibrate_grid``), for the structural model's terms per kind; the copy engine one
+  way under a prefill (``busy_grid``), for ``copy_engine.busy_per_page_*``;
 - ranks sharing a GPU (``rankshareprobe``, on a GPU): two ranks' steps of each pair of
   kinds (the caller's ``share_works``) on one GPU, at the settings' read-kernel length,
   for ``gpu.kernel_overlap``;
@@ -55,7 +56,7 @@ from .backend import HwBackend
 from .disk import DiskStore
 from .driverprobe import call_cost, fill_probed
 from .gpu import load_cupy
-from .interfere import calibrate_grid, measure_cells
+from .interfere import busy_grid, calibrate_grid, measure_cells
 from .memory import HostRegion
 from .pagecacheprobe import measure_for_calibrate
 from .rankshareprobe import measure_for_calibrate as measure_rank_share
@@ -391,6 +392,8 @@ def measure(settings_for: SettingsFor, device: str = "auto", plan: Plan | None =
         measure_power(m, dev, settings_for, works["gemm"])
     if on_gpu and plan.interference and works:
         m.interference = measure_cells(settings_for, calibrate_grid(), works, dev, reps=3)
+        if "gemm" in works:
+            m.busy_copies = measure_cells(settings_for, busy_grid(), works, dev, reps=3)
     if share_works:
         m.rank_share = (measure_rank_share(settings_for, dev, share_works) if on_gpu and plan.rank_share
                         else {"skipped": "needs a GPU" if not on_gpu else "not in the plan"})
