@@ -17,7 +17,10 @@ creates the path, so there is no moment when an unowned scratch path exists.
 - ``terminate_raises()`` turns SIGTERM (and SIGHUP) into ``Terminated``, a
   ``KeyboardInterrupt``, so ``finally`` blocks and context managers clean up on a kill
   the process can see, exactly as on Ctrl-C. SIGKILL and the OOM killer leave scratch
-  paths behind; the next ``sweep`` of the same parent removes them.
+  paths behind; the next ``sweep`` of the same parent removes them. A signal whose
+  exception Python swallowed (it landed in a ``__del__`` or a garbage-collector callback,
+  e.g. Dask's) is kept: ``raise_pending()`` raises it again, and the loops that wait for
+  work call it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import secrets
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -169,19 +173,47 @@ def remove(path: str | Path) -> None:
 
 @contextmanager
 def terminate_raises() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise ``Terminated`` in the main thread (a
-    no-op off the main thread). The previous handlers come back afterwards."""
+    """Within the block, SIGINT raises ``KeyboardInterrupt`` and SIGTERM and SIGHUP
+    ``Terminated`` in the main thread (a no-op off the main thread); each such signal is
+    also kept until the block ends, for ``raise_pending`` (where the exception was
+    swallowed: Python prints nothing of it then). The previous handlers come back
+    afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def _raise(signum, _frame):
+        _raise.pending = signum  # type: ignore[attr-defined]
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         raise Terminated(signum)
 
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
+    _raise.pending = None  # type: ignore[attr-defined]
+    hook = sys.unraisablehook
+
+    def _unraisable(u):  # (a signal's exception swallowed: raise_pending has it)
+        if not (isinstance(u.exc_value, KeyboardInterrupt) and _raise.pending is not None):  # type: ignore[attr-defined]
+            hook(u)
+
+    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
            if s is not None}
+    sys.unraisablehook = _unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def raise_pending() -> None:
+    """Raise again a signal ``terminate_raises`` caught whose exception was swallowed
+    (``KeyboardInterrupt`` for SIGINT, else ``Terminated``); nothing otherwise."""
+    for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        h = signal.getsignal(s) if s is not None else None
+        signum = getattr(h, "pending", None)
+        if signum is not None:
+            h.pending = None  # type: ignore[union-attr]
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(signum)

@@ -80,3 +80,38 @@ def test_sigterm_unwinds_through_finally(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "Terminated: SIGTERM" in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sig, want", [("SIGINT", "raised KeyboardInterrupt "),
+                                       ("SIGTERM", "raised Terminated SIGTERM")])
+def test_a_signal_swallowed_in_a_destructor_is_raised_again(sig, want):
+    """A signal whose exception lands in a ``__del__`` (as in a garbage-collector callback
+    of Dask's) is swallowed by Python: ``raise_pending`` raises it where the waiting loop
+    looks, once, and Python's "Exception ignored" report of it is kept quiet; outside the
+    block nothing is pending."""
+    code = textwrap.dedent(f"""
+        import gc, os, signal, sys, time
+        from kvsim import scratch
+
+        class Swallows:
+            def __del__(self):
+                os.kill(os.getpid(), signal.{sig})
+                for _ in range(1000):  # (the handler runs between bytecodes, here)
+                    time.sleep(0.001)
+
+        with scratch.terminate_raises():
+            x = Swallows()
+            del x
+            print("went on", flush=True)
+            try:
+                scratch.raise_pending()
+            except KeyboardInterrupt as e:
+                print("raised", type(e).__name__, e, flush=True)
+            scratch.raise_pending()  # (once only)
+            print("once", flush=True)
+        scratch.raise_pending()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["went on", want, "once"]
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr

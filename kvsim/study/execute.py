@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
+from kvsim.scratch import raise_pending
 from kvsim.study.points import Point
 
 POINT_FILE = "point.json"
@@ -316,6 +317,7 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
     if progress:
         progress(out.skipped, min(width, len(todo)), 0)
     for fut in as_completed(list(futures)):
+        raise_pending()  # (a Ctrl-C Python swallowed in a Dask callback)
         p = futures.pop(fut)
         tc = time.perf_counter()
         try:

@@ -48,7 +48,7 @@ import yaml
 
 from kvsim.config import ConfigFileError, validate_config
 from kvsim.run.outputs import Target, check_folder, write_whole
-from kvsim.scratch import sweep_start
+from kvsim.scratch import raise_pending, sweep_start
 from kvsim.study.execute import disk_dirs, is_complete, open_client, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base
 from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
@@ -236,6 +236,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
                 launch()
                 failed = 0
                 for fut in ac:
+                    raise_pending()  # (a Ctrl-C Python swallowed in a Dask callback)
                     trial, pt = running.pop(fut)
                     try:
                         payload = fut.result()
