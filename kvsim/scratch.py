@@ -192,11 +192,12 @@ def terminate_raises() -> Iterator[None]:
     hook = sys.unraisablehook
 
     def _unraisable(u):  # (a signal's exception swallowed: raise_pending has it)
-        if not (isinstance(u.exc_value, KeyboardInterrupt) and _raise.pending is not None):  # type: ignore[attr-defined]
+        kept = getattr(_raise, "pending", None) is not None
+        if not (kept and isinstance(u.exc_value, KeyboardInterrupt)):
             hook(u)
 
-    old = {s: signal.signal(s, _raise) for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
-           if s is not None}
+    sigs = (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
+    old = {s: signal.signal(s, _raise) for s in sigs if s is not None}
     sys.unraisablehook = _unraisable
     try:
         yield

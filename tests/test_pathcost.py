@@ -174,9 +174,10 @@ def test_both_backends_pick_alike_from_the_same_state():
 
 def test_under_compute_the_copy_engine_pays_its_busy_cost_a_page():
     """Round profile, 16 KiB pages GPU -> host, ``busy_per_page_d2h`` 3 us: under compute a
-    copy-engine batch of 64 pages costs 10 us + 64 x (2 + 3) us of host time (its DMA,
-    0.41 us a page, overlaps), against 10 + 64 x 2 idle; the compute's share it takes is
-    the same (the older terms: the copy engine's 0.1), so the costs part by that ratio."""
+    copy-engine batch of 64 pages takes 10 us + 64 x (16384 B / 40 GB/s + 3 us) of DMA
+    (its host time, 64 x 2 us, overlaps: the older model), against 10 + 64 x 2 idle; the
+    compute's share it takes is the same (the older terms: the copy engine's 0.1), so the
+    costs part by that ratio."""
     prof = round_profile()
     d = prof.model_dump()
     d["copy_engine"]["busy_per_page_d2h"] = "3us"
@@ -185,7 +186,7 @@ def test_under_compute_the_copy_engine_pays_its_busy_cost_a_page():
     page = 16 * KiB
     a = chooser(prof, page).cost("d2h", 64, CE, None, stretch)
     b = chooser(busy, page).cost("d2h", 64, CE, None, stretch)
-    assert b / a == pytest.approx((10 + 64 * 5) / (10 + 64 * 2), rel=1e-9)
+    assert b / a == pytest.approx((10 + 64 * (16384 / 40e3 + 3)) / (10 + 64 * 2), rel=1e-9)
     # idle, and host -> GPU, the term costs nothing
     assert chooser(busy, page).cost("d2h", 64, CE, None, None) == chooser(prof, page).cost("d2h", 64, CE, None, None)
     assert chooser(busy, page).cost("h2d", 64, CE, None, stretch) == chooser(prof, page).cost("h2d", 64, CE, None, stretch)

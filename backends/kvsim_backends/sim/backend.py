@@ -58,9 +58,9 @@ def mix_table(profile, model) -> MixTable | None:
 class SimBackend(Transfers):
     """Built from ``settings`` (``kvsim.settings.BackendSettings``) alone: ``slots``, how
     many slots each tier's tag array has (its reserved range); the profile's constants;
-    a batch alone's copy path each direction (``PathChooser.lone``: forced, the SM kernel
-    where host registration units, the fill's or the probe's, could split a page, else by
-    rule); the SM kernel's CTAs by ``direction_ctas``; the disk tier's ``io_workers`` and ``io_write_share``; the host tier's fill."""
+    a batch alone's copy path each direction (``PathChooser.lone``: forced, the SM kernel where
+    host registration units, the fill's or the probe's, could split a page, else by rule); the
+    SM kernel's CTAs by ``direction_ctas``; the disk tier's I/O settings; the host tier's fill."""
 
     name = "sim"
 

@@ -34,9 +34,10 @@ The run's settings (``engine.copy_path`` per direction, ``engine.sm_ctas``,
 ``engine.kernel_on_coherent_link``) reach both backends as given; ``force_per_direction``
 and ``sm_ctas`` turn them into the path and the CTA count of each direction: ``auto``
 applies the rules above, anything else is forced. ``direction_paths`` is each
-direction's path by these rules alone (the path a batch moving alone with nothing
-computing starts from: ``kvsim.core.datapath.pathcost.PathChooser.lone``); ``pinned_paths`` says which directions rules 1-3 pin, and on a coherent
-link all; the others' batches go by what they cost (``kvsim.core.datapath.pathcost``).
+direction's path by these rules alone (where the path of a batch moving alone with
+nothing computing starts from: ``kvsim.core.datapath.pathcost.PathChooser.lone``);
+``pinned_paths`` says which directions rules 1-3 pin, and on a coherent link all; the
+others' batches go by what they cost (``kvsim.core.datapath.pathcost``).
 """
 
 from __future__ import annotations

@@ -16,11 +16,11 @@ Otherwise, for a batch of ``n`` pages of ``p`` bytes in direction ``d``:
   before); a batch the rule puts on the SM kernel beside the other direction's SM-kernel
   batch, for half the kernel's both-directions ceiling, so the pair holds no more CTAs
   than it can keep busy (a pinned path keeps a direction's own);
-- **time**: the copy engine ``per_call + n x per_page + n x p / rate`` (``per_page``
-  + ``busy_per_page`` under compute; the H200's measured additive model, where the
-  profile gives the SM kernel's ceilings; else ``n x max(per_page, p / rate)``, the
-  older overlap model), the SM kernel ``launch`` (+
-  ``busy_start`` under compute) ``+ n x p / rate``; each path's ``transfer.latency``;
+- **time**: the copy engine ``per_call + n x per_page + n x p / rate`` (the H200's
+  measured additive model, where the profile gives the SM kernel's ceilings; else
+  ``n x max(per_page, p / rate)``, the older overlap model; under compute a page's DMA
+  at least ``p / link + busy_per_page``), the SM kernel ``launch`` (+ ``busy_start``
+  under compute) ``+ n x p / rate``; each path's ``transfer.latency``;
 - **cost**: ``time x (1 + stretch + slowdown)``: ``stretch``, the share of the running
   compute's progress the batch's copy takes while it runs (the interference model,
   ``kvsim.core.datapath.interference``: the compute's own stretch with the batch's load
@@ -272,9 +272,12 @@ class PathChooser:
         r = rates[0]
         issue = 0.0
         if path is CE:
+            host = pages * ci.per_page[d]
+            dma = nbytes / r
             busy = ci.busy_per_page[d] if (computing and ci.busy_per_page) else 0.0
-            host = pages * (ci.per_page[d] + busy)
-            t = ci.per_call + (host + nbytes / r if ci.additive else max(host, nbytes / r))
+            if busy > 0:  # under compute a page's DMA takes that longer (the sim caps its flow)
+                dma = max(dma, pages * (ci.page_bytes / ci.link[d] + busy))
+            t = ci.per_call + (host + dma if ci.additive else max(host, dma))
             # its issuing's host-bound share, over the batch's time
             issue = issue_share(ci.per_page[d], ci.page_bytes, ci.link[d]) * host / t if t > 0 else 0.0
         else:
