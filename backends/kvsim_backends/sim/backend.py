@@ -99,8 +99,7 @@ class SimBackend(Transfers):
                                                              self.host_fill.layout)
         c = settings.copy
         host_slots = int(slots.get(Level.HOST, 0))
-        self.paths = direction_paths(p, page_bytes, c.force, unit, host_slots,
-                                     c.kernel_on_coherent_link)
+        idle = direction_paths(p, page_bytes, c.force, unit, host_slots, c.kernel_on_coherent_link)
         self.per_page = {d: ce.per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         self.busy_per_page = {d: ce.busy_per_page_for(d, page_bytes) for d in ("h2d", "d2h")}
         # the host-bound share of a copy-engine call's issuing, by direction (the
@@ -145,8 +144,8 @@ class SimBackend(Transfers):
         # from the batches whose bytes are moving, by direction and path
         self.chooser = path_chooser(p, page_bytes, pinned_paths(p, page_bytes, c.force, unit, host_slots,
                                                                 c.kernel_on_coherent_link),
-                                    self.paths, c.sm_ctas, self.fluid.kinds)
-        self.paths = self.chooser.lone
+                                    idle, c.sm_ctas, self.fluid.kinds)
+        self.paths = self.chooser.lone  # (a batch alone: reported, and the staged legs')
         self._flowing = {d: [0, 0] for d in ("h2d", "d2h")}  # batches moving: [copy engine, SM kernel]
         # the node's disk drive: one rank's own fluid holds it; a node's ranks share one
         # (``Runtime.shared``), a GPU <-> disk flow bounded by its link leg's rate

@@ -71,8 +71,8 @@ class CostInputs:
     busy_eff: float
     busy_start: float
     additive: bool                   # host time, then DMA (else they overlap)
-    one_thread: bool = False         # copy-engine calls issued on one host thread, in turn
-    busy_per_page: Mapping[str, float] | None = None  # the copy engine's more a page under compute
+    one_thread: bool                 # copy-engine calls issued on one host thread, in turn
+    busy_per_page: Mapping[str, float]  # the copy engine's more a page under compute
 
 
 def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
@@ -274,7 +274,7 @@ class PathChooser:
         if path is CE:
             host = pages * ci.per_page[d]
             dma = nbytes / r
-            busy = ci.busy_per_page[d] if (computing and ci.busy_per_page) else 0.0
+            busy = ci.busy_per_page[d] if computing else 0.0
             if busy > 0:  # under compute a page's DMA takes that longer (the sim caps its flow)
                 dma = max(dma, pages * (ci.page_bytes / ci.link[d] + busy))
             t = ci.per_call + (host + dma if ci.additive else max(host, dma))
