@@ -1,14 +1,17 @@
-"""``kvsim calibrate`` fits the copy engine's busy cost a page (``copy_engine.busy_per_page_*``)
-from its copy-engine cells under a prefill (``kvsim_backends.hw.interfere.busy_grid``):
-cells the sim itself made with a known cost give that cost back, the idle cells' own error
-taken out; without such cells the profile keeps its own."""
+"""``kvsim calibrate`` fits what copies take longer under a prefill from its busy cells
+(``kvsim_backends.hw.interfere.busy_grid``): the copy engine's cost a page
+(``copy_engine.busy_per_page_*``) and the SM kernel's later start and per-CTA share
+(``sm.interference.busy_start`` / ``busy_cta_efficiency``). Cells the sim itself made
+with known terms give those terms back, the idle cells' own error taken out; without
+such cells the profile keeps its own."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvsim.config.hardware import HardwareProfile, load_profile
-from kvsim.tools.fit import fit_busy_per_page
+from kvsim.core.datapath.pathcost import cost_inputs
+from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm
 from kvsim.tools.fitkinds import kind_works, sim_cell
 from kvsim_backends.hw.interfere import busy_grid
 
@@ -69,14 +72,75 @@ def test_without_cells_or_on_the_cpu_the_profile_keeps_its_own():
     assert d["copy_engine"]["busy_per_page_h2d"] == TRUE["h2d"] and not why
 
 
-def test_the_grid_is_one_way_copy_engine_copies_inside_their_compute():
+def test_the_grid_is_one_way_copies_on_each_path_inside_their_compute():
     cells = busy_grid()
-    assert {(c.dir, c.path, c.kind) for c in cells} == {("h2d", "copy_engine", "gemm"), ("d2h", "copy_engine", "gemm")}
+    assert {(c.dir, c.path, c.kind) for c in cells} == {
+        (d, p, "gemm") for d in ("h2d", "d2h") for p in ("copy_engine", "sm_kernel")}
+    assert {c.page for c in cells if c.path == "sm_kernel"} == {256 * KiB, MiB}
+    assert len({c.dir_bytes for c in cells if c.path == "sm_kernel"}) == 2
     # each copy no longer than its compute at the slowest rate seen under a prefill (16 KiB
-    # host -> GPU ~4.5 GB/s, the rest >= 25 GB/s)
+    # host -> GPU ~4.5 GB/s, the rest >= 25 GB/s; the SM kernel 46-52 GB/s after a start
+    # of at most 2 ms)
     for c in cells:
         slow = 4.5e9 if c.page == 16 * KiB else 25e9
-        assert c.dir_bytes / slow < c.compute_s
+        assert c.dir_bytes / slow + (0.002 if c.path == "sm_kernel" else 0.0) < c.compute_s
+
+
+def _sm_cells(start: float, eff: float, idle_err: float):
+    """SM-kernel rows as calibrate writes them, made by the sim on a profile with the busy
+    ``start`` and per-CTA share ``eff``; idle and busy cells ``idle_err`` slower a byte."""
+    d, _ = _profile(None)
+    d["sm"]["interference"].update(busy_start=start, busy_cta_efficiency=eff)
+    p = HardwareProfile.model_validate(d)
+    work = kind_works(p)["gemm"]
+    rows, copies = [], []
+    for page, nbytes in ((256 * KiB, 256 * MiB), (MiB, 64 * MiB), (MiB, 256 * MiB)):
+        ctas = dict(cost_inputs(p, page, None).ctas_one)
+        for dr in ("h2d", "d2h"):
+            k = nbytes // page
+            row = {"kind": "gemm", "compute_s": 0.03, "path": "sm_kernel", "dir": dr, "page": page,
+                   "pages": k, "bytes": k * page, "batches": [[dr, k]], "work": list(work),
+                   "ctas": ctas, "device": "gpu"}
+            row["copy_s"] = sim_cell(p, row, 0.03, work)[0] + k * page * idle_err
+            rows.append(row)
+            n = (1 << 30) // page
+            c = {"page": page, "path": "sm_kernel", "dir": dr, "pages": n, "bytes": n * page,
+                 "batches": [[dr, n]], "ctas": ctas}
+            c["seconds"] = sim_cell(p, c)[0] + n * page * idle_err
+            copies.append(c)
+    return rows, copies
+
+
+@pytest.mark.parametrize("idle_err", [0.0, 2e-12])
+def test_the_sm_kernel_fit_gives_back_its_start_and_share(idle_err):
+    """A share low enough to bind (0.3 of the CTAs' idle rate: below the link) and a
+    start of 1.2 ms come back; with a share that does not bind, a lower bound and the start."""
+    rows, copies = _sm_cells(1.2e-3, 0.3, idle_err)
+    d, _ = _profile(None)
+    d["sm"]["interference"].update(busy_start=0.0, busy_cta_efficiency=0.9)
+    why: dict[str, str] = {}
+    fit_busy_sm(rows, copies, d, why)
+    got = d["sm"]["interference"]
+    assert got["busy_start"] == pytest.approx(1.2e-3, abs=2e-6)
+    assert got["busy_cta_efficiency"] == pytest.approx(0.3, rel=0.01)
+    assert why["sm.interference.busy_start"].startswith("fitted: ")
+    HardwareProfile.model_validate(d)
+    rows, copies = _sm_cells(0.5e-3, 1.0, idle_err)  # (at the link: the share cannot show)
+    d, _ = _profile(None)
+    fit_busy_sm(rows, copies, d, why)
+    got = d["sm"]["interference"]
+    assert got["busy_start"] == pytest.approx(0.5e-3, abs=2e-6)
+    assert got["busy_cta_efficiency"] <= 1.0
+
+
+def test_the_sm_kernel_fit_needs_its_cells():
+    rows, copies = _sm_cells(1.2e-3, 0.3, 0.0)
+    d, _ = _profile(None)
+    before = dict(d["sm"]["interference"])
+    why: dict[str, str] = {}
+    fit_busy_sm([dict(r, device="cpu") for r in rows], copies, d, why)
+    fit_busy_sm(rows, [], d, why)
+    assert d["sm"]["interference"] == before and not why
 
 
 def test_a_refit_writes_the_fitted_cost_into_the_profile(tmp_path):

@@ -13,10 +13,13 @@ engine's ``per_call`` (the batched call's host time for one page), the backend's
 cost per transfer (``transfer.latency``, ``transfer.latency_sm_kernel``: what small batches
 take beyond everything else the sim models) and the structural interference terms per kind
 of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``) and the page
-cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``) and how long two
-ranks' kernels on one GPU overlap (``gpu.kernel_overlap``, ``kvsim.tools.fitoverlap``). Everything else
-(the older interference terms, launch, step overhead, public peaks) is kept from a base
-profile. ``fit`` also says, per key, where its
+cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``), how long two
+ranks' kernels on one GPU overlap (``gpu.kernel_overlap``, ``kvsim.tools.fitoverlap``), the
+link's total with one direction on each path (``link.mixed``) and what copies take longer
+under a prefill (``copy_engine.busy_per_page_*``, the SM kernel's ``busy_start`` and
+``busy_cta_efficiency``: ``kvsim.tools.fitbusy``). Everything else (the older
+interference terms of a compute of the SMs alone, launch, step overhead, public peaks) is
+kept from a base profile. ``fit`` also says, per key, where its
 value came from; its docstring says why each term has the form it has.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import statistics
 
 from kvsim.config.hardware import HardwareProfile
+from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
 from kvsim.tools.fitoverlap import fit_kernel_overlap
@@ -205,43 +209,16 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["compute"]["boost"], why["compute.boost"] = fit_trains(power["rows"])
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
+    _fit_link_mixed([c for c in cells if c["path"] == "mixed"], d, why)
     # last: each replays cells on the sim of everything above (the copy engine's busy cost
     # is part of the interference cells' copies)
     fit_busy_per_page(m.busy_copies, m.copies, d, why)
+    fit_busy_sm(m.busy_copies, m.copies, d, why)
     if m.interference:
         kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
         d["sm"]["interference"].update(kinds)
         why.update(kinds_why)
     return d, why
-
-
-def fit_busy_per_page(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
-    """``copy_engine.busy_per_page_h2d`` / ``_d2h`` into ``d`` (a profile's fields, fitted
-    so far) from copy-engine cells one way under compute (``rows``: GPU rows of
-    ``kvsim_backends.hw.interfere.busy_grid``): a page's time beyond the sim's under the
-    same compute without the term, less the same page size's idle cell's (``copies``)
-    own error a page, >= 0; by page size. Nothing without such rows (the base's kept)."""
-    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "copy_engine"
-            and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
-    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "copy_engine"}
-    rows = [r for r in rows if (r["page"], r["dir"]) in idle]
-    if not rows:
-        return
-    bare = dict(d, copy_engine={**d["copy_engine"], "busy_per_page_h2d": None, "busy_per_page_d2h": None})
-    p = HardwareProfile.model_validate(bare)
-    table: dict[str, dict[int, float]] = {"h2d": {}, "d2h": {}}
-    for r in sorted(rows, key=lambda r: r["page"]):
-        i = idle[r["page"], r["dir"]]
-        busy = sim_cell(p, r, r["compute_s"], cell_work(r))[0]
-        x = (r["copy_s"] - busy) / r["pages"] - (i["seconds"] - sim_cell(p, i)[0]) / i["pages"]
-        table[r["dir"]][int(r["page"])] = max(0.0, x)
-    for dr, t in table.items():
-        if t:
-            d["copy_engine"][f"busy_per_page_{dr}"] = t
-            why[f"copy_engine.busy_per_page_{dr}"] = (
-                f"measured: copy-engine batches under a prefill's GEMMs ({len(t)} page sizes, "
-                "kvsim_backends.hw.interfere.busy_grid), a page's time beyond the sim's less "
-                "the idle cell's own error, >= 0")
 
 
 def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: int) -> None:
@@ -270,6 +247,43 @@ def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: 
         d["link"]["both"] = hi
     why["link.both"] = (f"fitted: the total for which the sim reproduces {ce_path} both directions "
                         f"at {big // KiB} KiB pages (measured {_rate(cell) / 1e9:.2f} GB/s)")
+
+
+def _fit_link_mixed(cells: list[dict], d: dict, why: dict[str, str]) -> None:
+    """``link.mixed``: for each cell of one direction on each path (``microbench.MIXED``)
+    at pages of 64 KiB and more, the total for which the sim reproduces it (bisection
+    between the faster single direction and ``link.both``; ``link.both`` where even that
+    is too slow: the total did not bind), the median over the cells. 16 KiB pages are left
+    out: there the copy engine's host time per page, not the link, bounds the pair."""
+    cells = [c for c in cells if c["page"] >= 64 * KiB]
+    if not cells:
+        return
+    top = d["link"]["both"]
+    fits = []
+    for c in cells:
+        lo, hi = max(d["link"]["h2d"], d["link"]["d2h"]), top
+
+        def sim_s(total):
+            d["link"]["mixed"] = total
+            return _sim_seconds(HardwareProfile.model_validate(d), c)
+
+        if sim_s(hi) > c["seconds"]:
+            fits.append(hi)
+            continue
+        if sim_s(lo) <= c["seconds"]:
+            fits.append(lo)
+            continue
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if sim_s(mid) > c["seconds"] else (lo, mid)
+        fits.append(hi)
+    d["link"]["mixed"] = statistics.median(fits)
+    rates = [_rate(c) / 1e9 for c in cells]
+    why["link.mixed"] = (f"fitted: the total for which the sim reproduces one direction on each "
+                         f"path (both pairings), median over {len(cells)} cells of "
+                         f"{min(c['page'] for c in cells) // KiB} KiB-"
+                         f"{max(c['page'] for c in cells) // KiB} KiB pages (measured "
+                         f"{min(rates):.1f}-{max(rates):.1f} GB/s)")
 
 
 def _fit_latency(m: Measured, d: dict, why: dict[str, str], ce_path: str) -> None:

@@ -95,8 +95,9 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
         profile = profile.model_copy(update={"compute": profile.compute.model_copy(update={"boost": None})})
     pb = c["page"]
     batches = _cell_batches(c)
-    # a cell's path: one of the two, or "default" (the rule's own choice, batch by batch)
-    path = {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
+    # a cell's path: one of the two, "default" (the rule's own choice, batch by batch), or
+    # "mixed" with its ``paths`` (one a direction)
+    path = c.get("paths") or {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
     n = sum(k for _, k in batches)
     log: list = []
     st = settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,

@@ -108,14 +108,20 @@ def calibrate_grid() -> list[Cell]:
 
 
 def busy_grid() -> list[Cell]:
-    """``kvsim calibrate``'s copy-engine cells under a prefill's GEMMs (30 ms, each copy
-    shorter than it): one direction at a time at 16 KiB (32 MiB), 64 KiB (128 MiB),
-    256 KiB and 1 MiB (256 MiB): what a page takes more under compute
-    (``copy_engine.busy_per_page_*``, ``kvsim.tools.fit.fit_busy_per_page``). Measured
-    without an idle gap (steps back to back, as in a replay)."""
+    """``kvsim calibrate``'s copies under a prefill's GEMMs (30 ms, each copy shorter than
+    it), one direction at a time: the copy engine at 16 KiB (32 MiB), 64 KiB (128 MiB),
+    256 KiB and 1 MiB (256 MiB), what a page takes more under compute
+    (``copy_engine.busy_per_page_*``); the SM kernel at 256 KiB (256 MiB) and 1 MiB (64
+    and 256 MiB: two sizes tell a later start from a lower rate), its later start and
+    per-CTA share (``sm.interference.busy_start``, ``busy_cta_efficiency``; both fits:
+    ``kvsim.tools.fitbusy``). Measured without an idle gap (steps back to back, as in a
+    replay)."""
     sizes = ((16 * KiB, 32 * MiB), (64 * KiB, 128 * MiB), (256 * KiB, 256 * MiB), (1 * MiB, 256 * MiB))
-    return [Cell("gemm", 0.030, "copy_engine", d, page, nbytes) for page, nbytes in sizes
-            for d in ("h2d", "d2h")]
+    sm = ((256 * KiB, 256 * MiB), (1 * MiB, 64 * MiB), (1 * MiB, 256 * MiB))
+    return ([Cell("gemm", 0.030, "copy_engine", d, page, nbytes) for page, nbytes in sizes
+             for d in ("h2d", "d2h")]
+            + [Cell("gemm", 0.030, "sm_kernel", d, page, nbytes) for page, nbytes in sm
+               for d in ("h2d", "d2h")])
 
 
 def _batch(src, dst, ss, ds, pb) -> Batch:

@@ -105,9 +105,16 @@ def _wait(rt, waitables):
 
 
 def _time_batches(rt, be, batches, path) -> float:
+    """Seconds ``batches`` take started together, on ``path`` (a ``CopyPath``, or one per
+    batch: a list)."""
+    paths = path if isinstance(path, list) else [path] * len(batches)
     t0 = time.perf_counter()
-    _wait(rt, [be.transfer(b, path) for b in batches])
+    _wait(rt, [be.transfer(b, p) for b, p in zip(batches, paths)])
     return time.perf_counter() - t0
+
+
+#: the mixed pairs measured (``link.mixed``): host -> GPU's path, GPU -> host's
+MIXED = ((CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL), (CopyPath.SM_KERNEL, CopyPath.COPY_ENGINE))
 
 
 #: (page_bytes, slots, **settings) -> BackendSettings on the profile being calibrated
@@ -143,6 +150,15 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                                      "batches": [["h2d" if b.src == Level.HOST else "d2h", int(b.pages)]
                                                  for b in batches],
                                      "ctas": dict(be.ctas) if path is CopyPath.SM_KERNEL else None})
+            for pair in MIXED if be.on_gpu else ():  # one direction on each path
+                both = cells["both"]
+                _time_batches(rt, be, both, list(pair))  # warm-up
+                secs = [_time_batches(rt, be, both, list(pair)) for _ in range(plan.repeats)]
+                m.copies.append({"page": pb, "path": "mixed", "dir": "both", "pages": 2 * n,
+                                 "bytes": 2 * n * pb, "seconds": statistics.median(secs),
+                                 "batches": [["h2d", n], ["d2h", n]],
+                                 "paths": {"h2d": pair[0].value, "d2h": pair[1].value},
+                                 "ctas": dict(be.ctas)})
             if be.on_gpu and pb == 64 * KiB:
                 for c in plan.cta_counts:
                     be.ctas = {"h2d": c, "d2h": c}

@@ -48,7 +48,8 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
     def make() -> Fluid:
         f = Fluid(runtime.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
                                 "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
-                                "sm_both": p.sm_ceiling("both"), "hbm": p.gpu.hbm / 2, **disk},
+                                "sm_both": p.sm_ceiling("both"), "hbm": p.gpu.hbm / 2, **disk,
+                                **({"mixed": link.mixed} if link.mixed is not None else {})},
                   per_cta_slowdown=sm.interference.per_cta_slowdown,
                   copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                   busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds)

@@ -30,7 +30,7 @@ from typing import Any, Final, Hashable
 
 from kvsim.core.spec import Level
 
-from .fairshare import fair_rates
+from .fairshare import fair_rates, link_caps
 
 HOST_MEM: Final = "host_mem"
 _CACHE_MAX: Final = 4096
@@ -113,8 +113,9 @@ class NodeBus:
         for m in members:
             i, own, sigs = m.bus_index, m.cap, m._sigs
             busy = bool(m.jobs) and not m.held  # (held jobs take no SM from a copy)
-            for f in m.flows:
-                rs, c, n, _ = sigs[f.sig]
+            mine = [sigs[f.sig] for f in m.flows]
+            own = link_caps(own, mine)  # (its link's total while both paths cross it)
+            for rs, c, n, _ in mine:
                 keys = tuple([r if r in self.cap else (i, r) for r in rs])
                 for r in rs:
                     if r not in self.cap:

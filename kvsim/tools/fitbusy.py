@@ -1,0 +1,103 @@
+"""What copies take longer beside a prefill, fitted by ``kvsim calibrate`` from its busy
+cells (``kvsim_backends.hw.interfere.busy_grid``: one-way batches on each path started
+just after a 30 ms prefill's GEMMs, steps back to back as in a replay) against the same
+page size's idle cells:
+
+- ``copy_engine.busy_per_page_h2d`` / ``_d2h`` (``fit_busy_per_page``): a copy-engine
+  page's time beyond the sim's under the compute;
+- the SM kernel's ``sm.interference.busy_start`` and ``busy_cta_efficiency``
+  (``fit_busy_sm``): its CTAs wait for the compute's to retire, then move bytes at a
+  share of their idle per-CTA rate.
+
+Each busy cell's own machine's idle error (its idle cell's time beyond the sim's, scaled
+to the busy batch's bytes or pages) is taken off first, so that a machine faster or
+slower than the profile throughout does not count as interference. Pure of the hw
+backend: cells come in as dicts.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from kvsim.config.hardware import HardwareProfile
+from kvsim.tools.fitkinds import cell_work, sim_cell
+
+def fit_busy_per_page(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
+    """``copy_engine.busy_per_page_h2d`` / ``_d2h`` into ``d`` (a profile's fields, fitted
+    so far) from copy-engine cells one way under compute (``rows``: GPU rows of
+    ``kvsim_backends.hw.interfere.busy_grid``): a page's time beyond the sim's under the
+    same compute without the term, less the same page size's idle cell's (``copies``)
+    own error a page, >= 0; by page size. Nothing without such rows (the base's kept)."""
+    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "copy_engine"
+            and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
+    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "copy_engine"}
+    rows = [r for r in rows if (r["page"], r["dir"]) in idle]
+    if not rows:
+        return
+    bare = dict(d, copy_engine={**d["copy_engine"], "busy_per_page_h2d": None, "busy_per_page_d2h": None})
+    p = HardwareProfile.model_validate(bare)
+    table: dict[str, dict[int, float]] = {"h2d": {}, "d2h": {}}
+    for r in sorted(rows, key=lambda r: r["page"]):
+        i = idle[r["page"], r["dir"]]
+        busy = sim_cell(p, r, r["compute_s"], cell_work(r))[0]
+        x = (r["copy_s"] - busy) / r["pages"] - (i["seconds"] - sim_cell(p, i)[0]) / i["pages"]
+        table[r["dir"]][int(r["page"])] = max(0.0, x)
+    for dr, t in table.items():
+        if t:
+            d["copy_engine"][f"busy_per_page_{dr}"] = t
+            why[f"copy_engine.busy_per_page_{dr}"] = (
+                f"measured: copy-engine batches under a prefill's GEMMs ({len(t)} page sizes, "
+                "kvsim_backends.hw.interfere.busy_grid), a page's time beyond the sim's less "
+                "the idle cell's own error, >= 0")
+
+
+def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
+    """The SM kernel's ``busy_start`` and ``busy_cta_efficiency`` into ``d`` (a profile's
+    fields, fitted so far) from its one-way cells under compute (``rows``: GPU rows of
+    ``busy_grid``, batches of two sizes, so that a later start and a lower rate tell
+    apart). Each cell's residual is its time less the sim's (with a share, no start) less
+    the same page size's idle cell's own error scaled to its bytes; for a share, the start
+    is the residuals' median (>= 0) and the loss their squared distance from it. The share
+    is the least of a grid (0.05-1, to 0.005) at the least loss: where the CTAs keep the
+    link full under compute (sized for twice it), every share above the one that binds
+    fits alike, and the least of them is a lower bound. Nothing without such rows (the
+    base's kept)."""
+    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "sm_kernel"
+            and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
+    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "sm_kernel"}
+    rows = [r for r in rows if (r["page"], r["dir"]) in idle]
+    if not rows:
+        return
+    base = HardwareProfile.model_validate(d)
+    own = []  # each cell's idle error at its bytes (no compute: the share plays no part)
+    for r in rows:
+        i = idle[r["page"], r["dir"]]
+        own.append((i["seconds"] - sim_cell(base, i)[0]) * r["bytes"] / i["bytes"])
+
+    def at(eff: float) -> tuple[float, float]:  # (loss, start) with the share ``eff``
+        x = dict(d, sm={**d["sm"], "interference": {**d["sm"]["interference"],
+                                                    "busy_cta_efficiency": eff, "busy_start": 0.0}})
+        p = HardwareProfile.model_validate(x)
+        res = [r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
+               for r, e in zip(rows, own)]
+        start = max(0.0, statistics.median(res))
+        return sum((v - start) ** 2 for v in res), start
+
+    def best(grid: list[float]) -> float:
+        fits = [(at(e), e) for e in grid]
+        least = min(f[0][0] for f in fits)
+        return min(e for (loss, _), e in fits if loss <= least * (1 + 1e-9) + 1e-18)
+
+    eff = best([k / 20 for k in range(1, 21)])
+    eff = best([round(eff + k / 200, 4) for k in range(-9, 10) if 0 < eff + k / 200 <= 1.0])
+    start = at(eff)[1]
+    d["sm"]["interference"].update(busy_cta_efficiency=eff, busy_start=start)
+    sizes = sorted({(r["page"], r["bytes"]) for r in rows})
+    what = (f"SM-kernel batches one way under a prefill's GEMMs ({len(rows)} cells: "
+            f"{', '.join(f'{b >> 20} MiB of {pg >> 10} KiB' for pg, b in sizes)}; "
+            "kvsim_backends.hw.interfere.busy_grid), each less its idle cell's own error")
+    why["sm.interference.busy_start"] = (
+        f"fitted: {what}: the median of their time beyond the sim's with the share below, >= 0")
+    why["sm.interference.busy_cta_efficiency"] = (
+        f"fitted: {what}: the least per-CTA share at the least squared spread of that "
+        "time beyond the sim's (a lower bound where the CTAs keep the link full)")
