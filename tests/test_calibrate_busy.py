@@ -86,11 +86,13 @@ def test_the_grid_is_one_way_copies_on_each_path_inside_their_compute():
         assert c.dir_bytes / slow + (0.002 if c.path == "sm_kernel" else 0.0) < c.compute_s
 
 
-def _sm_cells(start: float, eff: float, idle_err: float):
+def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None = None):
     """SM-kernel rows as calibrate writes them, made by the sim on a profile with the busy
-    ``start`` and per-CTA share ``eff``; idle and busy cells ``idle_err`` slower a byte."""
+    ``start`` and per-CTA shares ``eff`` (``eff_d2h``: GPU -> host's, None: the same);
+    idle and busy cells ``idle_err`` slower a byte."""
     d, _ = _profile(None)
-    d["sm"]["interference"].update(busy_start=start, busy_cta_efficiency=eff)
+    d["sm"]["interference"].update(busy_start=start, busy_cta_efficiency=eff,
+                                   busy_cta_efficiency_d2h=eff_d2h)
     p = HardwareProfile.model_validate(d)
     work = kind_works(p)["gemm"]
     rows, copies = [], []
@@ -112,17 +114,20 @@ def _sm_cells(start: float, eff: float, idle_err: float):
 
 
 @pytest.mark.parametrize("idle_err", [0.0, 2e-12])
-def test_the_sm_kernel_fit_gives_back_its_start_and_share(idle_err):
-    """A share low enough to bind (0.3 of the CTAs' idle rate: below the link) and a
-    start of 1.2 ms come back; with a share that does not bind, a lower bound and the start."""
-    rows, copies = _sm_cells(1.2e-3, 0.3, idle_err)
+def test_the_sm_kernel_fit_gives_back_its_start_and_shares(idle_err):
+    """Shares low enough to bind (0.35 host -> GPU, 0.25 back: below the link) and a
+    start of 1.2 ms come back; with a share that does not bind, a lower bound and the
+    start."""
+    rows, copies = _sm_cells(1.2e-3, 0.35, idle_err, eff_d2h=0.25)
     d, _ = _profile(None)
     d["sm"]["interference"].update(busy_start=0.0, busy_cta_efficiency=0.9)
     why: dict[str, str] = {}
     fit_busy_sm(rows, copies, d, why)
     got = d["sm"]["interference"]
     assert got["busy_start"] == pytest.approx(1.2e-3, abs=2e-6)
-    assert got["busy_cta_efficiency"] == pytest.approx(0.3, rel=0.01)
+    assert got["busy_cta_efficiency"] == pytest.approx(0.35, rel=0.01)
+    assert got["busy_cta_efficiency_d2h"] == pytest.approx(0.25, rel=0.01)
+    assert HardwareProfile.model_validate(d).sm.interference.busy_eff() == pytest.approx((0.35, 0.25), rel=0.01)
     assert why["sm.interference.busy_start"].startswith("fitted: ")
     HardwareProfile.model_validate(d)
     rows, copies = _sm_cells(0.5e-3, 1.0, idle_err)  # (at the link: the share cannot show)

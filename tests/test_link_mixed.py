@@ -1,6 +1,8 @@
-"""One direction on each copy path at once (``link.mixed``): the sim caps such a pair's
-total at it, as the H200 measured (68.8-70.3 GB/s at 64 KiB-1 MiB where the copy engine
-both ways moves 92 at 1 MiB); ``kvsim calibrate`` measures the pairs and fits it."""
+"""One direction on each copy path at once (``link.mixed``, ``link.mixed_ce_h2d``): the sim
+caps such a pair's total at its pairing's, as the H200 measured (the copy engine GPU ->
+host beside the SM kernel 58-70 GB/s at 64 KiB-4 MiB pages, host -> GPU 44-70, where the
+copy engine both ways moves 92 at 1 MiB); ``kvsim calibrate`` measures both pairings and
+fits them by page size."""
 
 from __future__ import annotations
 
@@ -15,16 +17,19 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 CE_H2D = (("h2d", "link"), 0.0, 0, True)
 SM_D2H = (("d2h", "link", "sm_d2h", "sm_both"), 120e9, 14, False)
 CE_D2H = (("d2h", "link"), 0.0, 0, True)
-CAP = {"h2d": 54e9, "d2h": 54e9, "link": 96e9, "mixed": 70e9, "sm_h2d": 50e9, "sm_d2h": 51e9,
-       "sm_both": 61e9}
+SM_H2D = (("h2d", "link", "sm_h2d", "sm_both"), 120e9, 36, False)
+CAP = {"h2d": 54e9, "d2h": 54e9, "link": 96e9, "mixed": 70e9, "mixed_ce_h2d": 60e9,
+       "sm_h2d": 50e9, "sm_d2h": 51e9, "sm_both": 61e9}
 
 
-def test_a_pair_on_both_paths_shares_the_mixed_total():
-    assert mixed((CE_H2D, SM_D2H)) and not mixed((CE_H2D, CE_D2H)) and not mixed((SM_D2H,))
-    assert sum(flow_rates(CAP, (CE_H2D, SM_D2H), 1.0, False)) == pytest.approx(70e9)
-    assert sum(flow_rates(CAP, (CE_H2D, CE_D2H), 1.0, False)) == pytest.approx(96e9)
-    no = {k: v for k, v in CAP.items() if k != "mixed"}  # (a profile without it: link.both)
-    assert sum(flow_rates(no, (CE_H2D, SM_D2H), 1.0, False)) == pytest.approx(54e9 + 42e9)
+def test_a_pair_on_both_paths_shares_its_pairings_total():
+    assert mixed((CE_H2D, SM_D2H)) == "mixed_ce_h2d" and mixed((SM_H2D, CE_D2H)) == "mixed"
+    assert mixed((CE_H2D, CE_D2H)) is None and mixed((SM_D2H,)) is None
+    assert sum(flow_rates(CAP, (CE_H2D, SM_D2H), (1.0, 1.0), False)) == pytest.approx(60e9)
+    assert sum(flow_rates(CAP, (SM_H2D, CE_D2H), (1.0, 1.0), False)) == pytest.approx(70e9)
+    assert sum(flow_rates(CAP, (CE_H2D, CE_D2H), (1.0, 1.0), False)) == pytest.approx(96e9)
+    no = {k: v for k, v in CAP.items() if not k.startswith("mixed")}  # (none: link.both)
+    assert sum(flow_rates(no, (CE_H2D, SM_D2H), (1.0, 1.0), False)) == pytest.approx(54e9 + 42e9)
     assert link_caps(no, (CE_H2D, SM_D2H)) is no
     # a disk write beside them shares no link: not a pair on the link
     assert not mixed((SM_D2H, (("disk_write",), 0.0, 0, True)))
@@ -41,30 +46,44 @@ def _cell(p, pb, paths):
 PAIRS = ({"h2d": "copy_engine", "d2h": "sm_kernel"}, {"h2d": "sm_kernel", "d2h": "copy_engine"})
 
 
-def test_the_sim_moves_a_mixed_pair_at_the_profiles_total():
-    p = load_profile("h200-pcie-calibrated")
-    for paths in PAIRS:
+def test_the_sim_moves_a_mixed_pair_at_its_pairings_total():
+    d = load_profile("h200-pcie-calibrated").model_dump()
+    d["link"].update(mixed=70e9, mixed_ce_h2d={64 * KiB: 45e9, 4 * MiB: 65e9})
+    p = HardwareProfile.model_validate(d)
+    for paths, want in zip(PAIRS, (65e9, 70e9)):
         c = _cell(p, 4 * MiB, paths)
-        assert c["bytes"] / c["seconds"] == pytest.approx(p.link.mixed, rel=0.02)
-        assert c["bytes"] / c["seconds"] < p.link.mixed
+        assert c["bytes"] / c["seconds"] == pytest.approx(want, rel=0.02)
+        assert c["bytes"] / c["seconds"] < want
+    assert p.link.mixed_for("h2d", 512 * KiB) == pytest.approx(55e9)  # (log2 of the page size)
 
 
 @pytest.mark.parametrize("total", [66e9, 75e9])
-def test_calibrate_fits_the_total_the_pairs_moved(total):
+def test_calibrate_fits_each_pairings_total_by_page_size(total):
+    """Cells the sim made with the copy engine GPU -> host at ``total`` and host -> GPU at
+    50 GB/s give both back per page size (``link.both`` at 16 KiB, where the copy
+    engine's host time binds before the total does)."""
     d = load_profile("h200-pcie-calibrated").model_dump()
-    d["link"]["mixed"] = total
+    d["link"].update(mixed=total, mixed_ce_h2d=40e9)
     p = HardwareProfile.model_validate(d)
-    cells = [_cell(p, pb, paths) for pb in (16 * KiB, 256 * KiB, 4 * MiB) for paths in PAIRS]
-    d["link"]["mixed"] = None
+    pages = (16 * KiB, 256 * KiB, 4 * MiB)
+    cells = [_cell(p, pb, paths) for pb in pages for paths in PAIRS]
+    d["link"].update(mixed=None, mixed_ce_h2d=None)
     why: dict[str, str] = {}
     _fit_link_mixed(cells, d, why)
-    assert d["link"]["mixed"] == pytest.approx(total, rel=1e-3)
-    assert why["link.mixed"].startswith("fitted: ") and "256 KiB-4096 KiB" in why["link.mixed"]
-    HardwareProfile.model_validate(d)
+    # where the total binds it comes back (40 GB/s: below either direction alone)
+    assert d["link"]["mixed"][4 * MiB] == pytest.approx(total, rel=1e-3)
+    for pb in (256 * KiB, 4 * MiB):
+        assert d["link"]["mixed_ce_h2d"][pb] == pytest.approx(40e9, rel=1e-3)
+    assert d["link"]["mixed_ce_h2d"][16 * KiB] == d["link"]["both"]  # (the host time binds first)
+    assert why["link.mixed"].startswith("fitted: ") and "copy engine d2h" in why["link.mixed"]
+    q = HardwareProfile.model_validate(d)  # every cell as measured
+    for c in cells:
+        assert sim_cell(q, c)[0] == pytest.approx(c["seconds"], rel=1e-4)
 
 
-def test_without_pairs_the_base_total_stays():
+def test_without_pairs_the_base_totals_stay():
     d = load_profile("h200-pcie-calibrated").model_dump()
+    before = dict(d["link"])
     why: dict[str, str] = {}
     _fit_link_mixed([], d, why)
-    assert d["link"]["mixed"] == pytest.approx(70.1e9) and not why
+    assert d["link"] == before and not why

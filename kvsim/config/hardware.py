@@ -4,10 +4,9 @@ A ``HardwareProfile`` is a frozen pydantic model (unknown keys are refused). Siz
 rates accept unit strings (``'4MiB'``, ``'2.5us'``, ``'55.5GB/s'``) through ``kvsim.config.units``;
 inside the model they are plain bytes, seconds and bytes per second. ``load_profile`` takes
 a path or a name (``'h200-pcie'`` -> ``configs/hardware/h200-pcie.yaml`` of the repository)
-and raises ``ProfileError`` naming the file and the key path of every bad value. A profile
-describes hardware: the hw backend's own software costs, which ``kvsim compare`` adds to
-predict a hw replay, are ``kvsim.tools.hwloop``'s; a profile with their older keys (``loop``,
-``refcheck``) is refused, naming the key.
+and raises ``ProfileError`` naming the file and the key path of every bad value. The hw
+backend's own software costs are ``kvsim.tools.hwloop``'s (older keys ``loop``,
+``refcheck`` are refused, named).
 
 Optional terms (absent: the older, simpler model):
 - ``copy_engine.per_page_h2d`` / ``per_page_d2h``: the batched call's host time per page in
@@ -19,40 +18,30 @@ Optional terms (absent: the older, simpler model):
 - ``transfer.latency`` / ``transfer.latency_sm_kernel``: a fixed time every transfer
   takes on top of its data path: the backend's own cost, outside the copy engine's
   ``per_call`` (the DMA call's host time) and the SM kernel's ``launch``. On the hw backend
-  that is the Python ``transfer()`` call, recording the completion event and the runtime
-  seeing it. The sim adds it after the bytes have moved (it delays the completion, holds
-  no engine, CTA or link). ``latency_sm_kernel`` is SM-kernel batches' own (their call
-  uploads slot arrays and launches a kernel); default ``latency``. Default 0 (the older
-  model). ``kvsim calibrate`` fits both from batches of 1-16 pages.
+  that is the Python ``transfer()`` call and the runtime seeing it; the sim adds it after
+  the bytes (holding nothing). ``latency_sm_kernel``: SM-kernel batches' own (default
+  ``latency``). Default 0. ``kvsim calibrate`` fits both from batches of 1-16 pages.
 - ``compute.latency`` / ``compute.scale``: a compute call of ``d`` nominal seconds takes
-  ``d x scale`` of work on the SMs, then ``latency`` more: on the hw backend the busy
-  kernel runs ~1% over what it is asked for (``scale``), and the launch, its completion
-  event and the runtime seeing it cost a fixed time (``latency``; each engine step is one
-  call when stepping, so both add to every step). The sim adds the latency after the
-  compute (SMs free, nothing held). Default 0 and 1. ``kvsim calibrate`` fits both from
-  its timed ``compute()`` calls (wall - d = latency + (scale - 1) x d, least squares).
+  ``d x scale`` of work on the SMs, then ``latency`` more (the launch, its completion
+  event and the runtime seeing it; after the compute, SMs free). Default 0 and 1.
+  ``kvsim calibrate`` fits both from its timed ``compute()`` calls (least squares).
+- ``link.mixed`` / ``mixed_ce_h2d``: the link's total with one direction on each copy
+  path, the copy engine GPU -> host / host -> GPU, a rate or a table by page size (H200:
+  the SM kernel's stores wait for the engine's reads, 44-65 GB/s at 64 KiB-1 MiB pages
+  that way, 58-70 the other). Default ``link.both``.
 - ``driver``: the CUDA driver's node-wide lock (``DriverSpec``): what a host fill holds it
-  for, per backing, and an executor's call; the sim then makes a node's ranks wait for it.
-  Default None: the driver costs nothing and holds nothing.
-- ``nvme.rewrite``: the disk's write rate into file space written before (``NVMeSpec``);
-  the sim then tracks which disk slots were written. ``kvsim calibrate`` measures it.
-  Default None: every write at ``nvme.write``.
-- ``host.memory_bandwidth``: the node's host DRAM bandwidth that device transfers draw on,
-  both directions and every rank together (``HostSpec``); ``pcie``: PCIe switches, each
-  shared by ``gpus_per_switch`` GPUs behind one uplink (``PcieSpec``). The sim shares
-  both between a node's ranks (``kvsim_backends.sim.nodebus``). Default None: neither
-  limits anything (each GPU its own link, as before them).
+  for, per backing, and an executor's call. Default None: it costs and holds nothing.
+- ``nvme.rewrite``: the disk's write rate into file space written before (the sim then
+  tracks which disk slots were written). Default None: every write at ``nvme.write``.
+- ``host.memory_bandwidth``: the node's host DRAM bandwidth that device transfers draw on
+  (``HostSpec``); ``pcie``: PCIe switches, each shared by ``gpus_per_switch`` GPUs behind
+  one uplink (``PcieSpec``); shared by a node's ranks (``kvsim_backends.sim.nodebus``).
+  Default None: neither limits anything.
 - ``gpu.gemm_flops``: FLOP/s of the model's layer projection GEMMs by M (``{rows:
-  FLOP/s}``, rows powers of two), as the GPU runs them (``kvsim calibrate``: the compute
-  stand-in's chains); a GEMM kernel at M lasts its FLOPs over the entry at the largest
-  rows <= M (the smallest beyond). Only ranks sharing a GPU read it (they take turns on
-  its SMs by kernel length: ``kvsim_backends.sim.smshare``). Default None: the step's
-  own rate (the compute model's).
-- ``gpu.kernel_overlap``: how long two ranks' consecutive kernels on one GPU run at once
-  (the next starts on the SMs the last CTAs of the current leave free); another rank's
-  kernel delays this one's by its length less this. ``kvsim calibrate`` on a GPU fits it
-  (``kvsim.tools.fitoverlap``), as ``benchmarks/hw_rank_share.py`` does. Default 0:
-  strict turns.
+  FLOP/s}``), as the GPU runs them; read only by ranks sharing a GPU (turns on its SMs by
+  kernel length: ``kvsim_backends.sim.smshare``). Default None: the compute model's rate.
+- ``gpu.kernel_overlap``: how long two ranks' consecutive kernels on one GPU run at once;
+  another rank's kernel delays this one's by its length less this. Default 0.
 
 Invariants: positive rates, counts and sizes; the both-directions link total is at least
 the larger single direction, and so is the SM kernel's; at least 2 SMs for copy CTAs;
@@ -72,7 +61,7 @@ from kvsim.config.boostspec import BoostSpec
 from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
 from kvsim.core.datapath.interference import KindTerms, Structure
-from kvsim.config.units import PageCost, page_cost_at, parse_rate, parse_size, parse_time
+from kvsim.config.units import PageCost, PageRate, page_cost_at, parse_rate, parse_size, parse_time
 
 CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.config.paths)
 
@@ -100,9 +89,13 @@ class LinkSpec(_Frozen):
     h2d: Rate
     d2h: Rate
     both: Rate  # total of both directions at once
-    # total of both directions at once with one on the copy engine and the other on the SM
-    # kernel (None: ``both``); the copy-path rule weighs a mixed pair by it
-    mixed: Rate | None = None
+    mixed: PageRate = None  # (one direction on each copy path: the module docstring)
+    mixed_ce_h2d: PageRate = None
+
+    def mixed_for(self, ce_dir: str, page_bytes: int) -> float:
+        """The pair's total with the copy engine in ``ce_dir`` at pages of ``page_bytes``."""
+        r = self.mixed_ce_h2d if ce_dir == "h2d" and self.mixed_ce_h2d is not None else self.mixed
+        return self.both if r is None else page_cost_at(r, page_bytes)
 
     @model_validator(mode="after")
     def _both_covers_one(self) -> "LinkSpec":
@@ -175,7 +168,8 @@ class InterferenceSpec(_Frozen):
     """How copies slow compute: an SM copy kernel of ``sm_kernel_ctas`` CTAs stretches a
     compute kernel by ``sm_kernel_slowdown`` (linear in the CTA count); any copy-engine
     transfer in flight stretches it by ``copy_engine_slowdown``. ``busy_cta_efficiency``:
-    the share of its idle bandwidth a copy CTA gets while compute occupies the SMs.
+    the share of its idle bandwidth a copy CTA gets while compute occupies the SMs;
+    ``busy_cta_efficiency_d2h`` a GPU -> host CTA's where it differs (None: the same).
 
     ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
     the host link ``lasting_after_batches`` times: every later compute call (an engine
@@ -203,6 +197,7 @@ class InterferenceSpec(_Frozen):
     sm_kernel_ctas: Annotated[int, Field(gt=0)]
     copy_engine_slowdown: Slowdown
     busy_cta_efficiency: Fraction
+    busy_cta_efficiency_d2h: Fraction | None = None
     lasting_step_penalty: Seconds = 0.0
     # the same effect per kernel: each of a step's kernels (the model's layers x the
     # engine's kernels_per_layer) leaves this much more idle gap once it has begun
@@ -212,6 +207,11 @@ class InterferenceSpec(_Frozen):
     gemm: KindSpec | None = None
     memory: KindSpec | None = None
     gemm_tile: tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]] = (128, 256)
+
+    def busy_eff(self) -> tuple[float, float]:
+        """A copy CTA's share of its idle rate under compute: (host -> GPU, GPU -> host)."""
+        e, d2h = self.busy_cta_efficiency, self.busy_cta_efficiency_d2h
+        return e, e if d2h is None else d2h
 
     @property
     def per_cta_slowdown(self) -> float:

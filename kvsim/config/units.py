@@ -99,6 +99,30 @@ def parse_page_cost(value):
 PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_cost)]
 
 
+def parse_page_rate(value):
+    """A bandwidth, or a table {page size: bandwidth} normalised to {bytes: bytes/s}."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        if not value:
+            raise ValueError("expected a bandwidth or a non-empty table {page size: bandwidth}")
+        out = {}
+        for k, v in value.items():
+            size, r = parse_size(k), parse_rate(v)
+            if size <= 0 or r <= 0:
+                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and bandwidth")
+            out[size] = r
+        return dict(sorted(out.items()))
+    r = parse_rate(value)
+    if r <= 0:
+        raise ValueError(f"expected a bandwidth > 0, got {value!r}")
+    return r
+
+
+#: a bandwidth or a table by page size (read with ``page_cost_at``: linear in log2 size)
+PageRate = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_rate)]
+
+
 def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:
     """``cost`` at ``page_bytes``: a scalar as is; a table linear in log2(page size)
     between its two nearest points, its end value beyond either end."""

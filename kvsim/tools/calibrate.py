@@ -31,7 +31,7 @@ from kvsim.tools.fit import check_cells, check_fit, check_small, fit
 from kvsim.tools.fitkinds import KIND_MODEL, kind_works, share_works
 from kvsim.tools.measured import Measured, measured_from_report
 from kvsim.config.hardware import HardwareProfile, load_profile
-from kvsim.config.units import parse_page_cost, parse_rate, parse_time
+from kvsim.config.units import parse_page_cost, parse_page_rate, parse_rate, parse_time
 
 
 def _time(v: float) -> str:
@@ -78,6 +78,9 @@ def _in_units(model) -> dict:
         elif parse_page_cost in parsers:  # a time, or a table {page bytes: seconds}
             out[name] = ({_size(k): _time(t) for k, t in v.items()} if isinstance(v, dict)
                          else _time(v))
+        elif parse_page_rate in parsers:  # a bandwidth, or a table {page bytes: B/s}
+            out[name] = ({_size(k): f"{r / 1e9:.6g}GB/s" for k, r in v.items()}
+                         if isinstance(v, dict) else f"{v / 1e9:.6g}GB/s")
         elif isinstance(v, float):
             out[name] = float(f"{v:.6g}")
         else:

@@ -250,40 +250,42 @@ def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: 
 
 
 def _fit_link_mixed(cells: list[dict], d: dict, why: dict[str, str]) -> None:
-    """``link.mixed``: for each cell of one direction on each path (``microbench.MIXED``)
-    at pages of 64 KiB and more, the total for which the sim reproduces it (bisection
-    between the faster single direction and ``link.both``; ``link.both`` where even that
-    is too slow: the total did not bind), the median over the cells. 16 KiB pages are left
-    out: there the copy engine's host time per page, not the link, bounds the pair."""
-    cells = [c for c in cells if c["page"] >= 64 * KiB]
-    if not cells:
-        return
-    top = d["link"]["both"]
-    fits = []
-    for c in cells:
-        lo, hi = max(d["link"]["h2d"], d["link"]["d2h"]), top
-
-        def sim_s(total):
-            d["link"]["mixed"] = total
-            return _sim_seconds(HardwareProfile.model_validate(d), c)
-
-        if sim_s(hi) > c["seconds"]:
-            fits.append(hi)
+    """``link.mixed`` (the copy engine GPU -> host) and ``link.mixed_ce_h2d`` (host ->
+    GPU), the other direction on the SM kernel: tables by page size, each entry the total
+    for which the sim reproduces that pairing's cell (bisection between 1 GB/s and
+    ``link.both``: on the H200 the pair with the copy engine host -> GPU moved less than
+    that engine alone at 64 KiB, the SM kernel's stores starved while its reads ran;
+    ``link.both`` where even that is too slow: the total did not bind, e.g. 16 KiB pages,
+    where the copy engine's host time bounds the pair). A
+    pairing without cells keeps the base's value."""
+    fitted: dict[str, dict[int, float]] = {}
+    for ce_dir, key in (("d2h", "mixed"), ("h2d", "mixed_ce_h2d")):
+        mine = sorted((c for c in cells if (c.get("paths") or {}).get(ce_dir) == "copy_engine"),
+                      key=lambda c: c["page"])
+        if not mine:
             continue
-        if sim_s(lo) <= c["seconds"]:
-            fits.append(lo)
-            continue
-        for _ in range(30):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if sim_s(mid) > c["seconds"] else (lo, mid)
-        fits.append(hi)
-    d["link"]["mixed"] = statistics.median(fits)
-    rates = [_rate(c) / 1e9 for c in cells]
-    why["link.mixed"] = (f"fitted: the total for which the sim reproduces one direction on each "
-                         f"path (both pairings), median over {len(cells)} cells of "
-                         f"{min(c['page'] for c in cells) // KiB} KiB-"
-                         f"{max(c['page'] for c in cells) // KiB} KiB pages (measured "
-                         f"{min(rates):.1f}-{max(rates):.1f} GB/s)")
+        table = fitted[key] = {}
+        for c in mine:
+            lo, hi = 1e9, d["link"]["both"]  # (a pair may move less than one direction alone)
+
+            def sim_s(total: float, c: dict = c) -> float:  # (the cell has one pairing: both keys)
+                x = dict(d, link={**d["link"], "mixed": total, "mixed_ce_h2d": total})
+                return _sim_seconds(HardwareProfile.model_validate(x), c)
+
+            if sim_s(hi) >= c["seconds"] * (1 - 1e-6):  # (also where no total binds)
+                table[c["page"]] = hi
+            elif sim_s(lo) <= c["seconds"]:
+                table[c["page"]] = lo
+            else:
+                for _ in range(30):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if sim_s(mid) > c["seconds"] else (lo, mid)
+                table[c["page"]] = hi
+        rates = ", ".join(f"{c['page'] // KiB} KiB {_rate(c) / 1e9:.1f}" for c in mine)
+        why[f"link.{key}"] = (f"fitted: per page size, the total for which the sim reproduces "
+                              f"one direction on each path, the copy engine {ce_dir} "
+                              f"(measured GB/s: {rates})")
+    d["link"].update(fitted)
 
 
 def _fit_latency(m: Measured, d: dict, why: dict[str, str], ce_path: str) -> None:

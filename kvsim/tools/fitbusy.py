@@ -52,16 +52,18 @@ def fit_busy_per_page(rows: list[dict], copies: list[dict], d: dict, why: dict[s
 
 
 def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
-    """The SM kernel's ``busy_start`` and ``busy_cta_efficiency`` into ``d`` (a profile's
-    fields, fitted so far) from its one-way cells under compute (``rows``: GPU rows of
-    ``busy_grid``, batches of two sizes, so that a later start and a lower rate tell
-    apart). Each cell's residual is its time less the sim's (with a share, no start) less
-    the same page size's idle cell's own error scaled to its bytes; for a share, the start
-    is the residuals' median (>= 0) and the loss their squared distance from it. The share
-    is the least of a grid (0.05-1, to 0.005) at the least loss: where the CTAs keep the
-    link full under compute (sized for twice it), every share above the one that binds
-    fits alike, and the least of them is a lower bound. Nothing without such rows (the
-    base's kept)."""
+    """The SM kernel's ``busy_start`` and per-CTA shares (``busy_cta_efficiency``, host ->
+    GPU; ``busy_cta_efficiency_d2h``) into ``d`` (a profile's fields, fitted so far) from
+    its one-way cells under compute (``rows``: GPU rows of ``busy_grid``, batches of two
+    sizes, so that a later start and a lower rate tell apart). Each cell's residual is
+    its time less the sim's (with a share, no start) less the same page size's idle
+    cell's own error scaled to its bytes. Per direction, for a share, the start is its
+    cells' residuals' median (>= 0) and the loss their squared distance from it; the
+    share is the least of a grid (0.05-1, to 0.005) at the least loss: where the CTAs
+    keep the link full under compute (sized for twice it), every share above the one
+    that binds fits alike, and the least of them is a lower bound. ``busy_start``: the
+    median of every cell's residual at its direction's share, >= 0. A direction without
+    cells keeps the other's share. Nothing without such rows (the base's kept)."""
     rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "sm_kernel"
             and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
     idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "sm_kernel"}
@@ -74,30 +76,41 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
         i = idle[r["page"], r["dir"]]
         own.append((i["seconds"] - sim_cell(base, i)[0]) * r["bytes"] / i["bytes"])
 
-    def at(eff: float) -> tuple[float, float]:  # (loss, start) with the share ``eff``
-        x = dict(d, sm={**d["sm"], "interference": {**d["sm"]["interference"],
-                                                    "busy_cta_efficiency": eff, "busy_start": 0.0}})
+    def residuals(eff: float, dr: str) -> list[float]:  # the cells of ``dr`` at share ``eff``
+        key = "busy_cta_efficiency" if dr == "h2d" else "busy_cta_efficiency_d2h"
+        x = dict(d, sm={**d["sm"], "interference": {**d["sm"]["interference"], key: eff,
+                                                    "busy_start": 0.0}})
         p = HardwareProfile.model_validate(x)
-        res = [r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
-               for r, e in zip(rows, own)]
+        return [r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
+                for r, e in zip(rows, own) if r["dir"] == dr]
+
+    def loss(eff: float, dr: str) -> float:
+        res = residuals(eff, dr)
         start = max(0.0, statistics.median(res))
-        return sum((v - start) ** 2 for v in res), start
+        return sum((v - start) ** 2 for v in res)
 
-    def best(grid: list[float]) -> float:
-        fits = [(at(e), e) for e in grid]
-        least = min(f[0][0] for f in fits)
-        return min(e for (loss, _), e in fits if loss <= least * (1 + 1e-9) + 1e-18)
+    def best(grid: list[float], dr: str) -> float:
+        fits = [(loss(e, dr), e) for e in grid]
+        least = min(f[0] for f in fits)
+        return min(e for v, e in fits if v <= least * (1 + 1e-9) + 1e-18)
 
-    eff = best([k / 20 for k in range(1, 21)])
-    eff = best([round(eff + k / 200, 4) for k in range(-9, 10) if 0 < eff + k / 200 <= 1.0])
-    start = at(eff)[1]
-    d["sm"]["interference"].update(busy_cta_efficiency=eff, busy_start=start)
+    eff = {}
+    for dr in sorted({r["dir"] for r in rows}):
+        e = best([k / 20 for k in range(1, 21)], dr)
+        eff[dr] = best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0], dr)
+    h2d = eff.get("h2d", eff.get("d2h"))
+    d2h = eff.get("d2h", h2d)
+    d["sm"]["interference"].update(busy_cta_efficiency=h2d, busy_cta_efficiency_d2h=d2h)
+    res = [v for dr in eff for v in residuals(eff[dr], dr)]
+    d["sm"]["interference"]["busy_start"] = max(0.0, statistics.median(res))
     sizes = sorted({(r["page"], r["bytes"]) for r in rows})
     what = (f"SM-kernel batches one way under a prefill's GEMMs ({len(rows)} cells: "
             f"{', '.join(f'{b >> 20} MiB of {pg >> 10} KiB' for pg, b in sizes)}; "
             "kvsim_backends.hw.interfere.busy_grid), each less its idle cell's own error")
     why["sm.interference.busy_start"] = (
-        f"fitted: {what}: the median of their time beyond the sim's with the share below, >= 0")
-    why["sm.interference.busy_cta_efficiency"] = (
-        f"fitted: {what}: the least per-CTA share at the least squared spread of that "
-        "time beyond the sim's (a lower bound where the CTAs keep the link full)")
+        f"fitted: {what}: the median of their time beyond the sim's at the shares below, >= 0")
+    for key, dr in (("busy_cta_efficiency", "h2d"), ("busy_cta_efficiency_d2h", "d2h")):
+        why[f"sm.interference.{key}"] = (
+            f"fitted: {what}: the least per-CTA share {dr} at the least squared spread of "
+            "that time beyond the sim's (a lower bound where the CTAs keep the link full)"
+            + ("" if dr in eff else f"; no {dr} cells: the other direction's"))

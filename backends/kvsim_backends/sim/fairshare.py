@@ -52,38 +52,53 @@ def fair_rates(cap: dict[Any, float], res: list[tuple[Any, ...]],
     return rates
 
 
-def mixed(sigs) -> bool:
+def mixed(sigs) -> str | None:
     """Whether flows of signatures ``sigs`` (``(res, cap, ctas, ce)`` each) cross the link
-    on both paths at once: an SM copy kernel's and a copy engine's. Their total is then
-    ``link.mixed`` (the ``mixed`` resource, where the profile has one), not ``link.both``:
-    on the H200 one direction on each path moves 68.8-70.3 GB/s at 64 KiB-1 MiB pages
-    where the copy engine both ways moves 92 at 1 MiB."""
-    sm = ce = False
+    each way on another path: an SM copy kernel one way, a copy engine the other. Their
+    total is then the profile's ``link.mixed`` (the ``mixed`` resource; ``mixed_ce_h2d``
+    with the copy engine host -> GPU), not ``link.both``: on the H200 such pairs moved
+    44-70 GB/s at 64 KiB-4 MiB pages where the copy engine both ways moves 92 at 1 MiB.
+    The resource's name, None where they do not."""
+    sm = [False, False]  # (to the GPU, from it)
+    ce = [False, False]
     for res, _, n, e in sigs:
         if "link" in res:
-            sm = sm or n > 0
-            ce = ce or e
-    return sm and ce
+            i = 0 if "h2d" in res else 1
+            sm[i] = sm[i] or n > 0
+            ce[i] = ce[i] or e
+    if ce[0] and sm[1]:
+        return "mixed_ce_h2d"
+    return "mixed" if ce[1] and sm[0] else None
 
 
-def link_caps(cap: dict, sigs, link: Any = "link", mix: Any = "mixed") -> dict:
-    """``cap`` with the link's total (key ``link``) cut to the mixed pair's (key ``mix``)
-    where flows ``sigs`` cross it on both paths (``mixed``); ``cap`` itself otherwise."""
-    m = cap.get(mix)
-    if m is None or m >= cap[link] or not mixed(sigs):
+def link_caps(cap: dict, sigs, link: Any = "link") -> dict:
+    """``cap`` with the link's total (key ``link``) cut to the mixed pair's where flows
+    ``sigs`` cross it each way on another path (``mixed``); ``cap`` itself otherwise."""
+    key = mixed(sigs)
+    m = None if key is None else cap.get(key)
+    if m is None or m >= cap[link]:
         return cap
     return {**cap, link: m}
 
 
-def flow_rates(cap: dict[str, float], sigs: tuple, busy_eff: float, jobs_running: bool
-               ) -> tuple[float, ...]:
+def busy_cap(cap: float, ctas: int, res: tuple, busy_eff: tuple[float, float], busy: bool) -> float:
+    """A flow's cap: an SM copy kernel's (``ctas``) is its direction's share of it while
+    compute runs (``busy``; ``busy_eff``: (to the GPU, any other))."""
+    if ctas and busy:
+        return cap * busy_eff[0 if "h2d" in res else 1]
+    return cap
+
+
+def flow_rates(cap: dict[str, float], sigs: tuple, busy_eff: tuple[float, float],
+               jobs_running: bool) -> tuple[float, ...]:
     """Max-min fair rate of each of a fluid's flows with signatures ``sigs`` (``(res, cap,
     ctas, ce)`` each) over resources of bandwidths ``cap``, by progressive filling; an SM
-    copy kernel's cap is ``busy_eff`` of it while compute runs (``jobs_running``); the
+    copy kernel's cap is its direction's ``busy_eff`` of it while compute runs
+    (``jobs_running``, ``busy_cap``); the
     link's total ``link.mixed`` while both paths cross it (``link_caps``)."""
     if not sigs:
         return ()
-    caps = [(c * busy_eff if (n and jobs_running) else c) for _, c, n, _ in sigs]
+    caps = [busy_cap(c, n, res, busy_eff, jobs_running) for res, c, n, _ in sigs]
     if len(sigs) == 1:  # the common case: no sharing
         rate = min(cap[r] for r in sigs[0][0])
         return (min(rate, caps[0]) if caps[0] else rate,)

@@ -17,7 +17,8 @@ bytes through HBM at the flows' rates, those written into HBM apart) and the cop
 calls issuing their pages (``issue``). Any other job's slowdown (the older model,
 and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
 bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
-job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate. A fluid of a
+job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate (GPU -> host
+ones ``busy_cta_efficiency_d2h`` where given). A fluid of a
 GPU that several ranks share (``share_compute``: ``node.ranks_per_gpu`` > 1, one fluid for
 their links, SM pool and HBM) shares its SMs by its jobs' kernel lengths
 (``kvsim_backends.sim.smshare``; equal kernels: 1 / n each, processor sharing): a job's
@@ -85,13 +86,15 @@ class Fluid:
 
     def __init__(self, env: simpy.Environment, capacities: dict[str, float], *,
                  per_cta_slowdown: float, copy_engine_slowdown: float,
-                 busy_cta_efficiency: float, kinds: MixTable | None = None):
+                 busy_cta_efficiency: float, kinds: MixTable | None = None,
+                 busy_cta_efficiency_d2h: float | None = None):
         self.env = env
         self.clock = Clock(env)  # (its queue, for the wake-ups and events below)
         self.cap = dict(capacities)
         self.per_cta = per_cta_slowdown
         self.ce_slow = copy_engine_slowdown
-        self.busy_eff = busy_cta_efficiency
+        self.busy_eff = (busy_cta_efficiency, busy_cta_efficiency if busy_cta_efficiency_d2h is None
+                         else busy_cta_efficiency_d2h)  # (to the GPU, any other)
         self.kinds = kinds  # the structural model (None: the older one for every job)
         self.share_compute: KernelLengths | None = None  # its jobs share the SMs (ranks on one GPU)
         self.held = 0  # kernels that take every SM now (``hold``): no job progresses

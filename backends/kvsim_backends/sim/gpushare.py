@@ -36,6 +36,14 @@ def gpu_part(runtime: Any, settings: Any, name: str, make: Callable[[], T]) -> T
     return runtime.shared(settings.node_part(f"gpu{settings.gpu_index()}:{name}"), make)
 
 
+def mixed_caps(link: Any, page_bytes: int) -> dict[str, float]:
+    """The link's totals with one direction on each copy path at ``page_bytes`` (the
+    fluid's ``mixed`` resources, ``fairshare.link_caps``): none where the profile has none."""
+    if link.mixed is None and link.mixed_ce_h2d is None:
+        return {}
+    return {"mixed": link.mixed_for("d2h", page_bytes), "mixed_ce_h2d": link.mixed_for("h2d", page_bytes)}
+
+
 def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTable | None) -> Fluid:
     """The rank's GPU fluid: its link (``h2d``, ``d2h``, ``link`` both ways), the SM copy
     kernel's ceilings, HBM, ``disk``'s resources; shared by the ranks on its GPU, whose
@@ -49,10 +57,11 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
         f = Fluid(runtime.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
                                 "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
                                 "sm_both": p.sm_ceiling("both"), "hbm": p.gpu.hbm / 2, **disk,
-                                **({"mixed": link.mixed} if link.mixed is not None else {})},
+                                **mixed_caps(link, settings.page_bytes)},
                   per_cta_slowdown=sm.interference.per_cta_slowdown,
                   copy_engine_slowdown=sm.interference.copy_engine_slowdown,
-                  busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds)
+                  busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds,
+                  busy_cta_efficiency_d2h=sm.interference.busy_eff()[1])
         if ranks_on_gpu(settings) > 1:
             f.share_compute = KernelLengths(settings.model, settings.read_kernel_s,
                                             p.gpu.gemm_flops, p.gpu.kernel_overlap)

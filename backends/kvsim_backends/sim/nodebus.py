@@ -30,7 +30,7 @@ from typing import Any, Final, Hashable
 
 from kvsim.core.spec import Level
 
-from .fairshare import fair_rates, link_caps
+from .fairshare import busy_cap, fair_rates, link_caps
 
 HOST_MEM: Final = "host_mem"
 _CACHE_MAX: Final = 4096
@@ -121,7 +121,7 @@ class NodeBus:
                     if r not in self.cap:
                         cap[(i, r)] = own[r]
                 res.append(keys)
-                limits.append(c * m.busy_eff if (n and busy) else c)
+                limits.append(busy_cap(c, n, rs, m.busy_eff, busy))
             sizes.append(len(m.flows))
         flat = fair_rates(cap, res, limits)
         out, at = [], 0

@@ -179,9 +179,15 @@ class Transfer:
             be._flowing[link_dir][int(path is CopyPath.SM_KERNEL)] += 1
             if path is CopyPath.COPY_ENGINE:
                 be.copy_engines.take(self.ce_held)
-            else:
+            else:  # (its launch, a call on a call thread where the profile has them: it
+                # waits while a copy-engine call issues its pages there; on the H200 an SM
+                # kernel submitted after a 1 GiB copy-engine batch of 64 KiB pages started
+                # 9-15 ms late)
                 self.ctas = ctas
-                be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
+                if be.call_threads is None:
+                    be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
+                else:
+                    be.call_threads.take(self.launch_call)
             return
         if res == ("hbm",):
             self.start_s += be._sm_launch
@@ -243,6 +249,13 @@ class Transfer:
     def thread_done(self, _: object = None) -> None:
         self.be.call_threads.give()  # type: ignore[union-attr]  # (only taken when set)
         self.issued()
+
+    def launch_call(self) -> None:
+        """The SM kernel's launch call has the call thread (its host time: none): it gives it
+        back and waits for its copy-CTA slots."""
+        be = self.be
+        be.call_threads.give()  # type: ignore[union-attr]  # (only taken when set)
+        be.cta_pool.get(self.ctas).callbacks.append(self.sm_held)
 
     def sm_held(self, _: object = None) -> None:
         """Copy-CTA slots are this transfer's: the kernel's launch (and, while compute

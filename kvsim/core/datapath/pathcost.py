@@ -10,7 +10,7 @@ Otherwise, for a batch of ``n`` pages of ``p`` bytes in direction ``d``:
 - **rates**: the batch's flow and, where the other direction has a batch in flight, that
   flow too, max-min fair over the link's per-direction and both-directions rates and, for
   SM-kernel flows, the kernel's own ceilings (``sm.h2d`` / ``sm.d2h`` / ``sm.both``, the
-  link's where not given) and its CTAs x the per-CTA rate (x ``busy_cta_efficiency``
+  link's where not given) and its CTAs x the per-CTA rate (x its direction's ``busy_eff``
   while compute runs);
 - **CTAs**: a direction alone gets CTAs for its link by Little's law (``copy_ctas``, as
   before); a batch the rule puts on the SM kernel beside the other direction's SM-kernel
@@ -59,7 +59,7 @@ class CostInputs:
     """A profile's numbers for one page size (``cost_inputs``)."""
 
     page_bytes: int
-    link: Mapping[str, float]        # h2d, d2h, both, mixed (one a path: both when unknown)
+    link: Mapping[str, float]        # h2d, d2h, both, mixed, mixed_ce_h2d (one a path)
     sm: Mapping[str, float]          # the SM kernel's ceilings: h2d, d2h, both
     per_page: Mapping[str, float]    # the copy engine's host time a page, by direction
     per_call: float
@@ -68,7 +68,7 @@ class CostInputs:
     cta_rate: Mapping[str, float]
     ctas_one: Mapping[str, int]      # a direction alone
     ctas_both: Mapping[str, int]     # both directions on the SM kernel
-    busy_eff: float
+    busy_eff: Mapping[str, float]    # a copy CTA's share of its idle rate under compute
     busy_start: float
     additive: bool                   # host time, then DMA (else they overlap)
     one_thread: bool                 # copy-engine calls issued on one host thread, in turn
@@ -81,7 +81,7 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
     sm, ce, i = profile.sm, profile.copy_engine, profile.sm.interference
     lk = profile.link
     link = {"h2d": lk.h2d, "d2h": lk.d2h, "both": lk.both,
-            "mixed": lk.mixed if lk.mixed is not None else lk.both}
+            "mixed": lk.mixed_for("d2h", page_bytes), "mixed_ce_h2d": lk.mixed_for("h2d", page_bytes)}
     ceil = {d: profile.sm_ceiling(d) for d in ("h2d", "d2h", "both")}
     rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
 
@@ -94,16 +94,17 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
         page_bytes, link, ceil, {d: ce.per_page_for(d, page_bytes) for d in DIRECTIONS},
         ce.per_call, sm.launch, {CE: profile.transfer.latency_for(False), SM: profile.transfer.latency_for(True)},
         rate, {d: size(link[d], d) for d in DIRECTIONS}, {d: size(ceil["both"] / 2, d) for d in DIRECTIONS},
-        i.busy_cta_efficiency, i.busy_start, sm.h2d is not None or sm.d2h is not None,
+        dict(zip(DIRECTIONS, i.busy_eff())), i.busy_start, sm.h2d is not None or sm.d2h is not None,
         ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS})
 
 
 def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs) -> list[float]:
     """Max-min fair rates of flows (direction, path, cap), by progressive filling over
     the link's resources and the SM kernel's own (a pair on different paths: the link's
-    ``mixed`` total too)."""
+    ``mixed`` total too, ``mixed_ce_h2d``'s with the copy engine host -> GPU)."""
+    ce_h2d = any(d == "h2d" and p is CE for d, p, _ in flows)
     res: dict[str, float] = {"both": ci.link["both"], "sm_both": ci.sm["both"],
-                             "mixed": ci.link["mixed"]}
+                             "mixed": ci.link["mixed_ce_h2d" if ce_h2d else "mixed"]}
     mixed = len({p for _, p, _ in flows}) > 1
     uses = []
     for d, p, _ in flows:
@@ -258,11 +259,10 @@ class PathChooser:
         takes + the other direction's rate it takes)."""
         ci = self.inputs
         computing = stretch is not None
-        eff = ci.busy_eff if computing else 1.0
         od = "d2h" if d == "h2d" else "h2d"
 
         def cap(dd: str, pp: CopyPath, oth: CopyPath | None) -> float:
-            return self._cap(dd, pp, oth, eff)
+            return self._cap(dd, pp, oth, ci.busy_eff[dd] if computing else 1.0)
 
         flows = [(d, path, cap(d, path, other))]
         if other is not None:
