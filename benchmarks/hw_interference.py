@@ -26,7 +26,7 @@ Last line: ``hw_interference_sim_within: K of N``.
 
     python3 benchmarks/hw_interference.py [--json OUT] [--full] [--part K/N] [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
-    python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit]
+    python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
 
 ``--fit`` (with ``--sim-from``): the structural terms fitted to the cells
 (``kvsim.tools.fitkinds``, as ``kvsim calibrate`` fits them), printed as the profile's
@@ -37,6 +37,9 @@ terms fitted to each half of the cells (alternate cells) predict the other half,
 With ``--sim-from`` of several runs that measured the same cells (e.g. calibrate reports
 from several days), each kind's cells are also judged against hw's own repeatability: the
 sim's mean distance from hw's median over the runs beside the runs' own mean distance.
+``--loo`` (with ``--sim-from`` of several runs): then each run's cells predicted by the
+terms fitted to the other runs' (``--fit``'s fit, leaving one run out), judged the same
+ways: ``hw_interference_loo_within: K of N``.
 
 On a machine without a GPU (``--device cpu``, the default there) the cells run on numpy
 (the compute a wait, the copies tiny): a smoke test of the plumbing, the hw columns n/a,
@@ -156,24 +159,65 @@ def _load(paths) -> list[dict]:
     return rows
 
 
-def against_runs(rows: list[dict], profile) -> dict[str, tuple[float, float, int]]:
+def against_runs(rows: list[dict], profile, sims: list[float] | None = None
+                 ) -> dict[str, tuple[float, float, int]]:
     """Where the same cell was measured in several runs (``--sim-from`` of several files):
     per kind, the sim's mean |stretch - hw's median over the runs| beside the runs' own
-    mean |stretch - that median|, and how many such cells: (sim, hw, cells)."""
-    by: dict[tuple, list[dict]] = {}
-    for r in rows:
+    mean |stretch - that median|, and how many such cells: (sim, hw, cells). ``sims``:
+    the sim's stretch of each row (``--loo``: each run's by its own fold's terms), or
+    None: ``profile``'s, the same for every run of a cell."""
+    by: dict[tuple, list[tuple[dict, float | None]]] = {}
+    for i, r in enumerate(rows):
         if r.get("device", "gpu") == "gpu":
-            by.setdefault((r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes")), []).append(r)
+            key = (r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes"))
+            by.setdefault(key, []).append((r, None if sims is None else sims[i]))
     out: dict[str, list[list[float]]] = {}
     for key, cs in by.items():
         if len(cs) < 2:
             continue
-        s = [c["stretch"] for c in cs]
+        s = [c["stretch"] for c, _ in cs]
         med = statistics.median(s)
         e = out.setdefault(key[0], [[], []])
-        e[0].append(abs(predict_cell(profile, cs[0])[0] - med))
+        sim = [predict_cell(profile, cs[0][0])[0]] if sims is None else [p for _, p in cs]
+        e[0].append(statistics.mean(abs(x - med) for x in sim))
         e[1].append(statistics.mean(abs(x - med) for x in s))
     return {k: (statistics.mean(a), statistics.mean(b), len(a)) for k, (a, b) in out.items()}
+
+
+def _print_against(got: dict[str, tuple[float, float, int]]) -> None:
+    for kind, (sim, hw, cells) in got.items():
+        print(f"{kind}: over {cells} cells measured in several runs, the sim {sim * 100:.2f} points of "
+              f"stretch from hw's median, hw's runs {hw * 100:.2f} (x{sim / hw if hw else float('inf'):.2f})")
+
+
+def leave_one_out(runs: list[list[dict]], profile) -> tuple[int, int]:
+    """``--loo``: each run's cells predicted by the terms fitted to the other runs' cells
+    (``fit_interference``, as ``--fit``); per kind, the cells within and the sim's distance
+    from hw's median beside the runs' own (``against_runs``, each run by its fold's
+    terms). Returns (within, cells)."""
+    rows: list[dict] = []
+    sims: list[float] = []
+    per: dict[str, list[int]] = {k: [0, 0] for k in KINDS}
+    for i, run in enumerate(runs):
+        train = [r for j, other in enumerate(runs) if j != i for r in other]
+        terms = fit_interference(train, profile)[0]
+        if not terms:
+            raise ValueError("--loo: too few cells of the gemm or memory kind without a run")
+        fold = with_terms(profile, terms)
+        for r in run:
+            if r.get("device", "gpu") != "gpu":
+                continue
+            sim = predict_cell(fold, r)[0]
+            rows.append(r)
+            sims.append(sim)
+            per[r["kind"]][0] += within(r["stretch"], r["spread"], sim)
+            per[r["kind"]][1] += 1
+    print(f"\nleft out by run ({len(runs)} folds: each run predicted by the terms fitted to "
+          "the others): " + "; ".join(f"{k}: {a} of {b} within" for k, (a, b) in per.items() if b))
+    _print_against(against_runs(rows, profile, sims))
+    good, n = sum(a for a, _ in per.values()), sum(b for _, b in per.values())
+    print(f"hw_interference_loo_within: {good} of {n}")
+    return good, n
 
 
 def main(argv=None) -> None:
@@ -191,9 +235,13 @@ def main(argv=None) -> None:
                     help="measure nothing: the table of saved runs (merged), the sim on --profile")
     ap.add_argument("--fit", action="store_true", help="with --sim-from: fit the structural "
                     "terms to the cells, predict with them, and check them on held-out halves")
+    ap.add_argument("--loo", action="store_true", help="with --sim-from of several runs: each "
+                    "run predicted by the terms fitted to the others (leave one run out)")
     a = ap.parse_args(argv)
     if a.fit and not a.sim_from:
         ap.error("--fit: only with --sim-from (saved cells)")
+    if a.loo and not (a.sim_from and len(a.sim_from) > 1):
+        ap.error("--loo: only with --sim-from of two runs or more")
     try:
         profile = load_profile(a.profile)
     except ProfileError as e:
@@ -206,10 +254,13 @@ def main(argv=None) -> None:
         except ValueError as e:
             ap.error(str(e))
         good, n = report(rows, profile)
-        for kind, (sim, hw, cells) in against_runs(rows, profile).items():
-            print(f"{kind}: over {cells} cells measured in several runs, the sim {sim * 100:.2f} points of "
-                  f"stretch from hw's median, hw's runs {hw * 100:.2f} (x{sim / hw if hw else float('inf'):.2f})")
+        _print_against(against_runs(rows, profile))
         print(f"hw_interference_sim_within: {good} of {n}" if n else "hw_interference_sim_within: n/a (cpu)")
+        if a.loo:
+            try:
+                leave_one_out([_load([p]) for p in a.sim_from], load_profile(a.profile))
+            except ValueError as e:
+                ap.error(str(e))
         return
     if a.reps < 1:
         ap.error(f"--reps: got {a.reps}; expected >= 1")

@@ -18,7 +18,7 @@ MiB = 1 << 20
 BASE = load_profile("h200-pcie-calibrated")
 TRUE = {"gemm": {"cta_sm_share_h2d": 0.5, "cta_sm_share_d2h": 1.5, "copy_engine_slowdown": 0.0,
                  "hbm_weight": 0.0, "hbm_write_weight": 1.0, "straggle_d2h": 1.0,
-                 "issue_slowdown": 0.1},
+                 "straggle_h2d": 0.1, "issue_slowdown": 0.1},
         "memory": {"cta_sm_share_h2d": 0.05, "cta_sm_share_d2h": 1.0, "copy_engine_slowdown": 0.0,
                    "hbm_weight": 1.0, "hbm_write_weight": 4.0}}
 PROJ = [list(p) for p in settings_for(MiB, {Level.GPU: 1}, model="llama-3-8b").model.projections]

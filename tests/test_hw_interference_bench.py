@@ -91,6 +91,41 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
     assert hw_interference.against_runs([{**base, "stretch": 0.1, "spread": 0.0}], prof) == {}
 
 
+def test_leave_one_run_out_predicts_each_run_by_the_terms_fitted_to_the_others(
+        tmp_path, capsys, monkeypatch):
+    """--loo: three runs of one cell, each fold fitted to the other two (the fit here gives
+    back the profile's own terms), each run's cell by its fold's profile; the distance
+    from hw's median by each run's own prediction."""
+    base = {**_cpu_cell(tmp_path), "device": "gpu"}
+    prof = load_profile(hw_interference.PROFILE)
+    sim, _ = predict_cell(prof, base)
+    runs = [sim + 0.02, sim + 0.04, sim + 0.09]
+    paths = []
+    for i, st in enumerate(runs):
+        p = tmp_path / f"r{i}.json"
+        p.write_text(json.dumps({"cells": [{**base, "stretch": st, "spread": 0.0}]}))
+        paths.append(str(p))
+    trained = []
+    own = prof.model_dump()["sm"]["interference"]
+
+    def fit(rows, profile):
+        trained.append(sorted(r["stretch"] for r in rows))
+        return {"gemm": own["gemm"], "memory": own["memory"]}, {}
+    monkeypatch.setattr(hw_interference, "fit_interference", fit)
+    hw_interference.main(["--sim-from", *paths, "--loo"])
+    assert trained == [sorted(runs[1:]), sorted([runs[0], runs[2]]), sorted(runs[:2])]
+    lines = capsys.readouterr().out.strip().splitlines()
+    k = sum(hw_interference.within(st, 0.0, sim) for st in runs)
+    assert lines[-1] == f"hw_interference_loo_within: {k} of 3"
+    assert lines[-2].endswith("the sim 4.00 points of stretch from hw's median, hw's runs 2.33 (x1.71)")
+    # each run's own prediction: the mean of their distances from the median
+    rows = [{**base, "stretch": st, "spread": 0.0} for st in runs]
+    got = hw_interference.against_runs(rows, prof, [sim + 0.04, sim, sim + 0.10])
+    assert got == {base["kind"]: pytest.approx(((0.0 + 0.04 + 0.06) / 3, 0.07 / 3, 1))}
+    with pytest.raises(SystemExit):
+        hw_interference.main(["--sim-from", paths[0], "--loo"])  # one run: nothing to leave out
+
+
 def _cpu_cell(tmp_path):
     out = tmp_path / "one.json"
     hw_interference.main(["--device", "cpu", "--reps", "1", "--gap", "0", "--part", "2/48",

@@ -28,15 +28,19 @@ KiB = 1 << 10
 
 
 def test_a_gemm_loses_the_sms_taken_and_waits_for_its_stragglers():
-    # 40 of 132 SMs taken: the tiles spread over 92
-    assert gemm_loss([(2048, 1.0)], 132, 40.0) == pytest.approx(132 / 92 - 1)
-    # a tile beside a copy CTA runs 1.5x slower: each of the 23 waves waits for one
-    assert gemm_loss([(2048, 1.0)], 132, 40.0, 0.5) == pytest.approx(132 / 92 - 1 + 0.5 / 23)
-    # a GEMM of one wave (a small M) waits for all of it
+    # 40 of 132 SMs taken: 23 waves on the 92 left; the 22 that queue spread over them
+    assert gemm_loss([(2048, 1.0)], 132, 40.0) == pytest.approx((132 / 92 - 1) * 22 / 23)
+    # a tile beside a copy CTA runs 1.5x slower: the wave that does not queue waits for it
+    assert gemm_loss([(2048, 1.0)], 132, 40.0, 0.5) == pytest.approx(
+        ((132 / 92 - 1) * 22 + 0.5) / 23)
+    # a GEMM of one wave (a small M) waits for all of it, and loses nothing to the SMs
+    # taken (each tile has an SM: 48 of the 92 left)
     assert gemm_loss([(48, 1.0)], 132, 0.0, 0.5) == pytest.approx(0.5)
-    # two GEMMs: their straggle weighted by their FLOPs (3:1)
+    assert gemm_loss([(48, 1.0)], 132, 40.0, 0.5) == pytest.approx(0.5)
+    assert gemm_loss([(48, 1.0)], 132, 40.0) == 0.0
+    # two GEMMs: weighted by their FLOPs (3:1)
     assert gemm_loss([(2048, 3.0), (48, 1.0)], 132, 40.0, 0.5) == pytest.approx(
-        132 / 92 - 1 + 0.5 * (3 / 23 + 1 / 1) / 4)
+        (3 * ((132 / 92 - 1) * 22 + 0.5) / 23 + 0.5) / 4)
     assert gemm_loss([(2048, 1.0)], 132, 0.0) == 0.0
 
 
@@ -59,7 +63,8 @@ def test_each_kind_by_its_structure():
     load = CopyLoad(ctas_h2d=36, ctas_d2h=14, copy_engine=False, hbm_Bps=60e9)
     lost_g = 0.25 * 36 + 1.0 * 14                               # 23 SMs
     hbm_g = 0.5 * 60e9 / 4e12
-    gemm = 132 / (132 - lost_g) - 1 + hbm_g / (1 - hbm_g)
+    # 2048 tiles: 19 waves on the 109 SMs left, 18 of them queueing (no straggle)
+    gemm = (132 / (132 - lost_g) - 1) * 18 / 19 + hbm_g / (1 - hbm_g)
     assert S.gemm_stretch([(2048, 1.0)], load) == pytest.approx(gemm)
     lost_m = 0.0625 * 50                                        # 3.125 SMs of slots
     hbm_m = 60e9 / 4e12
@@ -143,9 +148,10 @@ MIXED = StepWork(0.001, 1.0, 0.0, 1.0, 0.0, 512, 0, 0.0005, 0.0005)  # half and 
 
 
 def test_a_gemm_step_loses_the_sms_the_copy_kernels_ctas_take():
-    """4 copy CTAs hold 4 of the 8 SMs: the GEMM runs on the other 4, at half its rate."""
+    """4 copy CTAs hold 4 of the 8 SMs: the GEMM's 16 tiles run 4 waves on the other 4,
+    the 3 that queue at half the rate, the last (no straggle here) unslowed."""
     rt, be = _backend()
-    assert _took(be, rt, GEMM) == pytest.approx(0.002, rel=1e-12)
+    assert _took(be, rt, GEMM) == pytest.approx(0.001 * (1 + 1.0 * 3 / 4), rel=1e-12)
 
 
 def test_a_read_step_loses_sm_slots_and_hbm_bytes():
@@ -160,7 +166,7 @@ def test_a_read_step_loses_sm_slots_and_hbm_bytes():
 def test_a_mixed_step_under_a_load_over_all_of_it_is_stretched_by_both_in_proportion():
     rt, be = _backend()
     x = 20e9 / 2e12
-    s = 0.5 * 1.0 + 0.5 * (8 / 7 - 1 + x / (1 - x))
+    s = 0.5 * 0.75 + 0.5 * (8 / 7 - 1 + x / (1 - x))
     assert _took(be, rt, MIXED) == pytest.approx(0.001 * (1 + s), rel=1e-12)
 
 
@@ -273,11 +279,12 @@ def _run(env, f, work, flow_at, flow_bytes):
 
 
 def test_a_step_runs_its_gemms_then_its_reads_each_at_its_kinds_stretch():
-    """4 copy CTAs: GEMMs lose 4 of 8 SMs (1.0), reads 2 of 8 slots (1/3). A 1 ms copy
-    from the start slows only the GEMMs (0.5 ms of them done); one from 1.5 ms, only the
-    reads left (0.5 ms at 4/3)."""
+    """4 copy CTAs: GEMMs lose 4 of 8 SMs (1.0 in 3 of their 4 waves: 0.75), reads 2 of
+    8 slots (1/3). A 1 ms copy from the start slows only the GEMMs (1 / 1.75 ms of them
+    done); one from 1.5 ms, only the reads left (0.5 ms at 4/3)."""
     env, f = _fluid()
-    assert _run(env, f, HALF, 0.0, 1e6) == pytest.approx(0.001 + 0.0005 + 0.001, rel=1e-12)
+    assert _run(env, f, HALF, 0.0, 1e6) == pytest.approx(
+        0.001 + (0.001 - 0.001 / 1.75) + 0.001, rel=1e-12)
     env, f = _fluid()
     assert _run(env, f, HALF, 0.0015, 1e6) == pytest.approx(0.0015 + 0.0005 * 4 / 3, rel=1e-12)
 

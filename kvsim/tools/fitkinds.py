@@ -11,8 +11,10 @@ the copies take, piece by piece: the copy-engine calls' issuing, then their byte
 kernel's CTAs from its busy start); the copies' timing does not depend on the terms. The
 cell's step then runs through those pieces as the fluid runs it (its GEMMs first, then
 its reads, each part at its own kind's stretch under each piece's load), for terms
-``FITTED``; the rest of a kind's terms stay 0 (a GEMM's HBM weights: compute-bound; a
-read's straggle: no waves). The terms minimise, over all cells of the three kinds
+``FITTED``; the rest of a kind's terms stay 0 (a GEMM's HBM read weight: compute-bound;
+a read's straggle: no waves). A GEMM's straggle each way is fitted: the mixed step's
+one-wave GEMMs (M = 256) lose it alone, a prefill's many waves the SMs taken, so the two
+kinds' cells tell the terms apart. The terms minimise, over all cells of the three kinds
 together (the mixed step is its two parts), a robust loss of the error in units of the
 cell's tolerance (10% of hw's stretch, or hw's own spread where wider, as
 ``benchmarks/hw_interference.py`` counts a cell within): squared within 2 tolerances,
@@ -122,7 +124,7 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
 
 
 FITTED = {"gemm": ("cta_sm_share_h2d", "cta_sm_share_d2h", "straggle_d2h", "issue_slowdown",
-                  "hbm_write_weight"),
+                  "hbm_write_weight", "straggle_h2d"),
           "memory": ("cta_sm_share_h2d", "cta_sm_share_d2h", "hbm_weight", "hbm_write_weight")}
 KEYS = ("cta_sm_share_h2d", "cta_sm_share_d2h", "copy_engine_slowdown", "hbm_weight",
         "straggle_h2d", "straggle_d2h", "hbm_write_weight", "issue_slowdown")  # KindTerms' order

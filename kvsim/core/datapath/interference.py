@@ -10,13 +10,20 @@ through HBM (and how many of them are written into it), and the host-bound share
 copy-engine calls issuing their pages. Each kind of work loses to it by its own structure:
 
 - **GEMMs** run in waves of CTAs, one tile each. A resident copy CTA takes
-  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them: ``lost`` of ``S`` SMs taken, the
-  tiles spread over the rest, ``S / (S - lost) - 1``; and each of a GEMM's ``ceil(t /
-  (S - lost))`` waves waits for its slowest tile, one beside a copy CTA that runs
-  ``straggle_h2d`` (``_d2h``) slower: ``straggle / waves`` (``gemm_loss``). A GEMM of
-  one wave, a decode batch's small M, takes the whole straggle; a prefill chunk's, of
-  many waves, a share of it. The step's GEMMs (one layer's projections at the step's M)
-  are weighted by their FLOPs;
+  ``cta_sm_share_h2d`` (``_d2h``) of an SM from them: ``lost`` of ``S`` SMs taken, a
+  GEMM of ``t`` tiles runs ``w = ceil(t / (S - lost))`` waves. Each wave is bound one
+  way or the other: while tiles queue for SMs (the waves but one) they spread over the
+  SMs left, ``S / (S - lost) - 1``; the wave that does not queue (a one-wave GEMM's
+  only one: each tile has an SM, the copy CTA beside it) waits for its slowest tile,
+  one beside a copy CTA that runs ``straggle_h2d`` (``_d2h``) slower. So ``(S / (S -
+  lost) - 1) x (w - 1) / w + straggle / w`` (``gemm_loss``): a prefill chunk's GEMMs,
+  of many waves, lose the SMs taken and a share of the straggle; a decode batch's, of
+  one wave (a small M), the straggle alone (measured on an H200: a decode step of 256
+  requests slowed ~9% by a host -> GPU SM-kernel copy, +65% by a GPU -> host one, a
+  prefill chunk ~17% and ~32%: a one-wave GEMM beside a copy CTA reading HBM waits far
+  longer than one beside a CTA writing it, which one capacity term shared with the
+  prefill's could not give). The step's GEMMs (one layer's projections at the step's
+  M) are weighted by their FLOPs;
 - **HBM reads** run as many small CTAs: a copy CTA takes its share of an SM's slots
   (``cta_sm_share_*``), the reads the rest, ``S / (S - lost)``;
 - both: the copies' HBM bytes take ``hbm_weight`` (a byte read from HBM) and
@@ -165,23 +172,22 @@ class Structure:
 def gemm_loss(gemms: Sequence[tuple[int, float]], sms: int, lost: float,
               straggle: float = 0.0) -> float:
     """GEMMs of (tiles, weight) on ``sms`` SMs of which copy CTAs take ``lost``: their
-    FLOP-weighted stretch. The tiles spread over the SMs left, ``sms / (sms - lost)``;
-    and each of a GEMM's ``ceil(tiles / (sms - lost))`` waves waits for its slowest
-    tile, one beside a copy CTA that runs ``straggle`` slower: ``straggle / waves`` (a
-    GEMM of one wave, a small M, takes the whole of it; a long one spreads it)."""
+    FLOP-weighted stretch. Of a GEMM's ``w = ceil(tiles / (sms - lost))`` waves, the
+    ``w - 1`` whose tiles queue for SMs spread over the SMs left, ``sms / (sms - lost) -
+    1``; the one that does not waits for its slowest tile, one beside a copy CTA that runs
+    ``straggle`` slower: ``straggle / w`` (a GEMM of one wave, a small M, loses the
+    straggle alone; a long one mostly the SMs)."""
     if (lost <= 0.0 and straggle <= 0.0) or not gemms:
         return 0.0
     left = sms - lost
     left = left if left > 1.0 else 1.0
-    out = sms / left - 1.0
-    if straggle > 0.0:
-        num = den = 0.0
-        for tiles, w in gemms:
-            num += w / math.ceil(tiles / left)
-            den += w
-        if den > 0:
-            out += straggle * num / den
-    return out
+    spread = sms / left - 1.0
+    num = den = 0.0
+    for tiles, w in gemms:
+        waves = math.ceil(tiles / left)
+        num += w * (spread * (waves - 1) + straggle) / waves
+        den += w
+    return num / den if den > 0 else 0.0
 
 
 class MixTable:
