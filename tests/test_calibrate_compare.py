@@ -374,17 +374,16 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
 
 
 def test_hw_and_sim_choose_the_same_path_per_direction():
-    """With the calibrated H200 profile: SM kernel up to 64 KiB, copy engine from 1 MiB,
-    both directions; at 256 KiB host -> GPU alone takes the copy engine for the pair it may
-    become (``PathChooser.lone``), GPU -> host keeps the SM kernel; the hw backend (CPU
-    mode) agrees."""
+    """With the calibrated H200 profile: SM kernel up to 64 KiB, copy engine from 256 KiB
+    (at 256 KiB for the pair it may become: ``PathChooser.lone``), both directions; the hw
+    backend (CPU mode) agrees."""
     from kvsim_backends.hw import HwBackend, RealtimeRuntime
     from kvsim_backends.sim import SimBackend, SimRuntime
     from kvsim.core.spec import Level
 
     prof = load_profile("h200-pcie-calibrated")
     want = {16: ("sm_kernel", "sm_kernel"), 64: ("sm_kernel", "sm_kernel"),
-            256: ("copy_engine", "sm_kernel"), 1024: ("copy_engine", "copy_engine"),
+            256: ("copy_engine", "copy_engine"), 1024: ("copy_engine", "copy_engine"),
             4096: ("copy_engine", "copy_engine")}
     for kib, (h2d, d2h) in want.items():
         pb = kib * 1024

@@ -49,11 +49,15 @@ def test_a_lone_batch_weighs_the_pair_it_may_become():
     less); GPU -> host 51.24 against 262144 / (0.8668 + 262144 / 54.46 GB/s) = 46.15
     (11.0% less). Joined by an equal batch the other way: both on the copy engine, a page
     each way costs both host times (one call thread) and the DMA at half of 96.28 GB/s,
-    2 x 262144 / (0.6643 + 0.8668 + 5.445 us) = 75.2 GB/s; with the first on the SM
-    kernel the best pair is the mixed one, 70.1 (7.3% less). So host -> GPU gives up 4.9%
-    alone for 7.3% in a pair (the copy engine) and GPU -> host keeps the SM kernel (11.0%
-    against 7.3%), as the H200 measured: alone 49.0 / 49.6 and 44.7 / 51.2 GB/s, both ways
-    76.1 against 70.3 (hw_copy.py, 2026-12-03 05:05)."""
+    2 x 262144 / (0.6643 + 0.8668 + 5.445 us) = 75.2 GB/s. One on each path, the pair's
+    total (``link.mixed`` at 256 KiB) split fairly, the copy engine's page its host time
+    more: the SM kernel host -> GPU 73.27 / 2 = 36.64 + 262144 / (0.8668 us + 262144 /
+    36.64 GB/s) = 32.68, 69.31 GB/s; the copy engine host -> GPU (``mixed_ce_h2d``, 55.85:
+    the kernel's stores wait for its reads) 27.93 + 26.08 = 54.00; both on the SM kernel
+    61.08. So host -> GPU gives up 4.9% alone for 8.5% in a pair (the copy engine), and
+    GPU -> host 11.0% alone for 23.1% (75.2 / 61.08: the SM kernel's best pair): both take
+    the copy engine, as the H200 measured: both ways on it 74.4-80.8 GB/s at 256 KiB, the
+    mixed pairs 50.9-53.5 and 68.0-70.3 (2026-12-03 17:05-17:42)."""
     ch = chooser(CAL, 256 * KiB)
     assert direction_paths(CAL, 256 * KiB, {"h2d": None, "d2h": None}, None, 0, False) == \
         {"h2d": SM, "d2h": SM}
@@ -61,8 +65,10 @@ def test_a_lone_batch_weighs_the_pair_it_may_become():
     assert ch._alone_rate("h2d", SM) == pytest.approx(49.73e9, rel=1e-6)
     assert ch._alone_rate("d2h", CE) == pytest.approx(46.15e9, rel=1e-3)
     assert ch._pair_rate("h2d", CE, CE) == pytest.approx(75.2e9, rel=2e-3)
-    assert ch._pair_rate("h2d", SM, CE) == pytest.approx(70.1e9, rel=1e-6)
-    assert ch.lone == {"h2d": CE, "d2h": SM}
+    assert ch._pair_rate("h2d", SM, CE) == pytest.approx(69.31e9, rel=1e-3)
+    assert ch._pair_rate("h2d", CE, SM) == pytest.approx(54.00e9, rel=1e-3)
+    assert ch._pair_rate("d2h", SM, SM) == pytest.approx(61.08e9, rel=1e-6)
+    assert ch.lone == {"h2d": CE, "d2h": CE}
     assert ch.choose("h2d", 4096)[0] is CE
     # the joiner then takes the copy engine too: the pair both ways on it
     assert ch.choose("d2h", 4096, other=CE)[0] is CE
@@ -71,11 +77,14 @@ def test_a_lone_batch_weighs_the_pair_it_may_become():
 def test_the_fair_rates_of_a_mixed_pair_by_hand():
     """H200 calibrated: host -> GPU on the SM kernel (36 CTAs x 3.117 GB/s, its own 49.73
     GB/s ceiling) beside GPU -> host on the copy engine: both rise together to half the
-    link's total for a pair on different paths (``link.mixed``: 70.1 GB/s measured, below
-    the 96.28 GB/s both ways on one path), below every other bound."""
+    link's total for that pairing (``link.mixed`` at 256 KiB: 73.27 GB/s, below the 96.28
+    GB/s both ways on one path), below every other bound; the other pairing's
+    (``mixed_ce_h2d``, 55.85) the same way."""
     ci = cost_inputs(CAL, 256 * KiB, None)
     r = _fair([("h2d", SM, 36 * ci.cta_rate["h2d"]), ("d2h", CE, float("inf"))], ci)
-    assert r == pytest.approx([70.1e9 / 2] * 2, rel=1e-4)
+    assert r == pytest.approx([73.27e9 / 2] * 2, rel=1e-4)
+    r = _fair([("h2d", CE, float("inf")), ("d2h", SM, 14 * ci.cta_rate["d2h"])], ci)
+    assert r == pytest.approx([55.85e9 / 2] * 2, rel=1e-4)
     # both on the copy engine: the link's both-ways total, halved
     r = _fair([("h2d", CE, float("inf")), ("d2h", CE, float("inf"))], ci)
     assert r == pytest.approx([96.28e9 / 2] * 2, rel=1e-4)
@@ -146,8 +155,8 @@ def _paths_taken(make, first=Level.HOST):
     rt, be = make(log)
     other = Level.GPU if first == Level.HOST else Level.HOST
     try:
-        evs = [be.transfer(_batch(first, other, 8, 256 * KiB, 0)),
-               be.transfer(_batch(other, first, 8, 256 * KiB, 8))]
+        evs = [be.transfer(_batch(first, other, 64, 64 * KiB, 0)),
+               be.transfer(_batch(other, first, 64, 64 * KiB, 64))]
         rt.run(rt.all_of(evs))
     finally:
         be.close()
@@ -155,21 +164,22 @@ def _paths_taken(make, first=Level.HOST):
 
 
 def test_both_backends_pick_alike_from_the_same_state():
-    """256 KiB: host -> GPU first takes the copy engine (the pair it may become), GPU ->
-    host beside it too; GPU -> host first keeps the SM kernel, host -> GPU beside it the
-    copy engine (the mixed pair, above both on the SM kernel)."""
-    slots = {Level.GPU: 32, Level.HOST: 32}
+    """64 KiB, batches of 64 pages: each direction first keeps the SM kernel; GPU -> host beside host -> GPU
+    takes the copy engine (that pair, 82.46 GB/s at 64 KiB, above both on the SM kernel),
+    but host -> GPU beside GPU -> host keeps the SM kernel (the copy engine host -> GPU
+    would starve the kernel's stores: ``link.mixed_ce_h2d``, 50.32)."""
+    slots = {Level.GPU: 128, Level.HOST: 128}
 
     def sim(log):
         rt = SimRuntime()
-        return rt, SimBackend(rt, settings_for(256 * KiB, slots, CAL, timing_log=log))
+        return rt, SimBackend(rt, settings_for(64 * KiB, slots, CAL, timing_log=log))
 
     def hw(log):
         rt = RealtimeRuntime()
-        return rt, HwBackend(rt, settings_for(256 * KiB, slots, CAL, device="cpu", timing_log=log))
+        return rt, HwBackend(rt, settings_for(64 * KiB, slots, CAL, device="cpu", timing_log=log))
 
-    assert _paths_taken(sim) == _paths_taken(hw) == ["copy_engine", "copy_engine"]
-    assert _paths_taken(sim, Level.GPU) == _paths_taken(hw, Level.GPU) == ["sm_kernel", "copy_engine"]
+    assert _paths_taken(sim) == _paths_taken(hw) == ["sm_kernel", "copy_engine"]
+    assert _paths_taken(sim, Level.GPU) == _paths_taken(hw, Level.GPU) == ["sm_kernel", "sm_kernel"]
 
 
 def test_under_compute_the_copy_engine_pays_its_busy_cost_a_page():

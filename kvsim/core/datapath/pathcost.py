@@ -209,15 +209,21 @@ class PathChooser:
         """Total bytes a second of long equal batches both ways, ``d``'s on ``path``, the
         other's on ``joiner``. Both on the copy engine: a page each way costs its host
         times (in turn where calls share one thread) and its DMA at the pair's fair rates;
-        otherwise the fair rates' sum (``link.mixed`` is measured as a pair's total, host
-        time and all)."""
+        otherwise the fair rates' sum, the copy engine's at most a page a (its host time +
+        its DMA) (``link.mixed`` is the pair's total as the sim's fluid caps it: host time
+        apart)."""
         ci = self.inputs
         od = "d2h" if d == "h2d" else "h2d"
         rates = _fair([(d, path, self._cap(d, path, joiner, 1.0)),
                        (od, joiner, self._cap(od, joiner, path, 1.0))], ci)
-        if path is not CE or joiner is not CE:
-            return sum(rates)
         pb = ci.page_bytes
+        if path is not CE or joiner is not CE:
+            if path is SM and joiner is SM:
+                return sum(rates)
+            i, e = (0, d) if path is CE else (1, od)  # (the copy engine's flow)
+            pp, dma = ci.per_page[e], pb / rates[i]
+            ce = pb / (pp + dma if ci.additive else max(pp, dma))
+            return rates[1 - i] + ce
         hosts, dmas = (ci.per_page[d], ci.per_page[od]), (pb / rates[0], pb / rates[1])
         if ci.one_thread:
             t = sum(hosts) + max(dmas) if ci.additive else max(sum(hosts), max(dmas))
