@@ -86,3 +86,16 @@ def test_without_pairs_the_base_totals_stay():
     why: dict[str, str] = {}
     _fit_link_mixed([], d, why)
     assert d["link"] == before and not why
+
+
+def test_a_bad_table_entry_names_its_key(tmp_path):
+    import yaml
+
+    from kvsim.config.hardware import CONFIG_DIR, ProfileError
+
+    d = yaml.safe_load((CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml").read_text())
+    d["link"]["mixed_ce_h2d"] = {"64KiB": "50GB/s", "1MiB": "-3GB/s"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(d))
+    with pytest.raises(ProfileError, match=r"bad\.yaml: link\.mixed_ce_h2d: .*bandwidth.*-3GB/s"):
+        load_profile(bad)

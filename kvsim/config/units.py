@@ -76,24 +76,30 @@ def parse_rate(value: object) -> float:
     return num * factor
 
 
-def parse_page_cost(value):
-    """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
+def _page_table(value, parse, what: str, ok):
+    """A scalar by ``parse``, or a table {page size: scalar} normalised to {bytes: value}
+    (sorted by page size); ``ok`` each value must pass, ``what`` names it in errors."""
     if value is None:
         return None
     if isinstance(value, dict):
         if not value:
-            raise ValueError("expected a time or a non-empty table {page size: time}")
+            raise ValueError(f"expected {what} or a non-empty table {{page size: {what}}}")
         out = {}
         for k, v in value.items():
-            size, t = parse_size(k), parse_time(v)
-            if size <= 0 or t < 0:
-                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and a time >= 0")
-            out[size] = t
+            size, x = parse_size(k), parse(v)
+            if size <= 0 or not ok(x):
+                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and {what}")
+            out[size] = x
         return dict(sorted(out.items()))
-    t = parse_time(value)
-    if t < 0:
-        raise ValueError(f"expected a time >= 0, got {value!r}")
-    return t
+    x = parse(value)
+    if not ok(x):
+        raise ValueError(f"expected {what}, got {value!r}")
+    return x
+
+
+def parse_page_cost(value):
+    """A per-page time, or a table {page size: time} normalised to {bytes: seconds}."""
+    return _page_table(value, parse_time, "a time >= 0", lambda t: t >= 0)
 
 
 PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_cost)]
@@ -101,22 +107,7 @@ PageCost = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page
 
 def parse_page_rate(value):
     """A bandwidth, or a table {page size: bandwidth} normalised to {bytes: bytes/s}."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        if not value:
-            raise ValueError("expected a bandwidth or a non-empty table {page size: bandwidth}")
-        out = {}
-        for k, v in value.items():
-            size, r = parse_size(k), parse_rate(v)
-            if size <= 0 or r <= 0:
-                raise ValueError(f"table entry {k!r}: {v!r}: expected a positive size and bandwidth")
-            out[size] = r
-        return dict(sorted(out.items()))
-    r = parse_rate(value)
-    if r <= 0:
-        raise ValueError(f"expected a bandwidth > 0, got {value!r}")
-    return r
+    return _page_table(value, parse_rate, "a bandwidth > 0", lambda r: r > 0)
 
 
 #: a bandwidth or a table by page size (read with ``page_cost_at``: linear in log2 size)

@@ -22,16 +22,21 @@ import statistics
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitkinds import cell_work, sim_cell
 
+def _busy_rows(rows: list[dict], copies: list[dict], path: str) -> tuple[list[dict], dict]:
+    """The GPU rows one way on ``path`` under compute that have an idle cell of their page
+    size and direction, and those idle cells by (page, direction)."""
+    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == path}
+    return [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == path
+            and r["dir"] in ("h2d", "d2h") and r.get("copy_s") and (r["page"], r["dir"]) in idle], idle
+
+
 def fit_busy_per_page(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
     """``copy_engine.busy_per_page_h2d`` / ``_d2h`` into ``d`` (a profile's fields, fitted
     so far) from copy-engine cells one way under compute (``rows``: GPU rows of
     ``kvsim_backends.hw.interfere.busy_grid``): a page's time beyond the sim's under the
     same compute without the term, less the same page size's idle cell's (``copies``)
     own error a page, >= 0; by page size. Nothing without such rows (the base's kept)."""
-    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "copy_engine"
-            and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
-    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "copy_engine"}
-    rows = [r for r in rows if (r["page"], r["dir"]) in idle]
+    rows, idle = _busy_rows(rows, copies, "copy_engine")
     if not rows:
         return
     bare = dict(d, copy_engine={**d["copy_engine"], "busy_per_page_h2d": None, "busy_per_page_d2h": None})
@@ -64,10 +69,7 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     that binds fits alike, and the least of them is a lower bound. ``busy_start``: the
     median of every cell's residual at its direction's share, >= 0. A direction without
     cells keeps the other's share. Nothing without such rows (the base's kept)."""
-    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["path"] == "sm_kernel"
-            and r["dir"] in ("h2d", "d2h") and r.get("copy_s")]
-    idle = {(c["page"], c["dir"]): c for c in copies if c["path"] == "sm_kernel"}
-    rows = [r for r in rows if (r["page"], r["dir"]) in idle]
+    rows, idle = _busy_rows(rows, copies, "sm_kernel")
     if not rows:
         return
     base = HardwareProfile.model_validate(d)
