@@ -187,3 +187,22 @@ def test_a_refit_writes_the_fitted_cost_into_the_profile(tmp_path):
     assert new["why"]["copy_engine.busy_per_page_h2d"].startswith("measured: ")
     assert "#   copy_engine.busy_per_page_d2h: measured: " in (tmp_path / "fitted.yaml").read_text()
     assert new["busy_copies"] == rows
+
+
+def test_the_busy_cells_keep_the_median_round_of_each():
+    """Three rounds of two cells: each cell's row is the round of its median copy time,
+    with every round's time beside it (one backend's copies may move 27 GB/s under a
+    prefill, the next one's 38)."""
+    from kvsim_backends.hw.interfere import median_rounds
+
+    def row(name, copy_s, stretch):
+        return {"name": name, "copy_s": copy_s, "stretch": stretch}
+
+    rounds = [[row("a", 3.0, 0.1), row("b", 1.0, 0.4)],
+              [row("a", 1.0, 0.2), row("b", 2.0, 0.5)],
+              [row("a", 2.0, 0.3), row("b", 9.0, 0.6)]]
+    a, b = median_rounds(rounds)
+    assert (a["copy_s"], a["stretch"], a["copy_rounds"]) == (2.0, 0.3, [3.0, 1.0, 2.0])
+    assert (b["copy_s"], b["stretch"], b["copy_rounds"]) == (2.0, 0.5, [1.0, 2.0, 9.0])
+    two = median_rounds(rounds[:2])  # (an even count: the lower middle)
+    assert [r["copy_s"] for r in two] == [1.0, 1.0]
