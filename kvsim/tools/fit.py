@@ -256,8 +256,8 @@ def _fit_link_mixed(cells: list[dict], d: dict, why: dict[str, str]) -> None:
     ``link.both``: on the H200 the pair with the copy engine host -> GPU moved less than
     that engine alone at 64 KiB, the SM kernel's stores starved while its reads ran;
     ``link.both`` where even that is too slow: the total did not bind, e.g. 16 KiB pages,
-    where the copy engine's host time bounds the pair). A
-    pairing without cells keeps the base's value."""
+    where the copy engine's host time bounds the pair). A pairing without cells keeps the
+    base's value."""
     fitted: dict[str, dict[int, float]] = {}
     for ce_dir, key in (("d2h", "mixed"), ("h2d", "mixed_ce_h2d")):
         mine = sorted((c for c in cells if (c.get("paths") or {}).get(ce_dir) == "copy_engine"),

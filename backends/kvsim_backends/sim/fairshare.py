@@ -94,8 +94,8 @@ def flow_rates(cap: dict[str, float], sigs: tuple, busy_eff: tuple[float, float]
     """Max-min fair rate of each of a fluid's flows with signatures ``sigs`` (``(res, cap,
     ctas, ce)`` each) over resources of bandwidths ``cap``, by progressive filling; an SM
     copy kernel's cap is its direction's ``busy_eff`` of it while compute runs
-    (``jobs_running``, ``busy_cap``); the
-    link's total ``link.mixed`` while both paths cross it (``link_caps``)."""
+    (``jobs_running``, ``busy_cap``); the link's total its pairing's while both paths
+    cross it (``link_caps``)."""
     if not sigs:
         return ()
     caps = [busy_cap(c, n, res, busy_eff, jobs_running) for res, c, n, _ in sigs]
