@@ -221,4 +221,3 @@ def median_rounds(rounds: list[list[dict]]) -> list[dict]:
         ranked = sorted(cell, key=lambda r: r["copy_s"])
         out.append({**ranked[(len(ranked) - 1) // 2], "copy_rounds": [r["copy_s"] for r in cell]})
     return out
-

@@ -4,7 +4,8 @@ backend registry (``kvsim.run.measure_hardware``) and fits the result (``kvsim.t
 
 Measured:
 - GPU <-> host batches per page size (16 KiB .. 4 MiB on a GPU), per copy path (copy
-  engine, SM kernel), host -> GPU, GPU -> host and both at once; an SM-kernel CTA sweep;
+  engine, SM kernel), host -> GPU, GPU -> host and both at once, and on a GPU one
+  direction on each path (both pairings: ``link.mixed``); an SM-kernel CTA sweep;
 - disk reads, writes and rewrites (the same slots again) per I/O thread count and piece
   size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
   which the hw backend runs at;
@@ -22,8 +23,9 @@ Measured:
   the power state: trains of a prefill chunk's steps back to back after idle spells
   (``measure_power``; ``kvsim.tools.fitboost`` fits ``compute.boost`` to them);
 - interference: compute of each kind with copies on each path (``interfere``'s
-  ``calibrate_grid``), for the structural model's terms per kind; the copy engine one
-  way under a prefill (``busy_grid``), for ``copy_engine.busy_per_page_*``;
+  ``calibrate_grid``), for the structural model's terms per kind; both paths one way
+  under a prefill (``busy_grid``, three rounds), for ``copy_engine.busy_per_page_*`` and
+  the SM kernel's ``busy_start`` / ``busy_cta_efficiency``;
 - ranks sharing a GPU (``rankshareprobe``, on a GPU): two ranks' steps of each pair of
   kinds (the caller's ``share_works``) on one GPU, at the settings' read-kernel length,
   for ``gpu.kernel_overlap``;
