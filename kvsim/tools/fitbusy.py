@@ -5,9 +5,9 @@ page size's idle cells:
 
 - ``copy_engine.busy_per_page_h2d`` / ``_d2h`` (``fit_busy_per_page``): a copy-engine
   page's time beyond the sim's under the compute;
-- the SM kernel's ``sm.interference.busy_start`` and ``busy_cta_efficiency``
-  (``fit_busy_sm``): its CTAs wait for the compute's to retire, then move bytes at a
-  share of their idle per-CTA rate.
+- the SM kernel's ``sm.interference.busy_start`` and ``busy_cta_efficiency`` (``_d2h``
+  GPU -> host's) (``fit_busy_sm``): its CTAs wait for the compute's to retire, then move
+  bytes at a share of their idle per-CTA rate, per direction.
 
 Each busy cell's own machine's idle error (its idle cell's time beyond the sim's, scaled
 to the busy batch's bytes or pages) is taken off first, so that a machine faster or
@@ -21,6 +21,7 @@ import statistics
 
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitkinds import cell_work, sim_cell
+
 
 def _busy_rows(rows: list[dict], copies: list[dict], path: str) -> tuple[list[dict], dict]:
     """The GPU rows one way on ``path`` under compute that have an idle cell of their page
