@@ -389,3 +389,41 @@ def test_while_held_an_sm_copy_kernel_runs_at_its_idle_rate():
 
     assert run(False) == pytest.approx({"flow": 0.002, "job": 0.005})
     assert run(True) == pytest.approx({"flow": 0.001, "job": 0.006}, rel=1e-12)
+
+
+def test_gpu_to_host_ctas_the_link_leaves_waiting_cost_their_backlog_term():
+    """``backlog_d2h`` per GPU -> host CTA beyond those the kernel's rate needs at
+    ``cta_d2h_Bps`` each; none where the CTAs, not the link, bind, and none for host -> GPU
+    CTAs (an H200's step of reads: 1-8 CTAs 0-2% longer, 14 23-31%, 36 145%)."""
+    s = Structure(132, 4e12, (128, 256), KindTerms(0.0, 0.0, 0.0, 0.0, backlog_d2h=0.1),
+                  KindTerms(0.0, 0.0, 0.0, 0.0, backlog_d2h=0.05), cta_d2h_Bps=8e9)
+    waiting = CopyLoad(ctas_d2h=14, sm_d2h_Bps=48e9)     # 6 CTAs move 48 GB/s: 8 wait
+    assert s.stalled_d2h(waiting) == pytest.approx(8.0)
+    assert s.memory_stretch(waiting) == pytest.approx(0.05 * 8)
+    assert s.gemm_stretch([(2048, 1.0)], waiting) == pytest.approx(0.1 * 8)
+    bound = CopyLoad(ctas_d2h=4, sm_d2h_Bps=32e9)        # the CTAs bind: none waits
+    assert s.stalled_d2h(bound) == 0.0 and s.memory_stretch(bound) == 0.0
+    assert s.stalled_d2h(CopyLoad(ctas_h2d=36, hbm_Bps=50e9, h2d_Bps=50e9)) == 0.0
+    # without a CTA's rate (a profile of the older terms) nothing waits
+    assert dataclasses.replace(s, cta_d2h_Bps=0.0).stalled_d2h(waiting) == 0.0
+
+
+def test_the_sim_counts_the_gpu_to_host_ctas_its_link_leaves_waiting():
+    """8 CTAs GPU -> host at 10 GB/s each under compute (busy share 1.0) on a 40 GB/s
+    link: 4 move the bytes, 4 wait; a read step pays its backlog term for 4, its SM slots
+    (0.25 x 8 of 8 SMs) and the 40 GB/s its reads lose (of 2 TB/s)."""
+    p = _profile()
+    d = p.model_dump()
+    d["sm"]["interference"]["busy_cta_efficiency_d2h"] = 1.0
+    d["sm"]["interference"]["memory"]["backlog_d2h"] = 0.05
+    p = type(p).model_validate(d)
+    rt = SimRuntime()
+    st = settings_for(256 * KiB, {Level.GPU: 2048, Level.HOST: 2048}, p,
+                      copy_path=CopyPath.SM_KERNEL.value, sm_ctas=8)
+    be = SimBackend(rt, dataclasses.replace(st, model=ModelSettings(((256, 1024),))))
+    idx = np.arange(1000)
+    be.transfer(Batch(BatchKind.EVICT, Level.GPU, Level.HOST, idx, idx,
+                      np.zeros(1000, np.uint64), 256 * KiB, 0))
+    x = 40e9 / 2e12
+    s = 0.05 * 4 + 8 / 6 - 1 + x / (1 - x)
+    assert _took(be, rt, READS, path_batch=False) == pytest.approx(0.001 * (1 + s), rel=1e-12)

@@ -136,17 +136,14 @@ class CopyEngineSpec(_Frozen):
 
 
 class KindSpec(_Frozen):
-    """How copies slow one kind of a step's work (``kvsim.core.datapath.interference``):
-    ``cta_sm_share_h2d`` / ``_d2h``, the share of an SM one SM copy CTA of that direction
-    takes from the work's CTAs while it moves bytes (a GEMM's CTAs fill an SM: about 1; a
-    memory-bound kernel's small CTAs leave room: about the copy CTA's threads over the
-    SM's); ``copy_engine_slowdown``, the stretch while a copy-engine copy moves bytes;
-    ``hbm_weight``, the HBM bytes a copied byte read from HBM takes from the work's reads
-    (1: one), ``hbm_write_weight`` a byte written into HBM (default: ``hbm_weight``);
-    ``straggle_h2d`` / ``_d2h``, how much slower a GEMM CTA runs beside a copy CTA of
-    that direction (each GEMM wave waits for it: GEMMs only; default 0);
-    ``issue_slowdown``, the stretch while copy-engine calls issue pages host-bound (small
-    pages; default 0)."""
+    """How copies slow one kind of a step's work (``kvsim.core.datapath.interference``,
+    which says what each term is): ``cta_sm_share_h2d`` / ``_d2h``, the share of an SM a
+    copy CTA takes from the work's CTAs; ``copy_engine_slowdown`` while a copy-engine copy
+    moves bytes; ``hbm_weight`` / ``hbm_write_weight`` (default: ``hbm_weight``), the HBM
+    bytes a copied byte read from / written into HBM takes from the work's reads;
+    ``straggle_h2d`` / ``_d2h``, a GEMM CTA's slowdown beside a copy CTA;
+    ``issue_slowdown`` while copy-engine calls issue pages host-bound; ``backlog_d2h``
+    per GPU -> host copy CTA the link leaves waiting (the last four default 0)."""
 
     cta_sm_share_h2d: Annotated[float, Field(ge=0)]
     cta_sm_share_d2h: Annotated[float, Field(ge=0)]
@@ -156,12 +153,13 @@ class KindSpec(_Frozen):
     straggle_h2d: Annotated[float, Field(ge=0)] = 0.0
     straggle_d2h: Annotated[float, Field(ge=0)] = 0.0
     issue_slowdown: Annotated[float, Field(ge=0)] = 0.0
+    backlog_d2h: Annotated[float, Field(ge=0)] = 0.0
 
     def terms(self) -> KindTerms:
         return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
                          self.copy_engine_slowdown, self.hbm_weight,
                          self.straggle_h2d, self.straggle_d2h, self.hbm_write_weight,
-                         self.issue_slowdown)
+                         self.issue_slowdown, self.backlog_d2h)
 
 
 class InterferenceSpec(_Frozen):
@@ -407,7 +405,8 @@ class HardwareProfile(_Frozen):
         if i.gemm is None or i.memory is None:
             return None
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
-                         tuple(i.gemm_tile), i.gemm.terms(), i.memory.terms())
+                         tuple(i.gemm_tile), i.gemm.terms(), i.memory.terms(),
+                         self.sm.cta_offload * i.busy_eff()[1])
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

@@ -123,9 +123,10 @@ def flows_load(sigs: tuple, rates: tuple[float, ...], ce: bool, issue: float) ->
     """What flows of signatures ``sigs`` (``(res, cap, ctas, ce)`` each) at ``rates`` take
     from compute: their copy CTAs by direction, ``ce`` (a copy-engine flow moves bytes),
     the bytes they move through HBM (a GPU -> GPU copy reads and writes each byte), those
-    written into it, and ``issue`` (``IDLE`` where all are 0)."""
+    written into it, ``issue``, and the SM kernel's GPU -> host bytes a second (``IDLE``
+    where all are 0)."""
     h2d = d2h = 0
-    hbm = written = 0.0
+    hbm = written = sm_out = 0.0
     for (res, _, c, _), r in zip(sigs, rates):
         to_gpu = "h2d" in res
         if c:
@@ -133,6 +134,7 @@ def flows_load(sigs: tuple, rates: tuple[float, ...], ce: bool, issue: float) ->
                 h2d += c
             else:
                 d2h += c
+                sm_out += r
         if to_gpu:
             hbm += r
             written += r
@@ -141,5 +143,5 @@ def flows_load(sigs: tuple, rates: tuple[float, ...], ce: bool, issue: float) ->
         elif "hbm" in res:
             hbm += 2.0 * r
             written += r
-    load = CopyLoad(h2d, d2h, ce, hbm, written, issue)
+    load = CopyLoad(h2d, d2h, ce, hbm, written, issue, sm_out)
     return IDLE if load.idle else load

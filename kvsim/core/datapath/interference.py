@@ -31,8 +31,15 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   - x)`` with ``x = (weight x read_Bps + write weight x written_Bps) / hbm_Bps``;
   ``copy_engine_slowdown`` while any copy-engine copy moves bytes; ``issue_slowdown``
   times the share of calls issuing host-bound pages (``issue_share``: the GPU's front
-  end takes in their command stream beside the compute's launches). Each with the
-  kind's own terms (a fit gives GEMMs no read weight, reads no straggle).
+  end takes in their command stream beside the compute's launches); ``backlog_d2h``
+  for each GPU -> host SM copy CTA beyond those the link drains (``stalled_d2h``: CTAs
+  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``). On an H200 a step
+  of HBM reads beside such a kernel of 1-8 CTAs ran 0-2% longer, of 14 (the default) 23%,
+  of 24 72%, of 36 145%, while the kernel moved 41-52 GB/s throughout: the CTAs the link
+  leaves waiting hold their stores in the memory system the step reads through, whatever
+  they move (its host -> GPU CTAs, which wait for reads, did not: 1-6% from 1 to 66
+  CTAs). Each with the kind's own terms (a fit gives GEMMs no read weight, reads no
+  straggle).
 
 A step's stretch under a load over all of it is ``share x gemm + (1 - share) x memory``
 (``stretch``): the stand-in runs its two parts one after the other, each slowed by its
@@ -59,7 +66,9 @@ class CopyLoad(NamedTuple):
     HBM (a GPU -> GPU copy reads and writes each byte: twice its rate), of which
     ``h2d_Bps`` are written into HBM from the host (the rest are read from it), and
     ``issue``, the host-bound share of the copy-engine calls issuing their pages (0-1:
-    the command stream the GPU's front end takes in beside the compute's launches)."""
+    the command stream the GPU's front end takes in beside the compute's launches), and
+    ``sm_d2h_Bps``, the bytes a second the SM kernel's GPU -> host CTAs move (by which
+    the CTAs beyond what that rate needs are told: ``Structure.stalled_d2h``)."""
 
     ctas_h2d: int = 0
     ctas_d2h: int = 0
@@ -67,6 +76,7 @@ class CopyLoad(NamedTuple):
     hbm_Bps: float = 0.0
     h2d_Bps: float = 0.0
     issue: float = 0.0
+    sm_d2h_Bps: float = 0.0
 
     @property
     def idle(self) -> bool:
@@ -85,7 +95,8 @@ class KindTerms:
     (``hbm_write_weight``, None: ``hbm_weight``) takes from the work's reads; a GEMM
     CTA's slowdown beside a copy CTA (``straggle_*``, waited for once a wave: GEMMs
     only); the stretch at a whole share of issuing copy-engine calls
-    (``issue_slowdown``)."""
+    (``issue_slowdown``); the stretch per GPU -> host copy CTA the link leaves waiting
+    (``backlog_d2h``: ``Structure.stalled_d2h``)."""
 
     cta_sm_share_h2d: float
     cta_sm_share_d2h: float
@@ -95,6 +106,7 @@ class KindTerms:
     straggle_d2h: float = 0.0
     hbm_write_weight: float | None = None
     issue_slowdown: float = 0.0
+    backlog_d2h: float = 0.0
 
     def lost_sms(self, load: CopyLoad) -> float:
         return self.cta_sm_share_h2d * load.ctas_h2d + self.cta_sm_share_d2h * load.ctas_d2h
@@ -122,13 +134,24 @@ class KindTerms:
 class Structure:
     """The model's constants: ``sms`` on the GPU, ``hbm_Bps`` the rate a memory-bound
     step reads at (the compute model's: ``gpu.hbm x decode_efficiency``), ``tile`` a
-    GEMM CTA's output tile (rows, cols), and each kind's terms."""
+    GEMM CTA's output tile (rows, cols), each kind's terms, and ``cta_d2h_Bps``, what
+    one SM copy CTA moves GPU -> host under compute (the profile's ``sm.cta_offload x``
+    its busy share: the rate the sim's CTAs move at where they, not the link, bind)."""
 
     sms: int
     hbm_Bps: float
     tile: tuple[int, int]
     gemm: KindTerms
     memory: KindTerms
+    cta_d2h_Bps: float = 0.0
+
+    def stalled_d2h(self, load: CopyLoad) -> float:
+        """The SM kernel's GPU -> host CTAs beyond those its rate needs at
+        ``cta_d2h_Bps`` each: CTAs whose stores wait for the link (0 without the rate)."""
+        if not load.ctas_d2h or self.cta_d2h_Bps <= 0.0:
+            return 0.0
+        x = load.ctas_d2h - load.sm_d2h_Bps / self.cta_d2h_Bps
+        return x if x > 0.0 else 0.0
 
     def hbm_stretch(self, terms: KindTerms, load: CopyLoad) -> float:
         x = terms.hbm_share(load, self.hbm_Bps)
@@ -141,6 +164,8 @@ class Structure:
         t = self.gemm
         out = gemm_loss(gemms, self.sms, t.lost_sms(load), t.straggle(load))
         out += t.engine(load)
+        if t.backlog_d2h:
+            out += t.backlog_d2h * self.stalled_d2h(load)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
         return out
@@ -151,6 +176,8 @@ class Structure:
         s = float(self.sms)
         out = s / (s - lost) - 1.0 if lost < s - 1.0 else s - 1.0
         out += t.engine(load)
+        if t.backlog_d2h:
+            out += t.backlog_d2h * self.stalled_d2h(load)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
         return out

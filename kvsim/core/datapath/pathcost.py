@@ -308,7 +308,7 @@ def _load(flows, ci: CostInputs, issue: float = 0.0) -> CopyLoad:
     copy-engine calls' issuing share."""
     ctas = {"h2d": 0, "d2h": 0}
     ce = False
-    hbm = written = 0.0
+    hbm = written = sm_out = 0.0
     paths = [p for _, p, _ in flows if p is not None]
     for d, p, r in flows:
         if p is None:
@@ -316,12 +316,14 @@ def _load(flows, ci: CostInputs, issue: float = 0.0) -> CopyLoad:
         if p is SM:
             both = len(paths) == 2 and all(x is SM for x in paths)
             ctas[d] += ci.ctas_both[d] if both else ci.ctas_one[d]
+            if d == "d2h":
+                sm_out += r
         else:
             ce = True
         hbm += r
         if d == "h2d":
             written += r
-    load = CopyLoad(ctas["h2d"], ctas["d2h"], ce, hbm, written, issue)
+    load = CopyLoad(ctas["h2d"], ctas["d2h"], ce, hbm, written, issue, sm_out)
     return IDLE if load.idle else load
 
 
