@@ -16,7 +16,10 @@ pages; 64 MiB-2 GiB a direction) under each kind, computes of 2-50 ms turning th
 the cells so that each kind meets copies shorter and longer than itself (about 3
 minutes on an H200). ``--full``: every copy, kind and length (192 cells, about 12
 minutes): run it in parts (``--part 1/3`` ... ``3/3``, each with ``--json``) and merge
-them with ``--sim-from A.json B.json C.json``. ``--sim-from`` also takes ``kvsim
+them with ``--sim-from A.json B.json C.json``. ``--sweep``: the SM kernel one way with
+1 to 66 CTAs under each kind (54 cells of 40 ms computes, about 2 minutes): how a step
+slows with the kernel's CTAs, not only with what they move (the default grid runs the
+backend's CTAs, 36 host -> GPU and 14 back on an H200). ``--sim-from`` also takes ``kvsim
 calibrate``'s reports (``PROFILE.yaml.report.json``: the cells it measured).
 
 Beside each cell, the sim's prediction of the same compute and copy on ``--profile``
@@ -24,7 +27,7 @@ Beside each cell, the sim's prediction of the same compute and copy on ``--profi
 10% of hw's, or within hw's own spread (half the range of its reps) where that is wider.
 Last line: ``hw_interference_sim_within: K of N``.
 
-    python3 benchmarks/hw_interference.py [--json OUT] [--full] [--part K/N] [--reps 5]
+    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep] [--part K/N] [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
     python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
 
@@ -62,7 +65,7 @@ from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
 from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
-from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells  # noqa: E402
+from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells, sweep_grid  # noqa: E402
 
 PROFILE = "h200-pcie-calibrated"
 KINDS = ("gemm", "memory", "mix")
@@ -77,7 +80,8 @@ def _label(row) -> str:
     pb, b = row["page"], row["dir_bytes"]
     size = f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
     amount = f"{b / (1 << 30):g} GiB" if b >= 1 << 30 else f"{b >> 20} MiB"
-    return f"{row['path']} {row['dir']} {amount} of {size}"
+    ctas = f", {row['sm_ctas']} CTAs" if row.get("sm_ctas") else ""
+    return f"{row['path']} {row['dir']} {amount} of {size}{ctas}"
 
 
 def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
@@ -169,7 +173,8 @@ def against_runs(rows: list[dict], profile, sims: list[float] | None = None
     by: dict[tuple, list[tuple[dict, float | None]]] = {}
     for i, r in enumerate(rows):
         if r.get("device", "gpu") == "gpu":
-            key = (r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes"))
+            key = (r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes"),
+                   r.get("sm_ctas"))
             by.setdefault(key, []).append((r, None if sims is None else sims[i]))
     out: dict[str, list[list[float]]] = {}
     for key, cs in by.items():
@@ -223,6 +228,8 @@ def leave_one_out(runs: list[list[dict]], profile) -> tuple[int, int]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="every copy, kind and length (192 cells)")
+    ap.add_argument("--sweep", action="store_true", help="the SM kernel one way with 1-66 CTAs "
+                    "under each kind (54 cells)")
     ap.add_argument("--part", default=None, help="K/N: the K-th of N interleaved parts of the grid")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--gap", type=float, default=0.1, help="idle seconds before each compute")
@@ -264,7 +271,9 @@ def main(argv=None) -> None:
         return
     if a.reps < 1:
         ap.error(f"--reps: got {a.reps}; expected >= 1")
-    cells = full_grid() if a.full else default_grid()
+    if a.full and a.sweep:
+        ap.error("--full and --sweep: one grid at a time")
+    cells = full_grid() if a.full else sweep_grid() if a.sweep else default_grid()
     if a.part:
         try:
             k, n = (int(x) for x in a.part.split("/"))

@@ -17,7 +17,7 @@ import hw_interference  # noqa: E402
 
 from kvsim.config.hardware import load_profile  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim_backends.hw.interfere import default_grid, full_grid  # noqa: E402
+from kvsim_backends.hw.interfere import SWEEP_CTAS, default_grid, full_grid, sweep_grid  # noqa: E402
 
 
 def test_the_default_grid_is_about_fifty_cells_of_every_kind_path_and_direction():
@@ -33,6 +33,39 @@ def test_the_default_grid_is_about_fifty_cells_of_every_kind_path_and_direction(
     assert min(c.dir_bytes for c in g) == 64 << 20 and max(c.dir_bytes for c in g) == 2 << 30
 
 
+def test_the_sweep_runs_the_sm_kernel_one_way_at_each_cta_count_under_each_kind():
+    g = sweep_grid()
+    assert len(g) == 54 and {c.sm_ctas for c in g} == set(SWEEP_CTAS)
+    for kind in ("gemm", "memory", "mix"):
+        for d in ("h2d", "d2h"):
+            mine = [c for c in g if c.kind == kind and c.dir == d]
+            assert sorted(c.sm_ctas for c in mine) == sorted(SWEEP_CTAS)
+            # 512 MiB a CTA (5 GiB at most): at 10 GB/s a CTA, longer than the 40 ms compute
+            assert all(c.path == "sm_kernel" and c.compute_s == 0.04 for c in mine)
+            assert all(c.dir_bytes == min(5 << 30, c.sm_ctas * (512 << 20)) for c in mine)
+    assert "14 CTAs" in [c for c in g if c.sm_ctas == 14][0].name
+
+
+def test_the_sim_runs_a_cell_with_its_own_cta_count():
+    """A saved sweep cell's ``sm_ctas`` reaches the sim: 1 MiB pages GPU -> host with 2
+    CTAs move at the CTAs' rate, with 14 at the link's; the two are not one cell's
+    repeats when several runs are compared."""
+    from kvsim.tools.fitkinds import kind_works
+
+    prof = load_profile(hw_interference.PROFILE)
+    work = list(kind_works(prof)["memory"])
+    base = {"kind": "memory", "compute_s": 0.04, "path": "sm_kernel", "dir": "d2h",
+            "page": 1 << 20, "dir_bytes": 256 << 20, "batches": [["d2h", 256]], "work": work,
+            "stretch": 0.0, "spread": 0.0, "alone_s": 0.04, "device": "gpu"}
+    _, few = predict_cell(prof, {**base, "sm_ctas": 2})
+    _, many = predict_cell(prof, {**base, "sm_ctas": 14})
+    per_cta = prof.sm.cta_offload * prof.sm.interference.busy_eff()[1]
+    assert (256 << 20) / few < 2.05 * per_cta  # (under the compute: the CTAs' busy rate)
+    assert many < few / 3
+    got = hw_interference.against_runs([{**base, "sm_ctas": 2}, {**base, "sm_ctas": 14}], prof)
+    assert got == {}  # one run of each: nothing to compare
+
+
 def test_cpu_run_prints_the_sims_cells_and_saves_them(tmp_path, capsys):
     out = tmp_path / "run.json"
     hw_interference.main(["--device", "cpu", "--reps", "1", "--gap", "0", "--part", "1/16",
@@ -43,6 +76,7 @@ def test_cpu_run_prints_the_sims_cells_and_saves_them(tmp_path, capsys):
     assert len(rows) == 3  # cells 1, 17, 33 of 48
     saved = json.loads(out.read_text())["cells"]
     assert [c["device"] for c in saved] == ["cpu"] * 3
+    assert [c["plan"] for c in saved] == [None] * 3  # (no stand-in on numpy)
     # the sim column is the sim's prediction of the full-size cell
     prof = load_profile(hw_interference.PROFILE)
     sim, _ = predict_cell(prof, saved[0], nominal=True)
@@ -175,3 +209,7 @@ def test_gpu_cells_measure_the_compute_alone_and_with_the_copy():
         assert 10e9 < r["bytes"] / r["copy_s"] < 120e9, r
         assert r["stretch"] == pytest.approx(r["with_s"] / r["alone_s"] - 1)
         assert r["spread"] >= 0 and len(r["with_reps"]) == 2
+    # the stand-in's plan: a 4096-token prefill's 20 ms as GEMM chains at M <= 4096
+    plan = rows[0]["plan"]
+    assert plan["gemms"] and all(m <= 4096 and k >= 1 for m, k in plan["gemms"])
+    assert set(plan["chain_s"]) and plan["read_s"] >= 0

@@ -41,6 +41,7 @@ from kvsim.core.spec import Level
 from .backend import HwBackend
 from .gpu import load_cupy
 from .runtime import RealtimeRuntime
+from .standin import plan
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -48,7 +49,8 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 @dataclass(frozen=True)
 class Cell:
     """One cell: ``kind`` of compute for ``compute_s`` seconds; a copy of ``dir_bytes`` a
-    direction in pages of ``page`` on ``path`` in ``dir``."""
+    direction in pages of ``page`` on ``path`` in ``dir``; ``sm_ctas``, the SM kernel's
+    CTAs each direction (None: the backend's, Little's law on the profile)."""
 
     kind: str
     compute_s: float
@@ -56,14 +58,16 @@ class Cell:
     dir: str
     page: int
     dir_bytes: int
+    sm_ctas: int | None = None
 
     @property
     def name(self) -> str:
         size = f"{self.page // MiB} MiB" if self.page >= MiB else f"{self.page // KiB} KiB"
         b = self.dir_bytes
         amount = f"{b / GiB:g} GiB" if b >= GiB else f"{b // MiB} MiB"
+        ctas = f", {self.sm_ctas} CTAs" if self.sm_ctas else ""
         return (f"{self.kind} {self.compute_s * 1e3:g} ms | {self.path} {self.dir} "
-                f"{amount} of {size}")
+                f"{amount} of {size}{ctas}")
 
 
 #: the copies of the default grid: (path, dir, page, bytes a direction)
@@ -100,11 +104,16 @@ def full_grid() -> list[Cell]:
 
 def calibrate_grid() -> list[Cell]:
     """A short grid for ``kvsim calibrate``: each kind for 20 ms under both paths both
-    ways at 64 KiB, the SM kernel one way each at 1 MiB, and the copy engine at 16 KiB."""
+    ways at 64 KiB, the SM kernel one way each at 1 MiB, and the copy engine at 16 KiB;
+    then HBM reads for 40 ms beside the SM kernel GPU -> host with 4 and with 36 CTAs
+    (the backend's own is 14 on an H200): the CTAs the link leaves waiting, which the
+    backend's own count cannot tell from the bytes they move (``backlog_d2h``)."""
     copies = (("sm_kernel", "both", 64 * KiB, 1 * GiB), ("copy_engine", "both", 64 * KiB, 1 * GiB),
               ("sm_kernel", "h2d", 1 * MiB, 1 * GiB), ("sm_kernel", "d2h", 1 * MiB, 1 * GiB),
               ("copy_engine", "both", 16 * KiB, 256 * MiB))
-    return [Cell(kind, 0.020, *c) for c in copies for kind in KINDS]
+    return ([Cell(kind, 0.020, *c) for c in copies for kind in KINDS]
+            + [Cell("memory", 0.040, "sm_kernel", "d2h", 1 * MiB, nbytes, ctas)
+               for ctas, nbytes in ((4, 2 * GiB), (36, 3 * GiB))])
 
 
 def busy_grid() -> list[Cell]:
@@ -122,6 +131,18 @@ def busy_grid() -> list[Cell]:
              for d in ("h2d", "d2h")]
             + [Cell("gemm", 0.030, "sm_kernel", d, page, nbytes) for page, nbytes in sm
                for d in ("h2d", "d2h")])
+
+
+SWEEP_CTAS = (1, 2, 4, 8, 14, 24, 36, 50, 66)
+
+
+def sweep_grid() -> list[Cell]:
+    """54 cells: the SM kernel one way under each kind of compute (40 ms), with 1 to 66
+    CTAs (``SWEEP_CTAS``), 1 MiB pages, 512 MiB a CTA up to 5 GiB (the copy outlasts the
+    compute): how the stretch grows with the CTAs, which the default grid (the backend's
+    CTAs) cannot tell from the bytes they move."""
+    return [Cell(kind, 0.040, "sm_kernel", d, 1 * MiB, min(5 * GiB, c * 512 * MiB), c)
+            for kind in KINDS for d in ("h2d", "d2h") for c in SWEEP_CTAS]
 
 
 def _batch(src, dst, ss, ds, pb) -> Batch:
@@ -147,6 +168,16 @@ def _one(rt, be, work, compute_s, batches, path, gap_s) -> tuple[float, float | 
     return float(_wait(rt, [job])[0]), copy_s
 
 
+def _plan(be, seconds: float, work: StepWork) -> dict | None:
+    """The stand-in's plan for ``seconds`` of ``work`` (``standin.plan``), or None."""
+    si = be.standin
+    if si is None:
+        return None
+    _, gemms, read_s = plan(seconds, work, be.settings.model, si.chain_s)
+    return {"gemms": [[m, k] for m, k in gemms], "read_s": read_s,
+            "chain_s": {str(m): s for m, s in si.chain_s.items()}}
+
+
 def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str, StepWork],
                   device: str = "auto", reps: int = 5, gap_s: float = 0.1,
                   cpu_bytes: int = 4 * MiB, seed: int = 0,
@@ -155,7 +186,10 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
     ``alone_s`` / ``with_s`` (median GPU seconds of the compute), ``stretch``, ``spread``,
     ``copy_s`` (median), ``pages`` and ``bytes`` in all, ``batches`` ([direction, pages]
     each, as ``hw_copy.py``'s cells), ``ctas`` (the SM kernel's per direction),
-    ``work`` (the StepWork's fields), ``projections`` (the stand-in's GEMMs), ``device``. ``settings_for(page_bytes, slots,
+    ``work`` (the StepWork's fields), ``projections`` (the stand-in's GEMMs), ``plan``
+    (what the stand-in ran for the compute: its GEMM chains ``[M, chains]`` and read
+    seconds, by the chains' calibrated seconds ``chain_s``; None without the stand-in),
+    ``device``. ``settings_for(page_bytes, slots,
     **options)``: settings on the profile being measured (``kvsim.run.seam.settings_for``
     with it)."""
     rng = np.random.default_rng(seed)
@@ -174,7 +208,9 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
             be = HwBackend(rt, settings_for(page, {Level.GPU: 2 * n, Level.HOST: 2 * n},
                                             device="gpu" if on_gpu else "cpu", refcheck=False))
             hs, gs = rng.permutation(2 * n), rng.permutation(2 * n)
+            own = dict(be.ctas)
             for c in at:
+                be.ctas = {"h2d": c.sm_ctas, "d2h": c.sm_ctas} if c.sm_ctas else own
                 k = max(1, min(n, c.dir_bytes // page))
                 h2d = _batch(Level.HOST, Level.GPU, hs[:k], gs[:k], page)
                 d2h = _batch(Level.GPU, Level.HOST, gs[n:n + k], hs[n:n + k], page)
@@ -199,6 +235,7 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                        "batches": [["h2d" if b.src == Level.HOST else "d2h", k] for b in batches],
                        "ctas": dict(be.ctas) if c.path == "sm_kernel" else None,
                        "work": list(work), "projections": [list(x) for x in be.settings.model.projections],
+                       "plan": _plan(be, c.compute_s, work),
                        "device": "gpu" if on_gpu else "cpu"}
                 out.append(row)
                 if progress is not None:
