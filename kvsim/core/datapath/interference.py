@@ -33,13 +33,13 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   times the share of calls issuing host-bound pages (``issue_share``: the GPU's front
   end takes in their command stream beside the compute's launches); ``backlog_d2h``
   for each GPU -> host SM copy CTA beyond those the link drains (``stalled_d2h``: CTAs
-  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``). On an H200 a step
-  of HBM reads beside such a kernel of 1-8 CTAs ran 0-2% longer, of 14 (the default) 23%,
-  of 24 72%, of 36 145%, while the kernel moved 41-52 GB/s throughout: the CTAs the link
-  leaves waiting hold their stores in the memory system the step reads through, whatever
-  they move (its host -> GPU CTAs, which wait for reads, did not: 1-6% from 1 to 66
-  CTAs). Each with the kind's own terms (a fit gives GEMMs no read weight, reads no
-  straggle).
+  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``). On three H200s a
+  step of HBM reads beside such a kernel of 1-8 CTAs ran 0-2% longer, of 14 (the
+  default) 23-35%, of 24 72-108%, of 36 130-147%, while the kernel moved 41-52 GB/s
+  throughout: the CTAs the link leaves waiting hold their stores in the memory system the
+  step reads through, whatever they move (its host -> GPU CTAs, which wait for reads, did
+  not: 1-8% from 1 to 66 CTAs). Each with the kind's own terms (a fit gives GEMMs no read
+  weight, reads no straggle).
 
 A step's stretch under a load over all of it is ``share x gemm + (1 - share) x memory``
 (``stretch``): the stand-in runs its two parts one after the other, each slowed by its
