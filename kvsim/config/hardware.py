@@ -397,16 +397,17 @@ class HardwareProfile(_Frozen):
         return {"link_bytes_per_s": getattr(self.link, direction), "per_cta_bytes_per_s": per,
                 "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.cta_headroom}
 
-    def interference_structure(self) -> Structure | None:
-        """The structural interference model's constants
-        (``kvsim.core.datapath.interference.Structure``), or None where the profile has
-        no ``sm.interference.gemm`` / ``memory`` terms (the older model)."""
+    def interference_structure(self, gemm: KindTerms | None = None,
+                               memory: KindTerms | None = None) -> Structure | None:
+        """The structural interference model with the profile's kinds' terms, or ``gemm`` /
+        ``memory`` in their place (a fit's); None without them (the older model)."""
         i = self.sm.interference
-        if i.gemm is None or i.memory is None:
+        g = gemm or (i.gemm.terms() if i.gemm else None)
+        m = memory or (i.memory.terms() if i.memory else None)
+        if g is None or m is None:
             return None
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
-                         tuple(i.gemm_tile), i.gemm.terms(), i.memory.terms(),
-                         self.sm.cta_offload * i.busy_eff()[1])
+                         tuple(i.gemm_tile), g, m, self.sm.cta_offload * i.busy_eff()[1])
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

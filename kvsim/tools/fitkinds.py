@@ -189,10 +189,9 @@ ZERO = KindTerms(0.0, 0.0, 0.0, 0.0)
 
 
 def _structure(profile: HardwareProfile, gemm: KindTerms, memory: KindTerms) -> Structure:
-    g = profile.gpu
-    i = profile.sm.interference
-    return Structure(profile.sm.count, g.hbm * g.decode_efficiency, tuple(i.gemm_tile),  # type: ignore[arg-type]
-                     gemm, memory, profile.sm.cta_offload * i.busy_eff()[1])
+    s = profile.interference_structure(gemm, memory)
+    assert s is not None  # (both kinds given)
+    return s
 
 
 def _mix(row: dict, structure: Structure):
