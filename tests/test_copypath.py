@@ -192,3 +192,31 @@ def test_registration_forces_the_kernel_only_where_pages_could_straddle():
 def test_straddling_pages_refuses_bad_arguments(args):
     with pytest.raises(ValueError):
         straddling_pages(*args)
+
+
+def test_a_gpu_to_host_headroom_of_its_own():
+    """``sm.cta_headroom_d2h`` sizes GPU -> host alone (both backends' ``direction_ctas`` and
+    the cost rule's), host -> GPU keeps ``cta_headroom``; below 1 is refused, named."""
+    from pydantic import ValidationError
+
+    from kvsim.config.hardware import HardwareProfile, load_profile
+    from kvsim.core.datapath.copypath import direction_ctas
+    from kvsim.core.datapath.pathcost import cost_inputs
+    base = load_profile("h200-pcie-calibrated")
+    d = base.model_dump()
+    d["sm"].update(cta_headroom=2.0, cta_headroom_d2h=None)
+    same = HardwareProfile.model_validate(d)
+    d["sm"]["cta_headroom_d2h"] = 1.0
+    own = HardwareProfile.model_validate(d)
+    lk, sm = base.link, base.sm
+    assert direction_ctas(None, same) == {"h2d": copy_ctas(lk.h2d, sm.cta_onboard, sm.copy_cta_slots, 2.0),
+                                          "d2h": copy_ctas(lk.d2h, sm.cta_offload, sm.copy_cta_slots, 2.0)}
+    got = direction_ctas(None, own)
+    assert got == {"h2d": direction_ctas(None, same)["h2d"],
+                   "d2h": copy_ctas(lk.d2h, sm.cta_offload, sm.copy_cta_slots, 1.0)}
+    assert got["d2h"] < direction_ctas(None, same)["d2h"]
+    assert cost_inputs(own, 256 * 1024, None).ctas_one == got
+    assert direction_ctas(12, own) == {"h2d": 12, "d2h": 12}  # a count set is taken as it is
+    d["sm"]["cta_headroom_d2h"] = 0.5
+    with pytest.raises(ValidationError, match="cta_headroom_d2h"):
+        HardwareProfile.model_validate(d)

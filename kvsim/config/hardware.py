@@ -60,7 +60,8 @@ from pydantic_core import PydanticCustomError
 from kvsim.config.boostspec import BoostSpec
 from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
-from kvsim.core.datapath.interference import KindTerms, Structure
+from kvsim.config.interferencespec import InterferenceSpec, KindTerms
+from kvsim.core.datapath.interference import Structure
 from kvsim.config.units import PageCost, PageRate, page_cost_at, parse_rate, parse_size, parse_time
 
 CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.config.paths)
@@ -70,7 +71,6 @@ Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
 PosSeconds = Annotated[float, BeforeValidator(parse_time), Field(gt=0)]
 Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
-Slowdown = Annotated[float, Field(ge=0)]
 MOVED_KEYS = ("loop", "refcheck")  # older profiles' software terms: kvsim.tools.hwloop has them
 
 
@@ -135,98 +135,12 @@ class CopyEngineSpec(_Frozen):
         return self.per_page if cost is None else page_cost_at(cost, page_bytes)
 
 
-class KindSpec(_Frozen):
-    """How copies slow one kind of a step's work (``kvsim.core.datapath.interference``,
-    which says what each term is): ``cta_sm_share_h2d`` / ``_d2h``, the share of an SM a
-    copy CTA takes from the work's CTAs; ``copy_engine_slowdown`` while a copy-engine copy
-    moves bytes; ``hbm_weight`` / ``hbm_write_weight`` (default: ``hbm_weight``), the HBM
-    bytes a copied byte read from / written into HBM takes from the work's reads;
-    ``straggle_h2d`` / ``_d2h``, a GEMM CTA's slowdown beside a copy CTA;
-    ``issue_slowdown`` while copy-engine calls issue pages host-bound; ``backlog_d2h``
-    per GPU -> host copy CTA the link leaves waiting (the last four default 0)."""
-
-    cta_sm_share_h2d: Annotated[float, Field(ge=0)]
-    cta_sm_share_d2h: Annotated[float, Field(ge=0)]
-    copy_engine_slowdown: Slowdown
-    hbm_weight: Annotated[float, Field(ge=0)] = 1.0
-    hbm_write_weight: Annotated[float, Field(ge=0)] | None = None
-    straggle_h2d: Annotated[float, Field(ge=0)] = 0.0
-    straggle_d2h: Annotated[float, Field(ge=0)] = 0.0
-    issue_slowdown: Annotated[float, Field(ge=0)] = 0.0
-    backlog_d2h: Annotated[float, Field(ge=0)] = 0.0
-
-    def terms(self) -> KindTerms:
-        return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
-                         self.copy_engine_slowdown, self.hbm_weight,
-                         self.straggle_h2d, self.straggle_d2h, self.hbm_write_weight,
-                         self.issue_slowdown, self.backlog_d2h)
-
-
-class InterferenceSpec(_Frozen):
-    """How copies slow compute: an SM copy kernel of ``sm_kernel_ctas`` CTAs stretches a
-    compute kernel by ``sm_kernel_slowdown`` (linear in the CTA count); any copy-engine
-    transfer in flight stretches it by ``copy_engine_slowdown``. ``busy_cta_efficiency``:
-    the share of its idle bandwidth a copy CTA gets while compute occupies the SMs;
-    ``busy_cta_efficiency_d2h`` a GPU -> host CTA's where it differs (None: the same).
-
-    ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
-    the host link ``lasting_after_batches`` times: every later compute call (an engine
-    step) takes this much longer, for the rest of the run, whatever path copies then. The
-    seed measured it on a coherent link: SM idle gaps between kernels grow, no kernel gets
-    slower, so the sim adds it after the step's work (it holds no SM and stretches no
-    copy). Default 0: no lasting effect (nothing like it was measured on PCIe).
-    ``lasting_gap_per_kernel``: the same penalty as the seed's mechanism, a grown idle gap
-    per kernel: a step pays it times its kernels (``BackendSettings.kernels_per_step``:
-    the model's layers x ``engine.kernels_per_layer``), on top of ``lasting_step_penalty``.
-
-    ``busy_start``: how much later an SM copy kernel launched while compute runs starts
-    moving bytes than on an idle GPU: its CTAs get SM room only as the compute's CTAs
-    retire. A fixed cost per kernel, so it weighs on small batches and vanishes in large
-    ones. Default 0.
-
-    ``gemm`` and ``memory`` (``KindSpec``, both or neither): the structural model of how
-    copies slow a step by the kind of its work (``kvsim.core.datapath.interference``):
-    the GEMMs of its FLOP-bound share lose waves to the SMs copy CTAs take (GEMM CTAs of
-    ``gemm_tile`` output each), its HBM reads lose SM slots and HBM bytes. Without them
-    every step is stretched by ``sm_kernel_slowdown`` and ``copy_engine_slowdown`` (the
-    older model), which stay the terms of a compute of the SMs alone (no ``StepWork``)."""
-
-    sm_kernel_slowdown: Slowdown
-    sm_kernel_ctas: Annotated[int, Field(gt=0)]
-    copy_engine_slowdown: Slowdown
-    busy_cta_efficiency: Fraction
-    busy_cta_efficiency_d2h: Fraction | None = None
-    lasting_step_penalty: Seconds = 0.0
-    # the same effect per kernel: each of a step's kernels (the model's layers x the
-    # engine's kernels_per_layer) leaves this much more idle gap once it has begun
-    lasting_gap_per_kernel: Seconds = 0.0
-    lasting_after_batches: Annotated[int, Field(gt=0)] = 3
-    busy_start: Seconds = 0.0
-    gemm: KindSpec | None = None
-    memory: KindSpec | None = None
-    gemm_tile: tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]] = (128, 256)
-
-    def busy_eff(self) -> tuple[float, float]:
-        """A copy CTA's share of its idle rate under compute: (host -> GPU, GPU -> host)."""
-        e, d2h = self.busy_cta_efficiency, self.busy_cta_efficiency_d2h
-        return e, e if d2h is None else d2h
-
-    @property
-    def per_cta_slowdown(self) -> float:
-        return self.sm_kernel_slowdown / self.sm_kernel_ctas
-
-    @model_validator(mode="after")
-    def _both_kinds(self) -> "InterferenceSpec":
-        if (self.gemm is None) != (self.memory is None):
-            raise ValueError("gemm and memory: give both kinds' terms or neither")
-        return self
-
-
 class SMSpec(_Frozen):
     """Streaming multiprocessors, as SM copy kernels see them. ``h2d`` / ``d2h`` / ``both``:
     the copy kernel's own ceilings (None: the link's). ``cta_headroom``: a copy kernel gets
     CTAs for this many times its link (``kvsim.core.datapath.copypath.copy_ctas``), since the per-CTA
-    rates, measured with few CTAs, sag as the link fills; default 1."""
+    rates, measured with few CTAs, sag as the link fills; default 1. ``cta_headroom_d2h``:
+    GPU -> host's where it differs (None: the same)."""
 
     count: Annotated[int, Field(ge=2)]
     cta_offload: Rate   # one copy CTA, GPU -> host
@@ -239,6 +153,12 @@ class SMSpec(_Frozen):
     d2h: Rate | None = None
     both: Rate | None = None
     cta_headroom: Annotated[float, Field(ge=1)] = 1.0
+    cta_headroom_d2h: Annotated[float, Field(ge=1)] | None = None
+
+    def headroom(self, direction: str) -> float:
+        """``cta_headroom`` of ``direction`` ('h2d' or 'd2h')."""
+        d2h = self.cta_headroom_d2h
+        return d2h if direction == "d2h" and d2h is not None else self.cta_headroom
 
 
 class NVMeSpec(_Frozen):
@@ -395,7 +315,7 @@ class HardwareProfile(_Frozen):
         ``direction`` ('h2d' or 'd2h'). Both backends call this so they size alike."""
         per = self.sm.cta_onboard if direction == "h2d" else self.sm.cta_offload
         return {"link_bytes_per_s": getattr(self.link, direction), "per_cta_bytes_per_s": per,
-                "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.cta_headroom}
+                "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.headroom(direction)}
 
     def interference_structure(self, gemm: KindTerms | None = None,
                                memory: KindTerms | None = None) -> Structure | None:

@@ -88,7 +88,7 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
     def size(target: float, d: str) -> int:
         if sm_ctas is not None:
             return sm_ctas
-        return copy_ctas(target, rate[d], sm.copy_cta_slots, sm.cta_headroom)
+        return copy_ctas(target, rate[d], sm.copy_cta_slots, sm.headroom(d))
 
     return CostInputs(
         page_bytes, link, ceil, {d: ce.per_page_for(d, page_bytes) for d in DIRECTIONS},
