@@ -32,11 +32,11 @@ Device = Literal["auto", "cpu", "gpu"]
 class CopySettings:
     """GPU <-> host copies. ``force``: the path each direction must take (``h2d``,
     ``d2h``; None: the rule's choice, ``kvsim.core.datapath.copypath``); ``sm_ctas``: the
-    SM kernel's CTAs a direction (None: by Little's law on the profile);
+    SM kernel's CTAs, one count or one a direction (None: by Little's law on the profile);
     ``kernel_on_coherent_link``: the rule's opt-in to the SM kernel on a c2c link."""
 
     force: Mapping[str, Optional[CopyPath]]
-    sm_ctas: Optional[int]
+    sm_ctas: Union[int, Mapping[str, int], None]
     kernel_on_coherent_link: bool
 
 

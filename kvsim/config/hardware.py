@@ -140,7 +140,12 @@ class SMSpec(_Frozen):
     the copy kernel's own ceilings (None: the link's). ``cta_headroom``: a copy kernel gets
     CTAs for this many times its link (``kvsim.core.datapath.copypath.copy_ctas``), since the per-CTA
     rates, measured with few CTAs, sag as the link fills; default 1. ``cta_headroom_d2h``:
-    GPU -> host's where it differs (None: the same)."""
+    GPU -> host's where it differs (None: the same). ``both_ctas_d2h``: the GPU -> host
+    CTAs of an SM-kernel batch beside one host -> GPU on the SM kernel, which keeps its
+    own; ``kvsim calibrate`` measures the count of the greatest total (None: both sized by
+    Little's law on half ``both``). ``both_crowded``: the kernel's both-ways total with
+    more GPU -> host CTAs than that (they wait on the link and slow host -> GPU; None:
+    ``both``)."""
 
     count: Annotated[int, Field(ge=2)]
     cta_offload: Rate   # one copy CTA, GPU -> host
@@ -154,6 +159,15 @@ class SMSpec(_Frozen):
     both: Rate | None = None
     cta_headroom: Annotated[float, Field(ge=1)] = 1.0
     cta_headroom_d2h: Annotated[float, Field(ge=1)] | None = None
+    both_ctas_d2h: Annotated[int, Field(ge=1)] | None = None
+    both_crowded: Rate | None = None
+
+    @model_validator(mode="after")
+    def _both_ctas_fit(self) -> "SMSpec":
+        if self.both_ctas_d2h is not None and self.both_ctas_d2h > self.copy_cta_slots:
+            raise ValueError(f"both_ctas_d2h ({self.both_ctas_d2h}) must not exceed copy_cta_slots "
+                             f"({self.copy_cta_slots})")
+        return self
 
     def headroom(self, direction: str) -> float:
         """``cta_headroom`` of ``direction`` ('h2d' or 'd2h')."""

@@ -256,9 +256,14 @@ def _both_directions(v: Any) -> Any:
 
 
 def _cta_setting(v: Any) -> Any:
-    if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+    def count(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    if v == "auto" or count(v):
         return v
-    raise ValueError("expected 'auto' or a positive number of CTAs")
+    if isinstance(v, dict) and set(v) == {"h2d", "d2h"} and all(count(x) for x in v.values()):
+        return {"h2d": v["h2d"], "d2h": v["d2h"]}
+    raise ValueError("expected 'auto', a positive number of CTAs, or one a direction "
+                     "({h2d: N, d2h: N})")
 
 
 class CopyPathConfig(_Strict):
@@ -299,7 +304,7 @@ class EngineConfig(_Strict):
     # copy engine (the seed's opt-in); no effect on PCIe (kvsim.core.datapath.copypath, rule 3)
     kernel_on_coherent_link: bool = False
     # the SM copy kernel's CTAs a direction: auto (Little's law on the profile) or a count
-    sm_ctas: Annotated[Union[Literal["auto"], int], BeforeValidator(_cta_setting)] = "auto"
+    sm_ctas: Annotated[Union[Literal["auto"], int, dict[str, int]], BeforeValidator(_cta_setting)] = "auto"
     # kernels a step launches a layer (seed 000: the SM copy kernel's lasting idle gap is
     # paid once a kernel, the profile's sm.interference.lasting_gap_per_kernel)
     kernels_per_layer: Annotated[int, Field(gt=0)] = 8

@@ -44,7 +44,7 @@ def check_profile_fit(cfg: RunConfig, profile: HardwareProfile) -> None:
     """What the config model cannot check alone, against the hardware profile: the SM
     kernel's CTAs within the profile's copy CTA slots; a buffered disk tier's page cache."""
     ctas, cta_slots = cfg.engine.sm_ctas, profile.sm.copy_cta_slots
-    if ctas != AUTO and ctas > cta_slots:
+    if ctas != AUTO and max(ctas.values() if isinstance(ctas, dict) else [ctas]) > cta_slots:
         raise ConfigFileError(f"engine.sm_ctas: got {ctas}; the hardware profile {profile.name} "
                               f"has {cta_slots} copy CTA slots (sm.copy_cta_slots)")
     for i, t in enumerate(cfg.cache.tiers):

@@ -144,6 +144,9 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
             r0 = rows[0]
             d["sm"][key] = r0["GBps"] * 1e9 / r0["ctas"]
             why[f"sm.{key}"] = f"measured: SM kernel with {r0['ctas']} CTAs, 64 KiB pages, rate / CTAs"
+    keys, said = fit_both_split(m.ctas)
+    d["sm"].update(keys)
+    why.update(said)
     if m.disk:
         # the sim predicts the hw backend, so the device is fitted as that backend drives it
         # (its I/O threads and piece size); the best cell only where those were not measured
@@ -219,6 +222,32 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["sm"]["interference"].update(kinds)
         why.update(kinds_why)
     return d, why
+
+
+def fit_both_split(rows: list[dict]) -> tuple[dict, dict[str, str]]:
+    """(``sm`` keys, comment per key) from the SM kernel both ways by GPU -> host CTAs
+    (``rows``: calibrate's ``ctas`` rows, those of ``dir`` 'both'): ``both_ctas_d2h``, the
+    count of the greatest total, median over page sizes (the lower); ``both_crowded``, the
+    total at a lone batch's count where that is more. Empty without such rows."""
+    best: dict[int, tuple[float, int]] = {}  # page -> (GB/s, GPU -> host CTAs)
+    for r in rows:
+        if r["dir"] == "both":
+            best[r["page"]] = max(best.get(r["page"], (0.0, 0)), (r["GBps"], r["ctas"]))
+    if not best:
+        return {}, {}
+    split = int(statistics.median_low(c for _, c in best.values()))
+    out = {"both_ctas_d2h": split}
+    why = {"sm.both_ctas_d2h": ("measured: SM kernel both ways, host -> GPU at its own CTAs, the "
+                                "GPU -> host CTAs of the greatest total, median over pages (" +
+                                ", ".join(f"{pb // KiB} KiB {c}: {g:.1f} GB/s"
+                                          for pb, (g, c) in sorted(best.items())) + ")")}
+    lone = [r for r in rows if r["dir"] == "both" and r.get("lone") and r["ctas"] > split]
+    if lone:
+        out["both_crowded"] = statistics.median(r["GBps"] for r in lone) * 1e9
+        why["sm.both_crowded"] = (f"measured: SM kernel both ways, host -> GPU at its own CTAs, "
+                                  f"GPU -> host at a lone batch's {lone[0]['ctas']}, median over "
+                                  f"{len(lone)} page sizes")
+    return out, why
 
 
 def _fit_link_both(cell: dict, d: dict, why: dict[str, str], ce_path: str, big: int) -> None:

@@ -102,8 +102,11 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
     path = c.get("paths") or {"sm_kernel": "sm_kernel", "default": None}.get(c["path"], "copy_engine")
     n = sum(k for _, k in batches)
     log: list = []
+    # the SM kernel's CTAs as hw ran them: a sweep's count, else those the cell recorded
+    # (a forced path's; the rule's own path picks its own)
+    own = c.get("ctas") if c["path"] in ("sm_kernel", "mixed") and isinstance(c.get("ctas"), dict) else None
     st = settings_for(pb, {Level.GPU: n, Level.HOST: n}, profile, refcheck=False,
-                      copy_path=path, sm_ctas=c.get("sm_ctas"), compute_log=log)
+                      copy_path=path, sm_ctas=c.get("sm_ctas") or own, compute_log=log)
     if c.get("projections"):
         st = replace(st, model=replace(st.model, projections=tuple(tuple(x) for x in c["projections"])))
     rt, be = sim_backend(st)

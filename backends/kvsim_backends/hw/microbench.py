@@ -142,9 +142,12 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                      "d2h": [_batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)],
                      "both": [_batch(Level.HOST, Level.GPU, hs[:n], gs[:n], pb),
                               _batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)]}
+            own = dict(be.ctas)
+            split = _both_split(plan, rt, be, cells["both"], m, pb) if be.on_gpu else own
             for path in paths:
                 name = path.value if be.on_gpu else "cpu"
                 for d, batches in cells.items():
+                    be.ctas = split if (path is CopyPath.SM_KERNEL and d == "both") else own
                     _time_batches(rt, be, batches, path)  # warm-up
                     secs = [_time_batches(rt, be, batches, path) for _ in range(plan.repeats)]
                     pages = sum(b.pages for b in batches)
@@ -153,6 +156,7 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                                      "batches": [["h2d" if b.src == Level.HOST else "d2h", int(b.pages)]
                                                  for b in batches],
                                      "ctas": dict(be.ctas) if path is CopyPath.SM_KERNEL else None})
+            be.ctas = own
             for pair in MIXED if be.on_gpu else ():  # one direction on each path
                 both = cells["both"]
                 _time_batches(rt, be, both, list(pair))  # warm-up
@@ -172,6 +176,27 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                         m.ctas.append({"ctas": c, "dir": d, "GBps": n * pb / s / 1e9})
         finally:
             be.close()
+
+
+#: GPU -> host CTAs tried both ways beside host -> GPU's own (and GPU -> host's own)
+BOTH_D2H_CTAS = (2, 3, 4, 5, 6, 8)
+
+
+def _both_split(plan: Plan, rt, be, both: list, m: Measured, pb: int) -> dict[str, int]:
+    """The SM kernel both ways at ``pb``: host -> GPU at its own CTAs beside each GPU -> host
+    count (``m.ctas`` rows, ``dir`` 'both'; ``lone``: a lone batch's); the CTAs of the
+    greatest total (H200: 36 + 4 CTAs 78-79 GB/s; 36 + 5-14 61-69, the waiting slow h2d)."""
+    own, best = dict(be.ctas), (0.0, 0)
+    for c in sorted(set(BOTH_D2H_CTAS) | {own["d2h"]}):
+        be.ctas = {"h2d": own["h2d"], "d2h": c}
+        _time_batches(rt, be, both, CopyPath.SM_KERNEL)  # warm-up
+        s = statistics.median(_time_batches(rt, be, both, CopyPath.SM_KERNEL) for _ in range(plan.repeats))
+        gbs = sum(b.pages for b in both) * pb / s / 1e9
+        m.ctas.append({"ctas": c, "dir": "both", "page": pb, "h2d_ctas": own["h2d"], "GBps": gbs,
+                       "lone": c == own["d2h"]})
+        best = max(best, (gbs, c))
+    be.ctas = own
+    return {"h2d": own["h2d"], "d2h": best[1]}
 
 
 def measure_small(plan: Plan, device: str, m: Measured, settings_for: SettingsFor) -> None:

@@ -71,14 +71,32 @@ def mixed(sigs) -> str | None:
     return "mixed" if ce[1] and sm[0] else None
 
 
+def crowded(sigs, most: float) -> bool:
+    """Whether flows ``sigs`` run the SM copy kernel both ways with more GPU -> host CTAs
+    than ``most``: those wait on the link and slow host -> GPU (``sm.both_crowded``)."""
+    to = back = False
+    for res, _, n, _ in sigs:
+        if n and "sm_both" in res:
+            if "sm_h2d" in res:
+                to = True
+            elif n > most:
+                back = True
+    return to and back
+
+
 def link_caps(cap: dict, sigs, link: Any = "link") -> dict:
     """``cap`` with the link's total (key ``link``) cut to the mixed pair's where flows
-    ``sigs`` cross it each way on another path (``mixed``); ``cap`` itself otherwise."""
+    ``sigs`` cross it each way on another path (``mixed``), and the SM kernel's both-ways
+    total to ``sm_both_crowded`` where its GPU -> host CTAs are more than
+    ``sm_both_ctas_d2h`` (``crowded``); ``cap`` itself otherwise."""
     key = mixed(sigs)
     m = None if key is None else cap.get(key)
-    if m is None or m >= cap[link]:
-        return cap
-    return {**cap, link: m}
+    if m is not None and m < cap[link]:
+        cap = {**cap, link: m}
+    c = cap.get("sm_both_crowded")
+    if c is not None and c < cap["sm_both"] and crowded(sigs, cap["sm_both_ctas_d2h"]):
+        cap = {**cap, "sm_both": c}
+    return cap
 
 
 def busy_cap(cap: float, ctas: int, res: tuple, busy_eff: tuple[float, float], busy: bool) -> float:

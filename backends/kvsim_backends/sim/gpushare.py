@@ -44,6 +44,14 @@ def mixed_caps(link: Any, page_bytes: int) -> dict[str, float]:
     return {"mixed": link.mixed_for("d2h", page_bytes), "mixed_ce_h2d": link.mixed_for("h2d", page_bytes)}
 
 
+def crowded_caps(sm: Any) -> dict[str, float]:
+    """The SM kernel's both-ways total with more GPU -> host CTAs than its split's
+    (``fairshare.link_caps``): none where the profile has none."""
+    if sm.both_crowded is None or sm.both_ctas_d2h is None:
+        return {}
+    return {"sm_both_crowded": sm.both_crowded, "sm_both_ctas_d2h": float(sm.both_ctas_d2h)}
+
+
 def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTable | None) -> Fluid:
     """The rank's GPU fluid: its link (``h2d``, ``d2h``, ``link`` both ways), the SM copy
     kernel's ceilings, HBM, ``disk``'s resources; shared by the ranks on its GPU, whose
@@ -57,7 +65,7 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
         f = Fluid(runtime.env, {"h2d": link.h2d, "d2h": link.d2h, "link": link.both,
                                 "sm_h2d": p.sm_ceiling("h2d"), "sm_d2h": p.sm_ceiling("d2h"),
                                 "sm_both": p.sm_ceiling("both"), "hbm": p.gpu.hbm / 2, **disk,
-                                **mixed_caps(link, settings.page_bytes)},
+                                **mixed_caps(link, settings.page_bytes), **crowded_caps(sm)},
                   per_cta_slowdown=sm.interference.per_cta_slowdown,
                   copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                   busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds,

@@ -75,9 +75,9 @@ class CostInputs:
     busy_per_page: Mapping[str, float]  # the copy engine's more a page under compute
 
 
-def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
-    """The cost rule's inputs from a hardware profile (``sm_ctas``: the setting, None:
-    Little's law)."""
+def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | None) -> CostInputs:
+    """The cost rule's inputs from a hardware profile (``sm_ctas``: the setting, one count
+    or one a direction, taken both ways as it is; None: Little's law)."""
     sm, ce, i = profile.sm, profile.copy_engine, profile.sm.interference
     lk = profile.link
     link = {"h2d": lk.h2d, "d2h": lk.d2h, "both": lk.both,
@@ -87,13 +87,17 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | None) -> CostInputs:
 
     def size(target: float, d: str) -> int:
         if sm_ctas is not None:
-            return sm_ctas
+            return sm_ctas[d] if isinstance(sm_ctas, Mapping) else sm_ctas
         return copy_ctas(target, rate[d], sm.copy_cta_slots, sm.headroom(d))
 
+    one = {d: size(link[d], d) for d in DIRECTIONS}
+    both = {d: size(ceil["both"] / 2, d) for d in DIRECTIONS}
+    if sm_ctas is None and sm.both_ctas_d2h is not None:  # (measured: host -> GPU keeps its own)
+        both = {"h2d": one["h2d"], "d2h": sm.both_ctas_d2h}
     return CostInputs(
         page_bytes, link, ceil, {d: ce.per_page_for(d, page_bytes) for d in DIRECTIONS},
         ce.per_call, sm.launch, {CE: profile.transfer.latency_for(False), SM: profile.transfer.latency_for(True)},
-        rate, {d: size(link[d], d) for d in DIRECTIONS}, {d: size(ceil["both"] / 2, d) for d in DIRECTIONS},
+        rate, one, both,
         dict(zip(DIRECTIONS, i.busy_eff())), i.busy_start, sm.h2d is not None or sm.d2h is not None,
         ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS})
 
@@ -328,7 +332,7 @@ def _load(flows, ci: CostInputs, issue: float = 0.0) -> CopyLoad:
 
 
 def path_chooser(profile, page_bytes: int, pinned: Mapping[str, CopyPath | None],
-                 idle: Mapping[str, CopyPath], sm_ctas: int | None,
+                 idle: Mapping[str, CopyPath], sm_ctas: int | Mapping[str, int] | None,
                  kinds: MixTable | None) -> PathChooser:
     """The chooser for pages of ``page_bytes`` on ``profile``: ``pinned`` paths per
     direction (None: by cost), ``idle`` each direction's path alone with nothing computing
