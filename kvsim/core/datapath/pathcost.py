@@ -73,6 +73,9 @@ class CostInputs:
     additive: bool                   # host time, then DMA (else they overlap)
     one_thread: bool                 # copy-engine calls issued on one host thread, in turn
     busy_per_page: Mapping[str, float]  # the copy engine's more a page under compute
+    # a measured split both ways (``sm.both_ctas_d2h``): the SM kernel's both-ways total
+    # with more GPU -> host CTAs than it (None: no split measured, ``sm.both`` always)
+    crowded: float | None = None
 
 
 def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | None) -> CostInputs:
@@ -99,15 +102,23 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | Non
         ce.per_call, sm.launch, {CE: profile.transfer.latency_for(False), SM: profile.transfer.latency_for(True)},
         rate, one, both,
         dict(zip(DIRECTIONS, i.busy_eff())), i.busy_start, sm.h2d is not None or sm.d2h is not None,
-        ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS})
+        ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS},
+        None if sm_ctas is not None or sm.both_ctas_d2h is None
+        else (sm.both_crowded or profile.sm_ceiling("both")))
 
 
-def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs) -> list[float]:
+def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs,
+          d2h_ctas: int = 0) -> list[float]:
     """Max-min fair rates of flows (direction, path, cap), by progressive filling over
     the link's resources and the SM kernel's own (a pair on different paths: the link's
-    ``mixed`` total too, ``mixed_ce_h2d``'s with the copy engine host -> GPU)."""
+    ``mixed`` total too, ``mixed_ce_h2d``'s with the copy engine host -> GPU; both on the
+    SM kernel with ``d2h_ctas`` GPU -> host CTAs past the split: ``crowded``)."""
     ce_h2d = any(d == "h2d" and p is CE for d, p, _ in flows)
-    res: dict[str, float] = {"both": ci.link["both"], "sm_both": ci.sm["both"],
+    both = ci.sm["both"]
+    if ci.crowded is not None and d2h_ctas > ci.ctas_both["d2h"] and \
+            len(flows) == 2 and all(p is SM for _, p, _ in flows):
+        both = ci.crowded
+    res: dict[str, float] = {"both": ci.link["both"], "sm_both": both,
                              "mixed": ci.link["mixed_ce_h2d" if ce_h2d else "mixed"]}
     mixed = len({p for _, p, _ in flows}) > 1
     uses = []
@@ -193,11 +204,25 @@ class PathChooser:
             return max(a / alone[q], b / pair[q]) - 1.0
         return alt if regret(alt) < regret(idle) - 1e-9 else idle
 
-    def _cap(self, d: str, path: CopyPath, other: CopyPath | None, eff: float) -> float:
-        """A flow's own cap: the SM kernel's CTAs x their rate (x ``eff``), none on the copy engine."""
+    def _cap(self, d: str, path: CopyPath, other: CopyPath | None, eff: float,
+             flying: bool = False) -> float:
+        """A flow's own cap: the SM kernel's CTAs x their rate (x ``eff``), none on the copy
+        engine (``flying``: a batch in flight, ``_flying``'s CTAs)."""
         if path is CE:
             return float("inf")
-        return self.ctas(d, path, other) * self.inputs.cta_rate[d] * eff
+        n = self._flying(d, path, other) if flying else self.ctas(d, path, other)
+        return n * self.inputs.cta_rate[d] * eff
+
+    def _flying(self, d: str, path: CopyPath, other: CopyPath | None) -> int:
+        """The CTAs of a batch in flight that one the other way joins: with a measured
+        split those it launched with alone (its own), else the pair's."""
+        return self.inputs.ctas_one[d] if self.inputs.crowded is not None else self.ctas(d, path, other)
+
+    def _d2h_ctas(self, d: str, path: CopyPath, other: CopyPath | None, flying: bool) -> int:
+        """GPU -> host's CTAs where ``d`` is it on the SM kernel (0 otherwise; ``_fair``)."""
+        if d != "d2h" or path is not SM:
+            return 0
+        return self._flying(d, path, other) if flying else self.ctas(d, path, other)
 
     def _alone_rate(self, d: str, path: CopyPath) -> float:
         """Bytes a second of a long batch moving alone in ``d`` on ``path`` (the copy
@@ -218,8 +243,9 @@ class PathChooser:
         apart)."""
         ci = self.inputs
         od = "d2h" if d == "h2d" else "h2d"
-        rates = _fair([(d, path, self._cap(d, path, joiner, 1.0)),
-                       (od, joiner, self._cap(od, joiner, path, 1.0))], ci)
+        n = self._d2h_ctas(d, path, joiner, True) or self._d2h_ctas(od, joiner, path, False)
+        rates = _fair([(d, path, self._cap(d, path, joiner, 1.0, True)),
+                       (od, joiner, self._cap(od, joiner, path, 1.0))], ci, n)
         pb = ci.page_bytes
         if path is not CE or joiner is not CE:
             if path is SM and joiner is SM:
@@ -271,13 +297,15 @@ class PathChooser:
         computing = stretch is not None
         od = "d2h" if d == "h2d" else "h2d"
 
-        def cap(dd: str, pp: CopyPath, oth: CopyPath | None) -> float:
-            return self._cap(dd, pp, oth, ci.busy_eff[dd] if computing else 1.0)
+        def cap(dd: str, pp: CopyPath, oth: CopyPath | None, flying: bool = False) -> float:
+            return self._cap(dd, pp, oth, ci.busy_eff[dd] if computing else 1.0, flying)
 
         flows = [(d, path, cap(d, path, other))]
+        n = self._d2h_ctas(d, path, other, False)
         if other is not None:
-            flows.append((od, other, cap(od, other, path)))
-        rates = _fair(flows, ci)
+            flows.append((od, other, cap(od, other, path, True)))
+            n = n or self._d2h_ctas(od, other, path, True)
+        rates = _fair(flows, ci, n)
         nbytes = pages * ci.page_bytes
         r = rates[0]
         issue = 0.0
@@ -295,7 +323,7 @@ class PathChooser:
         t += ci.latency[path]
         slowdown = 0.0
         if other is not None:
-            alone = _fair([(od, other, cap(od, other, None))], ci)[0]
+            alone = _fair([(od, other, cap(od, other, None, True))], ci)[0]
             slowdown = 1.0 - rates[1] / alone if alone > 0 else 0.0
         taken = 0.0
         if stretch is not None:
