@@ -9,6 +9,7 @@ hit tokens by tier and per-batch transfer times, each with a relative error.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -294,6 +295,19 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
         assert fit_compute(run["busy"])[0] == pytest.approx(
             {k: a["compute"][k] for k in ("latency", "scale")})
     a["compute"] = b["compute"]
+    # and sm.both: the report's SM-kernel cells both ways ran GPU -> host at 14 CTAs (61.08
+    # GB/s); the committed value, with both_ctas_d2h and both_crowded, is the kernel at its
+    # measured split, as calibrate's fit_both_split and its cells at the split give it from
+    # the 2026-12-03 21:19 H200 rows
+    from kvsim.tools.fit import fit_both_split
+    rows = json.loads((Path(__file__).parent / "fixtures" / "h200-both-split-2026-12-03.json").read_text())["rows"]
+    keys, _ = fit_both_split(rows)
+    assert keys["both_ctas_d2h"] == a["sm"]["both_ctas_d2h"] == 4
+    assert keys["both_crowded"] == pytest.approx(a["sm"]["both_crowded"], rel=1e-3)
+    at = [r["GBps"] * 1e9 for r in rows if r["ctas"] == 4]
+    assert a["sm"]["both"] == pytest.approx(statistics.median(at), rel=1e-3)
+    assert b["sm"]["both"] == pytest.approx(61.08e9, rel=1e-3)
+    a["sm"]["both"] = b["sm"]["both"]
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     num = [k for k in fa if isinstance(fa[k], (int, float)) and not isinstance(fa[k], bool)]
@@ -374,16 +388,18 @@ def test_disk_writes_are_timed_as_the_hw_backend_completes_them(monkeypatch, tmp
 
 
 def test_hw_and_sim_choose_the_same_path_per_direction():
-    """With the calibrated H200 profile: SM kernel up to 64 KiB, copy engine from 256 KiB
-    (at 256 KiB for the pair it may become: ``PathChooser.lone``), both directions; the hw
-    backend (CPU mode) agrees."""
+    """With the calibrated H200 profile: SM kernel up to 64 KiB, copy engine from 1 MiB;
+    at 256 KiB by the pair each may become (``PathChooser.lone``): host -> GPU the SM
+    kernel (a GPU -> host batch joins it at the measured split), GPU -> host the copy
+    engine (beside it on the SM kernel host -> GPU would crowd); the hw backend (CPU mode)
+    agrees."""
     from kvsim_backends.hw import HwBackend, RealtimeRuntime
     from kvsim_backends.sim import SimBackend, SimRuntime
     from kvsim.core.spec import Level
 
     prof = load_profile("h200-pcie-calibrated")
     want = {16: ("sm_kernel", "sm_kernel"), 64: ("sm_kernel", "sm_kernel"),
-            256: ("copy_engine", "copy_engine"), 1024: ("copy_engine", "copy_engine"),
+            256: ("sm_kernel", "copy_engine"), 1024: ("copy_engine", "copy_engine"),
             4096: ("copy_engine", "copy_engine")}
     for kib, (h2d, d2h) in want.items():
         pb = kib * 1024

@@ -23,6 +23,19 @@ KiB = 1 << 10
 CAL = load_profile("h200-pcie-calibrated")
 
 
+def _before_split(p):
+    """``p`` as it was before the SM kernel's both-ways split was measured: one both-ways
+    ceiling (61.08 GB/s at 36 + 14 CTAs), both directions' CTAs by Little's law on half of
+    it, GPU -> host alone at twice its link (the older reasoning, kept for profiles
+    without ``sm.both_ctas_d2h``)."""
+    sm = p.sm.model_copy(update={"both": 61.08e9, "both_ctas_d2h": None, "both_crowded": None,
+                                 "cta_headroom_d2h": None})
+    return p.model_copy(update={"sm": sm})
+
+
+CAL0 = _before_split(CAL)
+
+
 def chooser(profile, page, force=None):
     force = force or {"h2d": None, "d2h": None}
     idle = direction_paths(profile, page, force, None, 0, False)
@@ -58,8 +71,8 @@ def test_a_lone_batch_weighs_the_pair_it_may_become():
     GPU -> host 11.0% alone for 23.1% (75.2 / 61.08: the SM kernel's best pair): both take
     the copy engine, as the H200 measured: both ways on it 74.4-80.8 GB/s at 256 KiB, the
     mixed pairs 50.9-53.5 and 68.0-70.3 (2026-12-03 17:05-17:42)."""
-    ch = chooser(CAL, 256 * KiB)
-    assert direction_paths(CAL, 256 * KiB, {"h2d": None, "d2h": None}, None, 0, False) == \
+    ch = chooser(CAL0, 256 * KiB)
+    assert direction_paths(CAL0, 256 * KiB, {"h2d": None, "d2h": None}, None, 0, False) == \
         {"h2d": SM, "d2h": SM}
     assert ch._alone_rate("h2d", CE) == pytest.approx(47.41e9, rel=1e-3)
     assert ch._alone_rate("h2d", SM) == pytest.approx(49.73e9, rel=1e-6)
@@ -80,7 +93,7 @@ def test_the_fair_rates_of_a_mixed_pair_by_hand():
     link's total for that pairing (``link.mixed`` at 256 KiB: 73.27 GB/s, below the 96.28
     GB/s both ways on one path), below every other bound; the other pairing's
     (``mixed_ce_h2d``, 55.85) the same way."""
-    ci = cost_inputs(CAL, 256 * KiB, None)
+    ci = cost_inputs(CAL0, 256 * KiB, None)
     r = _fair([("h2d", SM, 36 * ci.cta_rate["h2d"]), ("d2h", CE, float("inf"))], ci)
     assert r == pytest.approx([73.27e9 / 2] * 2, rel=1e-4)
     r = _fair([("h2d", CE, float("inf")), ("d2h", SM, 14 * ci.cta_rate["d2h"])], ci)
@@ -100,12 +113,39 @@ def test_beside_the_other_direction_the_pair_keeps_the_higher_sum():
     35.05 GB/s (half the measured 70.1 GB/s of a pair on different paths): the copy engine,
     by the ratio of those rates less its host time. Both SM-kernel directions get CTAs for
     half that ceiling."""
-    ch = chooser(CAL, 256 * KiB)
+    ch = chooser(CAL0, 256 * KiB)
     ce, sm = ch.cost("d2h", 4096, CE, SM, None), ch.cost("d2h", 4096, SM, SM, None)
     assert ce < sm and ce / sm == pytest.approx(30.54 / 35.05, rel=0.05)
     assert ch.choose("d2h", 4096, other=SM)[0] is CE
-    ci = cost_inputs(CAL, 256 * KiB, None)
+    ci = cost_inputs(CAL0, 256 * KiB, None)
     assert ch.ctas("h2d", SM, SM) == ci.ctas_both["h2d"] < ci.ctas_one["h2d"]
+
+
+def test_with_a_measured_split_a_lone_batch_weighs_the_pair_it_would_hold():
+    """256 KiB, H200 calibrated with its measured split (``sm.both_ctas_d2h`` 4, ``both``
+    78.6, ``both_crowded`` 65.8 GB/s), by hand. Host -> GPU first on the SM kernel (36
+    CTAs), GPU -> host joining it there at 4 CTAs x 9.048 = 36.19 GB/s: the two share the
+    78.6, host -> GPU 42.41. GPU -> host first on the SM kernel keeps its lone 8 CTAs, so a
+    host -> GPU batch joining it there holds the crowded 65.8, below the copy engine's pair
+    (75.2): GPU -> host alone takes the copy engine (11% less alone, as before), host ->
+    GPU the SM kernel (its best pair 78.6: no regret). As the H200 measured (2026-12-03
+    21:19): 36 + 4 CTAs 79.1 GB/s (40.3 / 43.2 each way), 36 + 6-8 65.6-67.7, the copy
+    engine both ways 76.0."""
+    ch = chooser(CAL, 256 * KiB)
+    ci = cost_inputs(CAL, 256 * KiB, None)
+    assert ci.ctas_one == {"h2d": 36, "d2h": 8} and ci.ctas_both == {"h2d": 36, "d2h": 4}
+    assert ch._pair_rate("h2d", SM, SM) == pytest.approx(78.6e9, rel=1e-9)
+    assert _fair([("h2d", SM, 36 * ci.cta_rate["h2d"]), ("d2h", SM, 4 * ci.cta_rate["d2h"])], ci, 4) == \
+        pytest.approx([78.6e9 - 4 * 9.048e9, 4 * 9.048e9], rel=1e-6)
+    assert ch._pair_rate("d2h", SM, SM) == pytest.approx(65.8e9, rel=1e-9)
+    assert ch.lone == {"h2d": SM, "d2h": CE}
+    assert ch.choose("d2h", 4096, other=SM) == (SM, 4)
+    assert ch.choose("h2d", 4096, other=CE)[0] is CE
+    # beside a GPU -> host batch on the SM kernel (its 8 CTAs) host -> GPU is priced at
+    # half the crowded total, times 1 + the share of GPU -> host's rate alone it takes
+    half = 65.8e9 / 2
+    t = CAL.sm.launch + CAL.transfer.latency_for(True) + 4096 * 256 * KiB / half
+    assert ch.cost("h2d", 4096, SM, SM, None) == pytest.approx(t * (2 - half / CAL.sm.d2h), rel=1e-6)
 
 
 def test_beside_compute_a_batch_pays_for_the_progress_it_takes():
