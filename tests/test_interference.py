@@ -427,3 +427,19 @@ def test_the_sim_counts_the_gpu_to_host_ctas_its_link_leaves_waiting():
     x = 40e9 / 2e12
     s = 0.05 * 4 + 8 / 6 - 1 + x / (1 - x)
     assert _took(be, rt, READS, path_batch=False) == pytest.approx(0.001 * (1 + s), rel=1e-12)
+
+
+def test_the_drain_share_sets_the_waiting_ctas_apart_from_the_busy_share():
+    """``drain_cta_efficiency_d2h`` sets the rate a GPU -> host CTA drains at in the
+    structural model (how many wait); the busy share GPU -> host, which calibrate fits
+    under a prefill, caps the copy only. Without it the busy share does both."""
+    from kvsim.config.hardware import HardwareProfile, load_profile
+    d = load_profile("h200-pcie-calibrated").model_dump()
+    i = d["sm"]["interference"]
+    i.update(busy_cta_efficiency_d2h=0.5, drain_cta_efficiency_d2h=0.85)
+    p = HardwareProfile.model_validate(d)
+    assert p.interference_structure().cta_d2h_Bps == pytest.approx(p.sm.cta_offload * 0.85)
+    assert p.sm.interference.busy_eff()[1] == 0.5
+    i["drain_cta_efficiency_d2h"] = None
+    q = HardwareProfile.model_validate(d)
+    assert q.interference_structure().cta_d2h_Bps == pytest.approx(q.sm.cta_offload * 0.5)

@@ -341,7 +341,7 @@ class HardwareProfile(_Frozen):
         if g is None or m is None:
             return None
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
-                         tuple(i.gemm_tile), g, m, self.sm.cta_offload * i.busy_eff()[1])
+                         tuple(i.gemm_tile), g, m, self.sm.cta_offload * i.drain_eff())
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

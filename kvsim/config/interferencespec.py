@@ -54,7 +54,13 @@ class InterferenceSpec(_Frozen):
     compute kernel by ``sm_kernel_slowdown`` (linear in the CTA count); any copy-engine
     transfer in flight stretches it by ``copy_engine_slowdown``. ``busy_cta_efficiency``:
     the share of its idle bandwidth a copy CTA gets while compute occupies the SMs;
-    ``busy_cta_efficiency_d2h`` a GPU -> host CTA's where it differs (None: the same).
+    ``busy_cta_efficiency_d2h`` a GPU -> host CTA's where it differs (None: the same);
+    ``drain_cta_efficiency_d2h``: the share of its idle rate a GPU -> host CTA drains at
+    beside a step of the structural model, which sets how many of them wait (the kinds'
+    ``backlog_d2h``; None: the busy share GPU -> host). Apart because they differ: under
+    a prefill's GEMMs 8 CTAs moved 0.37-0.49 of their idle rate (H200, 2026-12-03 22:33),
+    beside a step's HBM reads 1-4 CTAs 0.85 (19:21-19:37); ``kvsim calibrate`` fits the
+    busy share under a prefill and keeps this one from its base.
 
     ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
     the host link ``lasting_after_batches`` times: every later compute call (an engine
@@ -83,6 +89,7 @@ class InterferenceSpec(_Frozen):
     copy_engine_slowdown: Slowdown
     busy_cta_efficiency: Fraction
     busy_cta_efficiency_d2h: Fraction | None = None
+    drain_cta_efficiency_d2h: Fraction | None = None
     lasting_step_penalty: Seconds = 0.0
     # the same effect per kernel: each of a step's kernels (the model's layers x the
     # engine's kernels_per_layer) leaves this much more idle gap once it has begun
@@ -97,6 +104,11 @@ class InterferenceSpec(_Frozen):
         """A copy CTA's share of its idle rate under compute: (host -> GPU, GPU -> host)."""
         e, d2h = self.busy_cta_efficiency, self.busy_cta_efficiency_d2h
         return e, e if d2h is None else d2h
+
+    def drain_eff(self) -> float:
+        """A GPU -> host copy CTA's share of its idle rate as the waiting CTAs count it."""
+        d = self.drain_cta_efficiency_d2h
+        return self.busy_eff()[1] if d is None else d
 
     @property
     def per_cta_slowdown(self) -> float:
