@@ -146,6 +146,13 @@ def test_with_a_measured_split_a_lone_batch_weighs_the_pair_it_would_hold():
     half = 65.8e9 / 2
     t = CAL.sm.launch + CAL.transfer.latency_for(True) + 4096 * 256 * KiB / half
     assert ch.cost("h2d", 4096, SM, SM, None) == pytest.approx(t * (2 - half / CAL.sm.d2h), rel=1e-6)
+    # under compute the load it prices counts that batch's 8 CTAs, the joiner's own 36
+    loads = []
+    ch.cost("h2d", 4096, SM, SM, lambda load: loads.append(load) or 0.0)
+    assert [(x.ctas_h2d, x.ctas_d2h) for x in loads] == [(0, 8), (36, 8)]
+    loads.clear()
+    ch.cost("d2h", 4096, SM, SM, lambda load: loads.append(load) or 0.0)
+    assert [(x.ctas_h2d, x.ctas_d2h) for x in loads] == [(36, 0), (36, 4)]
 
 
 def test_beside_compute_a_batch_pays_for_the_progress_it_takes():

@@ -327,27 +327,24 @@ class PathChooser:
             slowdown = 1.0 - rates[1] / alone if alone > 0 else 0.0
         taken = 0.0
         if stretch is not None:
-            without = _load([(od, other, rates[1] if other is not None else 0.0)], self.inputs)
-            with_ = _load([(d, path, r)] + ([(od, other, rates[1])] if other is not None else []),
-                          self.inputs, issue)
+            fly = [] if other is None else [(od, other, rates[1], self._flying(od, other, path))]
+            without = _load([(od, other, rates[1], self._flying(od, other, None))] if other is not None
+                            else [], self.inputs)
+            with_ = _load([(d, path, r, self.ctas(d, path, other))] + fly, self.inputs, issue)
             s0, s1 = stretch(without), stretch(with_)
             taken = 1.0 - (1.0 + s0) / (1.0 + s1) if s1 > s0 else 0.0
         return t * (1.0 + taken + slowdown)
 
 
 def _load(flows, ci: CostInputs, issue: float = 0.0) -> CopyLoad:
-    """The ``CopyLoad`` of flows (direction, path or None, rate), ``issue`` the
+    """The ``CopyLoad`` of flows (direction, path, rate, SM CTAs), ``issue`` the
     copy-engine calls' issuing share."""
     ctas = {"h2d": 0, "d2h": 0}
     ce = False
     hbm = written = sm_out = 0.0
-    paths = [p for _, p, _ in flows if p is not None]
-    for d, p, r in flows:
-        if p is None:
-            continue
+    for d, p, r, n in flows:
         if p is SM:
-            both = len(paths) == 2 and all(x is SM for x in paths)
-            ctas[d] += ci.ctas_both[d] if both else ci.ctas_one[d]
+            ctas[d] += n
             if d == "d2h":
                 sm_out += r
         else:
