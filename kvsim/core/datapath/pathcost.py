@@ -207,22 +207,24 @@ class PathChooser:
     def _cap(self, d: str, path: CopyPath, other: CopyPath | None, eff: float,
              flying: bool = False) -> float:
         """A flow's own cap: the SM kernel's CTAs x their rate (x ``eff``), none on the copy
-        engine (``flying``: a batch in flight, ``_flying``'s CTAs)."""
+        engine (``flying``: a batch in flight, ``_n``)."""
         if path is CE:
             return float("inf")
-        n = self._flying(d, path, other) if flying else self.ctas(d, path, other)
-        return n * self.inputs.cta_rate[d] * eff
+        return self._n(d, path, other, flying) * self.inputs.cta_rate[d] * eff
 
-    def _flying(self, d: str, path: CopyPath, other: CopyPath | None) -> int:
-        """The CTAs of a batch in flight that one the other way joins: with a measured
-        split those it launched with alone (its own), else the pair's."""
-        return self.inputs.ctas_one[d] if self.inputs.crowded is not None else self.ctas(d, path, other)
+    def _n(self, d: str, path: CopyPath, other: CopyPath | None, flying: bool = False) -> int:
+        """A batch's SM-kernel CTAs (0 on the copy engine): a joiner's by ``ctas``; one in
+        flight that a batch the other way joins (``flying``), with a measured split those
+        it launched with alone (its own), else the pair's."""
+        if path is not SM:
+            return 0
+        if flying and self.inputs.crowded is not None:
+            return self.inputs.ctas_one[d]
+        return self.ctas(d, path, other)
 
     def _d2h_ctas(self, d: str, path: CopyPath, other: CopyPath | None, flying: bool) -> int:
         """GPU -> host's CTAs where ``d`` is it on the SM kernel (0 otherwise; ``_fair``)."""
-        if d != "d2h" or path is not SM:
-            return 0
-        return self._flying(d, path, other) if flying else self.ctas(d, path, other)
+        return self._n(d, path, other, flying) if d == "d2h" else 0
 
     def _alone_rate(self, d: str, path: CopyPath) -> float:
         """Bytes a second of a long batch moving alone in ``d`` on ``path`` (the copy
@@ -327,10 +329,10 @@ class PathChooser:
             slowdown = 1.0 - rates[1] / alone if alone > 0 else 0.0
         taken = 0.0
         if stretch is not None:
-            fly = [] if other is None else [(od, other, rates[1], self._flying(od, other, path))]
-            without = _load([(od, other, rates[1], self._flying(od, other, None))] if other is not None
+            fly = [] if other is None else [(od, other, rates[1], self._n(od, other, path, True))]
+            without = _load([(od, other, rates[1], self._n(od, other, None, True))] if other is not None
                             else [], self.inputs)
-            with_ = _load([(d, path, r, self.ctas(d, path, other))] + fly, self.inputs, issue)
+            with_ = _load([(d, path, r, self._n(d, path, other))] + fly, self.inputs, issue)
             s0, s1 = stretch(without), stretch(with_)
             taken = 1.0 - (1.0 + s0) / (1.0 + s1) if s1 > s0 else 0.0
         return t * (1.0 + taken + slowdown)
