@@ -26,7 +26,7 @@ COMPILE = os.environ.get("KVSIM_COMPILE") == "1"
 CORE = ["retained", "eviction", "lending", "keys", "manager", "queries", "pages", "destinations", "plan", "commits", "request",
         "spec", "stats", "statepages", "tiers", "tree", "types"]
 ENGINE = ["engine", "lifestate", "statemoves", "lifecycle", "live", "arrivals", "decoders", "sessions", "stages", "compute"]
-SIM = ["backend", "fluid", "fairshare", "runtime", "transfer", "servers", "stepjob", "smshare"]
+SIM = ["backend", "fluid", "flow", "fairshare", "runtime", "transfer", "servers", "stepjob", "smshare"]
 
 
 def _compiled():

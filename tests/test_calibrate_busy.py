@@ -86,13 +86,29 @@ def test_the_grid_is_one_way_copies_on_each_path_inside_their_compute():
         assert c.dir_bytes / slow + (0.002 if c.path == "sm_kernel" else 0.0) < c.compute_s
 
 
-def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None = None):
+def _plain(d: dict) -> dict:
+    """``d`` without the structural model's kinds: one busy share for every compute."""
+    d["sm"]["interference"].update(gemm=None, memory=None)
+    return d
+
+
+def _shares(d: dict, kinds: bool) -> dict:
+    """Where the fit writes the busy shares: the GEMM kind's, or the one for all."""
+    i = d["sm"]["interference"]
+    return i["gemm"] if kinds else i
+
+
+def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None = None,
+              kinds: bool = True):
     """SM-kernel rows as calibrate writes them, made by the sim on a profile with the busy
-    ``start`` and per-CTA shares ``eff`` (``eff_d2h``: GPU -> host's, None: the same);
-    idle and busy cells ``idle_err`` slower a byte."""
+    ``start`` and per-CTA shares ``eff`` (``eff_d2h``: GPU -> host's, None: the same), the
+    GEMM kind's (``kinds``) or the one for all; idle and busy cells ``idle_err`` slower a
+    byte."""
     d, _ = _profile(None)
-    d["sm"]["interference"].update(busy_start=start, busy_cta_efficiency=eff,
-                                   busy_cta_efficiency_d2h=eff_d2h)
+    if not kinds:
+        _plain(d)
+    d["sm"]["interference"]["busy_start"] = start
+    _shares(d, kinds).update(busy_cta_efficiency=eff, busy_cta_efficiency_d2h=eff_d2h)
     p = HardwareProfile.model_validate(d)
     work = kind_works(p)["gemm"]
     rows, copies = [], []
@@ -113,29 +129,45 @@ def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None =
     return rows, copies
 
 
+@pytest.mark.parametrize("kinds", [True, False])
 @pytest.mark.parametrize("idle_err", [0.0, 2e-12])
-def test_the_sm_kernel_fit_gives_back_its_start_and_shares(idle_err):
+def test_the_sm_kernel_fit_gives_back_its_start_and_shares(idle_err, kinds):
     """Shares low enough to bind (0.35 host -> GPU, 0.25 back: below the link) and a
-    start of 1.2 ms come back; with a share that does not bind, a lower bound and the
-    start."""
-    rows, copies = _sm_cells(1.2e-3, 0.35, idle_err, eff_d2h=0.25)
+    start of 1.2 ms come back, the GEMM kind's on a profile with the kinds (the reads'
+    left as they were: the cells run a prefill), else the one for all; with a share that
+    does not bind, a lower bound and the start."""
+    rows, copies = _sm_cells(1.2e-3, 0.35, idle_err, eff_d2h=0.25, kinds=kinds)
     d, _ = _profile(None)
-    d["sm"]["interference"].update(busy_start=0.0, busy_cta_efficiency=0.9)
+    if not kinds:
+        _plain(d)
+    d["sm"]["interference"]["busy_start"] = 0.0
+    _shares(d, kinds)["busy_cta_efficiency"] = 0.9  # (the base's, to be fitted again)
+    before = dict(d["sm"]["interference"])
     why: dict[str, str] = {}
     fit_busy_sm(rows, copies, d, why)
-    got = d["sm"]["interference"]
-    assert got["busy_start"] == pytest.approx(1.2e-3, abs=2e-6)
+    got = _shares(d, kinds)
+    assert d["sm"]["interference"]["busy_start"] == pytest.approx(1.2e-3, abs=2e-6)
     assert got["busy_cta_efficiency"] == pytest.approx(0.35, rel=0.01)
     assert got["busy_cta_efficiency_d2h"] == pytest.approx(0.25, rel=0.01)
-    assert HardwareProfile.model_validate(d).sm.interference.busy_eff() == pytest.approx((0.35, 0.25), rel=0.01)
+    spec = HardwareProfile.model_validate(d).sm.interference
+    if kinds:
+        reads = (before["busy_cta_efficiency"], before["busy_cta_efficiency_d2h"])
+        gemm, mem = spec.kind_busy() or ((0.0, 0.0), (0.0, 0.0))
+        assert gemm == pytest.approx((0.35, 0.25), rel=0.01) and mem == reads
+        for key in ("busy_cta_efficiency", "busy_cta_efficiency_d2h"):
+            assert d["sm"]["interference"][key] == before[key]
+            assert why[f"sm.interference.gemm.{key}"].startswith("fitted: ")
+    else:
+        assert spec.busy_eff() == pytest.approx((0.35, 0.25), rel=0.01) and spec.kind_busy() is None
+        assert why["sm.interference.busy_cta_efficiency_d2h"].startswith("fitted: ")
     assert why["sm.interference.busy_start"].startswith("fitted: ")
-    HardwareProfile.model_validate(d)
-    rows, copies = _sm_cells(0.5e-3, 1.0, idle_err)  # (at the link: the share cannot show)
+    rows, copies = _sm_cells(0.5e-3, 1.0, idle_err, kinds=kinds)  # (at the link: the share cannot show)
     d, _ = _profile(None)
+    if not kinds:
+        _plain(d)
     fit_busy_sm(rows, copies, d, why)
-    got = d["sm"]["interference"]
-    assert got["busy_start"] == pytest.approx(0.5e-3, abs=2e-6)
-    assert got["busy_cta_efficiency"] <= 1.0
+    assert d["sm"]["interference"]["busy_start"] == pytest.approx(0.5e-3, abs=2e-6)
+    assert _shares(d, kinds)["busy_cta_efficiency"] <= 1.0
 
 
 def test_the_sm_kernel_fit_needs_its_cells():

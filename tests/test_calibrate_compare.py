@@ -284,9 +284,11 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
         d.pop("notes")
     # the report's base is the committed profile itself (calibrated on its predecessor), so
     # what calibrate does not measure (the CTA headroom, the busy terms from hw_copy.py's
-    # cells, the fill rates of the driver's backings) comes back as committed
+    # cells, the fill rates of the driver's backings; busy_start and the GEMM kind's busy shares
+    # from the 22:31 calibration's cells, refitted) comes back as committed
     assert a["sm"]["cta_headroom"] == b["sm"]["cta_headroom"] == 2.0
-    assert a["sm"]["interference"]["busy_start"] == pytest.approx(283e-6)
+    assert a["sm"]["interference"]["busy_start"] == pytest.approx(716e-6)
+    assert a["sm"]["interference"]["gemm"]["busy_cta_efficiency_d2h"] == 0.485
     # except compute.latency and compute.scale: refitted on 2026-12-03 from the compute
     # stand-in's calls (the report's are the FMA kernel's), as each of those two runs fits them
     from kvsim.tools.fit import fit_compute

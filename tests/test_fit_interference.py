@@ -26,7 +26,8 @@ PROJ = [list(p) for p in settings_for(MiB, {Level.GPU: 1}, model="llama-3-8b").m
 
 def _profile(kinds):
     d = BASE.model_dump()
-    d["sm"]["interference"].update(kinds)
+    for kind, terms in kinds.items():  # (the base's busy shares kept: the copies' timing)
+        d["sm"]["interference"][kind] = {**d["sm"]["interference"][kind], **terms}
     return type(BASE).model_validate(d)
 
 

@@ -25,11 +25,11 @@ CAP = {"h2d": 54e9, "d2h": 54e9, "link": 96e9, "mixed": 70e9, "mixed_ce_h2d": 60
 def test_a_pair_on_both_paths_shares_its_pairings_total():
     assert mixed((CE_H2D, SM_D2H)) == "mixed_ce_h2d" and mixed((SM_H2D, CE_D2H)) == "mixed"
     assert mixed((CE_H2D, CE_D2H)) is None and mixed((SM_D2H,)) is None
-    assert sum(flow_rates(CAP, (CE_H2D, SM_D2H), (1.0, 1.0), False)) == pytest.approx(60e9)
-    assert sum(flow_rates(CAP, (SM_H2D, CE_D2H), (1.0, 1.0), False)) == pytest.approx(70e9)
-    assert sum(flow_rates(CAP, (CE_H2D, CE_D2H), (1.0, 1.0), False)) == pytest.approx(96e9)
+    assert sum(flow_rates(CAP, (CE_H2D, SM_D2H), None)) == pytest.approx(60e9)
+    assert sum(flow_rates(CAP, (SM_H2D, CE_D2H), None)) == pytest.approx(70e9)
+    assert sum(flow_rates(CAP, (CE_H2D, CE_D2H), None)) == pytest.approx(96e9)
     no = {k: v for k, v in CAP.items() if not k.startswith("mixed")}  # (none: link.both)
-    assert sum(flow_rates(no, (CE_H2D, SM_D2H), (1.0, 1.0), False)) == pytest.approx(54e9 + 42e9)
+    assert sum(flow_rates(no, (CE_H2D, SM_D2H), None)) == pytest.approx(54e9 + 42e9)
     assert link_caps(no, (CE_H2D, SM_D2H)) is no
     # a disk write beside them shares no link: not a pair on the link
     assert not mixed((SM_D2H, (("disk_write",), 0.0, 0, True)))

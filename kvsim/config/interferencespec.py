@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from kvsim.config.units import parse_time
-from kvsim.core.datapath.interference import KindTerms
+from kvsim.core.datapath.interference import KindTerms, Shares
 
 Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -30,7 +30,10 @@ class KindSpec(_Frozen):
     bytes a copied byte read from / written into HBM takes from the work's reads;
     ``straggle_h2d`` / ``_d2h``, a GEMM CTA's slowdown beside a copy CTA;
     ``issue_slowdown`` while copy-engine calls issue pages host-bound; ``backlog_d2h``
-    per GPU -> host copy CTA the link leaves waiting (the last four default 0)."""
+    per GPU -> host copy CTA the link leaves waiting (the last four default 0);
+    ``busy_cta_efficiency`` / ``_d2h``: a copy CTA's share of its idle rate beside this
+    kind of work (None: ``InterferenceSpec``'s); a step's are the kinds' weighted by its
+    time in each (``kvsim.core.datapath.interference.busy_share``)."""
 
     cta_sm_share_h2d: Annotated[float, Field(ge=0)]
     cta_sm_share_d2h: Annotated[float, Field(ge=0)]
@@ -41,6 +44,8 @@ class KindSpec(_Frozen):
     straggle_d2h: Annotated[float, Field(ge=0)] = 0.0
     issue_slowdown: Annotated[float, Field(ge=0)] = 0.0
     backlog_d2h: Annotated[float, Field(ge=0)] = 0.0
+    busy_cta_efficiency: Fraction | None = None
+    busy_cta_efficiency_d2h: Fraction | None = None
 
     def terms(self) -> KindTerms:
         return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
@@ -60,7 +65,9 @@ class InterferenceSpec(_Frozen):
     ``backlog_d2h``; None: the busy share GPU -> host). Apart because they differ: under
     a prefill's GEMMs 8 CTAs moved 0.37-0.49 of their idle rate (H200, 2026-12-03 22:33),
     beside a step's HBM reads 1-4 CTAs 0.85 (19:21-19:37); ``kvsim calibrate`` fits the
-    busy share under a prefill and keeps this one from its base.
+    busy share under a prefill (the GEMM kind's, on a profile with the kinds) and keeps
+    this one from its base. Each kind may give its
+    own busy shares (``KindSpec``): a step's are then the kinds' by its time in each.
 
     ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
     the host link ``lasting_after_batches`` times: every later compute call (an engine
@@ -104,6 +111,22 @@ class InterferenceSpec(_Frozen):
         """A copy CTA's share of its idle rate under compute: (host -> GPU, GPU -> host)."""
         e, d2h = self.busy_cta_efficiency, self.busy_cta_efficiency_d2h
         return e, e if d2h is None else d2h
+
+    def kind_busy(self) -> tuple[Shares, Shares] | None:
+        """The kinds' busy shares, (GEMMs', reads'), each (host -> GPU, GPU -> host), the
+        spec's where a kind gives none; None where no kind gives one (one share for all)."""
+        kinds = (self.gemm, self.memory)
+        if all(k is None or (k.busy_cta_efficiency is None and k.busy_cta_efficiency_d2h is None)
+               for k in kinds):
+            return None
+        e, d2h = self.busy_eff()
+
+        def of(k: KindSpec | None) -> Shares:
+            if k is None:
+                return e, d2h
+            h = e if k.busy_cta_efficiency is None else k.busy_cta_efficiency
+            return h, d2h if k.busy_cta_efficiency_d2h is None else k.busy_cta_efficiency_d2h
+        return of(self.gemm), of(self.memory)
 
     def drain_eff(self) -> float:
         """A GPU -> host copy CTA's share of its idle rate as the waiting CTAs count it."""

@@ -219,7 +219,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     fit_busy_sm(m.busy_copies, m.copies, d, why)
     if m.interference:
         kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
-        d["sm"]["interference"].update(kinds)
+        for kind, terms in kinds.items():  # (a kind's busy shares, fitted above, kept)
+            d["sm"]["interference"][kind] = {**(d["sm"]["interference"].get(kind) or {}), **terms}
         why.update(kinds_why)
     return d, why
 

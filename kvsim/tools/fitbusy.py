@@ -69,10 +69,24 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     keep the link full under compute (sized for twice it), every share above the one
     that binds fits alike, and the least of them is a lower bound. ``busy_start``: the
     median of every cell's residual at its direction's share, >= 0. A direction without
-    cells keeps the other's share. Nothing without such rows (the base's kept)."""
+    cells keeps the other's share. On a profile with the structural model's kinds the
+    shares are the GEMM kind's (``sm.interference.gemm``; the reads' kept from the base:
+    the cells run a prefill, a step of GEMMs), else the one for every compute. Nothing
+    without such rows (the base's kept)."""
     rows, idle = _busy_rows(rows, copies, "sm_kernel")
     if not rows:
         return
+    inter = d["sm"]["interference"]
+    at, where = (("gemm", "sm.interference.gemm.") if inter.get("gemm") and inter.get("memory")
+                 else (None, "sm.interference."))
+
+    def with_shares(x: dict, **keys: float | None) -> dict:  # ``x``'s interference with the shares
+        i = dict(x["sm"]["interference"])
+        if at is None:
+            i.update(keys)
+        else:
+            i[at] = {**i[at], **keys}
+        return i
     base = HardwareProfile.model_validate(d)
     own = []  # each cell's idle error at its bytes (no compute: the share plays no part)
     for r in rows:
@@ -81,7 +95,7 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
 
     def residuals(eff: float, dr: str) -> list[float]:  # the cells of ``dr`` at share ``eff``
         key = "busy_cta_efficiency" if dr == "h2d" else "busy_cta_efficiency_d2h"
-        x = dict(d, sm={**d["sm"], "interference": {**d["sm"]["interference"], key: eff,
+        x = dict(d, sm={**d["sm"], "interference": {**with_shares(d, **{key: eff}),
                                                     "busy_start": 0.0}})
         p = HardwareProfile.model_validate(x)
         return [r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
@@ -103,7 +117,7 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
         eff[dr] = best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0], dr)
     h2d = eff.get("h2d", eff.get("d2h"))
     d2h = eff.get("d2h", h2d)
-    d["sm"]["interference"].update(busy_cta_efficiency=h2d, busy_cta_efficiency_d2h=d2h)
+    d["sm"]["interference"] = with_shares(d, busy_cta_efficiency=h2d, busy_cta_efficiency_d2h=d2h)
     res = [v for dr in eff for v in residuals(eff[dr], dr)]
     d["sm"]["interference"]["busy_start"] = max(0.0, statistics.median(res))
     sizes = sorted({(r["page"], r["bytes"]) for r in rows})
@@ -113,7 +127,7 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     why["sm.interference.busy_start"] = (
         f"fitted: {what}: the median of their time beyond the sim's at the shares below, >= 0")
     for key, dr in (("busy_cta_efficiency", "h2d"), ("busy_cta_efficiency_d2h", "d2h")):
-        why[f"sm.interference.{key}"] = (
+        why[where + key] = (
             f"fitted: {what}: the least per-CTA share {dr} at the least squared spread of "
             "that time beyond the sim's (a lower bound where the CTAs keep the link full)"
             + ("" if dr in eff else f"; no {dr} cells: the other direction's"))

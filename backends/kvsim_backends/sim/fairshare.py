@@ -99,24 +99,24 @@ def link_caps(cap: dict, sigs, link: Any = "link") -> dict:
     return cap
 
 
-def busy_cap(cap: float, ctas: int, res: tuple, busy_eff: tuple[float, float], busy: bool) -> float:
+def busy_cap(cap: float, ctas: int, res: tuple, busy: tuple[float, float] | None) -> float:
     """A flow's cap: an SM copy kernel's (``ctas``) is its direction's share of it while
-    compute runs (``busy``; ``busy_eff``: (to the GPU, any other))."""
-    if ctas and busy:
-        return cap * busy_eff[0 if "h2d" in res else 1]
+    compute runs (``busy``: the shares (to the GPU, any other); None: none runs)."""
+    if ctas and busy is not None:
+        return cap * busy[0 if "h2d" in res else 1]
     return cap
 
 
-def flow_rates(cap: dict[str, float], sigs: tuple, busy_eff: tuple[float, float],
-               jobs_running: bool) -> tuple[float, ...]:
+def flow_rates(cap: dict[str, float], sigs: tuple,
+               busy: tuple[float, float] | None) -> tuple[float, ...]:
     """Max-min fair rate of each of a fluid's flows with signatures ``sigs`` (``(res, cap,
     ctas, ce)`` each) over resources of bandwidths ``cap``, by progressive filling; an SM
-    copy kernel's cap is its direction's ``busy_eff`` of it while compute runs
-    (``jobs_running``, ``busy_cap``); the link's total its pairing's while both paths
-    cross it (``link_caps``)."""
+    copy kernel's cap is its direction's ``busy`` share of it while compute runs
+    (``busy_cap``); the link's total its pairing's while both paths cross it
+    (``link_caps``)."""
     if not sigs:
         return ()
-    caps = [busy_cap(c, n, res, busy_eff, jobs_running) for res, c, n, _ in sigs]
+    caps = [busy_cap(c, n, res, busy) for res, c, n, _ in sigs]
     if len(sigs) == 1:  # the common case: no sharing
         rate = min(cap[r] for r in sigs[0][0])
         return (min(rate, caps[0]) if caps[0] else rate,)

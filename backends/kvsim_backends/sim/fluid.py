@@ -18,7 +18,8 @@ calls issuing their pages (``issue``). Any other job's slowdown (the older model
 and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
 bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
 job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate (GPU -> host
-ones ``busy_cta_efficiency_d2h`` where given). A fluid of a
+ones ``busy_cta_efficiency_d2h`` where given; with ``busy_kinds``, a step's by its kinds,
+the least over the jobs: ``busy_now``). A fluid of a
 GPU that several ranks share (``share_compute``: ``node.ranks_per_gpu`` > 1, one fluid for
 their links, SM pool and HBM) shares its SMs by its jobs' kernel lengths
 (``kvsim_backends.sim.smshare``; equal kernels: 1 / n each, processor sharing): a job's
@@ -52,33 +53,18 @@ from typing import Any, Callable, Final
 
 import simpy
 
-from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, legacy_stretch
+from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Shares, busy_share,
+                                              legacy_stretch, least_share)
 from kvsim.core.datapath.work import StepWork
 
 from .fairshare import flow_rates, flows_load
 from .runtime import Clock, Wake
 from .smshare import KernelLengths, factors
+from .flow import Flow
 from .stepjob import Job
 
 _INF: Final = math.inf
 _ALLOC_CACHE_MAX: Final = 4096  # distinct flow mixes remembered (a bound, never reached in practice)
-
-
-class Flow:
-    __slots__ = ("remaining", "res", "cap", "sm", "ctas", "ce", "rate", "done", "nbytes", "sig")
-
-    def __init__(self, nbytes: float, res: tuple[str, ...], cap: float, ctas: int, ce: bool,
-                 done: Callable[[], object], sig: int):
-        self.nbytes = nbytes
-        self.remaining = float(nbytes)
-        self.res = res
-        self.cap = cap          # idle cap in bytes/s (0: none)
-        self.sm = ctas > 0
-        self.ctas = ctas
-        self.ce = ce
-        self.rate = 0.0
-        self.done = done  # what to call when the bytes have moved
-        self.sig = sig  # numbers (res, cap, ctas, ce): all its rate and the slowdown depend on
 
 
 class Fluid:
@@ -87,7 +73,8 @@ class Fluid:
     def __init__(self, env: simpy.Environment, capacities: dict[str, float], *,
                  per_cta_slowdown: float, copy_engine_slowdown: float,
                  busy_cta_efficiency: float, kinds: MixTable | None = None,
-                 busy_cta_efficiency_d2h: float | None = None):
+                 busy_cta_efficiency_d2h: float | None = None,
+                 busy_kinds: tuple[Shares, Shares] | None = None):
         self.env = env
         self.clock = Clock(env)  # (its queue, for the wake-ups and events below)
         self.cap = dict(capacities)
@@ -95,6 +82,7 @@ class Fluid:
         self.ce_slow = copy_engine_slowdown
         self.busy_eff = (busy_cta_efficiency, busy_cta_efficiency if busy_cta_efficiency_d2h is None
                          else busy_cta_efficiency_d2h)  # (to the GPU, any other)
+        self.busy_kinds = busy_kinds  # (GEMMs', reads') shares of a step's work (None: busy_eff)
         self.kinds = kinds  # the structural model (None: the older one for every job)
         self.share_compute: KernelLengths | None = None  # its jobs share the SMs (ranks on one GPU)
         self.held = 0  # kernels that take every SM now (``hold``): no job progresses
@@ -167,6 +155,7 @@ class Fluid:
         now = self.clock.now
         share = self.share_compute
         job = Job(work_s, now, done, work, 0.0, self.kinds is not None or share is not None)
+        before = self.busy_now()
         if share is not None:
             job.k_g, job.k_m = share.of(work)
         self._set_slow(job)
@@ -174,7 +163,7 @@ class Fluid:
         if not self.jobs:
             self._jobs_since = now
         self.jobs.append(job)
-        if self._n_sm and len(self.jobs) == 1:
+        if self._n_sm and (len(self.jobs) == 1 or self._moved(before)):
             # compute starts: SM copy kernels drop to their busy rate
             self._sync_flows()
             self._realloc()
@@ -252,6 +241,20 @@ class Fluid:
         """What the current flows take from compute (``IDLE`` without ``kinds``)."""
         return self._load
 
+    def busy_now(self) -> Shares | None:
+        """SM copy CTAs' shares of their idle rates beside the jobs (None: none, or held):
+        ``busy_eff``; with ``busy_kinds`` each job's by its step's kinds, the least."""
+        if not self.jobs or self.held:
+            return None
+        kinds = self.busy_kinds
+        if kinds is None:
+            return self.busy_eff
+        return least_share([busy_share(self.busy_eff, kinds, j.work) for j in self.jobs])
+
+    def _moved(self, before: Shares | None) -> bool:
+        """With ``busy_kinds``, whether the shares moved from ``before`` (a job came or went)."""
+        return self.busy_kinds is not None and self.busy_now() != before
+
     def slowdown_of(self, work: StepWork | None) -> float:
         """The stretch beyond 1 a compute of ``work`` would run at under the current flows."""
         return self._slow_of(work)
@@ -322,13 +325,14 @@ class Fluid:
             job.remaining = job.mem_s
             self._reshare(job)
             return
+        before = self.busy_now()
         del self.jobs[i]
         if not self.jobs:
             self.compute_busy_s += now - self._jobs_since
-            if self._n_sm:  # compute stops: SM copy kernels get their idle rate back
-                self._sync_flows()
-                self._realloc()
-        elif self.share_compute is not None:
+        if self._n_sm and (not self.jobs or self._moved(before)):
+            self._sync_flows()  # (compute stops: SM copy kernels get their idle rate back)
+            self._realloc()     # (which re-times the jobs left too)
+        elif self.jobs and self.share_compute is not None:
             self._reshare(None)  # (the others' shares of the SMs grow)
         self.clock.succeed(job.done, now - job.start)
 
@@ -412,24 +416,24 @@ class Fluid:
         rate, in order (the caller sets them). Memoised: the result depends only on the
         flows' signatures, in order, and on whether compute runs, and recomputing it gives
         the very same floats."""
-        jobs = bool(self.jobs) and not self.held  # (held jobs take no SM from a copy)
+        busy = self.busy_now()  # (held jobs take no SM from a copy)
         nums = [f.sig for f in self.flows]
-        key = (jobs, self._issue, *nums)
+        key = (busy, self._issue, *nums)
         cache = self._alloc_cache
         hit = cache.get(key)
         if hit is None:
             if len(cache) >= _ALLOC_CACHE_MAX:
                 cache.clear()
             sigs = self._sigs
-            hit = cache[key] = self._allocation(jobs, tuple([sigs[n] for n in nums]))
+            hit = cache[key] = self._allocation(busy, tuple([sigs[n] for n in nums]))
         self._slow, self._load, rates = hit
         return rates
 
-    def _allocation(self, jobs_running: bool, sigs: tuple
+    def _allocation(self, busy: Shares | None, sigs: tuple
                     ) -> tuple[float, CopyLoad, tuple[float, ...]]:
         """(slowdown, load, max-min fair rate of each flow) for flows with signatures
-        ``sigs`` (``(res, cap, ctas, ce)`` each)."""
-        rates = flow_rates(self.cap, sigs, self.busy_eff, jobs_running)
+        ``sigs`` (``(res, cap, ctas, ce)`` each), beside compute of shares ``busy``."""
+        rates = flow_rates(self.cap, sigs, busy)
         return (*self._loaded(sigs, rates), rates)
 
     def _loaded(self, sigs: tuple, rates: tuple[float, ...]) -> tuple[float, CopyLoad]:

@@ -112,7 +112,7 @@ class NodeBus:
         sizes = []
         for m in members:
             i, own, sigs = m.bus_index, m.cap, m._sigs
-            busy = bool(m.jobs) and not m.held  # (held jobs take no SM from a copy)
+            busy = m.busy_now()
             mine = [sigs[f.sig] for f in m.flows]
             own = link_caps(own, mine)  # (its link's total while both paths cross it)
             for rs, c, n, _ in mine:
@@ -121,7 +121,7 @@ class NodeBus:
                     if r not in self.cap:
                         cap[(i, r)] = own[r]
                 res.append(keys)
-                limits.append(busy_cap(c, n, rs, m.busy_eff, busy))
+                limits.append(busy_cap(c, n, rs, busy))
             sizes.append(len(m.flows))
         flat = fair_rates(cap, res, limits)
         out, at = [], 0

@@ -56,7 +56,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_tiles, row_buckets
+from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share, gemm_tiles, row_buckets
 
 
 class CopyLoad(NamedTuple):
@@ -288,3 +288,27 @@ def legacy_stretch(per_cta: float, copy_engine: float, load: CopyLoad) -> float:
     bytes, ``copy_engine`` while a copy-engine copy moves bytes (the same float the sim
     computed before the kinds)."""
     return per_cta * (load.ctas_h2d + load.ctas_d2h) + (copy_engine if load.copy_engine else 0.0)
+
+
+Shares = tuple[float, float]  # a copy CTA's share of its idle rate: (host -> GPU, GPU -> host)
+
+
+def busy_share(other: Shares, kinds: tuple[Shares, Shares] | None,
+               work: StepWork | None) -> Shares:
+    """A copy CTA's share of its idle rate under a compute of ``work``: ``other`` where it
+    is not a step's work or without per-kind shares; else the kinds' (``kinds``: (GEMMs',
+    reads')) weighted by the time the step spends as each (``gemm_share``): the mean rate
+    of a copy the CTAs bind through the whole step. (Measured on an H200: under a
+    prefill's GEMMs 8 GPU -> host CTAs moved 0.37-0.49 of their idle rate, beside reads
+    1-4 of them 0.85.)"""
+    if kinds is None or work is None:
+        return other
+    w = gemm_share(work)
+    (g0, g1), (m0, m1) = kinds
+    return m0 + w * (g0 - m0), m1 + w * (g1 - m1)
+
+
+def least_share(shares: Sequence[Shares]) -> Shares:
+    """The shares beside several computes at once (ranks sharing a GPU): each direction's
+    least, the compute that holds the SMs hardest."""
+    return min(s[0] for s in shares), min(s[1] for s in shares)

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, copy_ctas
-from kvsim.core.datapath.interference import IDLE, CopyLoad, MixTable, issue_share, legacy_stretch
+from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Shares, busy_share,
+                                              issue_share, legacy_stretch)
 from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share
 
 CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
@@ -76,6 +77,9 @@ class CostInputs:
     # a measured split both ways (``sm.both_ctas_d2h``): the SM kernel's both-ways total
     # with more GPU -> host CTAs than it (None: no split measured, ``sm.both`` always)
     crowded: float | None = None
+    # the kinds' busy shares, (GEMMs', reads') each (h2d, d2h) (None: ``busy_eff`` beside any
+    # step; ``kvsim.core.datapath.interference.busy_share``)
+    busy_kinds: tuple[Shares, Shares] | None = None
 
 
 def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | None) -> CostInputs:
@@ -104,7 +108,7 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | Non
         dict(zip(DIRECTIONS, i.busy_eff())), i.busy_start, sm.h2d is not None or sm.d2h is not None,
         ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS},
         None if sm_ctas is not None or sm.both_ctas_d2h is None
-        else (sm.both_crowded or profile.sm_ceiling("both")))
+        else (sm.both_crowded or profile.sm_ceiling("both")), i.kind_busy())
 
 
 def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs,
@@ -179,8 +183,11 @@ class PathChooser:
         share = round(gemm_share(work) * 64) / 64
         rows = gemm_rows(work.tokens, kinds.min_rows, kinds.max_rows)
         gemms, structure = kinds.gemms[rows], kinds.structure
+        ci = self.inputs
+        busy = None if ci.busy_kinds is None else dict(zip(DIRECTIONS, busy_share(
+            (ci.busy_eff["h2d"], ci.busy_eff["d2h"]), ci.busy_kinds, work)))
         return self.choose(d, pages, other,
-                           lambda load: structure.stretch(share, gemms, load), (share, rows))
+                           lambda load: structure.stretch(share, gemms, load), (share, rows), busy)
 
     def _lone(self, d: str) -> CopyPath:
         """The path of a batch that starts alone while nothing computes: the older rule's
@@ -270,11 +277,13 @@ class PathChooser:
         return ci.ctas_both[d] if (path is SM and other is SM) else ci.ctas_one[d]
 
     def choose(self, d: str, pages: int, other: CopyPath | None = None,
-               stretch: Stretch | None = None, key: object = None) -> tuple[CopyPath, int]:
+               stretch: Stretch | None = None, key: object = None,
+               busy: Mapping[str, float] | None = None) -> tuple[CopyPath, int]:
         """(path, SM CTAs) for a batch of ``pages`` in ``d``: ``other``, the path of the
         other direction's batch in flight (None: none); ``stretch(load)``, the running
         compute's stretch under a load (None: nothing computes), ``key`` naming it (the
-        decision is cached under it)."""
+        decision is cached under it: ``busy``, a copy CTA's shares beside it by direction,
+        None: ``busy_eff``, must follow from it)."""
         p = self.pinned.get(d)
         if p is not None:  # (a pinned path keeps its CTAs too: what it was sized and measured at)
             return p, self.inputs.ctas_one[d]
@@ -285,22 +294,23 @@ class PathChooser:
         k = (d, other, key if stretch is not None else None, n)
         hit = self._cache.get(k)
         if hit is None:
-            best = min((self.cost(d, n, path, other, stretch), i, path)
+            best = min((self.cost(d, n, path, other, stretch, busy), i, path)
                        for i, path in enumerate((CE, SM)))
             path = best[2]
             hit = self._cache[k] = (path, self.ctas(d, path, other))
         return hit
 
     def cost(self, d: str, pages: int, path: CopyPath, other: CopyPath | None,
-             stretch: Stretch | None) -> float:
+             stretch: Stretch | None, busy: Mapping[str, float] | None = None) -> float:
         """Seconds a batch costs on ``path``: its time x (1 + the compute's progress it
-        takes + the other direction's rate it takes)."""
+        takes + the other direction's rate it takes); ``busy`` as ``choose``."""
         ci = self.inputs
         computing = stretch is not None
         od = "d2h" if d == "h2d" else "h2d"
+        eff = ci.busy_eff if busy is None else busy
 
         def cap(dd: str, pp: CopyPath, oth: CopyPath | None, flying: bool = False) -> float:
-            return self._cap(dd, pp, oth, ci.busy_eff[dd] if computing else 1.0, flying)
+            return self._cap(dd, pp, oth, eff[dd] if computing else 1.0, flying)
 
         flows = [(d, path, cap(d, path, other))]
         n = self._d2h_ctas(d, path, other, False)
@@ -314,9 +324,9 @@ class PathChooser:
         if path is CE:
             host = pages * ci.per_page[d]
             dma = nbytes / r
-            busy = ci.busy_per_page[d] if computing else 0.0
-            if busy > 0:  # under compute a page's DMA takes that longer (the sim caps its flow)
-                dma = max(dma, pages * (ci.page_bytes / ci.link[d] + busy))
+            more = ci.busy_per_page[d] if computing else 0.0
+            if more > 0:  # under compute a page's DMA takes that longer (the sim caps its flow)
+                dma = max(dma, pages * (ci.page_bytes / ci.link[d] + more))
             t = ci.per_call + (host + dma if ci.additive else max(host, dma))
             # its issuing's host-bound share, over the batch's time
             issue = issue_share(ci.per_page[d], ci.page_bytes, ci.link[d]) * host / t if t > 0 else 0.0
