@@ -263,7 +263,6 @@ def interference_fit(busy_cells, profile, idle_cells=()):
     from kvsim.config.hardware import HardwareProfile  # noqa: PLC0415
 
     sm = profile.sm
-    rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
     med = lambda v: float(np.median(v)) if v else None  # noqa: E731
     smc = [c for c in busy_cells if c["path"] == "sm_kernel" and c["seconds"] > 0]
     idle = {_key(c): c for c in idle_cells}
@@ -272,7 +271,8 @@ def interference_fit(busy_cells, profile, idle_cells=()):
         fixed = sm.launch + profile.transfer.latency_for(True) + start
         eff = []
         for c in smc:
-            cap = (c["ctas"] or {}).get(c["dir"], 0) * rate.get(c["dir"], 0.0)
+            rate = sm.cta_rate(c["dir"], c["page"]) if c["dir"] in ("h2d", "d2h") else 0.0
+            cap = (c["ctas"] or {}).get(c["dir"], 0) * rate
             if c["dir"] != "both" and cap > 0 and c["seconds"] > fixed:
                 eff.append(min(1.0, c["bytes"] / (c["seconds"] - fixed) / cap))
         return max(eff) if eff else None
@@ -510,7 +510,7 @@ def busy_picks(data, profile) -> tuple[int, int, list[str]]:
         model = settings_for(pb, {}, profile, model=KIND_MODEL).model
         ch = path_chooser(profile, pb, pinned_paths(profile, pb, free, None, 0, False),
                           direction_paths(profile, pb, free, None, 0, False), None,
-                          mix_table(profile, model))
+                          mix_table(profile, model, pb))
         work, pages = StepWork(*one["work"]), one["pages"]
         h2d = ch.pick("h2d", pages, None, True, work)[0]
         picks = {"h2d": h2d, "d2h": ch.pick("d2h", pages, None, True, work)[0],

@@ -32,7 +32,7 @@ def test_the_measured_split_keeps_host_to_gpu_at_its_own_ctas():
     # a count set in the run config is taken both ways as it is, one or one a direction
     assert cost_inputs(p, 256 << 10, 12).ctas_both == {"h2d": 12, "d2h": 12}
     assert cost_inputs(p, 256 << 10, {"h2d": 30, "d2h": 6}).ctas_both == {"h2d": 30, "d2h": 6}
-    assert direction_ctas({"h2d": 30, "d2h": 6}, p) == {"h2d": 30, "d2h": 6}
+    assert direction_ctas({"h2d": 30, "d2h": 6}, p, 256 << 10) == {"h2d": 30, "d2h": 6}
     with pytest.raises(ValidationError, match="both_ctas_d2h"):
         _profile(both_ctas_d2h=500)
 

@@ -62,7 +62,8 @@ from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
 from kvsim.config.interferencespec import InterferenceSpec, KindTerms
 from kvsim.core.datapath.interference import Structure
-from kvsim.config.units import PageCost, PageRate, page_cost_at, parse_rate, parse_size, parse_time
+from kvsim.config.units import (PageCost, PageRate, PageRateRequired, page_cost_at, parse_rate,
+                                parse_size, parse_time)
 
 CONFIG_DIR = CONFIGS  # configs/ of the checkout, or the installed copy (kvsim.config.paths)
 
@@ -145,11 +146,13 @@ class SMSpec(_Frozen):
     own; ``kvsim calibrate`` measures the count of the greatest total (None: both sized by
     Little's law on half ``both``). ``both_crowded``: the kernel's both-ways total with
     more GPU -> host CTAs than that (they wait on the link and slow host -> GPU; None:
-    ``both``)."""
+    ``both``). ``cta_offload`` / ``cta_onboard``: one copy CTA's rate GPU -> host / host
+    -> GPU, a rate or a table by page size (``cta_rate``; on the H200 GPU -> host 8.6-9.0
+    GB/s a CTA at 64 KiB pages, 10.7-11.0 at 256 KiB-1 MiB)."""
 
     count: Annotated[int, Field(ge=2)]
-    cta_offload: Rate   # one copy CTA, GPU -> host
-    cta_onboard: Rate   # one copy CTA, host -> GPU
+    cta_offload: PageRateRequired   # one copy CTA, GPU -> host
+    cta_onboard: PageRateRequired   # one copy CTA, host -> GPU
     threads_per_cta: Annotated[int, Field(gt=0)]
     copy_cta_slots: Annotated[int, Field(ge=2)]  # copy CTAs resident at once, all kernels
     launch: Seconds
@@ -168,6 +171,19 @@ class SMSpec(_Frozen):
             raise ValueError(f"both_ctas_d2h ({self.both_ctas_d2h}) must not exceed copy_cta_slots "
                              f"({self.copy_cta_slots})")
         return self
+
+    def cta_rate(self, direction: str, page_bytes: int | None = None) -> float:
+        """One copy CTA's bytes per second in ``direction`` ('h2d': ``cta_onboard``, 'd2h':
+        ``cta_offload``) at pages of ``page_bytes``: a rate as it is; a table linear in
+        log2(page size) between its two nearest points, its end value beyond either end
+        (``page_cost_at``). ``page_bytes`` None (no page size known): a table's value at
+        its largest page, the rate of large pages."""
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"direction: got {direction!r}; expected 'h2d' or 'd2h'")
+        r = self.cta_onboard if direction == "h2d" else self.cta_offload
+        if not isinstance(r, dict):
+            return r
+        return r[max(r)] if page_bytes is None else page_cost_at(r, page_bytes)
 
     def headroom(self, direction: str) -> float:
         """``cta_headroom`` of ``direction`` ('h2d' or 'd2h')."""
@@ -324,24 +340,27 @@ class HardwareProfile(_Frozen):
                 "per_copy_host_s": self.copy_engine.per_page_for(direction, page_bytes),
                 "link_bytes_per_s": getattr(self.link, direction), "sm_bytes_per_s": own}
 
-    def cta_args(self, direction: str) -> dict:
+    def cta_args(self, direction: str, page_bytes: int) -> dict:
         """Keyword arguments of ``kvsim.core.datapath.copypath.sm_ctas`` (after the setting) for
-        ``direction`` ('h2d' or 'd2h'). Both backends call this so they size alike."""
-        per = self.sm.cta_onboard if direction == "h2d" else self.sm.cta_offload
+        ``direction`` ('h2d' or 'd2h') at pages of ``page_bytes`` (the per-CTA rate's page
+        size). Both backends call this so they size alike."""
+        per = self.sm.cta_rate(direction, page_bytes)
         return {"link_bytes_per_s": getattr(self.link, direction), "per_cta_bytes_per_s": per,
                 "max_ctas": self.sm.copy_cta_slots, "headroom": self.sm.headroom(direction)}
 
-    def interference_structure(self, gemm: KindTerms | None = None,
-                               memory: KindTerms | None = None) -> Structure | None:
+    def interference_structure(self, gemm: KindTerms | None = None, memory: KindTerms | None = None,
+                               page_bytes: int | None = None) -> Structure | None:
         """The structural interference model with the profile's kinds' terms, or ``gemm`` /
-        ``memory`` in their place (a fit's); None without them (the older model)."""
+        ``memory`` in their place (a fit's); None without them (the older model). Its GPU
+        -> host CTAs drain at the per-CTA rate at pages of ``page_bytes`` (``SMSpec.cta_rate``;
+        None: a table's largest page's)."""
         i = self.sm.interference
         g = gemm or (i.gemm.terms() if i.gemm else None)
         m = memory or (i.memory.terms() if i.memory else None)
         if g is None or m is None:
             return None
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
-                         tuple(i.gemm_tile), g, m, self.sm.cta_offload * i.drain_eff())
+                         tuple(i.gemm_tile), g, m, self.sm.cta_rate("d2h", page_bytes) * i.drain_eff())
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

@@ -112,6 +112,8 @@ def parse_page_rate(value):
 
 #: a bandwidth or a table by page size (read with ``page_cost_at``: linear in log2 size)
 PageRate = Annotated[float | dict[int, float] | None, BeforeValidator(parse_page_rate)]
+#: the same, required (a key without a default: ``sm.cta_offload`` / ``sm.cta_onboard``)
+PageRateRequired = Annotated[float | dict[int, float], BeforeValidator(parse_page_rate)]
 
 
 def page_cost_at(cost: float | dict[int, float], page_bytes: int) -> float:

@@ -140,10 +140,12 @@ LONG_S = 10.0  # the compute beside which a cell's loads are read: longer than a
 
 class Cell:
     """A measured cell as the fit sees it: its step's nominal seconds and GEMM share,
-    its GEMMs, the loads its copy took (from, load) in order, hw's stretch and tolerance."""
+    its GEMMs, the loads its copy took (from, load) in order, hw's stretch and tolerance,
+    the rate its waiting GPU -> host CTAs drain at (its page size's)."""
 
     def __init__(self, profile: HardwareProfile, row: dict):
-        structure = _structure(profile, ZERO, ZERO)
+        structure = _structure(profile, ZERO, ZERO, row["page"])
+        self.drain = structure.cta_d2h_Bps
         w = cell_work(row)
         self.share, self.gemms = _mix(row, structure)
         self.seconds = row["compute_s"] * profile.compute.scale
@@ -156,7 +158,10 @@ class Cell:
 
     def stretch(self, s: Structure) -> float:
         """The step's stretch under the cell's loads with ``s``'s terms (as the fluid
-        runs it: its GEMM part first, then its reads; unslowed before the first load)."""
+        runs it: its GEMM part first, then its reads; unslowed before the first load), its
+        GPU -> host CTAs draining at its page size's rate."""
+        if s.cta_d2h_Bps != self.drain:
+            s = replace(s, cta_d2h_Bps=self.drain)
         g_left = self.seconds * self.share
         m_left = self.seconds - g_left
         t = 0.0
@@ -191,8 +196,9 @@ class Cell:
 ZERO = KindTerms(0.0, 0.0, 0.0, 0.0)
 
 
-def _structure(profile: HardwareProfile, gemm: KindTerms, memory: KindTerms) -> Structure:
-    s = profile.interference_structure(gemm, memory)
+def _structure(profile: HardwareProfile, gemm: KindTerms, memory: KindTerms,
+               page_bytes: int | None = None) -> Structure:
+    s = profile.interference_structure(gemm, memory, page_bytes)
     assert s is not None  # (both kinds given)
     return s
 

@@ -237,8 +237,8 @@ class HwBackend:
         c = self.settings.copy
         args = (self.profile, self.page_bytes, self.host, self.slots.get(Level.HOST, 0), self.on_gpu,
                 c.force, c.kernel_on_coherent_link)
-        self.ctas = direction_ctas(c.sm_ctas, self.profile)
-        structure = self.profile.interference_structure()
+        self.ctas = direction_ctas(c.sm_ctas, self.profile, self.page_bytes)
+        structure = self.profile.interference_structure(page_bytes=self.page_bytes)
         m = self.settings.model
         kinds = (MixTable(structure, m.projections, m.min_rows, m.max_rows)
                  if structure is not None else None)

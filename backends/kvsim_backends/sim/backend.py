@@ -46,10 +46,10 @@ from .servers import Units
 _INF: Final = math.inf
 
 
-def mix_table(profile, model) -> MixTable | None:
+def mix_table(profile, model, page_bytes: int) -> MixTable | None:
     """The structural interference model for ``model``'s GEMMs (``ModelSettings``) on
-    ``profile``, or None where the profile has only the older terms."""
-    structure = profile.interference_structure()
+    ``profile`` at pages of ``page_bytes``, or None where the profile has only the older terms."""
+    structure = profile.interference_structure(page_bytes=page_bytes)
     if structure is None:
         return None
     return MixTable(structure, model.projections, model.min_rows, model.max_rows)
@@ -107,8 +107,8 @@ class SimBackend(Transfers):
         self.issue_share = {d: (issue_share(self.per_page[d], page_bytes, getattr(link, d))
                                 if p.interference_structure() is not None else 0.0)
                             for d in ("h2d", "d2h")}
-        self.ctas = direction_ctas(c.sm_ctas, p)
-        self._cta_rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
+        self.ctas = direction_ctas(c.sm_ctas, p, page_bytes)
+        self._cta_rate = {d: sm.cta_rate(d, page_bytes) for d in ("h2d", "d2h")}
         op = min(page_bytes, nv.piece)
         self.ops_per_page = -(-page_bytes // nv.piece)
         disk_cfg = settings.disk
@@ -138,7 +138,7 @@ class SimBackend(Transfers):
         # ranks on one GPU (``ranks_per_gpu``) share its fluid: links, SM pool, HBM, compute
         per = ranks_on_gpu(settings)
         self._gpu_shared = per > 1
-        self.fluid = gpu_fluid(runtime, settings, disk, mix_table(p, settings.model))
+        self.fluid = gpu_fluid(runtime, settings, disk, mix_table(p, settings.model, page_bytes))
         self.clock = self.fluid.clock  # (SimPy's queue, for the transfers' wake-ups and events)
         # each GPU <-> host batch's path by what it costs (kvsim.core.datapath.pathcost),
         # from the batches whose bytes are moving, by direction and path

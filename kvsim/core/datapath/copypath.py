@@ -214,9 +214,9 @@ def pinned_paths(profile, page_bytes: int, force: Mapping[str, CopyPath | None],
             for d in DIRECTIONS}
 
 
-def direction_ctas(setting: int | Mapping[str, int] | None, profile) -> dict[str, int]:
+def direction_ctas(setting: int | Mapping[str, int] | None, profile, page_bytes: int) -> dict[str, int]:
     """The SM copy kernel's CTAs each direction: ``setting``, one count or one a direction
-    (None: Little's law on ``profile``'s rates, ``cta_args``)."""
+    (None: Little's law on ``profile``'s rates at pages of ``page_bytes``, ``cta_args``)."""
     if isinstance(setting, Mapping):
         return {d: int(setting[d]) for d in DIRECTIONS}
-    return {d: sm_ctas(setting, **profile.cta_args(d)) for d in DIRECTIONS}
+    return {d: sm_ctas(setting, **profile.cta_args(d, page_bytes)) for d in DIRECTIONS}

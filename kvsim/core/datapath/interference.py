@@ -135,8 +135,9 @@ class Structure:
     """The model's constants: ``sms`` on the GPU, ``hbm_Bps`` the rate a memory-bound
     step reads at (the compute model's: ``gpu.hbm x decode_efficiency``), ``tile`` a
     GEMM CTA's output tile (rows, cols), each kind's terms, and ``cta_d2h_Bps``, what
-    one SM copy CTA moves GPU -> host under compute (the profile's ``sm.cta_offload x``
-    its busy share: the rate the sim's CTAs move at where they, not the link, bind)."""
+    one SM copy CTA moves GPU -> host under compute (the profile's ``sm.cta_offload`` at
+    the run's page size x ``InterferenceSpec.drain_eff``: the rate the sim's CTAs move at
+    where they, not the link, bind)."""
 
     sms: int
     hbm_Bps: float

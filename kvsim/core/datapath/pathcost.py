@@ -90,7 +90,7 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | Non
     link = {"h2d": lk.h2d, "d2h": lk.d2h, "both": lk.both,
             "mixed": lk.mixed_for("d2h", page_bytes), "mixed_ce_h2d": lk.mixed_for("h2d", page_bytes)}
     ceil = {d: profile.sm_ceiling(d) for d in ("h2d", "d2h", "both")}
-    rate = {"h2d": sm.cta_onboard, "d2h": sm.cta_offload}
+    rate = {d: sm.cta_rate(d, page_bytes) for d in DIRECTIONS}  # (a table: at this page size)
 
     def size(target: float, d: str) -> int:
         if sm_ctas is not None:
