@@ -5,7 +5,8 @@ backend registry (``kvsim.run.measure_hardware``) and fits the result (``kvsim.t
 Measured:
 - GPU <-> host batches per page size (16 KiB .. 4 MiB on a GPU), per copy path (copy
   engine, SM kernel), host -> GPU, GPU -> host and both at once, and on a GPU one
-  direction on each path (both pairings: ``link.mixed``); an SM-kernel CTA sweep;
+  direction on each path (both pairings: ``link.mixed``); the SM kernel by CTAs
+  (``ctarows``: a sweep at 64 KiB, both ways at each page size);
 - disk reads, writes and rewrites (the same slots again) per I/O thread count and piece
   size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
   which the hw backend runs at;
@@ -41,6 +42,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -55,6 +57,7 @@ from kvsim.settings import BackendSettings
 from kvsim.tools.measured import Measured, batch as _batch
 
 from .backend import HwBackend
+from .ctarows import both_split, one_way
 from .disk import DiskStore
 from .driverprobe import call_cost, fill_probed
 from .gpu import load_cupy
@@ -142,8 +145,8 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                      "d2h": [_batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)],
                      "both": [_batch(Level.HOST, Level.GPU, hs[:n], gs[:n], pb),
                               _batch(Level.GPU, Level.HOST, gs[n:], hs[n:], pb)]}
-            own = dict(be.ctas)
-            split = _both_split(plan, rt, be, cells["both"], m, pb) if be.on_gpu else own
+            own, timed = dict(be.ctas), partial(_time_batches, rt, be)
+            split = both_split(plan.repeats, be, timed, cells["both"], m, pb) if be.on_gpu else own
             for path in paths:
                 name = path.value if be.on_gpu else "cpu"
                 for d, batches in cells.items():
@@ -167,36 +170,9 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                                  "paths": {"h2d": pair[0].value, "d2h": pair[1].value},
                                  "ctas": dict(be.ctas)})
             if be.on_gpu and pb == 64 * KiB:
-                for c in plan.cta_counts:
-                    be.ctas = {"h2d": c, "d2h": c}
-                    for d in ("h2d", "d2h"):
-                        secs = [_time_batches(rt, be, cells[d], CopyPath.SM_KERNEL)
-                                for _ in range(plan.repeats)]
-                        s = statistics.median(secs)
-                        m.ctas.append({"ctas": c, "dir": d, "GBps": n * pb / s / 1e9})
+                one_way(plan.cta_counts, plan.repeats, be, timed, cells, m, pb)
         finally:
             be.close()
-
-
-#: GPU -> host CTAs tried both ways beside host -> GPU's own (and GPU -> host's own)
-BOTH_D2H_CTAS = (2, 3, 4, 5, 6, 8)
-
-
-def _both_split(plan: Plan, rt, be, both: list, m: Measured, pb: int) -> dict[str, int]:
-    """The SM kernel both ways at ``pb``: host -> GPU at its own CTAs beside each GPU -> host
-    count (``m.ctas`` rows, ``dir`` 'both'; ``lone``: a lone batch's); the CTAs of the
-    greatest total (H200: 36 + 4 CTAs 78-79 GB/s; 36 + 5-14 61-69, the waiting slow h2d)."""
-    own, best = dict(be.ctas), (0.0, 0)
-    for c in sorted(set(BOTH_D2H_CTAS) | {own["d2h"]}):
-        be.ctas = {"h2d": own["h2d"], "d2h": c}
-        _time_batches(rt, be, both, CopyPath.SM_KERNEL)  # warm-up
-        s = statistics.median(_time_batches(rt, be, both, CopyPath.SM_KERNEL) for _ in range(plan.repeats))
-        gbs = sum(b.pages for b in both) * pb / s / 1e9
-        m.ctas.append({"ctas": c, "dir": "both", "page": pb, "h2d_ctas": own["h2d"], "GBps": gbs,
-                       "lone": c == own["d2h"]})
-        best = max(best, (gbs, c))
-    be.ctas = own
-    return {"h2d": own["h2d"], "d2h": best[1]}
 
 
 def measure_small(plan: Plan, device: str, m: Measured, settings_for: SettingsFor) -> None:
