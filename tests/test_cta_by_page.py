@@ -2,11 +2,13 @@
 rate or a table ``{page size: rate}``, ``SMSpec.cta_rate``): read log-linear between the
 table's points, flat beyond its ends; every user takes it at the run's page size (the sim's
 CTA cap, the cost rule, Little's-law CTA sizing, the waiting CTAs' drain rate, the fit of
-the interference terms). A scalar profile reads as before."""
+the interference terms); calibrate's rows by page size and their fit. A scalar profile
+reads as before."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -20,6 +22,7 @@ from kvsim.core.spec import Level
 from kvsim.run import sim_backend
 from kvsim.run.seam import settings_for
 from kvsim.tools.calibrate import load_profile_text, profile_text
+from kvsim.tools.fit import fit_cta_rate
 from kvsim.tools.fitkinds import sim_cell
 
 GB = 1e9
@@ -147,3 +150,45 @@ def test_the_interference_fit_drains_each_cells_waiting_ctas_at_its_page_sizes_r
         assert Cell(p, row).stretch(_structure(p)) == pytest.approx(sim, rel=1e-6)
         # (14 CTAs at the kernel's ~51 GB/s: 14 - 51 / (8 x 0.85) = 6.5 wait at 64 KiB's
         # rate, 14 - 51 / (12 x 0.85) = 9 at 1 MiB's, while the copy runs)
+
+
+def test_calibrate_measures_the_fewest_ctas_at_each_page_and_the_sweep_at_64_kib():
+    from kvsim_backends.hw.ctarows import one_way
+    from kvsim.tools.measured import Measured
+
+    m = Measured(device="gpu")
+    be = SimpleNamespace(ctas={"h2d": 36, "d2h": 8})
+    seen = []
+
+    def timed(batches, path):  # 0.1 s a batch, whatever it is
+        seen.append(dict(be.ctas))
+        return 0.1
+    cells = {d: [SimpleNamespace(pages=1000)] for d in ("h2d", "d2h")}
+    one_way((4, 8, 16), 3, be, timed, cells, m, 64 * KiB)
+    one_way((4, 8, 16), 3, be, timed, cells, m, MiB)
+    # 1000 pages in 0.1 s: 1000 x 64 KiB / 0.1 = 0.655 GB/s, 1000 x 1 MiB / 0.1 = 10.49
+    assert [(r["ctas"], r["dir"], r["page"]) for r in m.ctas] == \
+        [(c, d, 64 * KiB) for c in (4, 8, 16) for d in ("h2d", "d2h")] + [(4, "h2d", MiB), (4, "d2h", MiB)]
+    assert m.ctas[0]["GBps"] == pytest.approx(1000 * 64 * KiB / 0.1 / GB)
+    assert m.ctas[-1]["GBps"] == pytest.approx(1000 * MiB / 0.1 / GB)
+    assert len(seen) == 3 * (6 + 2) and be.ctas == {"h2d": 36, "d2h": 8}  # (its own again)
+
+
+def test_calibrate_fits_a_table_from_rows_of_several_page_sizes_a_rate_from_one():
+    # an older report: the 64 KiB sweep without ``page`` (4 CTAs 34.52 GB/s GPU -> host)
+    old = [{"ctas": c, "dir": "d2h", "GBps": g} for c, g in ((8, 50.53), (4, 34.52), (16, 50.97))]
+    old += [{"ctas": 4, "dir": "both", "page": 256 * KiB, "h2d_ctas": 36, "GBps": 81.0, "lone": False}]
+    rate, why = fit_cta_rate(old, "d2h")
+    assert rate == pytest.approx(34.52e9 / 4)
+    assert why == "measured: one SM copy CTA's rate GPU -> host: the SM kernel with 4 CTAs, 64 KiB pages, rate / CTAs"
+    assert fit_cta_rate(old, "h2d") == (None, "")
+    # rows by page size: each page's fewest CTAs, rate / CTAs (64 KiB's from the sweep)
+    rows = old + [{"ctas": 4, "dir": "d2h", "page": 256 * KiB, "GBps": 43.2},
+                  {"ctas": 4, "dir": "d2h", "page": MiB, "GBps": 44.0},
+                  {"ctas": 4, "dir": "h2d", "page": MiB, "GBps": 12.0}]
+    rate, why = fit_cta_rate(rows, "d2h")
+    assert rate == {64 * KiB: pytest.approx(8.63e9), 256 * KiB: pytest.approx(10.8e9), MiB: pytest.approx(11e9)}
+    assert list(rate) == [64 * KiB, 256 * KiB, MiB]
+    assert why.startswith("measured: one SM copy CTA's rate GPU -> host by page size")
+    assert "256 KiB 4 CTAs: 10.80 GB/s" in why
+    assert fit_cta_rate(rows, "h2d")[0] == pytest.approx(3e9)  # (one page size: a rate)

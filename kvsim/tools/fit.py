@@ -7,11 +7,12 @@ each measured batch replayed alone with the fitted profile, the relative error p
 
 Fitted into kvsim.config.hardware.HardwareProfile: link rates (the copy engine's), the SM
 kernel's own ceilings (per direction and both at once), the copy engine's host time per
-page per direction and page size, per-CTA rates, NVMe rates/latency at the queue depth and
-piece size the hw backend runs at, host fill rate, prefill/decode efficiencies, the copy
-engine's ``per_call`` (the batched call's host time for one page), the backend's fixed
-cost per transfer (``transfer.latency``, ``transfer.latency_sm_kernel``: what small batches
-take beyond everything else the sim models) and the structural interference terms per kind
+page per direction and page size, per-CTA rates (by page size: ``fit_cta_rate``), NVMe
+rates/latency at the queue depth and piece size the hw backend runs at, host fill rate,
+prefill/decode efficiencies, the copy engine's ``per_call`` (the batched call's host time
+for one page), the backend's fixed cost per transfer (``transfer.latency``,
+``transfer.latency_sm_kernel``: what small batches take beyond everything else the sim
+models) and the structural interference terms per kind
 of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``) and the page
 cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``), how long two
 ranks' kernels on one GPU overlap (``gpu.kernel_overlap``, ``kvsim.tools.fitoverlap``), the
@@ -139,11 +140,9 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         d["copy_engine"]["call_threads"] = 1
         why["copy_engine.call_threads"] = "the hw backend: every CUDA call on the runtime's thread"
     for dr, key in (("h2d", "cta_onboard"), ("d2h", "cta_offload")):
-        rows = sorted((r for r in m.ctas if r["dir"] == dr), key=lambda r: r["ctas"])
-        if rows:
-            r0 = rows[0]
-            d["sm"][key] = r0["GBps"] * 1e9 / r0["ctas"]
-            why[f"sm.{key}"] = f"measured: SM kernel with {r0['ctas']} CTAs, 64 KiB pages, rate / CTAs"
+        rate, how = fit_cta_rate(m.ctas, dr)
+        if rate is not None:
+            d["sm"][key], why[f"sm.{key}"] = rate, how
     keys, said = fit_both_split(m.ctas)
     d["sm"].update(keys)
     why.update(said)
@@ -223,6 +222,29 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
             d["sm"]["interference"][kind] = {**(d["sm"]["interference"].get(kind) or {}), **terms}
         why.update(kinds_why)
     return d, why
+
+
+def fit_cta_rate(rows: list[dict], dr: str) -> tuple[float | dict[int, float] | None, str]:
+    """(``sm.cta_onboard`` for ``dr`` 'h2d', ``cta_offload`` for 'd2h', a comment) from
+    calibrate's ``ctas`` rows of that direction: one SM copy CTA's rate, per page size the
+    row of fewest CTAs, rate / CTAs (the rate sags as more CTAs fill the link); a table
+    by page size where rows of several page sizes exist, else a rate (a row without
+    ``page``: 64 KiB, as older reports have them). None without rows."""
+    fewest: dict[int, dict] = {}
+    for r in rows:
+        pb = r.get("page", 64 * KiB)
+        if r["dir"] == dr and (pb not in fewest or r["ctas"] < fewest[pb]["ctas"]):
+            fewest[pb] = r
+    if not fewest:
+        return None, ""
+    what = "measured: one SM copy CTA's rate " + ("GPU -> host" if dr == "d2h" else "host -> GPU")
+    rate = {pb: r["GBps"] * 1e9 / r["ctas"] for pb, r in sorted(fewest.items())}
+    if len(rate) == 1:
+        (pb, r0), = fewest.items()
+        return rate[pb], f"{what}: the SM kernel with {r0['ctas']} CTAs, {pb // KiB} KiB pages, rate / CTAs"
+    return rate, (f"{what} by page size: the SM kernel with the fewest CTAs at each, rate / CTAs ("
+                  + ", ".join(f"{pb // KiB} KiB {fewest[pb]['ctas']} CTAs: {x / 1e9:.2f} GB/s"
+                              for pb, x in rate.items()) + ")")
 
 
 def fit_both_split(rows: list[dict]) -> tuple[dict, dict[str, str]]:

@@ -6,7 +6,7 @@ Measured:
 - GPU <-> host batches per page size (16 KiB .. 4 MiB on a GPU), per copy path (copy
   engine, SM kernel), host -> GPU, GPU -> host and both at once, and on a GPU one
   direction on each path (both pairings: ``link.mixed``); the SM kernel by CTAs
-  (``ctarows``: a sweep at 64 KiB, both ways at each page size);
+  (``ctarows``: a sweep at 64 KiB, the fewest CTAs at each other page size, both ways);
 - disk reads, writes and rewrites (the same slots again) per I/O thread count and piece
   size (the disk tier's file), including the profile's ``nvme.queue_depth`` and ``piece``,
   which the hw backend runs at;
@@ -169,7 +169,7 @@ def measure_copies(plan: Plan, device: str, m: Measured, settings_for: SettingsF
                                  "batches": [["h2d", n], ["d2h", n]],
                                  "paths": {"h2d": pair[0].value, "d2h": pair[1].value},
                                  "ctas": dict(be.ctas)})
-            if be.on_gpu and pb == 64 * KiB:
+            if be.on_gpu:  # (one direction by CTAs: a sweep at 64 KiB, the fewest elsewhere)
                 one_way(plan.cta_counts, plan.repeats, be, timed, cells, m, pb)
         finally:
             be.close()
