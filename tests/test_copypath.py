@@ -208,15 +208,16 @@ def test_a_gpu_to_host_headroom_of_its_own():
     same = HardwareProfile.model_validate(d)
     d["sm"]["cta_headroom_d2h"] = 1.0
     own = HardwareProfile.model_validate(d)
-    lk, sm = base.link, base.sm
-    assert direction_ctas(None, same, 256 * 1024) == {"h2d": copy_ctas(lk.h2d, sm.cta_onboard, sm.copy_cta_slots, 2.0),
-                                          "d2h": copy_ctas(lk.d2h, sm.cta_offload, sm.copy_cta_slots, 2.0)}
-    got = direction_ctas(None, own, 256 * 1024)
-    assert got == {"h2d": direction_ctas(None, same, 256 * 1024)["h2d"],
-                   "d2h": copy_ctas(lk.d2h, sm.cta_offload, sm.copy_cta_slots, 1.0)}
-    assert got["d2h"] < direction_ctas(None, same, 256 * 1024)["d2h"]
-    assert cost_inputs(own, 256 * 1024, None).ctas_one == got
-    assert direction_ctas(12, own, 256 * 1024) == {"h2d": 12, "d2h": 12}  # a count set is taken as it is
+    lk, sm, pb = base.link, base.sm, 256 * 1024
+    on, off = sm.cta_rate("h2d", pb), sm.cta_rate("d2h", pb)
+    assert direction_ctas(None, same, pb) == {"h2d": copy_ctas(lk.h2d, on, sm.copy_cta_slots, 2.0),
+                                              "d2h": copy_ctas(lk.d2h, off, sm.copy_cta_slots, 2.0)}
+    got = direction_ctas(None, own, pb)
+    assert got == {"h2d": direction_ctas(None, same, pb)["h2d"],
+                   "d2h": copy_ctas(lk.d2h, off, sm.copy_cta_slots, 1.0)}
+    assert got["d2h"] < direction_ctas(None, same, pb)["d2h"]
+    assert cost_inputs(own, pb, None).ctas_one == got
+    assert direction_ctas(12, own, pb) == {"h2d": 12, "d2h": 12}  # a count set is taken as it is
     d["sm"]["cta_headroom_d2h"] = 0.5
     with pytest.raises(ValidationError, match="cta_headroom_d2h"):
         HardwareProfile.model_validate(d)

@@ -95,7 +95,7 @@ def test_interference_fit_inverts_the_sim_model(eff):
     if eff < 1:
         assert fit["busy_cta_efficiency"] == pytest.approx(eff, rel=0.01)
     else:  # at the ceiling: the least share that still reaches it (h2d's 49.7 / 111.9)
-        ceil = p.sm_ceiling("h2d") / (36 * p.sm.cta_onboard)
+        ceil = p.sm_ceiling("h2d") / (36 * p.sm.cta_rate("h2d", MiB))
         assert fit["busy_cta_efficiency"] == pytest.approx(ceil, rel=0.01)
 
 

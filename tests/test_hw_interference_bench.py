@@ -59,7 +59,7 @@ def test_the_sim_runs_a_cell_with_its_own_cta_count():
             "stretch": 0.0, "spread": 0.0, "alone_s": 0.04, "device": "gpu"}
     _, few = predict_cell(prof, {**base, "sm_ctas": 2})
     _, many = predict_cell(prof, {**base, "sm_ctas": 14})
-    per_cta = prof.sm.cta_offload * prof.sm.interference.busy_eff()[1]
+    per_cta = prof.sm.cta_rate("d2h", 1 << 20) * prof.sm.interference.busy_eff()[1]
     assert (256 << 20) / few < 2.05 * per_cta  # (under the compute: the CTAs' busy rate)
     assert many < few / 3
     got = hw_interference.against_runs([{**base, "sm_ctas": 2}, {**base, "sm_ctas": 14}], prof)

@@ -438,8 +438,8 @@ def test_the_drain_share_sets_the_waiting_ctas_apart_from_the_busy_share():
     i = d["sm"]["interference"]
     i.update(busy_cta_efficiency_d2h=0.5, drain_cta_efficiency_d2h=0.85)
     p = HardwareProfile.model_validate(d)
-    assert p.interference_structure().cta_d2h_Bps == pytest.approx(p.sm.cta_offload * 0.85)
+    assert p.interference_structure().cta_d2h_Bps == pytest.approx(p.sm.cta_rate("d2h") * 0.85)
     assert p.sm.interference.busy_eff()[1] == 0.5
     i["drain_cta_efficiency_d2h"] = None
     q = HardwareProfile.model_validate(d)
-    assert q.interference_structure().cta_d2h_Bps == pytest.approx(q.sm.cta_offload * 0.5)
+    assert q.interference_structure().cta_d2h_Bps == pytest.approx(q.sm.cta_rate("d2h") * 0.5)
