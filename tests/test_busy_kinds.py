@@ -103,7 +103,7 @@ def test_the_rule_prices_a_step_at_its_kinds_share():
     idle = {"h2d": CopyPath.SM_KERNEL, "d2h": CopyPath.COPY_ENGINE}
     differs = 0
     for page in (16 << 10, 64 << 10, 256 << 10, 1 << 20):
-        a, b, c = (path_chooser(q, page, {}, idle, None, mix_table(q, model)) for q in (p, plain, none))
+        a, b, c = (path_chooser(q, page, {}, idle, None, mix_table(q, model, page)) for q in (p, plain, none))
         for dr in ("h2d", "d2h"):
             for n in (4, 64, 1024):
                 for other in (None, CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL):
