@@ -310,6 +310,17 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
     assert a["sm"]["both"] == pytest.approx(statistics.median(at), rel=1e-3)
     assert b["sm"]["both"] == pytest.approx(61.08e9, rel=1e-3)
     a["sm"]["both"] = b["sm"]["both"]
+    # and the per-CTA rates: the report has the 64 KiB sweep only (9.048 / 3.117 GB/s a CTA);
+    # the committed tables by page size are what fit_cta_rate gives from the 2026-12-03
+    # 23:53 calibration's rows at 4 CTAs
+    from kvsim.tools.fit import fit_cta_rate
+    rows = json.loads((Path(__file__).parent / "fixtures" / "h200-cta-rates-2026-12-03.json").read_text())["rows"]
+    for dr, key, one in (("d2h", "cta_offload", 9.048e9), ("h2d", "cta_onboard", 3.117e9)):
+        table = fit_cta_rate(rows, dr)[0]
+        assert isinstance(table, dict) and table.keys() == a["sm"][key].keys()
+        assert list(a["sm"][key].values()) == pytest.approx(list(table.values()), rel=1e-3)
+        assert b["sm"][key] == pytest.approx(one, rel=1e-3)
+        a["sm"][key] = b["sm"][key]
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     num = [k for k in fa if isinstance(fa[k], (int, float)) and not isinstance(fa[k], bool)]

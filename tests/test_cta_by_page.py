@@ -40,6 +40,13 @@ def _table_profile(**sm) -> HardwareProfile:
     return HardwareProfile.model_validate(d)
 
 
+def _scalar() -> HardwareProfile:
+    """h200-pcie-calibrated with one rate a direction (its 64 KiB cell's, as before tables)."""
+    d = load_profile("h200-pcie-calibrated").model_dump()
+    d["sm"].update(cta_offload="9.048GB/s", cta_onboard="3.117GB/s")
+    return HardwareProfile.model_validate(d)
+
+
 def _structure(p: HardwareProfile, page: int | None = None) -> Structure:
     s = p.interference_structure(page_bytes=page)
     assert s is not None  # (the profile has the kinds' terms)
@@ -62,7 +69,7 @@ def test_a_table_reads_log_linear_between_its_points_and_flat_beyond():
     with pytest.raises(ValueError, match="direction"):
         sm.cta_rate("both", 64 * KiB)
     # a scalar as it is, whatever the page
-    old = load_profile("h200-pcie-calibrated").sm
+    old = _scalar().sm
     assert old.cta_offload == 9.048 * GB
     assert old.cta_rate("d2h", 256 * KiB) == old.cta_rate("d2h") == 9.048 * GB
     with pytest.raises(ValidationError, match="cta_offload"):
@@ -78,7 +85,7 @@ def test_a_table_is_written_and_read_back_by_page_size():
     assert sm["cta_offload"] == {"64KiB": "8GB/s", "256KiB": "11GB/s", "1MiB": "12GB/s"}
     assert sm["cta_onboard"] == {"64KiB": "3GB/s", "1MiB": "5GB/s"}
     assert load_profile_text(text, Path("x.yaml")).sm == p.sm  # (the path only names a bad file)
-    old = load_profile("h200-pcie-calibrated")
+    old = _scalar()
     assert yaml.safe_load(profile_text(old.model_dump(), {}, "x", "a test"))["sm"]["cta_offload"] == "9.048GB/s"
 
 
@@ -97,7 +104,7 @@ def test_the_sim_caps_an_sm_kernel_flow_at_its_ctas_times_the_page_sizes_rate():
         assert c["bytes"] / sim_cell(p, c)[0] == pytest.approx(4 * per, rel=0.005)
     # the scalar profile: 4 x 9.048 = 36.19 GB/s at any page
     c = _d2h_cell(256 * KiB, 4)
-    assert c["bytes"] / sim_cell(load_profile("h200-pcie-calibrated"), c)[0] == \
+    assert c["bytes"] / sim_cell(_scalar(), c)[0] == \
         pytest.approx(4 * 9.048 * GB, rel=0.005)
 
 

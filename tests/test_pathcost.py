@@ -123,9 +123,11 @@ def test_beside_the_other_direction_the_pair_keeps_the_higher_sum():
 
 def test_with_a_measured_split_a_lone_batch_weighs_the_pair_it_would_hold():
     """256 KiB, H200 calibrated with its measured split (``sm.both_ctas_d2h`` 4, ``both``
-    78.6, ``both_crowded`` 65.8 GB/s), by hand. Host -> GPU first on the SM kernel (36
-    CTAs), GPU -> host joining it there at 4 CTAs x 9.048 = 36.19 GB/s: the two share the
-    78.6, host -> GPU 42.41. GPU -> host first on the SM kernel keeps its lone 8 CTAs, so a
+    78.6, ``both_crowded`` 65.8 GB/s; per-CTA rates at 256 KiB 3.274 / 10.41 GB/s), by
+    hand. Host -> GPU first on the SM kernel (34 CTAs: 2 x 53.89 / 3.274 = 32.9, even),
+    GPU -> host joining it there at 4 CTAs x 10.41 = 41.64 GB/s: the two share the 78.6
+    fairly, 39.3 each (the CTAs' cap does not bind). GPU -> host first on the SM kernel keeps its lone 6 CTAs (54.46 /
+    10.41 = 5.2, even), so a
     host -> GPU batch joining it there holds the crowded 65.8, below the copy engine's pair
     (75.2): GPU -> host alone takes the copy engine (11% less alone, as before), host ->
     GPU the SM kernel (its best pair 78.6: no regret). As the H200 measured (2026-12-03
@@ -133,26 +135,26 @@ def test_with_a_measured_split_a_lone_batch_weighs_the_pair_it_would_hold():
     engine both ways 76.0."""
     ch = chooser(CAL, 256 * KiB)
     ci = cost_inputs(CAL, 256 * KiB, None)
-    assert ci.ctas_one == {"h2d": 36, "d2h": 8} and ci.ctas_both == {"h2d": 36, "d2h": 4}
+    assert ci.ctas_one == {"h2d": 34, "d2h": 6} and ci.ctas_both == {"h2d": 34, "d2h": 4}
     assert ch._pair_rate("h2d", SM, SM) == pytest.approx(78.6e9, rel=1e-9)
-    assert _fair([("h2d", SM, 36 * ci.cta_rate["h2d"]), ("d2h", SM, 4 * ci.cta_rate["d2h"])], ci, 4) == \
-        pytest.approx([78.6e9 - 4 * 9.048e9, 4 * 9.048e9], rel=1e-6)
+    assert _fair([("h2d", SM, 34 * ci.cta_rate["h2d"]), ("d2h", SM, 4 * ci.cta_rate["d2h"])], ci, 4) == \
+        pytest.approx([78.6e9 / 2, 78.6e9 / 2], rel=1e-6)
     assert ch._pair_rate("d2h", SM, SM) == pytest.approx(65.8e9, rel=1e-9)
     assert ch.lone == {"h2d": SM, "d2h": CE}
     assert ch.choose("d2h", 4096, other=SM) == (SM, 4)
     assert ch.choose("h2d", 4096, other=CE)[0] is CE
-    # beside a GPU -> host batch on the SM kernel (its 8 CTAs) host -> GPU is priced at
+    # beside a GPU -> host batch on the SM kernel (its 6 CTAs) host -> GPU is priced at
     # half the crowded total, times 1 + the share of GPU -> host's rate alone it takes
     half = 65.8e9 / 2
     t = CAL.sm.launch + CAL.transfer.latency_for(True) + 4096 * 256 * KiB / half
     assert ch.cost("h2d", 4096, SM, SM, None) == pytest.approx(t * (2 - half / CAL.sm.d2h), rel=1e-6)
-    # under compute the load it prices counts that batch's 8 CTAs, the joiner's own 36
+    # under compute the load it prices counts that batch's 6 CTAs, the joiner's own 34
     loads = []
     ch.cost("h2d", 4096, SM, SM, lambda load: loads.append(load) or 0.0)
-    assert [(x.ctas_h2d, x.ctas_d2h) for x in loads] == [(0, 8), (36, 8)]
+    assert [(x.ctas_h2d, x.ctas_d2h) for x in loads] == [(0, 6), (34, 6)]
     loads.clear()
     ch.cost("d2h", 4096, SM, SM, lambda load: loads.append(load) or 0.0)
-    assert [(x.ctas_h2d, x.ctas_d2h) for x in loads] == [(36, 0), (36, 4)]
+    assert [(x.ctas_h2d, x.ctas_d2h) for x in loads] == [(34, 0), (34, 4)]
 
 
 def test_beside_compute_a_batch_pays_for_the_progress_it_takes():
