@@ -30,6 +30,7 @@ Last line: ``hw_interference_sim_within: K of N``.
     python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep] [--part K/N] [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
     python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
+        [--max-sweep-ctas N]
 
 ``--fit`` (with ``--sim-from``): the structural terms fitted to the cells
 (``kvsim.tools.fitkinds``, as ``kvsim calibrate`` fits them), printed as the profile's
@@ -42,7 +43,9 @@ from several days), each kind's cells are also judged against hw's own repeatabi
 sim's mean distance from hw's median over the runs beside the runs' own mean distance.
 ``--loo`` (with ``--sim-from`` of several runs): then each run's cells predicted by the
 terms fitted to the other runs' (``--fit``'s fit, leaving one run out), judged the same
-ways: ``hw_interference_loo_within: K of N``.
+ways: ``hw_interference_loo_within: K of N``. ``--max-sweep-ctas N`` leaves out the
+cells of a ``--sweep`` run with more than N CTAs (the range the backend's own counts
+reach: `h200-pcie-calibrated`'s terms were fitted with 14).
 
 On a machine without a GPU (``--device cpu``, the default there) the cells run on numpy
 (the compute a wait, the copies tiny): a smoke test of the plumbing, the hw columns n/a,
@@ -145,7 +148,9 @@ def fit_report(rows: list[dict], profile) -> tuple[object, int, int]:
     return with_terms(profile, terms), good, seen
 
 
-def _load(paths) -> list[dict]:
+def _load(paths, max_ctas: int | None = None) -> list[dict]:
+    """The cells of saved runs; ``max_ctas``: a sweep's cells (a forced ``sm_ctas``) of
+    more CTAs left out."""
     rows = []
     for p in paths:
         try:
@@ -159,7 +164,7 @@ def _load(paths) -> list[dict]:
                         raise KeyError(f"a cell without {k}")
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"--sim-from {p}: not a saved hw_interference.py run ({e})") from None
-        rows += cells
+        rows += [c for c in cells if max_ctas is None or (c.get("sm_ctas") or 0) <= max_ctas]
     return rows
 
 
@@ -244,6 +249,8 @@ def main(argv=None) -> None:
                     "terms to the cells, predict with them, and check them on held-out halves")
     ap.add_argument("--loo", action="store_true", help="with --sim-from of several runs: each "
                     "run predicted by the terms fitted to the others (leave one run out)")
+    ap.add_argument("--max-sweep-ctas", type=int, default=None, metavar="N", help="with "
+                    "--sim-from: leave out sweep cells of more than N CTAs")
     a = ap.parse_args(argv)
     if a.fit and not a.sim_from:
         ap.error("--fit: only with --sim-from (saved cells)")
@@ -255,7 +262,7 @@ def main(argv=None) -> None:
         ap.error(f"--profile: {e}")
     if a.sim_from:
         try:
-            rows = _load(a.sim_from)
+            rows = _load(a.sim_from, a.max_sweep_ctas)
             if a.fit:
                 profile = fit_report(rows, profile)[0]
         except ValueError as e:
@@ -265,7 +272,7 @@ def main(argv=None) -> None:
         print(f"hw_interference_sim_within: {good} of {n}" if n else "hw_interference_sim_within: n/a (cpu)")
         if a.loo:
             try:
-                leave_one_out([_load([p]) for p in a.sim_from], load_profile(a.profile))
+                leave_one_out([_load([p], a.max_sweep_ctas) for p in a.sim_from], load_profile(a.profile))
             except ValueError as e:
                 ap.error(str(e))
         return

@@ -28,19 +28,24 @@ KiB = 1 << 10
 
 
 def test_a_gemm_loses_the_sms_taken_and_waits_for_its_stragglers():
-    # 40 of 132 SMs taken: 23 waves on the 92 left; the 22 that queue spread over them
+    # 40 copy CTAs take 40 of 132 SMs: 23 waves on the 92 left; the 22 that queue spread over them
     assert gemm_loss([(2048, 1.0)], 132, 40.0) == pytest.approx((132 / 92 - 1) * 22 / 23)
     # a tile beside a copy CTA runs 1.5x slower: the wave that does not queue waits for it
-    assert gemm_loss([(2048, 1.0)], 132, 40.0, 0.5) == pytest.approx(
+    assert gemm_loss([(2048, 1.0)], 132, 40.0, 0.5, 40) == pytest.approx(
         ((132 / 92 - 1) * 22 + 0.5) / 23)
-    # a GEMM of one wave (a small M) waits for all of it, and loses nothing to the SMs
-    # taken (each tile has an SM: 48 of the 92 left)
-    assert gemm_loss([(48, 1.0)], 132, 0.0, 0.5) == pytest.approx(0.5)
-    assert gemm_loss([(48, 1.0)], 132, 40.0, 0.5) == pytest.approx(0.5)
-    assert gemm_loss([(48, 1.0)], 132, 40.0) == 0.0
-    # two GEMMs: weighted by their FLOPs (3:1)
-    assert gemm_loss([(2048, 3.0), (48, 1.0)], 132, 40.0, 0.5) == pytest.approx(
-        (3 * ((132 / 92 - 1) * 22 + 0.5) / 23 + 0.5) / 4)
+    # a GEMM of one wave (a small M: 100 tiles on the 112 SMs 40 CTAs of half an SM each
+    # leave) whose tiles need some of the SMs with a copy CTA (92 without) waits for all of
+    # it, and loses nothing to the SMs taken (each tile has an SM)
+    assert gemm_loss([(100, 1.0)], 132, 0.0, 0.5, 40) == pytest.approx(0.5)
+    assert gemm_loss([(100, 1.0)], 132, 20.0, 0.5, 40) == pytest.approx(0.5)
+    assert gemm_loss([(100, 1.0)], 132, 20.0, 0.0, 40) == 0.0
+    # 48 tiles fit on the 92 SMs without a copy CTA: no tile beside one, no straggle
+    assert gemm_loss([(48, 1.0)], 132, 20.0, 0.5, 40) == 0.0
+    assert gemm_loss([(48, 1.0)], 132, 20.0, 0.5, 84) == 0.0   # (48 SMs free: just fits)
+    assert gemm_loss([(48, 1.0)], 132, 20.0, 0.5, 85) == pytest.approx(0.5)
+    # two GEMMs: weighted by their FLOPs (3:1); the long one 19 waves on the 112 left
+    assert gemm_loss([(2048, 3.0), (100, 1.0)], 132, 20.0, 0.5, 40) == pytest.approx(
+        (3 * ((132 / 112 - 1) * 18 + 0.5) / 19 + 0.5) / 4)
     assert gemm_loss([(2048, 1.0)], 132, 0.0) == 0.0
 
 
@@ -238,7 +243,9 @@ def test_written_bytes_stragglers_and_issuing_by_their_own_terms():
                   memory=KindTerms(0.0, 1.0, 0.0, 1.0, hbm_write_weight=5.0, issue_slowdown=0.05))
     load = CopyLoad(0, 14, False, 60e9, 20e9)  # 14 CTAs GPU -> host; 20 of 60 GB/s written
     x = 2.0 * 20e9 / 4e12                      # the GEMMs' HBM share: written bytes only
-    assert s.gemm_stretch([(48, 1.0)], load) == pytest.approx(1.0 + x / (1 - x))
+    # (120 tiles of one wave need SMs the 14 copy CTAs are on: the straggle)
+    assert s.gemm_stretch([(120, 1.0)], load) == pytest.approx(1.0 + x / (1 - x))
+    assert s.gemm_stretch([(118, 1.0)], load) == pytest.approx(x / (1 - x))  # (they fit beside)
     x = (40e9 + 5.0 * 20e9) / 4e12
     assert s.memory_stretch(load) == pytest.approx(132 / 118 - 1 + x / (1 - x))
     # calls issuing host-bound pages: their share, at most a whole one

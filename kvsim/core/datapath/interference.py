@@ -15,15 +15,16 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   way or the other: while tiles queue for SMs (the waves but one) they spread over the
   SMs left, ``S / (S - lost) - 1``; the wave that does not queue (a one-wave GEMM's
   only one: each tile has an SM, the copy CTA beside it) waits for its slowest tile,
-  one beside a copy CTA that runs ``straggle_h2d`` (``_d2h``) slower. So ``(S / (S -
-  lost) - 1) x (w - 1) / w + straggle / w`` (``gemm_loss``): a prefill chunk's GEMMs,
-  of many waves, lose the SMs taken and a share of the straggle; a decode batch's, of
-  one wave (a small M), the straggle alone (measured on an H200: a decode step of 256
-  requests slowed ~9% by a host -> GPU SM-kernel copy, +65% by a GPU -> host one, a
-  prefill chunk ~17% and ~32%: a one-wave GEMM beside a copy CTA reading HBM waits far
-  longer than one beside a CTA writing it, which one capacity term shared with the
-  prefill's could not give). The step's GEMMs (one layer's projections at the step's
-  M) are weighted by their FLOPs;
+  one beside a copy CTA that runs ``straggle_h2d`` (``_d2h``) slower; a GEMM of one wave
+  whose tiles all find an SM no copy CTA sits on (``t <= S - ctas``) has no such tile.
+  So ``(S / (S - lost) - 1) x (w - 1) / w + straggle / w`` (``gemm_loss``): a prefill
+  chunk's GEMMs, of many waves, lose the SMs taken and a share of the straggle; a decode
+  batch's, of one wave (a small M), the straggle alone, and only where its tiles need an
+  SM a copy CTA is on. (Measured on H200s: beside 1-4 GPU -> host CTAs a decode-like
+  step of 256 requests ran 0-1% longer, beside 14 +55-58%, while a prefill chunk ran
+  +13% from the first CTA; what the small GEMMs lose beside many CTAs is the waiting
+  CTAs' ``backlog_d2h`` below, as for reads.) The step's GEMMs (one layer's projections
+  at the step's M) are weighted by their FLOPs;
 - **HBM reads** run as many small CTAs: a copy CTA takes its share of an SM's slots
   (``cta_sm_share_*``), the reads the rest, ``S / (S - lost)``;
 - both: the copies' HBM bytes take ``hbm_weight`` (a byte read from HBM) and
@@ -163,7 +164,8 @@ class Structure:
         each wave waiting for its straggler (``gemm_loss``), plus the kind's copy-engine
         and HBM terms."""
         t = self.gemm
-        out = gemm_loss(gemms, self.sms, t.lost_sms(load), t.straggle(load))
+        out = gemm_loss(gemms, self.sms, t.lost_sms(load), t.straggle(load),
+                        load.ctas_h2d + load.ctas_d2h)
         out += t.engine(load)
         if t.backlog_d2h:
             out += t.backlog_d2h * self.stalled_d2h(load)
@@ -198,22 +200,25 @@ class Structure:
 
 
 def gemm_loss(gemms: Sequence[tuple[int, float]], sms: int, lost: float,
-              straggle: float = 0.0) -> float:
-    """GEMMs of (tiles, weight) on ``sms`` SMs of which copy CTAs take ``lost``: their
-    FLOP-weighted stretch. Of a GEMM's ``w = ceil(tiles / (sms - lost))`` waves, the
-    ``w - 1`` whose tiles queue for SMs spread over the SMs left, ``sms / (sms - lost) -
-    1``; the one that does not waits for its slowest tile, one beside a copy CTA that runs
-    ``straggle`` slower: ``straggle / w`` (a GEMM of one wave, a small M, loses the
-    straggle alone; a long one mostly the SMs)."""
+              straggle: float = 0.0, ctas: int = 0) -> float:
+    """GEMMs of (tiles, weight) on ``sms`` SMs of which ``ctas`` copy CTAs take ``lost``:
+    their FLOP-weighted stretch. Of a GEMM's ``w = ceil(tiles / (sms - lost))`` waves,
+    the ``w - 1`` whose tiles queue for SMs spread over the SMs left, ``sms / (sms - lost)
+    - 1``; the one that does not waits for its slowest tile, one beside a copy CTA that
+    runs ``straggle`` slower: ``straggle / w`` (a GEMM of one wave, a small M, loses the
+    straggle alone, none where its tiles fit on the ``sms - ctas`` SMs without a copy
+    CTA; a long one mostly the SMs)."""
     if (lost <= 0.0 and straggle <= 0.0) or not gemms:
         return 0.0
     left = sms - lost
     left = left if left > 1.0 else 1.0
     spread = sms / left - 1.0
     num = den = 0.0
+    free = sms - ctas
     for tiles, w in gemms:
         waves = math.ceil(tiles / left)
-        num += w * (spread * (waves - 1) + straggle) / waves
+        s = 0.0 if waves == 1 and tiles <= free else straggle
+        num += w * (spread * (waves - 1) + s) / waves
         den += w
     return num / den if den > 0 else 0.0
 
