@@ -111,3 +111,34 @@ def test_the_rule_prices_a_step_at_its_kinds_share():
                     assert got == b.pick(dr, n, other, True, GEMMS)
                     differs += got != c.pick(dr, n, other, True, GEMMS)
     assert differs
+
+
+def test_a_node_bus_gives_each_member_its_steps_share():
+    """A fluid on its node's bus (host DRAM shared by the node's GPUs) takes its rates from
+    the bus: 4 GPU -> host CTAs at the GEMMs' share while a prefill runs, then the reads'
+    while a decode runs, the same flows both times (the bus's remembered rates are by the
+    share, not by whether compute runs)."""
+    from kvsim_backends.sim.nodebus import NodeBus
+
+    env = simpy.Environment()
+    bus = NodeBus({"dram": 1000 * GB})
+    f = Fluid(env, {"d2h": 100 * GB}, per_cta_slowdown=0.0, copy_engine_slowdown=0.0,
+              busy_cta_efficiency=0.3, busy_kinds=KINDS)
+    bus.join(f)
+    f.add_flow(1e12, ("d2h", "dram"), cap=4 * GB, ctas=4)
+    got = []
+
+    def steps():
+        yield f.add_job(0.1, GEMMS)
+        yield env.timeout(0.1)
+        yield f.add_job(0.1, READS)
+        yield env.timeout(0.1)
+
+    def probe():
+        for at in (0.05, 0.15, 0.25, 0.35):
+            yield env.timeout(at - env.now)
+            got.append(f.flows[0].rate)
+    env.process(steps())
+    env.process(probe())
+    env.run(until=0.4)
+    assert got == pytest.approx([4 * GB * 0.6, 4 * GB, 4 * GB * 0.9, 4 * GB])

@@ -92,8 +92,7 @@ class NodeBus:
         members = [moving[i] for i in sorted(moving)]
         for m in members:
             m._sync_flows()  # (changed's already is: a no-op)
-        key = tuple([(m.bus_index, bool(m.jobs) and not m.held, *[f.sig for f in m.flows])
-                     for m in members])
+        key = tuple([(m.bus_index, m.busy_now(), *[f.sig for f in m.flows]) for m in members])
         rates = self._cache.get(key)
         if rates is None:
             if len(self._cache) >= _CACHE_MAX:
