@@ -66,8 +66,8 @@ class InterferenceSpec(_Frozen):
     a prefill's GEMMs 8 CTAs moved 0.37-0.49 of their idle rate (H200, 2026-12-03 22:33),
     beside a step's HBM reads 1-4 CTAs 0.85 (19:21-19:37); ``kvsim calibrate`` fits the
     busy share under a prefill (the GEMM kind's, on a profile with the kinds) and keeps
-    this one from its base. Each kind may give its
-    own busy shares (``KindSpec``): a step's are then the kinds' by its time in each.
+    this one from its base. Each kind may give its own busy shares (``KindSpec``): a
+    step's are then the kinds' by its time in each.
 
     ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
     the host link ``lasting_after_batches`` times: every later compute call (an engine
@@ -115,18 +115,16 @@ class InterferenceSpec(_Frozen):
     def kind_busy(self) -> tuple[Shares, Shares] | None:
         """The kinds' busy shares, (GEMMs', reads'), each (host -> GPU, GPU -> host), the
         spec's where a kind gives none; None where no kind gives one (one share for all)."""
-        kinds = (self.gemm, self.memory)
-        if all(k is None or (k.busy_cta_efficiency is None and k.busy_cta_efficiency_d2h is None)
-               for k in kinds):
+        g, m = self.gemm, self.memory
+        if g is None or m is None or all(
+                k.busy_cta_efficiency is None and k.busy_cta_efficiency_d2h is None for k in (g, m)):
             return None
         e, d2h = self.busy_eff()
 
-        def of(k: KindSpec | None) -> Shares:
-            if k is None:
-                return e, d2h
-            h = e if k.busy_cta_efficiency is None else k.busy_cta_efficiency
-            return h, d2h if k.busy_cta_efficiency_d2h is None else k.busy_cta_efficiency_d2h
-        return of(self.gemm), of(self.memory)
+        def of(k: KindSpec) -> Shares:
+            return (e if k.busy_cta_efficiency is None else k.busy_cta_efficiency,
+                    d2h if k.busy_cta_efficiency_d2h is None else k.busy_cta_efficiency_d2h)
+        return of(g), of(m)
 
     def drain_eff(self) -> float:
         """A GPU -> host copy CTA's share of its idle rate as the waiting CTAs count it."""
