@@ -309,9 +309,13 @@ def busy_share(other: Shares, kinds: tuple[Shares, Shares] | None,
     1-4 of them 0.85.)"""
     if kinds is None or work is None:
         return other
-    w = gemm_share(work)
+    return kind_share(kinds, gemm_share(work))
+
+
+def kind_share(kinds: tuple[Shares, Shares], share: float) -> Shares:
+    """The kinds' shares (GEMMs', reads') of a step whose GEMMs take ``share`` of its time."""
     (g0, g1), (m0, m1) = kinds
-    return m0 + w * (g0 - m0), m1 + w * (g1 - m1)
+    return m0 + share * (g0 - m0), m1 + share * (g1 - m1)
 
 
 def least_share(shares: Sequence[Shares]) -> Shares:

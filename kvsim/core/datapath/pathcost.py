@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, copy_ctas
-from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Shares, busy_share,
-                                              issue_share, legacy_stretch)
+from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Shares, issue_share,
+                                              kind_share, legacy_stretch)
 from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share
 
 CE, SM = CopyPath.COPY_ENGINE, CopyPath.SM_KERNEL
@@ -184,8 +184,8 @@ class PathChooser:
         rows = gemm_rows(work.tokens, kinds.min_rows, kinds.max_rows)
         gemms, structure = kinds.gemms[rows], kinds.structure
         ci = self.inputs
-        busy = None if ci.busy_kinds is None else dict(zip(DIRECTIONS, busy_share(
-            (ci.busy_eff["h2d"], ci.busy_eff["d2h"]), ci.busy_kinds, work)))
+        # (at the rounded share, as the stretch: the decision a function of its key)
+        busy = None if ci.busy_kinds is None else dict(zip(DIRECTIONS, kind_share(ci.busy_kinds, share)))
         return self.choose(d, pages, other,
                            lambda load: structure.stretch(share, gemms, load), (share, rows), busy)
 
