@@ -119,8 +119,14 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     k = sum(hw_interference.within(st, 0.0, sim) for st in runs)
     assert lines[-1] == f"hw_interference_sim_within: {k} of 3"
-    assert lines[-2] == (f"{base['kind']}: over 1 cells measured in several runs, the sim 4.00 points of "
+    assert lines[-3] == (f"{base['kind']}: over 1 cells measured in several runs, the sim 4.00 points of "
                          f"stretch from hw's median, hw's runs 2.33 (x1.71)")
+    # each run judged with each other run's stretch as its prediction, beside the sim's
+    pairs = sum(hw_interference.within(a, 0.0, b) for a in runs for b in runs if b is not a)
+    assert hw_interference.repeat_within(
+        [{**base, "stretch": st, "spread": 0.0} for st in runs], prof) == (pairs, 6, k, 3)
+    assert lines[-2] == (f"over the cells measured in several runs: another run's hw within {pairs} of 6 "
+                         f"({pairs / 6:.0%}), the sim within {k} of 3 ({k / 3:.0%})")
     # one run: nothing to judge repeatability by
     assert hw_interference.against_runs([{**base, "stretch": 0.1, "spread": 0.0}], prof) == {}
 
