@@ -270,6 +270,26 @@ def flat(d: dict, at: str = "") -> dict:
     return out
 
 
+def test_the_copy_ctas_an_sm_holds_are_fitted_from_what_the_backend_read():
+    """calibrate's compute cells carry the hw backend's ``copy_ctas_per_sm`` (the copy
+    kernel's resident CTAs an SM); the fit writes it into the interference terms, and a
+    report without it keeps the base's."""
+    from kvsim.tools.fit import fit
+    from kvsim.tools.measured import measured_from_report
+    from kvsim.config.hardware import CONFIG_DIR
+
+    committed = CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml"
+    m = measured_from_report(json.loads(committed.with_name(committed.name + ".report.json").read_text()))
+    m.compute.pop("copy_ctas_per_sm", None)
+    d, why = fit(m, load_profile("h200-pcie-calibrated"))
+    assert d["sm"]["interference"]["copy_ctas_per_sm"] == 10  # the base's
+    assert "sm.interference.copy_ctas_per_sm" not in why
+    m.compute["copy_ctas_per_sm"] = 7
+    d, why = fit(m, load_profile("h200-pcie-calibrated"))
+    assert d["sm"]["interference"]["copy_ctas_per_sm"] == 7
+    assert why["sm.interference.copy_ctas_per_sm"].startswith("measured:")
+
+
 def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_path):
     """kvsim calibrate --from-report: the fit is a function of the saved cells. (The committed
     profile was written with 4 significant digits a value, the refit writes them whole.)"""

@@ -720,3 +720,17 @@ def test_realtime_clock_starts_at_run_not_at_construction():
     rt.run(rt.process(proc()))
     assert seen[0] < 0.05, seen
     assert 0.01 <= seen[1] < 0.06, seen
+
+
+@gpu
+@needs_gpu
+def test_gpu_copy_ctas_an_sm_holds_are_the_drivers_occupancy(make):
+    """The backend's ``copy_ctas_per_sm`` (what calibrate writes into the profile) is the
+    copy kernel's resident CTAs an SM as the driver's occupancy calculator gives them."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    _, be = make(device="gpu")
+    threads = be.threads_per_cta
+    err, got = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        driver.CUfunction(be.kernels.copy.kernel.ptr), threads, 0)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    assert be.info["copy_ctas_per_sm"] == got >= 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import round_profile
+from kvsim.config.hardware import load_profile
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.interference import (IDLE, CopyLoad, KindTerms, MixTable, Structure,
                                               gemm_loss, issue_share, legacy_stretch)
@@ -47,6 +48,26 @@ def test_a_gemm_loses_the_sms_taken_and_waits_for_its_stragglers():
     assert gemm_loss([(2048, 3.0), (100, 1.0)], 132, 20.0, 0.5, 40) == pytest.approx(
         (3 * ((132 / 112 - 1) * 18 + 0.5) / 19 + 0.5) / 4)
     assert gemm_loss([(2048, 1.0)], 132, 0.0) == 0.0
+
+
+def test_copy_ctas_pack_onto_the_sms_a_one_wave_gemm_leaves_free():
+    # 10 copy CTAs an SM: 36 of them hold 4 SMs, so a GEMM of 128 tiles (one wave) fits on
+    # the 128 left and loses nothing; the 41st takes a fifth SM and a tile waits beside it
+    assert gemm_loss([(128, 1.0)], 132, 0.0, 0.5, 36, 10) == 0.0
+    assert gemm_loss([(128, 1.0)], 132, 0.0, 0.5, 40, 10) == 0.0
+    assert gemm_loss([(128, 1.0)], 132, 0.0, 0.5, 41, 10) == pytest.approx(0.5)
+    # one CTA an SM (the default): 5 CTAs already leave too few
+    assert gemm_loss([(128, 1.0)], 132, 0.0, 0.5, 5) == pytest.approx(0.5)
+    # a GEMM of many waves keeps its straggle however the copy CTAs pack
+    assert gemm_loss([(2048, 1.0)], 132, 0.0, 0.5, 1, 10) == pytest.approx(0.5 / 16)
+
+
+def test_a_profile_packs_copy_ctas_as_it_says_and_at_least_one_an_sm():
+    p = load_profile("h200-pcie-calibrated")
+    assert p.interference_structure().copy_ctas_per_sm == p.sm.interference.copy_ctas_per_sm == 10
+    assert load_profile("h200-pcie").interference_structure().copy_ctas_per_sm == 1
+    with pytest.raises(ValueError, match="copy_ctas_per_sm"):
+        p.sm.interference.model_validate({**p.sm.interference.model_dump(), "copy_ctas_per_sm": 0})
 
 
 def test_the_issue_share_is_the_host_time_beyond_the_bytes():

@@ -360,7 +360,8 @@ class HardwareProfile(_Frozen):
         if g is None or m is None:
             return None
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
-                         tuple(i.gemm_tile), g, m, self.sm.cta_rate("d2h", page_bytes) * i.drain_eff())
+                         tuple(i.gemm_tile), g, m, self.sm.cta_rate("d2h", page_bytes) * i.drain_eff(),
+                         i.copy_ctas_per_sm)
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

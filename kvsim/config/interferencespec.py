@@ -89,7 +89,13 @@ class InterferenceSpec(_Frozen):
     the GEMMs of its FLOP-bound share lose waves to the SMs copy CTAs take (GEMM CTAs of
     ``gemm_tile`` output each), its HBM reads lose SM slots and HBM bytes. Without them
     every step is stretched by ``sm_kernel_slowdown`` and ``copy_engine_slowdown`` (the
-    older model), which stay the terms of a compute of the SMs alone (no ``StepWork``)."""
+    older model), which stay the terms of a compute of the SMs alone (no ``StepWork``).
+
+    ``copy_ctas_per_sm``: how many SM copy CTAs share one SM where a step's GEMMs leave it
+    free (the copy kernel's resident CTAs an SM, by its registers and threads). A copy
+    kernel launched while GEMMs run gets SMs as their CTAs retire and packs onto them, so
+    ``c`` copy CTAs hold ``ceil(c / copy_ctas_per_sm)`` SMs: a GEMM of one wave whose tiles
+    fit on the rest loses nothing to them. Default 1 (a CTA an SM)."""
 
     sm_kernel_slowdown: Slowdown
     sm_kernel_ctas: Annotated[int, Field(gt=0)]
@@ -106,6 +112,7 @@ class InterferenceSpec(_Frozen):
     gemm: KindSpec | None = None
     memory: KindSpec | None = None
     gemm_tile: tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]] = (128, 256)
+    copy_ctas_per_sm: Annotated[int, Field(gt=0)] = 1
 
     def busy_eff(self) -> tuple[float, float]:
         """A copy CTA's share of its idle rate under compute: (host -> GPU, GPU -> host)."""

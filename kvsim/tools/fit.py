@@ -195,6 +195,10 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
         why["gpu.prefill_efficiency"] = "measured: fp16 8192^3 matmul FLOP/s over the base's peak"
         why["gpu.decode_efficiency"] = "measured: 1 GiB device copy bandwidth over the base's peak"
     fit_kernel_overlap(m.rank_share, d, why)
+    if m.compute.get("copy_ctas_per_sm") and d["sm"].get("interference") is not None:
+        d["sm"]["interference"]["copy_ctas_per_sm"] = int(m.compute["copy_ctas_per_sm"])
+        why["sm.interference.copy_ctas_per_sm"] = (
+            "measured: the copy kernel's CTAs one SM holds (its registers and threads)")
     if m.device == "gpu":
         d["sm"]["threads_per_cta"] = 128
         why["sm.threads_per_cta"] = "the hw backend's copy kernel, as measured here"

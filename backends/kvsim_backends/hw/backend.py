@@ -177,8 +177,7 @@ class HwBackend:
         # Copies and checks go on streams of the highest priority, compute on the lowest:
         # when a busy kernel's CTAs retire, a waiting copy or check kernel's CTAs start
         # before the next busy kernel's (a one-page host check took a median 759 us behind
-        # a busy compute, 93 us alone). CUDA clamps a priority to the device's range:
-        # -1000 is its highest, 0 its lowest.
+        # a busy compute, 93 us alone). CUDA clamps a priority: -1000 its highest, 0 lowest.
         S = lambda prio: cp.cuda.Stream(non_blocking=True, priority=prio)  # noqa: E731
         self.streams = {"h2d": S(-1000), "d2h": S(-1000), "d2d": S(-1000), "misc": S(-1000),
                         "compute": S(0)}
@@ -192,7 +191,8 @@ class HwBackend:
             self.staging.put(probe)
         self.info["busy_iters_per_s"] = self.kernels.calibrate_busy()
         self.kernels.use_graphs = self.info["compute_graphs"] = bool(st.hw.compute_graphs)
-        self.info["sm_count"] = self.kernels.sm_count
+        self.info.update(sm_count=self.kernels.sm_count,
+                         copy_ctas_per_sm=self.kernels.copy_ctas_per_sm(self.threads_per_cta))
         if st.hw.compute_standin:
             self.standin = StandIn(cp, st.model, self.kernels.read, st.read_kernel_s,
                                    self.kernels.l2_bytes, use_graphs=bool(st.hw.compute_graphs))

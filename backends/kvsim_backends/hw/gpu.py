@@ -114,6 +114,20 @@ class Kernels:
         self._graphs: dict[tuple[int, int, int], Any] = {}
         self._capture_stream = None
 
+    def copy_ctas_per_sm(self, threads: int) -> int:
+        """How many ``kv_copy_pages`` CTAs of ``threads`` one SM holds at once: the least of
+        its register file (a warp's registers in units of 256), its threads and its CTA
+        slots (the profile's ``sm.interference.copy_ctas_per_sm``: where the GEMMs of a
+        step leave an SM free, this many copy CTAs pack onto it)."""
+        a = self.cp.cuda.Device().attributes
+        regs = int(self.copy.attributes.get("num_regs", 0)) or 1
+        warps = -(-int(threads) // 32)
+        per_warp = -(-regs * 32 // 256) * 256
+        by_regs = int(a.get("MaxRegistersPerMultiprocessor", 65536)) // per_warp // warps
+        by_threads = int(a.get("MaxThreadsPerMultiProcessor", 2048)) // int(threads)
+        by_slots = int(a.get("MaxBlocksPerMultiprocessor", 32))
+        return max(1, min(by_regs, by_threads, by_slots))
+
     def copy_pages(self, stream, src_ptr: int, dst_ptr: int, src_slots, dst_slots,
                    page_bytes: int, ctas: int, threads: int) -> None:
         n = int(src_slots.shape[0])

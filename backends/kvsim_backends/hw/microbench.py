@@ -328,6 +328,8 @@ def measure_busy(m: Measured, device: str, settings_for: SettingsFor,
     try:
         if "standin" in be.info:
             m.compute["standin"] = be.info["standin"]
+        if "copy_ctas_per_sm" in be.info:
+            m.compute["copy_ctas_per_sm"] = be.info["copy_ctas_per_sm"]
         rows = []
         for kind, work in (works or {None: None}).items():
             for d in (0.002, 0.01, 0.05):

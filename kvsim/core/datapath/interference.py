@@ -16,7 +16,12 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   SMs left, ``S / (S - lost) - 1``; the wave that does not queue (a one-wave GEMM's
   only one: each tile has an SM, the copy CTA beside it) waits for its slowest tile,
   one beside a copy CTA that runs ``straggle_h2d`` (``_d2h``) slower; a GEMM of one wave
-  whose tiles all find an SM no copy CTA sits on (``t <= S - ctas``) has no such tile.
+  whose tiles all find an SM no copy CTA sits on has no such tile. Copy CTAs pack: a
+  cuBLAS GEMM CTA on Hopper holds nearly all of an SM's registers and shared memory, so no
+  copy CTA shares an SM with one, and a copy kernel launched while GEMMs run takes SMs as
+  their CTAs retire and stacks its CTAs on them, ``copy_ctas_per_sm`` an SM: ``c`` copy
+  CTAs hold ``ceil(c / copy_ctas_per_sm)`` SMs, and a one-wave GEMM loses nothing while
+  ``t <= S - ceil(c / copy_ctas_per_sm)``.
   So ``(S / (S - lost) - 1) x (w - 1) / w + straggle / w`` (``gemm_loss``): a prefill
   chunk's GEMMs, of many waves, lose the SMs taken and a share of the straggle; a decode
   batch's, of one wave (a small M), the straggle alone, and only where its tiles need an
@@ -138,7 +143,8 @@ class Structure:
     GEMM CTA's output tile (rows, cols), each kind's terms, and ``cta_d2h_Bps``, what
     one SM copy CTA moves GPU -> host under compute (the profile's ``sm.cta_offload`` at
     the run's page size x ``InterferenceSpec.drain_eff``: the rate the sim's CTAs move at
-    where they, not the link, bind)."""
+    where they, not the link, bind), and ``copy_ctas_per_sm``, the copy CTAs one SM takes
+    beside a step's GEMMs (``gemm_loss``)."""
 
     sms: int
     hbm_Bps: float
@@ -146,6 +152,7 @@ class Structure:
     gemm: KindTerms
     memory: KindTerms
     cta_d2h_Bps: float = 0.0
+    copy_ctas_per_sm: int = 1
 
     def stalled_d2h(self, load: CopyLoad) -> float:
         """The SM kernel's GPU -> host CTAs beyond those its rate needs at
@@ -165,7 +172,7 @@ class Structure:
         and HBM terms."""
         t = self.gemm
         out = gemm_loss(gemms, self.sms, t.lost_sms(load), t.straggle(load),
-                        load.ctas_h2d + load.ctas_d2h)
+                        load.ctas_h2d + load.ctas_d2h, self.copy_ctas_per_sm)
         out += t.engine(load)
         if t.backlog_d2h:
             out += t.backlog_d2h * self.stalled_d2h(load)
@@ -200,21 +207,22 @@ class Structure:
 
 
 def gemm_loss(gemms: Sequence[tuple[int, float]], sms: int, lost: float,
-              straggle: float = 0.0, ctas: int = 0) -> float:
+              straggle: float = 0.0, ctas: int = 0, per_sm: int = 1) -> float:
     """GEMMs of (tiles, weight) on ``sms`` SMs of which ``ctas`` copy CTAs take ``lost``:
     their FLOP-weighted stretch. Of a GEMM's ``w = ceil(tiles / (sms - lost))`` waves,
     the ``w - 1`` whose tiles queue for SMs spread over the SMs left, ``sms / (sms - lost)
     - 1``; the one that does not waits for its slowest tile, one beside a copy CTA that
     runs ``straggle`` slower: ``straggle / w`` (a GEMM of one wave, a small M, loses the
-    straggle alone, none where its tiles fit on the ``sms - ctas`` SMs without a copy
-    CTA; a long one mostly the SMs)."""
+    straggle alone, none where its tiles fit on the SMs no copy CTA holds, ``sms -
+    ceil(ctas / per_sm)`` with ``per_sm`` copy CTAs packed on an SM; a long one mostly
+    the SMs)."""
     if (lost <= 0.0 and straggle <= 0.0) or not gemms:
         return 0.0
     left = sms - lost
     left = left if left > 1.0 else 1.0
     spread = sms / left - 1.0
     num = den = 0.0
-    free = sms - ctas
+    free = sms - -(-ctas // per_sm)
     for tiles, w in gemms:
         waves = math.ceil(tiles / left)
         s = 0.0 if waves == 1 and tiles <= free else straggle
