@@ -14,7 +14,8 @@ from conftest import round_profile
 from kvsim.config.hardware import load_profile
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.interference import (IDLE, CopyLoad, KindTerms, MixTable, Structure,
-                                              gemm_loss, issue_share, legacy_stretch)
+                                              gemm_loss, issue_share, last_wave_share,
+                                              legacy_stretch)
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
@@ -428,7 +429,13 @@ def test_gpu_to_host_ctas_the_link_leaves_waiting_cost_their_backlog_term():
     waiting = CopyLoad(ctas_d2h=14, sm_d2h_Bps=48e9)     # 6 CTAs move 48 GB/s: 8 wait
     assert s.stalled_d2h(waiting) == pytest.approx(8.0)
     assert s.memory_stretch(waiting) == pytest.approx(0.05 * 8)
-    assert s.gemm_stretch([(2048, 1.0)], waiting) == pytest.approx(0.1 * 8)
+    # a GEMM's term weighs by the share of its time in the wave that does not queue: a
+    # GEMM of 2048 tiles runs 16 waves on 132 SMs, one of 100 tiles one wave; FLOP-weighted
+    assert s.gemm_stretch([(2048, 1.0)], waiting) == pytest.approx(0.1 * 8 / 16)
+    assert s.gemm_stretch([(100, 1.0)], waiting) == pytest.approx(0.1 * 8)
+    assert s.gemm_stretch([(2048, 3.0), (100, 1.0)], waiting) == pytest.approx(
+        0.1 * 8 * (3 / 16 + 1) / 4)
+    assert last_wave_share([], 132) == 1.0
     bound = CopyLoad(ctas_d2h=4, sm_d2h_Bps=32e9)        # the CTAs bind: none waits
     assert s.stalled_d2h(bound) == 0.0 and s.memory_stretch(bound) == 0.0
     assert s.stalled_d2h(CopyLoad(ctas_h2d=36, hbm_Bps=50e9, h2d_Bps=50e9)) == 0.0

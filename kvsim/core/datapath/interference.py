@@ -39,7 +39,12 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   times the share of calls issuing host-bound pages (``issue_share``: the GPU's front
   end takes in their command stream beside the compute's launches); ``backlog_d2h``
   for each GPU -> host SM copy CTA beyond those the link drains (``stalled_d2h``: CTAs
-  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``). On three H200s a
+  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``), for GEMMs times the
+  share of their time in the wave that does not queue (``last_wave_share``: a GEMM of
+  one wave waits on the tiles such CTAs slow throughout, a long one once; on an H200 the
+  four GEMMs of M = 256 beside 4 / 6 / 8 / 14 such CTAs of 1 MiB, launched while they
+  ran, +0.8 / 8.9 / 47.4 / 214%, those of M = 4096 +14.5 / 26.9 / 17.7 / 44.4%:
+  ``benchmarks/hw_gemm_ctas.py --dir d2h``). On three H200s a
   step of HBM reads beside such a kernel of 1-8 CTAs ran 0-2% longer, of 14 (the
   default) 23-35%, of 24 72-108%, of 36 130-147%, while the kernel moved 41-52 GB/s
   throughout: the CTAs the link leaves waiting hold their stores in the memory system the
@@ -175,7 +180,9 @@ class Structure:
                         load.ctas_h2d + load.ctas_d2h, self.copy_ctas_per_sm)
         out += t.engine(load)
         if t.backlog_d2h:
-            out += t.backlog_d2h * self.stalled_d2h(load)
+            stalled = self.stalled_d2h(load)
+            if stalled:
+                out += t.backlog_d2h * stalled * last_wave_share(gemms, self.sms)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
         return out
@@ -204,6 +211,17 @@ class Structure:
         if share < 1.0:
             out += (1.0 - share) * self.memory_stretch(load)
         return out
+
+
+def last_wave_share(gemms: Sequence[tuple[int, float]], sms: int) -> float:
+    """The FLOP-weighted mean of ``1 / waves`` of GEMMs of (tiles, weight) on ``sms``
+    SMs: the share of a GEMM's time in the wave that waits for its slowest tile (1.0 for
+    a GEMM of one wave; 1.0 without GEMMs)."""
+    num = den = 0.0
+    for tiles, w in gemms:
+        num += w / math.ceil(tiles / sms)
+        den += w
+    return num / den if den > 0 else 1.0
 
 
 def gemm_loss(gemms: Sequence[tuple[int, float]], sms: int, lost: float,
