@@ -77,6 +77,12 @@ def test_cpu_run_prints_the_sims_cells_and_saves_them(tmp_path, capsys):
     saved = json.loads(out.read_text())["cells"]
     assert [c["device"] for c in saved] == ["cpu"] * 3
     assert [c["plan"] for c in saved] == [None] * 3  # (no stand-in on numpy)
+    # each direction's batch timed apart, the copy as long as the later of them
+    for c in saved:
+        dirs = {"both": {"h2d", "d2h"}}.get(c["dir"], {c["dir"]})
+        assert set(c["copy_dir_s"]) == dirs
+        assert max(c["copy_dir_s"].values()) == pytest.approx(c["copy_s"])  # (one rep)
+        assert all(0.0 < v for v in c["copy_dir_s"].values())
     # the sim column is the sim's prediction of the full-size cell
     prof = load_profile(hw_interference.PROFILE)
     sim, _ = predict_cell(prof, saved[0], nominal=True)

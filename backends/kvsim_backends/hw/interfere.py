@@ -154,18 +154,27 @@ def _wait(rt, waitables) -> list:
     return list(rt.run(rt.all_of(waitables)).values())
 
 
-def _one(rt, be, work, compute_s, batches, path, gap_s) -> tuple[float, float | None]:
-    """(the compute's seconds, the copy's seconds or None) of one rep after ``gap_s`` idle."""
+def _done_at(ev):
+    """A process: ``ev``'s value and the wall time the runtime saw it done."""
+    ok = yield ev
+    return ok, time.perf_counter()
+
+
+def _one(rt, be, work, compute_s, batches, path, gap_s
+         ) -> tuple[float, float | None, list[float]]:
+    """(the compute's seconds, the copy's seconds or None, each batch's seconds) of one
+    rep after ``gap_s`` idle."""
     time.sleep(gap_s)
     job = be.compute(compute_s, work)
-    copy_s = None
+    copy_s, each = None, []
     if batches:
         t0 = time.perf_counter()
-        oks = _wait(rt, [be.transfer(b, path=path) for b in batches])
-        copy_s = time.perf_counter() - t0
-        if not all(oks):
+        got = _wait(rt, [rt.process(_done_at(be.transfer(b, path=path))) for b in batches])
+        each = [t - t0 for _, t in got]
+        copy_s = max(each)
+        if not all(ok for ok, _ in got):
             raise RuntimeError(f"a transfer failed on {path.value}: {list(be.errors)}")
-    return float(_wait(rt, [job])[0]), copy_s
+    return float(_wait(rt, [job])[0]), copy_s, each
 
 
 def _plan(be, seconds: float, work: StepWork) -> dict | None:
@@ -184,7 +193,8 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                   progress: Callable[[str], None] | None = None) -> list[dict]:
     """Each cell measured (see the module docstring): a dict of the cell's fields and
     ``alone_s`` / ``with_s`` (median GPU seconds of the compute), ``stretch``, ``spread``,
-    ``copy_s`` (median), ``pages`` and ``bytes`` in all, ``batches`` ([direction, pages]
+    ``copy_s`` (median; ``copy_dir_s``: each direction's, from its call to its end),
+    ``pages`` and ``bytes`` in all, ``batches`` ([direction, pages]
     each, as ``hw_copy.py``'s cells), ``ctas`` (the SM kernel's per direction),
     ``work`` (the StepWork's fields), ``projections`` (the stand-in's GEMMs), ``plan``
     (what the stand-in ran for the compute: its GEMM chains ``[M, chains]`` and read
@@ -217,19 +227,25 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                 batches = {"h2d": [h2d], "d2h": [d2h], "both": [h2d, d2h]}[c.dir]
                 path = CopyPath(c.path) if on_gpu else CopyPath.COPY_ENGINE
                 work = works[c.kind]
-                alone, with_, copies = [], [], []
+                alone, with_, copies, dirs = [], [], [], []
                 for r in range(reps + 1):
-                    a, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
-                    w, cs = _one(rt, be, work, c.compute_s, batches, path, gap_s)
+                    a, _, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
+                    w, cs, each = _one(rt, be, work, c.compute_s, batches, path, gap_s)
                     if r:
                         alone.append(a)
                         with_.append(w)
                         copies.append(cs)
+                        dirs.append(each)
                 base = statistics.median(alone)
                 each = [x / base - 1.0 for x in with_]
                 row = {**asdict(c), "alone_s": base, "with_s": statistics.median(with_),
                        "stretch": statistics.median(with_) / base - 1.0,
                        "spread": (max(each) - min(each)) / 2, "copy_s": statistics.median(copies),
+                       # each direction's batch from its call to the runtime seeing it done
+                       # (median over the reps): both ways, when each direction finished
+                       "copy_dir_s": {("h2d" if b.src == Level.HOST else "d2h"):
+                                      statistics.median(d[i] for d in dirs)
+                                      for i, b in enumerate(batches)},
                        "alone_reps": alone, "with_reps": with_, "copy_reps": copies,
                        "pages": k * len(batches), "bytes": k * len(batches) * page,
                        "batches": [["h2d" if b.src == Level.HOST else "d2h", k] for b in batches],
