@@ -230,12 +230,12 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                 alone, with_, copies, dirs = [], [], [], []
                 for r in range(reps + 1):
                     a, _, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
-                    w, cs, each = _one(rt, be, work, c.compute_s, batches, path, gap_s)
+                    w, cs, ends = _one(rt, be, work, c.compute_s, batches, path, gap_s)
                     if r:
                         alone.append(a)
                         with_.append(w)
                         copies.append(cs)
-                        dirs.append(each)
+                        dirs.append(ends)
                 base = statistics.median(alone)
                 each = [x / base - 1.0 for x in with_]
                 row = {**asdict(c), "alone_s": base, "with_s": statistics.median(with_),
