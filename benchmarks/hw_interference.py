@@ -25,7 +25,9 @@ calibrate``'s reports (``PROFILE.yaml.report.json``: the cells it measured).
 Beside each cell, the sim's prediction of the same compute and copy on ``--profile``
 (``kvsim.tools.fit.predict_cell``); a cell is *within* when the sim's stretch is within
 10% of hw's, or within hw's own spread (half the range of its reps) where that is wider.
-Last line: ``hw_interference_sim_within: K of N``.
+Each cell also saves each direction's batch from its call to its end (``copy_dir_s``);
+below the table, the cells both ways list those beside the sim's. Last line:
+``hw_interference_sim_within: K of N``.
 
     python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep] [--part K/N] [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
@@ -68,7 +70,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, install
 from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
+from kvsim.tools.fitkinds import KIND_MODEL, cell_work, fit_interference, kind_works, sim_cell  # noqa: E402
 from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells, sweep_grid  # noqa: E402
 
 PROFILE = "h200-pcie-calibrated"
@@ -111,6 +113,16 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
         out(f"| {r['kind']} | {r['compute_s'] * 1e3:g} | {_label(r)} | {hw} | {sim_copy * 1e3:.1f} |")
     if on_gpu:
         out("\n" + "; ".join(f"{k}: {good[k]} of {seen[k]} within" for k in KINDS if seen[k]))
+        both = [r for r in rows if r["dir"] == "both" and r.get("copy_dir_s")]
+        if both:  # (runs from 2026-12-04 05:00 on time each direction apart)
+            out("\nboth ways, each direction's batch to its end, ms (hw / sim):")
+            for r in both:
+                sim_dir: dict = {}
+                sim_cell(profile, r, r["compute_s"], cell_work(r), dir_s=sim_dir)
+                hw_dir = r["copy_dir_s"]
+                out(f"- {r['kind']} {r['compute_s'] * 1e3:g} ms | {_label(r)}: " + ", ".join(
+                    f"{d} {hw_dir[d] * 1e3:.1f} / {sim_dir.get(d, float('nan')) * 1e3:.1f}"
+                    for d in ("h2d", "d2h") if d in hw_dir))
     return sum(good.values()), sum(seen.values())
 
 

@@ -244,3 +244,25 @@ def test_the_profile_gives_the_measured_hinge_of_reads_beside_waiting_ctas():
             assert hw > 0.3 and sim > 0.2 and abs(sim - hw) < hw / 2, (ctas, hw, sim)
     sims = [s for _, _, s in got]
     assert sims == sorted(sims)
+
+
+def test_both_ways_cells_show_each_directions_end_beside_the_sims(tmp_path, capsys):
+    """A saved GPU cell both ways with each direction's batch timed (``copy_dir_s``): the
+    table is followed by hw's and the sim's end of each direction's batch."""
+    from kvsim.tools.fitkinds import cell_work, sim_cell
+
+    prof = load_profile(hw_interference.PROFILE)
+    cell = {**_cpu_cell(tmp_path), "device": "gpu", "stretch": 0.1, "spread": 0.0}
+    assert cell["dir"] == "both"
+    both = {**cell, "copy_dir_s": {"h2d": 0.0123, "d2h": 0.0456}}
+    del cell["copy_dir_s"]  # (a run from before the directions were timed apart)
+    p = tmp_path / "both.json"
+    p.write_text(json.dumps({"cells": [cell, both]}))
+    hw_interference.main(["--sim-from", str(p)])
+    out = capsys.readouterr().out.splitlines()
+    i = out.index("both ways, each direction's batch to its end, ms (hw / sim):")
+    sim_dir: dict = {}
+    sim_cell(prof, both, both["compute_s"], cell_work(both), dir_s=sim_dir)
+    assert set(sim_dir) == {"h2d", "d2h"} and all(v > 0 for v in sim_dir.values())
+    assert out[i + 1].endswith(f"h2d 12.3 / {sim_dir['h2d'] * 1e3:.1f}, d2h 45.6 / {sim_dir['d2h'] * 1e3:.1f}")
+    assert len([x for x in out[i + 1:] if x.startswith("- ")]) == 1  # none for the older cell

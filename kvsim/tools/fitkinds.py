@@ -80,15 +80,24 @@ def _cell_batches(c: dict) -> list[tuple[str, int]]:
     return [(c["dir"], c["pages"])]
 
 
+def _ends_at(rt, ev, into: dict, key: str):
+    """A process: waits for ``ev``, then notes the time in ``into[key]``."""
+    yield ev
+    into[key] = rt.now
+
+
 def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
-             work: StepWork | None = None, load_log: list | None = None) -> tuple[float, float | None]:
+             work: StepWork | None = None, load_log: list | None = None,
+             dir_s: dict | None = None) -> tuple[float, float | None]:
     """(seconds the sim backend takes for a measured cell's batches, started together;
     seconds a compute of ``compute_s`` (of ``work``: a step's, or None: the SMs alone)
     started just before them took, None without one): the copy time counts from the start
     to the last batch's completion, the compute's as the hw backend's (its GPU time: the
     stretch of copies' interference, not the backend's fixed latency per call). A cell's
     ``projections`` (where it has them) are the GEMMs the hw stand-in ran. ``load_log``:
-    gets each (time, ``CopyLoad``) the copies took from compute, as they changed."""
+    gets each (time, ``CopyLoad``) the copies took from compute, as they changed;
+    ``dir_s``: gets each direction's batch's seconds to its completion (as hw's
+    ``copy_dir_s``)."""
     from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
     from kvsim.run.seam import settings_for  # noqa: PLC0415
 
@@ -116,7 +125,8 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
     idx, a, evs = np.arange(n), 0, []
     for dr, k in batches:
         src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
-        evs.append(be.transfer(batch(src, dst, idx[a:a + k], idx[a:a + k], pb)))
+        ev = be.transfer(batch(src, dst, idx[a:a + k], idx[a:a + k], pb))
+        evs.append(ev if dir_s is None else rt.process(_ends_at(rt, ev, dir_s, dr)))
         a += k
     rt.run(rt.all_of(evs))
     copy_s = rt.now
