@@ -70,7 +70,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, install
 from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim.tools.fitkinds import KIND_MODEL, cell_work, fit_interference, kind_works, sim_cell  # noqa: E402
+from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
 from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells, sweep_grid  # noqa: E402
 
 PROFILE = "h200-pcie-calibrated"
@@ -100,8 +100,12 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
     out("|" + " --- |" * 9)
     good = {k: 0 for k in KINDS}
     seen = {k: 0 for k in KINDS}
+    ends = []  # (row, the sim's end of each direction): cells both ways timed apart
     for r in rows:
-        sim, sim_copy = predict_cell(profile, r, nominal=not on_gpu)
+        sim_dir: dict = {}
+        sim, sim_copy = predict_cell(profile, r, nominal=not on_gpu, dir_s=sim_dir)
+        if r["dir"] == "both" and r.get("copy_dir_s"):  # (runs from 2026-12-04 05:00 on)
+            ends.append((r, sim_dir))
         if on_gpu:
             ok = within(r["stretch"], r["spread"], sim)
             seen[r["kind"]] += 1
@@ -113,12 +117,9 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
         out(f"| {r['kind']} | {r['compute_s'] * 1e3:g} | {_label(r)} | {hw} | {sim_copy * 1e3:.1f} |")
     if on_gpu:
         out("\n" + "; ".join(f"{k}: {good[k]} of {seen[k]} within" for k in KINDS if seen[k]))
-        both = [r for r in rows if r["dir"] == "both" and r.get("copy_dir_s")]
-        if both:  # (runs from 2026-12-04 05:00 on time each direction apart)
+        if ends:
             out("\nboth ways, each direction's batch to its end, ms (hw / sim):")
-            for r in both:
-                sim_dir: dict = {}
-                sim_cell(profile, r, r["compute_s"], cell_work(r), dir_s=sim_dir)
+            for r, sim_dir in ends:
                 hw_dir = r["copy_dir_s"]
                 out(f"- {r['kind']} {r['compute_s'] * 1e3:g} ms | {_label(r)}: " + ", ".join(
                     f"{d} {hw_dir[d] * 1e3:.1f} / {sim_dir.get(d, float('nan')) * 1e3:.1f}"
@@ -181,6 +182,12 @@ def _load(paths, max_ctas: int | None = None) -> list[dict]:
     return rows
 
 
+def _cell_key(r: dict) -> tuple:
+    """What makes two runs' rows the same cell."""
+    return (r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes"),
+            r.get("sm_ctas"))
+
+
 def against_runs(rows: list[dict], profile, sims: list[float] | None = None
                  ) -> dict[str, tuple[float, float, int]]:
     """Where the same cell was measured in several runs (``--sim-from`` of several files):
@@ -191,9 +198,7 @@ def against_runs(rows: list[dict], profile, sims: list[float] | None = None
     by: dict[tuple, list[tuple[dict, float | None]]] = {}
     for i, r in enumerate(rows):
         if r.get("device", "gpu") == "gpu":
-            key = (r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes"),
-                   r.get("sm_ctas"))
-            by.setdefault(key, []).append((r, None if sims is None else sims[i]))
+            by.setdefault(_cell_key(r), []).append((r, None if sims is None else sims[i]))
     out: dict[str, list[list[float]]] = {}
     for key, cs in by.items():
         if len(cs) < 2:
@@ -214,8 +219,7 @@ def repeat_within(rows: list[dict], profile) -> tuple[int, int, int, int]:
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("device", "gpu") == "gpu":
-            by.setdefault((r["kind"], r["compute_s"], r["path"], r["dir"], r["page"],
-                           r.get("dir_bytes"), r.get("sm_ctas")), []).append(r)
+            by.setdefault(_cell_key(r), []).append(r)
     hw = pairs = sim = cells = 0
     for cs in by.values():
         if len(cs) < 2:

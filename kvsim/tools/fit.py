@@ -369,19 +369,21 @@ def _sim_seconds(profile: HardwareProfile, c: dict) -> float:
     return sim_cell(profile, c)[0]
 
 
-def predict_cell(profile: HardwareProfile, row: dict, nominal: bool = False) -> tuple[float, float]:
+def predict_cell(profile: HardwareProfile, row: dict, nominal: bool = False,
+                 dir_s: dict | None = None) -> tuple[float, float]:
     """The sim's (stretch, copy seconds) of a measured cell: its compute (its ``work``,
     for its ``compute_s``) and its copy started together on the sim backend with
     ``profile``; the stretch is the compute's time over its time alone, less 1.
     ``nominal``: the cell's full-size batches (``dir_bytes`` a direction), not the ones
-    measured (the CPU mode's are cut short)."""
+    measured (the CPU mode's are cut short). ``dir_s``: gets each direction's batch's
+    seconds to its end (``sim_cell``)."""
     c = dict(row)
     if nominal:
         k = max(1, row["dir_bytes"] // row["page"])
         c["batches"] = [[d, k] for d, _ in row["batches"]]
         c["pages"] = k * len(c["batches"])
         c["bytes"] = c["pages"] * row["page"]
-    copy_s, took = sim_cell(profile, c, row["compute_s"], cell_work(row))
+    copy_s, took = sim_cell(profile, c, row["compute_s"], cell_work(row), dir_s=dir_s)
     alone = row["compute_s"] * profile.compute.scale
     return float(took) / alone - 1.0, copy_s
 
