@@ -218,3 +218,41 @@ def raise_pending() -> None:
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             raise Terminated(signum)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within the block, SIGINT, SIGTERM and SIGHUP are only noted (main thread; a no-op
+    elsewhere); at its end the handlers before come back and a noted signal is raised
+    again, to them. For work a signal must not cut in half (a Dask cluster being built
+    cannot be closed); the block should last seconds at most."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, lambda signum, _f: noted.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if noted:
+            signal.raise_signal(noted[0])
+
+
+def release_import_lock() -> None:
+    """Release the interpreter's import lock where this thread holds it outside any
+    import: a KeyboardInterrupt raised inside the import system (in its weakref callback
+    that takes the lock, before the ``try`` that gives it back; such an exception is
+    swallowed) leaves it held, and any other thread's next import waits for good (Dask's
+    threads, as a cluster closes; a thread pool's, as Python exits). Call it where this
+    thread imports nothing: after an interrupt, on the way out."""
+    import _imp
+
+    while _imp.lock_held():
+        try:
+            _imp.release_lock()
+        except RuntimeError:   # another thread's, and rightly: it is importing
+            return
+

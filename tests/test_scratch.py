@@ -115,3 +115,59 @@ def test_a_signal_swallowed_in_a_destructor_is_raised_again(sig, want):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == ["went on", want, "once"]
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("sig, want", [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "Terminated")])
+def test_a_signal_in_a_deferred_block_is_raised_at_its_end(sig, want):
+    """Inside ``signals_deferred`` a signal is only noted: the block's work finishes, and
+    the handlers outside it (here ``terminate_raises``') get the signal at its end."""
+    code = textwrap.dedent(f"""
+        import os, signal, time
+        from kvsim import scratch
+
+        with scratch.terminate_raises():
+            try:
+                with scratch.signals_deferred():
+                    os.kill(os.getpid(), signal.{sig})
+                    time.sleep(0.2)
+                    print("block done", flush=True)
+                print("not reached", flush=True)
+            except KeyboardInterrupt as e:
+                print("raised", type(e).__name__, flush=True)
+        print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["block done", f"raised {want}", "True"]
+
+
+def test_an_import_lock_left_held_is_released_for_other_threads():
+    """The import lock left held by this thread (as a Ctrl-C inside the import system's
+    weakref callback leaves it) blocks every other thread's import until
+    ``release_import_lock``; one another thread holds is not this thread's to release."""
+    code = textwrap.dedent("""
+        import _imp, sys, threading
+        from kvsim import scratch
+
+        def imports(done):
+            import json.tool   # (not imported yet)
+            done.set()
+
+        _imp.acquire_lock()            # left held, as the race leaves it
+        done = threading.Event()
+        threading.Thread(target=imports, args=(done,), daemon=True).start()
+        print("blocked" if not done.wait(1.0) else "ran", flush=True)
+        scratch.release_import_lock()
+        print("ran" if done.wait(10) else "still blocked", flush=True)
+
+        holding, go = threading.Event(), threading.Event()
+        def holds():
+            _imp.acquire_lock(); holding.set(); go.wait(10); _imp.release_lock()
+        t = threading.Thread(target=holds); t.start(); holding.wait(10)
+        scratch.release_import_lock()   # another thread's: left alone
+        print("held" if _imp.lock_held() else "released", flush=True)
+        go.set(); t.join(10)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["blocked", "ran", "held"], out.stdout + out.stderr
