@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvsim.console import error, fmt, interrupted
-from kvsim.scratch import terminate_raises
+from kvsim.scratch import raise_pending, terminate_raises
 
 FORCE_HELP = ("write into a folder kvsim did not write, beside the files there (never replacing "
               "one of them)")
@@ -33,7 +33,11 @@ def _plan_and_run(console: Console, kind: str, plan: Callable, run: Callable, ke
         raise typer.Exit(2)
     try:
         with terminate_raises():
-            return planned, run(planned)
+            try:
+                return planned, run(planned)
+            except Exception:
+                raise_pending()   # a signal that came out of C code it cut short as another error
+                raise
     except OutputError as e:  # the folder changed since it was checked
         error(console, str(e))
         raise typer.Exit(2)
@@ -59,7 +63,7 @@ def _again(kind: str, file: str, folder, set_: List[str], storage: Optional[str]
 
 def _check_cluster(scheduler: Optional[str]) -> None:
     if scheduler is not None:
-        from kvsim.study.execute import check_scheduler
+        from kvsim.study.daskclient import check_scheduler
 
         check_scheduler(scheduler)
 

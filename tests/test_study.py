@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -701,3 +702,127 @@ seeds: [0, 1]
     bars = drawn["variants.png"]
     assert all(ax.containers and ax.containers[-1].errorbar is not None for ax in bars.axes)
     assert "error bars: lowest to highest" in bars._suptitle.get_text()
+
+
+def test_an_interrupted_close_waits_seconds_and_stops_its_own_workers():
+    """On a signal or an error, a Dask close that hangs is given up after QUICK_CLOSE_S,
+    the worker processes kvsim started are killed, and Dask's exit hook skips the
+    cluster; a normal end closes as Dask does, without a limit."""
+    from types import SimpleNamespace
+
+    from kvsim.study import daskclient as dask_cluster
+
+    calls = []
+
+    class Hangs:
+        def close(self, timeout=None):
+            calls.append(timeout)
+            if timeout is not None:
+                raise TimeoutError("still closing")
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cluster = Hangs()
+        cluster.shutdown_on_close = True
+        cluster.workers = {"w0": SimpleNamespace(process=SimpleNamespace(pid=worker.pid)),
+                           "w1": SimpleNamespace(process=None)}
+        t0 = time.monotonic()
+        dask_cluster._close(Hangs(), cluster, quick=True)
+        assert worker.wait(timeout=10) == -signal.SIGKILL
+        assert time.monotonic() - t0 < 10
+        assert calls == [dask_cluster.QUICK_CLOSE_S] * 2 and cluster.shutdown_on_close is False
+        calls.clear()
+        dask_cluster._close(Hangs(), None, quick=False)
+        assert calls == [None]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="kvsim's workers fork from a fork server on Linux")
+def test_a_ctrl_c_while_the_fork_server_imports_leaves_it_running(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group, the fork server too, which
+    imports Dask and kvsim for a second after it starts: it goes on, quietly, and the
+    command sees the Ctrl-C. (A module that signals and sleeps stands for that second.)"""
+    (tmp_path / "slow_import.py").write_text(textwrap.dedent(f"""
+        import pathlib, time
+        pathlib.Path({str(tmp_path / "importing")!r}).touch()
+        time.sleep(2)
+    """))
+    code = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from multiprocessing import forkserver
+        from kvsim.study import daskclient as cluster
+
+        cluster.WORKER_MODULES = cluster.WORKER_MODULES[:1] + ("slow_import",) + cluster.WORKER_MODULES[1:]
+        signal.signal(signal.SIGINT, lambda *_: print("command saw it", flush=True))
+        cluster._preload_fork_server({{"distributed.worker.multiprocessing-method": "forkserver"}})
+        deadline = time.monotonic() + 30
+        while not os.path.exists({str(tmp_path / "importing")!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.killpg(0, signal.SIGINT)
+        time.sleep(3)
+        pid = forkserver._forkserver._forkserver_pid
+        print("alive" if os.waitpid(pid, os.WNOHANG) == (0, 0) else "gone", flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(   # (the fork server's path: Python 3.11's
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}   # ignores the parent's)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         start_new_session=True, cwd=ROOT, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["command saw it", "alive"], out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "KeyboardInterrupt" not in out.stderr, out.stderr
+
+
+def test_only_dasks_cancel_noise_is_dropped_from_the_log():
+    """The NameError Dask's ``sync`` raises in its cancel callback on a Ctrl-C is not
+    logged; any other NameError, or any other error, is."""
+    import logging
+
+    from kvsim.study.daskclient import SyncCancelNoise
+
+    def record_of(filename: str, name: str) -> logging.LogRecord:
+        ns: dict = {}
+        exec(compile(f"def {name}():\n    return future\n", filename, "exec"), ns)
+        try:
+            ns[name]()
+        except NameError:
+            exc_info = sys.exc_info()
+        return logging.LogRecord("tornado.application", logging.ERROR, filename, 1,
+                                 "Exception in callback", None, exc_info)
+
+    noise = SyncCancelNoise()
+    assert not noise.filter(record_of("/x/site-packages/distributed/utils.py", "cancel"))
+    assert noise.filter(record_of("/x/site-packages/distributed/utils.py", "other"))
+    assert noise.filter(record_of("/x/kvsim/study/daskclient.py", "cancel"))
+    assert noise.filter(logging.LogRecord("tornado.application", logging.ERROR, "f", 1, "m", None, None))
+
+
+def test_a_signal_that_comes_out_as_another_error_is_an_interrupt():
+    """A Ctrl-C inside C code can come out as another error (matplotlib's renderer turns
+    it into "ValueError: Invalid bounding box"): the command reports the interrupt (exit
+    130, one line); an error without a signal stays that error."""
+    import io
+
+    import typer
+    from rich.console import Console
+
+    from kvsim.cli_studies import _plan_and_run
+
+    def cut_short(_planned):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise ValueError("Invalid bounding box") from None
+
+    def fails(_planned):
+        raise ValueError("a real error")
+
+    console = Console(file=io.StringIO(), width=200)
+    with pytest.raises(typer.Exit) as e:
+        _plan_and_run(console, "study", lambda: ("planned",), cut_short, lambda _p: "kept this")
+    assert e.value.exit_code == 130
+    assert "interrupted (SIGINT); kept this" in console.file.getvalue()
+    with pytest.raises(ValueError, match="a real error"):
+        _plan_and_run(console, "study", lambda: ("planned",), fails, lambda _p: "kept this")

@@ -11,15 +11,15 @@ matches is complete, and a study that runs again skips it. A point that fails (a
 trace path, a replay error, a worker that died) is recorded with its error; the other
 points go on.
 
-The cluster is a ``LocalCluster`` of single-threaded worker processes, or an existing
-Dask cluster by address. Workers are warmed once (kvsim and the sim backend imported, a
-one-turn replay run) before the first point is sent.
+The cluster (kvsim.study.daskclient) is a ``LocalCluster`` of single-threaded worker
+processes, or an existing Dask cluster by address. Workers are warmed once (``warm``:
+kvsim and the sim backend imported, a one-turn replay run) before the first point is
+sent.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import random
 import socket
@@ -30,7 +30,7 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from kvsim.scratch import raise_pending
 from kvsim.study.points import Point
@@ -145,100 +145,6 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
 # ---------------------------------------------------------------------------- client side
 
 
-#: what a worker imports to replay a point; the fork server imports them once
-WORKER_MODULES = ("distributed", "kvsim.config", "kvsim.run", "kvsim.study.cache",
-                  "kvsim.study.execute", "kvsim.workload")
-
-
-def _preload_fork_server(settings: dict) -> None:
-    """Have the fork server (Dask's ``forkserver`` multiprocessing context, a singleton of
-    this process) import WORKER_MODULES when it starts. Dask sets its own preload list
-    once, on its first ``get_mp_context`` call; this call comes after it, so the list
-    stays kvsim's. Where the fork server already runs (a second study in one process),
-    it keeps what it imported."""
-    import dask
-    from distributed.utils import get_mp_context
-
-    with dask.config.set(settings):
-        ctx = get_mp_context()
-    ctx.set_forkserver_preload(list(WORKER_MODULES))
-    from multiprocessing import forkserver
-
-    forkserver.ensure_running()   # it imports them while this process starts the scheduler
-
-
-SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
-
-
-def check_scheduler(address: str) -> None:
-    """A Dask scheduler address kvsim can connect to, checked before any work:
-    ``[tcp|tls|ws|wss|ucx]://HOST:PORT`` (no scheme: tcp), the port in 1..65535.
-    ValueError naming the address (whether it answers is known only on connecting)."""
-    from distributed.comm.addressing import parse_address, parse_host_port
-
-    why = None
-    try:
-        scheme, loc = parse_address(address, strict=False)
-        if scheme not in SCHEMES:
-            why = f"unknown scheme {scheme!r} (expected one of {', '.join(SCHEMES)})"
-        else:
-            host, port = parse_host_port(loc)
-            if not host:
-                why = "no host"
-            elif not 0 < int(port) < 65536:
-                why = f"port {port} is not in 1..65535"
-    except (ValueError, TypeError) as e:
-        why = str(e)
-    if why:
-        raise ValueError(f"--scheduler {address}: {why}; expected tcp://HOST:PORT")
-
-
-@contextmanager
-def open_client(workers: int | None = None, scheduler: str | None = None) -> Iterator:
-    """A dask.distributed Client: on ``scheduler`` (tcp://HOST:PORT), or on a LocalCluster
-    of ``workers`` single-threaded processes (default: the cores). Workers are warmed."""
-    from distributed import Client, LocalCluster
-
-    from kvsim.study.cache import WorkloadCache
-
-    cluster = None
-    if scheduler:
-        try:
-            client = Client(scheduler, timeout="30s")
-        except (OSError, TimeoutError) as e:
-            raise ConnectionError(f"--scheduler {scheduler}: cannot connect ({e})") from None
-    else:
-        import dask
-
-        n = workers or os.cpu_count() or 1
-        settings = {}
-        if sys.platform == "linux" and not os.environ.get("DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD"):
-            # Workers fork from a fork server: one single-threaded process, started once
-            # per command, that has imported Dask and kvsim (WORKER_MODULES), so a worker
-            # starts in a fraction of a second instead of importing them in a spawned
-            # interpreter. Not from this process: it runs Dask's threads, and a fork can
-            # copy a lock that one of them held at that instant (a log stream's buffer)
-            # into the worker, locked for good: the worker then hangs on its first write.
-            settings["distributed.worker.multiprocessing-method"] = "forkserver"
-            _preload_fork_server(settings)
-        with dask.config.set(settings):
-            # everything on the loopback; the scheduler's HTTP server on any free port
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                   dashboard_address="127.0.0.1:0", memory_limit=0,
-                                   silence_logs=logging.ERROR, host="127.0.0.1")
-        client = Client(cluster)
-    try:
-        if cluster is not None:
-            client.run(quiet_interrupts)
-        client.run(warm)   # a worker's first replay (imports done where forked)
-        client.register_plugin(WorkloadCache())   # a fresh one: replaces a last study's
-        yield client
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
-
-
 def n_workers(client) -> int:
     return max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
 
@@ -299,8 +205,11 @@ Progress = Callable[[int, int, int], None]   # (done, running, failed)
 
 
 def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
-               progress: Progress | None = None, on_done: Callable | None = None) -> Outcome:
-    """Run every point that is not complete in its folder; write each as it comes back."""
+               progress: Progress | None = None, on_done: Callable | None = None,
+               meanwhile: Callable[[], None] | None = None) -> Outcome:
+    """Run every point that is not complete in its folder; write each as it comes back.
+    ``meanwhile``: called once the points are sent (where any are), while the workers
+    replay; the points back by its end are written then."""
     from distributed import as_completed
 
     t0 = time.perf_counter()
@@ -316,6 +225,8 @@ def run_points(client, points: list[Point], folder_of: Callable[[Point], Path],
     done = 0
     if progress:
         progress(out.skipped, min(width, len(todo)), 0)
+    if meanwhile is not None and futures:
+        meanwhile()
     for fut in as_completed(list(futures)):
         raise_pending()  # (a Ctrl-C Python swallowed in a Dask callback)
         p = futures.pop(fut)

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.run.outputs import Target, check_folder, write_whole
-from kvsim.scratch import sweep_start
+from kvsim.scratch import raise_pending, sweep_start
 
-from kvsim.study.execute import Outcome, disk_dirs, is_complete, open_client, progress_bar, run_points
+from kvsim.study.daskclient import open_client
+from kvsim.study.execute import Outcome, disk_dirs, is_complete, progress_bar, run_points
 from kvsim.study.points import Point, axis_keys, expand
 from kvsim.study.definition import StudySpec, load_study
 
@@ -40,7 +40,20 @@ class StudyReport:
 
 def _preload(plots: bool) -> None:
     """Load the table's and the plots' libraries and pay their first-call costs (the
-    Parquet writer's set-up, matplotlib's fonts) off the study's critical path."""
+    Parquet writer's set-up, matplotlib's fonts) off the study's critical path: while
+    the workers replay the first points, in this thread. (Not in a thread of its own: a
+    Ctrl-C that lands inside the import system can leave its lock held, and a thread
+    importing would then never end, nor the command that waits for it.) Only a head
+    start: what fails here fails again, and is reported, where the table and the plots
+    are drawn; but a Ctrl-C that matplotlib's renderer turned into another error is
+    raised as the KeyboardInterrupt it was."""
+    try:
+        _warm_libraries(plots)
+    except Exception:
+        raise_pending()
+
+
+def _warm_libraries(plots: bool) -> None:
     import io
 
     import pyarrow as pa
@@ -136,8 +149,6 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
     if len(status) == len(points):  # nothing to run: no cluster
         outcome = Outcome(skipped=len(points))
     else:
-        loader = threading.Thread(target=_preload, args=(plots,), daemon=True)
-
         def on_done(p: Point, payload: dict) -> None:
             status[p.name] = "ok" if is_complete(folder_of(p), p.hash) else "failed"  # (drawn or not)
             if plots and not early:
@@ -145,7 +156,6 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
 
                 shown = cdf_points(points, status)
                 if shown is not None:
-                    loader.join()   # matplotlib is not to be used from two threads at once
                     try:
                         plots_dir.mkdir(parents=True, exist_ok=True)
                         early.append(ttft_cdf(shown, len(points), folder_of, plots_dir, spec.name))
@@ -156,14 +166,8 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
                 progress_bar(len(points), spec.name, progress) as bar:
             timings["start"] = time.perf_counter() - t0
             # the table's and the plots' libraries load while the workers replay
-            loader.start()
-            try:
-                outcome = run_points(client, points, folder_of, progress=bar, on_done=on_done)
-            finally:
-                # also on Ctrl-C: a thread left inside pyarrow or matplotlib while the
-                # interpreter exits can abort it (SIGABRT, "terminate called without an
-                # active exception") instead of the clean exit 130
-                loader.join()
+            outcome = run_points(client, points, folder_of, progress=bar, on_done=on_done,
+                                 meanwhile=lambda: _preload(plots))
             t0 = time.perf_counter()
         timings["close"] = time.perf_counter() - t0
     timings["points"] = outcome.wall_s

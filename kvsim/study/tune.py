@@ -49,7 +49,8 @@ import yaml
 from kvsim.config import ConfigFileError, validate_config
 from kvsim.run.outputs import Target, check_folder, write_whole
 from kvsim.scratch import raise_pending, sweep_start
-from kvsim.study.execute import disk_dirs, is_complete, open_client, progress_bar, run_point, write_point
+from kvsim.study.daskclient import open_client
+from kvsim.study.execute import disk_dirs, is_complete, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base
 from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
