@@ -826,3 +826,36 @@ def test_a_signal_that_comes_out_as_another_error_is_an_interrupt():
     assert "interrupted (SIGINT); kept this" in console.file.getvalue()
     with pytest.raises(ValueError, match="a real error"):
         _plan_and_run(console, "study", lambda: ("planned",), fails, lambda _p: "kept this")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_processes_spawned_ignoring_sigint_and_the_command_still_sees_it():
+    """What ``spawn_ignoring_sigint`` starts ignores SIGINT from its first instant; a
+    SIGINT to the command meanwhile is not lost: its handler runs after."""
+    code = textwrap.dedent("""
+        import os, signal, subprocess, sys, time
+        from pathlib import Path
+        from kvsim.study.daskclient import spawn_ignoring_sigint
+
+        seen = []
+        signal.signal(signal.SIGINT, lambda *_: seen.append(time.monotonic()))
+        kids = []
+
+        def start():
+            kids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            print("during", len(seen), flush=True)
+
+        spawn_ignoring_sigint(start)
+        time.sleep(0.2)
+        print("after", len(seen), flush=True)
+        ign = next(l for l in Path(f"/proc/{kids[0].pid}/status").read_text().splitlines()
+                   if l.startswith("SigIgn:"))
+        print("child ignores" if int(ign.split()[1], 16) >> (signal.SIGINT - 1) & 1 else "child does not",
+              flush=True)
+        kids[0].kill()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["during 0", "after 1", "child ignores"], out.stdout

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from kvsim.study.execute import quiet_interrupts, warm
 
@@ -29,8 +31,9 @@ def _preload_fork_server(settings: dict) -> None:
     this process) import WORKER_MODULES when it starts. Dask sets its own preload list
     once, on its first ``get_mp_context`` call; this call comes after it, so the list
     stays kvsim's. Where the fork server already runs (a second study in one process),
-    it keeps what it imported. The first of them has it ignore SIGINT
-    (kvsim.study.forkserver_quiet)."""
+    it keeps what it imported. It starts with SIGINT ignored where that costs the command
+    nothing (``spawn_ignoring_sigint``), and the first module it imports has it ignore
+    SIGINT from then on in any case (kvsim.study.forkserver_quiet)."""
     import dask
     from distributed.utils import get_mp_context
 
@@ -39,7 +42,29 @@ def _preload_fork_server(settings: dict) -> None:
     ctx.set_forkserver_preload(list(WORKER_MODULES))
     from multiprocessing import forkserver
 
-    forkserver.ensure_running()   # it imports them while this process starts the scheduler
+    # it imports them while this process starts the scheduler
+    spawn_ignoring_sigint(forkserver.ensure_running)
+
+
+def spawn_ignoring_sigint(start: Callable[[], object]) -> None:
+    """Call ``start``, which spawns processes, so that they begin with SIGINT ignored (a
+    disposition exec keeps; Python starts in a few tens of milliseconds, and a Ctrl-C
+    then would end the process with a traceback). Only where that costs the command
+    nothing: with SIGINT blocked in this thread, the only one, a Ctrl-C meanwhile waits
+    and reaches the command's handler after. With other threads, one of which could take
+    the signal and drop it, ``start`` runs as it is."""
+    if threading.active_count() > 1 or threading.current_thread() is not threading.main_thread():
+        start()
+        return
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            start()
+        finally:
+            signal.signal(signal.SIGINT, old)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
