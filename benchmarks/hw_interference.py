@@ -100,6 +100,7 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
     out("|" + " --- |" * 9)
     good = {k: 0 for k in KINDS}
     seen = {k: 0 for k in KINDS}
+    copy_err: dict[str, list[float]] = {k: [] for k in KINDS}   # the sim's copy time / hw's - 1
     ends = []  # (row, the sim's end of each direction): cells both ways timed apart
     for r in rows:
         sim_dir: dict = {}
@@ -110,6 +111,8 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
             ok = within(r["stretch"], r["spread"], sim)
             seen[r["kind"]] += 1
             good[r["kind"]] += ok
+            if r.get("copy_s"):
+                copy_err[r["kind"]].append(sim_copy / r["copy_s"] - 1.0)
             hw = (f"{r['stretch'] * 100:+.1f}% | {r['spread'] * 100:.1f}% | {sim * 100:+.1f}% | "
                   f"{'yes' if ok else 'no'} | {r['copy_s'] * 1e3:.1f}")
         else:
@@ -117,6 +120,9 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
         out(f"| {r['kind']} | {r['compute_s'] * 1e3:g} | {_label(r)} | {hw} | {sim_copy * 1e3:.1f} |")
     if on_gpu:
         out("\n" + "; ".join(f"{k}: {good[k]} of {seen[k]} within" for k in KINDS if seen[k]))
+        out("copy time, the sim's against hw's: " + "; ".join(
+            f"{k}: {sum(abs(e) <= 0.1 for e in es)} of {len(es)} within 10% (median error "
+            f"{statistics.median(abs(e) for e in es) * 100:.1f}%)" for k, es in copy_err.items() if es))
         if ends:
             out("\nboth ways, each direction's batch to its end, ms (hw / sim):")
             for r, sim_dir in ends:
@@ -128,9 +134,13 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
 
 
 def with_terms(profile, terms: dict):
-    """``profile`` with ``sm.interference`` keys ``terms`` (``fit_interference``'s)."""
+    """``profile`` with ``sm.interference`` keys ``terms`` (``fit_interference``'s: each
+    kind's fitted terms, set over the kind's other keys, such as its busy shares, which
+    stay)."""
     d = profile.model_dump()
-    d["sm"]["interference"].update(terms)
+    i = d["sm"]["interference"]
+    for kind, t in terms.items():
+        i[kind] = {**(i.get(kind) or {}), **t}
     return type(profile).model_validate(d)
 
 

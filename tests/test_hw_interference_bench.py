@@ -266,3 +266,17 @@ def test_both_ways_cells_show_each_directions_end_beside_the_sims(tmp_path, caps
     assert set(sim_dir) == {"h2d", "d2h"} and all(v > 0 for v in sim_dir.values())
     assert out[i + 1].endswith(f"h2d 12.3 / {sim_dir['h2d'] * 1e3:.1f}, d2h 45.6 / {sim_dir['d2h'] * 1e3:.1f}")
     assert len([x for x in out[i + 1:] if x.startswith("- ")]) == 1  # none for the older cell
+
+
+def test_fitted_terms_keep_each_kinds_other_keys():
+    """``--fit`` and ``--loo`` predict with the profile's kinds' other keys (the GEMM
+    kind's busy shares) and the fitted terms over them, as a profile written from the
+    fit would."""
+    base = load_profile("h200-pcie-calibrated")
+    g = base.sm.interference.gemm
+    assert g.busy_cta_efficiency is not None
+    fitted = hw_interference.with_terms(base, {"gemm": {"straggle_h2d": 0.5}, "memory": {"hbm_weight": 0.25}})
+    fg, fm = fitted.sm.interference.gemm, fitted.sm.interference.memory
+    assert fg.straggle_h2d == 0.5 and fm.hbm_weight == 0.25
+    assert (fg.busy_cta_efficiency, fg.busy_cta_efficiency_d2h) == (g.busy_cta_efficiency, g.busy_cta_efficiency_d2h)
+    assert fg.backlog_d2h == g.backlog_d2h and fm.hbm_write_weight == base.sm.interference.memory.hbm_write_weight
