@@ -86,3 +86,26 @@ def test_the_run_config_takes_ctas_a_direction_and_refuses_bad_ones(tmp_path):
     for bad in ({"h2d": 30}, {"h2d": 30, "d2h": 0}, {"h2d": 30, "d2h": 6, "up": 1}):
         with pytest.raises(ConfigFileError, match="engine.sm_ctas"):
             settings_for(MiB, {}, p, refcheck=False, sm_ctas=bad)
+
+
+def test_under_compute_the_crowded_count_is_of_ctas_at_their_busy_share():
+    """Under compute a GPU -> host CTA moves its busy share of its idle rate, so more of
+    them fit before the link leaves any waiting: the pair is crowded where CTAs x share
+    exceed ``both_ctas_d2h`` (6 x 0.57 = 3.4 is not past 4; 8 x 0.57 = 4.6 is), and
+    on an idle GPU (no share) as before."""
+    from kvsim_backends.sim.fairshare import crowded, flow_rates
+
+    def sigs(d2h: int):
+        return (("link", "sm_both", "sm_h2d"), 0.0, 36, False), (("link", "sm_both", "sm_d2h"), 0.0, d2h, False)
+
+    assert crowded(sigs(6), 4) and crowded(sigs(8), 4)
+    assert not crowded(sigs(6), 4, 0.57) and crowded(sigs(8), 4, 0.57)
+    assert not crowded(sigs(4), 4)
+    # the fluid: beside reads (shares 0.448 / 0.57), 6 CTAs back run at sm.both, not at
+    # the crowded total; 8 at the crowded one
+    cap = {"link": 96e9, "sm_both": 78.6e9, "sm_both_crowded": 65.8e9, "sm_both_ctas_d2h": 4,
+           "sm_h2d": 1e12, "sm_d2h": 1e12}
+    busy = (0.448, 0.57)
+    assert sum(flow_rates(cap, sigs(6), busy)) == pytest.approx(78.6e9)
+    assert sum(flow_rates(cap, sigs(8), busy)) == pytest.approx(65.8e9)
+    assert sum(flow_rates(cap, sigs(6), None)) == pytest.approx(65.8e9)

@@ -71,30 +71,35 @@ def mixed(sigs) -> str | None:
     return "mixed" if ce[1] and sm[0] else None
 
 
-def crowded(sigs, most: float) -> bool:
+def crowded(sigs, most: float, share: float = 1.0) -> bool:
     """Whether flows ``sigs`` run the SM copy kernel both ways with more GPU -> host CTAs
-    than ``most``: those wait on the link and slow host -> GPU (``sm.both_crowded``)."""
+    than ``most`` (measured on an idle GPU), counted at ``share`` of an idle CTA each
+    (the kernel's GPU -> host busy share while compute runs: slower CTAs, more of them
+    before the link leaves any waiting): those wait on the link and slow host -> GPU
+    (``sm.both_crowded``)."""
     to = back = False
     for res, _, n, _ in sigs:
         if n and "sm_both" in res:
             if "sm_h2d" in res:
                 to = True
-            elif n > most:
+            elif n * share > most:
                 back = True
     return to and back
 
 
-def link_caps(cap: dict, sigs, link: Any = "link") -> dict:
+def link_caps(cap: dict, sigs, link: Any = "link", busy: tuple[float, float] | None = None) -> dict:
     """``cap`` with the link's total (key ``link``) cut to the mixed pair's where flows
     ``sigs`` cross it each way on another path (``mixed``), and the SM kernel's both-ways
     total to ``sm_both_crowded`` where its GPU -> host CTAs are more than
-    ``sm_both_ctas_d2h`` (``crowded``); ``cap`` itself otherwise."""
+    ``sm_both_ctas_d2h`` (``crowded``, each at the ``busy`` share of ``busy_cap`` while
+    compute runs); ``cap`` itself otherwise."""
     key = mixed(sigs)
     m = None if key is None else cap.get(key)
     if m is not None and m < cap[link]:
         cap = {**cap, link: m}
     c = cap.get("sm_both_crowded")
-    if c is not None and c < cap["sm_both"] and crowded(sigs, cap["sm_both_ctas_d2h"]):
+    if c is not None and c < cap["sm_both"] and crowded(sigs, cap["sm_both_ctas_d2h"],
+                                                        1.0 if busy is None else busy[1]):
         cap = {**cap, "sm_both": c}
     return cap
 
@@ -134,7 +139,7 @@ def flow_rates(cap: dict[str, float], sigs: tuple,
             rate = min(cap[r] for r in sg[0])
             out.append(min(rate, c) if c else rate)
         return tuple(out)
-    return tuple(fair_rates(link_caps(cap, sigs), [sg[0] for sg in sigs], caps))
+    return tuple(fair_rates(link_caps(cap, sigs, busy=busy), [sg[0] for sg in sigs], caps))
 
 
 def flows_load(sigs: tuple, rates: tuple[float, ...], ce: bool, issue: float) -> CopyLoad:

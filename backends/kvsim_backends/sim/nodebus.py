@@ -113,7 +113,7 @@ class NodeBus:
             i, own, sigs = m.bus_index, m.cap, m._sigs
             busy = m.busy_now()
             mine = [sigs[f.sig] for f in m.flows]
-            own = link_caps(own, mine)  # (its link's total while both paths cross it)
+            own = link_caps(own, mine, busy=busy)  # (its link's total while both paths cross it)
             for rs, c, n, _ in mine:
                 keys = tuple([r if r in self.cap else (i, r) for r in rs])
                 for r in rs:
