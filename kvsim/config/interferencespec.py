@@ -64,9 +64,9 @@ class InterferenceSpec(_Frozen):
     beside a step of the structural model, which sets how many of them wait (the kinds'
     ``backlog_d2h``; None: the busy share GPU -> host). Apart because they differ: under
     a prefill's GEMMs 8 CTAs moved 0.37-0.49 of their idle rate (H200, 2026-12-03 22:33),
-    beside a step's HBM reads about 0.57 (six grids' copy times, 2026-12-04); ``kvsim calibrate`` fits the
-    busy share under a prefill (the GEMM kind's, on a profile with the kinds) and keeps
-    this one from its base. Each kind may give its own busy shares (``KindSpec``): a
+    beside a step's HBM reads about 0.57 (six grids' copy times, 2026-12-04); ``kvsim
+    calibrate`` fits the busy share under a prefill (the GEMM kind's, on a profile with
+    the kinds) and keeps this one from its base. Each kind may give its own busy shares (``KindSpec``): a
     step's are then the kinds' by its time in each.
 
     ``lasting_step_penalty``: what the SM kernel leaves behind once it has moved pages over
