@@ -238,3 +238,38 @@ def test_the_busy_cells_keep_the_median_round_of_each():
     assert (b["copy_s"], b["stretch"], b["copy_rounds"]) == (2.0, 0.5, [1.0, 2.0, 9.0])
     two = median_rounds(rounds[:2])  # (an even count: the lower middle)
     assert [r["copy_s"] for r in two] == [1.0, 1.0]
+
+
+def test_the_reads_share_comes_back_from_the_reads_cells():
+    """Calibrate's reads cells GPU -> host on the SM kernel (a grid cell at the backend's
+    CTAs, a sweep's 4 and 36), made by the sim at a known share, give that share back,
+    as both the busy and the drain share; a cell of another kind, path or direction
+    plays no part; a profile without the kinds keeps its own."""
+    from kvsim.tools.fitbusy import fit_reads_share
+
+    d = load_profile("h200-pcie-calibrated").model_dump()
+    d["sm"]["interference"].update(busy_cta_efficiency_d2h=0.6, drain_cta_efficiency_d2h=0.6)
+    p = HardwareProfile.model_validate(d)
+    work = kind_works(p)["memory"]
+    rows = []
+    for compute_s, n_bytes, ctas in ((0.02, 1 << 30, {"h2d": 34, "d2h": 6}), (0.04, 2 << 30, 4), (0.04, 3 << 30, 36)):
+        k = n_bytes // MiB
+        row = {"kind": "memory", "compute_s": compute_s, "path": "sm_kernel", "dir": "d2h", "page": MiB,
+               "pages": k, "bytes": n_bytes, "batches": [["d2h", k]], "work": list(work), "device": "gpu"}
+        row.update({"ctas": ctas} if isinstance(ctas, dict) else {"sm_ctas": ctas, "ctas": {"h2d": ctas, "d2h": ctas}})
+        row["copy_s"] = sim_cell(p, row, compute_s, work)[0]
+        rows.append(row)
+    others = [dict(rows[0], kind="gemm", copy_s=1.0), dict(rows[0], dir="h2d", batches=[["h2d", 1024]], copy_s=1.0)]
+    start = load_profile("h200-pcie-calibrated").model_dump()
+    why: dict[str, str] = {}
+    fit_reads_share(rows + others, start, why)
+    i = start["sm"]["interference"]
+    assert i["busy_cta_efficiency_d2h"] == pytest.approx(0.6, abs=0.006)
+    assert i["drain_cta_efficiency_d2h"] == i["busy_cta_efficiency_d2h"]
+    assert "3 cells at 4, 6, 36 CTAs" in why["sm.interference.busy_cta_efficiency_d2h"]
+    # no kinds: the one share is every compute's, fitted under a prefill; left alone
+    plain = load_profile("h200-pcie-calibrated").model_dump()
+    plain["sm"]["interference"].update(gemm=None, memory=None)
+    before = dict(plain["sm"]["interference"])
+    fit_reads_share(rows, plain, {})
+    assert plain["sm"]["interference"] == before

@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 
 from kvsim.config.hardware import HardwareProfile
-from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm
+from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm, fit_reads_share
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
 from kvsim.tools.fitoverlap import fit_kernel_overlap
@@ -220,6 +220,7 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     # is part of the interference cells' copies)
     fit_busy_per_page(m.busy_copies, m.copies, d, why)
     fit_busy_sm(m.busy_copies, m.copies, d, why)
+    fit_reads_share(m.interference, d, why)
     if m.interference:
         kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
         for kind, terms in kinds.items():  # (a kind's busy shares, fitted above, kept)

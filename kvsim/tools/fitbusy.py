@@ -131,3 +131,43 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
             f"fitted: {what}: the least per-CTA share {dr} at the least squared spread of "
             "that time beyond the sim's (a lower bound where the CTAs keep the link full)"
             + ("" if dr in eff else f"; no {dr} cells: the other direction's"))
+
+
+def fit_reads_share(rows: list[dict], d: dict, why: dict[str, str]) -> None:
+    """The share of its idle rate a GPU -> host SM-kernel CTA keeps beside a step's reads
+    (``sm.interference.busy_cta_efficiency_d2h``, and ``drain_cta_efficiency_d2h``, the
+    rate the waiting CTAs are counted at) into ``d`` from the reads' interference cells
+    (``rows``: calibrate's grid and CTA cells of kind 'memory', the SM kernel GPU -> host;
+    the copy's time, the compute over part of it): the least share of a grid (0.05-1, to
+    0.005) at the least squared distance of the cells' copy times from the sim's, as
+    ``fit_busy_sm`` (cells whose CTAs keep the link full fit every share above the one
+    that binds alike). Only on a profile with the structural model's kinds, where these
+    keys are the reads' (a step's GEMMs have their own); nothing without such cells."""
+    inter = d["sm"]["interference"]
+    if not (inter.get("gemm") and inter.get("memory")):
+        return
+    rows = [r for r in rows if r.get("device", "gpu") == "gpu" and r["kind"] == "memory"
+            and r["path"] == "sm_kernel" and r["dir"] == "d2h" and r.get("copy_s")]
+    if not rows:
+        return
+
+    def loss(eff: float) -> float:
+        x = dict(d, sm={**d["sm"], "interference": {**inter, "busy_cta_efficiency_d2h": eff,
+                                                    "drain_cta_efficiency_d2h": eff}})
+        p = HardwareProfile.model_validate(x)
+        return sum((r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0]) ** 2 for r in rows)
+
+    def best(grid: list[float]) -> float:
+        fits = [(loss(e), e) for e in grid]
+        least = min(f[0] for f in fits)
+        return min(e for v, e in fits if v <= least * (1 + 1e-9) + 1e-18)
+
+    e = best([k / 20 for k in range(1, 21)])
+    e = best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0])
+    d["sm"]["interference"] = {**inter, "busy_cta_efficiency_d2h": e, "drain_cta_efficiency_d2h": e}
+    ctas = sorted({(r.get("sm_ctas") or (r.get("ctas") or {}).get("d2h")) or 0 for r in rows})
+    what = (f"fitted: SM-kernel batches GPU -> host beside a step's reads ({len(rows)} cells at "
+            f"{', '.join(str(c) for c in ctas)} CTAs; kvsim_backends.hw.interfere), the least "
+            "per-CTA share at the least squared distance of their copy times from the sim's")
+    why["sm.interference.busy_cta_efficiency_d2h"] = what
+    why["sm.interference.drain_cta_efficiency_d2h"] = what + " (the same share)"
