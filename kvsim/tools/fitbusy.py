@@ -7,7 +7,9 @@ page size's idle cells:
   page's time beyond the sim's under the compute;
 - the SM kernel's ``sm.interference.busy_start`` and ``busy_cta_efficiency`` (``_d2h``
   GPU -> host's) (``fit_busy_sm``): its CTAs wait for the compute's to retire, then move
-  bytes at a share of their idle per-CTA rate, per direction.
+  bytes at a share of their idle per-CTA rate, per direction;
+- beside a step's reads, the GPU -> host share (``fit_reads_share``, from calibrate's
+  reads cells of ``kvsim_backends.hw.interfere``, not the busy grid's).
 
 Each busy cell's own machine's idle error (its idle cell's time beyond the sim's, scaled
 to the busy batch's bytes or pages) is taken off first, so that a machine faster or
