@@ -20,6 +20,7 @@ backend: cells come in as dicts.
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitkinds import cell_work, sim_cell
@@ -57,6 +58,19 @@ def fit_busy_per_page(rows: list[dict], copies: list[dict], d: dict, why: dict[s
                 f"measured: copy-engine batches under a prefill's GEMMs ({len(t)} page sizes, "
                 "kvsim_backends.hw.interfere.busy_grid), a page's time beyond the sim's less "
                 "the idle cell's own error, >= 0")
+
+
+def least_share(loss: Callable[[float], float]) -> float:
+    """The least share of a grid (0.05-1, then to 0.005 about the best) at the least
+    ``loss``: where copy CTAs keep the link full, every share above the one that binds
+    fits alike, and the least of them is a lower bound."""
+    def best(grid: list[float]) -> float:
+        fits = [(loss(e), e) for e in grid]
+        least = min(f[0] for f in fits)
+        return min(e for v, e in fits if v <= least * (1 + 1e-9) + 1e-18)
+
+    e = best([k / 20 for k in range(1, 21)])
+    return best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0])
 
 
 def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
@@ -108,15 +122,7 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
         start = max(0.0, statistics.median(res))
         return sum((v - start) ** 2 for v in res)
 
-    def best(grid: list[float], dr: str) -> float:
-        fits = [(loss(e, dr), e) for e in grid]
-        least = min(f[0] for f in fits)
-        return min(e for v, e in fits if v <= least * (1 + 1e-9) + 1e-18)
-
-    eff = {}
-    for dr in sorted({r["dir"] for r in rows}):
-        e = best([k / 20 for k in range(1, 21)], dr)
-        eff[dr] = best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0], dr)
+    eff = {dr: least_share(lambda e, dr=dr: loss(e, dr)) for dr in sorted({r["dir"] for r in rows})}
     h2d = eff.get("h2d", eff.get("d2h"))
     d2h = eff.get("d2h", h2d)
     d["sm"]["interference"] = with_shares(d, busy_cta_efficiency=h2d, busy_cta_efficiency_d2h=d2h)
@@ -159,13 +165,7 @@ def fit_reads_share(rows: list[dict], d: dict, why: dict[str, str]) -> None:
         p = HardwareProfile.model_validate(x)
         return sum((r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0]) ** 2 for r in rows)
 
-    def best(grid: list[float]) -> float:
-        fits = [(loss(e), e) for e in grid]
-        least = min(f[0] for f in fits)
-        return min(e for v, e in fits if v <= least * (1 + 1e-9) + 1e-18)
-
-    e = best([k / 20 for k in range(1, 21)])
-    e = best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0])
+    e = least_share(loss)
     d["sm"]["interference"] = {**inter, "busy_cta_efficiency_d2h": e, "drain_cta_efficiency_d2h": e}
     ctas = sorted({(r.get("sm_ctas") or (r.get("ctas") or {}).get("d2h")) or 0 for r in rows})
     what = (f"fitted: SM-kernel batches GPU -> host beside a step's reads ({len(rows)} cells at "
