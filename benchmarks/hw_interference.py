@@ -58,6 +58,7 @@ the sim's predictions of the full-size cells printed.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -173,12 +174,12 @@ def fit_report(rows: list[dict], profile) -> tuple[object, int, int]:
 
 
 def _load(paths, max_ctas: int | None = None) -> list[dict]:
-    """The cells of saved runs; ``max_ctas``: a sweep's cells (a forced ``sm_ctas``) of
-    more CTAs left out."""
+    """The cells of saved runs (``.json``, or gzipped ``.json.gz``); ``max_ctas``: a
+    sweep's cells (a forced ``sm_ctas``) of more CTAs left out."""
     rows = []
     for p in paths:
         try:
-            with open(p) as f:
+            with (gzip.open(p, "rt") if str(p).endswith(".gz") else open(p)) as f:
                 data = json.load(f)
             # (a saved run's cells, or a `kvsim calibrate` report's interference cells)
             cells = data["cells"] if "cells" in data else data["interference"]

@@ -106,6 +106,22 @@ def test_a_saved_gpu_run_is_re_predicted_and_counted(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: 1 of 2"
 
 
+def test_a_gzipped_run_reads_as_the_run(tmp_path, capsys):
+    """Saved runs kept compressed (``.json.gz``) are read as they are."""
+    import gzip
+    prof = load_profile(hw_interference.PROFILE)
+    base = json.loads(json.dumps(_cpu_cell(tmp_path)))
+    base["device"] = "gpu"
+    sim, _ = predict_cell(prof, base)
+    cells = {"cells": [{**base, "stretch": sim * 1.05, "spread": 0.0},
+                       {**base, "stretch": sim + 0.5, "spread": 0.01}]}
+    p = tmp_path / "gpu.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump(cells, f)
+    hw_interference.main(["--sim-from", str(p)])
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: 1 of 2"
+
+
 def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
     """The same GPU cell in three runs (a calibrate report and two saved runs): the sim's
     distance from hw's median over them beside the runs' own mean distance."""
