@@ -5,6 +5,8 @@ cells."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from kvsim.config.hardware import load_profile
@@ -98,7 +100,6 @@ def test_calibrate_keeps_the_base_terms_unless_its_fit_predicts_held_out_cells_b
     got, why = choose_interference(rows, BASE)  # (the shipped terms did not make them)
     assert set(got) == {"gemm", "memory"}
     assert why["sm.interference.memory"].startswith("fitted: 36 cells")
-    import re
     n, k = map(int, re.search(r"(\d+) within 10% or hw's spread by the terms fitted to the "
                               r"other half, (\d+) by the base's", why["sm.interference.memory"]).groups())
     assert n > k
@@ -123,7 +124,7 @@ def test_calibrate_writes_the_kinds_and_the_standins_rates(tmp_path):
     out = tmp_path / "cpu.yaml"
     calibrate(out, device="cpu")
     rep = json.loads((tmp_path / "cpu.yaml.report.json").read_text())
-    rep["interference"] = _cells((1.0, 2.5))  # (enough that a fit to half of them beats the base)
+    rep["interference"] = _cells()
     rep["compute"]["standin"] = {"gemm_flops": {"128": 3e14, "8192": 7.9e14}, "read_Bps": 4.0e12,
                                  "chain_s": {}, "read_buffer_bytes": 256 * MiB}
     src = tmp_path / "gpu-like.yaml.report.json"
@@ -133,8 +134,10 @@ def test_calibrate_writes_the_kinds_and_the_standins_rates(tmp_path):
     text = (tmp_path / "again.yaml").read_text()
     i = prof.sm.interference
     assert i.gemm is not None and i.memory is not None
-    assert "sm.interference.memory: fitted: 36 cells (12 gemm, 12 memory, 12 mix" in text
-    assert "by the terms fitted to the other half" in text
+    # (whether its fit or the base's terms are written turns on this machine's measured
+    # copies, which made no cell here: the choice itself is the test above's)
+    assert re.search(r"sm\.interference\.memory: (fitted: 18 cells \(6 gemm, 6 memory, 6 mix.*|base: kept \()"
+                     r"of 18 cells \(kvsim_backends\.hw\.interfere\), each predicted out of sample", text)
     assert prof.gpu.prefill_efficiency == pytest.approx(7.9e14 / prof.gpu.flops_bf16)
     assert prof.gpu.decode_efficiency == pytest.approx(4.0e12 / prof.gpu.hbm)
     assert prof.gpu.gemm_flops == {128: 3e14, 8192: 7.9e14}

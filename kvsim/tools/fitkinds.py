@@ -325,11 +325,11 @@ def choose_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, 
     """``fit_interference``'s terms where they predict ``rows`` better than ``base``'s
     own kinds' terms, judged out of sample (``held_out_within`` against the base's on
     every cell); else {} (the base's kept) with a comment per kind saying so and why."""
-    terms, why = fit_interference(rows, base)
+    cells: list[Cell] = []
+    terms, why = fit_interference(rows, base, cells)
     bi = base.sm.interference
     if not terms or bi.gemm is None or bi.memory is None:
         return terms, why
-    cells = [Cell(base, r) for r in _usable(rows)]
     fitted = held_out_within(cells, base)
     kept = sum(a for a, _ in within(cells, _structure(base, bi.gemm.terms(), bi.memory.terms())).values())
     check = (f"of {len(cells)} cells (kvsim_backends.hw.interfere), each predicted out of sample, "
@@ -340,16 +340,20 @@ def choose_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, 
     return {}, {f"sm.interference.{k}": f"base: kept ({check})" for k in ("gemm", "memory")}
 
 
-def fit_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, dict[str, str]]:
+def fit_interference(rows: list[dict], base: HardwareProfile,
+                     keep: list[Cell] | None = None) -> tuple[dict, dict[str, str]]:
     """(``sm.interference`` keys to set: ``gemm``, ``memory``; a comment per key) from the
     measured cells ``rows`` (GPU cells of kinds ``gemm``, ``memory`` and ``mix``) on the
     sim of ``base`` (its links, per-page costs, busy start: the copies' timing); {} where
-    the gemm or memory kind has fewer than ``MIN_CELLS`` cells."""
+    the gemm or memory kind has fewer than ``MIN_CELLS`` cells. ``keep``, if given, gets
+    the ``Cell`` of each row fitted (the fit's predictors, for a check of the terms)."""
     rows = _usable(rows)
     n = {k: sum(r["kind"] == k for r in rows) for k in ("gemm", "memory", "mix")}
     if n["gemm"] < MIN_CELLS or n["memory"] < MIN_CELLS:
         return {}, {}
     cells = [Cell(base, r) for r in rows]
+    if keep is not None:
+        keep.extend(cells)
     g, m, _ = fit_cells(cells, base)
     inside = within(cells, _structure(base, g, m))
     counts = ", ".join(f"{k} {a} of {b}" for k, (a, b) in inside.items())
