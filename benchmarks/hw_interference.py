@@ -126,11 +126,18 @@ def report(rows: list[dict], profile, out=print) -> tuple[int, int]:
             f"{statistics.median(abs(e) for e in es) * 100:.1f}%)" for k, es in copy_err.items() if es))
         if ends:
             out("\nboth ways, each direction's batch to its end, ms (hw / sim):")
+            near = {d: [0, 0] for d in ("h2d", "d2h")}  # (the sim within 10% of hw, cells)
             for r, sim_dir in ends:
                 hw_dir = r["copy_dir_s"]
                 out(f"- {r['kind']} {r['compute_s'] * 1e3:g} ms | {_label(r)}: " + ", ".join(
                     f"{d} {hw_dir[d] * 1e3:.1f} / {sim_dir.get(d, float('nan')) * 1e3:.1f}"
                     for d in ("h2d", "d2h") if d in hw_dir))
+                for d in near:
+                    if d in hw_dir and d in sim_dir:
+                        near[d][0] += abs(sim_dir[d] - hw_dir[d]) <= 0.1 * hw_dir[d]
+                        near[d][1] += 1
+            out("each direction's end both ways, the sim's against hw's: " + "; ".join(
+                f"{d}: {a} of {b} within 10%" for d, (a, b) in near.items() if b))
     return sum(good.values()), sum(seen.values())
 
 

@@ -284,6 +284,24 @@ def test_both_ways_cells_show_each_directions_end_beside_the_sims(tmp_path, caps
     assert len([x for x in out[i + 1:] if x.startswith("- ")]) == 1  # none for the older cell
 
 
+def test_each_directions_end_is_counted_within_ten_percent_of_hws(tmp_path, capsys):
+    """Both ways: the sim's end of each direction against hw's, counted within 10% per
+    direction (host -> GPU 5% off: within; GPU -> host twice as long: not)."""
+    from kvsim.tools.fitkinds import cell_work, sim_cell
+
+    prof = load_profile(hw_interference.PROFILE)
+    cell = {**_cpu_cell(tmp_path), "device": "gpu", "stretch": 0.1, "spread": 0.0}
+    sim_dir: dict = {}
+    sim_cell(prof, cell, cell["compute_s"], cell_work(cell), dir_s=sim_dir)
+    cell["copy_dir_s"] = {"h2d": sim_dir["h2d"] * 1.05, "d2h": sim_dir["d2h"] * 2.0}
+    p = tmp_path / "both.json"
+    p.write_text(json.dumps({"cells": [cell]}))
+    hw_interference.main(["--sim-from", str(p)])
+    out = capsys.readouterr().out.splitlines()
+    assert ("each direction's end both ways, the sim's against hw's: h2d: 1 of 1 within 10%; "
+            "d2h: 0 of 1 within 10%") in out
+
+
 def test_fitted_terms_keep_each_kinds_other_keys():
     """``--fit`` and ``--loo`` predict with the profile's kinds' other keys (the GEMM
     kind's busy shares) and the fitted terms over them, as a profile written from the
