@@ -26,7 +26,8 @@ Beside each cell, the sim's prediction of the same compute and copy on ``--profi
 (``kvsim.tools.fit.predict_cell``); a cell is *within* when the sim's stretch is within
 10% of hw's, or within hw's own spread (half the range of its reps) where that is wider.
 Each cell also saves each direction's batch from its call to its end (``copy_dir_s``);
-below the table, the cells both ways list those beside the sim's. Last line:
+below the table, the cells both ways list those beside the sim's, and how many of each
+direction's ends the sim gets within 10%. Saved runs may be gzipped (``.json.gz``). Last line:
 ``hw_interference_sim_within: K of N``.
 
     python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep] [--part K/N] [--reps 5]
