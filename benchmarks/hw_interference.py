@@ -19,7 +19,11 @@ minutes): run it in parts (``--part 1/3`` ... ``3/3``, each with ``--json``) and
 them with ``--sim-from A.json B.json C.json``. ``--sweep``: the SM kernel one way with
 1 to 66 CTAs under each kind (54 cells of 40 ms computes, about 2 minutes): how a step
 slows with the kernel's CTAs, not only with what they move (the default grid runs the
-backend's CTAs, 36 host -> GPU and 14 back on an H200). ``--sim-from`` also takes ``kvsim
+backend's CTAs, 36 host -> GPU and 14 back on an H200). ``--split``: the SM kernel both
+ways with 4 and with 8 GPU -> host CTAs (the split both ways, a lone batch's count) at
+16 KiB-4 MiB pages under each kind (24 cells of 20 ms computes, about a minute), each
+direction's end recorded: what the default grid's both-ways cells (lone counts) miss at
+small pages. ``--sim-from`` also takes ``kvsim
 calibrate``'s reports (``PROFILE.yaml.report.json``: the cells it measured).
 
 Beside each cell, the sim's prediction of the same compute and copy on ``--profile``
@@ -30,7 +34,7 @@ below the table, the cells both ways list those beside the sim's, and how many o
 direction's ends the sim gets within 10%. Saved runs may be gzipped (``.json.gz``). Last line:
 ``hw_interference_sim_within: K of N``.
 
-    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep] [--part K/N] [--reps 5]
+    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep | --split] [--part K/N] [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
     python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
         [--max-sweep-ctas N]
@@ -73,7 +77,8 @@ from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
 from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
-from kvsim_backends.hw.interfere import default_grid, full_grid, measure_cells, sweep_grid  # noqa: E402
+from kvsim_backends.hw.interfere import (default_grid, full_grid, measure_cells, split_grid,  # noqa: E402
+                                         sweep_grid)
 
 PROFILE = "h200-pcie-calibrated"
 KINDS = ("gemm", "memory", "mix")
@@ -89,6 +94,7 @@ def _label(row) -> str:
     size = f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
     amount = f"{b / (1 << 30):g} GiB" if b >= 1 << 30 else f"{b >> 20} MiB"
     ctas = f", {row['sm_ctas']} CTAs" if row.get("sm_ctas") else ""
+    ctas += f", {row['sm_ctas_d2h']} GPU -> host CTAs" if row.get("sm_ctas_d2h") else ""
     return f"{row['path']} {row['dir']} {amount} of {size}{ctas}"
 
 
@@ -204,7 +210,7 @@ def _load(paths, max_ctas: int | None = None) -> list[dict]:
 def _cell_key(r: dict) -> tuple:
     """What makes two runs' rows the same cell."""
     return (r["kind"], r["compute_s"], r["path"], r["dir"], r["page"], r.get("dir_bytes"),
-            r.get("sm_ctas"))
+            r.get("sm_ctas"), r.get("sm_ctas_d2h"))
 
 
 def against_runs(rows: list[dict], profile, sims: list[float] | None = None
@@ -292,6 +298,8 @@ def main(argv=None) -> None:
     ap.add_argument("--full", action="store_true", help="every copy, kind and length (192 cells)")
     ap.add_argument("--sweep", action="store_true", help="the SM kernel one way with 1-66 CTAs "
                     "under each kind (54 cells)")
+    ap.add_argument("--split", action="store_true", help="the SM kernel both ways with 4 and 8 "
+                    "GPU -> host CTAs, 16 KiB-4 MiB pages, under each kind (24 cells)")
     ap.add_argument("--part", default=None, help="K/N: the K-th of N interleaved parts of the grid")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--gap", type=float, default=0.1, help="idle seconds before each compute")
@@ -339,9 +347,10 @@ def main(argv=None) -> None:
         return
     if a.reps < 1:
         ap.error(f"--reps: got {a.reps}; expected >= 1")
-    if a.full and a.sweep:
-        ap.error("--full and --sweep: one grid at a time")
-    cells = full_grid() if a.full else sweep_grid() if a.sweep else default_grid()
+    if a.full + a.sweep + a.split > 1:
+        ap.error("--full, --sweep and --split: one grid at a time")
+    cells = (full_grid() if a.full else sweep_grid() if a.sweep else split_grid() if a.split
+             else default_grid())
     if a.part:
         try:
             k, n = (int(x) for x in a.part.split("/"))

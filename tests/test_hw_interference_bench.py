@@ -17,7 +17,8 @@ import hw_interference  # noqa: E402
 
 from kvsim.config.hardware import load_profile  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim_backends.hw.interfere import SWEEP_CTAS, default_grid, full_grid, sweep_grid  # noqa: E402
+from kvsim_backends.hw.interfere import (SPLIT_D2H_CTAS, SWEEP_CTAS, default_grid, full_grid,  # noqa: E402
+                                         split_grid, sweep_grid)
 
 
 def test_the_default_grid_is_about_fifty_cells_of_every_kind_path_and_direction():
@@ -44,6 +45,39 @@ def test_the_sweep_runs_the_sm_kernel_one_way_at_each_cta_count_under_each_kind(
             assert all(c.path == "sm_kernel" and c.compute_s == 0.04 for c in mine)
             assert all(c.dir_bytes == min(5 << 30, c.sm_ctas * (512 << 20)) for c in mine)
     assert "14 CTAs" in [c for c in g if c.sm_ctas == 14][0].name
+
+
+def test_the_split_grid_runs_both_ways_at_each_gpu_to_host_count_under_each_kind():
+    g = split_grid()
+    assert len(g) == 24 and {c.sm_ctas_d2h for c in g} == set(SPLIT_D2H_CTAS) == {4, 8}
+    assert all(c.path == "sm_kernel" and c.dir == "both" and c.sm_ctas is None
+               and c.compute_s == 0.02 for c in g)
+    for kind in ("gemm", "memory", "mix"):
+        mine = [c for c in g if c.kind == kind]
+        assert sorted((c.page, c.sm_ctas_d2h) for c in mine) == sorted(
+            (p, d) for p in (16 << 10, 64 << 10, 1 << 20, 4 << 20) for d in (4, 8))
+    assert g[0].name.endswith(", 4 GPU -> host CTAs")
+
+
+def test_a_split_cell_runs_and_is_predicted_at_its_gpu_to_host_count(tmp_path):
+    """A CPU run of the split grid's first cell records 4 GPU -> host CTAs beside the
+    backend's own host -> GPU count; the sim predicts it at those CTAs: its GPU -> host
+    batch at 16 KiB ends later than the same cell's at 8 CTAs."""
+    from kvsim.tools.fitkinds import cell_work, sim_cell
+
+    out = tmp_path / "split.json"
+    hw_interference.main(["--split", "--device", "cpu", "--reps", "1", "--gap", "0",
+                          "--part", "1/24", "--json", str(out)])
+    cell = json.loads(out.read_text())["cells"][0]
+    assert cell["sm_ctas_d2h"] == 4 and cell["page"] == 16 << 10 and cell["dir"] == "both"
+    assert cell["ctas"]["d2h"] == 4 and cell["ctas"]["h2d"] > 8  # (the backend's own: 36)
+    prof = load_profile(hw_interference.PROFILE)
+    ends = {}
+    for n in (4, 8):
+        c = {**cell, "device": "gpu", "ctas": {**cell["ctas"], "d2h": n}}
+        ends[n] = {}
+        sim_cell(prof, c, c["compute_s"], cell_work(c), dir_s=ends[n])
+    assert ends[4]["d2h"] > ends[8]["d2h"]
 
 
 def test_the_sim_runs_a_cell_with_its_own_cta_count():

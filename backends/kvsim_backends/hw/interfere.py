@@ -50,7 +50,9 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 class Cell:
     """One cell: ``kind`` of compute for ``compute_s`` seconds; a copy of ``dir_bytes`` a
     direction in pages of ``page`` on ``path`` in ``dir``; ``sm_ctas``, the SM kernel's
-    CTAs each direction (None: the backend's, Little's law on the profile)."""
+    CTAs each direction (None: the backend's, Little's law on the profile);
+    ``sm_ctas_d2h``, its GPU -> host CTAs where they differ (host -> GPU keeps
+    ``sm_ctas``, or the backend's)."""
 
     kind: str
     compute_s: float
@@ -59,6 +61,7 @@ class Cell:
     page: int
     dir_bytes: int
     sm_ctas: int | None = None
+    sm_ctas_d2h: int | None = None
 
     @property
     def name(self) -> str:
@@ -66,6 +69,7 @@ class Cell:
         b = self.dir_bytes
         amount = f"{b / GiB:g} GiB" if b >= GiB else f"{b // MiB} MiB"
         ctas = f", {self.sm_ctas} CTAs" if self.sm_ctas else ""
+        ctas += f", {self.sm_ctas_d2h} GPU -> host CTAs" if self.sm_ctas_d2h else ""
         return (f"{self.kind} {self.compute_s * 1e3:g} ms | {self.path} {self.dir} "
                 f"{amount} of {size}{ctas}")
 
@@ -145,6 +149,22 @@ def sweep_grid() -> list[Cell]:
             for kind in KINDS for d in ("h2d", "d2h") for c in SWEEP_CTAS]
 
 
+SPLIT_D2H_CTAS = (4, 8)  # an H200's measured split both ways (sm.both_ctas_d2h), a lone batch's
+
+
+def split_grid() -> list[Cell]:
+    """24 cells: the SM kernel both ways, host -> GPU at the backend's CTAs and GPU -> host
+    at 4 (the split an H200 measures both ways idle) and 8 (a lone batch's count at small
+    pages: a GPU -> host batch that started first), at 16 KiB (256 MiB a direction), 64 KiB,
+    1 MiB and 4 MiB (1 GiB), under each kind for 20 ms: whether the reads and steps the
+    default grid's both-ways cells (the lone counts) slow more than the sim says are
+    slowed by the pages, by the GPU -> host CTAs the link leaves waiting, or by the pair;
+    each direction's end is recorded (``copy_dir_s``)."""
+    copies = ((16 * KiB, 256 * MiB), (64 * KiB, 1 * GiB), (1 * MiB, 1 * GiB), (4 * MiB, 1 * GiB))
+    return [Cell(kind, 0.020, "sm_kernel", "both", page, nbytes, None, d2h)
+            for page, nbytes in copies for d2h in SPLIT_D2H_CTAS for kind in KINDS]
+
+
 def _batch(src, dst, ss, ds, pb) -> Batch:
     ss, ds = np.asarray(ss, np.int64), np.asarray(ds, np.int64)
     return Batch(BatchKind.EVICT, src, dst, ss, ds, np.zeros(len(ss), np.uint64), pb, 0)
@@ -220,7 +240,9 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
             hs, gs = rng.permutation(2 * n), rng.permutation(2 * n)
             own = dict(be.ctas)
             for c in at:
-                be.ctas = {"h2d": c.sm_ctas, "d2h": c.sm_ctas} if c.sm_ctas else own
+                be.ctas = {"h2d": c.sm_ctas, "d2h": c.sm_ctas} if c.sm_ctas else dict(own)
+                if c.sm_ctas_d2h:
+                    be.ctas["d2h"] = c.sm_ctas_d2h
                 k = max(1, min(n, c.dir_bytes // page))
                 h2d = _batch(Level.HOST, Level.GPU, hs[:k], gs[:k], page)
                 d2h = _batch(Level.GPU, Level.HOST, gs[n:n + k], hs[n:n + k], page)
