@@ -31,7 +31,7 @@ import statistics
 from kvsim.config.hardware import HardwareProfile
 from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm, fit_reads_share
 from kvsim.tools.fitdriver import fit_driver
-from kvsim.tools.fitkinds import cell_work, choose_interference, sim_cell
+from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
 from kvsim.tools.fitoverlap import fit_kernel_overlap
 from kvsim.tools.fitpagecache import fit_page_cache
 from kvsim.tools.measured import Measured
@@ -222,7 +222,7 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     fit_busy_sm(m.busy_copies, m.copies, d, why)
     fit_reads_share(m.interference, d, why)
     if m.interference:
-        kinds, kinds_why = choose_interference(m.interference, HardwareProfile.model_validate(d))
+        kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
         for kind, terms in kinds.items():  # (a kind's busy shares, fitted above, kept)
             d["sm"]["interference"][kind] = {**(d["sm"]["interference"].get(kind) or {}), **terms}
         why.update(kinds_why)

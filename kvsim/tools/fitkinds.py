@@ -20,15 +20,6 @@ cell's tolerance (10% of hw's stretch, or hw's own spread where wider, as
 ``benchmarks/hw_interference.py`` counts a cell within): squared within 2 tolerances,
 linear beyond, so that a few cells far off (power-bound GEMM chains, reps that
 disagree) do not pull the rest. Nelder-Mead from two starts, the terms kept >= 0.
-
-What ``kvsim calibrate`` writes (``choose_interference``): the terms fitted to its cells
-where they predict its cells better than the base profile's terms do, each cell judged
-out of sample: a fit to every other cell predicts the rest, and the other way round,
-against the base's terms on every cell (fitted elsewhere: out of sample too). A
-calibration measures ~17 cells; the shipped terms were fitted to hundreds over many
-machines, and on the H200s of 2026-12-04 they predicted a machine's own grids better
-than that machine's calibration did (docs/validation.md), so a few cells only replace
-them where they show it.
 """
 
 from __future__ import annotations
@@ -310,50 +301,16 @@ def _usable(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("device", "gpu") == "gpu" and r["alone_s"] > 0]
 
 
-def held_out_within(cells: list[Cell], profile: HardwareProfile) -> int:
-    """Cells within their tolerance, each predicted by the terms fitted to the other half
-    (every other cell, in order: the two halves hold each kind's cells alike)."""
-    got = 0
-    halves = (cells[0::2], cells[1::2])
-    for train, test in (halves, halves[::-1]):
-        g, m, _ = fit_cells(train, profile)
-        got += sum(a for a, _ in within(test, _structure(profile, g, m)).values())
-    return got
-
-
-def choose_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, dict[str, str]]:
-    """``fit_interference``'s terms where they predict ``rows`` better than ``base``'s
-    own kinds' terms, judged out of sample (``held_out_within`` against the base's on
-    every cell); else {} (the base's kept) with a comment per kind saying so and why."""
-    cells: list[Cell] = []
-    terms, why = fit_interference(rows, base, cells)
-    bi = base.sm.interference
-    if not terms or bi.gemm is None or bi.memory is None:
-        return terms, why
-    fitted = held_out_within(cells, base)
-    kept = sum(a for a, _ in within(cells, _structure(base, bi.gemm.terms(), bi.memory.terms())).values())
-    check = (f"of {len(cells)} cells (kvsim_backends.hw.interfere), each predicted out of sample, "
-             f"{fitted} within 10% or hw's spread by the terms fitted to the other half, "
-             f"{kept} by the base's")
-    if fitted > kept:
-        return terms, {k: f"{v}; {check}" for k, v in why.items()}
-    return {}, {f"sm.interference.{k}": f"base: kept ({check})" for k in ("gemm", "memory")}
-
-
-def fit_interference(rows: list[dict], base: HardwareProfile,
-                     keep: list[Cell] | None = None) -> tuple[dict, dict[str, str]]:
+def fit_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     """(``sm.interference`` keys to set: ``gemm``, ``memory``; a comment per key) from the
     measured cells ``rows`` (GPU cells of kinds ``gemm``, ``memory`` and ``mix``) on the
     sim of ``base`` (its links, per-page costs, busy start: the copies' timing); {} where
-    the gemm or memory kind has fewer than ``MIN_CELLS`` cells. ``keep``, if given, gets
-    the ``Cell`` of each row fitted (the fit's predictors, for a check of the terms)."""
+    the gemm or memory kind has fewer than ``MIN_CELLS`` cells."""
     rows = _usable(rows)
     n = {k: sum(r["kind"] == k for r in rows) for k in ("gemm", "memory", "mix")}
     if n["gemm"] < MIN_CELLS or n["memory"] < MIN_CELLS:
         return {}, {}
     cells = [Cell(base, r) for r in rows]
-    if keep is not None:
-        keep.extend(cells)
     g, m, _ = fit_cells(cells, base)
     inside = within(cells, _structure(base, g, m))
     counts = ", ".join(f"{k} {a} of {b}" for k, (a, b) in inside.items())
