@@ -126,32 +126,20 @@ def test_cpu_run_prints_the_sims_cells_and_saves_them(tmp_path, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: n/a (cpu)"
 
 
-def test_a_saved_gpu_run_is_re_predicted_and_counted(tmp_path, capsys):
-    """Two GPU cells, one the sim gets within 10% and one it does not; --sim-from counts."""
+@pytest.mark.parametrize("name", ["gpu.json", "gpu.json.gz"])
+def test_a_saved_gpu_run_is_re_predicted_and_counted(tmp_path, capsys, name):
+    """Two GPU cells, one the sim gets within 10% and one it does not; --sim-from counts
+    (a run kept gzipped, ``.json.gz``, read as it is)."""
+    import gzip
     prof = load_profile(hw_interference.PROFILE)
     base = json.loads(json.dumps(_cpu_cell(tmp_path)))
     base["device"] = "gpu"
     sim, _ = predict_cell(prof, base)
     good = {**base, "stretch": sim * 1.05, "spread": 0.0}
     bad = {**base, "stretch": sim + 0.5, "spread": 0.01}
-    p = tmp_path / "gpu.json"
-    p.write_text(json.dumps({"cells": [good, bad]}))
-    hw_interference.main(["--sim-from", str(p)])
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: 1 of 2"
-
-
-def test_a_gzipped_run_reads_as_the_run(tmp_path, capsys):
-    """Saved runs kept compressed (``.json.gz``) are read as they are."""
-    import gzip
-    prof = load_profile(hw_interference.PROFILE)
-    base = json.loads(json.dumps(_cpu_cell(tmp_path)))
-    base["device"] = "gpu"
-    sim, _ = predict_cell(prof, base)
-    cells = {"cells": [{**base, "stretch": sim * 1.05, "spread": 0.0},
-                       {**base, "stretch": sim + 0.5, "spread": 0.01}]}
-    p = tmp_path / "gpu.json.gz"
-    with gzip.open(p, "wt") as f:
-        json.dump(cells, f)
+    p = tmp_path / name
+    with (gzip.open(p, "wt") if name.endswith(".gz") else open(p, "w")) as f:
+        json.dump({"cells": [good, bad]}, f)
     hw_interference.main(["--sim-from", str(p)])
     assert capsys.readouterr().out.strip().splitlines()[-1] == "hw_interference_sim_within: 1 of 2"
 
