@@ -5,6 +5,7 @@ re-predicted offline; the within rule."""
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -167,12 +168,26 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
                          f"stretch from hw's median, hw's runs 2.33 (x1.71)")
     # each run judged with each other run's stretch as its prediction, beside the sim's
     pairs = sum(hw_interference.within(a, 0.0, b) for a in runs for b in runs if b is not a)
+    med = sum(hw_interference.within(a, 0.0, statistics.median([b for b in runs if b is not a]))
+              for a in runs)
     assert hw_interference.repeat_within(
-        [{**base, "stretch": st, "spread": 0.0} for st in runs], prof) == (pairs, 6, k, 3)
+        [{**base, "stretch": st, "spread": 0.0} for st in runs], prof) == (pairs, 6, med, k, 3)
     assert lines[-2] == (f"over the cells measured in several runs: another run's hw within {pairs} of 6 "
-                         f"({pairs / 6:.0%}), the sim within {k} of 3 ({k / 3:.0%})")
+                         f"({pairs / 6:.0%}), the median of the other runs within {med} of 3 "
+                         f"({med / 3:.0%}), the sim within {k} of 3 ({k / 3:.0%})")
     # one run: nothing to judge repeatability by
     assert hw_interference.against_runs([{**base, "stretch": 0.1, "spread": 0.0}], prof) == {}
+
+
+def test_the_median_of_the_other_runs_is_judged_as_a_prediction(tmp_path):
+    """Four runs of one cell, one far off: each run judged by the median of the other
+    three; the three close runs each find theirs within 10%, the far one not; of the 12
+    ordered pairs, each close run has the other two close ones within (6)."""
+    base = {**_cpu_cell(tmp_path), "device": "gpu", "spread": 0.0}
+    prof = load_profile(hw_interference.PROFILE)
+    rows = [{**base, "stretch": st} for st in (0.10, 0.101, 0.102, 0.30)]
+    hw, pairs, med, _, cells = hw_interference.repeat_within(rows, prof)
+    assert (hw, pairs, med, cells) == (6, 12, 3, 4)
 
 
 def test_leave_one_run_out_predicts_each_run_by_the_terms_fitted_to_the_others(
