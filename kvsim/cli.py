@@ -144,6 +144,9 @@ def calibrate(
     profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
     model: str = typer.Option("llama-3-8b", help="the model whose steps the compute calls and the "
                               "interference cells run (a preset or a YAML path)"),
+    kind_terms: str = typer.Option("fit", "--kind-terms", help="how copies slow each kind of step "
+                                   "(sm.interference.gemm / .memory): fit them to this machine's "
+                                   "interference cells, or keep the base's"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
     from kvsim.run.outputs import check_file, write_whole
@@ -167,9 +170,10 @@ def calibrate(
                 write_whole(Path(out), (json.dumps({"kvsim_report": "calibrate-check", **report},
                                                    indent=2) + "\n").encode())
         elif from_report:
-            report = refit(from_report, out, base=None if base == "h200-pcie" else base)
+            report = refit(from_report, out, base=None if base == "h200-pcie" else base,
+                           kind_terms=kind_terms)
         else:
-            report = run_calibration(out, base=base, device=device, model=model)
+            report = run_calibration(out, base=base, device=device, model=model, kind_terms=kind_terms)
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
         raise typer.Exit(2)
@@ -210,6 +214,9 @@ def compare(
     calibrate_first: bool = typer.Option(False, "--calibrate", help="run `kvsim calibrate` on this "
                                          "machine first, into OUT/hardware.yaml, and compare with that "
                                          "profile on both sides"),
+    kind_terms: str = typer.Option("fit", "--kind-terms", help="with --calibrate: fit how copies "
+                                   "slow each kind of step to this machine's cells, or keep the "
+                                   "config's profile's (as `kvsim calibrate --kind-terms`)"),
     hw_loop: Optional[str] = typer.Option(None, "--hw-loop", help="the sim side's model of the hw "
                                           "backend's own host costs: a YAML or a name under "
                                           "configs/hwloop/, or none (default: h200; with "
@@ -232,12 +239,20 @@ def compare(
     if calibrate_first and hw_from:
         error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
+    if kind_terms != "fit" and not calibrate_first:
+        error(console, "--kind-terms: only with --calibrate")
+        raise typer.Exit(2)
     try:
         if not hw_from:
             _check_hw_options(time_scale, device)
         cfg = load_config(config, set_)
         _sweep(cfg)
         loop = load_hw_loop(hw_loop) if hw_loop else None
+        if calibrate_first:
+            from kvsim.config.hardware import load_profile as _load_profile
+            from kvsim.tools.calibrate import check_kind_terms
+
+            check_kind_terms(kind_terms, _load_profile(cfg.hardware))
     except (ConfigFileError, ValueError, OSError) as e:
         error(console, str(e))
         raise typer.Exit(2)
@@ -264,7 +279,8 @@ def compare(
 
                         prepare_run(cfg, trace)  # bad config or trace: fail before measuring
                         prof = stage.path / "hardware.yaml"
-                        cal = run_calibration(prof, base=cfg.hardware, device=device)
+                        cal = run_calibration(prof, base=cfg.hardware, device=device,
+                                              kind_terms=kind_terms)
                         console.print(f"calibrated: {dest / prof.name} ({cal['seconds']:.1f} s; the "
                                       f"fit check in {prof.name}.report.json)")
                         cfg = load_config(config, [*set_, f"hardware={prof}"])

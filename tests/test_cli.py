@@ -208,3 +208,20 @@ def test_python_dash_m_kvsim_is_the_kvsim_command():
     assert r.returncode == 0, r.stderr
     for command in ("run", "compare", "study", "tune", "calibrate"):
         assert command in r.stdout
+
+
+def test_kind_terms_is_checked_before_anything_is_measured(tmp_path):
+    """``--kind-terms``: fit or keep; with compare only beside --calibrate; a bad value
+    exits 2 naming it, having written nothing (a calibration runs minutes)."""
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["calibrate", "--out", str(out), "--kind-terms", "both"])
+    assert r.exit_code == 2 and "--kind-terms both: expected fit or keep" in r.output
+    assert not out.exists()
+    res = tmp_path / "cmp"
+    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--kind-terms", "keep",
+                            "--out", str(res)])
+    assert r.exit_code == 2 and "--kind-terms: only with --calibrate" in r.output
+    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--calibrate", "--kind-terms",
+                            "maybe", "--out", str(res)])
+    assert r.exit_code == 2 and "--kind-terms maybe: expected fit or keep" in r.output
+    assert not res.exists()

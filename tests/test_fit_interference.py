@@ -114,3 +114,37 @@ def test_calibrate_writes_the_kinds_and_the_standins_rates(tmp_path):
     assert prof.gpu.gemm_flops == {128: 3e14, 8192: 7.9e14}
     assert "gpu.gemm_flops: measured" in text
     assert "compute stand-in's fp16 GEMM chains at M = 8192" in text
+    # --kind-terms keep: the base's terms as they were, the comment with both counts
+    refit(src, tmp_path / "kept.yaml", base="h200-pcie-calibrated", kind_terms="keep")
+    kept = load_profile(tmp_path / "kept.yaml").sm.interference
+    assert kept.gemm.terms() == BASE.sm.interference.gemm.terms()
+    assert kept.memory.terms() == BASE.sm.interference.memory.terms()
+    assert ("sm.interference.gemm: base: h200-pcie-calibrated's, kept (--kind-terms keep); on this "
+            "machine's 18 cells") in (tmp_path / "kept.yaml").read_text()
+
+
+def test_keep_leaves_the_bases_terms_and_counts_both_sets():
+    """``keep``: no keys set; the comment counts the cells the base's terms put within
+    (here the very terms that made them: all) beside a fit's. Fitting, the comment counts
+    the base's too. A base without kind terms cannot be kept."""
+    from kvsim.tools.calibrate import check_kind_terms
+
+    rows = _cells()
+    got, why = fit_interference(rows, TRUE_P, keep=True)
+    assert got == {}
+    w = why["sm.interference.gemm"]
+    assert w.startswith(f"base: {TRUE_P.name}'s, kept (--kind-terms keep)")
+    assert f"{TRUE_P.name}'s terms: gemm 6 of 6, memory 6 of 6, mix 6 of 6; a fit of" in w
+    _, why = fit_interference(rows, BASE)
+    assert why["sm.interference.memory"].startswith("fitted: 18 cells")
+    assert f"; {BASE.name}'s terms: gemm " in why["sm.interference.memory"]
+    d = BASE.model_dump()
+    d["sm"]["interference"]["gemm"] = d["sm"]["interference"]["memory"] = None
+    bare = type(BASE).model_validate(d)
+    with pytest.raises(ValueError, match="has no sm.interference.gemm and .memory terms to keep"):
+        fit_interference(rows, bare, keep=True)
+    with pytest.raises(ValueError, match="has no sm.interference.gemm and .memory terms to keep"):
+        check_kind_terms("keep", bare)
+    with pytest.raises(ValueError, match="--kind-terms both: expected fit or keep"):
+        check_kind_terms("both", BASE)
+    check_kind_terms("fit", bare)  # (fitting needs no base terms)

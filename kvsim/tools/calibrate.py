@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel
 
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
-from kvsim.tools.fitkinds import KIND_MODEL, kind_works, share_works
+from kvsim.tools.fitkinds import KIND_MODEL, base_kinds, kind_works, share_works
 from kvsim.tools.measured import Measured, measured_from_report
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.config.units import parse_page_cost, parse_page_rate, parse_rate, parse_time
@@ -102,10 +102,10 @@ def profile_text(d: dict, why: dict[str, str], base_name: str, header: str) -> s
 
 
 def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str,
-           notes: str) -> tuple[HardwareProfile, list[dict], dict[str, str]]:
+           notes: str, kind_terms: str = "fit") -> tuple[HardwareProfile, list[dict], dict[str, str]]:
     """Fit ``m``, write the profile YAML to ``out`` (validated first); (profile, fit check,
-    where each fitted key came from)."""
-    d, why = fit(m, base_p)
+    where each fitted key came from). ``kind_terms``: 'fit' or 'keep' (``check_kind_terms``)."""
+    d, why = fit(m, base_p, keep_kinds=kind_terms == "keep")
     d["name"] = name
     d["notes"] = notes
     text = profile_text(d, why, base_p.name, header)
@@ -146,19 +146,32 @@ def _check_yaml(out) -> None:
     check_file(Path(str(out) + ".report.json"), "profile-report", f"--out {out}: its report")
 
 
+def check_kind_terms(kind_terms: str, base_p: HardwareProfile) -> None:
+    """ValueError unless ``kind_terms`` is 'fit' (the interference cells' fit of the
+    structural terms per kind of step) or 'keep' (``base_p``'s own, which it must have)."""
+    if kind_terms not in ("fit", "keep"):
+        raise ValueError(f"--kind-terms {kind_terms}: expected fit or keep")
+    if kind_terms == "keep" and base_kinds(base_p) is None:
+        raise ValueError(f"--kind-terms keep: the base profile {base_p.name} has no "
+                         "sm.interference.gemm and .memory terms to keep")
+
+
 def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
               plan=None, name: str | None = None, disk_dir: str | None = None,
-              model: str = KIND_MODEL) -> dict:
+              model: str = KIND_MODEL, kind_terms: str = "fit") -> dict:
     """Measure, fit, write ``out`` (YAML) and ``out`` with ``.report.json``; returns the report.
     ``plan``: what to measure (``kvsim_backends.hw.microbench.Plan``; default the device's);
     ``model``: the model whose steps the compute calls and interference cells run
     (``kvsim.tools.fitkinds.kind_works``) and the rank-share cells of two ranks on one GPU
-    (``share_works``; ``gpu.kernel_overlap``)."""
+    (``share_works``; ``gpu.kernel_overlap``); ``kind_terms``: 'fit' the interference
+    cells' structural terms per kind of step, or 'keep' the base's (checked before
+    anything is measured)."""
     from kvsim.run import measure_hardware  # noqa: PLC0415 (the backend registry)
 
     _check_yaml(out)
     out = Path(out)
     base_p = load_profile(base)
+    check_kind_terms(kind_terms, base_p)
     t0 = time.perf_counter()
     m, plan = measure_hardware(device, plan, disk_dir, base_p, model, kind_works(base_p, model),
                                share_works(base_p, model))
@@ -168,7 +181,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
              "not measured" + ("; CPU mode: tiny sizes, not a GPU profile" if m.device == "cpu" else ""))
     header = (f"Written by `kvsim calibrate` on {stamp}, device {m.device}, on the base profile "
               f"{base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check, why = _write(out, m, base_p, name, header, notes)
+    fitted, check, why = _write(out, m, base_p, name, header, notes, kind_terms)
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
@@ -182,7 +195,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
 
 
 def refit(report_path: str | Path, out: str | Path, base: str | None = None,
-          name: str | None = None) -> dict:
+          name: str | None = None, kind_terms: str = "fit") -> dict:
     """Fit a profile offline from the measurements in a saved report (no device needed):
     writes ``out`` and ``out.report.json`` (the same measurements, this fit's check; an
     earlier fit check of the same report is kept under ``previous_fit_checks``)."""
@@ -190,6 +203,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     out, report_path = Path(out), Path(report_path)
     old = json.loads(report_path.read_text())
     base_p = load_profile(base or old["base"])
+    check_kind_terms(kind_terms, base_p)
     m = measured_from_report(old)
     name = name or out.stem
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -199,7 +213,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     header = (f"Re-fitted by `kvsim calibrate --from-report {src}` on {stamp} from the\n"
               f"measurements of `kvsim calibrate` on {old['date']}, device {m.device}, on the base "
               f"profile {base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check, why = _write(out, m, base_p, name, header, notes)
+    fitted, check, why = _write(out, m, base_p, name, header, notes, kind_terms)
     previous = list(old.get("previous_fit_checks", []))
     if old.get("fit_check"):
         previous.append({"date": old.get("refit_date", old["date"]), "fit_check": old["fit_check"],

@@ -77,9 +77,11 @@ def fit_compute(busy: list[dict]) -> tuple[dict, str]:
             f"measured: the hw backend's compute(d) calls, wall - d, median of {span}")
 
 
-def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
+def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False) -> tuple[dict, dict[str, str]]:
     """(profile as a dict of YAML values, comment per key). Raises nothing on missing
     cells: what was not measured stays the base's, and its comment says so.
+    ``keep_kinds``: the base's ``sm.interference.gemm`` / ``.memory`` terms stay, not the
+    interference cells' fit (``fitkinds.fit_interference``'s ``keep``).
 
     Copy paths: the link rates are the copy engine's at the largest page (one direction,
     both at once); the SM kernel gets its own ceilings (``sm.h2d`` / ``sm.d2h``: median of
@@ -222,7 +224,8 @@ def fit(m: Measured, base: HardwareProfile) -> tuple[dict, dict[str, str]]:
     fit_busy_sm(m.busy_copies, m.copies, d, why)
     fit_reads_share(m.interference, d, why)
     if m.interference:
-        kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d))
+        kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d),
+                                            keep=keep_kinds)
         for kind, terms in kinds.items():  # (a kind's busy shares, fitted above, kept)
             d["sm"]["interference"][kind] = {**(d["sm"]["interference"].get(kind) or {}), **terms}
         why.update(kinds_why)

@@ -301,24 +301,48 @@ def _usable(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("device", "gpu") == "gpu" and r["alone_s"] > 0]
 
 
-def fit_interference(rows: list[dict], base: HardwareProfile) -> tuple[dict, dict[str, str]]:
+def base_kinds(base: HardwareProfile) -> tuple[KindTerms, KindTerms] | None:
+    """``base``'s own GEMM and memory terms (``sm.interference.gemm`` / ``.memory``), or
+    None where it has not both."""
+    i = base.sm.interference
+    return (i.gemm.terms(), i.memory.terms()) if i.gemm is not None and i.memory is not None else None
+
+
+def fit_interference(rows: list[dict], base: HardwareProfile, keep: bool = False
+                     ) -> tuple[dict, dict[str, str]]:
     """(``sm.interference`` keys to set: ``gemm``, ``memory``; a comment per key) from the
     measured cells ``rows`` (GPU cells of kinds ``gemm``, ``memory`` and ``mix``) on the
     sim of ``base`` (its links, per-page costs, busy start: the copies' timing); {} where
-    the gemm or memory kind has fewer than ``MIN_CELLS`` cells."""
+    the gemm or memory kind has fewer than ``MIN_CELLS`` cells. Each comment also counts
+    the cells ``base``'s own terms put within. ``keep``: no keys (``base``'s terms stay),
+    the comment says so with both counts (``kvsim calibrate --kind-terms keep``);
+    ValueError where ``base`` has no such terms."""
+    own = base_kinds(base)
+    if keep and own is None:
+        raise ValueError(f"--kind-terms keep: the base profile {base.name} has no "
+                         "sm.interference.gemm and .memory terms to keep")
     rows = _usable(rows)
     n = {k: sum(r["kind"] == k for r in rows) for k in ("gemm", "memory", "mix")}
     if n["gemm"] < MIN_CELLS or n["memory"] < MIN_CELLS:
         return {}, {}
     cells = [Cell(base, r) for r in rows]
     g, m, _ = fit_cells(cells, base)
-    inside = within(cells, _structure(base, g, m))
-    counts = ", ".join(f"{k} {a} of {b}" for k, (a, b) in inside.items())
+
+    def counted(s: Structure) -> str:
+        return ", ".join(f"{k} {a} of {b}" for k, (a, b) in within(cells, s).items())
+    fitted = counted(_structure(base, g, m))
+    theirs = "" if own is None else f"{base.name}'s terms: {counted(_structure(base, *own))}"
+    cells_are = (f"{len(cells)} cells ({n['gemm']} gemm, {n['memory']} memory, {n['mix']} mix; "
+                 "kvsim_backends.hw.interfere)")
     out, why = {}, {}
     for kind, t in (("gemm", g), ("memory", m)):
+        if keep:
+            why[f"sm.interference.{kind}"] = (
+                f"base: {base.name}'s, kept (--kind-terms keep); on this machine's {cells_are}, "
+                f"within 10% or hw's spread: {theirs}; a fit of {', '.join(FITTED[kind])}: {fitted}")
+            continue
         out[kind] = {k: round(getattr(t, k), 4) for k in KEYS}
         why[f"sm.interference.{kind}"] = (
-            f"fitted: {len(cells)} cells ({n['gemm']} gemm, {n['memory']} memory, {n['mix']} mix; "
-            f"kvsim_backends.hw.interfere), the terms {', '.join(FITTED[kind])}; within "
-            f"10% or hw's spread: {counts}")
+            f"fitted: {cells_are}, the terms {', '.join(FITTED[kind])}; within "
+            f"10% or hw's spread: {fitted}" + (f"; {theirs}" if theirs else ""))
     return out, why
