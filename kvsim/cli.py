@@ -160,6 +160,9 @@ def calibrate(
     if not check and not out:
         error(console, "--out: give the profile to write")
         raise typer.Exit(2)
+    if check and kind_terms != "fit":
+        error(console, "--kind-terms: not with --check (it fits nothing)")
+        raise typer.Exit(2)
     try:
         if check and out:
             check_file(out, "calibrate-check")

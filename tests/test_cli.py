@@ -217,6 +217,9 @@ def test_kind_terms_is_checked_before_anything_is_measured(tmp_path):
     r = runner.invoke(app, ["calibrate", "--out", str(out), "--kind-terms", "both"])
     assert r.exit_code == 2 and "--kind-terms both: expected fit or keep" in r.output
     assert not out.exists()
+    r = runner.invoke(app, ["calibrate", "--check", "cells.json", "--profile", "h200-pcie",
+                            "--kind-terms", "keep"])
+    assert r.exit_code == 2 and "--kind-terms: not with --check" in r.output
     res = tmp_path / "cmp"
     r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--kind-terms", "keep",
                             "--out", str(res)])
