@@ -253,7 +253,7 @@ def compare(
         loop = load_hw_loop(hw_loop) if hw_loop else None
         if calibrate_first:
             from kvsim.config.hardware import load_profile as _load_profile
-            from kvsim.tools.calibrate import check_kind_terms
+            from kvsim.tools.fitkinds import check_kind_terms
 
             check_kind_terms(kind_terms, _load_profile(cfg.hardware))
     except (ConfigFileError, ValueError, OSError) as e:

@@ -12,7 +12,7 @@ from kvsim.core.spec import Level
 from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.run.seam import settings_for
 from kvsim.tools.fit import predict_cell
-from kvsim.tools.fitkinds import Cell, _structure, fit_interference
+from kvsim.tools.fitkinds import Cell, _structure, check_kind_terms, fit_interference
 
 MiB = 1 << 20
 BASE = load_profile("h200-pcie-calibrated")
@@ -127,8 +127,6 @@ def test_keep_leaves_the_bases_terms_and_counts_both_sets():
     """``keep``: no keys set; the comment counts the cells the base's terms put within
     (here the very terms that made them: all) beside a fit's. Fitting, the comment counts
     the base's too. A base without kind terms cannot be kept."""
-    from kvsim.tools.calibrate import check_kind_terms
-
     rows = _cells()
     got, why = fit_interference(rows, TRUE_P, keep=True)
     assert got == {}

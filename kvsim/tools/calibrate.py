@@ -28,7 +28,7 @@ import yaml
 from pydantic import BaseModel
 
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
-from kvsim.tools.fitkinds import KIND_MODEL, base_kinds, kind_works, share_works
+from kvsim.tools.fitkinds import KIND_MODEL, check_kind_terms, kind_works, share_works
 from kvsim.tools.measured import Measured, measured_from_report
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.config.units import parse_page_cost, parse_page_rate, parse_rate, parse_time
@@ -144,16 +144,6 @@ def _check_yaml(out) -> None:
         raise ValueError(f"--out: got {str(out)!r}; expected a .yaml file")
     check_file(out, "profile")
     check_file(Path(str(out) + ".report.json"), "profile-report", f"--out {out}: its report")
-
-
-def check_kind_terms(kind_terms: str, base_p: HardwareProfile) -> None:
-    """ValueError unless ``kind_terms`` is 'fit' (the interference cells' fit of the
-    structural terms per kind of step) or 'keep' (``base_p``'s own, which it must have)."""
-    if kind_terms not in ("fit", "keep"):
-        raise ValueError(f"--kind-terms {kind_terms}: expected fit or keep")
-    if kind_terms == "keep" and base_kinds(base_p) is None:
-        raise ValueError(f"--kind-terms keep: the base profile {base_p.name} has no "
-                         "sm.interference.gemm and .memory terms to keep")
 
 
 def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",

@@ -308,6 +308,17 @@ def base_kinds(base: HardwareProfile) -> tuple[KindTerms, KindTerms] | None:
     return (i.gemm.terms(), i.memory.terms()) if i.gemm is not None and i.memory is not None else None
 
 
+def check_kind_terms(kind_terms: str, base: HardwareProfile) -> None:
+    """ValueError unless ``kind_terms`` is 'fit' (the interference cells' fit of the
+    structural terms per kind of step) or 'keep' (``base``'s own, which it must have:
+    ``kvsim calibrate --kind-terms``)."""
+    if kind_terms not in ("fit", "keep"):
+        raise ValueError(f"--kind-terms {kind_terms}: expected fit or keep")
+    if kind_terms == "keep" and base_kinds(base) is None:
+        raise ValueError(f"--kind-terms keep: the base profile {base.name} has no "
+                         "sm.interference.gemm and .memory terms to keep")
+
+
 def fit_interference(rows: list[dict], base: HardwareProfile, keep: bool = False
                      ) -> tuple[dict, dict[str, str]]:
     """(``sm.interference`` keys to set: ``gemm``, ``memory``; a comment per key) from the
@@ -317,10 +328,9 @@ def fit_interference(rows: list[dict], base: HardwareProfile, keep: bool = False
     the cells ``base``'s own terms put within. ``keep``: no keys (``base``'s terms stay),
     the comment says so with both counts (``kvsim calibrate --kind-terms keep``);
     ValueError where ``base`` has no such terms."""
+    if keep:
+        check_kind_terms("keep", base)
     own = base_kinds(base)
-    if keep and own is None:
-        raise ValueError(f"--kind-terms keep: the base profile {base.name} has no "
-                         "sm.interference.gemm and .memory terms to keep")
     rows = _usable(rows)
     n = {k: sum(r["kind"] == k for r in rows) for k in ("gemm", "memory", "mix")}
     if n["gemm"] < MIN_CELLS or n["memory"] < MIN_CELLS:
