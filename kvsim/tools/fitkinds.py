@@ -301,20 +301,13 @@ def _usable(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("device", "gpu") == "gpu" and r["alone_s"] > 0]
 
 
-def base_kinds(base: HardwareProfile) -> tuple[KindTerms, KindTerms] | None:
-    """``base``'s own GEMM and memory terms (``sm.interference.gemm`` / ``.memory``), or
-    None where it has not both."""
-    i = base.sm.interference
-    return (i.gemm.terms(), i.memory.terms()) if i.gemm is not None and i.memory is not None else None
-
-
 def check_kind_terms(kind_terms: str, base: HardwareProfile) -> None:
     """ValueError unless ``kind_terms`` is 'fit' (the interference cells' fit of the
     structural terms per kind of step) or 'keep' (``base``'s own, which it must have:
     ``kvsim calibrate --kind-terms``)."""
     if kind_terms not in ("fit", "keep"):
         raise ValueError(f"--kind-terms {kind_terms}: expected fit or keep")
-    if kind_terms == "keep" and base_kinds(base) is None:
+    if kind_terms == "keep" and base.interference_structure() is None:
         raise ValueError(f"--kind-terms keep: the base profile {base.name} has no "
                          "sm.interference.gemm and .memory terms to keep")
 
@@ -330,7 +323,7 @@ def fit_interference(rows: list[dict], base: HardwareProfile, keep: bool = False
     ValueError where ``base`` has no such terms."""
     if keep:
         check_kind_terms("keep", base)
-    own = base_kinds(base)
+    own = base.interference_structure()  # (None: the base has no kind terms)
     rows = _usable(rows)
     n = {k: sum(r["kind"] == k for r in rows) for k in ("gemm", "memory", "mix")}
     if n["gemm"] < MIN_CELLS or n["memory"] < MIN_CELLS:
@@ -341,7 +334,7 @@ def fit_interference(rows: list[dict], base: HardwareProfile, keep: bool = False
     def counted(s: Structure) -> str:
         return ", ".join(f"{k} {a} of {b}" for k, (a, b) in within(cells, s).items())
     fitted = counted(_structure(base, g, m))
-    theirs = "" if own is None else f"{base.name}'s terms: {counted(_structure(base, *own))}"
+    theirs = "" if own is None else f"{base.name}'s terms: {counted(own)}"
     cells_are = (f"{len(cells)} cells ({n['gemm']} gemm, {n['memory']} memory, {n['mix']} mix; "
                  "kvsim_backends.hw.interfere)")
     out, why = {}, {}
