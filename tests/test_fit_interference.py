@@ -20,7 +20,7 @@ TRUE = {"gemm": {"cta_sm_share_h2d": 0.5, "cta_sm_share_d2h": 1.5, "copy_engine_
                  "hbm_weight": 0.0, "hbm_write_weight": 1.0, "straggle_d2h": 1.0,
                  "straggle_h2d": 0.1, "issue_slowdown": 0.1},
         "memory": {"cta_sm_share_h2d": 0.05, "cta_sm_share_d2h": 1.0, "copy_engine_slowdown": 0.0,
-                   "hbm_weight": 1.0, "hbm_write_weight": 4.0}}
+                   "hbm_weight": 1.0, "hbm_write_weight": 4.0, "page_d2h": 1e-7}}
 PROJ = [list(p) for p in settings_for(MiB, {Level.GPU: 1}, model="llama-3-8b").model.projections]
 
 
@@ -48,7 +48,8 @@ def _cells():
         for path, d, page, n, compute_s in (
                 ("sm_kernel", "both", MiB, 256, 0.02), ("sm_kernel", "h2d", MiB, 1024, 0.01),
                 ("sm_kernel", "d2h", 4 * MiB, 64, 0.02), ("copy_engine", "both", 4 * MiB, 256, 0.01),
-                ("copy_engine", "h2d", 16 << 10, 2048, 0.002), ("copy_engine", "d2h", MiB, 512, 0.01)):
+                ("copy_engine", "h2d", 16 << 10, 2048, 0.002), ("copy_engine", "d2h", MiB, 512, 0.01),
+                ("sm_kernel", "d2h", 64 << 10, 4096, 0.005)):
             batches = [["h2d", n], ["d2h", n]] if d == "both" else [[d, n]]
             row = {"kind": kind, "compute_s": compute_s, "path": path, "dir": d, "page": page,
                    "batches": batches, "pages": n * len(batches), "bytes": n * len(batches) * page,
@@ -65,13 +66,18 @@ def test_the_fits_predictor_is_the_sims_own_figure():
         assert Cell(BASE, row).stretch(s) == pytest.approx(row["stretch"], rel=1e-6, abs=1e-9)
     assert any(row["stretch"] > 0.05 for row in _cells() if row["path"] == "copy_engine"
                and row["page"] == 16 << 10)  # (the issue term is in the cells)
+    # (and the reads' page term: 100 ns a page GPU -> host of 64 KiB, about 0.6 M a second)
+    no_pages = _profile({"memory": {**TRUE["memory"], "page_d2h": 0.0}})
+    row = next(r for r in _cells() if r["kind"] == "memory" and r["page"] == 64 << 10)
+    assert row["stretch"] - predict_cell(no_pages, row)[0] > 0.03
 
 
 def test_the_fit_gives_back_terms_that_predict_every_cell():
     rows = _cells()
     got, why = fit_interference(rows, BASE)
     assert set(got) == {"gemm", "memory"} and set(why) == {"sm.interference.gemm", "sm.interference.memory"}
-    assert "18 cells (6 gemm, 6 memory, 6 mix" in why["sm.interference.gemm"]
+    assert "21 cells (7 gemm, 7 memory, 7 mix" in why["sm.interference.gemm"]
+    assert got["memory"]["page_d2h"] == pytest.approx(1e-7, rel=0.5)  # (seconds a page)
     fitted = _profile(got)
     for row in rows:
         # within the benchmark's rule (10% of the stretch), and close in absolute terms
@@ -108,7 +114,7 @@ def test_calibrate_writes_the_kinds_and_the_standins_rates(tmp_path):
     text = (tmp_path / "again.yaml").read_text()
     i = prof.sm.interference
     assert i.gemm is not None and i.memory is not None
-    assert "sm.interference.memory: fitted: 18 cells (6 gemm, 6 memory, 6 mix" in text
+    assert "sm.interference.memory: fitted: 21 cells (7 gemm, 7 memory, 7 mix" in text
     assert prof.gpu.prefill_efficiency == pytest.approx(7.9e14 / prof.gpu.flops_bf16)
     assert prof.gpu.decode_efficiency == pytest.approx(4.0e12 / prof.gpu.hbm)
     assert prof.gpu.gemm_flops == {128: 3e14, 8192: 7.9e14}
@@ -120,7 +126,7 @@ def test_calibrate_writes_the_kinds_and_the_standins_rates(tmp_path):
     assert kept.gemm.terms() == BASE.sm.interference.gemm.terms()
     assert kept.memory.terms() == BASE.sm.interference.memory.terms()
     assert ("sm.interference.gemm: base: h200-pcie-calibrated's, kept (--kind-terms keep); on this "
-            "machine's 18 cells") in (tmp_path / "kept.yaml").read_text()
+            "machine's 21 cells") in (tmp_path / "kept.yaml").read_text()
 
 
 def test_keep_leaves_the_bases_terms_and_counts_both_sets():
@@ -132,9 +138,9 @@ def test_keep_leaves_the_bases_terms_and_counts_both_sets():
     assert got == {}
     w = why["sm.interference.gemm"]
     assert w.startswith(f"base: {TRUE_P.name}'s, kept (--kind-terms keep)")
-    assert f"{TRUE_P.name}'s terms: gemm 6 of 6, memory 6 of 6, mix 6 of 6; a fit of" in w
+    assert f"{TRUE_P.name}'s terms: gemm 7 of 7, memory 7 of 7, mix 7 of 7; a fit of" in w
     _, why = fit_interference(rows, BASE)
-    assert why["sm.interference.memory"].startswith("fitted: 18 cells")
+    assert why["sm.interference.memory"].startswith("fitted: 21 cells")
     assert f"; {BASE.name}'s terms: gemm " in why["sm.interference.memory"]
     d = BASE.model_dump()
     d["sm"]["interference"]["gemm"] = d["sm"]["interference"]["memory"] = None

@@ -14,8 +14,8 @@ from conftest import round_profile
 from kvsim.config.hardware import load_profile
 from kvsim.core.datapath.copypath import CopyPath
 from kvsim.core.datapath.interference import (IDLE, CopyLoad, KindTerms, MixTable, Structure,
-                                              gemm_loss, issue_share, last_wave_share,
-                                              legacy_stretch)
+                                              gemm_loss, hbm_exposure, issue_share,
+                                              last_wave_share, legacy_stretch)
 from kvsim.core.datapath.work import StepWork
 from kvsim.core.plan import Batch, BatchKind
 from kvsim.core.spec import Level
@@ -174,11 +174,21 @@ READS = StepWork(0.001, 0.0, 0.0, 1.0, 0.0, 0, 4, 0.0, 0.001)      # all reads
 MIXED = StepWork(0.001, 1.0, 0.0, 1.0, 0.0, 512, 0, 0.0005, 0.0005)  # half and half
 
 
+# the GEMM's share of its time its bytes take (``hbm_exposure``): 256 x 1024 at M = 512,
+# 2 bytes an element over the 2 TB/s the reads read at, against its FLOPs at the round
+# profile's compute rate (100 TFLOP/s x 0.5: it has no gpu.gemm_flops)
+EXPOSED = (2 * (256 * 1024 + 512 * 256 + 512 * 1024) / 2e12) / (2 * 512 * 256 * 1024 / 50e12)
+
+
 def test_a_gemm_step_loses_the_sms_the_copy_kernels_ctas_take():
     """4 copy CTAs hold 4 of the 8 SMs: the GEMM's 16 tiles run 4 waves on the other 4,
-    the 3 that queue at half the rate, the last (no straggle here) unslowed."""
+    the 3 that queue at half the rate, the last (no straggle here) unslowed; the share of
+    its time its bytes take loses what the reads lose to the copy's 20 GB/s (4 CTAs x 10
+    GB/s, halved under compute) of HBM."""
     rt, be = _backend()
-    assert _took(be, rt, GEMM) == pytest.approx(0.001 * (1 + 1.0 * 3 / 4), rel=1e-12)
+    x = 20e9 / 2e12
+    s = 1.0 * 3 / 4 + EXPOSED * x / (1 - x)
+    assert _took(be, rt, GEMM) == pytest.approx(0.001 * (1 + s), rel=1e-12)
 
 
 def test_a_read_step_loses_sm_slots_and_hbm_bytes():
@@ -193,7 +203,7 @@ def test_a_read_step_loses_sm_slots_and_hbm_bytes():
 def test_a_mixed_step_under_a_load_over_all_of_it_is_stretched_by_both_in_proportion():
     rt, be = _backend()
     x = 20e9 / 2e12
-    s = 0.5 * 0.75 + 0.5 * (8 / 7 - 1 + x / (1 - x))
+    s = 0.5 * (0.75 + EXPOSED * x / (1 - x)) + 0.5 * (8 / 7 - 1 + x / (1 - x))
     assert _took(be, rt, MIXED) == pytest.approx(0.001 * (1 + s), rel=1e-12)
 
 
@@ -256,6 +266,70 @@ def test_the_mix_tables_kept_parts_give_the_structures_floats():
             from kvsim.core.datapath.work import gemm_share
             want = S.stretch(gemm_share(w), t.gemms_for(w), load)
             assert t.stretch(w, load).hex() == want.hex()
+
+
+def test_a_gemms_exposure_is_the_share_of_its_time_its_bytes_take():
+    """By hand: M = 256 against K x N = 4096 x 4096 at 500 TFLOP/s (the rate of the
+    largest M <= 256 in the table) beside 4 TB/s; a GEMM whose bytes outlast its FLOPs
+    counts 1; FLOP-weighted; none without rates."""
+    s = dataclasses.replace(S, gemm_rates=((128, 2e14), (256, 5e14), (4096, 6e14)))
+    one = 2 * (4096 * 4096 + 2 * 256 * 4096) / 4e12 / (2 * 256 * 4096 * 4096 / 5e14)
+    assert hbm_exposure(s, ((4096, 4096),), 256) == pytest.approx(one)
+    assert hbm_exposure(s, ((4096, 4096),), 300) == pytest.approx(      # (256's rate)
+        2 * (4096 * 4096 + 2 * 300 * 4096) / 4e12 / (2 * 300 * 4096 * 4096 / 5e14))
+    assert hbm_exposure(s, ((4096, 4096),), 64) == pytest.approx(         # (below: 128's)
+        2 * (4096 * 4096 + 2 * 64 * 4096) / 4e12 / (2 * 64 * 4096 * 4096 / 2e14))
+    tiny = dataclasses.replace(S, gemm_rates=((1, 1e18),))               # bytes-bound
+    assert hbm_exposure(tiny, ((4096, 4096),), 256) == 1.0
+    two = hbm_exposure(s, ((4096, 4096), (4096, 12288)), 256)
+    big = 2 * (4096 * 12288 + 256 * 4096 + 256 * 12288) / 4e12 / (2 * 256 * 4096 * 12288 / 5e14)
+    assert two == pytest.approx((one * 1 + big * 3) / 4)
+    assert hbm_exposure(S, ((4096, 4096),), 256) == 0.0
+
+
+def test_the_exposed_share_of_a_gemm_loses_what_reads_lose_to_hbm_bytes():
+    s = dataclasses.replace(S, gemm_rates=((256, 5e14),))
+    t = MixTable(s, ((4096, 4096),), 128, 8192)
+    e = t.exposure[256]
+    assert 0.0 < e < 1.0
+    w = StepWork(0.1, 1.0, 0.0, 0.0, 0.0, 256, 0, 0.1, 0.0)
+    load = CopyLoad(copy_engine=True, hbm_Bps=50e9)
+    reads = 50e9 / 4e12
+    want = 0.02 + 0.00625 / (1 - 0.00625) + e * reads / (1 - reads)
+    assert t.stretch(w, load) == pytest.approx(want)
+    assert t.stretch(w, load) == pytest.approx(s.stretch(1.0, t.gemms_for(w), load, e))
+    # no HBM bytes in flight (SM CTAs only): nothing through it
+    ctas = CopyLoad(ctas_h2d=36)
+    assert s.gemm_stretch(t.gemms_for(w), ctas, e) == s.gemm_stretch(t.gemms_for(w), ctas)
+
+
+def test_each_page_the_sm_kernel_moves_to_the_host_costs_its_seconds():
+    """40 GB/s GPU -> host by the SM kernel in 64 KiB pages, 50 ns of the reads' a page;
+    none without the page size (a structure not of one run), for the copy engine's bytes
+    or without the term."""
+    mem = dataclasses.replace(S.memory, page_d2h=50e-9)
+    s = dataclasses.replace(S, memory=mem, page_bytes=64 * KiB)
+    load = CopyLoad(ctas_d2h=14, hbm_Bps=40e9, sm_d2h_Bps=40e9)
+    pages = 50e-9 * 40e9 / (64 * KiB)
+    assert s.pages_d2h(mem, load) == pytest.approx(pages)
+    assert s.memory_stretch(load) == pytest.approx(
+        dataclasses.replace(s, memory=S.memory).memory_stretch(load) + pages)
+    assert s.gemm_stretch([(2048, 1.0)], load) == S.gemm_stretch([(2048, 1.0)], load)  # (its own: 0)
+    assert dataclasses.replace(s, page_bytes=0).pages_d2h(mem, load) == 0.0
+    assert s.pages_d2h(mem, CopyLoad(copy_engine=True, hbm_Bps=40e9)) == 0.0
+    assert s.pages_d2h(S.memory, load) == 0.0
+
+
+def test_a_profiles_page_term_is_a_duration_and_its_structure_counts_pages_at_the_runs_size():
+    d = load_profile("h200-pcie-calibrated").model_dump()
+    d["sm"]["interference"]["memory"]["page_d2h"] = "43ns"
+    p = type(load_profile("h200-pcie-calibrated")).model_validate(d)
+    assert p.sm.interference.memory.terms().page_d2h == pytest.approx(43e-9)
+    assert p.interference_structure(page_bytes=64 * KiB).page_bytes == 64 * KiB
+    assert p.interference_structure().page_bytes == 0
+    d["sm"]["interference"]["memory"]["page_d2h"] = "-1ns"
+    with pytest.raises(ValueError, match="page_d2h"):
+        type(p).model_validate(d)
 
 
 def test_written_bytes_stragglers_and_issuing_by_their_own_terms():

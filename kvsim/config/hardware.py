@@ -38,8 +38,10 @@ Optional terms (absent: the older, simpler model):
   one uplink (``PcieSpec``); shared by a node's ranks (``kvsim_backends.sim.nodebus``).
   Default None: neither limits anything.
 - ``gpu.gemm_flops``: FLOP/s of the model's layer projection GEMMs by M (``{rows:
-  FLOP/s}``), as the GPU runs them; read only by ranks sharing a GPU (turns on its SMs by
-  kernel length: ``kvsim_backends.sim.smshare``). Default None: the compute model's rate.
+  FLOP/s}``), as the GPU runs them; read by ranks sharing a GPU (turns on its SMs by
+  kernel length: ``kvsim_backends.sim.smshare``) and by the interference model (the
+  share of a GEMM's time its bytes take: ``interference.hbm_exposure``). Default None:
+  the compute model's rate.
 - ``gpu.kernel_overlap``: how long two ranks' consecutive kernels on one GPU run at once;
   another rank's kernel delays this one's by its length less this. Default 0.
 
@@ -353,15 +355,18 @@ class HardwareProfile(_Frozen):
         """The structural interference model with the profile's kinds' terms, or ``gemm`` /
         ``memory`` in their place (a fit's); None without them (the older model). Its GPU
         -> host CTAs drain at the per-CTA rate at pages of ``page_bytes`` (``SMSpec.cta_rate``;
-        None: a table's largest page's)."""
+        None: a table's largest page's), and their pages are counted at that size (None:
+        not at all: ``Structure.pages_d2h``)."""
         i = self.sm.interference
         g = gemm or (i.gemm.terms() if i.gemm else None)
         m = memory or (i.memory.terms() if i.memory else None)
         if g is None or m is None:
             return None
+        rates = (tuple(sorted(self.gpu.gemm_flops.items())) if self.gpu.gemm_flops
+                 else ((1, self.gpu.flops_bf16 * self.gpu.prefill_efficiency),))
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
                          tuple(i.gemm_tile), g, m, self.sm.cta_rate("d2h", page_bytes) * i.drain_eff(),
-                         i.copy_ctas_per_sm)
+                         i.copy_ctas_per_sm, rates, page_bytes or 0)
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

@@ -30,7 +30,9 @@ class KindSpec(_Frozen):
     bytes a copied byte read from / written into HBM takes from the work's reads;
     ``straggle_h2d`` / ``_d2h``, a GEMM CTA's slowdown beside a copy CTA;
     ``issue_slowdown`` while copy-engine calls issue pages host-bound; ``backlog_d2h``
-    per GPU -> host copy CTA the link leaves waiting (the last four default 0);
+    per GPU -> host copy CTA the link leaves waiting; ``page_d2h``, the work's time each
+    page the SM kernel moves GPU -> host costs it (a duration: '43ns'; the last five
+    default 0);
     ``busy_cta_efficiency`` / ``_d2h``: a copy CTA's share of its idle rate beside this
     kind of work (None: ``InterferenceSpec``'s); a step's are the kinds' weighted by its
     time in each (``kvsim.core.datapath.interference.busy_share``)."""
@@ -44,6 +46,7 @@ class KindSpec(_Frozen):
     straggle_d2h: Annotated[float, Field(ge=0)] = 0.0
     issue_slowdown: Annotated[float, Field(ge=0)] = 0.0
     backlog_d2h: Annotated[float, Field(ge=0)] = 0.0
+    page_d2h: Seconds = 0.0
     busy_cta_efficiency: Fraction | None = None
     busy_cta_efficiency_d2h: Fraction | None = None
 
@@ -51,7 +54,7 @@ class KindSpec(_Frozen):
         return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
                          self.copy_engine_slowdown, self.hbm_weight,
                          self.straggle_h2d, self.straggle_d2h, self.hbm_write_weight,
-                         self.issue_slowdown, self.backlog_d2h)
+                         self.issue_slowdown, self.backlog_d2h, self.page_d2h)
 
 
 class InterferenceSpec(_Frozen):

@@ -11,8 +11,9 @@ the copies take, piece by piece: the copy-engine calls' issuing, then their byte
 kernel's CTAs from its busy start); the copies' timing does not depend on the terms. The
 cell's step then runs through those pieces as the fluid runs it (its GEMMs first, then
 its reads, each part at its own kind's stretch under each piece's load), for terms
-``FITTED``; the rest of a kind's terms stay 0 (a GEMM's HBM read weight: compute-bound;
-a read's straggle: no waves). A GEMM's straggle each way is fitted: the mixed step's
+``FITTED``; the rest of a kind's terms stay 0 (a GEMM's HBM read weight: compute-bound,
+the share of its time its bytes take has the reads' HBM term, ``hbm_exposure``; a
+read's straggle: no waves). A GEMM's straggle each way is fitted: the mixed step's
 one-wave GEMMs (M = 256) lose it alone, a prefill's many waves the SMs taken, so the two
 kinds' cells tell the terms apart. The terms minimise, over all cells of the three kinds
 together (the mixed step is its two parts), a robust loss of the error in units of the
@@ -139,26 +140,33 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
 # (a GEMM's ``backlog_d2h`` is fitted since a GEMM of one wave that fits beside the copy
 # CTAs no longer straggles: five grids and two sweeps, each run left out, 161 of 300 cells
 # within against 144 without either, 2026-12-04)
+# (the reads' ``page_d2h`` since twelve runs of 2026-12-04, each left out, put 295 of 510
+# cells within with it against 289 without; the GEMMs' own gave 294)
 FITTED = {"gemm": ("cta_sm_share_h2d", "cta_sm_share_d2h", "straggle_d2h", "issue_slowdown",
                   "hbm_write_weight", "straggle_h2d", "backlog_d2h"),
           "memory": ("cta_sm_share_h2d", "cta_sm_share_d2h", "hbm_weight", "hbm_write_weight",
-                     "backlog_d2h")}
+                     "backlog_d2h", "page_d2h")}
 KEYS = ("cta_sm_share_h2d", "cta_sm_share_d2h", "copy_engine_slowdown", "hbm_weight",
         "straggle_h2d", "straggle_d2h", "hbm_write_weight", "issue_slowdown",
-        "backlog_d2h")  # KindTerms' order
+        "backlog_d2h", "page_d2h")  # KindTerms' order
+#: a term's unit in the search (the simplex moves terms of about 0.01-1): ``page_d2h`` in
+#: microseconds a page
+SCALE = {"page_d2h": 1e-6}
 LONG_S = 10.0  # the compute beside which a cell's loads are read: longer than any copy
 
 
 class Cell:
     """A measured cell as the fit sees it: its step's nominal seconds and GEMM share,
-    its GEMMs, the loads its copy took (from, load) in order, hw's stretch and tolerance,
-    the rate its waiting GPU -> host CTAs drain at (its page size's)."""
+    its GEMMs and the share of their time their bytes take, the loads its copy took (from,
+    load) in order, hw's stretch and tolerance, the rate its waiting GPU -> host CTAs
+    drain at and its page size."""
 
     def __init__(self, profile: HardwareProfile, row: dict):
         structure = _structure(profile, ZERO, ZERO, row["page"])
         self.drain = structure.cta_d2h_Bps
+        self.page = structure.page_bytes
         w = cell_work(row)
-        self.share, self.gemms = _mix(row, structure)
+        self.share, self.gemms, self.exposure = _mix(row, structure)
         self.seconds = row["compute_s"] * profile.compute.scale
         log: list = []
         sim_cell(profile, row, LONG_S, w, load_log=log)
@@ -170,9 +178,9 @@ class Cell:
     def stretch(self, s: Structure) -> float:
         """The step's stretch under the cell's loads with ``s``'s terms (as the fluid
         runs it: its GEMM part first, then its reads; unslowed before the first load), its
-        GPU -> host CTAs draining at its page size's rate."""
-        if s.cta_d2h_Bps != self.drain:
-            s = replace(s, cta_d2h_Bps=self.drain)
+        GPU -> host CTAs draining at its page size's rate, their pages of its size."""
+        if s.cta_d2h_Bps != self.drain or s.page_bytes != self.page:
+            s = replace(s, cta_d2h_Bps=self.drain, page_bytes=self.page)
         g_left = self.seconds * self.share
         m_left = self.seconds - g_left
         t = 0.0
@@ -183,7 +191,7 @@ class Cell:
                 continue
             sg = sm = 0.0
             if not ld.idle:
-                sg = s.gemm_stretch(self.gemms, ld) if g_left > 0 else 0.0
+                sg = s.gemm_stretch(self.gemms, ld, self.exposure) if g_left > 0 else 0.0
                 sm = s.memory_stretch(ld) if m_left > 0 else 0.0
             span = end - t
             if g_left > 0:
@@ -218,12 +226,12 @@ def _mix(row: dict, structure: Structure):
     model = ModelSettings(tuple(tuple(x) for x in row["projections"]))
     t = MixTable(structure, model.projections, model.min_rows, model.max_rows)
     w = cell_work(row)
-    return gemm_share(w), t.gemms_for(w)
+    return gemm_share(w), t.gemms_for(w), t.exposure_for(w)
 
 
 def _terms(kind: str, x) -> KindTerms:
     d = dict.fromkeys(KEYS, 0.0)
-    d.update({k: abs(float(v)) for k, v in zip(FITTED[kind], x)})
+    d.update({k: abs(float(v)) * SCALE.get(k, 1.0) for k, v in zip(FITTED[kind], x)})
     return KindTerms(*[d[k] for k in KEYS])
 
 
@@ -344,7 +352,8 @@ def fit_interference(rows: list[dict], base: HardwareProfile, keep: bool = False
                 f"base: {base.name}'s, kept (--kind-terms keep); on this machine's {cells_are}, "
                 f"within 10% or hw's spread: {theirs}; a fit of {', '.join(FITTED[kind])}: {fitted}")
             continue
-        out[kind] = {k: round(getattr(t, k), 4) for k in KEYS}
+        out[kind] = {k: (float(f"{getattr(t, k):.4g}") if k in SCALE else round(getattr(t, k), 4))
+                     for k in KEYS}
         why[f"sm.interference.{kind}"] = (
             f"fitted: {cells_are}, the terms {', '.join(FITTED[kind])}; within "
             f"10% or hw's spread: {fitted}" + (f"; {theirs}" if theirs else ""))

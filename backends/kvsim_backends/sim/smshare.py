@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvsim.core.datapath.work import StepWork, gemm_rows
+from kvsim.core.datapath.work import StepWork, gemm_rate, gemm_rows
 
 
 class KernelLengths:
@@ -71,13 +71,8 @@ class KernelLengths:
 
     def rate_at(self, m: int) -> float:
         """The GPU's GEMM FLOP/s at M = ``m``: its entry at the largest rows <= ``m``, else
-        its smallest rows'."""
-        rate = self.rates[0][1]
-        for rows, f in self.rates:
-            if rows > m:
-                break
-            rate = f
-        return rate
+        its smallest rows' (``kvsim.core.datapath.work.gemm_rate``)."""
+        return gemm_rate(self.rates, m)
 
 
 def factors(job: Any, jobs: Sequence[Any], now: float, overlap_s: float = 0.0) -> tuple[float, float]:

@@ -30,6 +30,14 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   +13% from the first CTA; what the small GEMMs lose beside many CTAs is the waiting
   CTAs' ``backlog_d2h`` below, as for reads.) The step's GEMMs (one layer's projections
   at the step's M) are weighted by their FLOPs;
+- a GEMM of few rows is partly bound by its bytes: its weights are read once per GEMM
+  whatever M is. ``hbm_exposure``: the share of a GEMM's time (its FLOPs at the GPU's
+  GEMM rate at that M, ``Structure.gemm_rates``) its bytes take at the reads' HBM rate,
+  FLOP-weighted over the layer's GEMMs (llama-3-8b on an H200: 0.52 at M = 256, 0.09 at
+  4096); that share of the GEMM part loses what the reads lose to the copies' HBM bytes
+  (the memory kind's HBM term). No term of its own: refitted with it, the kinds' terms
+  put a decode-like step's cells of twelve H200 runs within 87 times of 170 each run left
+  out, against 78 without (``benchmarks/hw_interference.py --loo``);
 - **HBM reads** run as many small CTAs: a copy CTA takes its share of an SM's slots
   (``cta_sm_share_*``), the reads the rest, ``S / (S - lost)``;
 - both: the copies' HBM bytes take ``hbm_weight`` (a byte read from HBM) and
@@ -49,8 +57,11 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   default) 23-35%, of 24 72-108%, of 36 130-147%, while the kernel moved 41-52 GB/s
   throughout: the CTAs the link leaves waiting hold their stores in the memory system the
   step reads through, whatever they move (its host -> GPU CTAs, which wait for reads, did
-  not: 1-8% from 1 to 66 CTAs). Each with the kind's own terms (a fit gives GEMMs no read
-  weight, reads no straggle).
+  not: 1-8% from 1 to 66 CTAs); ``page_d2h``, seconds of the work's for each page the SM
+  kernel moves GPU -> host (``pages_d2h``: its GPU -> host bytes a second over the page
+  size): on H200s reads beside it GPU -> host ran 2.7% longer at 64 KiB pages, 0.8% at
+  4 MiB, at 37-45 GB/s each (the medians of nine grids, 2026-12-04). Each with the kind's own terms (a fit
+  gives GEMMs no read weight and no page term, reads no straggle).
 
 A step's stretch under a load over all of it is ``share x gemm + (1 - share) x memory``
 (``stretch``): the stand-in runs its two parts one after the other, each slowed by its
@@ -67,7 +78,11 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share, gemm_tiles, row_buckets
+from kvsim.core.datapath.work import (StepWork, gemm_rate, gemm_rows, gemm_share, gemm_tiles,
+                                      row_buckets)
+
+#: bytes an element of a GEMM's operands takes (fp16 / bf16, as the stand-in runs them)
+ELEM_BYTES = 2
 
 
 class CopyLoad(NamedTuple):
@@ -107,7 +122,8 @@ class KindTerms:
     CTA's slowdown beside a copy CTA (``straggle_*``, waited for once a wave: GEMMs
     only); the stretch at a whole share of issuing copy-engine calls
     (``issue_slowdown``); the stretch per GPU -> host copy CTA the link leaves waiting
-    (``backlog_d2h``: ``Structure.stalled_d2h``)."""
+    (``backlog_d2h``: ``Structure.stalled_d2h``); the seconds of the work's each page
+    the SM kernel moves GPU -> host costs it (``page_d2h``: ``Structure.pages_d2h``)."""
 
     cta_sm_share_h2d: float
     cta_sm_share_d2h: float
@@ -118,6 +134,7 @@ class KindTerms:
     hbm_write_weight: float | None = None
     issue_slowdown: float = 0.0
     backlog_d2h: float = 0.0
+    page_d2h: float = 0.0
 
     def lost_sms(self, load: CopyLoad) -> float:
         return self.cta_sm_share_h2d * load.ctas_h2d + self.cta_sm_share_d2h * load.ctas_d2h
@@ -148,8 +165,11 @@ class Structure:
     GEMM CTA's output tile (rows, cols), each kind's terms, and ``cta_d2h_Bps``, what
     one SM copy CTA moves GPU -> host under compute (the profile's ``sm.cta_offload`` at
     the run's page size x ``InterferenceSpec.drain_eff``: the rate the sim's CTAs move at
-    where they, not the link, bind), and ``copy_ctas_per_sm``, the copy CTAs one SM takes
-    beside a step's GEMMs (``gemm_loss``)."""
+    where they, not the link, bind), ``copy_ctas_per_sm``, the copy CTAs one SM takes
+    beside a step's GEMMs (``gemm_loss``), and ``gemm_rates``, the GPU's GEMM FLOP/s by
+    M ((M, FLOP/s) sorted by M: ``gpu.gemm_flops``, or the compute model's one rate), by
+    which a GEMM's time its bytes take is told (``hbm_exposure``; empty: none), and
+    ``page_bytes``, the run's page size (``pages_d2h``; 0: none)."""
 
     sms: int
     hbm_Bps: float
@@ -158,6 +178,15 @@ class Structure:
     memory: KindTerms
     cta_d2h_Bps: float = 0.0
     copy_ctas_per_sm: int = 1
+    gemm_rates: tuple[tuple[int, float], ...] = ()
+    page_bytes: int = 0
+
+    def pages_d2h(self, terms: KindTerms, load: CopyLoad) -> float:
+        """``terms``' ``page_d2h`` times the pages a second the SM kernel moves GPU ->
+        host at ``page_bytes`` (0 without either)."""
+        if not terms.page_d2h or not load.sm_d2h_Bps or self.page_bytes <= 0:
+            return 0.0
+        return terms.page_d2h * load.sm_d2h_Bps / self.page_bytes
 
     def stalled_d2h(self, load: CopyLoad) -> float:
         """The SM kernel's GPU -> host CTAs beyond those its rate needs at
@@ -171,20 +200,24 @@ class Structure:
         x = terms.hbm_share(load, self.hbm_Bps)
         return x / (1.0 - x)
 
-    def gemm_stretch(self, gemms: Sequence[tuple[int, float]], load: CopyLoad) -> float:
+    def gemm_stretch(self, gemms: Sequence[tuple[int, float]], load: CopyLoad,
+                     exposure: float = 0.0) -> float:
         """GEMMs of (tiles, weight) each: their waves on the SMs the copy CTAs leave,
         each wave waiting for its straggler (``gemm_loss``), plus the kind's copy-engine
-        and HBM terms."""
+        and HBM terms, and the reads' HBM term for the share ``exposure`` of their time
+        their bytes take (``hbm_exposure``)."""
         t = self.gemm
         out = gemm_loss(gemms, self.sms, t.lost_sms(load), t.straggle(load),
                         load.ctas_h2d + load.ctas_d2h, self.copy_ctas_per_sm)
-        out += t.engine(load)
+        out += t.engine(load) + self.pages_d2h(t, load)
         if t.backlog_d2h:
             stalled = self.stalled_d2h(load)
             if stalled:
                 out += t.backlog_d2h * stalled * last_wave_share(gemms, self.sms)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
+            if exposure > 0.0:
+                out += exposure * self.hbm_stretch(self.memory, load)
         return out
 
     def memory_stretch(self, load: CopyLoad) -> float:
@@ -192,25 +225,44 @@ class Structure:
         lost = t.lost_sms(load)
         s = float(self.sms)
         out = s / (s - lost) - 1.0 if lost < s - 1.0 else s - 1.0
-        out += t.engine(load)
+        out += t.engine(load) + self.pages_d2h(t, load)
         if t.backlog_d2h:
             out += t.backlog_d2h * self.stalled_d2h(load)
         if load.hbm_Bps:
             out += self.hbm_stretch(t, load)
         return out
 
-    def stretch(self, share: float, gemms: Sequence[tuple[int, float]], load: CopyLoad) -> float:
-        """A step of GEMM share ``share`` (its GEMMs ``gemms``) under ``load``: the
-        share-weighted stretch of its parts (what the step takes in all while the load
-        holds over it)."""
+    def stretch(self, share: float, gemms: Sequence[tuple[int, float]], load: CopyLoad,
+                exposure: float = 0.0) -> float:
+        """A step of GEMM share ``share`` (its GEMMs ``gemms``, ``exposure`` of their
+        time bound by their bytes) under ``load``: the share-weighted stretch of its parts
+        (what the step takes in all while the load holds over it)."""
         if load.idle:
             return 0.0
         out = 0.0
         if share > 0.0:
-            out += share * self.gemm_stretch(gemms, load)
+            out += share * self.gemm_stretch(gemms, load, exposure)
         if share < 1.0:
             out += (1.0 - share) * self.memory_stretch(load)
         return out
+
+
+def hbm_exposure(structure: Structure, projections: Sequence[tuple[int, int]], rows: int) -> float:
+    """The FLOP-weighted share of the time GEMMs of M = ``rows`` by each of
+    ``projections`` (K, N) take at ``structure.gemm_rates`` that their bytes (``ELEM_BYTES``
+    an element of M x K, K x N and M x N) take at ``structure.hbm_Bps``, each at most 1;
+    0.0 without rates."""
+    if not structure.gemm_rates or structure.hbm_Bps <= 0.0:
+        return 0.0
+    rate = gemm_rate(structure.gemm_rates, rows)
+    num = den = 0.0
+    for k, n in projections:
+        flops = 2.0 * rows * k * n
+        byte_s = ELEM_BYTES * (k * n + rows * k + rows * n) / structure.hbm_Bps
+        x = byte_s * rate / flops
+        num += flops * (x if x < 1.0 else 1.0)
+        den += flops
+    return num / den if den > 0 else 0.0
 
 
 def last_wave_share(gemms: Sequence[tuple[int, float]], sms: int) -> float:
@@ -252,7 +304,8 @@ def gemm_loss(gemms: Sequence[tuple[int, float]], sms: int, lost: float,
 class MixTable:
     """The stretch of a ``StepWork`` under a load, for one model's GEMMs: ``projections``
     (K, N) of a layer on one GPU, M from ``gemm_rows`` within [``min_rows``,
-    ``max_rows``]; the GEMMs' (tiles, FLOP weight) of each M are worked out once, and
+    ``max_rows``]; the GEMMs' (tiles, FLOP weight) and ``hbm_exposure`` of each M are
+    worked out once, and
     each kind's stretch once per load (the last load's are kept: a load holds over many
     steps), so that a step's costs a division and two products."""
 
@@ -264,12 +317,16 @@ class MixTable:
         self.gemms = {m: tuple((gemm_tiles(m, n, structure.tile), float(m) * k * n)
                                for k, n in projections)
                       for m in row_buckets(min_rows, max_rows)}
+        self.exposure = {m: hbm_exposure(structure, projections, m) for m in self.gemms}
         self._load: CopyLoad = IDLE   # the load the parts below are for
         self._memory = 0.0            # the memory kind's stretch under it
         self._gemm: dict[int, float] = {}  # M -> the GEMM kind's stretch under it
 
     def gemms_for(self, work: StepWork) -> tuple[tuple[int, float], ...]:
         return self.gemms[gemm_rows(work.tokens, self.min_rows, self.max_rows)]
+
+    def exposure_for(self, work: StepWork) -> float:
+        return self.exposure[gemm_rows(work.tokens, self.min_rows, self.max_rows)]
 
     def parts(self, work: StepWork, load: CopyLoad) -> tuple[float, float, float]:
         """(GEMM share, the GEMM part's stretch, the reads part's) of ``work`` under
@@ -288,7 +345,8 @@ class MixTable:
             rows = gemm_rows(work.prefill_tokens + work.decode_tokens, self.min_rows, self.max_rows)
             got = self._gemm.get(rows)
             if got is None:
-                got = self._gemm[rows] = self.structure.gemm_stretch(self.gemms[rows], load)
+                got = self._gemm[rows] = self.structure.gemm_stretch(self.gemms[rows], load,
+                                                                     self.exposure[rows])
             g = got
         return share, g, self._memory
 

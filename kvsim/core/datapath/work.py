@@ -99,6 +99,18 @@ def gemm_tiles(rows: int, cols: int, tile: Sequence[int]) -> int:
     return -(-rows // tile[0]) * -(-cols // tile[1])
 
 
+def gemm_rate(rates: Sequence[tuple[int, float]], rows: int) -> float:
+    """The GEMM FLOP/s at M = ``rows`` from ``rates``, (M, FLOP/s) sorted by M (a
+    profile's ``gpu.gemm_flops``): the entry at the largest M <= ``rows``, else the
+    smallest M's."""
+    rate = rates[0][1]
+    for m, f in rates:
+        if m > rows:
+            break
+        rate = f
+    return rate
+
+
 def merge(parts: Sequence[tuple[float, StepWork]]) -> StepWork:
     """Several steps' work as one span of their summed ``seconds`` (each part: the
     seconds it was given, its work): FLOPs, bytes and roofline times add up, weighted by
