@@ -23,7 +23,9 @@ backend's CTAs, 36 host -> GPU and 14 back on an H200). ``--split``: the SM kern
 ways with 4 and with 8 GPU -> host CTAs (the split both ways, a lone batch's count) at
 16 KiB-4 MiB pages under each kind (24 cells of 20 ms computes, about a minute), each
 direction's end recorded: what the default grid's both-ways cells (lone counts) miss at
-small pages. ``--sim-from`` also takes ``kvsim
+small pages. ``--lengths``: three copies under each kind for 1 to 20 ms (45 cells, about
+70 s): how the stretch grows with the step's length inside a copy and past its end.
+``--sim-from`` also takes ``kvsim
 calibrate``'s reports (``PROFILE.yaml.report.json``: the cells it measured).
 
 Beside each cell, the sim's prediction of the same compute and copy on ``--profile``
@@ -34,7 +36,8 @@ below the table, the cells both ways list those beside the sim's, and how many o
 direction's ends the sim gets within 10%. Saved runs may be gzipped (``.json.gz``). Last line:
 ``hw_interference_sim_within: K of N``.
 
-    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep | --split] [--part K/N] [--reps 5]
+    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep | --split | --lengths] [--part K/N]
+        [--reps 5]
         [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
     python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
         [--max-sweep-ctas N]
@@ -79,8 +82,8 @@ from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
 from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
-from kvsim_backends.hw.interfere import (default_grid, full_grid, measure_cells, split_grid,  # noqa: E402
-                                         sweep_grid)
+from kvsim_backends.hw.interfere import (default_grid, full_grid, lengths_grid, measure_cells,  # noqa: E402
+                                         split_grid, sweep_grid)
 
 PROFILE = "h200-pcie-calibrated"
 KINDS = ("gemm", "memory", "mix")
@@ -307,6 +310,8 @@ def main(argv=None) -> None:
                     "under each kind (54 cells)")
     ap.add_argument("--split", action="store_true", help="the SM kernel both ways with 4 and 8 "
                     "GPU -> host CTAs, 16 KiB-4 MiB pages, under each kind (24 cells)")
+    ap.add_argument("--lengths", action="store_true", help="three copies under each kind for "
+                    "1, 2, 5, 10 and 20 ms (45 cells)")
     ap.add_argument("--part", default=None, help="K/N: the K-th of N interleaved parts of the grid")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--gap", type=float, default=0.1, help="idle seconds before each compute")
@@ -355,10 +360,10 @@ def main(argv=None) -> None:
         return
     if a.reps < 1:
         ap.error(f"--reps: got {a.reps}; expected >= 1")
-    if a.full + a.sweep + a.split > 1:
-        ap.error("--full, --sweep and --split: one grid at a time")
+    if a.full + a.sweep + a.split + a.lengths > 1:
+        ap.error("--full, --sweep, --split and --lengths: one grid at a time")
     cells = (full_grid() if a.full else sweep_grid() if a.sweep else split_grid() if a.split
-             else default_grid())
+             else lengths_grid() if a.lengths else default_grid())
     if a.part:
         try:
             k, n = (int(x) for x in a.part.split("/"))

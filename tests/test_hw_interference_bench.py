@@ -18,8 +18,8 @@ import hw_interference  # noqa: E402
 
 from kvsim.config.hardware import load_profile  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim_backends.hw.interfere import (SPLIT_D2H_CTAS, SWEEP_CTAS, default_grid, full_grid,  # noqa: E402
-                                         split_grid, sweep_grid)
+from kvsim_backends.hw.interfere import (LENGTHS, SPLIT_D2H_CTAS, SWEEP_CTAS, default_grid,  # noqa: E402
+                                         full_grid, lengths_grid, split_grid, sweep_grid)
 
 
 def test_the_default_grid_is_about_fifty_cells_of_every_kind_path_and_direction():
@@ -58,6 +58,25 @@ def test_the_split_grid_runs_both_ways_at_each_gpu_to_host_count_under_each_kind
         assert sorted((c.page, c.sm_ctas_d2h) for c in mine) == sorted(
             (p, d) for p in (16 << 10, 64 << 10, 1 << 20, 4 << 20) for d in (4, 8))
     assert g[0].name.endswith(", 4 GPU -> host CTAs")
+
+
+def test_the_lengths_grid_meets_each_copy_at_every_length_under_each_kind():
+    g = lengths_grid()
+    assert len(g) == 45 and LENGTHS == (0.001, 0.002, 0.005, 0.01, 0.02)
+    copies = {(c.path, c.dir, c.page, c.dir_bytes) for c in g}
+    assert copies == {("sm_kernel", "both", 16 << 10, 256 << 20), ("sm_kernel", "d2h", 64 << 10, 256 << 20),
+                      ("copy_engine", "both", 16 << 10, 256 << 20)}
+    for copy in copies:
+        for kind in ("gemm", "memory", "mix"):
+            mine = [c for c in g if (c.path, c.dir, c.page, c.dir_bytes) == copy and c.kind == kind]
+            assert sorted(c.compute_s for c in mine) == list(LENGTHS)
+    assert all(c.sm_ctas is None and c.sm_ctas_d2h is None for c in g)  # (the backend's own)
+
+
+def test_one_grid_at_a_time(capsys):
+    with pytest.raises(SystemExit) as e:
+        hw_interference.main(["--split", "--lengths", "--device", "cpu"])
+    assert e.value.code == 2 and "one grid at a time" in capsys.readouterr().err
 
 
 def test_a_split_cell_runs_and_is_predicted_at_its_gpu_to_host_count(tmp_path):

@@ -165,6 +165,21 @@ def split_grid() -> list[Cell]:
             for page, nbytes in copies for d2h in SPLIT_D2H_CTAS for kind in KINDS]
 
 
+LENGTHS = (0.001, 0.002, 0.005, 0.010, 0.020)
+
+
+def lengths_grid() -> list[Cell]:
+    """45 cells: three copies of about 6-90 ms (the SM kernel both ways at 16 KiB, 256 MiB
+    a direction; GPU -> host at 64 KiB, 256 MiB; the copy engine both ways at 16 KiB) under
+    each kind for 1, 2, 5, 10 and 20 ms (``LENGTHS``): how a step's stretch grows with its
+    length inside a copy and past its end, which tells a cost at the copy's start, a rate
+    while it runs and a change as it ends apart (the default grid meets each copy at one
+    length)."""
+    copies = (("sm_kernel", "both", 16 * KiB, 256 * MiB), ("sm_kernel", "d2h", 64 * KiB, 256 * MiB),
+              ("copy_engine", "both", 16 * KiB, 256 * MiB))
+    return [Cell(kind, t, *c) for c in copies for kind in ("memory", "mix", "gemm") for t in LENGTHS]
+
+
 def _batch(src, dst, ss, ds, pb) -> Batch:
     ss, ds = np.asarray(ss, np.int64), np.asarray(ds, np.int64)
     return Batch(BatchKind.EVICT, src, dst, ss, ds, np.zeros(len(ss), np.uint64), pb, 0)
