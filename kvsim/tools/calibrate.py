@@ -35,6 +35,8 @@ from kvsim.config.units import parse_page_cost, parse_page_rate, parse_rate, par
 
 
 def _time(v: float) -> str:
+    if 0.0 < abs(v) < 1e-6:  # (a per-page cost such as page_d2h: tens of ns)
+        return f"{v * 1e9:.6g}ns"
     for unit, f in (("us", 1e6), ("ms", 1e3)):
         if abs(v) * f < 1000:
             return f"{v * f:.6g}{unit}"
