@@ -36,9 +36,9 @@ below the table, the cells both ways list those beside the sim's, and how many o
 direction's ends the sim gets within 10%. Saved runs may be gzipped (``.json.gz``). Last line:
 ``hw_interference_sim_within: K of N``.
 
-    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep | --split | --lengths] [--part K/N]
-        [--reps 5]
-        [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated] [--device auto|gpu|cpu]
+    python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep | --split | --lengths]
+        [--part K/N] [--reps 5] [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated]
+        [--device auto|gpu|cpu]
     python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
         [--max-sweep-ctas N]
 

@@ -60,8 +60,9 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   not: 1-8% from 1 to 66 CTAs); ``page_d2h``, seconds of the work's for each page the SM
   kernel moves GPU -> host (``pages_d2h``: its GPU -> host bytes a second over the page
   size): on H200s reads beside it GPU -> host ran 2.7% longer at 64 KiB pages, 0.8% at
-  4 MiB, at 37-45 GB/s each (the medians of nine grids, 2026-12-04). Each with the kind's own terms (a fit
-  gives GEMMs no read weight and no page term, reads no straggle).
+  4 MiB, at 37-45 GB/s each (the medians of nine grids, 2026-12-04). Each with the
+  kind's own terms (a fit gives GEMMs no read weight and no page term, reads no
+  straggle).
 
 A step's stretch under a load over all of it is ``share x gemm + (1 - share) x memory``
 (``stretch``): the stand-in runs its two parts one after the other, each slowed by its
@@ -305,9 +306,8 @@ class MixTable:
     """The stretch of a ``StepWork`` under a load, for one model's GEMMs: ``projections``
     (K, N) of a layer on one GPU, M from ``gemm_rows`` within [``min_rows``,
     ``max_rows``]; the GEMMs' (tiles, FLOP weight) and ``hbm_exposure`` of each M are
-    worked out once, and
-    each kind's stretch once per load (the last load's are kept: a load holds over many
-    steps), so that a step's costs a division and two products."""
+    worked out once, and each kind's stretch once per load (the last load's are kept: a
+    load holds over many steps), so that a step's costs a division and two products."""
 
     def __init__(self, structure: Structure, projections: Sequence[tuple[int, int]],
                  min_rows: int, max_rows: int):
