@@ -249,3 +249,22 @@ def test_under_compute_the_copy_engine_pays_its_busy_cost_a_page():
     # idle, and host -> GPU, the term costs nothing
     assert chooser(busy, page).cost("d2h", 64, CE, None, None) == chooser(prof, page).cost("d2h", 64, CE, None, None)
     assert chooser(busy, page).cost("h2d", 64, CE, None, stretch) == chooser(prof, page).cost("h2d", 64, CE, None, stretch)
+
+
+def test_the_rule_weighs_the_stretch_the_sim_runs_a_step_by():
+    """The chooser's stretch for a running step is the sim's own (``MixTable.stretch``) at
+    the step's rounded GEMM share: a decode batch's GEMMs with their byte-bound share."""
+    from kvsim.core.datapath.interference import CopyLoad, MixTable
+    from kvsim.core.datapath.work import StepWork
+
+    m = settings_for(64 << 10, {Level.GPU: 1}, CAL, model="llama-3-8b").model
+    kinds = MixTable(CAL.interference_structure(page_bytes=64 << 10), m.projections, m.min_rows,
+                     m.max_rows)
+    assert kinds.exposure[256] > 0.3
+    ch = path_chooser(CAL, 64 << 10, {"h2d": None, "d2h": None}, {"h2d": CE, "d2h": CE}, None, kinds)
+    got = {}
+    ch.choose = lambda d, pages, other, stretch=None, key=None, busy=None: got.setdefault("f", stretch)
+    work = StepWork(0.01, 1.0, 0.0, 1.0, 0.0, 0, 256, 0.005, 0.005)  # half GEMMs at M = 256
+    ch.pick("h2d", 64, None, True, work)
+    load = CopyLoad(copy_engine=True, hbm_Bps=50e9, h2d_Bps=50e9)
+    assert got["f"](load) == pytest.approx(kinds.stretch(work, load), rel=1e-12)

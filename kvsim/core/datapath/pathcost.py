@@ -182,12 +182,13 @@ class PathChooser:
                                lambda load: legacy_stretch(per_cta, ce_slow, load), "legacy")
         share = round(gemm_share(work) * 64) / 64
         rows = gemm_rows(work.tokens, kinds.min_rows, kinds.max_rows)
-        gemms, structure = kinds.gemms[rows], kinds.structure
+        gemms, structure, exposure = kinds.gemms[rows], kinds.structure, kinds.exposure[rows]
         ci = self.inputs
         # (at the rounded share, as the stretch: the decision a function of its key)
         busy = None if ci.busy_kinds is None else dict(zip(DIRECTIONS, kind_share(ci.busy_kinds, share)))
         return self.choose(d, pages, other,
-                           lambda load: structure.stretch(share, gemms, load), (share, rows), busy)
+                           lambda load: structure.stretch(share, gemms, load, exposure), (share, rows),
+                           busy)
 
     def _lone(self, d: str) -> CopyPath:
         """The path of a batch that starts alone while nothing computes: the older rule's
