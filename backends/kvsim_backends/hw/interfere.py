@@ -196,20 +196,26 @@ def _done_at(ev):
 
 
 def _one(rt, be, work, compute_s, batches, path, gap_s
-         ) -> tuple[float, float | None, list[float]]:
-    """(the compute's seconds, the copy's seconds or None, each batch's seconds) of one
-    rep after ``gap_s`` idle."""
+         ) -> tuple[float, float | None, list[float], float | None]:
+    """(the compute's seconds, the copy's seconds or None, each batch's seconds, the host
+    seconds from the compute's first kernel to the copies' call or None) of one rep after
+    ``gap_s`` idle."""
     time.sleep(gap_s)
+    tc = time.perf_counter()
     job = be.compute(compute_s, work)
-    copy_s, each = None, []
+    copy_s, each, lead = None, [], None
     if batches:
         t0 = time.perf_counter()
+        # from the compute's first kernel (the stand-in's, else the call's start) to the
+        # copies' call: the GPU was idle, so that kernel ran as it was enqueued
+        si = be.standin
+        lead = t0 - (si.launched_at if si is not None and si.launched_at >= tc else tc)
         got = _wait(rt, [rt.process(_done_at(be.transfer(b, path=path))) for b in batches])
         each = [t - t0 for _, t in got]
         copy_s = max(each)
         if not all(ok for ok, _ in got):
             raise RuntimeError(f"a transfer failed on {path.value}: {list(be.errors)}")
-    return float(_wait(rt, [job])[0]), copy_s, each
+    return float(_wait(rt, [job])[0]), copy_s, each, lead
 
 
 def _plan(be, seconds: float, work: StepWork) -> dict | None:
@@ -229,6 +235,8 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
     """Each cell measured (see the module docstring): a dict of the cell's fields and
     ``alone_s`` / ``with_s`` (median GPU seconds of the compute), ``stretch``, ``spread``,
     ``copy_s`` (median; ``copy_dir_s``: each direction's, from its call to its end),
+    ``copy_lead_s`` (median host seconds from the compute's first kernel to the copies'
+    call),
     ``pages`` and ``bytes`` in all, ``batches`` ([direction, pages]
     each, as ``hw_copy.py``'s cells), ``ctas`` (the SM kernel's per direction),
     ``work`` (the StepWork's fields), ``projections`` (the stand-in's GEMMs), ``plan``
@@ -264,15 +272,16 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                 batches = {"h2d": [h2d], "d2h": [d2h], "both": [h2d, d2h]}[c.dir]
                 path = CopyPath(c.path) if on_gpu else CopyPath.COPY_ENGINE
                 work = works[c.kind]
-                alone, with_, copies, dirs = [], [], [], []
+                alone, with_, copies, dirs, leads = [], [], [], [], []
                 for r in range(reps + 1):
-                    a, _, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
-                    w, cs, ends = _one(rt, be, work, c.compute_s, batches, path, gap_s)
+                    a, _, _, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
+                    w, cs, ends, lead = _one(rt, be, work, c.compute_s, batches, path, gap_s)
                     if r:
                         alone.append(a)
                         with_.append(w)
                         copies.append(cs)
                         dirs.append(ends)
+                        leads.append(lead)
                 base = statistics.median(alone)
                 each = [x / base - 1.0 for x in with_]
                 row = {**asdict(c), "alone_s": base, "with_s": statistics.median(with_),
@@ -283,6 +292,10 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                        "copy_dir_s": {("h2d" if b.src == Level.HOST else "d2h"):
                                       statistics.median(d[i] for d in dirs)
                                       for i, b in enumerate(batches)},
+                       # the host seconds from the compute's first kernel to the copies'
+                       # call (median): the copies start that much after the compute (its
+                       # kernels are enqueued first: a long step's GEMMs take milliseconds)
+                       "copy_lead_s": statistics.median(leads),
                        "alone_reps": alone, "with_reps": with_, "copy_reps": copies,
                        "pages": k * len(batches), "bytes": k * len(batches) * page,
                        "batches": [["h2d" if b.src == Level.HOST else "d2h", k] for b in batches],

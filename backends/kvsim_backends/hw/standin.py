@@ -37,6 +37,7 @@ Nothing here decides anything: the split and the shapes are the pure rule's.
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 import numpy as np
@@ -142,6 +143,7 @@ class StandIn:
         self._graphs: dict[tuple[int, int], Any] = {}
         self._capture_stream = None
         self.gemm_calls = 0  # cuBLAS calls launched (each costs host time on the caller's thread)
+        self.launched_at = 0.0  # host perf_counter() as the last step's first kernel was enqueued
 
     def _direct_gemm(self, rand):
         """``gemm(a, b, c, m, k, n)``: ``c[:m] = a[:m] @ b`` (row-major, contiguous fp16)
@@ -252,6 +254,7 @@ class StandIn:
         """Enqueue ``seconds`` (wall) of ``work``'s stand-in on ``stream``: its GEMM share
         as GEMMs, the rest as reads (``plan``). Returns the plan (for logs and tests)."""
         g, gemms, read_s = plan(seconds, work, self.model, self.chain_s)
+        self.launched_at = time.perf_counter()
         if gemms:
             with stream:
                 for m, k in gemms:
