@@ -40,7 +40,7 @@ direction's ends the sim gets within 10%. Saved runs may be gzipped (``.json.gz`
         [--part K/N] [--reps 5] [--gap 0.1] [--model llama-3-8b] [--profile h200-pcie-calibrated]
         [--device auto|gpu|cpu]
     python3 benchmarks/hw_interference.py --sim-from RUN.json [RUN2.json ...] [--profile P] [--fit] [--loo]
-        [--max-sweep-ctas N]
+        [--max-sweep-ctas N] [--leads-from RUN.json ...]
 
 ``--fit`` (with ``--sim-from``): the structural terms fitted to the cells
 (``kvsim.tools.fitkinds``, as ``kvsim calibrate`` fits them), printed as the profile's
@@ -56,7 +56,10 @@ stretches (the most a prediction of one figure a cell can expect), beside how of
 sim's is.
 ``--loo`` (with ``--sim-from`` of several runs): then each run's cells predicted by the
 terms fitted to the other runs' (``--fit``'s fit, leaving one run out), judged the same
-ways: ``hw_interference_loo_within: K of N``. ``--max-sweep-ctas N`` leaves out the
+ways: ``hw_interference_loo_within: K of N``. ``--leads-from RUN ...``: each cell
+measured before the harness recorded when its copy started (``copy_lead_s``, runs before
+2026-12-04 19:21) takes the lead of those runs' cells of its kind and length (the sim
+starts a cell's copy that long after its compute, as hw did). ``--max-sweep-ctas N`` leaves out the
 cells of a ``--sweep`` run with more than N CTAs (the range the backend's own counts
 reach: `h200-pcie-calibrated`'s terms were fitted with 14).
 
@@ -81,7 +84,7 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, install
 from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works  # noqa: E402
+from kvsim.tools.fitkinds import KIND_MODEL, fill_leads, fit_interference, kind_works  # noqa: E402
 from kvsim_backends.hw.interfere import (default_grid, full_grid, lengths_grid, measure_cells,  # noqa: E402
                                          split_grid, sweep_grid)
 
@@ -328,18 +331,25 @@ def main(argv=None) -> None:
                     "run predicted by the terms fitted to the others (leave one run out)")
     ap.add_argument("--max-sweep-ctas", type=int, default=None, metavar="N", help="with "
                     "--sim-from: leave out sweep cells of more than N CTAs")
+    ap.add_argument("--leads-from", default=None, nargs="+", metavar="JSON", help="with "
+                    "--sim-from: cells without a copy lead (runs before 2026-12-04 19:21) take "
+                    "these runs' by kind and length")
     a = ap.parse_args(argv)
     if a.fit and not a.sim_from:
         ap.error("--fit: only with --sim-from (saved cells)")
     if a.loo and not (a.sim_from and len(a.sim_from) > 1):
         ap.error("--loo: only with --sim-from of two runs or more")
+    if a.leads_from and not a.sim_from:
+        ap.error("--leads-from: only with --sim-from (saved cells)")
     try:
         profile = load_profile(a.profile)
     except ProfileError as e:
         ap.error(f"--profile: {e}")
     if a.sim_from:
         try:
+            ref = _load(a.leads_from) if a.leads_from else []
             rows = _load(a.sim_from, a.max_sweep_ctas)
+            fill_leads(rows, ref)
             if a.fit:
                 profile = fit_report(rows, profile)[0]
         except ValueError as e:
@@ -354,7 +364,10 @@ def main(argv=None) -> None:
         print(f"hw_interference_sim_within: {good} of {n}" if n else "hw_interference_sim_within: n/a (cpu)")
         if a.loo:
             try:
-                leave_one_out([_load([p], a.max_sweep_ctas) for p in a.sim_from], load_profile(a.profile))
+                runs = [_load([p], a.max_sweep_ctas) for p in a.sim_from]
+                for run in runs:
+                    fill_leads(run, ref)
+                leave_one_out(runs, load_profile(a.profile))
             except ValueError as e:
                 ap.error(str(e))
         return

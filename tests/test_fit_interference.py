@@ -12,7 +12,8 @@ from kvsim.core.spec import Level
 from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.run.seam import settings_for
 from kvsim.tools.fit import predict_cell
-from kvsim.tools.fitkinds import Cell, _structure, check_kind_terms, fit_interference
+from kvsim.tools.fitkinds import (Cell, _structure, check_kind_terms, fill_leads, fit_cells,
+                                  fit_interference, loss, sim_cell)
 
 MiB = 1 << 20
 BASE = load_profile("h200-pcie-calibrated")
@@ -86,6 +87,57 @@ def test_the_fit_gives_back_terms_that_predict_every_cell():
         # within the benchmark's rule (10% of the stretch), and close in absolute terms
         sim = predict_cell(fitted, row)[0]
         assert sim == pytest.approx(row["stretch"], rel=0.1, abs=5e-3), (row["kind"], row["path"], row["dir"])
+
+
+def test_a_fit_starts_from_the_profiles_own_terms_too(monkeypatch):
+    # the loss has many local minima: besides two flat starts, a search from the base's
+    # own terms (fitted to many cells of the same GPU); the least loss wins
+    import kvsim.tools.fitkinds as fk
+    seen = []
+    real = fk._nelder_mead
+
+    def spy(f, x0, step, iters):
+        seen.append(tuple(round(float(v), 6) for v in x0))
+        return real(f, x0, step, 20)
+    monkeypatch.setattr(fk, "_nelder_mead", spy)
+    cells = [Cell(BASE, r) for r in _cells()]
+    g, m, got = fit_cells(cells, TRUE_P)
+    own = TRUE_P.interference_structure()
+    want = tuple(round(getattr(t, k) / fk.SCALE.get(k, 1.0), 6)
+                 for kind, t in (("gemm", own.gemm), ("memory", own.memory)) for k in fk.FITTED[kind])
+    assert want in seen and tuple([0.3] * len(want)) in seen and tuple([1.0] * len(want)) in seen
+    assert got <= loss(cells, own) + 1e-9   # (the truth's loss, 0: the search from it keeps it)
+
+
+def test_a_cells_copy_starts_its_lead_after_the_compute():
+    row = next(r for r in _cells() if r["kind"] == "mix" and r["path"] == "sm_kernel" and r["dir"] == "both")
+    late = {**row, "copy_lead_s": 0.004}
+    log0: list = []
+    log1: list = []
+    c0, _ = sim_cell(TRUE_P, row, 0.05, None, load_log=log0)
+    c1, _ = sim_cell(TRUE_P, late, 0.05, None, load_log=log1)
+    first0 = min(t for t, ld in log0 if not ld.idle)
+    first1 = min(t for t, ld in log1 if not ld.idle)
+    assert first1 - first0 == pytest.approx(0.004, abs=1e-6)   # the loads begin 4 ms later
+    assert c1 == pytest.approx(c0, rel=0.02)   # the copy's own time counts from its start
+    # a copy alone has no lead to wait for
+    assert sim_cell(TRUE_P, late)[0] == pytest.approx(sim_cell(TRUE_P, row)[0])
+    # and a compute over less of the copy loses less: the decode-like step's GEMMs come first
+    assert predict_cell(TRUE_P, late)[0] < predict_cell(TRUE_P, row)[0]
+
+
+def test_cells_without_a_lead_take_the_reference_runs_by_kind_and_length():
+    ref = [{"kind": "mix", "compute_s": t, "copy_lead_s": x}
+           for t, x in ((0.01, 0.001), (0.01, 0.003), (0.02, 0.004), (0.05, 0.010))]
+    rows = [{"kind": "mix", "compute_s": 0.01}, {"kind": "mix", "compute_s": 0.03},
+            {"kind": "mix", "compute_s": 0.08}, {"kind": "mix", "compute_s": 0.002},
+            {"kind": "mix", "compute_s": 0.02, "copy_lead_s": 0.5}, {"kind": "gemm", "compute_s": 0.02}]
+    assert fill_leads(rows, ref) == 4
+    assert rows[0]["copy_lead_s"] == pytest.approx(0.002)   # the median at its length
+    assert rows[1]["copy_lead_s"] == pytest.approx(0.006)   # linear between lengths
+    assert rows[2]["copy_lead_s"] == pytest.approx(0.010)   # the nearest beyond them
+    assert rows[3]["copy_lead_s"] == pytest.approx(0.002)
+    assert rows[4]["copy_lead_s"] == 0.5 and "copy_lead_s" not in rows[5]  # its own; no reference
 
 
 def test_too_few_cells_of_a_kind_fit_nothing():

@@ -71,6 +71,28 @@ def cell_work(row: dict) -> StepWork:
     return StepWork(*row["work"])
 
 
+def fill_leads(rows: list[dict], ref: list[dict]) -> int:
+    """Give each of ``rows`` without a ``copy_lead_s`` (a run measured before hw's harness
+    recorded it) the lead of ``ref``'s cells of its kind at its compute's length: their
+    median at each length, linear between lengths, the nearest beyond them (the lead is the
+    host time the compute's kernels take to enqueue: it grows with the step's GEMM calls).
+    Rows of a kind ``ref`` lacks keep none. Returns how many rows were given one."""
+    by: dict[str, dict[float, list[float]]] = {}
+    for r in ref:
+        if r.get("copy_lead_s") is not None:
+            by.setdefault(r["kind"], {}).setdefault(float(r["compute_s"]), []).append(float(r["copy_lead_s"]))
+    n = 0
+    for r in rows:
+        if r.get("copy_lead_s") is not None or r["kind"] not in by:
+            continue
+        at = sorted(by[r["kind"]].items())
+        xs = [t for t, _ in at]
+        ys = [float(np.median(v)) for _, v in at]
+        r["copy_lead_s"] = float(np.interp(float(r["compute_s"]), xs, ys))
+        n += 1
+    return n
+
+
 def _cell_batches(c: dict) -> list[tuple[str, int]]:
     """(direction, pages) of each batch a measured cell ran at once."""
     if c.get("batches"):
@@ -92,9 +114,10 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
              dir_s: dict | None = None) -> tuple[float, float | None]:
     """(seconds the sim backend takes for a measured cell's batches, started together;
     seconds a compute of ``compute_s`` (of ``work``: a step's, or None: the SMs alone)
-    started just before them took, None without one): the copy time counts from the start
-    to the last batch's completion, the compute's as the hw backend's (its GPU time: the
-    stretch of copies' interference, not the backend's fixed latency per call). A cell's
+    started ``copy_lead_s`` (the cell's, or 0) before them took, None without one): the
+    copy time counts from the batches' start to the last one's completion, the compute's
+    as the hw backend's (its GPU time: the stretch of copies' interference, not the
+    backend's fixed latency per call). A cell's
     ``projections`` (where it has them) are the GEMMs the hw stand-in ran. ``load_log``:
     gets each (time, ``CopyLoad``) the copies took from compute, as they changed;
     ``dir_s``: gets each direction's batch's seconds to its completion (as hw's
@@ -123,6 +146,11 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
     if load_log is not None:
         be.fluid.load_log = load_log
     job = be.compute(compute_s, work) if compute_s > 0 else None
+    # the copies as hw's harness started them: after the compute's kernels were enqueued
+    # (``copy_lead_s``, runs from 2026-12-04 19:21 on; 0 for a copy alone or older runs)
+    lead = float(c.get("copy_lead_s") or 0.0) if job is not None else 0.0
+    if lead > 0.0:
+        rt.run(rt.timeout(lead))
     idx, a, evs = np.arange(n), 0, []
     for dr, k in batches:
         src, dst = (Level.HOST, Level.GPU) if dr == "h2d" else (Level.GPU, Level.HOST)
@@ -130,7 +158,10 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
         evs.append(ev if dir_s is None else rt.process(_ends_at(rt, ev, dir_s, dr)))
         a += k
     rt.run(rt.all_of(evs))
-    copy_s = rt.now
+    copy_s = rt.now - lead
+    if dir_s is not None and lead > 0.0:
+        for k in dir_s:
+            dir_s[k] -= lead
     if job is None:
         return copy_s, None
     rt.run(job)
@@ -279,13 +310,24 @@ def _nelder_mead(f, x0: np.ndarray, step: float, iters: int) -> tuple[np.ndarray
 
 
 def fit_cells(cells: list[Cell], profile: HardwareProfile) -> tuple[KindTerms, KindTerms, float]:
-    """(GEMM terms, memory terms, loss) fitted to ``cells``."""
+    """(GEMM terms, memory terms, loss) fitted to ``cells``: the least loss of searches
+    from every term at 0.3, at 1.0 and (where ``profile`` has kind terms) at its own
+    (a term it lacks at 0.05): the loss has many local minima, and a profile fitted to many
+    cells of the same GPU is often nearer a good one than any flat start."""
     def f(x) -> float:
         return loss(cells, _structure(profile, *_split(x)))
     n = len(FITTED["gemm"]) + len(FITTED["memory"])
+    starts = [np.full(n, 0.3), np.full(n, 1.0)]
+    own = profile.interference_structure()
+    if own is not None:
+        def at(t: KindTerms, k: str) -> float:
+            v = getattr(t, k)
+            v = t.hbm_weight if v is None else v  # (no write weight: the read weight's)
+            return v / SCALE.get(k, 1.0) or 0.05
+        starts.append(np.array([at(t, k) for kind, t in (("gemm", own.gemm), ("memory", own.memory))
+                                for k in FITTED[kind]]))
     best = None
-    for start in (0.3, 1.0):
-        x = np.full(n, start)
+    for x in starts:
         for step in (0.5, 0.1, 0.02):  # restarts, smaller: a simplex stalls
             x, v = _nelder_mead(f, x, step, 150 * n)
         if best is None or v < best[1]:
