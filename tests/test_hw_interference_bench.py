@@ -305,9 +305,9 @@ def test_the_profile_gives_the_measured_hinge_of_reads_beside_waiting_ctas():
     drains). The shipped profile gives that hinge: under 10% to 8 CTAs, 15% and more
     from 14, growing with the CTAs, each within 55% of hw's from 14 on (three machines
     gave 72%, 77% and 108% at 24 CTAs, the 2026-12-04 13:31 one 79.5%). (The terms
-    refitted 2026-12-04 17:45 give 19.5% at 14 CTAs and 51.5% at 24, the terms before
-    them 27.9% and 74.6%: the split grids' reads beside 8 GPU -> host CTAs both ways,
-    +10-13% on hw, pull the waiting CTAs' term down.)"""
+    refitted 2026-12-04 20:00 give 19.6% at 14 CTAs and 51.7% at 24, those of 17:45
+    19.5% and 51.5%, the terms before them 27.9% and 74.6%: the split grids' reads beside
+    8 GPU -> host CTAs both ways, +10-13% on hw, pull the waiting CTAs' term down.)"""
     rows = json.loads((ROOT / "tests/fixtures/h200-cta-sweep-reads-2026-12-03.json").read_text())["cells"]
     prof = load_profile(hw_interference.PROFILE)
     got = [(r["sm_ctas"], r["stretch"], predict_cell(prof, r)[0]) for r in rows]
