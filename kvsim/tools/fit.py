@@ -377,7 +377,8 @@ def predict_cell(profile: HardwareProfile, row: dict, nominal: bool = False,
                  dir_s: dict | None = None) -> tuple[float, float]:
     """The sim's (stretch, copy seconds) of a measured cell: its compute (its ``work``,
     for its ``compute_s``) and its copy started as hw's harness started them (the copy
-    ``copy_lead_s`` after the compute: ``sim_cell``) on the sim backend with ``profile``; the stretch is the compute's time over its time alone, less 1.
+    ``copy_lead_s`` after the compute: ``sim_cell``) on the sim backend with ``profile``;
+    the stretch is the compute's time over its time alone, less 1.
     ``nominal``: the cell's full-size batches (``dir_bytes`` a direction), not the ones
     measured (the CPU mode's are cut short). ``dir_s``: gets each direction's batch's
     seconds to its end (``sim_cell``)."""

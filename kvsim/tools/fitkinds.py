@@ -118,9 +118,9 @@ def sim_cell(profile: HardwareProfile, c: dict, compute_s: float = 0.0,
     started ``copy_lead_s`` (the cell's, or 0) before them took, None without one): the
     copy time counts from the batches' start to the last one's completion, the compute's
     as the hw backend's (its GPU time: the stretch of copies' interference, not the
-    backend's fixed latency per call). A cell's
-    ``projections`` (where it has them) are the GEMMs the hw stand-in ran. ``load_log``:
-    gets each (time, ``CopyLoad``) the copies took from compute, as they changed;
+    backend's fixed latency per call). A cell's ``projections`` (where it has them) are
+    the GEMMs the hw stand-in ran. ``load_log``: gets each (time, ``CopyLoad``) the copies
+    took from compute, as they changed (from the compute's start);
     ``dir_s``: gets each direction's batch's seconds to its completion (as hw's
     ``copy_dir_s``)."""
     from kvsim.run import sim_backend  # noqa: PLC0415 (the backend registry)
