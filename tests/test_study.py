@@ -237,6 +237,33 @@ def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):
     assert f"{6 - done} run, {done} already done, 0 failed" in r.output
 
 
+def test_a_workers_log_of_the_scheduler_gone_is_dropped_and_nothing_else():
+    # (an interrupted study closes the scheduler before its workers: a worker whose
+    # heartbeat falls in between logged it with a traceback on the command's stderr)
+    import logging
+
+    from kvsim.study.execute import HeartbeatNoise, quiet_interrupts
+
+    log = logging.getLogger("distributed.worker")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        quiet_interrupts()
+        quiet_interrupts()   # (once per worker, however often it runs)
+        assert sum(isinstance(f, HeartbeatNoise) for f in log.filters) == 1
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+        for f in [f for f in log.filters if isinstance(f, HeartbeatNoise)]:
+            log.removeFilter(f)
+
+    def record(msg):
+        return logging.LogRecord("distributed.worker", logging.ERROR, "worker.py", 1, msg, None, None)
+    noise = HeartbeatNoise()
+    assert not noise.filter(record("Failed to communicate with scheduler during heartbeat."))
+    assert noise.filter(record("Compute Failed"))
+    assert noise.filter(record("Worker stream died during communication"))
+
+
 def test_points_sharing_a_workload_load_it_once_per_worker_and_replay_as_alone(tmp_path):
     from kvsim.config import validate_config
     from kvsim.run import prepare_run, replay

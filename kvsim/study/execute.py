@@ -20,6 +20,7 @@ sent.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -57,11 +58,26 @@ def warm() -> str:
     return f"{os.getpid()}"
 
 
+class HeartbeatNoise(logging.Filter):
+    """Drops a LocalCluster worker's "Failed to communicate with scheduler during
+    heartbeat" record: the command closes the scheduler first when interrupted, and a
+    worker whose heartbeat falls in the next moment logs it with a traceback on the
+    command's stderr (distributed 2026.8) before it is killed. Nothing is lost: the
+    command says it was interrupted."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to communicate with scheduler during heartbeat")
+
+
 def quiet_interrupts() -> None:
     """In a LocalCluster's worker: leave Ctrl-C to the command (it shuts the cluster down);
-    a terminal's SIGINT reaches the whole process group."""
+    a terminal's SIGINT reaches the whole process group. The worker's log of the
+    scheduler gone (``HeartbeatNoise``) is dropped."""
     import signal
 
+    log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, HeartbeatNoise) for f in log.filters):
+        log.addFilter(HeartbeatNoise())
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not this process's main thread
