@@ -195,9 +195,10 @@ def fit_report(rows: list[dict], profile) -> tuple[object, int, int]:
     return with_terms(profile, terms), good, seen
 
 
-def _load(paths, max_ctas: int | None = None) -> list[dict]:
-    """The cells of saved runs (``.json``, or gzipped ``.json.gz``); ``max_ctas``: a
-    sweep's cells (a forced ``sm_ctas``) of more CTAs left out."""
+def _load(paths, max_ctas: int | None = None, flag: str = "--sim-from") -> list[dict]:
+    """The cells of saved runs (``.json``, or gzipped ``.json.gz``; ``flag``: the option
+    that named them, for the error); ``max_ctas``: a sweep's cells (a forced
+    ``sm_ctas``) of more CTAs left out."""
     rows = []
     for p in paths:
         try:
@@ -210,7 +211,7 @@ def _load(paths, max_ctas: int | None = None) -> list[dict]:
                     if k not in c:
                         raise KeyError(f"a cell without {k}")
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"--sim-from {p}: not a saved hw_interference.py run ({e})") from None
+            raise ValueError(f"{flag} {p}: not a saved hw_interference.py run ({e})") from None
         rows += [c for c in cells if max_ctas is None or (c.get("sm_ctas") or 0) <= max_ctas]
     return rows
 
@@ -347,7 +348,7 @@ def main(argv=None) -> None:
         ap.error(f"--profile: {e}")
     if a.sim_from:
         try:
-            ref = _load(a.leads_from) if a.leads_from else []
+            ref = _load(a.leads_from, flag="--leads-from") if a.leads_from else []
             rows = _load(a.sim_from, a.max_sweep_ctas)
             fill_leads(rows, ref)
             if a.fit:

@@ -257,11 +257,21 @@ def test_within_ten_percent_or_hws_own_spread(hw, spread, sim, ok):
     assert hw_interference.within(hw, spread, sim) is ok
 
 
-def test_a_file_that_is_not_a_run_is_refused(tmp_path):
+def test_a_file_that_is_not_a_run_is_refused(tmp_path, capsys):
     p = tmp_path / "x.json"
     p.write_text('{"copies": []}')
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         hw_interference.main(["--sim-from", str(p)])
+    assert e.value.code == 2 and f"--sim-from {p}: not a saved" in capsys.readouterr().err
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"cells": [_cpu_cell(tmp_path)]}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:   # (the option that named the file, in the error)
+        hw_interference.main(["--sim-from", str(run), "--leads-from", str(p)])
+    assert e.value.code == 2 and f"--leads-from {p}: not a saved" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        hw_interference.main(["--leads-from", str(run)])
+    assert e.value.code == 2 and "only with --sim-from" in capsys.readouterr().err
 
 
 from gpuskip import have_gpu  # noqa: E402
