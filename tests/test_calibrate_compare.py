@@ -341,6 +341,13 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
         assert list(a["sm"][key].values()) == pytest.approx(list(table.values()), rel=1e-3)
         assert b["sm"][key] == pytest.approx(one, rel=1e-3)
         a["sm"][key] = b["sm"][key]
+    # and the copy engine's 16 KiB host -> GPU page: the median of four later calibrations
+    # (2026-12-04, on four machines), where the report's gives 5.18 us
+    runs = json.loads((Path(__file__).parent / "fixtures" / "h200-per-page-2026-12-04.json").read_text())["runs"]
+    ce_a, ce_b = a["copy_engine"]["per_page_h2d"], b["copy_engine"]["per_page_h2d"]
+    assert ce_a[16384] == pytest.approx(statistics.median(r["per_page_h2d_s"]["16384"] for r in runs), rel=1e-3)
+    assert ce_b[16384] == pytest.approx(5.178e-6, rel=1e-3)
+    ce_a[16384] = ce_b[16384]
     fa, fb = flat(a), flat(b)
     assert fa.keys() == fb.keys()
     num = [k for k in fa if isinstance(fa[k], (int, float)) and not isinstance(fa[k], bool)]
