@@ -53,7 +53,7 @@ from several days), each kind's cells are also judged against hw's own repeatabi
 sim's mean distance from hw's median over the runs beside the runs' own mean distance, and
 how often another run's stretch is *within* of a run's, and the median of the other runs'
 stretches (the most a prediction of one figure a cell can expect), beside how often the
-sim's is.
+sim's is: for each kind, then over all.
 ``--loo`` (with ``--sim-from`` of several runs): then each run's cells predicted by the
 terms fitted to the other runs' (``--fit``'s fit, leaving one run out), judged the same
 ways: ``hw_interference_loo_within: K of N``. ``--leads-from RUN ...``: each cell
@@ -252,23 +252,30 @@ def repeat_within(rows: list[dict], profile) -> tuple[int, int, int, int, int]:
     runs' stretches is (what a model that knew every cell's typical stretch on other
     machines would score: the most a prediction of one figure a cell can expect), and the
     sim's: (hw within, pairs, median within, sim within, cells). What the sim's count is
-    to be read against: hw's own."""
+    to be read against: hw's own. ``repeat_within_kinds`` per kind of compute."""
+    per = repeat_within_kinds(rows, profile).values()
+    return tuple(sum(k[i] for k in per) for i in range(5))  # type: ignore[return-value]
+
+
+def repeat_within_kinds(rows: list[dict], profile) -> dict[str, tuple[int, int, int, int, int]]:
+    """``repeat_within``'s counts for each kind of compute (only kinds with such cells)."""
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("device", "gpu") == "gpu":
             by.setdefault(_cell_key(r), []).append(r)
-    hw = pairs = med = sim = cells = 0
-    for cs in by.values():
+    out: dict[str, list[int]] = {}
+    for key, cs in by.items():
         if len(cs) < 2:
             continue
+        e = out.setdefault(key[0], [0, 0, 0, 0, 0])
         for a in cs:
             others = [b["stretch"] for b in cs if b is not a]
-            hw += sum(within(a["stretch"], a["spread"], b) for b in others)
-            pairs += len(others)
-            med += within(a["stretch"], a["spread"], statistics.median(others))
-            sim += within(a["stretch"], a["spread"], predict_cell(profile, a)[0])
-            cells += 1
-    return hw, pairs, med, sim, cells
+            e[0] += sum(within(a["stretch"], a["spread"], b) for b in others)
+            e[1] += len(others)
+            e[2] += within(a["stretch"], a["spread"], statistics.median(others))
+            e[3] += within(a["stretch"], a["spread"], predict_cell(profile, a)[0])
+            e[4] += 1
+    return {k: (e[0], e[1], e[2], e[3], e[4]) for k, e in out.items()}
 
 
 def _print_against(got: dict[str, tuple[float, float, int]]) -> None:
@@ -357,7 +364,11 @@ def main(argv=None) -> None:
             ap.error(str(e))
         good, n = report(rows, profile)
         _print_against(against_runs(rows, profile))
-        hw, pairs, med, sim, cells = repeat_within(rows, profile)
+        kinds = repeat_within_kinds(rows, profile)
+        for kind, (hw, pairs, med, sim, cells) in kinds.items():
+            print(f"{kind}: another run's hw within for {hw / pairs:.0%} of pairs, the median of the "
+                  f"other runs {med / cells:.0%}, the sim {sim / cells:.0%} ({sim} of {cells} cells)")
+        hw, pairs, med, sim, cells = (sum(k[i] for k in kinds.values()) for i in range(5))
         if pairs:
             print(f"over the cells measured in several runs: another run's hw within {hw} of {pairs} "
                   f"({hw / pairs:.0%}), the median of the other runs within {med} of {cells} "

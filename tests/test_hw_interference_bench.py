@@ -183,7 +183,7 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     k = sum(hw_interference.within(st, 0.0, sim) for st in runs)
     assert lines[-1] == f"hw_interference_sim_within: {k} of 3"
-    assert lines[-3] == (f"{base['kind']}: over 1 cells measured in several runs, the sim 4.00 points of "
+    assert lines[-4] == (f"{base['kind']}: over 1 cells measured in several runs, the sim 4.00 points of "
                          f"stretch from hw's median, hw's runs 2.33 (x1.71)")
     # each run judged with each other run's stretch as its prediction, beside the sim's
     pairs = sum(hw_interference.within(a, 0.0, b) for a in runs for b in runs if b is not a)
@@ -191,6 +191,8 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
               for a in runs)
     assert hw_interference.repeat_within(
         [{**base, "stretch": st, "spread": 0.0} for st in runs], prof) == (pairs, 6, med, k, 3)
+    assert lines[-3] == (f"{base['kind']}: another run's hw within for {pairs / 6:.0%} of pairs, the median "
+                         f"of the other runs {med / 3:.0%}, the sim {k / 3:.0%} ({k} of 3 cells)")
     assert lines[-2] == (f"over the cells measured in several runs: another run's hw within {pairs} of 6 "
                          f"({pairs / 6:.0%}), the median of the other runs within {med} of 3 "
                          f"({med / 3:.0%}), the sim within {k} of 3 ({k / 3:.0%})")
@@ -207,6 +209,23 @@ def test_the_median_of_the_other_runs_is_judged_as_a_prediction(tmp_path):
     rows = [{**base, "stretch": st} for st in (0.10, 0.101, 0.102, 0.30)]
     hw, pairs, med, _, cells = hw_interference.repeat_within(rows, prof)
     assert (hw, pairs, med, cells) == (6, 12, 3, 4)
+
+
+def test_repeatability_is_counted_per_kind_and_sums_to_the_whole(tmp_path):
+    """Two kinds, each a cell measured by three runs: each kind's counts are its own
+    cells' (as ``repeat_within`` counts one kind alone), and the totals their sums."""
+    base = {**_cpu_cell(tmp_path), "device": "gpu", "spread": 0.0}
+    prof = load_profile(hw_interference.PROFILE)
+    close = [{**base, "kind": "memory", "stretch": st} for st in (0.10, 0.101, 0.30)]
+    apart = [{**base, "kind": "gemm", "stretch": st} for st in (0.10, 0.20, 0.40)]
+    per = hw_interference.repeat_within_kinds(close + apart, prof)
+    assert set(per) == {"memory", "gemm"}
+    assert per["memory"] == hw_interference.repeat_within(close, prof)
+    assert per["gemm"] == hw_interference.repeat_within(apart, prof)
+    # memory: the two close runs find each other (2 of 6 pairs); gemm: no pair within
+    assert per["memory"][:2] == (2, 6) and per["gemm"][:2] == (0, 6)
+    assert hw_interference.repeat_within(close + apart, prof) == tuple(
+        a + b for a, b in zip(per["memory"], per["gemm"]))
 
 
 def test_leave_one_run_out_predicts_each_run_by_the_terms_fitted_to_the_others(
