@@ -253,8 +253,12 @@ def repeat_within(rows: list[dict], profile) -> tuple[int, int, int, int, int]:
     machines would score: the most a prediction of one figure a cell can expect), and the
     sim's: (hw within, pairs, median within, sim within, cells). What the sim's count is
     to be read against: hw's own. ``repeat_within_kinds`` per kind of compute."""
-    per = repeat_within_kinds(rows, profile).values()
-    return tuple(sum(k[i] for k in per) for i in range(5))  # type: ignore[return-value]
+    return _summed(repeat_within_kinds(rows, profile))
+
+
+def _summed(kinds: dict[str, tuple[int, int, int, int, int]]) -> tuple[int, int, int, int, int]:
+    hw, pairs, med, sim, cells = (sum(k[i] for k in kinds.values()) for i in range(5))
+    return hw, pairs, med, sim, cells
 
 
 def repeat_within_kinds(rows: list[dict], profile) -> dict[str, tuple[int, int, int, int, int]]:
@@ -368,7 +372,7 @@ def main(argv=None) -> None:
         for kind, (hw, pairs, med, sim, cells) in kinds.items():
             print(f"{kind}: another run's hw within for {hw / pairs:.0%} of pairs, the median of the "
                   f"other runs {med / cells:.0%}, the sim {sim / cells:.0%} ({sim} of {cells} cells)")
-        hw, pairs, med, sim, cells = (sum(k[i] for k in kinds.values()) for i in range(5))
+        hw, pairs, med, sim, cells = _summed(kinds)
         if pairs:
             print(f"over the cells measured in several runs: another run's hw within {hw} of {pairs} "
                   f"({hw / pairs:.0%}), the median of the other runs within {med} of {cells} "
