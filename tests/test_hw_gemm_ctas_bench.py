@@ -48,3 +48,50 @@ def test_without_a_gpu_it_says_so_and_exits_2(capsys):
         hw_gemm_ctas.main(["--rows", "256", "--ctas", "1"])
     assert e.value.code == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def _profile():
+    from kvsim.config.hardware import load_profile
+    return load_profile("h200-pcie-calibrated")
+
+
+def test_the_sim_beside_a_cell_is_the_structural_models_gemm_part():
+    from kvsim.core.datapath.interference import CopyLoad, hbm_exposure
+    from kvsim.core.datapath.work import gemm_tiles
+    p = _profile()
+    cell = {"m": 256, "k": 4096, "n": 6144, "dir": "both", "ctas": 8, "h2d_ctas": 36,
+            "page": 16384, "h2d_Bps": 30e9, "d2h_Bps": 35e9}
+    s = p.interference_structure(page_bytes=16384)
+    load = CopyLoad(ctas_h2d=36, ctas_d2h=8, hbm_Bps=65e9, h2d_Bps=30e9, sm_d2h_Bps=35e9)
+    want = s.gemm_stretch(((gemm_tiles(256, 6144, s.tile), 1.0),), load,
+                          hbm_exposure(s, ((4096, 6144),), 256))
+    assert want > 0.0
+    assert hw_gemm_ctas.predict(p, cell) == pytest.approx(want)
+    # one way: the CTAs are that direction's, none the other's
+    one = dict(cell, dir="d2h", h2d_Bps=0.0)
+    load = CopyLoad(ctas_d2h=8, hbm_Bps=35e9, sm_d2h_Bps=35e9)
+    assert hw_gemm_ctas.predict(p, one) == pytest.approx(
+        s.gemm_stretch(((gemm_tiles(256, 6144, s.tile), 1.0),), load, hbm_exposure(s, ((4096, 6144),), 256)))
+    # no CTAs, nothing moving: no stretch
+    assert hw_gemm_ctas.predict(p, dict(cell, dir="h2d", ctas=0, h2d_Bps=0.0, d2h_Bps=0.0)) == 0.0
+
+
+def test_the_table_puts_hw_beside_the_sim(capsys):
+    hw_gemm_ctas.table([{"m": 256, "k": 4096, "n": 6144, "dir": "both", "ctas": 8, "h2d_ctas": 36,
+                         "order": "during", "gemm_us": 41.5, "stretch": 1.5, "sim": 0.115,
+                         "h2d_Bps": 30e9, "d2h_Bps": 35e9}])
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row == "| 256 | 4096 | 6144 | 36 + 8 | during | 41.5 | +150.0% | +11.5% | 30.0 | 35.0 |"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--page", "3x"], "--page"),
+    (["--page", "64MiB"], "--page takes 4KiB to 16MiB"),
+    (["--ctas", "0,4"], "at least 1"),
+    (["--dir", "both", "--h2d-ctas", "0"], "--h2d-ctas"),
+])
+def test_bad_page_and_ctas_exit_2_naming_them(capsys, args, says):
+    with pytest.raises(SystemExit) as e:
+        hw_gemm_ctas.main(args)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
