@@ -23,7 +23,8 @@ over alone, less 1, median of ``--reps`` (alternating, an idle gap before each).
 each direction's rate (its kernel's bytes over its GPU time) and the sim's stretch of the
 same GEMM under that load (``kvsim.core.datapath.interference.Structure.gemm_stretch`` on
 ``--profile``, with the rates measured: the model of a step's copies, launched while its
-GEMMs run, so the ``during`` order's). Last line: the prefill chunk's (M = the largest row
+GEMMs run, so the ``during`` order's); below the cells, the layer's projections together
+(FLOP-weighted) at each M, count and order, hw's stretch beside the sim's. Last line: the prefill chunk's (M = the largest row
 bucket at most 4096) FLOP-weighted stretch at 4 CTAs, each order:
 ``hw_gemm_ctas_prefill_4: before +X% during +Y%``.
 
@@ -114,6 +115,7 @@ def main(argv=None) -> None:
     for c in cells:
         c["sim"] = predict(profile, c)
     table(cells)
+    summary(cells)
     if a.json:
         tmp = a.json + ".part"
         with open(tmp, "w") as f:
@@ -156,13 +158,31 @@ def table(cells: list[dict]) -> None:
               f"{c.get('d2h_Bps', 0) / 1e9:.1f} |")
 
 
-def weighted(cells: list[dict], m: int, c: int, order: str) -> float | None:
-    """The FLOP-weighted stretch of the projections at ``m`` beside ``c`` CTAs (None: not run)."""
+def weighted(cells: list[dict], m: int, c: int, order: str, key: str = "stretch") -> float | None:
+    """The FLOP-weighted ``key`` (hw's stretch, or the sim's: ``sim``) of the projections at
+    ``m`` beside ``c`` CTAs (None: not run, or a cell without it)."""
     got = [r for r in cells if r["m"] == m and r["ctas"] == c and r["order"] == order]
-    if not got:
+    if not got or any(r.get(key) is None for r in got):
         return None
     w = [r["k"] * r["n"] for r in got]
-    return sum(r["stretch"] * x for r, x in zip(got, w)) / sum(w)
+    return sum(r[key] * x for r, x in zip(got, w)) / sum(w)
+
+
+def summary(cells: list[dict]) -> None:
+    """The layer's projections together (FLOP-weighted) at each M, CTA count and order:
+    hw's stretch beside the sim's."""
+    print("\n| M | copy CTAs | order | hw stretch | sim stretch |")
+    print("|" + " --- |" * 5)
+    seen = []
+    for c in cells:
+        key = (c["m"], c["ctas"], c["order"])
+        if key in seen:
+            continue
+        seen.append(key)
+        hw, sim = weighted(cells, *key), weighted(cells, *key, key="sim")
+        both = f"{c['h2d_ctas']} + {c['ctas']}" if c["dir"] == "both" else f"{c['ctas']} {c['dir']}"
+        print(f"| {c['m']} | {both} | {c['order']} | {hw * 100:+.1f}% | "
+              f"{'n/a' if sim is None else f'{sim * 100:+.1f}%'} |")
 
 
 def run(cp, projections, rows, ctas, direction, reps, chain_s, gap, threads, page,

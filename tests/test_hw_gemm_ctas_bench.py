@@ -95,3 +95,13 @@ def test_bad_page_and_ctas_exit_2_naming_them(capsys, args, says):
         hw_gemm_ctas.main(args)
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_the_summary_weights_hw_and_the_sim_alike(capsys):
+    base = {"dir": "both", "h2d_ctas": 36, "order": "during", "m": 256, "ctas": 8}
+    cells = [dict(base, k=4096, n=4096, stretch=1.0, sim=0.1),
+             dict(base, k=4096, n=12288, stretch=2.0, sim=0.3)]
+    hw_gemm_ctas.summary(cells)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row == "| 256 | 36 + 8 | during | +175.0% | +25.0% |"   # (1 + 2 x 3) / 4, (0.1 + 0.9) / 4
+    assert hw_gemm_ctas.weighted([dict(cells[0], sim=None)], 256, 8, "during", key="sim") is None
