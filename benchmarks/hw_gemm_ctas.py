@@ -24,9 +24,9 @@ each direction's rate (its kernel's bytes over its GPU time) and the sim's stret
 same GEMM under that load (``kvsim.core.datapath.interference.Structure.gemm_stretch`` on
 ``--profile``, with the rates measured: the model of a step's copies, launched while its
 GEMMs run, so the ``during`` order's); below the cells, the layer's projections together
-(FLOP-weighted) at each M, count and order, hw's stretch beside the sim's. Last line: the prefill chunk's (M = the largest row
-bucket at most 4096) FLOP-weighted stretch at 4 CTAs, each order:
-``hw_gemm_ctas_prefill_4: before +X% during +Y%``.
+(FLOP-weighted) at each M, count and order, hw's stretch beside the sim's. Last line: the
+prefill chunk's (M = the largest row bucket at most 4096) FLOP-weighted stretch at 4 CTAs,
+each order: ``hw_gemm_ctas_prefill_4: before +X% during +Y%``.
 
     python3 benchmarks/hw_gemm_ctas.py [--rows 256,4096] [--ctas 1,2,4,6,8,14,24,36,50]
         [--dir h2d|d2h|both] [--h2d-ctas 36] [--page 1MiB] [--reps 3] [--chain-ms 8]
