@@ -38,6 +38,7 @@ from kvsim.run.sharedhost import (attach_shared, check_shared, check_shared_poli
 from kvsim.run.replaygc import collector_for_replay, freeze_built
 from kvsim.run.results import git_commit, kvsim_version
 from kvsim.run.seam import backend_settings, check_profile_fit, settings_for
+from kvsim.run.tracepath import trace_path
 from kvsim.settings import BackendSettings
 from kvsim.workload import TraceError, Workload, session_start_times
 
@@ -145,7 +146,7 @@ def _load_workload(cfg: RunConfig, trace: str | None) -> Workload:
 
     check_workload_memory(cfg)  # a generator asked for more than memory holds: refused now
     w = cfg.workload
-    path = trace or w.path
+    path = trace_path(w.kind, w.path, trace)  # refused here when it names nothing
     if w.kind == "mooncake":
         return wl.load_mooncake(path, time_scale=w.time_scale, limit=w.limit)
     if w.kind == "agentic":
