@@ -98,6 +98,33 @@ def test_mooncake_write_round_trip(tmp_path):
         write_jsonl_mooncake(synthetic_agentic(2), out)
 
 
+def test_mooncake_gzipped_loads_as_the_plain_file(tmp_path):
+    plain = FIX / "mooncake_ok.jsonl"
+    gz = tmp_path / "trace.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    w, g = load_mooncake(plain), load_mooncake(gz)
+    assert g.name == "trace" and g.sessions == w.sessions
+    assert load_mooncake(gz, limit=2).sessions == w.sessions[:2]
+
+
+def test_mooncake_gzip_that_cannot_be_read_names_the_line_it_reached(tmp_path):
+    rows = "".join(json.dumps({"timestamp": i, "input_length": 10, "output_length": 1,
+                               "hash_ids": [i]}) + "\n" for i in range(2000))
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(rows.encode())[:-200])  # the stream ends early
+    with pytest.raises(TraceError) as e:
+        load_mooncake(cut)
+    msg = str(e.value)
+    assert msg.startswith(f"{cut}:") and "not readable as gzip" in msg
+    assert int(msg.split(":")[1]) > 1  # the lines before the cut were read
+    plain = tmp_path / "plain.gz"
+    plain.write_bytes((FIX / "mooncake_ok.jsonl").read_bytes())  # not gzip at all
+    with pytest.raises(TraceError, match=r"plain\.gz:1: not readable as gzip"):
+        load_mooncake(plain)
+    with pytest.raises(FileNotFoundError):
+        load_mooncake(tmp_path / "none.jsonl.gz")
+
+
 def test_ideal_reuse_counts_partial_last_block():
     w = load_mooncake(FIX / "mooncake_ok.jsonl")
     # req-2 matches [0, 1] -> 1024; req-4 (300 tokens) matches block 0 -> 300, not 512;
