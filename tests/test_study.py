@@ -103,6 +103,9 @@ zip:
     ("baseline: nope\n", "baseline", "no point named 'nope'"),
     ("grid:\n  cache.tiers[1].quota: [8GiB, lots]\n", "point quota=lots", "cache.tiers[1].quota"),
     ("grid:\n  cache.tiers[7].quota: [8GiB]\n", "grid: cache.tiers[7].quota", "no list item [7]"),
+    # the base is synthetic: the trace would be named in the table and never replayed
+    ("traces: [t.jsonl]\n", "traces: point trace=t.jsonl would not replay t.jsonl",
+     "workload.kind is synthetic"),
 ])
 def test_bad_study_fails_with_file_and_key_and_runs_nothing(tmp_path, body, where, what):
     p = _study(tmp_path, body)

@@ -22,6 +22,7 @@ from typing import Any
 
 from kvsim.config import (ConfigFileError, load_config, read_yaml, resolve_config_path, set_path,
                           split_key, validate_config)
+from kvsim.run.tracepath import TRACE_KINDS
 from kvsim.study.definition import StudyFileError, StudySpec
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
@@ -177,6 +178,10 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
             cfg = validate_config(data, f"{source}: point {name}")
         except ConfigFileError as e:
             raise StudyFileError(str(e)) from None
+        if trace is not None and cfg.workload.kind not in TRACE_KINDS:
+            raise StudyFileError(f"{source}: traces: point {name} would not replay {trace}: its "
+                                 f"workload.kind is {cfg.workload.kind}, which replays no trace; "
+                                 f"expected {' or '.join(TRACE_KINDS)} (in the base config or set:)")
         resolved = cfg.model_dump(mode="json")
         numeric = {}
         for key in axis_values:
