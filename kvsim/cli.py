@@ -367,7 +367,8 @@ def fidelity(
         if out:
             check_file(out, "fidelity")
         others = [load_metrics(h) for h in hw_runs or []]
-        rows = judge(load_metrics(compare_dir, "sim"), load_metrics(compare_dir, "hw"), others,
+        rows = judge(load_metrics(compare_dir, "sim", own=False),
+                     load_metrics(compare_dir, "hw", own=False), others,
                      ["sim", f"{compare_dir}/hw", *(hw_runs or [])])
     except ValueError as e:
         error(console, str(e))

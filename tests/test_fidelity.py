@@ -114,3 +114,26 @@ def test_cli_refuses_a_folder_without_a_summary_and_a_users_file(tmp_path):
     r = CliRunner().invoke(app, ["fidelity", str(cmp), "--out", str(mine)])
     assert r.exit_code == 2 and "was not written by kvsim fidelity" in " ".join(r.output.split())
     assert mine.read_text() == '{"mine": 1}'
+
+
+def test_cli_refuses_a_run_that_is_not_the_side_it_stands_for(tmp_path):
+    """A plain results folder is no compare (its one run would stand for both sides and
+    agree with itself), and a sim run is no hw run."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"backend": "sim", "metrics": metrics(1.0, 2.0)}))
+    r = CliRunner().invoke(app, ["fidelity", str(run)])
+    assert r.exit_code == 2 and f"{run}: expected a kvsim compare folder (sim/summary.json)" in r.output
+    cmp = tmp_path / "cmp"
+    _summary(cmp / "sim", metrics(1.0, 2.0))
+    _summary(cmp / "hw", metrics(1.0, 2.0))
+    r = CliRunner().invoke(app, ["fidelity", str(cmp), str(run)])
+    assert r.exit_code == 2, r.output
+    assert "a run on the sim backend; expected a hw run" in " ".join(r.output.split())
+    swapped = tmp_path / "swapped"
+    for side, backend in (("sim", "sim"), ("hw", "sim")):
+        (swapped / side).mkdir(parents=True)
+        (swapped / side / "summary.json").write_text(json.dumps({"backend": backend,
+                                                                 "metrics": metrics(1.0, 2.0)}))
+    r = CliRunner().invoke(app, ["fidelity", str(swapped)])
+    assert r.exit_code == 2 and "expected a hw run" in " ".join(r.output.split())

@@ -74,13 +74,14 @@ def judge(sim: dict, hw: dict, others: Sequence[dict], names: Sequence[str] = ()
     return rows
 
 
-def load_metrics(folder: str | Path, side: str = "hw") -> dict:
-    """A run's ``metrics``: ``folder`` a results folder (its ``summary.json``) or a compare's
-    folder (its ``side``/``summary.json``; a ``--hw-from`` compare's hw side is the folder
-    its ``compare.json`` names)."""
+def load_metrics(folder: str | Path, side: str = "hw", own: bool = True) -> dict:
+    """A ``side`` ('sim' or 'hw') run's ``metrics``: ``folder`` a results folder (its
+    ``summary.json``; only where ``own``) or a compare's folder (its ``side``/``summary.json``;
+    a ``--hw-from`` compare's hw side is the folder its ``compare.json`` names). A summary
+    that records another backend than ``side`` is refused (a sim run is no hw run)."""
     f = Path(folder)
-    where = [f / "summary.json", f / side / "summary.json"]
-    if side == "hw" and not where[1].is_file() and (f / "compare.json").is_file():
+    where = ([f / "summary.json"] if own else []) + [f / side / "summary.json"]
+    if side == "hw" and not where[-1].is_file() and (f / "compare.json").is_file():
         try:
             src = json.loads((f / "compare.json").read_text()).get("hw_from")
         except ValueError:
@@ -90,14 +91,20 @@ def load_metrics(folder: str | Path, side: str = "hw") -> dict:
     for p in where:
         if p.is_file():
             try:
-                m = json.loads(p.read_text())["metrics"]
+                data = json.loads(p.read_text())
+                m = data["metrics"]
                 m["ttft_s"]["p50"], m["ttft_s"]["p90"], m["throughput"]["requests_per_s"]
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{p}: not a kvsim summary (metrics.ttft_s, metrics.throughput: "
                                  f"missing {e})") from None
+            backend = data.get("backend")
+            if backend is not None and backend != side:
+                raise ValueError(f"{p}: a run on the {backend} backend; expected a {side} run")
             return m
-    raise ValueError(f"{folder}: expected a results folder (summary.json) or a compare's "
-                     f"folder ({side}/summary.json)")
+    if own:
+        raise ValueError(f"{folder}: expected a results folder (summary.json) or a compare's "
+                         f"folder ({side}/summary.json)")
+    raise ValueError(f"{folder}: expected a kvsim compare folder ({side}/summary.json)")
 
 
 LABELS = {"ttft_p50_s": "TTFT p50 s", "ttft_p90_s": "TTFT p90 s", "bytes_host_to_gpu": "host->gpu GB",
