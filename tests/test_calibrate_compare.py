@@ -636,6 +636,21 @@ def test_kvsim_diff_puts_two_finished_runs_side_by_side(tmp_path):
     assert not bad_out.exists()
 
 
+def test_kvsim_diff_refuses_runs_of_two_workloads(tmp_path):
+    """Two seeds' synthetic sessions share session and turn names but not their prompts: put
+    side by side, their figures would read as one workload's under two settings."""
+    for seed in (0, 1):
+        args = ["run", "default", *sum((["--set", x] for x in TINY), []), "--set", f"seed={seed}",
+                "--set", "output.plots=false", "--no-progress", "--out", str(tmp_path / f"s{seed}")]
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 0, r.output
+    out = tmp_path / "diff.json"
+    r = CliRunner().invoke(app, ["diff", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(out)])
+    assert r.exit_code == 2, r.output
+    assert "input tokens in one and" in r.output and "expected two runs of one workload" in " ".join(r.output.split())
+    assert not out.exists()
+
+
 def test_bootstrap_interval_of_a_percentile():
     """Seeded (the same values give the same interval), narrow for many alike values, wide
     where a few large values sit near the percentile; None for no values."""

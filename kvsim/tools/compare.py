@@ -399,12 +399,33 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     return report, sim
 
 
+def one_workload(ra: list, rb: list, a: str | Path, b: str | Path) -> None:
+    """ValueError unless two runs' ``requests.csv`` rows are of one workload: some turn (by
+    session and turn) in both, and every such turn with the same input tokens in both (a
+    run of fewer sessions or turns than the other is still of its workload)."""
+    tokens = {(str(r.session), str(r.turn)): getattr(r, "input_tokens", None) for r in ra}
+    shared = 0
+    for r in rb:
+        key = (str(r.session), str(r.turn))
+        if key not in tokens:
+            continue
+        shared += 1
+        x, y = tokens[key], getattr(r, "input_tokens", None)
+        if x is not None and y is not None and x != y:
+            raise ValueError(f"{a} and {b}: session {key[0]} turn {key[1]} has {x} input tokens in one "
+                             f"and {y} in the other; expected two runs of one workload")
+    if not shared:
+        raise ValueError(f"{a} and {b}: no turn (by session and turn) is in both; expected two "
+                         "runs of one workload")
+
+
 def diff_runs(a: str | Path, b: str | Path) -> dict:
     """Two finished replays side by side, ``b`` the reference: the headline metrics with
     ``(a - b) / b`` and the per-turn agreement (turns matched by session and turn). Any two
     runs of one workload: hw against hw (how far the GPU repeats itself: the floor under
     any prediction), sim against hw, one policy against another."""
     (sa, ra), (sb, rb) = load_run(a), load_run(b)
+    one_workload(ra, rb, a, b)
     ha, hb = headline(sa["metrics"]), headline(sb["metrics"])
     metrics = {k: {"a": ha.get(k), "b": hb.get(k), "rel_err": rel_err(ha.get(k), hb.get(k))}
                for k in dict.fromkeys([*ha, *hb])}
