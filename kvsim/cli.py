@@ -45,6 +45,13 @@ def _check_hw_options(time_scale: float, device: str) -> None:
         raise ConfigFileError(f"--device {device}: expected one of {', '.join(DEVICES)}")
 
 
+def _hw_options_given(time_scale: float, device: str, compute_graphs: bool) -> list[str]:
+    """The hw backend's options given other values than their defaults (which a run that
+    does not replay on hw would silently ignore)."""
+    return [flag for flag, given in (("--time-scale", time_scale != 1.0), ("--device", device != "auto"),
+                                     ("--no-compute-graphs", not compute_graphs)) if given]
+
+
 @app.command()
 def run(
     config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
@@ -75,6 +82,9 @@ def run(
                 raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
             if backend == "hw":
                 _check_hw_options(time_scale, device)
+            elif _hw_options_given(time_scale, device, compute_graphs):
+                raise ConfigFileError(f"{', '.join(_hw_options_given(time_scale, device, compute_graphs))}: "
+                                      f"only with --backend hw (this run replays on the sim backend)")
             cfg = load_config(config, set_)
             _sweep(cfg)
             # the destination first: a path that cannot take the results fails now, not
@@ -241,6 +251,10 @@ def compare(
             raise typer.Exit(2)
     if calibrate_first and hw_from:
         error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
+        raise typer.Exit(2)
+    if hw_from and _hw_options_given(time_scale, device, compute_graphs):
+        error(console, f"{', '.join(_hw_options_given(time_scale, device, compute_graphs))}: not with "
+                       "--hw-from (the hw side is already measured)")
         raise typer.Exit(2)
     if kind_terms != "fit" and not calibrate_first:
         error(console, "--kind-terms: only with --calibrate")

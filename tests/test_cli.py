@@ -228,3 +228,22 @@ def test_kind_terms_is_checked_before_anything_is_measured(tmp_path):
                             "maybe", "--out", str(res)])
     assert r.exit_code == 2 and "--kind-terms maybe: expected fit or keep" in r.output
     assert not res.exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--device", "gpu"], "--device: only with --backend hw"),
+    (["--time-scale", "5", "--no-compute-graphs"], "--time-scale, --no-compute-graphs: only with --backend hw"),
+])
+def test_hw_options_on_the_sim_backend_are_refused_not_ignored(tmp_path, args, says):
+    """`kvsim run --device gpu` without `--backend hw` would replay on the sim and say so
+    nowhere: refused, exit 2, nothing written."""
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", "configs/default.yaml", *args, "--out", str(out), *SMALL])
+    assert r.exit_code == 2, r.output
+    assert says in r.output and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_hw_options_with_hw_from_are_refused(tmp_path):
+    r = runner.invoke(app, ["compare", "default", "--hw-from", str(tmp_path), "--time-scale", "10"])
+    assert r.exit_code == 2 and "--time-scale: not with --hw-from" in r.output, r.output
