@@ -247,3 +247,30 @@ def test_hw_options_on_the_sim_backend_are_refused_not_ignored(tmp_path, args, s
 def test_hw_options_with_hw_from_are_refused(tmp_path):
     r = runner.invoke(app, ["compare", "default", "--hw-from", str(tmp_path), "--time-scale", "10"])
     assert r.exit_code == 2 and "--time-scale: not with --hw-from" in r.output, r.output
+
+
+@pytest.mark.parametrize("config, sets, says", [
+    ("default", ["workload.limit=2"], "workload.limit applies to traces only"),
+    ("default", ["workload.max_think=1s"], "workload.max_think applies to agentic traces only"),
+    ("default", ["workload.shared_prefix=true"], "workload.shared_prefix applies to agentic traces only"),
+    ("default", ["workload.time_scale=2"], "workload.time_scale applies to Mooncake traces only"),
+    ("configs/mooncake-conversation.yaml", ["workload.start=concurrency"],
+     "workload.start: concurrency applies to sessions in a closed loop"),
+    # a trace's config turned synthetic: its trace-only keys are named, not ignored
+    ("configs/agentic-slice.yaml", ["workload.kind=synthetic"], "workload.limit applies to traces only"),
+])
+def test_a_workload_key_that_does_nothing_for_the_kind_is_refused(tmp_path, config, sets, says):
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", config, *sum((["--set", s] for s in sets), []), "--out", str(out),
+                            "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert says in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_a_trace_config_turns_synthetic_once_its_trace_keys_are_null(tmp_path):
+    sets = ["workload.kind=synthetic", "workload.limit=null", "workload.max_think=null",
+            "workload.shared_prefix=false", "workload.synthetic.n_sessions=2", "output.plots=false"]
+    r = runner.invoke(app, ["run", "configs/agentic-slice.yaml", *sum((["--set", s] for s in sets), []),
+                            "--out", str(tmp_path / "res"), "--no-progress"])
+    assert r.exit_code == 0, r.output

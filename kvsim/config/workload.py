@@ -93,4 +93,22 @@ class WorkloadConfig(Strict):
         if self.priorities is not None and self.kind != "agentic":
             raise ValueError("workload.priorities applies to agentic traces only (a Mooncake "
                              "trace gives each request's priority in its own 'priority' field)")
+        # a key that does nothing for this kind is refused, not ignored (null: unset)
+        if self.time_scale != 1.0 and self.kind != "mooncake":
+            raise ValueError(f"workload.time_scale applies to Mooncake traces only (it scales their "
+                             f"timestamps); a {self.kind} workload's sessions start as workload.start says")
+        if self.limit is not None and self.kind == "synthetic":
+            raise ValueError("workload.limit applies to traces only (their first requests or session "
+                             "files); the synthetic workload's sessions are workload.synthetic.n_sessions")
+        if self.kind != "agentic":
+            for key, on, own in (("max_think", self.max_think is not None, "think times: think_s"),
+                                 ("shared_prefix", self.shared_prefix, "prefix: shared_prefix")):
+                if on:
+                    hint = f" (the synthetic workload's {own} under workload.synthetic)" \
+                        if self.kind == "synthetic" else ""
+                    raise ValueError(f"workload.{key} applies to agentic traces only{hint}")
+        if self.kind == "mooncake" and self.start != "poisson":
+            raise ValueError(f"workload.start: {self.start} applies to sessions in a closed loop "
+                             "(agentic, synthetic); a Mooncake trace's requests arrive at their "
+                             "timestamps (workload.time_scale)")
         return self
