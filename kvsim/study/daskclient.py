@@ -47,24 +47,33 @@ def _preload_fork_server(settings: dict) -> None:
 
 
 def spawn_ignoring_sigint(start: Callable[[], object]) -> None:
-    """Call ``start``, which spawns processes, so that they begin with SIGINT ignored (a
-    disposition exec keeps; Python starts in a few tens of milliseconds, and a Ctrl-C
-    then would end the process with a traceback). Only where that costs the command
-    nothing: with SIGINT blocked in this thread, the only one, a Ctrl-C meanwhile waits
-    and reaches the command's handler after. With other threads, one of which could take
-    the signal and drop it, ``start`` runs as it is."""
-    if threading.active_count() > 1 or threading.current_thread() is not threading.main_thread():
+    """Call ``start``, which spawns processes, so that they begin with SIGINT blocked (a
+    mask fork and exec keep; Python starts in a few tens of milliseconds, and a Ctrl-C
+    then would end the process with a traceback; kvsim.study.forkserver_quiet, the fork
+    server's first import, then ignores SIGINT and unblocks it). A Ctrl-C to the command
+    meanwhile is neither lost nor acted on inside ``start``: this thread blocks SIGINT and
+    its handler only notes it (another thread, such as a BLAS library's, may be the one
+    the signal reaches: it must find a handler, for an ignored signal is dropped), and
+    the command's own handler gets it after. From another thread than the main one
+    (where no handler can be set) ``start`` runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
         start()
         return
+    noted: list[tuple[int, object]] = []
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        old = signal.signal(signal.SIGINT, lambda signum, frame: noted.append((signum, frame)))
         try:
             start()
         finally:
             signal.signal(signal.SIGINT, old)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if noted:  # what the command's handler would have done then, now
+        if callable(old):
+            old(*noted[0])
+        elif old == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")

@@ -8,3 +8,6 @@ lost there.)"""
 import signal
 
 signal.signal(signal.SIGINT, signal.SIG_IGN)
+# it may have started with SIGINT blocked (kvsim.study.daskclient.spawn_ignoring_sigint):
+# ignored now, a Ctrl-C pending since is dropped, and the mask is as any process's
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
