@@ -38,6 +38,7 @@ from kvsim.config import RunConfig
 from kvsim.tools.hwloop import DEFAULT as DEFAULT_HW_LOOP, HwLoop, HwLoopModel, load_hw_loop
 from kvsim.tools.rankcmp import per_rank, rank_count, rel_err
 from kvsim.tools.reports import read_report, saved_call_logs
+from kvsim.tools.sameworkload import one_workload, same_replay
 from kvsim.run import Result, prepare_run, replay
 from kvsim.run.clustermetrics import is_cluster
 
@@ -329,6 +330,8 @@ def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], di
     metrics = summary["metrics"]
     if old.get("config") != cfg.name:
         raise ValueError(f"--hw-from {folder}: it compared config {old.get('config')!r}, not {cfg.name!r}")
+    if isinstance(summary.get("config"), dict):  # (a run that records what it replayed)
+        same_replay(cfg.model_dump(mode="json"), summary["config"], folder)
     profile, loop = None, None
     if "hw_loop" in old:
         try:
@@ -397,26 +400,6 @@ def compare_saved(cfg: RunConfig, folder: str | Path, trace: str | None = None,
     if hw_compute is not None:
         report["logs"]["hw_compute"] = hw_compute
     return report, sim
-
-
-def one_workload(ra: list, rb: list, a: str | Path, b: str | Path) -> None:
-    """ValueError unless two runs' ``requests.csv`` rows are of one workload: some turn (by
-    session and turn) in both, and every such turn with the same input tokens in both (a
-    run of fewer sessions or turns than the other is still of its workload)."""
-    tokens = {(str(r.session), str(r.turn)): getattr(r, "input_tokens", None) for r in ra}
-    shared = 0
-    for r in rb:
-        key = (str(r.session), str(r.turn))
-        if key not in tokens:
-            continue
-        shared += 1
-        x, y = tokens[key], getattr(r, "input_tokens", None)
-        if x is not None and y is not None and x != y:
-            raise ValueError(f"{a} and {b}: session {key[0]} turn {key[1]} has {x} input tokens in one "
-                             f"and {y} in the other; expected two runs of one workload")
-    if not shared:
-        raise ValueError(f"{a} and {b}: no turn (by session and turn) is in both; expected two "
-                         "runs of one workload")
 
 
 def diff_runs(a: str | Path, b: str | Path) -> dict:
