@@ -25,6 +25,7 @@ def _plan_and_run(console: Console, kind: str, plan: Callable, run: Callable, ke
     SIGINT/SIGTERM: exit 130/143, saying ``kept(planned)``). Returns (plan's answer,
     report)."""
     from kvsim.run.outputs import OutputError
+    from kvsim.study.definition import StudyFileError
 
     try:
         planned = plan()
@@ -39,6 +40,9 @@ def _plan_and_run(console: Console, kind: str, plan: Callable, run: Callable, ke
                 raise_pending()   # a signal that came out of C code it cut short as another error
                 raise
     except OutputError as e:  # the folder changed since it was checked
+        error(console, str(e))
+        raise typer.Exit(2)
+    except StudyFileError as e:  # what the file names, found wrong once runs came back
         error(console, str(e))
         raise typer.Exit(2)
     except (ConnectionError, TimeoutError, OSError) as e:

@@ -533,6 +533,38 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_misspelt_metric_stops_a_study_or_tune_naming_what_is_there(tmp_path):
+    """The root of a metric path is checked with the file; the rest only a run's summary can
+    tell. A study asked for a name no point's summary has stops before its table (no column
+    of dashes), its points kept for the corrected study; a tune stops at its first trial."""
+    from kvsim.study.definition import missing_metric
+
+    m = {"throughput": {"requests_per_s": 1.0, "output_tokens_per_s": 2.0}, "hit_ratio": 0.5}
+    assert missing_metric([m], "throughput.requests_per_s") is None
+    assert missing_metric([m], "throughput.rps") == ("no metric 'throughput.rps' in any run's summary: "
+                                                    "throughput has output_tokens_per_s, requests_per_s")
+    assert missing_metric([m], "hit_ratio.p50") == ("no metric 'hit_ratio.p50' in any run's summary: "
+                                                   "hit_ratio has a number, nothing below it")
+    assert missing_metric([m], "host_fill.done_s") is None     # an option's root: may be absent
+    assert missing_metric([{}, {"hit_tokens": {"remote": 3}}], "hit_tokens.remote") is None  # one has it
+    p = _study(tmp_path, "grid:\n  engine.max_running: [8, 16]\nmetrics: [hit_ratio, throughput.rps]\n")
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 2, r.output
+    assert "metrics: no metric 'throughput.rps'" in " ".join(r.output.split()) and "Traceback" not in r.output
+    assert not (out / "study.csv").exists() and len(list((out / "points").iterdir())) == 2
+    p.write_text(p.read_text().replace("throughput.rps", "throughput.requests_per_s"))
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0 and "0 run, 2 already done" in r.output, r.output
+    t = tmp_path / "t.yaml"
+    t.write_text(TUNE.replace("minimize: ttft_s.p90", "minimize: ttft_s.p95"))
+    r = runner.invoke(app, ["tune", str(t), "--out", str(tmp_path / "o"), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 2, r.output
+    said = " ".join(r.output.split())
+    assert "no metric 'ttft_s.p95' in any run's summary: ttft_s has mean, p50, p90, p99" in said
+    assert "Traceback" not in r.output
+
+
 # ---------------------------------------------------------------------- resuming a tune
 
 RESUME = """\

@@ -32,7 +32,8 @@ DEFAULT_METRICS = (
 )
 DEFAULT_PLOT_METRICS = ("ttft_s.p90", "throughput.requests_per_s", "hit_ratio")
 # the top-level metric names a run's summary has (kvsim.engine.metrics); the rest of a
-# path is checked against the first summary that comes back
+# path is checked against the summaries that come back (``missing_metric``: a study's
+# points, before its table; a tune's first trial)
 METRIC_ROOTS = frozenset({
     "requests_completed", "requests_failed", "input_tokens", "output_tokens", "hit_tokens",
     "hit_ratio", "computed_tokens", "ttft_s", "ttft_s_by_input", "ttft_host_hit_s", "tpot_s",
@@ -73,6 +74,38 @@ def _check_metric(path: str) -> str:
         raise ValueError(f"{path!r} is not a summary metric; expected a path under one of "
                          f"{', '.join(sorted(METRIC_ROOTS))}")
     return path
+
+
+# the roots a summary has only with some option or shape (above): a path under one may be
+# absent from every point's summary without being misspelt
+OPTIONAL_ROOTS = frozenset({"host_fill", "driver", "page_cache", "manager", "ranks", "cluster",
+                            "instances", "remote", "disk_copies"})
+
+
+def missing_metric(summaries: list[dict], path: str) -> str | None:
+    """Why ``path`` names no metric, where none of the runs' ``summaries`` (their
+    ``metrics``) has it though its root is one every summary has (a name misspelt below
+    the root): what the deepest level the path reaches holds. None where one has it, or
+    under an optional root."""
+    parts = path.split(".")
+    if not summaries or parts[0] in OPTIONAL_ROOTS:
+        return None
+    deepest = None
+    for m in summaries:
+        node: Any = m
+        for i, k in enumerate(parts):
+            if isinstance(node, dict) and k in node:
+                node = node[k]
+                continue
+            if deepest is None or i > deepest[0]:
+                deepest = (i, node)
+            break
+        else:
+            return None
+    i, node = deepest
+    where = ".".join(parts[:i]) or "a summary"
+    has = ", ".join(sorted(map(str, node))) if isinstance(node, dict) else "a number, nothing below it"
+    return f"no metric {path!r} in any run's summary: {where} has {has}"
 
 
 ConfigKey = Annotated[str, Field(min_length=1)]

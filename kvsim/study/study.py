@@ -22,7 +22,7 @@ from kvsim.scratch import raise_pending, sweep_start
 from kvsim.study.daskclient import open_client
 from kvsim.study.execute import Outcome, disk_dirs, is_complete, progress_bar, run_points
 from kvsim.study.points import Point, axis_keys, expand
-from kvsim.study.definition import StudySpec, load_study
+from kvsim.study.definition import StudyFileError, StudySpec, load_study, missing_metric
 
 
 @dataclass
@@ -132,6 +132,18 @@ def run_study(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers
         target.finish()
 
 
+def _summaries(points: list[Point], folder_of, status: dict[str, str]) -> list[dict]:
+    """The ``metrics`` of the points that ran to the end (their saved summaries)."""
+    out = []
+    for p in points:
+        if status.get(p.name) == "ok":
+            try:
+                out.append(json.loads((folder_of(p) / "summary.json").read_text())["metrics"])
+            except (OSError, ValueError, KeyError):
+                pass
+    return out
+
+
 def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: float,
          workers: int | None, scheduler: str | None, progress: bool, plots: bool) -> StudyReport:
     from kvsim.study.table import build_rows, write_table
@@ -175,6 +187,11 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
     write_whole(folder / "study.yaml", Path(path).read_bytes())   # the study as run
     write_whole(folder / "failures.json",
                 (json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n").encode())
+    wanted = list(dict.fromkeys([*spec.metrics, *spec.plot_metrics]))
+    bad = [w for w in (missing_metric(_summaries(points, folder_of, status), m) for m in wanted) if w]
+    if bad:  # a misspelt name: no column of dashes, the points kept for the corrected study
+        raise StudyFileError(f"{path}: metrics: {'; '.join(bad)} (the points are kept: run the "
+                             "corrected study again and they are skipped)")
     rows = build_rows(points, folder_of, list(spec.metrics), outcome.failures, spec.baseline)
     paths = write_table(rows, folder)
     t2 = time.perf_counter()
