@@ -65,10 +65,13 @@ def _again(kind: str, file: str, folder, set_: List[str], storage: Optional[str]
     return " ".join(shlex.quote(w) for w in words)
 
 
-def _check_cluster(scheduler: Optional[str]) -> None:
+def _check_cluster(scheduler: Optional[str], workers: Optional[int]) -> None:
     if scheduler is not None:
         from kvsim.study.daskclient import check_scheduler
 
+        if workers is not None:  # (the cluster's workers are its own: the count would be dropped)
+            raise ValueError(f"--workers {workers}: not with --scheduler (the cluster at {scheduler} "
+                             "has its own workers)")
         check_scheduler(scheduler)
 
 
@@ -97,7 +100,7 @@ def study(
     console = Console(stderr=True)
 
     def plan():
-        _check_cluster(scheduler)
+        _check_cluster(scheduler, workers)
         spec, points = plan_study(study_file, set_)
         return spec, points, study_target(spec, points, out, force)
 
@@ -142,7 +145,7 @@ def tune(
     console = Console(stderr=True)
 
     def plan():
-        _check_cluster(scheduler)
+        _check_cluster(scheduler, workers)
         spec, base = plan_tune(tune_file, set_)
         return spec, base, tune_target(spec, base, out, force, storage)
 
