@@ -173,6 +173,17 @@ def calibrate(
     if check and kind_terms != "fit":
         error(console, "--kind-terms: not with --check (it fits nothing)")
         raise typer.Exit(2)
+    # an option the chosen mode does not read is refused, not dropped
+    given = {"--device": device != "auto", "--model": model != "llama-3-8b", "--base": base != "h200-pcie",
+             "--from-report": from_report is not None, "--profile": profile is not None}
+    mode, unread = (("--check", ("--device", "--model", "--base", "--from-report")) if check else
+                    ("--from-report", ("--device", "--model", "--profile")) if from_report else
+                    (None, ("--profile",)))
+    if any(given[o] for o in unread):
+        flags = ", ".join(o for o in unread if given[o])
+        error(console, f"{flags}: not with {mode} (it measures nothing: the cells it reads ran as "
+                       "they are recorded)" if mode else f"{flags}: only with --check")
+        raise typer.Exit(2)
     try:
         if check and out:
             check_file(out, "calibrate-check")

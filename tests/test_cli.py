@@ -274,3 +274,16 @@ def test_a_trace_config_turns_synthetic_once_its_trace_keys_are_null(tmp_path):
     r = runner.invoke(app, ["run", "configs/agentic-slice.yaml", *sum((["--set", s] for s in sets), []),
                             "--out", str(tmp_path / "res"), "--no-progress"])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--from-report", "r.json", "--device", "gpu", "--model", "llama-3-70b"],
+     "--device, --model: not with --from-report"),
+    (["--check", "cells.json", "--profile", "h200-pcie", "--base", "gh200-c2c"], "--base: not with --check"),
+    (["--profile", "h200-pcie"], "--profile: only with --check"),
+])
+def test_calibrate_refuses_an_option_its_mode_does_not_read(tmp_path, args, says):
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["calibrate", "--out", str(out), *args])
+    assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+    assert not out.exists()
