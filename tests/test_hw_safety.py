@@ -167,6 +167,19 @@ def test_a_disk_tier_on_a_ram_file_system_counts_as_host_memory(tmp_path, monkey
         resources.check_capacity(t, on_gpu=True, disk_dir=str(tmp_path))
 
 
+def test_a_disk_tier_folder_that_is_missing_or_not_writable_names_its_key(tmp_path, monkeypatch):
+    monkeypatch.setattr(resources, "host_available", lambda: None)  # (host memory not judged here)
+    t = [resources.Tier(Level.DISK, 1 * GIB, "cache.tiers[2].quota")]
+    with pytest.raises(CapacityError) as e:
+        resources.check_capacity(t, on_gpu=False, disk_dir=str(tmp_path / "none"))
+    assert str(e.value) == (f"cache.tiers[2].path: {tmp_path / 'none'}: no such folder; expected the "
+                            "folder the disk tier's file is made in; nothing was allocated")
+    monkeypatch.setattr(resources.os, "access", lambda p, mode: False)
+    with pytest.raises(CapacityError, match=r"cache.tiers\[2\].path: .*: this user cannot make a file "
+                                            r"there; expected a writable folder; nothing was allocated$"):
+        resources.check_capacity(t, on_gpu=False, disk_dir=str(tmp_path))
+
+
 def test_host_available_reads_memavailable(tmp_path):
     f = tmp_path / "meminfo"
     f.write_text("MemTotal:       24683652 kB\nMemFree:  1 kB\nMemAvailable:   23937904 kB\n")

@@ -146,6 +146,15 @@ def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None,
         elif t.level == Level.DISK:
             if disk_dir is None:
                 continue
+            where = f"{t.key.rsplit('.', 1)[0]}.path: {disk_dir}"  # (the folder's own key)
+            if not os.path.isdir(disk_dir):
+                problems.append(f"{where}: no such folder; expected the folder the disk tier's "
+                                "file is made in")
+                continue
+            if not os.access(disk_dir, os.W_OK | os.X_OK):
+                problems.append(f"{where}: this user cannot make a file there; expected a "
+                                "writable folder")
+                continue
             free = disk_free(disk_dir)
             seen["disk_free_bytes"] = free
             kind = filesystem_type(disk_dir)
@@ -176,6 +185,7 @@ def check_capacity(tiers: list[Tier], on_gpu: bool, disk_dir: str | None = None,
                     f"({fmt_bytes(avail)} available less {fmt_bytes(room)} kept free: "
                     f"{HOST_HEADROOM_FRACTION:.0%} of it, at least {fmt_bytes(HOST_HEADROOM_MIN)})")
     if problems:
-        raise CapacityError("; ".join(problems) + "; nothing was allocated: lower the quota "
-                            "(--set KEY=SIZE) or free the memory or space")
+        sized = any(".quota" in x for x in problems)  # (a missing folder is no size to lower)
+        raise CapacityError("; ".join(problems) + "; nothing was allocated" + (
+            ": lower the quota (--set KEY=SIZE) or free the memory or space" if sized else ""))
     return seen
