@@ -45,6 +45,12 @@ def _check_hw_options(time_scale: float, device: str) -> None:
         raise ConfigFileError(f"--device {device}: expected one of {', '.join(DEVICES)}")
 
 
+# kvsim calibrate's --base and --model by default: an option given another value is one a
+# form that does not read it refuses
+CAL_BASE = "h200-pcie"
+CAL_MODEL = "llama-3-8b"
+
+
 def _hw_options_given(time_scale: float, device: str, compute_graphs: bool) -> list[str]:
     """The hw backend's options given other values than their defaults (which a run that
     does not replay on hw would silently ignore)."""
@@ -144,7 +150,7 @@ def run(
 def calibrate(
     out: Optional[str] = typer.Option(None, help="profile to write, e.g. configs/hardware/NAME.yaml "
                                       "(with --check: the check's JSON, optional)"),
-    base: str = typer.Option("h200-pcie", help="base profile for what cannot be measured"),
+    base: str = typer.Option(CAL_BASE, help="base profile for what cannot be measured"),
     device: str = typer.Option("auto", help="auto, cpu or gpu"),
     from_report: Optional[str] = typer.Option(
         None, "--from-report", help="refit offline from a saved NAME.yaml.report.json (no benchmarks)"),
@@ -152,7 +158,7 @@ def calibrate(
         None, "--check", help="replay cells measured elsewhere (benchmarks/hw_copy.py --json) on the "
                               "sim with --profile"),
     profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
-    model: str = typer.Option("llama-3-8b", help="the model whose steps the compute calls and the "
+    model: str = typer.Option(CAL_MODEL, help="the model whose steps the compute calls and the "
                               "interference cells run (a preset or a YAML path)"),
     kind_terms: str = typer.Option("fit", "--kind-terms", help="how copies slow each kind of step "
                                    "(sm.interference.gemm / .memory): fit them to this machine's "
@@ -174,7 +180,7 @@ def calibrate(
         error(console, "--kind-terms: not with --check (it fits nothing)")
         raise typer.Exit(2)
     # an option the chosen mode does not read is refused, not dropped
-    given = {"--device": device != "auto", "--model": model != "llama-3-8b", "--base": base != "h200-pcie",
+    given = {"--device": device != "auto", "--model": model != CAL_MODEL, "--base": base != CAL_BASE,
              "--from-report": from_report is not None, "--profile": profile is not None}
     mode, unread = (("--check", ("--device", "--model", "--base", "--from-report")) if check else
                     ("--from-report", ("--device", "--model", "--profile")) if from_report else
@@ -194,7 +200,7 @@ def calibrate(
                 write_whole(Path(out), (json.dumps({"kvsim_report": "calibrate-check", **report},
                                                    indent=2) + "\n").encode())
         elif from_report:
-            report = refit(from_report, out, base=None if base == "h200-pcie" else base,
+            report = refit(from_report, out, base=None if base == CAL_BASE else base,
                            kind_terms=kind_terms)
         else:
             report = run_calibration(out, base=base, device=device, model=model, kind_terms=kind_terms)
