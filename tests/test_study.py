@@ -103,6 +103,10 @@ zip:
     ("baseline: nope\n", "baseline", "no point named 'nope'"),
     ("grid:\n  cache.tiers[1].quota: [8GiB, lots]\n", "point quota=lots", "cache.tiers[1].quota"),
     ("grid:\n  cache.tiers[7].quota: [8GiB]\n", "grid: cache.tiers[7].quota", "no list item [7]"),
+    # a grid value twice, as given or once resolved: each such point would run twice
+    ("grid:\n  engine.max_running: [8, 16, 8]\n", "grid: engine.max_running", "8 is given twice"),
+    ("grid:\n  cache.tiers[1].quota: [8GiB, 8192MiB]\n", "grid: cache.tiers[1].quota",
+     "'8GiB' and '8192MiB' are one value once resolved"),
     # the base is synthetic: the trace would be named in the table and never replayed
     ("traces: [t.jsonl]\n", "traces: point trace=t.jsonl would not replay t.jsonl",
      "workload.kind is synthetic"),

@@ -138,6 +138,27 @@ def overridden_base(spec, source: str, cli_overrides: list[str] | tuple[str, ...
     return base
 
 
+def _distinct_grid_values(spec: StudySpec, points: list[Point], source: str,
+                          labels: dict[str, str]) -> None:
+    """A grid axis whose values repeat, as given or once resolved (``8GiB`` and ``8192MiB``),
+    would replay each such point twice: StudyFileError naming the axis. (Variants may
+    equal one another or the base: each is named, and the table flags equal results.)"""
+    for key, values in spec.grid.items():
+        given = [json.dumps(v, sort_keys=True) for v in values]
+        twice = next((v for i, v in enumerate(values) if given.index(given[i]) != i), None)
+        if twice is not None:
+            raise StudyFileError(f"{source}: grid: {key}: {twice!r} is given twice; expected "
+                                 "each value once")
+        seen: dict[str, Any] = {}
+        for pt in points:
+            raw = pt.params[labels[key]]
+            now = json.dumps(get_key(pt.config, key), sort_keys=True)
+            first = seen.setdefault(now, raw)
+            if json.dumps(first, sort_keys=True) != json.dumps(raw, sort_keys=True):
+                raise StudyFileError(f"{source}: grid: {key}: {first!r} and {raw!r} are one value "
+                                     "once resolved; expected each value once")
+
+
 def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, ...] = ()) -> list[Point]:
     """Every point of the study, validated, in order. ``source``: the study file's path."""
     base = overridden_base(spec, source, cli_overrides)
@@ -192,6 +213,7 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
             numeric["seed"] = seed
         points.append(Point(name, params, numeric, vname, resolved, spec.backend,
                             config_hash(resolved, spec.backend)))
+    _distinct_grid_values(spec, points, source, labels)
     if spec.baseline is not None and spec.baseline not in {p.name for p in points}:
         names = ", ".join(p.name for p in points[:8]) + (", ..." if len(points) > 8 else "")
         raise StudyFileError(f"{source}: baseline: no point named {spec.baseline!r} (points: {names})")
