@@ -526,6 +526,9 @@ def test_tune_searches_on_train_sessions_evaluates_held_out_and_resumes(tmp_path
     (("max: 0}", "}"), "constraints[0]"),
     (("type: int, low: 4", "type: integer, low: 4"), "space.cache.tiers[0].quota.type"),
     (("held_out: 0.34", "held_out: 1.5"), "split.held_out"),
+    # a key the split sets too: one would overwrite the other, a dimension searched for nothing
+    (("cache.tiers[0].quota: {type: int", "cache.tiers[1].quota: {type: int"),
+     "space: Value error, cache.tiers[1].quota: set by both"),
 ])
 def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     p = tmp_path / "t.yaml"

@@ -351,11 +351,17 @@ class TuneSpec(_Base):
     def _space(cls, v: dict) -> dict:
         if not v:
             raise ValueError("the search space is empty")
+        owner: dict[str, str] = {}  # config key -> the parameter that sets it
         for k, p in v.items():
             if p.type != "split":
                 _check_key(k)
             elif not NAME.match(k):
                 raise ValueError(f"{k!r}: a split parameter's name is letters, digits, '.', '_', '-'")
+            for key in (p.keys if p.type == "split" else [k]):
+                if key in owner:  # one would overwrite the other: a dimension searched for nothing
+                    raise ValueError(f"{key}: set by both {owner[key]!r} and {k!r}; expected one "
+                                     "parameter a config key")
+                owner[key] = k
         return v
 
 
