@@ -103,6 +103,9 @@ zip:
     ("baseline: nope\n", "baseline", "no point named 'nope'"),
     ("grid:\n  cache.tiers[1].quota: [8GiB, lots]\n", "point quota=lots", "cache.tiers[1].quota"),
     ("grid:\n  cache.tiers[7].quota: [8GiB]\n", "grid: cache.tiers[7].quota", "no list item [7]"),
+    # a variant's key an axis sets at every point: the variant's value would never be run
+    ("grid:\n  engine.max_running: [16, 32]\nvariants:\n  - {name: a, set: {engine.max_running: 8}}\n",
+     "variants[a]", "engine.max_running is set at every point by the axis engine.max_running"),
     # a grid value twice, as given or once resolved: each such point would run twice
     ("grid:\n  engine.max_running: [8, 16, 8]\n", "grid: engine.max_running", "8 is given twice"),
     ("grid:\n  cache.tiers[1].quota: [8GiB, 8192MiB]\n", "grid: cache.tiers[1].quota",

@@ -227,6 +227,13 @@ class StudySpec(_Base):
                 raise ValueError(f"labels: {k} is not a grid or zip axis")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError("seeds: repeated seeds")
+        axes = [*self.grid, *self.zipped]
+        for v in self.variants:  # an axis is applied after a variant: it would overwrite it
+            for vk in v.overrides:
+                ak = next((a for a in axes if vk == a or vk.startswith((a + ".", a + "["))), None)
+                if ak is not None:
+                    raise ValueError(f"variants[{v.name}]: {vk} is set at every point by the axis "
+                                     f"{ak}; expected a variant to set what no axis sets")
         return self
 
 
