@@ -88,9 +88,9 @@ def run(
                 raise ConfigFileError(f"--backend: got {backend!r}; expected one of {', '.join(BACKENDS)}")
             if backend == "hw":
                 _check_hw_options(time_scale, device)
-            elif _hw_options_given(time_scale, device, compute_graphs):
-                raise ConfigFileError(f"{', '.join(_hw_options_given(time_scale, device, compute_graphs))}: "
-                                      f"only with --backend hw (this run replays on the sim backend)")
+            elif unread := _hw_options_given(time_scale, device, compute_graphs):
+                raise ConfigFileError(f"{', '.join(unread)}: only with --backend hw (this run replays "
+                                      "on the sim backend)")
             cfg = load_config(config, set_)
             _sweep(cfg)
             # the destination first: a path that cannot take the results fails now, not
@@ -269,9 +269,9 @@ def compare(
     if calibrate_first and hw_from:
         error(console, "--calibrate: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
-    if hw_from and _hw_options_given(time_scale, device, compute_graphs):
-        error(console, f"{', '.join(_hw_options_given(time_scale, device, compute_graphs))}: not with "
-                       "--hw-from (the hw side is already measured)")
+    unread = _hw_options_given(time_scale, device, compute_graphs) if hw_from else []
+    if unread:
+        error(console, f"{', '.join(unread)}: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
     if kind_terms != "fit" and not calibrate_first:
         error(console, "--kind-terms: only with --calibrate")

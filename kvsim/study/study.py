@@ -188,7 +188,8 @@ def _run(path: str, spec: StudySpec, points: list[Point], target: Target, t0: fl
     write_whole(folder / "failures.json",
                 (json.dumps(outcome.failures, indent=2, sort_keys=True) + "\n").encode())
     wanted = list(dict.fromkeys([*spec.metrics, *spec.plot_metrics]))
-    bad = [w for w in (missing_metric(_summaries(points, folder_of, status), m) for m in wanted) if w]
+    summaries = _summaries(points, folder_of, status)
+    bad = [w for w in (missing_metric(summaries, m) for m in wanted) if w]
     if bad:  # a misspelt name: no column of dashes, the points kept for the corrected study
         raise StudyFileError(f"{path}: metrics: {'; '.join(bad)} (the points are kept: run the "
                              "corrected study again and they are skipped)")
