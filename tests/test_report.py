@@ -341,7 +341,7 @@ def test_the_report_in_a_browser_shows_its_plots_and_sorts_on_a_click(browser, s
 
 
 def test_a_config_diff_goes_as_deep_as_both_configs_share_a_shape():
-    from kvsim.study.html_page import ABSENT, config_diff
+    from kvsim.config.keypaths import ABSENT, config_diff
 
     base = {"name": "a", "cache": {"tiers": [{"quota": 1, "fill": None}, {"quota": 2}]}, "seed": 0}
     point = {"name": "b", "cache": {"tiers": [{"quota": 1, "fill": {"mode": "x"}}, {"quota": 3}]},

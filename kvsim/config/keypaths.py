@@ -13,7 +13,9 @@ Grammar (no spaces inside; surrounding spaces are ignored by ``--set``)::
 empty path or segment (``=3``, ``.=3``, ``a..b``), a bad index (``[x]``, ``[-1]``, ``[]``,
 an unclosed ``[``), a character a name cannot have. ``unknown_key`` walks the parts down
 the pydantic models of the configuration and says which part names no key there (with
-the keys that part could be), so a typo fails before anything else runs. Pure functions.
+the keys that part could be), so a typo fails before anything else runs. ``config_diff``
+lists the key paths where two configurations differ (a study report's point against its
+base; a hw run's recorded config against the one that re-predicts it). Pure functions.
 """
 
 from __future__ import annotations
@@ -145,3 +147,29 @@ def field_at(parts: tuple, model: type[BaseModel]):
         field = models[0].model_fields[part]
         kinds = _unwrap(field.annotation)
     return field
+
+
+ABSENT = object()
+
+
+def config_diff(base: Any, config: Any, skip: tuple[str, ...] = ("name",),
+                prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(key, base value, this value) for each place two configs differ, as deep as both
+    have the same shape: mappings key by key, lists of one length item by item; where
+    the shapes part (a mapping against null, lists of other lengths) the whole value.
+    A key only one side has is ``ABSENT`` on the other; top-level keys in ``skip`` are
+    left out."""
+    if isinstance(base, dict) and isinstance(config, dict):
+        out = []
+        for k in dict.fromkeys([*base, *config]):
+            if not prefix and k in skip:
+                continue
+            out += config_diff(base.get(k, ABSENT), config.get(k, ABSENT), skip,
+                               f"{prefix}.{k}" if prefix else str(k))
+        return out
+    if isinstance(base, list) and isinstance(config, list) and len(base) == len(config):
+        out = []
+        for i, (a, b) in enumerate(zip(base, config)):
+            out += config_diff(a, b, skip, f"{prefix}[{i}]")
+        return out
+    return [] if base == config else [(prefix, base, config)]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import quote
 
+from kvsim.config.keypaths import ABSENT
 from kvsim.study.table import fmt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -148,32 +149,6 @@ def table(header: list[tuple[str, str]], rows: list[tuple[str, list[str]]], iden
                     for cls, cells in rows)
     return (f'<div class="scroll"><table class="sortable" id="{esc(ident)}"><thead><tr>{ths}</tr></thead>'
             f"<tbody>\n{trs}\n</tbody></table></div>")
-
-
-ABSENT = object()
-
-
-def config_diff(base: Any, config: Any, skip: tuple[str, ...] = ("name",),
-                prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """(key, base value, this value) for each place two configs differ, as deep as both
-    have the same shape: mappings key by key, lists of one length item by item; where
-    the shapes part (a mapping against null, lists of other lengths) the whole value.
-    A key only one side has is ``ABSENT`` on the other; top-level keys in ``skip`` are
-    left out."""
-    if isinstance(base, dict) and isinstance(config, dict):
-        out = []
-        for k in dict.fromkeys([*base, *config]):
-            if not prefix and k in skip:
-                continue
-            out += config_diff(base.get(k, ABSENT), config.get(k, ABSENT), skip,
-                               f"{prefix}.{k}" if prefix else str(k))
-        return out
-    if isinstance(base, list) and isinstance(config, list) and len(base) == len(config):
-        out = []
-        for i, (a, b) in enumerate(zip(base, config)):
-            out += config_diff(a, b, skip, f"{prefix}[{i}]")
-        return out
-    return [] if base == config else [(prefix, base, config)]
 
 
 def show_value(key: str, v: Any) -> str:

@@ -21,8 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvsim.study.html_page import (cell, config_diff, diff_table, esc, figures, fmt, href,
-                                   leading_comment, page, prose, table, write_page)
+from kvsim.config.keypaths import config_diff
+from kvsim.study.html_page import (cell, diff_table, esc, figures, fmt, href, leading_comment,
+                                   page, prose, table, write_page)
 from kvsim.study.labels import metric_label
 from kvsim.study.points import Point
 

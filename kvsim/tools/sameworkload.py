@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from kvsim.config.keypaths import ABSENT, config_diff
 
 #: the top-level keys, beside ``workload``, that decide what a replay's requests are and
 #: what computes them: a hw run re-predicted by the sim must have run the same
@@ -31,25 +32,16 @@ def one_workload(ra: list, rb: list, a: str | Path, b: str | Path) -> None:
                          "runs of one workload")
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    return {prefix: d}
-
-
 def same_replay(now: dict, saved: dict, folder: str | Path) -> None:
     """ValueError unless ``saved`` (a hw run's resolved config) replayed what ``now`` (the
     config to re-predict it with, resolved) replays: the same ``REPLAY_KEYS`` and
     ``workload`` section, its ``path`` aside (the trace may lie elsewhere here). Keys one of
     them lacks (a run saved before they existed) are not compared; the hardware profile,
     the tiers and the engine may differ (what a re-prediction varies)."""
-    a = _flat({k: saved[k] for k in (*REPLAY_KEYS, "workload") if k in saved})
-    b = _flat({k: now[k] for k in (*REPLAY_KEYS, "workload") if k in now})
-    diffs = [f"{k} {a[k]!r} there, {b[k]!r} here" for k in sorted(set(a) & set(b))
-             if k != "workload.path" and a[k] != b[k]]
+    keys = [k for k in (*REPLAY_KEYS, "workload") if k in saved and k in now]
+    diffs = [f"{k} {x!r} there, {y!r} here" for k, x, y in sorted(config_diff(
+        {k: saved[k] for k in keys}, {k: now[k] for k in keys}, skip=()), key=lambda d: d[0])
+        if k != "workload.path" and x is not ABSENT and y is not ABSENT]
     if diffs:
         more = f"; and {len(diffs) - 4} more" if len(diffs) > 4 else ""
         raise ValueError(f"--hw-from {folder}: its hw run replayed another workload or model: "
