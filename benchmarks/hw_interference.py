@@ -228,7 +228,7 @@ def against_runs(rows: list[dict], profile, sims: list[float] | None = None
     per kind, the sim's mean |stretch - hw's median over the runs| beside the runs' own
     mean |stretch - that median|, and how many such cells: (sim, hw, cells). ``sims``:
     the sim's stretch of each row (``--loo``: each run's by its own fold's terms), or
-    None: ``profile``'s, the same for every run of a cell."""
+    None: ``profile``'s of each row (a run's own copy lead may differ from another's)."""
     by: dict[tuple, list[tuple[dict, float | None]]] = {}
     for i, r in enumerate(rows):
         if r.get("device", "gpu") == "gpu":
@@ -240,7 +240,7 @@ def against_runs(rows: list[dict], profile, sims: list[float] | None = None
         s = [c["stretch"] for c, _ in cs]
         med = statistics.median(s)
         e = out.setdefault(key[0], [[], []])
-        sim = [predict_cell(profile, cs[0][0])[0]] if sims is None else [p for _, p in cs]
+        sim = [predict_cell(profile, c)[0] if p is None else p for c, p in cs]
         e[0].append(statistics.mean(abs(x - med) for x in sim))
         e[1].append(statistics.mean(abs(x - med) for x in s))
     return {k: (statistics.mean(a), statistics.mean(b), len(a)) for k, (a, b) in out.items()}

@@ -200,6 +200,21 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
     assert hw_interference.against_runs([{**base, "stretch": 0.1, "spread": 0.0}], prof) == {}
 
 
+def test_each_run_of_a_cell_is_predicted_with_its_own_copy_lead(tmp_path):
+    """Two runs of one cell whose copies started at different times after the compute:
+    the sim's distance from hw's median is the mean of each run's own prediction's, not
+    the first run's taken for both."""
+    base = {**_cpu_cell(tmp_path), "device": "gpu", "compute_s": 0.002, "spread": 0.0}
+    prof = load_profile(hw_interference.PROFILE)
+    early, late = {**base, "copy_lead_s": 0.0}, {**base, "copy_lead_s": 0.0015}
+    p0, p1 = predict_cell(prof, early)[0], predict_cell(prof, late)[0]
+    assert p0 != p1  # (a copy that starts later slows less of the compute)
+    runs = [{**early, "stretch": 0.10}, {**late, "stretch": 0.20}]
+    got = hw_interference.against_runs(runs, prof)
+    med = 0.15
+    assert got == {base["kind"]: pytest.approx(((abs(p0 - med) + abs(p1 - med)) / 2, 0.05, 1))}
+
+
 def test_the_median_of_the_other_runs_is_judged_as_a_prediction(tmp_path):
     """Four runs of one cell, one far off: each run judged by the median of the other
     three; the three close runs each find theirs within 10%, the far one not; of the 12
