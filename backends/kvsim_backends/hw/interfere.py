@@ -196,10 +196,11 @@ def _done_at(ev):
 
 
 def _one(rt, be, work, compute_s, batches, path, gap_s
-         ) -> tuple[float, float | None, list[float], float | None]:
+         ) -> tuple[float, float | None, list[float], float | None, float | None]:
     """(the compute's seconds, the copy's seconds or None, each batch's seconds, the host
-    seconds from the compute's first kernel to the copies' call or None) of one rep after
-    ``gap_s`` idle."""
+    seconds from the compute's first kernel to the copies' call or None, the seconds of
+    the compute's GEMM part where it had one and reads after it, else None) of one rep
+    after ``gap_s`` idle."""
     time.sleep(gap_s)
     tc = time.perf_counter()
     job = be.compute(compute_s, work)
@@ -215,7 +216,30 @@ def _one(rt, be, work, compute_s, batches, path, gap_s
         copy_s = max(each)
         if not all(ok for ok, _ in got):
             raise RuntimeError(f"a transfer failed on {path.value}: {list(be.errors)}")
-    return float(_wait(rt, [job])[0]), copy_s, each, lead
+    took = float(_wait(rt, [job])[0])
+    part = be.standin.gemm_part_s() if be.standin is not None else None
+    return took, copy_s, each, lead, (None if part is None else rt.wall_to_sim(part))
+
+
+def _parts(alone: list[float], with_: list[float], ga: list, gw: list) -> dict:
+    """A cell's parts (a step of GEMMs, then reads): the GEMM part's seconds each rep alone
+    (``ga``) and with the copy (``gw``), and each part's stretch and spread as the whole
+    step's (the medians' ratio less 1; half the range of each rep's over the median alone;
+    the reads' part is a rep's time less its GEMM part's); empty where a rep had no GEMM
+    part's time (a step of one part, CPU mode)."""
+    if not ga or any(x is None for x in ga + gw):
+        return {}
+    reads_a = [t - g for t, g in zip(alone, ga)]
+    reads_w = [t - g for t, g in zip(with_, gw)]
+    out: dict = {"gemm_part_alone_reps": ga, "gemm_part_with_reps": gw}
+    for part, a, w in (("gemm", ga, gw), ("reads", reads_a, reads_w)):
+        base = statistics.median(a)
+        if base <= 0:
+            continue
+        each = [x / base - 1.0 for x in w]
+        out[f"{part}_part_stretch"] = statistics.median(w) / base - 1.0
+        out[f"{part}_part_spread"] = (max(each) - min(each)) / 2
+    return out
 
 
 def _plan(be, seconds: float, work: StepWork) -> dict | None:
@@ -242,7 +266,9 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
     ``work`` (the StepWork's fields), ``projections`` (the stand-in's GEMMs), ``plan``
     (what the stand-in ran for the compute: its GEMM chains ``[M, chains]`` and read
     seconds, by the chains' calibrated seconds ``chain_s``; None without the stand-in),
-    ``device``. ``settings_for(page_bytes, slots,
+    ``device``; for a step of GEMMs then reads on the stand-in, each part's stretch
+    (``_parts``: ``gemm_part_stretch``, ``reads_part_stretch``, and the GEMM part's
+    seconds each rep). ``settings_for(page_bytes, slots,
     **options)``: settings on the profile being measured (``kvsim.run.seam.settings_for``
     with it)."""
     rng = np.random.default_rng(seed)
@@ -272,16 +298,18 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                 batches = {"h2d": [h2d], "d2h": [d2h], "both": [h2d, d2h]}[c.dir]
                 path = CopyPath(c.path) if on_gpu else CopyPath.COPY_ENGINE
                 work = works[c.kind]
-                alone, with_, copies, dirs, leads = [], [], [], [], []
+                alone, with_, copies, dirs, leads, ga, gw = [], [], [], [], [], [], []
                 for r in range(reps + 1):
-                    a, _, _, _ = _one(rt, be, work, c.compute_s, [], path, gap_s)
-                    w, cs, ends, lead = _one(rt, be, work, c.compute_s, batches, path, gap_s)
+                    a, _, _, _, pa = _one(rt, be, work, c.compute_s, [], path, gap_s)
+                    w, cs, ends, lead, pw = _one(rt, be, work, c.compute_s, batches, path, gap_s)
                     if r:
                         alone.append(a)
                         with_.append(w)
                         copies.append(cs)
                         dirs.append(ends)
                         leads.append(lead)
+                        ga.append(pa)
+                        gw.append(pw)
                 base = statistics.median(alone)
                 each = [x / base - 1.0 for x in with_]
                 row = {**asdict(c), "alone_s": base, "with_s": statistics.median(with_),
@@ -302,7 +330,7 @@ def measure_cells(settings_for: Callable, cells: list[Cell], works: Mapping[str,
                        "ctas": dict(be.ctas) if c.path == "sm_kernel" else None,
                        "work": list(work), "projections": [list(x) for x in be.settings.model.projections],
                        "plan": _plan(be, c.compute_s, work),
-                       "device": "gpu" if on_gpu else "cpu"}
+                       "device": "gpu" if on_gpu else "cpu", **_parts(alone, with_, ga, gw)}
                 out.append(row)
                 if progress is not None:
                     progress(f"{c.name}: stretch {row['stretch'] * 100:+.1f}% "

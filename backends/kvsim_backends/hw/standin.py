@@ -144,6 +144,9 @@ class StandIn:
         self._capture_stream = None
         self.gemm_calls = 0  # cuBLAS calls launched (each costs host time on the caller's thread)
         self.launched_at = 0.0  # host perf_counter() as the last step's first kernel was enqueued
+        # (events on the stream around the last step's GEMM part, where it also read:
+        # ``gemm_part_s``; None otherwise)
+        self._marks: tuple[Any, Any] | None = None
 
     def _direct_gemm(self, rand):
         """``gemm(a, b, c, m, k, n)``: ``c[:m] = a[:m] @ b`` (row-major, contiguous fp16)
@@ -255,15 +258,33 @@ class StandIn:
         as GEMMs, the rest as reads (``plan``). Returns the plan (for logs and tests)."""
         g, gemms, read_s = plan(seconds, work, self.model, self.chain_s)
         self.launched_at = time.perf_counter()
+        ctas = int(read_s * self.read_Bps / READ_CTA_BYTES) if read_s > 0 else 0
+        self._marks = None
         if gemms:
+            start = self.cp.cuda.Event() if ctas else None
             with stream:
+                if start is not None:
+                    start.record(stream)
                 for m, k in gemms:
                     for _ in range(k):
                         self._chain(m)
-        ctas = int(read_s * self.read_Bps / READ_CTA_BYTES) if read_s > 0 else 0
+            if start is not None:
+                mid = self.cp.cuda.Event()
+                mid.record(stream)
+                self._marks = (start, mid)
         if ctas:
             self._reads(stream, ctas)
         return {"gemm_share": g, "gemms": gemms, "read_s": read_s, "read_ctas": ctas}
+
+    def gemm_part_s(self) -> float | None:
+        """GPU seconds the last step's GEMM part took, for a step of both parts once it has
+        run (its reads follow on the stream: the rest of the step's time is theirs); None
+        for a step of one part."""
+        if self._marks is None:
+            return None
+        start, mid = self._marks
+        mid.synchronize()
+        return self.cp.cuda.get_elapsed_time(start, mid) / 1e3
 
     def _reads(self, stream, ctas: int) -> None:
         """``ctas`` CTAs of reads as kernels of about ``chunk_s`` each: whole chunks through
