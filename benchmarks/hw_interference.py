@@ -33,7 +33,10 @@ Beside each cell, the sim's prediction of the same compute and copy on ``--profi
 10% of hw's, or within hw's own spread (half the range of its reps) where that is wider.
 Each cell also saves each direction's batch from its call to its end (``copy_dir_s``);
 below the table, the cells both ways list those beside the sim's, and how many of each
-direction's ends the sim gets within 10%. Saved runs may be gzipped (``.json.gz``). Last line:
+direction's ends the sim gets within 10%. A step of GEMMs then reads (the mix) also times
+its GEMM part apart on the stand-in (runs from 2026-12-05 on): below those, each part's
+stretch hw / sim and how many of each part are within (``kvsim.tools.fitparts``).
+Saved runs may be gzipped (``.json.gz``). Last line:
 ``hw_interference_sim_within: K of N``.
 
     python3 benchmarks/hw_interference.py [--json OUT] [--full | --sweep | --split | --lengths]
@@ -84,7 +87,8 @@ sys.path[:0] = [_ROOT, os.path.join(_ROOT, "backends")]  # the checkout, install
 from kvsim.config.hardware import ProfileError, load_profile  # noqa: E402
 from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
-from kvsim.tools.fitkinds import KIND_MODEL, fill_leads, fit_interference, kind_works  # noqa: E402
+from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works, part_rows  # noqa: E402
+from kvsim.tools.fitparts import fill_leads, report_parts  # noqa: E402
 from kvsim_backends.hw.interfere import (default_grid, full_grid, lengths_grid, measure_cells,  # noqa: E402
                                          split_grid, sweep_grid)
 
@@ -367,6 +371,7 @@ def main(argv=None) -> None:
         except ValueError as e:
             ap.error(str(e))
         good, n = report(rows, profile)
+        report_parts(part_rows(rows, profile))
         _print_against(against_runs(rows, profile))
         kinds = repeat_within_kinds(rows, profile)
         for kind, (hw, pairs, med, sim, cells) in kinds.items():
@@ -413,6 +418,7 @@ def main(argv=None) -> None:
                        "source": "benchmarks/hw_interference.py", "model": a.model,
                        "profile": a.profile, "reps": a.reps, "gap_s": a.gap, "cells": rows}, f, indent=1)
     good, n = report(rows, profile)
+    report_parts(part_rows(rows, profile))
     if rows and all(r["device"] == "gpu" for r in rows):
         print(f"hw_interference_sim_within: {good} of {n}")
     else:

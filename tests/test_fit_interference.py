@@ -8,12 +8,14 @@ from __future__ import annotations
 import pytest
 
 from kvsim.config.hardware import load_profile
+from kvsim.core.datapath.work import StepWork
 from kvsim.core.spec import Level
 from kvsim.engine.compute import ComputeModel, load_model
 from kvsim.run.seam import settings_for
 from kvsim.tools.fit import predict_cell
-from kvsim.tools.fitkinds import (Cell, _structure, check_kind_terms, fill_leads, fit_cells,
-                                  fit_interference, loss, sim_cell)
+from kvsim.tools.fitkinds import (Cell, _structure, check_kind_terms, fit_cells, fit_interference,
+                                  loss, part_rows, sim_cell)
+from kvsim.tools.fitparts import fill_leads, hw_parts, report_parts
 
 MiB = 1 << 20
 BASE = load_profile("h200-pcie-calibrated")
@@ -207,3 +209,76 @@ def test_keep_leaves_the_bases_terms_and_counts_both_sets():
     with pytest.raises(ValueError, match="--kind-terms both: expected fit or keep"):
         check_kind_terms("both", BASE)
     check_kind_terms("fit", bare)  # (fitting needs no base terms)
+
+
+def _mix_both(lead: float = 0.0) -> dict:
+    """The mix under 1 GiB each way of 1 MiB pages on the SM kernel (longer than its 20 ms:
+    both parts under the copy), hw's stretch the sim's on TRUE."""
+    row = next(r for r in _cells() if r["kind"] == "mix" and r["path"] == "sm_kernel" and r["dir"] == "both")
+    row = {**row, "copy_lead_s": lead, "batches": [["h2d", 1024], ["d2h", 1024]], "pages": 2048,
+           "bytes": 2048 * MiB}
+    row["stretch"] = predict_cell(TRUE_P, row)[0]
+    return row
+
+
+def test_a_steps_parts_stretch_by_the_time_each_takes():
+    """The decode-like mix (GEMMs, then reads) under a copy both ways on the SM kernel:
+    each part's stretch, weighted by its nominal share, is the whole step's; a copy that
+    starts after the GEMM part slows the reads alone."""
+    s = TRUE_P.interference_structure(page_bytes=MiB)
+    c = Cell(BASE, _mix_both())
+    g, r = c.parts(s)
+    assert g > 0.05 and r > 0.0
+    assert c.share * (1 + g) + (1 - c.share) * (1 + r) - 1 == pytest.approx(c.stretch(s), rel=1e-9)
+    late = Cell(BASE, _mix_both(lead=c.seconds * c.share + 1e-4))  # (after the GEMM part)
+    g2, r2 = late.parts(s)
+    assert g2 == pytest.approx(0.0, abs=1e-12) and r2 > 0.0
+    # a step of GEMMs alone has no reads part
+    gemm = next(x for x in _cells() if x["kind"] == "gemm" and x["path"] == "sm_kernel")
+    whole = Cell(BASE, {**gemm, "work": list(StepWork(*gemm["work"])._replace(memory_s=0.0))})
+    assert whole.parts(s)[1] is None
+
+
+def test_a_cell_timed_in_parts_is_fitted_by_its_parts():
+    """Two parts that err in opposite ways can sum to the whole step's stretch: judged as a
+    whole the cell fits, judged by the parts hw timed apart it does not."""
+    s = TRUE_P.interference_structure(page_bytes=MiB)
+    row = _mix_both()
+    c0 = Cell(BASE, row)
+    g, r = c0.parts(s)
+    assert loss([c0], s) == pytest.approx(0.0, abs=1e-9)  # (hw's stretch: the sim's own)
+    right = {**row, "gemm_part_stretch": g, "reads_part_stretch": r,
+             "gemm_part_spread": 0.0, "reads_part_spread": 0.0}
+    assert hw_parts(right) == {"gemm": (g, 0.0), "reads": (r, 0.0)}
+    assert loss([Cell(BASE, right)], s) == pytest.approx(0.0, abs=1e-9)
+    # the GEMM part 0.05 slower, the reads as much faster as keeps the whole step's time
+    dg = 0.05
+    wrong = {**right, "gemm_part_stretch": g + dg,
+             "reads_part_stretch": r - dg * c0.share / (1 - c0.share)}
+    cw = Cell(BASE, wrong)
+    assert cw.share * (1 + g + dg) + (1 - cw.share) * (1 + wrong["reads_part_stretch"]) - 1 \
+        == pytest.approx(row["stretch"], rel=1e-9)
+    def rho(z):  # (the fit's robust loss of an error in tolerances)
+        return z * z if z < 1 else 2 * z - 1
+    dr = dg * c0.share / (1 - c0.share)
+    want = 0.5 * rho(dg / max(0.1 * abs(g + dg), 0.003)) + 0.5 * rho(dr / max(0.1 * abs(r - dr), 0.003))
+    assert want > 0.2 and loss([cw], s) == pytest.approx(want, rel=1e-6)
+    # one part alone is not a cell timed in parts
+    assert hw_parts({**row, "gemm_part_stretch": g}) == {}
+
+
+def test_the_parts_table_counts_each_part_within(capsys):
+    row = _mix_both()
+    s = BASE.interference_structure(page_bytes=MiB)
+    g, r = Cell(BASE, row).parts(s)
+    rows = [{**row, "gemm_part_stretch": g, "reads_part_stretch": r * 2 + 0.05,
+             "gemm_part_spread": 0.0, "reads_part_spread": 0.0},
+            {**row, "device": "cpu", "gemm_part_stretch": g, "reads_part_stretch": r},
+            {k: v for k, v in row.items()}]  # (no parts: not in the table)
+    got = part_rows(rows, BASE)
+    assert len(got) == 1 and got[0][1]["gemm"] == pytest.approx((g, 0.0, g))
+    assert report_parts(got) == {"gemm": (1, 1), "reads": (0, 1)}
+    out = capsys.readouterr().out
+    assert f"gemm {g * 100:+.1f}% / {g * 100:+.1f}%" in out
+    assert "each part within 10% of hw's or its spread: gemm part: 1 of 1; reads part: 0 of 1" in out
+    assert report_parts([]) == {}

@@ -417,3 +417,25 @@ def test_fitted_terms_keep_each_kinds_other_keys():
     assert fg.straggle_h2d == 0.5 and fm.hbm_weight == 0.25
     assert (fg.busy_cta_efficiency, fg.busy_cta_efficiency_d2h) == (g.busy_cta_efficiency, g.busy_cta_efficiency_d2h)
     assert fg.backlog_d2h == g.backlog_d2h and fm.hbm_write_weight == base.sm.interference.memory.hbm_write_weight
+
+
+def test_a_step_of_two_parts_is_timed_part_by_part():
+    """Three reps of a step whose GEMM part hw timed apart (ms): each part's stretch is
+    the medians' ratio, its spread half the range of each rep over the median alone, the
+    reads' part a rep's time less its GEMM part's."""
+    from kvsim_backends.hw.interfere import _parts
+    alone, ga = [10.0, 10.2, 9.8], [4.0, 4.1, 3.9]
+    with_, gw = [12.0, 12.4, 11.8], [5.0, 5.2, 4.8]
+    got = _parts(alone, with_, ga, gw)
+    assert got["gemm_part_stretch"] == pytest.approx(5.0 / 4.0 - 1)
+    assert got["gemm_part_spread"] == pytest.approx((5.2 - 4.8) / 4.0 / 2)
+    # reads alone 6.0, 6.1, 5.9 (median 6.0); with the copy 7.0, 7.2, 7.0 (median 7.0)
+    assert got["reads_part_stretch"] == pytest.approx(7.0 / 6.0 - 1)
+    assert got["reads_part_spread"] == pytest.approx((7.2 - 7.0) / 6.0 / 2)
+    assert got["gemm_part_alone_reps"] == ga and got["gemm_part_with_reps"] == gw
+    # a step of one part (or CPU mode, no stand-in) has none
+    assert _parts(alone, with_, [None] * 3, [None] * 3) == {} and _parts([], [], [], []) == {}
+
+
+def test_a_cpu_cell_has_no_parts(tmp_path):
+    assert not any(k.endswith("_part_stretch") for k in _cpu_cell(tmp_path))

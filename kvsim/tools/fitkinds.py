@@ -20,7 +20,8 @@ together (the mixed step is its two parts), a robust loss of the error in units 
 cell's tolerance (10% of hw's stretch, or hw's own spread where wider, as
 ``benchmarks/hw_interference.py`` counts a cell within): squared within 2 tolerances,
 linear beyond, so that a few cells far off (power-bound GEMM chains, reps that
-disagree) do not pull the rest. Nelder-Mead from two flat starts and the base profile's
+disagree) do not pull the rest; a cell whose two parts hw timed apart counts each part's
+error, half each, in place of the whole step's (``kvsim.tools.fitparts``). Nelder-Mead from two flat starts and the base profile's
 own terms (``fit_cells``), the terms kept >= 0.
 """
 
@@ -36,6 +37,7 @@ from kvsim.core.datapath.interference import IDLE, KindTerms, MixTable, Structur
 from kvsim.core.datapath.work import StepWork, gemm_share
 from kvsim.core.spec import Level
 from kvsim.settings import ModelSettings
+from kvsim.tools.fitparts import PARTS, hw_parts, part_tolerance
 from kvsim.tools.measured import batch
 
 MIN_CELLS = 3  # a kind is fitted from at least this many cells
@@ -70,28 +72,6 @@ def share_works(profile: HardwareProfile, model: str = KIND_MODEL) -> dict[str, 
 
 def cell_work(row: dict) -> StepWork:
     return StepWork(*row["work"])
-
-
-def fill_leads(rows: list[dict], ref: list[dict]) -> int:
-    """Give each of ``rows`` without a ``copy_lead_s`` (a run measured before hw's harness
-    recorded it) the lead of ``ref``'s cells of its kind at its compute's length: their
-    median at each length, linear between lengths, the nearest beyond them (the lead is the
-    host time the compute's kernels take to enqueue: it grows with the step's GEMM calls).
-    Rows of a kind ``ref`` lacks keep none. Returns how many rows were given one."""
-    by: dict[str, dict[float, list[float]]] = {}
-    for r in ref:
-        if r.get("copy_lead_s") is not None:
-            by.setdefault(r["kind"], {}).setdefault(float(r["compute_s"]), []).append(float(r["copy_lead_s"]))
-    n = 0
-    for r in rows:
-        if r.get("copy_lead_s") is not None or r["kind"] not in by:
-            continue
-        at = sorted(by[r["kind"]].items())
-        xs = [t for t, _ in at]
-        ys = [float(np.median(v)) for _, v in at]
-        r["copy_lead_s"] = float(np.interp(float(r["compute_s"]), xs, ys))
-        n += 1
-    return n
 
 
 def _cell_batches(c: dict) -> list[tuple[str, int]]:
@@ -209,16 +189,33 @@ class Cell:
         self.kind = row["kind"]
         self.hw = float(row["stretch"])
         self.tol = max(0.10 * abs(self.hw), float(row.get("spread", 0.0)))
+        # (hw's parts where it timed them: (stretch, tolerance) of the GEMM part, the reads')
+        self.hw_parts = tuple((h, part_tolerance(h, sp)) for h, sp in hw_parts(row).values())
 
     def stretch(self, s: Structure) -> float:
         """The step's stretch under the cell's loads with ``s``'s terms (as the fluid
         runs it: its GEMM part first, then its reads; unslowed before the first load), its
         GPU -> host CTAs draining at its page size's rate, their pages of its size."""
+        return self._run(s)[0] / self.seconds - 1.0
+
+    def parts(self, s: Structure) -> tuple[float | None, float | None]:
+        """Each part's stretch, as ``stretch`` runs them (the GEMM part's, the reads'):
+        what hw's cells of a step of both parts measure apart (``gemm_part_stretch``,
+        ``reads_part_stretch``); None for a part the step has none of."""
+        end, gemm_end = self._run(s)
+        g = self.seconds * self.share
+        m = self.seconds - g
+        return (gemm_end / g - 1.0 if g > 0 else None,
+                (end - gemm_end) / m - 1.0 if m > 0 else None)
+
+    def _run(self, s: Structure) -> tuple[float, float]:
+        """(the step's end, its GEMM part's end), seconds from its start (``stretch``)."""
         if s.cta_d2h_Bps != self.drain or s.page_bytes != self.page:
             s = replace(s, cta_d2h_Bps=self.drain, page_bytes=self.page)
         g_left = self.seconds * self.share
         m_left = self.seconds - g_left
         t = 0.0
+        g_end = 0.0 if g_left <= 0 else math.inf
         segs = [(0.0, IDLE)] + self.loads
         for i, (_, ld) in enumerate(segs):
             end = segs[i + 1][0] if i + 1 < len(segs) else math.inf
@@ -237,14 +234,15 @@ class Cell:
                     continue
                 t += need
                 g_left = 0.0
+                g_end = t
                 span = end - t
             need = m_left * (1.0 + sm)
             if need >= span:
                 m_left -= span / (1.0 + sm)
                 t = end
                 continue
-            return (t + need) / self.seconds - 1.0
-        return t / self.seconds - 1.0
+            return t + need, g_end
+        return t, g_end
 
 
 ZERO = KindTerms(0.0, 0.0, 0.0, 0.0)
@@ -275,12 +273,39 @@ def _split(x):
     return _terms("gemm", x[:n]), _terms("memory", x[n:])
 
 
+def _rho(z: float) -> float:
+    return z * z if z < 1.0 else 2.0 * z - 1.0
+
+
 def loss(cells: list[Cell], s: Structure) -> float:
-    """The robust loss of ``s`` over ``cells`` (see the module docstring)."""
+    """The robust loss of ``s`` over ``cells`` (see the module docstring); a cell whose
+    parts hw timed apart (``kvsim.tools.fitparts``) counts its two parts' errors, half
+    each, in place of the whole step's."""
     out = 0.0
     for c in cells:
-        z = abs(c.stretch(s) - c.hw) / max(c.tol, 0.003)
-        out += z * z if z < 1.0 else 2.0 * z - 1.0
+        if c.hw_parts:
+            for (hw, tol), sim in zip(c.hw_parts, c.parts(s)):
+                out += 0.5 * _rho(abs((sim or 0.0) - hw) / max(tol, 0.003))
+            continue
+        out += _rho(abs(c.stretch(s) - c.hw) / max(c.tol, 0.003))
+    return out
+
+
+def part_rows(rows: list[dict], profile: HardwareProfile
+              ) -> list[tuple[dict, dict[str, tuple[float, float, float]]]]:
+    """Each GPU row whose parts hw timed apart, and {part: (hw's stretch, its spread, the
+    sim's on ``profile``)} (``kvsim.tools.fitparts.report_parts`` prints them)."""
+    out = []
+    for r in rows:
+        hw = hw_parts(r)
+        s = profile.interference_structure(page_bytes=r["page"])
+        if not hw or s is None or r.get("device", "gpu") != "gpu":
+            continue
+        got = {}
+        for p, x in zip(PARTS, Cell(profile, r).parts(s)):
+            if x is not None:
+                got[p] = (hw[p][0], hw[p][1], x)
+        out.append((r, got))
     return out
 
 
