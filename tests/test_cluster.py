@@ -205,6 +205,53 @@ def test_bad_cluster_settings_exit_2_naming_the_key(tmp_path):
         check_cluster(cfg, "hw", 1000, available=None)
 
 
+class RaisesInRoute(Router):
+    def route(self, req, probe):
+        return {}["no such key"]          # a user's bug inside its decision
+
+
+class ProbesPastTheEnd(Router):
+    def route(self, req, probe):
+        return probe.cached(probe.instances)[0]   # an instance the cluster does not have
+
+
+class ReturnsABool(Router):
+    def route(self, req, probe):
+        return True                       # a truth value, not an instance index
+
+
+class FailsToBuild(Router):
+    def __init__(self, instances, knobs, seed):
+        raise RuntimeError("cannot start")
+
+
+def test_a_users_router_that_fails_exits_2_naming_the_key(tmp_path, monkeypatch):
+    """A user's router that cannot be imported or built, raises inside its decision or
+    answers something that is not an instance index: one error line naming
+    router.policy, exit 2, no traceback, nothing written."""
+    monkeypatch.setitem(sys.modules, "cluster_bad_routers", sys.modules[__name__])
+    broken = tmp_path / "mods"
+    broken.mkdir()
+    (broken / "router_syntax.py").write_text("def route(:\n")
+    (broken / "router_raises.py").write_text("raise RuntimeError('at import')\n")
+    monkeypatch.syspath_prepend(str(broken))
+    runner = CliRunner()
+    for cls, said in [("cluster_bad_routers:RaisesInRoute", "KeyError"),
+                      ("cluster_bad_routers:ProbesPastTheEnd", "IndexError"),
+                      ("cluster_bad_routers:ReturnsABool", "returned True"),
+                      ("cluster_bad_routers:FailsToBuild", "RuntimeError: cannot start"),
+                      ("router_syntax:Any", "SyntaxError"),
+                      ("router_raises:Any", "RuntimeError: at import")]:
+        out = tmp_path / "o"
+        sets = _sets(tmp_path, "node.ranks=2", f"router.policy={cls}")
+        r = runner.invoke(app, ["run", "configs/mooncake-conversation.yaml", "--out", str(out),
+                                *sum((["--set", x] for x in sets), [])])
+        assert r.exit_code == 2, (cls, r.output)
+        assert r.output.startswith("error: --set router.policy="), (cls, r.output)
+        assert said in r.output and "Traceback" not in r.output, (cls, r.output)
+        assert not out.exists()
+
+
 SYN = ["workload.synthetic.n_sessions=8", "model=llama-3-8b", "cache.page_bytes=2MiB",
        "cache.tiers=[{level: gpu, quota: 4GiB}, {level: host, quota: 4GiB}]"]
 

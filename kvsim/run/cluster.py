@@ -42,7 +42,7 @@ from typing import Any, Iterator, Sequence
 
 from kvsim.config import ConfigFileError
 from kvsim.core.keys import chain_key, scope_root
-from kvsim.core.routing import Load, RouteRequest, Router, make_router
+from kvsim.core.routing import ROUTERS, Load, RouteRequest, Router, make_router
 from kvsim.run.routeindex import DEPTH, KeyIndex, LoadOrder, bits
 from kvsim.engine.arrivals import Arrivals
 from kvsim.engine.metrics import NS
@@ -89,7 +89,6 @@ def check_cluster(cfg, backend: str, slots: int, available: int | None) -> None:
 def build_router(cfg, instances: int) -> Router:
     """The configured router for ``instances`` instances (a user's ``module:Class`` with
     ``router.knobs``). ConfigFileError naming ``router.policy`` when it is not a router."""
-    from kvsim.core.routing import ROUTERS  # noqa: PLC0415
     from kvsim.run.policies import PolicyError, load_user_class  # noqa: PLC0415
 
     name = cfg.router.policy
@@ -101,8 +100,9 @@ def build_router(cfg, instances: int) -> Router:
                           f"kvsim.core.routing.Router")
     try:
         return cls(instances, dict(cfg.router.knobs), cfg.seed)
-    except (TypeError, ValueError) as e:
-        raise PolicyError(f"{KEY}: {name}(instances, router.knobs, seed) failed: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user's constructor may fail any way
+        raise PolicyError(f"{KEY}: {name}(instances, router.knobs, seed) failed: "
+                          f"{type(e).__name__}: {e}") from None
 
 
 class ClusterProbe:
@@ -237,8 +237,15 @@ class Cluster:
                            block_tokens=self.B, previous=self.where.get(cur.sid))
         probe = ClusterProbe(self.mgrs, self.engines, self.levels, frame.session.scope, blocks,
                              turn.input_tokens, self.B, self.keys, self.loads)
-        i = self.router.route(req, probe)
-        if not (isinstance(i, int) and 0 <= i < len(self.engines)):
+        try:
+            i = self.router.route(req, probe)
+        except Exception as e:  # noqa: BLE001
+            if type(self.router) in ROUTERS.values():
+                raise  # (a built-in's failure is kvsim's, not the config's)
+            raise ConfigFileError(f"{KEY}: {type(self.router).__name__}.route raised "
+                                  f"{type(e).__name__}: {e} (routing session {req.session!r} "
+                                  f"turn {req.turn})") from None
+        if isinstance(i, bool) or not (isinstance(i, int) and 0 <= i < len(self.engines)):
             raise ConfigFileError(f"{KEY}: {type(self.router).__name__}.route returned {i!r}; "
                                   f"expected an instance index in [0, {len(self.engines)})")
         self.where[cur.sid] = i

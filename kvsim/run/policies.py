@@ -93,6 +93,9 @@ def load_user_class(path: str, key: str, names: tuple[str, ...],
         return getattr(importlib.import_module(mod_name), cls_name)
     except (ImportError, AttributeError) as e:
         raise error(f"{key}: cannot load {path!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user's module may fail any way on import
+        raise error(f"{key}: cannot load {path!r}: importing {mod_name} raised "
+                    f"{type(e).__name__}: {e}") from None
 
 
 def load_user_policy(path: str, key: str = KEY, knobs: dict | None = None) -> EvictionPolicy:
