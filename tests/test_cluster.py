@@ -252,6 +252,29 @@ def test_a_users_router_that_fails_exits_2_naming_the_key(tmp_path, monkeypatch)
         assert not out.exists()
 
 
+@pytest.mark.parametrize("sets, key", [
+    (["router.policy=round-robin", "router.threshold=3"], "router.threshold"),
+    (["router.policy=session-affinity", "router.temperature=0.5"], "router.temperature"),
+    (["router.policy=least-loaded", "router.balance_threshold=4"], "router.balance_threshold"),
+    (["router.overlap_weight=2"], "router.overlap_weight"),            # session-hash
+    (["router.policy=cluster_user_router:Recorder", "router.host_weight=0.5"], "router.host_weight"),
+    (["router.policy=prefix-aware", "router.knobs={temperature: 0.5}"], "router.knobs")])
+def test_a_router_knob_the_policy_does_not_read_is_refused(tmp_path, sets, key):
+    """Each built-in router reads its own knobs only (round-robin none, session-affinity
+    threshold, prefix-aware the weights, balance threshold and temperature), and a user's
+    router only router.knobs: any other knob set away from its default would change
+    nothing, so the config is refused naming it (its default is no change, and passes)."""
+    runner = CliRunner()
+    r = runner.invoke(app, ["run", "configs/mooncake-conversation.yaml", "--out", str(tmp_path / "o"),
+                            *sum((["--set", x] for x in _sets(tmp_path, "node.ranks=2", *sets)), [])])
+    assert r.exit_code == 2, r.output
+    assert f"{key} " in r.output and "Traceback" not in r.output, r.output
+    assert not (tmp_path / "o").exists()
+    load_config("configs/mooncake-conversation.yaml",
+                _sets(tmp_path, "router.policy=round-robin", "router.threshold=2.0",
+                      "router.temperature=0", "router.balance_threshold=null", "router.knobs={}"))
+
+
 SYN = ["workload.synthetic.n_sessions=8", "model=llama-3-8b", "cache.page_bytes=2MiB",
        "cache.tiers=[{level: gpu, quota: 4GiB}, {level: host, quota: 4GiB}]"]
 

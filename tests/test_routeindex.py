@@ -30,9 +30,9 @@ TRACE = (Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake"
 SYN = ["workload.synthetic.n_sessions=12", "model=llama-3-8b", "cache.page_bytes=2MiB",
        "cache.tiers=[{level: gpu, quota: 2GiB}, {level: host, quota: 4GiB}]"]
 ROUTERS = ["least-loaded", "session-affinity", "prefix-aware",
-           "prefix-aware\nrouter.knobs={balance_threshold: 4}",
-           "prefix-aware\nrouter.knobs={temperature: 0.5}",
-           "prefix-aware\nrouter.knobs={overlap_weight: 2.5, host_weight: 1.3}"]
+           "prefix-aware\nrouter.balance_threshold=4",
+           "prefix-aware\nrouter.temperature=0.5",
+           "prefix-aware\nrouter.overlap_weight=2.5\nrouter.host_weight=0.9"]
 
 
 def _rows(sets, plain, monkeypatch):

@@ -90,6 +90,27 @@ class RouterConfig(Strict):
                              f"{self.host_weight}, {self.disk_weight}")
         return self
 
+    @model_validator(mode="after")
+    def _read(self) -> "RouterConfig":
+        """A knob the chosen policy does not read is refused, not ignored (its default, or
+        null where that is the default, unsets it)."""
+        from kvsim.core.routing import ROUTER_KNOBS  # noqa: PLC0415
+
+        reads = ROUTER_KNOBS.get(self.policy, ())
+        for key in ("overlap_weight", "gpu_weight", "host_weight", "disk_weight",
+                    "balance_threshold", "temperature", "threshold"):
+            if key in reads or getattr(self, key) == type(self).model_fields[key].default:
+                continue
+            owners = [p for p, ks in ROUTER_KNOBS.items() if key in ks]
+            mine = "" if self.policy in ROUTER_KNOBS else " (a module:Class router gets router.knobs only)"
+            raise ValueError(f"router.{key} applies to router.policy {' or '.join(owners)} "
+                             f"only; router.policy is {self.policy}{mine}")
+        if self.knobs and self.policy in ROUTER_KNOBS:
+            own = ", ".join(f"router.{k}" for k in reads) or "none"
+            raise ValueError(f"router.knobs are a module:Class router's own; the built-in "
+                             f"{self.policy} takes none of them (its knobs: {own})")
+        return self
+
     def builtin_knobs(self) -> dict[str, float]:
         """The built-in routers' knobs, as ``kvsim.core.routing`` takes them."""
         k = {"overlap_weight": self.overlap_weight, "gpu_weight": self.gpu_weight,
