@@ -116,3 +116,27 @@ def test_two_rank_compare_and_diff_report_each_rank(tmp_path):
     assert f"{out / 'hw'} has 2 rank(s)" in text and f"{one} has 1" in text, r.output
     d1 = json.loads((tmp_path / "d1.json").read_text())
     assert "ranks" not in d1 and d1["ranks_differ"].endswith("no per-rank table")
+
+
+def test_diff_of_a_node_routed_at_run_time_against_one_split_by_session_hash(tmp_path):
+    """Two routers on one node of two ranks (what a routing change did): the run-time
+    router's run reports its ranks as a cluster's instances, the session-hash run rank by
+    rank. Both are of one workload and two ranks: the diff is the node-wide table, and
+    says why there is no per-rank one (it is not refused as of different rank counts)."""
+    base = ["workload.synthetic.n_sessions=4", "model=llama-3-8b", "cache.page_bytes=2MiB",
+            "cache.tiers=[{level: gpu, quota: 4GiB}]", "node.ranks=2", "output.plots=false"]
+    runs = {}
+    for policy in ("session-hash", "round-robin"):
+        runs[policy] = tmp_path / policy
+        r = CliRunner().invoke(app, ["run", "default", *sets([*base, f"router.policy={policy}"]),
+                                     "--no-progress", "--out", str(runs[policy])])
+        assert r.exit_code == 0, r.output
+    routed = runs["round-robin"]
+    r = CliRunner().invoke(app, ["diff", str(routed), str(runs["session-hash"]),
+                                 "--out", str(tmp_path / "d.json")])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "ttft_p50_s" in text and "per rank" not in text
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert "ranks" not in d and d["ranks_differ"].startswith(f"{routed} reports its 2 ranks")
+    assert "round-robin" in d["ranks_differ"] and d["ranks_differ"] in text

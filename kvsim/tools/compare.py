@@ -418,8 +418,15 @@ def diff_runs(a: str | Path, b: str | Path) -> dict:
     report = {"a": str(a), "b": str(b), "a_backend": sa.get("backend"), "b_backend": sb.get("backend"),
               "a_config": name(sa), "b_config": name(sb), "metrics": metrics,
               "turns": {**hits_agreement(ra, rb), **turn_timing(ra, rb)}}
+    by_rank = [bool(s["metrics"].get("ranks")) for s in (sa, sb)]
     if na != nb:  # (node-wide figures still compare; rank by rank there is nothing to pair)
         report["ranks_differ"] = f"{a} has {na} rank(s), {b} has {nb}: no per-rank table"
+    elif by_rank[0] != by_rank[1]:  # one routed at run time: a cluster's instances, no ranks
+        routed = (a, sa) if by_rank[1] else (b, sb)
+        policy = (routed[1].get("config") or {}).get("router", {}).get("policy")
+        report["ranks_differ"] = (f"{routed[0]} reports its {na} ranks as a cluster's instances "
+                                  f"(router.policy {policy}), the other rank by rank: no "
+                                  f"per-rank table")
     else:
         ranks = per_rank(sa["metrics"], sb["metrics"], ("a", "b"), (str(a), str(b)))
         if ranks is not None:  # both a node of the same several ranks
