@@ -194,3 +194,16 @@ def test_bad_remote_settings_exit_2_naming_the_key(tmp_path):
         assert r.exit_code == 2, (more, r.output)
         assert key in r.output and "Traceback" not in r.output, r.output
         assert not (tmp_path / "o").exists()
+
+
+def test_an_instance_that_serves_nothing_counts_its_remote_hits_too(tmp_path):
+    """Three instances, two requests routed round robin: instance 2 serves none. With a
+    remote tier every instance's hit_tokens (and hit ratio by tier) has a remote count,
+    the idle one's 0, as the busy ones' do: the same keys in every instance."""
+    two = [(0, [1, 2, 3], 1), (1000, [7, 8], 1)]
+    res = _run(tmp_path, two, REMOTE, "cluster.nodes=3")
+    each = res.metrics["instances"]
+    assert [x["requests"] for x in each] == [1, 1, 0]
+    assert [x["hit_tokens"]["remote"] for x in each] == [0, 0, 0]
+    assert all(set(x["hit_tokens"]) == set(each[0]["hit_tokens"]) for x in each)
+    assert all("remote" in x["hit_ratio_by_tier"] for x in each)

@@ -92,6 +92,7 @@ class Metrics:
     requests_failed: int = 0
     holds_released: int = 0
     preemptions: int = 0
+    remote_on: bool = False          # a remote tier is configured (its hits counted, 0 or more)
     # a request's fixed state (engine.statemoves; reported where the model keeps one):
     # moves to host, back to GPU, states dropped, stashed ones that did not fit the next
     # turn's prefix, cached tokens computed again for it
@@ -116,7 +117,7 @@ class Metrics:
         span = end_ns / NS
         hit = {"gpu": sum(r.hit_gpu for r in done), "host": sum(r.hit_host for r in done),
                "disk": sum(r.hit_disk for r in done)}
-        if any(r.hit_remote >= 0 for r in self.rows):  # a remote tier (cache.remote)
+        if self.remote_on or any(r.hit_remote >= 0 for r in self.rows):  # cache.remote
             hit["remote"] = sum(r.hit_remote for r in done if r.hit_remote > 0)
         by_level = lambda vec: {levels[i]: int(vec[i]) for i in sorted(levels)}  # noqa: E731
         return {

@@ -126,6 +126,7 @@ def merge(metrics: Sequence[Metrics], ranks: int) -> Metrics:
         out.holds_released += m.holds_released
         out.preemptions += m.preemptions
         out.state_on |= m.state_on
+        out.remote_on |= m.remote_on
         out.state_stashed += m.state_stashed
         out.state_restored += m.state_restored
         out.state_dropped += m.state_dropped

@@ -42,6 +42,7 @@ def attach_remote(cfg, ranks: Sequence[Any], page_bytes: int) -> RemoteStore | N
     for rk in ranks:
         rk.mgr.dropped = []
         rk.engine.remote = RemotePort(store, rk.backend.network, page_bytes, r.write_through)
+        rk.engine.metrics.remote_on = True  # (an instance that serves nothing counts 0 remote)
     return store
 
 
