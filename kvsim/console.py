@@ -35,7 +35,8 @@ def summary_table(metrics: dict, title: str, policy: str | None = None) -> Table
     t.add_row("requests failed", fmt(m["requests_failed"]))
     t.add_row("input tokens", fmt(m["input_tokens"]))
     h = m["hit_tokens"]
-    t.add_row("hit tokens gpu / host / disk", f"{h['gpu']} / {h['host']} / {h['disk']}")
+    tiers = ("gpu", "host", "disk", "remote") if "remote" in h else ("gpu", "host", "disk")
+    t.add_row(f"hit tokens {' / '.join(tiers)}", " / ".join(str(h[k]) for k in tiers))
     t.add_row("hit ratio", fmt(m["hit_ratio"]))
     t.add_row("computed tokens", fmt(m["computed_tokens"]))
     for key, label in (("ttft_s", "TTFT s"), ("tpot_s", "TPOT s"), ("e2e_s", "E2E s")):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from kvsim.cli import app
@@ -207,3 +208,18 @@ def test_an_instance_that_serves_nothing_counts_its_remote_hits_too(tmp_path):
     assert [x["hit_tokens"]["remote"] for x in each] == [0, 0, 0]
     assert all(set(x["hit_tokens"]) == set(each[0]["hit_tokens"]) for x in each)
     assert all("remote" in x["hit_ratio_by_tier"] for x in each)
+
+
+def test_the_summary_table_shows_the_remote_hits_its_hit_ratio_counts(tmp_path):
+    """The run's summary table: with a remote tier its hit tokens row has a remote
+    count, so the tiers it shows add up to the hit ratio it prints beside them."""
+    from kvsim.console import summary_table  # noqa: PLC0415
+
+    m = _run(tmp_path, CONVERSATION, GPU8, REMOTE).metrics
+    t = summary_table(m, "t")
+    rows = dict(zip(t.columns[0].cells, t.columns[1].cells))
+    shown = [int(x) for x in rows["hit tokens gpu / host / disk / remote"].split(" / ")]
+    assert shown[3] == 2 * B                    # the last request's two blocks (above)
+    assert sum(shown) / m["input_tokens"] == pytest.approx(m["hit_ratio"])
+    plain = summary_table(_run(tmp_path, CONVERSATION, GPU8).metrics, "t")
+    assert "hit tokens gpu / host / disk" in plain.columns[0].cells
