@@ -12,7 +12,8 @@ order (too few pages for its queues), naming the tier's quota.
 
 ``cache.policy.placement`` is a built-in name (``kvsim.core.policy.PLACEMENT_NAMES``) or
 ``module:Class``, a user's ``kvsim.core.policy.PlacementPolicy`` subclass, built with no
-arguments. ``recompute`` drops, instead of writing to disk, pages shallower than the depth
+arguments. A user's policy is guarded (``kvsim.run.userpolicy``): an exception its own
+methods raise during the run is a ``PolicyError`` (``PlacementError``) naming its key. ``recompute`` drops, instead of writing to disk, pages shallower than the depth
 at which recomputing one block costs the GPU as long as the disk takes to write and read
 back one page (``recompute_depth``).
 """
@@ -33,6 +34,7 @@ from kvsim.core.policy import (BOUND_NAMES, PLACEMENT_NAMES, POLICY_NAMES, Evict
                                PlacementPolicy, RecomputeOverDisk, knobs_of, make_placement,
                                make_policy)
 from kvsim.core.policy.builtin import NEVER
+from kvsim.run.userpolicy import guard
 from kvsim.engine.compute import ComputeModel
 from kvsim.workload.blocks import cache_blocks
 from kvsim.workload.model import Session, Turn, Workload
@@ -113,10 +115,12 @@ def load_user_policy(path: str, key: str = KEY, knobs: dict | None = None) -> Ev
     except TypeError as e:
         raise PolicyError(f"cache.policy.knobs: {path!r} does not take "
                           f"{', '.join(sorted(knobs)) or 'no arguments'}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user's constructor may fail any way
+        raise PolicyError(f"{key}: {path!r} cannot be built: {type(e).__name__}: {e}") from None
     if not callable(getattr(policy, "order", None)) or getattr(policy, "fast_lru", False):
         raise PolicyError(f"{key}: {path!r} is not an eviction policy (subclass "
                           f"kvsim.core.policy.EvictionPolicy and define key())")
-    return policy
+    return guard(policy, key, PolicyError)  # its methods' exceptions: errors naming the key
 
 
 def turn_order(workload: Workload, starts: list[float] | None = None) -> list[tuple[str, Turn]]:
@@ -297,7 +301,7 @@ def load_user_placement(path: str) -> PlacementPolicy:
     if not isinstance(placement, PlacementPolicy):
         raise PlacementError(f"{PLACEMENT_KEY}: {path!r} is not a placement policy (subclass "
                              f"kvsim.core.policy.PlacementPolicy and define place())")
-    return placement
+    return guard(placement, PLACEMENT_KEY, PlacementError)
 
 
 def describe(cfg: "RunConfig", placement: PlacementPolicy,
