@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -142,6 +143,48 @@ def test_a_users_router_sees_only_the_probe(tmp_path, monkeypatch):
     # turn k + 1 of a conversation finds its turn k's blocks where they were computed
     assert any(c[0] > 512 for _, _, cached, _ in Recorder.seen for c in cached)
     assert res.metrics["cluster"]["router"] == "cluster_user_router:Recorder"
+
+
+class LeastLoadedInt(Router):
+    """A user's router: the instance with the fewest queued prefill tokens (the first of
+    equals), as a Python int."""
+
+    def route(self, req, probe):
+        loads = [probe.load(i).queued_prefill_tokens for i in range(probe.instances)]
+        return loads.index(min(loads))
+
+
+class LeastLoadedNumpy(LeastLoadedInt):
+    """The same decision as numpy gives it: np.argmin's numpy integer (np.intp). Records
+    the type of each later turn's ``previous`` (the instance it answered before)."""
+
+    previous_types: list = []
+
+    def route(self, req, probe):
+        if req is not None and req.previous is not None:
+            LeastLoadedNumpy.previous_types.append(type(req.previous))
+        return np.argmin([probe.load(i).queued_prefill_tokens for i in range(probe.instances)])
+
+
+def test_a_users_router_may_answer_a_numpy_integer(tmp_path, monkeypatch):
+    """np.argmin picks the first of equal minima, as list.index(min) does: the two routers
+    decide alike, so the runs are the same; the answer is kept as an int (what a later
+    turn's request says it was routed to before)."""
+    monkeypatch.setitem(sys.modules, "cluster_user_router", sys.modules[__name__])
+    idle = FakeProbe([(0, 0, 0)] * 3, [Load(0, 0, 0, 0)] * 3)
+    assert isinstance(LeastLoadedNumpy(3, {}, 0).route(None, idle), np.integer)
+    LeastLoadedNumpy.previous_types = []
+    py = _run(tmp_path, "node.ranks=3", "router.policy=cluster_user_router:LeastLoadedInt")
+    npy = _run(tmp_path, "node.ranks=3", "router.policy=cluster_user_router:LeastLoadedNumpy")
+    assert sum(py.metrics["cluster"]["requests_per_instance"]) == GROUPS * TURNS
+    py.metrics["cluster"].pop("router"), npy.metrics["cluster"].pop("router")
+    assert _same(py, npy)
+    # sessions of several turns (the default config's agentic ones): a turn after the
+    # first is told, as an int, where the one before it was routed
+    cfg = load_config("configs/default.yaml", ["workload.synthetic.n_sessions=4", "node.ranks=2",
+                                               "router.policy=cluster_user_router:LeastLoadedNumpy"])
+    replay(prepare_run(cfg))
+    assert LeastLoadedNumpy.previous_types and set(LeastLoadedNumpy.previous_types) == {int}
 
 
 class FakeProbe:

@@ -31,7 +31,8 @@ Policies (``router.policy``):
 
 A user's router (``router.policy: module:Class``) subclasses ``Router``: built as
 ``Class(instances, knobs, seed)`` (``knobs``: ``router.knobs``), its ``route(request,
-probe)`` returns an index in ``range(probe.instances)``.
+probe)`` returns an index in ``range(probe.instances)``: any integer but a bool (a
+numpy one, ``np.argmin``'s, is taken as the int it equals).
 
 A cluster's probe also offers the views of an ``IndexedProbe`` (optional: the built-in
 routers use them when there, and decide exactly as from ``cached`` and ``load`` of every

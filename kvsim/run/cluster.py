@@ -38,6 +38,7 @@ for each instance cost O(instances) a request. Nothing else grows with instances
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any, Iterator, Sequence
 
 from kvsim.config import ConfigFileError
@@ -245,9 +246,12 @@ class Cluster:
             raise ConfigFileError(f"{KEY}: {type(self.router).__name__}.route raised "
                                   f"{type(e).__name__}: {e} (routing session {req.session!r} "
                                   f"turn {req.turn})") from None
-        if isinstance(i, bool) or not (isinstance(i, int) and 0 <= i < len(self.engines)):
+        # any integer (a numpy one, from np.argmin say) as an int; never a truth value
+        ok = type(i) is int or (isinstance(i, Integral) and not isinstance(i, bool))
+        if not (ok and 0 <= i < len(self.engines)):
             raise ConfigFileError(f"{KEY}: {type(self.router).__name__}.route returned {i!r}; "
                                   f"expected an instance index in [0, {len(self.engines)})")
+        i = int(i)
         self.where[cur.sid] = i
         self.routed[i] += 1
         return i
