@@ -291,6 +291,43 @@ def test_an_error_in_the_file_names_its_line_and_one_from_set_the_argument(tmp_p
         "error: --set cache.tiers=[{level: host, quota: 1GiB}]: cache: tiers must be ordered"), r.output
 
 
+# A rule across the workload's keys broken by --set arguments: the argument that breaks
+# it is named, not the last one under workload; where only several together break it,
+# they are named together.
+@pytest.mark.parametrize("config, sets, names", [
+    # the file's limit: 100 is a trace's key: kind=synthetic alone conflicts with it
+    ("configs/agentic-coding.yaml", ["workload.kind=synthetic", "workload.path=null"],
+     "--set workload.kind=synthetic: workload: workload.limit applies to traces only"),
+    # a synthetic workload's limit conflicts with its kind whatever the path
+    ("configs/default.yaml", ["workload.limit=5", "workload.path=null"],
+     "--set workload.limit=5: workload: workload.limit applies to traces only"),
+    ("configs/default.yaml", ["workload.time_scale=2", "workload.scope=session"],
+     "--set workload.time_scale=2: workload: workload.time_scale applies to Mooncake traces only"),
+    # mooncake alone keeps the file's path (its error: max_think); path=null alone leaves an
+    # agentic workload without one: a mooncake workload without a path is both together
+    ("configs/agentic-coding.yaml", ["workload.kind=mooncake", "workload.path=null"],
+     "--set workload.kind=mooncake and --set workload.path=null (together): workload: a mooncake "
+     "workload needs a path"),
+    # synthetic alone or time_scale 2 alone is fine on the Mooncake config; scope is no part
+    ("configs/mooncake-conversation.yaml",
+     ["workload.kind=synthetic", "workload.time_scale=2", "workload.scope=session"],
+     "--set workload.kind=synthetic and --set workload.time_scale=2 (together): workload: "
+     "workload.time_scale applies to Mooncake traces only"),
+])
+def test_a_rule_across_workload_keys_names_the_set_arguments_that_break_it(tmp_path, config,
+                                                                          sets, names):
+    from kvsim.config import ConfigFileError, load_config
+
+    with pytest.raises(ConfigFileError) as e:
+        load_config(config, sets)
+    assert str(e.value).startswith(names), str(e.value)
+    out = tmp_path / "res"
+    r = runner.invoke(app, ["run", config, "--no-progress", "--out", str(out),
+                            *sum((["--set", s] for s in sets), [])])
+    assert r.exit_code == 2 and r.output.startswith(f"error: {names}"), r.output
+    assert len(r.output.strip().splitlines()) == 1 and not out.exists()
+
+
 @pytest.mark.parametrize("where, expect", [
     ("file", r"c\.yaml:7: workload\.synthetic\.burst\.input_tokens: the synthetic workload would take "
              r"about [\d,.]+ GiB of memory \(4 burst requests of 1,000,000,000,000 tokens\); this "

@@ -1,14 +1,16 @@
 """Loading a run configuration: YAML files (duplicate keys refused) and ``--set``
 overrides applied to the raw YAML, validated by ``kvsim.config.runconfig``'s models; and
 the errors, one line each, that name their source: the ``--set`` argument that wrote the
-key, else ``FILE:LINE``, then the key path, what is wrong and what was given.
+key (for a rule across keys that the file alone keeps, the arguments that break it, found
+by validating again without each), else ``FILE:LINE``, then the key path, what is wrong
+and what was given.
 """
 
 from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import ValidationError
@@ -22,30 +24,77 @@ def _loc(loc: tuple) -> str:
     return format_key(loc) or "(top level)"
 
 
+def _error_loc(e: Any) -> str:
+    return _loc(tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
+
+
 def format_error(err: ValidationError, source: str, overrides: tuple[tuple[str, str], ...] = (),
-            lines: dict[str, int] | None = None, alone: set[str] | None = None) -> str:
+            lines: dict[str, int] | None = None, alone: set[str] | None = None,
+            at_fault: Callable[[str, str], list[str]] | None = None) -> str:
     """One line per error, naming its source: the ``--set`` argument that wrote the key
-    (or one inside it), else ``FILE:LINE`` (``lines``: key path -> line in the file; the
+    (or one around it), else ``FILE:LINE`` (``lines``: key path -> line in the file; the
     nearest enclosing key's line for a key the file does not have), and the key path,
     what is wrong and what was given. ``alone``: the key paths of the errors the file
-    has without the overrides; an error the file alone does not have was caused by an
-    override (the one that wrote inside the key at fault, else the last)."""
+    has without the overrides; an error the file alone does not have, at a key that
+    overrides wrote inside (a rule across keys, ``workload``'s), was caused by those:
+    ``at_fault(loc, msg)`` says which (``--set`` arguments; several: only together),
+    else the last one that wrote inside the key is named."""
     out = []
     for e in err.errors():
-        loc = _loc(tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
+        loc = _error_loc(e)
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         got_s = "" if isinstance(got, (dict, list)) or got is None or repr(got) in msg \
             else f" (got {got!r})"
         arg = next((text for key, text in reversed(overrides) if _within(loc, key)), None)
-        if arg is None and overrides and alone is not None and loc not in alone:
-            arg = next((text for key, text in reversed(overrides) if _within(key, loc)),
-                       overrides[-1][1])
-        if arg is not None:
-            out.append(f"--set {arg}: {loc}: {msg}{got_s}")
+        args = [arg] if arg is not None else []
+        if not args and overrides and alone is not None and loc not in alone:
+            args = (at_fault(loc, e["msg"]) if at_fault else []) or \
+                [next((text for key, text in reversed(overrides) if _within(key, loc)),
+                      overrides[-1][1])]
+        if len(args) > 1:
+            out.append(f"{' and '.join(f'--set {a}' for a in args)} (together): {loc}: "
+                       f"{msg}{got_s}")
+        elif args:
+            out.append(f"--set {args[0]}: {loc}: {msg}{got_s}")
         else:
             out.append(f"{_where(source, loc, lines)}: {loc}: {msg}{got_s}")
     return "\n".join(out)
+
+
+def _errors(data: dict) -> set[tuple[str, str]]:
+    """(key path, message) of each error ``data`` has as a RunConfig."""
+    try:
+        RunConfig.model_validate(data)
+    except ValidationError as e:
+        return {(_error_loc(er), er["msg"]) for er in e.errors()}
+    return set()
+
+
+def _culprits(original: dict, given: list[tuple[str, str, Any]]) -> Callable[[str, str], list[str]]:
+    """``at_fault`` for ``format_error``: the ``--set`` arguments (``given``: key path,
+    argument, value, in order) without which the error at ``loc`` saying ``msg`` is gone,
+    a minimal set of those that wrote inside ``loc``: each is dropped in turn, for good if
+    the error stays without it (the others applied as given, in order, over the file)."""
+
+    def with_only(kept: list[int]) -> set[tuple[str, str]]:
+        data = copy.deepcopy(original)
+        try:
+            for i in kept:
+                set_path(data, given[i][0], given[i][2])
+        except ConfigFileError:  # (an item of a list an override dropped left out wrote)
+            return set()
+        return _errors(data)
+
+    def at_fault(loc: str, msg: str) -> list[str]:
+        kept = list(range(len(given)))
+        inside = [i for i in kept if loc == _loc(()) or _within(given[i][0], loc)]
+        for i in inside:
+            if (loc, msg) in with_only([k for k in kept if k != i]):
+                kept.remove(i)  # not needed for the error
+        return [given[i][1] for i in inside if i in kept]
+
+    return at_fault
 
 
 def _where(source: str, loc: str, lines: dict[str, int] | None) -> str:
@@ -238,7 +287,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             set_path(data, key, value)
         except ConfigFileError as e:
             raise ConfigFileError(f"--set {ov}: {str(e).removeprefix(key + ': ')}") from None
-        given.append((key, ov))
+        given.append((key, ov, value))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
@@ -246,16 +295,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
             lines = key_lines(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError):
             lines = {}
-        alone = None
-        if given:
-            try:
-                RunConfig.model_validate(original)
-                alone = set()
-            except ValidationError as e0:
-                alone = {_loc(tuple(x for x in er["loc"] if not (isinstance(x, str) and
-                                                                 x.startswith("function-"))))
-                         for er in e0.errors()}
-        raise ConfigFileError(format_error(e, str(p), tuple(given), lines, alone)) from None
+        alone = {loc for loc, _ in _errors(original)} if given else None
+        raise ConfigFileError(format_error(e, str(p), tuple((k, ov) for k, ov, _ in given), lines,
+                                           alone, _culprits(original, given))) from None
 
 
 def validate_config(data: dict, source: str = "<config>",
