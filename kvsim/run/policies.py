@@ -13,9 +13,10 @@ order (too few pages for its queues), naming the tier's quota.
 ``cache.policy.placement`` is a built-in name (``kvsim.core.policy.PLACEMENT_NAMES``) or
 ``module:Class``, a user's ``kvsim.core.policy.PlacementPolicy`` subclass, built with no
 arguments. A user's policy is guarded (``kvsim.run.userpolicy``): an exception its own
-methods raise during the run is a ``PolicyError`` (``PlacementError``) naming its key. ``recompute`` drops, instead of writing to disk, pages shallower than the depth
-at which recomputing one block costs the GPU as long as the disk takes to write and read
-back one page (``recompute_depth``).
+methods raise during the run is a ``PolicyError`` (``PlacementError``) naming its key.
+``recompute`` drops, instead of writing to disk, pages shallower than the depth at which
+recomputing one block costs the GPU as long as the disk takes to write and read back one
+page (``recompute_depth``).
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ propagates unchanged). A queue policy's ``tier_queue`` answer (a ``TierQueue``) 
 guarded the same way. The core is untouched and a built-in policy is never guarded, so a
 run of a built-in pays nothing; a user's policy pays one Python call per method call.
 The subclass has the same name and no slots of its own, and adds nothing the core reads
-(a marker, ``__kvsim_guard__``, that it is guarded already), so everything the core reads (``static_keys``, ``floor_key``, ``fast_lru``...) and its
-identity checks (``type(policy).on_use is EvictionPolicy.on_use`` for a class that does
-not define ``on_use``) see the user's class. ``MemoryError`` and the config's own errors
+(a marker, ``__kvsim_guard__``, that it is guarded already), so everything the core
+reads (``static_keys``, ``floor_key``, ``fast_lru``...) and its identity checks
+(``type(policy).on_use is EvictionPolicy.on_use`` for a class that does not define
+``on_use``) see the user's class. ``MemoryError`` and the config's own errors
 pass through.
 """
 
