@@ -22,8 +22,9 @@ from typer.testing import CliRunner
 
 from kvsim.cli import app
 from kvsim.config import load_config
-from kvsim.core.policy import LFU, EvictionPolicy, PlacementPolicy, TierQueue
+from kvsim.core.policy import LFU, EvictionPolicy, PlacementPolicy
 from kvsim.run import prepare_run, replay
+from test_queue_policies import Fifo
 
 MOD = "user_policy_errors"
 SMALL = ["workload.synthetic.n_sessions=4", "output.plots=false",
@@ -52,20 +53,9 @@ class OnEvictRaises(EvictionPolicy):
         raise RuntimeError("evicted too soon")
 
 
-class FirstOnlyQueue(TierQueue):
-    """A first-in-first-out queue whose walk breaks after its first page."""
-
-    def __init__(self, tier):
-        super().__init__(tier)
-        self.q = {}
-
-    def insert(self, page):
-        self.version += 1
-        self.q[page] = None
-
-    def remove(self, page):
-        self.version += 1
-        del self.q[page]
+class FirstOnlyQueue(Fifo):
+    """A first-in-first-out queue (test_queue_policies' example) whose walk breaks after
+    its first page."""
 
     def _walk(self, run):
         for page in self.q:
@@ -73,16 +63,6 @@ class FirstOnlyQueue(TierQueue):
             run.last = page
             yield page
             raise IndexError("walked past the first page")
-
-    def _apply(self, run, gone, stray):
-        for page in gone | stray:
-            self.q.pop(page, None)
-
-    def __contains__(self, page):
-        return page in self.q
-
-    def __len__(self):
-        return len(self.q)
 
 
 class WalkRaises(EvictionPolicy):
