@@ -252,6 +252,40 @@ def test_arrivals_beyond_the_clocks_range_are_refused(tmp_path, args, expect):
     assert r.exit_code == 2 and expect in r.output, r.output
 
 
+def _session_with_think(folder: Path, think_s: float) -> Path:
+    """A one-session agentic trace: a turn, then a second one ``think_s`` later."""
+    folder.mkdir()
+    turns = [{"t": 0, "in": 128, "out": 4, "hash_ids": [1, 2]},
+             {"t": 1, "in": 192, "out": 4, "hash_ids": [1, 2, 3], "think_time": think_s}]
+    (folder / "s.json").write_text(json.dumps({"id": "s1", "block_size": 64, "tool_tokens": 0,
+                                               "system_tokens": 0, "requests": turns}))
+    return folder
+
+
+@pytest.mark.parametrize("think_s", [1e300, 2**53 / 1e9 * 2])
+def test_think_times_beyond_the_clocks_range_are_refused(tmp_path, think_s):
+    """A session's second turn comes ``think_s`` after its first ends: at 1e300 s the clock
+    overflowed (OverflowError, a traceback, exit 1); past 2**53 ns it is no longer exact."""
+    trace = _session_with_think(tmp_path / "sessions", think_s)
+    r = runner.invoke(app, ["run", "configs/agentic-slice.yaml", "--no-progress", "--trace", str(trace),
+                            "--set", "workload.max_think=null", "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: {trace}: session s1: its last turn would come at "
+                               f"{think_s:.3g} s"), r.output
+    assert not (tmp_path / "res").exists()
+    # capped below the range, the same trace runs
+    r = runner.invoke(app, ["run", "configs/agentic-slice.yaml", "--no-progress", "--trace", str(trace),
+                            "--set", "workload.max_think=5s", "--out", str(tmp_path / "res")])
+    assert r.exit_code == 0, r.output
+
+
+def test_synthetic_think_times_beyond_the_clocks_range_are_refused(tmp_path):
+    r = _run("--set", "workload.synthetic.think_s=1e300", "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2 and r.output.startswith(
+        "error: --set workload.synthetic.think_s=1e300: workload.synthetic.think_s: session "), r.output
+    assert not (tmp_path / "res").exists()
+
+
 # -- the --set grammar, and every error naming its source -------------------------------------
 @pytest.mark.parametrize("arg, expect", [
     ("=3", "--set =3: the key is empty"),

@@ -10,6 +10,11 @@ output a turn up to ``max_context_tokens``), in closed form, so that it costs no
 whatever the keys say. It counts the block ids (a tuple slot each, a Python int for each
 fresh id) and a fixed cost a request; a measured workload of the default shape holds
 0.5-1x the estimate (``tests/test_reliability.py``).
+
+It also refuses a workload whose arrivals lie beyond what the engine's clock counts
+(``check_span``): an open loop's last arrival, a closed loop's last session start or the
+think times a session adds up (a session's last turn comes at least that long after it
+starts; a think time of 1e300 s overflowed the clock with a traceback).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import math
 import os
 
 from kvsim.config import ConfigFileError, RunConfig
+from kvsim.workload import Session, TraceError, Workload
 
 SIGMA = 0.8                      # the generator's lognormal sigma
 MEAN_OVER_MEDIAN = math.exp(SIGMA ** 2 / 2)
@@ -108,3 +114,45 @@ def check_workload_memory(cfg: RunConfig, available: int | None = None) -> None:
     if need > avail:
         raise ConfigFileError(f"{key}: the synthetic workload would take about {_gib(need)} of memory "
                               f"({what}); this machine has {_gib(avail)} available: lower {key}")
+
+
+# the engine's clock counts nanoseconds in a float's 53 bits of mantissa: beyond this many
+# seconds a step no longer moves it exactly (about 104 days)
+MAX_SIM_S = 2**53 / 1e9
+
+
+def _thinks(session: Session, top: bool = True) -> float:
+    """The think times a session waits in all (its sub-agents' too): the first turn of a
+    session is released at its start, each later item its think time after the last."""
+    return sum(_thinks(it, False) if isinstance(it, Session) else (0.0 if top and i == 0 else it.think_s)
+               for i, it in enumerate(session.items))
+
+
+def check_span(cfg: RunConfig, workload: Workload, starts: list[float] | None,
+               trace: str | None) -> None:
+    """Refuse a workload whose arrivals lie beyond what the engine's clock can count."""
+    clock = f"kvsim's clock is exact up to {MAX_SIM_S:.3g} s (about 104 days)"
+    if starts:
+        last, key = max(starts), "workload.sessions_per_s"
+    elif not workload.closed_loop:
+        last = max((t.arrival_s or 0.0) for _, t in workload.iter_turns())
+        key = "workload.time_scale" if cfg.workload.kind == "mooncake" else "the trace's arrival times"
+    else:
+        last, key = 0.0, ""
+    if last > MAX_SIM_S:
+        raise ConfigFileError(f"{key}: the last arrival would come at {last:.3g} s of simulated time; "
+                              f"{clock}: raise the rate or lower the time scale")
+    if not workload.closed_loop:
+        return
+    at = starts or [0.0] * len(workload.sessions)
+    end, s = max(((a + _thinks(s), s) for a, s in zip(at, workload.sessions)), key=lambda x: x[0])
+    if end <= MAX_SIM_S:
+        return
+    what = f"its last turn would come at {end:.3g} s of simulated time or later (its start and " \
+           f"think times); {clock}"
+    if cfg.workload.kind == "synthetic":
+        raise ConfigFileError(f"workload.synthetic.think_s: session {s.sid}: {what}: lower "
+                              "workload.synthetic.think_s")
+    src = trace or cfg.workload.path
+    raise TraceError(f"{src}: session {s.sid}: {what}; expected shorter think times (or cap them "
+                     "with workload.max_think)")

@@ -28,7 +28,7 @@ from kvsim.engine.managercost import manager_cost_params
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
                                 describe)
-from kvsim.run.budget import available_bytes
+from kvsim.run.budget import available_bytes, check_span
 from kvsim.run.cluster import Cluster, build_router, check_cluster, instances_of, routed
 from kvsim.run.clustermetrics import cluster_metrics, is_cluster
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
@@ -186,30 +186,9 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
     starts = None
     if workload.closed_loop and workload.start == "poisson":
         starts = session_start_times(workload, seed=cfg.seed)
-    _check_span(cfg, workload, starts, trace)
+    check_span(cfg, workload, starts, trace)
     return Prepared(cfg, shape, profile, spec, workload, starts,
                     os.path.expanduser(disk.path) if disk and disk.path else None)
-
-
-# the engine's clock counts nanoseconds in a float's 53 bits of mantissa: beyond this many
-# seconds a step no longer moves it exactly (about 104 days)
-MAX_SIM_S = 2**53 / 1e9
-
-
-def _check_span(cfg: RunConfig, workload: Workload, starts: list[float] | None,
-                trace: str | None) -> None:
-    """Refuse a workload whose arrivals lie beyond what the engine's clock can count."""
-    if starts:
-        last, key = max(starts), "workload.sessions_per_s"
-    elif not workload.closed_loop:
-        last = max((t.arrival_s or 0.0) for _, t in workload.iter_turns())
-        key = "workload.time_scale" if cfg.workload.kind == "mooncake" else "the trace's arrival times"
-    else:
-        return
-    if last > MAX_SIM_S:
-        raise ConfigFileError(f"{key}: the last arrival would come at {last:.3g} s of simulated time; "
-                              f"kvsim's clock is exact up to {MAX_SIM_S:.3g} s (about 104 days): "
-                              f"raise the rate or lower the time scale")
 
 
 def _build_sim(settings: BackendSettings, runtime=None, hw_loop=None):
