@@ -210,6 +210,58 @@ baseline: hold__quota=24GiB
     assert {f: f.stat().st_mtime_ns for f in out.rglob("*")} == before
 
 
+def test_a_study_resumed_after_its_trace_changed_reruns_the_points_that_replay_it(tmp_path):
+    """The points' configs name the trace by path only: a trace rewritten in place must not
+    leave the old trace's results standing as this trace's (they were skipped as done)."""
+    lines = [line for line in (ROOT / "traces" / "fixtures" / "mooncake_ok.jsonl").read_text()
+             .splitlines(keepends=True) if line.strip()]   # a request a line
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(lines))
+    p = _study(tmp_path, f"""\
+grid:
+  cache.tiers[0].quota: [8GiB, 24GiB]
+variants:
+  - {{name: trace, set: {{workload.kind: mooncake, workload.path: {trace}}}}}
+  - {{name: synthetic, set: {{}}}}
+""")
+    out = tmp_path / "out"
+
+    def completed() -> dict:
+        return {row["point"]: row["requests_completed"] for row in _table(out)}
+
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    synthetic = {k: v for k, v in completed().items() if k.startswith("synthetic")}
+    assert [v for k, v in completed().items() if k.startswith("trace")] == [len(lines)] * 2
+    os.utime(trace, ns=(1, 1))              # touched, the same content: nothing to run again
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0 and "0 run, 4 already done" in r.output, r.output
+    trace.write_text("".join(lines[:2]))   # rewritten: its points run again, the others not
+    r = runner.invoke(app, ["study", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    assert r.exit_code == 0 and "2 run, 2 already done" in r.output, r.output
+    assert completed() == {"trace__quota=8GiB": 2, "trace__quota=24GiB": 2, **synthetic}
+
+
+def test_a_tune_refuses_its_folder_once_its_trace_changed(tmp_path):
+    """A tune continues one Optuna study: trials of two traces would be ranked together."""
+    from kvsim.study.tune import plan_tune, tune_hash
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text((ROOT / "traces" / "fixtures" / "mooncake_ok.jsonl").read_text())
+    p = tmp_path / "t.yaml"
+    p.write_text(TUNE.replace("output.plots: false", f"output.plots: false\n  workload.kind: mooncake\n"
+                                                     f"  workload.path: {trace}"))
+
+    def hash_now() -> str:
+        return tune_hash(*plan_tune(str(p)))
+
+    first = hash_now()
+    os.utime(trace, ns=(1, 1))
+    assert hash_now() == first
+    trace.write_text(trace.read_text().splitlines(keepends=True)[0])
+    assert hash_now() != first
+
+
 def test_interrupted_study_exits_130_leaves_no_process_and_continues(tmp_path):
     p = _study(tmp_path, "seeds: [0, 1, 2, 3, 4, 5]\n")
     out = tmp_path / "out"

@@ -5,8 +5,9 @@ config is the base config's YAML, then the study's ``set``, then the command lin
 ``--set``, then the variant's ``set``, then the point's axis values, the seed and the
 trace; it is validated like a run config, and an invalid one is an error naming the study
 file, the point and the key. A point's name comes from its parameters (``variant__host=
-64GiB__seed=1``); its hash is over the fully resolved config and the backend, so a
-finished point is recognised when the study runs again (kvsim.study.execute).
+64GiB__seed=1``); its hash is over the fully resolved config, the backend and the content
+of the trace it replays (``trace_digest``: a trace rewritten under the same path is another
+input), so a finished point is recognised when the study runs again (kvsim.study.execute).
 """
 
 from __future__ import annotations
@@ -47,9 +48,42 @@ def get_key(data: Any, dotted: str) -> Any:
     return node
 
 
-def config_hash(config: dict, backend: str, split: dict | None = None) -> str:
-    blob = json.dumps({"config": config, "backend": backend, "split": split}, sort_keys=True)
+def config_hash(config: dict, backend: str, split: dict | None = None,
+                trace: str | None = None) -> str:
+    """``trace``: the replayed trace's ``trace_digest`` (None: the workload reads none)."""
+    what: dict = {"config": config, "backend": backend, "split": split}
+    if trace is not None:
+        what["trace"] = trace
+    blob = json.dumps(what, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def trace_digest(config: dict, known: dict[str, str | None]) -> str | None:
+    """A digest of the content of the trace a resolved config replays (a Mooncake file; an
+    agentic file, or the session files of a folder its ``limit`` keeps, by name and
+    content); None for a synthetic workload or a trace that cannot be read (the point
+    then fails and says why). ``known``: digests already taken, by path, this plan."""
+    w = config.get("workload") or {}
+    if w.get("kind") not in TRACE_KINDS or not w.get("path"):
+        return None
+    path = os.path.abspath(os.path.expanduser(w["path"]))
+    key = json.dumps([path, w.get("limit")])
+    if key not in known:
+        try:
+            from kvsim.workload.agentic import session_files
+
+            files = session_files(path) if os.path.isdir(path) else [path]
+            h = hashlib.sha256()
+            for f in files[:w.get("limit")] if os.path.isdir(path) else files:
+                h.update(os.path.basename(f).encode() + b"\0")
+                with open(f, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(chunk)
+                h.update(b"\0")
+            known[key] = h.hexdigest()[:16]
+        except (OSError, ValueError):
+            known[key] = None
+    return known[key]
 
 
 def base_data(spec_base: str, source: str) -> tuple[str, dict]:
@@ -172,6 +206,7 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
     traces = spec.traces or [None]
     points: list[Point] = []
     seen: dict[str, int] = {}
+    digests: dict[str, str | None] = {}
     for trace, variant, zrow, grow, seed in itertools.product(traces, variants, zip_rows, grid_rows, seeds):
         data = copy.deepcopy(base)
         vname = variant.name if variant else None
@@ -212,7 +247,7 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
         if seed is not None:
             numeric["seed"] = seed
         points.append(Point(name, params, numeric, vname, resolved, spec.backend,
-                            config_hash(resolved, spec.backend)))
+                            config_hash(resolved, spec.backend, trace=trace_digest(resolved, digests))))
     _distinct_grid_values(spec, points, source, labels)
     if spec.baseline is not None and spec.baseline not in {p.name for p in points}:
         names = ", ".join(p.name for p in points[:8]) + (", ..." if len(points) > 8 else "")

@@ -21,7 +21,7 @@ from kvsim.scratch import raise_pending, sweep_start
 
 from kvsim.study.daskclient import open_client
 from kvsim.study.execute import Outcome, disk_dirs, is_complete, progress_bar, run_points
-from kvsim.study.points import Point, axis_keys, expand
+from kvsim.study.points import Point, axis_keys, config_hash, expand
 from kvsim.study.definition import StudyFileError, StudySpec, load_study, missing_metric
 
 
@@ -87,8 +87,10 @@ def plan_study(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[
 
 
 def study_hash(points: list[Point]) -> str:
-    """The study's config hash: its points, by name and resolved config (and backend)."""
-    blob = json.dumps([[p.name, p.hash] for p in points])
+    """The study's config hash: its points, by name and resolved config (and backend). Not
+    their traces' content: a trace rewritten since (or put in place since) changes the
+    points that replay it (``Point.hash``), which run again in the same folder."""
+    blob = json.dumps([[p.name, config_hash(p.config, p.backend, p.split)] for p in points])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
