@@ -78,6 +78,29 @@ seeds: [0, 1]
     assert all(a.hash != b.hash for a, b in zip(moved, pts))
 
 
+def test_points_whose_values_print_alike_get_folders_of_their_own(tmp_path):
+    """Folder names keep letters, digits and ``._=+-``: ``d?`` and ``d!`` both print as
+    ``d-``, so the second is told apart with ``__1``, a name a third value may print as
+    itself. Before, that third point and the second shared one folder (each run of the
+    study replayed one of them again and the table showed one's results for both)."""
+    p = _study(tmp_path, """\
+grid:
+  cache.tiers[2].path: ["/x/d?", "/x/d!", "/x/d-__1"]
+""")
+    pts = _points(p)
+    assert [q.params["path"] for q in pts] == ["/x/d?", "/x/d!", "/x/d-__1"]
+    assert pts[0].name == "path=-x-d-" and pts[2].name == "path=-x-d-__1"
+    assert len({q.name for q in pts}) == 3
+    # a name cut at 200 characters keeps its suffix beyond the cut
+    long = "v" * 150 + "/" + "v" * 150
+    p = _study(tmp_path, f"""\
+grid:
+  cache.tiers[2].path: ["/{long}a", "/{long}b"]
+""", name="long.yaml")
+    names = [q.name for q in _points(p)]
+    assert names[1] == names[0] + "__1" and len(names[0]) == 200
+
+
 def test_zip_moves_axes_together_and_labels_tell_clashing_keys_apart(tmp_path):
     p = _study(tmp_path, """\
 zip:

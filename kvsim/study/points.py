@@ -153,6 +153,35 @@ def point_name(variant: str | None, params: dict) -> str:
     return name[:200]
 
 
+def unique_names(names: list[str]) -> list[str]:
+    """Point names, each once: a name given again (two values that print alike, or a value
+    cut at 200 characters) gets ``__1``, ``__2``, ... (the first suffix no other point's
+    name has, so it never becomes another point's name and folder)."""
+    taken = set(names)
+    out: list[str] = []
+    done: set[str] = set()
+    for n in names:
+        if n in done:
+            k = 1
+            while f"{n}__{k}" in taken:
+                k += 1
+            n = f"{n}__{k}"
+            taken.add(n)
+        done.add(n)
+        out.append(n)
+    return out
+
+
+def _params(labels: dict[str, str], axis_values: dict, seed: int | None, trace: str | None) -> dict:
+    """A point's parameters by column label (the axis values as the study file wrote them)."""
+    params = {labels[k]: v for k, v in axis_values.items()}
+    if seed is not None:
+        params["seed"] = seed
+    if trace is not None:
+        params["trace"] = os.path.basename(os.path.normpath(trace))
+    return params
+
+
 def overridden_base(spec, source: str, cli_overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """The raw data of a study's or tune's base config with its ``set`` and then the
     command line's ``--set`` applied (errors name the study file or the argument)."""
@@ -205,30 +234,23 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
     seeds = spec.seeds or [None]
     traces = spec.traces or [None]
     points: list[Point] = []
-    seen: dict[str, int] = {}
     digests: dict[str, str | None] = {}
-    for trace, variant, zrow, grow, seed in itertools.product(traces, variants, zip_rows, grid_rows, seeds):
+    combos = list(itertools.product(traces, variants, zip_rows, grid_rows, seeds))
+    names = unique_names([point_name(v.name if v else None, _params(labels, {**z, **g}, seed, trace))
+                          for trace, v, z, g, seed in combos])
+    for name, (trace, variant, zrow, grow, seed) in zip(names, combos):
         data = copy.deepcopy(base)
         vname = variant.name if variant else None
         if variant:
             apply(data, variant.overrides, f"{source}: variants[{vname}]")
-        params: dict[str, Any] = {}
         axis_values = {**zrow, **grow}
         for key, value in axis_values.items():
             apply(data, {key: value}, f"{source}: {'zip' if key in spec.zipped else 'grid'}")
-            params[labels[key]] = value
         if seed is not None:
             data["seed"] = seed
-            params["seed"] = seed
         if trace is not None:
             apply(data, {"workload.path": trace}, f"{source}: traces")
-            params["trace"] = os.path.basename(os.path.normpath(trace))
-        name = point_name(vname, params)
-        if name in seen:  # two values that print alike: keep the names apart
-            seen[name] += 1
-            name = f"{name}__{seen[name]}"
-        else:
-            seen[name] = 0
+        params = _params(labels, axis_values, seed, trace)
         data["name"] = f"{spec.name}.{name}"
         try:
             cfg = validate_config(data, f"{source}: point {name}")
