@@ -312,6 +312,17 @@ def test_set_paths_are_parsed_by_one_grammar_and_name_the_argument(tmp_path, arg
     assert not (tmp_path / "res").exists()
 
 
+def test_a_disk_tier_path_the_system_cannot_look_up_names_the_key(tmp_path):
+    """A component over the file system's 255 bytes: the tier's check asked whether the
+    path exists and the OSError escaped validation (``error: [Errno 36] ...``, no key)."""
+    path = "/" + "v" * 300
+    r = _run("--set", f"cache.tiers[2].path={path}", "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: --set cache.tiers[2].path={path}: cache.tiers[2]: path "
+                               f"'{path}': File name too long"), r.output
+    assert not (tmp_path / "res").exists()
+
+
 def test_an_error_in_the_file_names_its_line_and_one_from_set_the_argument(tmp_path):
     cfg = _config(tmp_path, CONFIG + "engine:\n  max_running: 0\n")   # line 6
     r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res")])

@@ -144,8 +144,11 @@ class TierConfig(_Strict):
             if self.level != "disk":
                 raise ValueError("path is only for the disk tier")
             p = Path(os.path.expanduser(self.path))
-            if p.exists() and not p.is_dir():
-                raise ValueError(f"path {self.path!r} exists and is not a directory")
+            try:
+                if p.exists() and not p.is_dir():
+                    raise ValueError(f"path {self.path!r} exists and is not a directory")
+            except OSError as e:  # a name too long, a parent that cannot be read
+                raise ValueError(f"path {self.path!r}: {e.strerror}; expected a directory") from None
         if self.write_through_pending != "pin" and not self.write_through:
             raise ValueError("write_through_pending needs write_through: true (it says what "
                              "an eviction does with a page whose write-through is running)")
