@@ -170,3 +170,40 @@ def test_a_runs_files_are_the_names_the_rule_knows(tmp_path):
                             "--out", str(tmp_path / "r")])
     assert r.exit_code == 0, r.output
     assert set(os.listdir(tmp_path / "r")) - {MARKER} <= NAMES["run"]
+
+
+def test_a_run_folder_holding_what_kvsim_did_not_write_is_not_replaced_whole(tmp_path):
+    """A run replaces its earlier folder whole: a user's notes put into it afterwards were
+    deleted with the old results ("kvsim deletes only what it created")."""
+    out = tmp_path / "res"
+    args = ["run", "default", "--no-progress", *TINY, "--out", str(out)]
+    assert runner.invoke(app, args).exit_code == 0
+    (out / "notes.txt").write_text("precious")
+    before = _tree(tmp_path)
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2 and r.output.startswith(f"error: --out {out}: holds {out / 'notes.txt'}, "), r.output
+    assert _tree(tmp_path) == before
+    # --force: kvsim's files are replaced one by one, the notes stay; the folder is shared now
+    r = runner.invoke(app, [*args, "--force", "--set", "seed=3"])
+    assert r.exit_code == 0, r.output
+    assert (out / "notes.txt").read_text() == "precious"
+    assert json.loads((out / "summary.json").read_text())["config"]["seed"] == 3
+    assert json.loads((out / MARKER).read_text())["shared"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]      # no staging left
+
+
+def test_a_study_inside_another_studys_point_folder_survives_that_point_running_again(tmp_path):
+    """A point that runs again replaces its folder: a study whose --out was inside it went
+    with it. Now that point fails, naming what is in the way, and the inner study stays."""
+    (tmp_path / "s.yaml").write_text(STUDY)
+    outer = tmp_path / "outer"
+    study = ["study", str(tmp_path / "s.yaml"), "--workers", "1", "--no-progress", "--no-plots"]
+    assert runner.invoke(app, [*study, "--out", str(outer)]).exit_code == 0
+    point = outer / "points" / "seed=0"
+    inner = point / "inner"
+    assert runner.invoke(app, [*study, "--out", str(inner)]).exit_code == 0
+    kept = _tree(inner)
+    (point / "point.json").unlink()                 # the point is not complete: it runs again
+    r = runner.invoke(app, [*study, "--out", str(outer)])
+    assert r.exit_code == 1 and f"holds {inner}, which kvsim did not write there" in r.output, r.output
+    assert _tree(inner) == kept

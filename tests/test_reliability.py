@@ -57,8 +57,11 @@ def test_output_dir_in_a_config_is_held_to_the_same_rule(tmp_path):
 def test_a_results_folder_is_marked_and_may_be_replaced(tmp_path):
     out = tmp_path / "res"
     assert _run("--out", str(out)).exit_code == 0
-    assert json.loads((out / MARKER).read_text())["kind"] == "run"
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["kind"] == "run" and set(marker["wrote"]) == {p.name for p in out.iterdir()} - {MARKER}
+    # a file an older run wrote (its marker says so) that this one does not write: replaced
     (out / "stale.txt").write_text("from an older run")
+    (out / MARKER).write_text(json.dumps({**marker, "wrote": [*marker["wrote"], "stale.txt"]}))
     r = _run("--out", str(out), "--set", "seed=1")
     assert r.exit_code == 0, r.output
     assert not (out / "stale.txt").exists()

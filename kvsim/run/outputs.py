@@ -5,8 +5,9 @@ Folders (``kvsim run``, ``compare``, ``study``, ``tune``: ``--out`` or ``output.
 - a folder that does not exist is created (with its missing parents);
 - an existing folder is used only if it is empty or carries the marker file
   ``.kvsim-results`` of the same kind of command (``run`` replaces an earlier run folder
-  whatever its config; a ``study`` or ``tune`` folder is resumed only with the same config
-  hash, else the error names both hashes);
+  whatever its config, but not one holding anything it did not write there; a ``study`` or
+  ``tune`` folder is resumed only with the same config hash, else the error names both
+  hashes);
 - anything else is refused before any work (``OutputError``, exit code 2), naming the
   folder and the way out: a folder of another kind, a folder kvsim did not write, a file,
   the current folder or one holding it.
@@ -40,7 +41,8 @@ MARKER = ".kvsim-results"
 
 #: the top-level names each kind of command may write into its folder
 NAMES: dict[str, frozenset[str]] = {
-    "run": frozenset({"summary.json", "requests.csv", "timeline.csv", "timeline.png", "ttft_cdf.png"}),
+    "run": frozenset({"summary.json", "requests.csv", "timeline.csv", "timeline.png", "ttft_cdf.png",
+                      "point.json"}),   # (a study's point folder is a run folder and its point.json)
     "compare": frozenset({"compare.json", "compare-calls.json.gz", "sim", "hw", "hardware.yaml",
                           "hardware.yaml.report.json"}),
     "study": frozenset({"study.yaml", "points", "study.csv", "study.parquet", "failures.json", "plots",
@@ -105,13 +107,18 @@ def read_marker(folder: str | Path) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("kind"), str) else {}
 
 
-def marker_data(kind: str, hash_: str | None = None, files: list[str] | None = None) -> dict:
+def marker_data(kind: str, hash_: str | None = None, files: list[str] | None = None,
+                wrote: list[str] | None = None) -> dict:
+    """``files``: a shared folder's names kvsim wrote; ``wrote``: the names a run or compare
+    wrote into a folder of its own (a later one replaces the folder whole)."""
     data: dict = {"kvsim": kvsim_version(), "kind": kind}
     if hash_ is not None:
         data["hash"] = hash_
     if files is not None:
         data["shared"] = True
         data["files"] = sorted(files)
+    if wrote is not None:
+        data["wrote"] = sorted(wrote)
     return data
 
 
@@ -119,9 +126,10 @@ def write_marker(folder: str | Path, data: dict) -> None:
     write_whole(Path(folder) / MARKER, (json.dumps(data, sort_keys=True) + "\n").encode())
 
 
-def mark(folder: str | Path, kind: str = "run") -> None:
-    """Write the marker that makes ``folder`` a kvsim folder of ``kind`` (all of it kvsim's)."""
-    write_marker(folder, marker_data(kind))
+def mark(folder: str | Path, kind: str = "run", wrote: list[str] | None = None) -> None:
+    """Write the marker that makes ``folder`` a kvsim folder of ``kind`` (all of it kvsim's;
+    ``wrote``: the names in it)."""
+    write_marker(folder, marker_data(kind, wrote=wrote))
 
 
 # ------------------------------------------------------------------------------ folders
@@ -251,7 +259,9 @@ def check_folder(dest: str | Path, kind: str, what: str = "--out", hash_: str | 
                               f"{kind}'s config hash is {hash_} (its file, --set or the trace a tune reads differ): to resume "
                               f"it, run it as before; else choose another {what}")
         if not marker.get("shared"):
-            return Target(p, kind, what, "ours", hash_)
+            wrote = marker.get("wrote")
+            wrote = {str(n) for n in wrote if isinstance(n, str)} if isinstance(wrote, list) else set()
+            return _ours(p, kind, what, hash_, force, present, wrote)
         owned = frozenset(str(n) for n in marker.get("files", ()) if isinstance(n, str))
         _collisions(p, kind, what, present - owned - {MARKER})
         return Target(p, kind, what, "shared", hash_, owned)
@@ -266,6 +276,26 @@ def check_folder(dest: str | Path, kind: str, what: str = "--out", hash_: str | 
                           f"it; kvsim never replaces a file it did not write: choose another {what}")
     _collisions(p, kind, what, present)
     return Target(p, kind, what, "shared", hash_, frozenset())
+
+
+def _ours(p: Path, kind: str, what: str, hash_: str | None, force: bool, present: set[str],
+          wrote: set[str]) -> Target:
+    """A folder this kind of command wrote. A ``run`` or ``compare`` replaces it whole, so
+    anything in it that is neither one of its names nor one its marker says it wrote (a
+    user's notes, another command's folder put inside) is refused, naming it; with
+    ``--force`` the folder becomes shared and only kvsim's names in it are replaced. A
+    study or tune adds to its folder name by name: the rest stays."""
+    if kind in RESUMED:
+        return Target(p, kind, what, "ours", hash_)
+    ours = NAMES[kind] | wrote
+    foreign = sorted(n for n in present - ours - {MARKER} if not scratch.is_scratch(n))
+    if not foreign:
+        return Target(p, kind, what, "ours", hash_)
+    if not force:
+        raise OutputError(f"{what} {os.fspath(p)}: holds {p / foreign[0]}, which kvsim did not write "
+                          f"there, and {COMMAND[kind]} replaces its folder whole: move it away, choose "
+                          f"another {what}, or add --force to replace only kvsim's files there")
+    return Target(p, kind, what, "shared", hash_, frozenset(present & ours))
 
 
 def _collisions(p: Path, kind: str, what: str, foreign: set[str]) -> None:

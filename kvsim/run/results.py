@@ -76,7 +76,7 @@ class Staging:
             replace_owned(self.dest, self.path, now.owned, self.kind, self._what)
             scratch.remove(self.path)
         else:
-            mark(self.path, self.kind)
+            mark(self.path, self.kind, wrote=[e.name for e in os.scandir(self.path) if e.name != MARKER])
             if self.dest.is_dir():
                 if not _exchange(self.path, self.dest):
                     old = self.dest.with_name(scratch.scratch_name("." + self.dest.name[:64]))
