@@ -357,6 +357,29 @@ def test_bad_config_fields_are_named_with_the_file(tmp_path, change, problem):
     assert str(p) in str(e.value) and problem in str(e.value)
 
 
+@pytest.mark.parametrize("preset, change, problem", [
+    # each layer's kind is its index modulo these: 0 divided by zero (a traceback, exit 1)
+    ("jamba-v0.1", {"attn_layer_period": 0}, "attn_layer_period: expected a whole number >= 1, got 0"),
+    ("jamba-v0.1", {"expert_layer_period": 0}, "expert_layer_period: expected a whole number >= 1, got 0"),
+    ("qwen3-next-80b-a3b", {"full_attention_interval": 0},
+     "full_attention_interval: expected a whole number >= 1, got 0"),
+    # a layer index looked up in a string (TypeError)
+    ("qwen3-30b-a3b", {"mlp_only_layers": "3"}, "mlp_only_layers: expected a list of layer indices"),
+    ("qwen3-30b-a3b", {"mlp_only_layers": [1.5]}, "mlp_only_layers: expected a list of layer indices"),
+    # a kind listed for each layer: 1e30 of them overflowed (OverflowError)
+    ("llama-3.1-8b", {"num_hidden_layers": 10**30}, "num_hidden_layers: expected at most 100,000"),
+])
+def test_config_fields_that_crashed_the_reader_are_named_with_the_file(tmp_path, preset, change, problem):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**_hf(preset), **change}))
+    with pytest.raises(ValueError) as e:
+        load_model(str(p))
+    assert str(e.value).startswith(f"{p}: {problem}"), str(e.value)
+    r, out = _run(tmp_path, f"model={p}")
+    assert r.exit_code == 2 and r.output.startswith(f"error: {p}: {problem}"), r.output
+    assert not out.exists()
+
+
 def test_mla_prefills_as_multi_head_attention_and_decodes_absorbed():
     s = load_model("deepseek-v3")  # tp 8: 16 heads a GPU
     cm = ComputeModel(s, load_profile("h200-pcie"))

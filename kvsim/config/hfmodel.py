@@ -47,6 +47,7 @@ ARCHITECTURES: dict[str, str] = {
     "NemotronHForCausalLM": "nemotron_h", "Qwen3NextForCausalLM": "qwen3_next",
 }
 _WRAPPER_KEYS = {"name", "source", "revision", "licence", "notes", "tp", "kv_dtype", "hf_config"}
+MAX_LAYERS = 100_000   # (published models have under 200)
 _KINDS = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "recurrent",
           "mamba": "recurrent", "attention": "full"}
 
@@ -137,9 +138,24 @@ class _Cfg:
             raise ValueError(f"{self.where}: {key}: expected a whole number >= 0, got {v!r}")
         return v
 
+    def pos(self, key: str, default: int | None = None) -> int:
+        """A whole number >= 1 (a period, an interval: each layer's kind is taken modulo it)."""
+        v = self.int(key, default)
+        if v < 1:
+            raise ValueError(f"{self.where}: {key}: expected a whole number >= 1, got {v!r}")
+        return v
+
     def get(self, key: str, default: Any = None) -> Any:
         v = self.d.get(key)
         return default if v is None else v
+
+    def layer_list(self, key: str, n_layers: int) -> list[int]:
+        """A list of layer indices (``mlp_only_layers``); absent: none."""
+        v = self.get(key, [])
+        if not isinstance(v, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in v):
+            raise ValueError(f"{self.where}: {key}: expected a list of layer indices "
+                             f"(0 to {n_layers - 1}), got {v!r}")
+        return v
 
 
 def shape_from_hf(data: dict, where: str, name: str = "", source: str = "",
@@ -159,6 +175,8 @@ def shape_from_hf(data: dict, where: str, name: str = "", source: str = "",
     text = data.get("text_config")
     c = _Cfg({**data, **text} if isinstance(text, dict) else data, where, arch)
     L, hidden, heads = c.int("num_hidden_layers"), c.int("hidden_size"), c.int("num_attention_heads")
+    if L > MAX_LAYERS:  # (each layer's kind is listed: 1e30 layers overflowed, 1e9 took minutes)
+        raise ValueError(f"{where}: num_hidden_layers: expected at most {MAX_LAYERS:,}, got {L:,}")
     kv = c.int("num_key_value_heads", heads)
     hd = c.int("head_dim", hidden // heads) if heads else 0
     kinds = _layer_kinds(c, fam, L)
@@ -210,7 +228,7 @@ def _layer_kinds(c: _Cfg, fam: str, L: int) -> list[str]:
     """Each layer's kind: full, sliding, recurrent (or mlp: Nemotron-H's MLP-only layers)."""
     types = c.get("layer_types")
     if fam == "jamba":
-        period, off = c.int("attn_layer_period"), c.int("attn_layer_offset")
+        period, off = c.pos("attn_layer_period"), c.int("attn_layer_offset")
         return ["full" if i % period == off else "recurrent" for i in range(L)]
     if fam == "nemotron_h":
         pat = str(c.need("hybrid_override_pattern"))
@@ -224,7 +242,7 @@ def _layer_kinds(c: _Cfg, fam: str, L: int) -> list[str]:
             raise ValueError(f"{c.where}: layer_types: expected {L} of {', '.join(_KINDS)}")
         return [_KINDS[t] for t in types]
     if fam == "qwen3_next":
-        n = c.int("full_attention_interval")
+        n = c.pos("full_attention_interval")
         return ["full" if (i + 1) % n == 0 else "recurrent" for i in range(L)]
     if fam in ("gemma2", "gemma3", "gpt_oss"):
         n = c.int("sliding_window_pattern", 6 if fam == "gemma3" else 2)
@@ -296,7 +314,7 @@ def _mlp_params(c: _Cfg, fam: str, hidden: int, kinds: list[str]) -> tuple[int, 
         k = c.int("num_experts_per_tok") if "num_experts_per_tok" in c.d else c.int("experts_per_token")
         expert_w = c.int("moe_intermediate_size") if "moe_intermediate_size" in c.d else dense_w
         shared_w = c.int("shared_expert_intermediate_size", 0)
-        step, only = c.int("decoder_sparse_step", 1), c.get("mlp_only_layers", [])
+        step, only = c.int("decoder_sparse_step", 1), c.layer_list("mlp_only_layers", L)
         moe = [(i + 1) % max(1, step) == 0 and i not in only for i in range(L)]
     elif fam in ("mla", "qwen3_next"):
         E = c.int("n_routed_experts") if fam == "mla" else c.int("num_experts")
@@ -307,11 +325,11 @@ def _mlp_params(c: _Cfg, fam: str, hidden: int, kinds: list[str]) -> tuple[int, 
             moe = [i >= first and i % max(1, freq) == 0 for i in range(L)]
         else:
             shared_w = c.int("shared_expert_intermediate_size", 0)
-            step, only = c.int("decoder_sparse_step", 1), c.get("mlp_only_layers", [])
+            step, only = c.int("decoder_sparse_step", 1), c.layer_list("mlp_only_layers", L)
             moe = [(i + 1) % max(1, step) == 0 and i not in only for i in range(L)]
     elif fam == "jamba":
         E, k, expert_w = c.int("num_experts"), c.int("num_experts_per_tok"), dense_w
-        period, off = c.int("expert_layer_period"), c.int("expert_layer_offset")
+        period, off = c.pos("expert_layer_period"), c.int("expert_layer_offset")
         moe = [E > 1 and i % period == off for i in range(L)]
     if fam == "nemotron_h":  # the MLP is a layer of its own ('-')
         n = kinds.count("mlp")
