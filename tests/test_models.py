@@ -380,6 +380,19 @@ def test_config_fields_that_crashed_the_reader_are_named_with_the_file(tmp_path,
     assert not out.exists()
 
 
+def test_more_experts_a_token_than_there_are_is_refused(tmp_path):
+    """Mixtral with 9 of its 8 experts a token: its active parameters came out above its
+    total, so the shape silently dropped them and ran as a dense model of all 46.7 B."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**_hf("mixtral-8x7b"), "num_experts_per_tok": 9}))
+    with pytest.raises(ValueError) as e:
+        load_model(str(p))
+    assert str(e.value).startswith(f"{p}: num_experts_per_tok: 9 of 8 experts"), str(e.value)
+    p.write_text(json.dumps({**_hf("mixtral-8x7b"), "num_experts_per_tok": 8}))   # all of them
+    s = load_model(str(p))
+    assert s.active == s.params - _hf("mixtral-8x7b")["vocab_size"] * 4096  # less the input lookup
+
+
 def test_mla_prefills_as_multi_head_attention_and_decodes_absorbed():
     s = load_model("deepseek-v3")  # tp 8: 16 heads a GPU
     cm = ComputeModel(s, load_profile("h200-pcie"))

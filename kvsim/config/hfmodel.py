@@ -331,6 +331,9 @@ def _mlp_params(c: _Cfg, fam: str, hidden: int, kinds: list[str]) -> tuple[int, 
         E, k, expert_w = c.int("num_experts"), c.int("num_experts_per_tok"), dense_w
         period, off = c.pos("expert_layer_period"), c.int("expert_layer_offset")
         moe = [E > 1 and i % period == off for i in range(L)]
+    if k > E:
+        raise ValueError(f"{c.where}: num_experts_per_tok: {k} of {E} experts; expected at most "
+                         f"the experts there are")
     if fam == "nemotron_h":  # the MLP is a layer of its own ('-')
         n = kinds.count("mlp")
         p = n * mats * hidden * dense_w
