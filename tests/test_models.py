@@ -393,6 +393,17 @@ def test_more_experts_a_token_than_there_are_is_refused(tmp_path):
     assert s.active == s.params - _hf("mixtral-8x7b")["vocab_size"] * 4096  # less the input lookup
 
 
+def test_a_model_of_more_parameters_than_a_step_can_time_is_refused(tmp_path):
+    """A vocabulary of 1e40 makes 8e43 embedding parameters: the first step's time
+    overflowed the engine's clock (OverflowError, a traceback, exit 1)."""
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**_hf("llama-3.1-8b"), "vocab_size": 10**40}))
+    r, out = _run(tmp_path, f"model={p}")
+    assert r.exit_code == 2 and r.output.startswith(f"error: {p}: params: Input should be less "
+                                                    "than or equal to 1000000000000000 (got 8.192e+43)"), r.output
+    assert not out.exists()
+
+
 def test_mla_prefills_as_multi_head_attention_and_decodes_absorbed():
     s = load_model("deepseek-v3")  # tp 8: 16 heads a GPU
     cm = ComputeModel(s, load_profile("h200-pcie"))

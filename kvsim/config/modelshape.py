@@ -40,7 +40,9 @@ class ModelShape(BaseModel):
     kv_heads: PosInt
     head_dim: PosInt
     dtype_bytes: PosInt = 2
-    params: Annotated[float, Field(gt=0)]
+    # at most 1e15 (the largest published models have about 2e12): a step's time grows with
+    # them, and one of 1e44 parameters overflowed the engine's clock
+    params: Annotated[float, Field(gt=0, le=1e15)]
     tp: PosInt = 1
     # the MLP's width (config.json's intermediate_size; an MoE's: the width a token
     # computes, its experts' and shared experts' together); None: from params, as what is
