@@ -256,8 +256,8 @@ def check_folder(dest: str | Path, kind: str, what: str = "--out", hash_: str | 
                               f"(--force does not mix two commands' results): choose another {what}")
         if kind in RESUMED and hash_ is not None and marker.get("hash") != hash_:
             raise OutputError(f"{what} {text}: holds a {kind} of config hash {marker.get('hash')}; this "
-                              f"{kind}'s config hash is {hash_} (its file, --set or the trace a tune reads differ): to resume "
-                              f"it, run it as before; else choose another {what}")
+                              f"{kind}'s config hash is {hash_} (its file, --set or the trace a tune "
+                              f"reads differ): to resume it, run it as before; else choose another {what}")
         if not marker.get("shared"):
             wrote = marker.get("wrote")
             wrote = {str(n) for n in wrote if isinstance(n, str)} if isinstance(wrote, list) else set()

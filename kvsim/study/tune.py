@@ -20,8 +20,9 @@ and Optuna's optimization-history and parameter-importance plots.
 
 A tune that runs again continues the same Optuna study: its folder must be a tune folder
 of the same config hash (``tune_hash``: the search, the objective, the split, the base
-config and its trace's content; not the trial budget), as kvsim.run.outputs' rule says. Trials that were running
-when a tune stopped (Ctrl-C, SIGTERM, or a kill that the next start finds) are marked
+config and its trace's content; not the trial budget), as kvsim.run.outputs' rule says.
+Trials that were running when a tune stopped (Ctrl-C, SIGTERM, or a kill that the next
+start finds) are marked
 interrupted (Optuna's PRUNED state with the user attribute ``interrupted``; never FAIL,
 and they do not count against the budget) and their parameters are asked again once
 (``retry_of``). The sampler's seed moves on with the trials the study holds, so that a
