@@ -13,7 +13,7 @@ from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.core.datapath.pathcost import cost_inputs
 from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm
 from kvsim.tools.fitkinds import kind_works, sim_cell
-from kvsim_backends.hw.interfere import busy_grid
+from kvsim_backends.hw.interfere import FEW_CTAS, busy_grid
 
 KiB, MiB = 1 << 10, 1 << 20
 TRUE = {"h2d": {64 * KiB: 0.9e-6, 256 * KiB: 0.1e-6}, "d2h": {64 * KiB: 0.6e-6, 256 * KiB: 0.7e-6}}
@@ -77,7 +77,16 @@ def test_the_grid_is_one_way_copies_on_each_path_inside_their_compute():
     assert {(c.dir, c.path, c.kind) for c in cells} == {
         (d, p, "gemm") for d in ("h2d", "d2h") for p in ("copy_engine", "sm_kernel")}
     assert {c.page for c in cells if c.path == "sm_kernel"} == {256 * KiB, MiB}
-    assert len({c.dir_bytes for c in cells if c.path == "sm_kernel"}) == 2
+    assert len({c.dir_bytes for c in cells if c.path == "sm_kernel" and not c.sm_ctas}) == 2
+    # and one cell each way of CTAs too few to fill the link, inside the compute at a share
+    # of 0.3 of the H200's idle per-CTA rates (so that the share itself shows)
+    few = {c.dir: c for c in cells if c.sm_ctas}
+    assert set(few) == {"h2d", "d2h"} and all(c.page == MiB for c in few.values())
+    p = load_profile("h200-pcie-calibrated")
+    for dr, c in few.items():
+        per = p.sm.cta_rate(dr, MiB)
+        assert c.sm_ctas * per < p.sm_ceiling(dr)  # (under the link when idle)
+        assert c.dir_bytes / (0.3 * c.sm_ctas * per) < c.compute_s
     # each copy no longer than its compute at the slowest rate seen under a prefill (16 KiB
     # host -> GPU ~4.5 GB/s, the rest >= 25 GB/s; the SM kernel 46-52 GB/s after a start
     # of at most 2 ms)
@@ -99,11 +108,11 @@ def _shares(d: dict, kinds: bool) -> dict:
 
 
 def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None = None,
-              kinds: bool = True):
+              kinds: bool = True, few: bool = False):
     """SM-kernel rows as calibrate writes them, made by the sim on a profile with the busy
     ``start`` and per-CTA shares ``eff`` (``eff_d2h``: GPU -> host's, None: the same), the
     GEMM kind's (``kinds``) or the one for all; idle and busy cells ``idle_err`` slower a
-    byte."""
+    byte; ``few``: also ``busy_grid``'s cells of CTAs too few to fill the link."""
     d, _ = _profile(None)
     if not kinds:
         _plain(d)
@@ -112,15 +121,19 @@ def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None =
     p = HardwareProfile.model_validate(d)
     work = kind_works(p)["gemm"]
     rows, copies = [], []
-    for page, nbytes in ((256 * KiB, 256 * MiB), (MiB, 64 * MiB), (MiB, 256 * MiB)):
+    cells = [(page, nbytes, dr, None) for page, nbytes in
+             ((256 * KiB, 256 * MiB), (MiB, 64 * MiB), (MiB, 256 * MiB)) for dr in ("h2d", "d2h")]
+    if few:
+        cells += [(MiB, nbytes, dr, n) for dr, (n, nbytes) in FEW_CTAS.items()]
+    for page, nbytes, dr, n_ctas in cells:
         ctas = dict(cost_inputs(p, page, None).ctas_one)
-        for dr in ("h2d", "d2h"):
-            k = nbytes // page
-            row = {"kind": "gemm", "compute_s": 0.03, "path": "sm_kernel", "dir": dr, "page": page,
-                   "pages": k, "bytes": k * page, "batches": [[dr, k]], "work": list(work),
-                   "ctas": ctas, "device": "gpu"}
-            row["copy_s"] = sim_cell(p, row, 0.03, work)[0] + k * page * idle_err
-            rows.append(row)
+        k = nbytes // page
+        row = {"kind": "gemm", "compute_s": 0.03, "path": "sm_kernel", "dir": dr, "page": page,
+               "pages": k, "bytes": k * page, "batches": [[dr, k]], "work": list(work),
+               "ctas": ctas, "device": "gpu", "sm_ctas": n_ctas}
+        row["copy_s"] = sim_cell(p, row, 0.03, work)[0] + k * page * idle_err
+        rows.append(row)
+        if n_ctas is None:  # (the idle cells: the backend's own CTAs, 1 GiB)
             n = (1 << 30) // page
             c = {"page": page, "path": "sm_kernel", "dir": dr, "pages": n, "bytes": n * page,
                  "batches": [[dr, n]], "ctas": ctas}
@@ -168,6 +181,41 @@ def test_the_sm_kernel_fit_gives_back_its_start_and_shares(idle_err, kinds):
     fit_busy_sm(rows, copies, d, why)
     assert d["sm"]["interference"]["busy_start"] == pytest.approx(0.5e-3, abs=2e-6)
     assert _shares(d, kinds)["busy_cta_efficiency"] <= 1.0
+
+
+def test_cells_of_few_ctas_show_a_share_the_link_hides():
+    """Shares above what the backend's own CTAs need to fill the link (0.9 host -> GPU,
+    0.88 back, as 4 GPU -> host CTAs moved beside GEMMs on H200s): its cells fit any share
+    above a lower bound alike, so from them alone the fit writes that bound, or keeps the
+    base's own share where it fits as well; the cells of few CTAs show the share itself."""
+    rows, copies = _sm_cells(0.7e-3, 0.9, 0.0, eff_d2h=0.88)
+    d, _ = _profile(None)
+    _shares(d, True).update(busy_cta_efficiency=0.3, busy_cta_efficiency_d2h=0.3)  # (a base's)
+    why: dict[str, str] = {}
+    fit_busy_sm(rows, copies, d, why)
+    lo = (_shares(d, True)["busy_cta_efficiency"], _shares(d, True)["busy_cta_efficiency_d2h"])
+    assert lo[0] < 0.85 and lo[1] < 0.86   # a lower bound, not the share
+    assert why["sm.interference.gemm.busy_cta_efficiency_d2h"].startswith("fitted: ")
+    # the base's own share (measured where the link does not bind), above the bound: kept
+    d, _ = _profile(None)
+    _shares(d, True).update(busy_cta_efficiency=0.9, busy_cta_efficiency_d2h=0.88)
+    fit_busy_sm(rows, copies, d, why)
+    assert (_shares(d, True)["busy_cta_efficiency"], _shares(d, True)["busy_cta_efficiency_d2h"]) \
+        == (0.9, 0.88)
+    assert why["sm.interference.gemm.busy_cta_efficiency_d2h"].startswith("kept: the base's")
+    # ... and a base below the bound is not (the cells rule it out)
+    d, _ = _profile(None)
+    _shares(d, True).update(busy_cta_efficiency=0.1, busy_cta_efficiency_d2h=0.1)
+    fit_busy_sm(rows, copies, d, why)
+    assert _shares(d, True)["busy_cta_efficiency_d2h"] == pytest.approx(lo[1])
+    # with the grid's cells of few CTAs the shares come back whatever the base's
+    rows, copies = _sm_cells(0.7e-3, 0.9, 0.0, eff_d2h=0.88, few=True)
+    d, _ = _profile(None)
+    _shares(d, True).update(busy_cta_efficiency=0.3, busy_cta_efficiency_d2h=0.3)
+    fit_busy_sm(rows, copies, d, why)
+    assert _shares(d, True)["busy_cta_efficiency"] == pytest.approx(0.9, abs=0.006)
+    assert _shares(d, True)["busy_cta_efficiency_d2h"] == pytest.approx(0.88, abs=0.006)
+    assert d["sm"]["interference"]["busy_start"] == pytest.approx(0.7e-3, abs=2e-6)
 
 
 def test_the_sm_kernel_fit_needs_its_cells():

@@ -73,6 +73,16 @@ def least_share(loss: Callable[[float], float]) -> float:
     return best([round(e + k / 200, 4) for k in range(-9, 10) if 0 < e + k / 200 <= 1.0])
 
 
+def kept_or_least(loss: Callable[[float], float], base: float | None) -> tuple[float, bool]:
+    """(the share, whether it is ``base``'s): ``least_share``'s lower bound, or ``base``
+    (the profile's own, measured elsewhere: e.g. CTAs too few to fill the link) where it
+    lies above that bound and fits the cells as well (they cannot tell the two apart)."""
+    lo = least_share(loss)
+    if base is not None and lo < base <= 1.0 and loss(base) <= loss(lo) * (1 + 1e-9) + 1e-18:
+        return float(base), True
+    return lo, False
+
+
 def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
     """The SM kernel's ``busy_start`` and per-CTA shares (``busy_cta_efficiency``, host ->
     GPU; ``busy_cta_efficiency_d2h``) into ``d`` (a profile's fields, fitted so far) from
@@ -83,7 +93,9 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     cells' residuals' median (>= 0) and the loss their squared distance from it; the
     share is the least of a grid (0.05-1, to 0.005) at the least loss: where the CTAs
     keep the link full under compute (sized for twice it), every share above the one
-    that binds fits alike, and the least of them is a lower bound. ``busy_start``: the
+    that binds fits alike, and the least of them is a lower bound (the base's own share is
+    kept where above it and fitting alike: ``kept_or_least``); cells of CTAs too few to
+    fill the link (``busy_grid``'s) show the share itself. ``busy_start``: the
     median of every cell's residual at its direction's share, >= 0. A direction without
     cells keeps the other's share. On a profile with the structural model's kinds the
     shares are the GEMM kind's (``sm.interference.gemm``; the reads' kept from the base:
@@ -122,7 +134,13 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
         start = max(0.0, statistics.median(res))
         return sum((v - start) ** 2 for v in res)
 
-    eff = {dr: least_share(lambda e, dr=dr: loss(e, dr)) for dr in sorted({r["dir"] for r in rows})}
+    before = inter if at is None else inter[at]  # (the base's shares)
+    kept: dict[str, bool] = {}
+    eff: dict[str, float] = {}
+    for dr in sorted({r["dir"] for r in rows}):
+        key = "busy_cta_efficiency" if dr == "h2d" else "busy_cta_efficiency_d2h"
+        base_share = before.get(key) if before.get(key) is not None else before.get("busy_cta_efficiency")
+        eff[dr], kept[dr] = kept_or_least(lambda e, dr=dr: loss(e, dr), base_share)
     h2d = eff.get("h2d", eff.get("d2h"))
     d2h = eff.get("d2h", h2d)
     d["sm"]["interference"] = with_shares(d, busy_cta_efficiency=h2d, busy_cta_efficiency_d2h=d2h)
@@ -135,6 +153,10 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     why["sm.interference.busy_start"] = (
         f"fitted: {what}: the median of their time beyond the sim's at the shares below, >= 0")
     for key, dr in (("busy_cta_efficiency", "h2d"), ("busy_cta_efficiency_d2h", "d2h")):
+        if kept.get(dr):
+            why[where + key] = (f"kept: the base's, which {what} fit as well as their lower "
+                                f"bound (their CTAs keep the link full: the share does not show)")
+            continue
         why[where + key] = (
             f"fitted: {what}: the least per-CTA share {dr} at the least squared spread of "
             "that time beyond the sim's (a lower bound where the CTAs keep the link full)"

@@ -127,14 +127,25 @@ def busy_grid() -> list[Cell]:
     (``copy_engine.busy_per_page_*``); the SM kernel at 256 KiB (256 MiB) and 1 MiB (64
     and 256 MiB: two sizes tell a later start from a lower rate), its later start and
     per-CTA share (``sm.interference.busy_start``, ``busy_cta_efficiency``; both fits:
-    ``kvsim.tools.fitbusy``). Measured without an idle gap (steps back to back, as in a
-    replay)."""
+    ``kvsim.tools.fitbusy``), and at 1 MiB with CTAs too few to fill the link
+    (``FEW_CTAS``: the backend's own fill it, so their cells only bound the share from
+    below; on H200s 4 GPU -> host CTAs beside GEMMs moved 0.88 of their idle rate where
+    the bound was 0.485, docs/validation.md 2026-12-05). Measured without an idle gap
+    (steps back to back, as in a replay)."""
     sizes = ((16 * KiB, 32 * MiB), (64 * KiB, 128 * MiB), (256 * KiB, 256 * MiB), (1 * MiB, 256 * MiB))
     sm = ((256 * KiB, 256 * MiB), (1 * MiB, 64 * MiB), (1 * MiB, 256 * MiB))
     return ([Cell("gemm", 0.030, "copy_engine", d, page, nbytes) for page, nbytes in sizes
              for d in ("h2d", "d2h")]
             + [Cell("gemm", 0.030, "sm_kernel", d, page, nbytes) for page, nbytes in sm
-               for d in ("h2d", "d2h")])
+               for d in ("h2d", "d2h")]
+            + [Cell("gemm", 0.030, "sm_kernel", d, 1 * MiB, nbytes, sm_ctas=n)
+               for d, (n, nbytes) in FEW_CTAS.items()])
+
+
+#: ``busy_grid``'s SM-kernel cells of few CTAs one way at 1 MiB: (CTAs, bytes) by
+#: direction, each well under the link at its idle per-CTA rate (an H200's: 4 x 10.8 GB/s
+#: GPU -> host, 8 x 3.3 host -> GPU) and done within the 30 ms compute at a share of 0.3
+FEW_CTAS = {"h2d": (8, 64 * MiB), "d2h": (4, 128 * MiB)}
 
 
 SWEEP_CTAS = (1, 2, 4, 8, 14, 24, 36, 50, 66)
