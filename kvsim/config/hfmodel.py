@@ -24,6 +24,7 @@ Bad input raises ``ValueError`` naming the file and the field.
 
 from __future__ import annotations
 
+import builtins
 import json
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,7 @@ class _Cfg:
             raise ValueError(f"{self.where}: {key}: expected a whole number >= 0, got {v!r}")
         return v
 
-    def pos(self, key: str, default: int | None = None) -> int:
+    def pos(self, key: str, default: builtins.int | None = None) -> builtins.int:
         """A whole number >= 1 (a period, an interval: each layer's kind is taken modulo it)."""
         v = self.int(key, default)
         if v < 1:
@@ -149,7 +150,7 @@ class _Cfg:
         v = self.d.get(key)
         return default if v is None else v
 
-    def layer_list(self, key: str, n_layers: int) -> list[int]:
+    def layer_list(self, key: str, n_layers: builtins.int) -> list[builtins.int]:
         """A list of layer indices (``mlp_only_layers``); absent: none."""
         v = self.get(key, [])
         if not isinstance(v, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in v):
