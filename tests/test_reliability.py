@@ -289,6 +289,38 @@ def test_synthetic_think_times_beyond_the_clocks_range_are_refused(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+def _one_turn_session(folder: Path, tokens: int, block_size: int) -> Path:
+    folder.mkdir()
+    turns = [{"t": 0, "in": tokens, "out": 4, "hash_ids": list(range(1, -(-tokens // block_size) + 1))}]
+    (folder / "s.json").write_text(json.dumps({"id": "s1", "block_size": block_size, "tool_tokens": 0,
+                                               "system_tokens": 0, "requests": turns}))
+    return folder
+
+
+def test_a_request_whose_cache_blocks_cannot_fit_in_memory_is_refused(tmp_path):
+    """A few bytes of JSON may ask for 1e30 input tokens: their cache blocks (one key each
+    32 tokens) would fill memory before the request could fail, so the run is refused
+    before it starts, naming the trace and the session."""
+    trace = _one_turn_session(tmp_path / "sessions", 10**30, 10**30)
+    r = runner.invoke(app, ["run", "configs/agentic-slice.yaml", "--no-progress", "--trace", str(trace),
+                            "--out", str(tmp_path / "res")])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: {trace}: session s1: a request of {10**30:,} input tokens "
+                               "would take about"), r.output
+    assert not (tmp_path / "res").exists()
+
+
+def test_a_trace_block_far_larger_than_its_request_runs(tmp_path):
+    """A trace block of 1e30 tokens holding a request of 128: the request's cache blocks
+    are the four of 32 tokens it fills, not a trace block's worth (which never ended)."""
+    trace = _one_turn_session(tmp_path / "sessions", 128, 10**30)
+    r = runner.invoke(app, ["run", "configs/agentic-slice.yaml", "--no-progress", "--trace", str(trace),
+                            "--out", str(tmp_path / "res")])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    assert summary["metrics"]["input_tokens"] == 128
+
+
 # -- the --set grammar, and every error naming its source -------------------------------------
 @pytest.mark.parametrize("arg, expect", [
     ("=3", "--set =3: the key is empty"),

@@ -170,6 +170,15 @@ def test_cache_blocks_split_larger_trace_blocks():
     assert cache_blocks((3, 4), 512, 256, input_tokens=600) == [(3, 0), (3, 1), (4, 0)]
 
 
+def test_cache_blocks_of_a_trace_block_far_larger_than_the_request():
+    """Only the cache blocks the request's tokens fill: the same keys as the plain split
+    where that is small enough to make, and a few where a trace block holds 2**60 tokens."""
+    for ids, bt, tokens in (((3, 4), 4096, 5000), ((7,), 4096, 100), ((3, 4, 5), 1024, 2100)):
+        plain = [(h, j) for h in ids for j in range(bt // 256)][:-(-tokens // 256)]
+        assert cache_blocks(ids, bt, 256, input_tokens=tokens) == plain
+    assert cache_blocks((9,), 2**60, 32, input_tokens=100) == [(9, 0), (9, 1), (9, 2), (9, 3)]
+
+
 def test_cache_blocks_group_smaller_trace_blocks():
     assert cache_blocks((1, 2, 3, 4, 5), 64, 128) == [(1, 2), (3, 4), (5,)]
     # equal id prefixes give equal block prefixes

@@ -11,6 +11,12 @@ whatever the keys say. It counts the block ids (a tuple slot each, a Python int 
 fresh id) and a fixed cost a request; a measured workload of the default shape holds
 0.5-1x the estimate (``tests/test_reliability.py``).
 
+A trace's own requests may still ask for more than its file holds: a request's cache
+blocks are built from its tokens (``kvsim.workload.blocks.cache_blocks``), so an input
+of 1e30 tokens in a few bytes of JSON would fill memory. ``check_requests`` refuses a
+workload whose largest request's cache blocks (``KEY_BYTES`` each) are more than the
+memory available, naming the trace and the session.
+
 It also refuses a workload whose arrivals lie beyond what the engine's clock counts
 (``check_span``): an open loop's last arrival, a closed loop's last session start or the
 think times a session adds up (a session's last turn comes at least that long after it
@@ -114,6 +120,31 @@ def check_workload_memory(cfg: RunConfig, available: int | None = None) -> None:
     if need > avail:
         raise ConfigFileError(f"{key}: the synthetic workload would take about {_gib(need)} of memory "
                               f"({what}); this machine has {_gib(avail)} available: lower {key}")
+
+
+KEY_BYTES = 100                  # a cache block's key: a (hash id, part) tuple and its slot
+
+
+def check_requests(cfg: RunConfig, workload: Workload, trace: str | None,
+                   available: int | None = None) -> None:
+    """Refuse a workload whose largest request's cache blocks would take more memory than
+    this machine has available (TraceError naming the trace and session, or ConfigFileError
+    naming the synthetic key)."""
+    avail = available_bytes() if available is None else available
+    if avail is None:
+        return
+    tpb = cfg.cache.tokens_per_block
+    worst = max(((t.input_tokens, s) for s, t in workload.iter_turns()), key=lambda x: x[0],
+                default=None)
+    if worst is None or -(-worst[0] // tpb) * KEY_BYTES <= avail:
+        return
+    tokens, s = worst
+    what = (f"session {s.sid}: a request of {tokens:,} input tokens would take about "
+            f"{_gib(-(-tokens // tpb) * KEY_BYTES)} for its cache blocks of {tpb} tokens; this "
+            f"machine has {_gib(avail)} available")
+    if cfg.workload.kind == "synthetic":
+        raise ConfigFileError(f"workload.synthetic: {what}: lower its token counts")
+    raise TraceError(f"{trace or cfg.workload.path}: {what}; expected fewer input tokens")
 
 
 # the engine's clock counts nanoseconds in a float's 53 bits of mantissa: beyond this many

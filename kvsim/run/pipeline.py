@@ -28,7 +28,7 @@ from kvsim.engine.managercost import manager_cost_params
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.run.policies import (build_placement, build_policy, build_tier_policies, check_tiers,
                                 describe)
-from kvsim.run.budget import available_bytes, check_span
+from kvsim.run.budget import available_bytes, check_requests, check_span
 from kvsim.run.cluster import Cluster, build_router, check_cluster, instances_of, routed
 from kvsim.run.clustermetrics import cluster_metrics, is_cluster
 from kvsim.run.ranks import RankRun, check_node_fit, merge, split, sum_counts
@@ -187,6 +187,7 @@ def prepare_run(cfg: RunConfig, trace: str | None = None, profile: HardwareProfi
     if workload.closed_loop and workload.start == "poisson":
         starts = session_start_times(workload, seed=cfg.seed)
     check_span(cfg, workload, starts, trace)
+    check_requests(cfg, workload, trace)
     return Prepared(cfg, shape, profile, spec, workload, starts,
                     os.path.expanduser(disk.path) if disk and disk.path else None)
 

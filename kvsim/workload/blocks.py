@@ -29,6 +29,13 @@ def cache_blocks(hash_ids, block_tokens: int, tokens_per_block: int, input_token
         out = list(hash_ids)
     elif block_tokens % tokens_per_block == 0:
         k = block_tokens // tokens_per_block
+        if input_tokens is not None and len(hash_ids) * k > -(-input_tokens // tokens_per_block):
+            # (only the cache blocks the request fills, not its last trace block's worth:
+            # that may be a block_size of 1e30 tokens)
+            full, part = divmod(-(-input_tokens // tokens_per_block), k)
+            rk = range(k)
+            return ([(h, j) for h in hash_ids[:full] for j in rk]
+                    + [(hash_ids[full], j) for j in range(part)])
         rk = range(k)
         out = [(h, j) for h in hash_ids for j in rk]
     elif tokens_per_block % block_tokens == 0:
