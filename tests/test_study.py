@@ -265,6 +265,41 @@ variants:
     assert completed() == {"trace__quota=8GiB": 2, "trace__quota=24GiB": 2, **synthetic}
 
 
+def test_a_users_profile_or_model_file_edited_in_place_changes_its_points(tmp_path):
+    """A profile or model the points name by path: edited in place, the points computed on
+    the old file are not the new one's (their hashes change); touched, they stay; points
+    on shipped presets keep the hash of their config alone."""
+    prof = tmp_path / "my-gpu.yaml"
+    prof.write_text((ROOT / "configs" / "hardware" / "h200-pcie.yaml").read_text())
+    model = tmp_path / "my-model.yaml"
+    model.write_text((ROOT / "configs" / "models" / "llama-3-8b.yaml").read_text())
+    p = _study(tmp_path, f"""\
+grid:
+  cache.tiers[0].quota: [8GiB, 24GiB]
+variants:
+  - {{name: mine, set: {{hardware: {prof}, model: {model}}}}}
+  - {{name: shipped, set: {{}}}}
+""")
+
+    def hashes() -> dict:
+        return {pt.name: pt.hash for pt in _points(p)}
+
+    first = hashes()
+    os.utime(prof, ns=(1, 1))
+    assert hashes() == first
+    prof.write_text(prof.read_text() + "\n# edited\n")
+    second = hashes()
+    changed = {k for k in first if first[k] != second[k]}
+    assert changed == {k for k in first if k.startswith("mine")}
+    model.write_text(model.read_text() + "\n# edited\n")
+    third = hashes()
+    assert {k for k in first if third[k] != second[k]} == changed
+    from kvsim.study.points import config_hash, inputs_digest
+    shipped = next(pt for pt in _points(p) if pt.name.startswith("shipped"))
+    assert inputs_digest(shipped.config, {}) is None
+    assert shipped.hash == config_hash(shipped.config, shipped.backend)
+
+
 def test_a_tune_refuses_its_folder_once_its_trace_changed(tmp_path):
     """A tune continues one Optuna study: trials of two traces would be ranked together."""
     from kvsim.study.tune import plan_tune, tune_hash

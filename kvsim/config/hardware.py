@@ -381,6 +381,11 @@ def _resolve(path_or_name: str | Path, kind: str) -> Path:
     return CONFIG_DIR / kind / f"{path_or_name}.yaml"
 
 
+def profile_file(path_or_name: str | Path) -> Path:
+    """The file ``hardware:`` names: a YAML path as it is, a preset's under configs/."""
+    return _resolve(path_or_name, "hardware")
+
+
 def load_yaml_model(model: type[BaseModel], path_or_name: str | Path, kind: str):
     """Load and validate ``model`` from a YAML file or a preset name under configs/<kind>/."""
     path = _resolve(path_or_name, kind)

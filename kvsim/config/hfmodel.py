@@ -78,6 +78,13 @@ def load_model(path_or_name: str | Path, tp: int | None = None,
     return shape
 
 
+def model_file(path_or_name: str | Path) -> Path:
+    """The file ``model:`` names: a preset's YAML under configs/, a YAML or config.json as it
+    is, a folder's config.json."""
+    path = _resolve(path_or_name)
+    return path / "config.json" if path.is_dir() else path
+
+
 def read_model(path_or_name: str | Path) -> ModelShape:
     """The shape ``model:`` names (see the module's docstring)."""
     path = _resolve(path_or_name)

@@ -6,8 +6,9 @@ config is the base config's YAML, then the study's ``set``, then the command lin
 trace; it is validated like a run config, and an invalid one is an error naming the study
 file, the point and the key. A point's name comes from its parameters (``variant__host=
 64GiB__seed=1``); its hash is over the fully resolved config, the backend and the content
-of the trace it replays (``trace_digest``: a trace rewritten under the same path is another
-input), so a finished point is recognised when the study runs again (kvsim.study.execute).
+of the trace it replays and of the user's own profile and model files (``inputs_digest``:
+a file rewritten under the same path is another input), so a finished point is
+recognised when the study runs again (kvsim.study.execute).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 from kvsim.config import (ConfigFileError, load_config, read_yaml, resolve_config_path, set_path,
                           split_key, validate_config)
+from kvsim.config.hardware import CONFIG_DIR, profile_file
+from kvsim.config.hfmodel import model_file
 from kvsim.run.tracepath import TRACE_KINDS
 from kvsim.study.definition import StudyFileError, StudySpec
 
@@ -50,7 +53,7 @@ def get_key(data: Any, dotted: str) -> Any:
 
 def config_hash(config: dict, backend: str, split: dict | None = None,
                 trace: str | None = None) -> str:
-    """``trace``: the replayed trace's ``trace_digest`` (None: the workload reads none)."""
+    """``trace``: ``inputs_digest`` of what it reads besides itself (None: none)."""
     what: dict = {"config": config, "backend": backend, "split": split}
     if trace is not None:
         what["trace"] = trace
@@ -58,30 +61,53 @@ def config_hash(config: dict, backend: str, split: dict | None = None,
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def trace_digest(config: dict, known: dict[str, str | None]) -> str | None:
-    """A digest of the content of the trace a resolved config replays (a Mooncake file; an
-    agentic file, or the session files of a folder its ``limit`` keeps, by name and
-    content); None for a synthetic workload or a trace that cannot be read (the point
-    then fails and says why). ``known``: digests already taken, by path, this plan."""
+def inputs_digest(config: dict, known: dict[str, str | None]) -> str | None:
+    """A digest of the content of what a resolved config reads besides itself: the trace it
+    replays (a Mooncake file; an agentic file, or the session files of a folder its
+    ``limit`` keeps, by name and content) and the user's own hardware profile and model
+    files (``hardware:`` / ``model:`` paths; a shipped preset's content goes with kvsim's
+    version). None where it reads none of these (a synthetic workload on presets), so such
+    a point's hash is its config's alone; a file that cannot be read counts as absent (the
+    point then fails and says why). ``known``: digests already taken, by path, this plan."""
+    parts = [_trace_part(config, known)]
+    for key, where in (("hardware", profile_file), ("model", model_file)):
+        if isinstance(config.get(key), str):
+            path = os.path.abspath(where(config[key]))
+            if not path.startswith(os.path.abspath(CONFIG_DIR) + os.sep):
+                parts.append(_digest(key, [path], known))
+    if parts[1:] == [None] * (len(parts) - 1):
+        return parts[0]  # (no user file: the trace's digest alone, as before)
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _trace_part(config: dict, known: dict[str, str | None]) -> str | None:
     w = config.get("workload") or {}
     if w.get("kind") not in TRACE_KINDS or not w.get("path"):
         return None
     path = os.path.abspath(os.path.expanduser(w["path"]))
-    key = json.dumps([path, w.get("limit")])
+    try:
+        from kvsim.workload.agentic import session_files
+
+        files = session_files(path)[:w.get("limit")] if os.path.isdir(path) else [path]
+    except (OSError, ValueError):
+        return None
+    return _digest(json.dumps([path, w.get("limit")]), files, known)
+
+
+def _digest(key: str, files: list[str], known: dict[str, str | None]) -> str | None:
+    """A digest of ``files`` by name and content (cached in ``known`` under ``key``), None
+    where one cannot be read."""
     if key not in known:
         try:
-            from kvsim.workload.agentic import session_files
-
-            files = session_files(path) if os.path.isdir(path) else [path]
             h = hashlib.sha256()
-            for f in files[:w.get("limit")] if os.path.isdir(path) else files:
+            for f in files:
                 h.update(os.path.basename(f).encode() + b"\0")
                 with open(f, "rb") as fh:
                     for chunk in iter(lambda: fh.read(1 << 20), b""):
                         h.update(chunk)
                 h.update(b"\0")
             known[key] = h.hexdigest()[:16]
-        except (OSError, ValueError):
+        except OSError:
             known[key] = None
     return known[key]
 
@@ -269,7 +295,7 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
         if seed is not None:
             numeric["seed"] = seed
         points.append(Point(name, params, numeric, vname, resolved, spec.backend,
-                            config_hash(resolved, spec.backend, trace=trace_digest(resolved, digests))))
+                            config_hash(resolved, spec.backend, trace=inputs_digest(resolved, digests))))
     _distinct_grid_values(spec, points, source, labels)
     if spec.baseline is not None and spec.baseline not in {p.name for p in points}:
         names = ", ".join(p.name for p in points[:8]) + (", ..." if len(points) > 8 else "")

@@ -20,9 +20,9 @@ and Optuna's optimization-history and parameter-importance plots.
 
 A tune that runs again continues the same Optuna study: its folder must be a tune folder
 of the same config hash (``tune_hash``: the search, the objective, the split, the base
-config and its trace's content; not the trial budget), as kvsim.run.outputs' rule says.
-Trials that were running when a tune stopped (Ctrl-C, SIGTERM, or a kill that the next
-start finds) are marked
+config and the content of its trace and files; not the trial budget), as
+kvsim.run.outputs' rule says. Trials that were running when a tune stopped (Ctrl-C,
+SIGTERM, or a kill that the next start finds) are marked
 interrupted (Optuna's PRUNED state with the user attribute ``interrupted``; never FAIL,
 and they do not count against the budget) and their parameters are asked again once
 (``retry_of``). The sampler's seed moves on with the trials the study holds, so that a
@@ -52,7 +52,7 @@ from kvsim.run.outputs import Target, check_folder, write_whole
 from kvsim.scratch import raise_pending, sweep_start
 from kvsim.study.daskclient import open_client
 from kvsim.study.execute import disk_dirs, is_complete, progress_bar, run_point, write_point
-from kvsim.study.points import Point, apply, config_hash, overridden_base, trace_digest
+from kvsim.study.points import Point, apply, config_hash, overridden_base, inputs_digest
 from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune, missing_metric
 from kvsim.study.table import metric, write_table
 from kvsim.study.trials import (check_storage, mark_interrupted, open_study, sampler_for,
@@ -149,11 +149,11 @@ def plan_tune(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[T
 def tune_hash(spec: TuneSpec, base: dict) -> str:
     """The tune's config hash: what its trials' results depend on (the search space, the
     objective and constraints, the sampler and its seed, the split, the backend and the
-    base config with every override, the content of the trace it replays), not the trial
-    budget or where things are written."""
+    base config with every override, the content of the trace and the profile and model
+    files it reads: ``inputs_digest``), not the trial budget or where things are written."""
     keep = spec.model_dump(mode="json", exclude={"trials", "parallel", "out", "storage", "top"})
     what = {"spec": keep, "base": base}
-    trace = trace_digest(base, {})
+    trace = inputs_digest(base, {})
     if trace is not None:
         what["trace"] = trace
     blob = json.dumps(what, sort_keys=True, default=str)
