@@ -653,6 +653,39 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("edit, key, why", [
+    # a field the parameter's type never reads would be dropped: the user meant something
+    (("low: 0.0, high: 0.3}", "low: 0.0, high: 0.3, choices: [0.1]}"), "space.engine.gpu_free_watermark",
+     "choices: not read by a float parameter"),
+    (("low: 0.1, high: 0.9}", "low: 0.1, high: 0.9, log: true}"), "space.hostdisk",
+     "log: not read by a split parameter"),
+    # an int parameter's fractional bounds would be cut to whole numbers
+    (("low: 4, high: 24", "low: 4.5, high: 24"), "space.cache.tiers[0].quota", "whole numbers"),
+    # a step Optuna could not take over low..high: it would search low alone (24 - 4 < 40),
+    # or lower high to the last whole step (20 / 7), or fail (0) at the first trial
+    (("high: 24, unit", "high: 24, step: 40, unit"), "space.cache.tiers[0].quota", "step (40.0)"),
+    (("high: 24, unit", "high: 24, step: 7, unit"), "space.cache.tiers[0].quota", "step (7.0)"),
+    (("high: 24, unit", "high: 24, step: 0, unit"), "space.cache.tiers[0].quota", "step (0.0)"),
+    (("low: 0.0, high: 0.3}", "low: 0.0, high: 0.3, step: -0.1}"), "space.engine.gpu_free_watermark",
+     "step (-0.1)"),
+])
+def test_a_search_dimension_optuna_would_change_is_refused(tmp_path, edit, key, why):
+    p = tmp_path / "t.yaml"
+    assert edit[0] in TUNE
+    p.write_text(TUNE.replace(*edit))
+    r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"{p}" in said and key in said and why in said and "Traceback" not in said
+    assert not (tmp_path / "o").exists()
+    # the same dimension with a step that divides its range into whole steps is taken
+    if "step: 40" in edit[1]:
+        from kvsim.study.definition import load_tune
+
+        p.write_text(TUNE.replace(edit[0], "high: 24, step: 5, unit"))
+        assert load_tune(p).space["cache.tiers[0].quota"].step == 5
+
+
 def test_a_misspelt_metric_stops_a_study_or_tune_naming_what_is_there(tmp_path):
     """The root of a metric path is checked with the file; the rest only a run's summary can
     tell. A study asked for a name no point's summary has stops before its table (no column

@@ -240,6 +240,13 @@ class StudySpec(_Base):
 # ----------------------------------------------------------------------------------- tune
 
 
+#: the fields each type of search parameter reads (``type`` aside)
+READS = {"float": {"type", "low", "high", "log", "step", "unit"},
+         "int": {"type", "low", "high", "log", "step", "unit"},
+         "categorical": {"type", "choices"},
+         "split": {"type", "low", "high", "step", "total", "keys"}}
+
+
 class Param(_Strict):
     """One search dimension. ``float``/``int``: low..high (``log`` for a log scale; ``unit``
     appends a unit, e.g. ``GiB``, to the sampled number); ``categorical``: choices;
@@ -257,6 +264,10 @@ class Param(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "Param":
+        unread = sorted(self.model_fields_set - READS[self.type])
+        if unread:  # a field this type never reads would be dropped, not searched
+            raise ValueError(f"{', '.join(unread)}: not read by a {self.type} parameter (it reads "
+                             f"{', '.join(sorted(READS[self.type] - {'type'}))})")
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("a categorical parameter needs choices")
@@ -272,6 +283,14 @@ class Param(_Strict):
             raise ValueError("log scale needs low > 0")
         if self.log and self.step is not None:
             raise ValueError("step and log do not go together")
+        if self.type == "int" and not all(float(v).is_integer() for v in (self.low, self.high, self.step or 1)):
+            raise ValueError(f"an int parameter's low, high and step are whole numbers, got low "
+                             f"{self.low}, high {self.high}, step {self.step}")
+        if self.step is not None:  # (Optuna would lower high to the last whole step, or search low alone)
+            n = (self.high - self.low) / self.step if self.step > 0 else 0
+            if n < 1 or abs(n - round(n)) > 1e-9 * n:
+                raise ValueError(f"step ({self.step}): expected a step > 0 that divides high - low "
+                                 f"({self.high - self.low:g}) into whole steps")
         if self.type == "split":
             if self.total is None or not self.keys or len(self.keys) != 2:
                 raise ValueError("a split parameter needs total and two keys")
