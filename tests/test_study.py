@@ -686,6 +686,30 @@ def test_a_search_dimension_optuna_would_change_is_refused(tmp_path, edit, key, 
         assert load_tune(p).space["cache.tiers[0].quota"].step == 5
 
 
+@pytest.mark.parametrize("edit, key, why", [
+    # YAML's true is not the number 1, as in a run config: a bound of 1 s was meant or not
+    (("max: 0}", "max: true}"), "constraints[0].max", "expected a number, got the boolean True"),
+    (("held_out: 0.34, seed: 1", "held_out: 0.34, seed: true"), "split.seed",
+     "expected a whole number, got the boolean True"),
+    # NaN or infinity is no number: a NaN bound makes every trial infeasible, a NaN weight
+    # every objective NaN (each trial failed)
+    (("max: 0}", "max: .nan}"), "constraints[0].max", "finite number"),
+    (("minimize: ttft_s.p90", "{direction: minimize, terms: {ttft_s.p90: .inf}}"),
+     "objective.terms.ttft_s.p90", "finite number"),
+    (("low: 0.0, high: 0.3}", "low: 0.0, high: .inf}"), "space.engine.gpu_free_watermark.high",
+     "finite number"),
+])
+def test_a_tune_file_takes_no_boolean_or_nan_for_a_number(tmp_path, edit, key, why):
+    p = tmp_path / "t.yaml"
+    assert edit[0] in TUNE
+    p.write_text(TUNE.replace(*edit))
+    r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"{p}" in said and key in said and why in said and "Traceback" not in said
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_misspelt_metric_stops_a_study_or_tune_naming_what_is_there(tmp_path):
     """The root of a metric path is checked with the file; the rest only a run's summary can
     tell. A study asked for a name no point's summary has stops before its table (no column

@@ -8,7 +8,7 @@ typed ``bool`` accept one, and the error names the kind of value the field expec
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -51,5 +51,7 @@ def _expected(field: Any) -> str:
         return "a size"
     if "parse_time" in funcs:
         return "a duration"
-    return {"int": "a whole number", "float": "a number"}.get(
-        getattr(field.annotation, "__name__", ""), "a value of another type")
+    kinds = [get_args(a)[0] if get_origin(a) is Annotated else a
+             for a in get_args(field.annotation) if a is not type(None)] or [field.annotation]
+    return {"int": "a whole number", "float": "a number"}.get(   # (Optional[float]: a number)
+        getattr(kinds[0], "__name__", "") if len(kinds) == 1 else "", "a value of another type")

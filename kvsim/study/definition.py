@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from kvsim.config.keypaths import KeyPathError, parse_key, unknown_key
 from kvsim.config.loading import format_error, key_lines, parse_override, read_yaml
 from kvsim.config.runconfig import ConfigFileError, RunConfig
+from kvsim.config.strict import Strict
 from kvsim.config.units import parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -121,8 +122,10 @@ Name = Annotated[str, AfterValidator(_check_name)]  # a study's, tune's or varia
 Metric = Annotated[str, Field(min_length=1)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+class _Strict(Strict):
+    """As a run config's sections: unknown keys refused, a boolean never a number, NaN and
+    infinity no number (a NaN bound or weight would make every trial infeasible or NaN)."""
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class Variant(_Strict):
