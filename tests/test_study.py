@@ -638,6 +638,8 @@ def test_tune_searches_on_train_sessions_evaluates_held_out_and_resumes(tmp_path
     (("low: 0.0, high: 0.3", "low: 0.3, high: 0.0"), "space.engine.gpu_free_watermark"),
     (("max: 0}", "}"), "constraints[0]"),
     (("type: int, low: 4", "type: integer, low: 4"), "space.cache.tiers[0].quota.type"),
+    # a bound no trial can meet: every trial infeasible, no best config after the budget
+    (("max: 0}", "min: 2, max: 1}"), "constraints[0]: Value error, min (2.0) is above max (1.0)"),
     (("held_out: 0.34", "held_out: 1.5"), "split.held_out"),
     # a key the split sets too: one would overwrite the other, a dimension searched for nothing
     (("cache.tiers[0].quota: {type: int", "cache.tiers[1].quota: {type: int"),
@@ -650,6 +652,7 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
     assert r.exit_code == 2, r.output
     assert str(p) in r.output and what.split(": Value error, ")[0] in r.output and "Traceback" not in r.output
+    assert what.split(": Value error, ")[-1] in " ".join(r.output.split())   # and why
     assert not (tmp_path / "o").exists()
 
 

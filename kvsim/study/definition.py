@@ -354,6 +354,8 @@ class Constraint(_Strict):
         _check_metric(self.metric)
         if self.max is None and self.min is None:
             raise ValueError("a constraint needs max or min")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max}): no trial could meet it")
         return self
 
 
