@@ -807,6 +807,43 @@ def test_a_resumed_tune_proposes_new_parameters_and_retries_a_killed_trial_once(
         killed.number].state == optuna.trial.TrialState.PRUNED
 
 
+def test_a_storage_holding_another_tunes_study_of_the_name_is_refused(tmp_path):
+    """One storage may hold many tunes' studies, by name; a tune of another config under
+    the same name would rank its trials with the other's, its best config one this search
+    never asked for."""
+    import optuna
+
+    from kvsim.study.tune import plan_tune, tune_hash
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(RESUME)
+    b.write_text(RESUME.replace("engine.max_batch_tokens: {type: int, low: 1024, high: 16384}",
+                                "engine.max_running: {type: int, low: 8, high: 64}"))
+    db = tmp_path / "shared.db"
+    url = f"sqlite:///{db}"
+    r = runner.invoke(app, ["tune", str(a), "--out", str(tmp_path / "a"), "--workers", "1",
+                            "--no-progress", "--storage", url])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["tune", str(b), "--out", str(tmp_path / "b"), "--workers", "1",
+                            "--no-progress", "--storage", url])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    ha, hb = tune_hash(*plan_tune(str(a))), tune_hash(*plan_tune(str(b)))
+    assert f"--storage {url}" in said and ha in said and hb in said and "Traceback" not in said
+    assert not (tmp_path / "b").exists()                       # nothing left behind
+    assert len(optuna.load_study(study_name="r", storage=url).trials) == 2   # nor added
+    # a study of that name that kvsim did not make (no hash) is not taken either
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    optuna.create_study(study_name="r", storage=other).enqueue_trial({"x": 1})
+    r = runner.invoke(app, ["tune", str(a), "--out", str(tmp_path / "c"), "--workers", "1",
+                            "--no-progress", "--storage", other])
+    assert r.exit_code == 2 and "not a kvsim tune's" in " ".join(r.output.split()), r.output
+    # the same tune continues its study from another folder: its budget is already spent
+    r = runner.invoke(app, ["tune", str(a), "--out", str(tmp_path / "a2"), "--workers", "1",
+                            "--no-progress", "--storage", url])
+    assert r.exit_code == 0 and "2 trials complete, 0 failed (0 run now)" in r.output, r.output
+
+
 def test_an_interrupted_tune_prints_a_command_that_continues_it(tmp_path):
     import shlex
 

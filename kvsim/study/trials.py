@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvsim.study.definition import TuneSpec
+from kvsim.study.definition import StudyFileError, TuneSpec
 
 
 def storage_url(spec: TuneSpec, folder: Path, storage: str | None) -> str:
@@ -88,19 +88,40 @@ def mark_interrupted(study, trial_id: int, number: int, params: dict, user_attrs
         study.enqueue_trial(params, user_attrs={"retry_of": number}, skip_if_exists=False)
 
 
-def open_study(spec: TuneSpec, url: str, given: bool):
+HASH_ATTR = "kvsim_tune_hash"   # the study's user attribute: the tune's config hash
+
+
+def open_study(spec: TuneSpec, url: str, given: bool, tune_hash: str | None = None,
+               own: bool = False):
+    """The tune's Optuna study (created, or loaded to continue it). A study of this name
+    that another tune made (another config hash, or trials and no hash: not kvsim's) is
+    refused, StudyFileError: its trials would be ranked with this tune's, its best config
+    one this search never asked for. A new study, or the tune folder's ``own`` one from
+    before the hash was kept (the folder's hash stood for it), takes this tune's hash."""
     import optuna
 
+    where = f"--storage {url}" if given else str(url)
     try:
-        return optuna.create_study(study_name=spec.name, storage=url,
-                                   sampler=optuna.samplers.RandomSampler(seed=spec.seed),
-                                   direction=spec.objective.sense, load_if_exists=True)
+        study = optuna.create_study(study_name=spec.name, storage=url,
+                                    sampler=optuna.samplers.RandomSampler(seed=spec.seed),
+                                    direction=spec.objective.sense, load_if_exists=True)
     except Exception as e:  # SQLAlchemy's and Optuna's own errors: a storage it cannot use
         if isinstance(e, (KeyboardInterrupt, MemoryError)):
             raise
-        where = f"--storage {url}" if given else str(url)
         raise ConnectionError(f"{where}: cannot open the Optuna storage ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if tune_hash is None:
+        return study
+    held = study.user_attrs.get(HASH_ATTR)
+    if held is None and not own and study.get_trials(deepcopy=False):
+        held = "none (not a kvsim tune's)"
+    if held is not None and held != tune_hash:
+        raise StudyFileError(f"{where}: its study {spec.name!r} is another tune's (config hash {held}, "
+                             f"this tune's {tune_hash}); expected a storage of this tune, or a "
+                             "new one (another --storage, or another name)")
+    if held is None:
+        study.set_user_attr(HASH_ATTR, tune_hash)
+    return study
 
 
 def trial_state(t) -> str:

@@ -212,7 +212,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
 
     # the cluster first: a tune whose cluster cannot start leaves no storage behind
     with open_client(workers, scheduler) as client:
-        study = open_study(spec, storage_url(spec, folder, storage), bool(storage))
+        study = open_study(spec, storage_url(spec, folder, storage), bool(storage), target.hash, own)
         if own:  # our own SQLite: trials left running by a tune that was killed
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 mark_interrupted(study, t._trial_id, t.number, t.params, t.user_attrs)
