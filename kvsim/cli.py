@@ -390,16 +390,18 @@ def fidelity(
     same config are from each other, or within 10% (TTFT p50/p90) and 5% (bytes moved);
     node-wide and rank by rank."""
     from kvsim.run.outputs import check_file, write_whole
-    from kvsim.tools.fidelity import judge, load_metrics, table
+    from kvsim.tools.fidelity import judge, load_metrics, load_run, same_config, table
 
     console = Console(stderr=True)
     _sweep()
     try:
         if out:
             check_file(out, "fidelity")
-        others = [load_metrics(h) for h in hw_runs or []]
-        rows = judge(load_metrics(compare_dir, "sim", own=False),
-                     load_metrics(compare_dir, "hw", own=False), others,
+        others = [load_run(h) for h in hw_runs or []]
+        sim = load_metrics(compare_dir, "sim", own=False)
+        hw = load_run(compare_dir, "hw", own=False)
+        same_config(hw, others)
+        rows = judge(sim, hw[1]["metrics"], [o[1]["metrics"] for o in others],
                      ["sim", f"{compare_dir}/hw", *(hw_runs or [])])
     except ValueError as e:
         error(console, str(e))

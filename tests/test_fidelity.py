@@ -102,6 +102,39 @@ def test_cli_on_compare_folders_and_further_hw_runs(tmp_path):
     assert r.exit_code == 0 and "6 of 6" in r.output, r.output
 
 
+def test_cli_refuses_a_further_hw_run_of_another_workload(tmp_path):
+    """hw's spread is how far hw repeats one config: a run of another workload or model
+    would make any sim error look within it."""
+    cfg = {"seed": 0, "model": "llama-3-8b", "tp": 1, "kv_dtype": "bf16",
+           "workload": {"kind": "agentic", "limit": 3, "path": "traces/a"}, "cache": {"tiers": 3}}
+
+    def run(folder, m, backend="hw", **change):
+        folder.mkdir(parents=True)
+        c = json.loads(json.dumps(cfg))
+        for k, v in change.items():
+            section, _, key = k.partition("__")
+            (c[section].__setitem__(key, v) if key else c.__setitem__(section, v))
+        (folder / "summary.json").write_text(json.dumps({"backend": backend, "config": c, "metrics": m}))
+
+    cmp = tmp_path / "cmp"
+    run(cmp / "sim", metrics(1.3, 2.0), "sim")                 # +30% at p50
+    run(cmp / "hw", metrics(1.0, 2.0))
+    # the same workload from another folder, on another machine's profile and tiers: its
+    # spread counts (35% at p50: the sim's +30% within it)
+    same = tmp_path / "same"
+    run(same, metrics(1.35, 2.0), workload__path="/elsewhere/a", cache={"tiers": 2})
+    r = CliRunner().invoke(app, ["fidelity", str(cmp), str(same)])
+    assert r.exit_code == 0 and "6 of 6 figures within" in " ".join(r.output.split()), r.output
+    for change in ({"workload__limit": 40}, {"model": "qwen3-8b"}, {"seed": 1}):
+        other = tmp_path / "other" / next(iter(change))
+        run(other, metrics(1.35, 2.0), **change)
+        r = CliRunner().invoke(app, ["fidelity", str(cmp), str(same), str(other)])
+        said = " ".join(r.output.split())
+        key = next(iter(change)).replace("__", ".")
+        assert r.exit_code == 2, r.output
+        assert str(other / "summary.json") in said and f"{key} " in said and "Traceback" not in said
+
+
 def test_cli_refuses_a_folder_without_a_summary_and_a_users_file(tmp_path):
     r = CliRunner().invoke(app, ["fidelity", str(tmp_path / "nothing")])
     assert r.exit_code == 2 and "Traceback" not in r.output

@@ -75,7 +75,27 @@ def judge(sim: dict, hw: dict, others: Sequence[dict], names: Sequence[str] = ()
 
 
 def load_metrics(folder: str | Path, side: str = "hw", own: bool = True) -> dict:
-    """A ``side`` ('sim' or 'hw') run's ``metrics``: ``folder`` a results folder (its
+    """A ``side`` run's ``metrics`` (``load_run``)."""
+    return load_run(folder, side, own)[1]["metrics"]
+
+
+def same_config(hw: tuple[Path, dict], others: Sequence[tuple[Path, dict]]) -> None:
+    """ValueError unless every other hw run (``load_run``'s answers) replayed what the
+    compared one did: the same workload, seed, model, tp and kv_dtype
+    (kvsim.tools.sameworkload; the profile may differ: each machine's calibration). A run
+    of another workload is no measure of how far hw repeats itself."""
+    from kvsim.tools.sameworkload import replay_diffs
+
+    for path, data in others:
+        diffs = replay_diffs(data.get("config") or {}, hw[1].get("config") or {}, "in it",
+                             "in the compared one")
+        if diffs:
+            raise ValueError(f"{path}: not a hw run of the compared config ({hw[0]}): {diffs}; "
+                             "expected further hw runs of the same workload and model")
+
+
+def load_run(folder: str | Path, side: str = "hw", own: bool = True) -> tuple[Path, dict]:
+    """A ``side`` ('sim' or 'hw') run's summary (its path and data): ``folder`` a results folder (its
     ``summary.json``; only where ``own``) or a compare's folder (its ``side``/``summary.json``;
     a ``--hw-from`` compare's hw side is the folder its ``compare.json`` names). A summary
     that records another backend than ``side`` is refused (a sim run is no hw run)."""
@@ -100,7 +120,7 @@ def load_metrics(folder: str | Path, side: str = "hw", own: bool = True) -> dict
             backend = data.get("backend")
             if backend is not None and backend != side:
                 raise ValueError(f"{p}: a run on the {backend} backend; expected a {side} run")
-            return m
+            return p, data
     if own:
         raise ValueError(f"{folder}: expected a results folder (summary.json) or a compare's "
                          f"folder ({side}/summary.json)")

@@ -32,17 +32,25 @@ def one_workload(ra: list, rb: list, a: str | Path, b: str | Path) -> None:
                          "runs of one workload")
 
 
+def replay_diffs(a: dict, b: dict, where_a: str = "there", where_b: str = "here") -> str:
+    """What differs between two resolved configs in what decides a replay's requests and
+    what computes them (``REPLAY_KEYS`` and ``workload``, its ``path`` aside: the trace
+    may lie elsewhere), as ``key A where_a, B where_b`` (at most four, then a count); ''
+    where nothing does. Keys one of them lacks (a run saved before they existed) are not
+    compared."""
+    keys = [k for k in (*REPLAY_KEYS, "workload") if k in a and k in b]
+    diffs = [f"{k} {x!r} {where_a}, {y!r} {where_b}" for k, x, y in sorted(config_diff(
+        {k: a[k] for k in keys}, {k: b[k] for k in keys}, skip=()), key=lambda d: d[0])
+        if k != "workload.path" and x is not ABSENT and y is not ABSENT]
+    more = f"; and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+    return f"{'; '.join(diffs[:4])}{more}" if diffs else ""
+
+
 def same_replay(now: dict, saved: dict, folder: str | Path) -> None:
     """ValueError unless ``saved`` (a hw run's resolved config) replayed what ``now`` (the
-    config to re-predict it with, resolved) replays: the same ``REPLAY_KEYS`` and
-    ``workload`` section, its ``path`` aside (the trace may lie elsewhere here). Keys one of
-    them lacks (a run saved before they existed) are not compared; the hardware profile,
-    the tiers and the engine may differ (what a re-prediction varies)."""
-    keys = [k for k in (*REPLAY_KEYS, "workload") if k in saved and k in now]
-    diffs = [f"{k} {x!r} there, {y!r} here" for k, x, y in sorted(config_diff(
-        {k: saved[k] for k in keys}, {k: now[k] for k in keys}, skip=()), key=lambda d: d[0])
-        if k != "workload.path" and x is not ABSENT and y is not ABSENT]
+    config to re-predict it with, resolved) replays (``replay_diffs``); the hardware
+    profile, the tiers and the engine may differ (what a re-prediction varies)."""
+    diffs = replay_diffs(saved, now)
     if diffs:
-        more = f"; and {len(diffs) - 4} more" if len(diffs) > 4 else ""
         raise ValueError(f"--hw-from {folder}: its hw run replayed another workload or model: "
-                         f"{'; '.join(diffs[:4])}{more}; expected the config it ran (the same --set)")
+                         f"{diffs}; expected the config it ran (the same --set)")
