@@ -287,3 +287,37 @@ def test_calibrate_refuses_an_option_its_mode_does_not_read(tmp_path, args, says
     r = runner.invoke(app, ["calibrate", "--out", str(out), *args])
     assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
     assert not out.exists()
+
+
+def _report_cut(text: str) -> bytes:     # a copy cut short mid-transfer
+    return text[:len(text) // 2].encode()
+
+
+def _report_without(key: str):
+    def edit(text: str) -> bytes:
+        data = json.loads(text)
+        data.pop(key)
+        return json.dumps(data).encode()
+    return edit
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_report_cut, "not JSON ("),
+    (lambda text: b"[1, 2]", "a JSON list; expected a calibrate report"),
+    (lambda text: b"\xff\xfe{}", "not UTF-8 text"),
+    (_report_without("copies"), "copies (missing)"),   # the cells the fit is made of
+    (_report_without("base"), "base (missing)"),
+    (lambda text: json.dumps({**json.loads(text), "compute": []}).encode(), "compute (not a mapping)"),
+])
+def test_calibrate_from_a_report_it_cannot_read_names_the_file(tmp_path, edit, says):
+    """A saved report that is damaged or not a calibrate report is refused with the file
+    and what is wrong (not a KeyError's bare key, nor a traceback), nothing written."""
+    saved = Path(__file__).resolve().parents[1] / "configs/hardware/h200-pcie-calibrated.yaml.report.json"
+    bad = tmp_path / "r.report.json"
+    bad.write_bytes(edit(saved.read_text()))
+    out = tmp_path / "p.yaml"
+    r = runner.invoke(app, ["calibrate", "--out", str(out), "--from-report", str(bad)])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and f"--from-report {bad}: " in said and says in said, r.output
+    assert "Traceback" not in said
+    assert not out.exists() and not (tmp_path / "p.yaml.report.json").exists()

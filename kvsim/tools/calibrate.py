@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
 from kvsim.tools.fitkinds import KIND_MODEL, check_kind_terms, kind_works, share_works
-from kvsim.tools.measured import Measured, measured_from_report
+from kvsim.tools.measured import Measured, measured_from_report, read_report
 from kvsim.config.hardware import HardwareProfile, load_profile
 from kvsim.config.units import parse_page_cost, parse_page_rate, parse_rate, parse_time
 
@@ -193,7 +193,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     earlier fit check of the same report is kept under ``previous_fit_checks``)."""
     _check_yaml(out)
     out, report_path = Path(out), Path(report_path)
-    old = json.loads(report_path.read_text())
+    old = read_report(report_path)
     base_p = load_profile(base or old["base"])
     check_kind_terms(kind_terms, base_p)
     m = measured_from_report(old)

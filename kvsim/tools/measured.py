@@ -1,12 +1,15 @@
 """What ``kvsim calibrate`` measures, as data: ``Measured`` (filled by
-``kvsim_backends.hw.microbench``, read back from a saved report by ``measured_from_report``)
+``kvsim_backends.hw.microbench``, read back from a saved report by ``read_report`` and
+``measured_from_report``)
 and ``batch``, the one-batch transfer both the measurement and the fit check replay. Kept
 apart from ``kvsim.tools.fit`` so that the hw backend's measurement needs nothing of the fit.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +43,40 @@ class Measured:
     # two ranks' steps on one GPU (kvsim_backends.hw.rankshareprobe's
     # ``measure_for_calibrate``: rows, or why it was skipped); None: not measured
     rank_share: dict | None = None
+
+
+#: what a saved report must hold to be refitted (the rest defaults: not measured)
+REPORT_NEEDS = {"device": str, "date": str, "base": str, "copies": list}
+#: the sections ``measured_from_report`` reads, and the kind of value each is
+REPORT_SECTIONS = {"ctas": list, "disk": list, "compute": dict, "small": list, "interference": list,
+                   "busy_copies": list, "host_fills": dict, "out_of_sample": list}
+
+
+def read_report(path: str | Path) -> dict:
+    """A saved ``.report.json`` of ``kvsim calibrate``, checked before anything is fitted or
+    written: ValueError naming the file and what is wrong (unreadable, not JSON, not a JSON
+    object, a needed key missing or a section of another kind)."""
+    p = Path(path)
+    want = "a calibrate report (the NAME.yaml.report.json kvsim calibrate writes)"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"--from-report {p}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"--from-report {p}: not UTF-8 text; expected {want}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--from-report {p}: not JSON ({e.msg}, line {e.lineno} column {e.colno}: "
+                         f"cut short?); expected {want}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--from-report {p}: a JSON {type(data).__name__}; expected {want}")
+    kinds = {str: "text", list: "a list", dict: "a mapping"}
+    bad = [f"{k} ({'missing' if k not in data else 'not ' + kinds[t]})" for k, t in REPORT_NEEDS.items()
+           if not isinstance(data.get(k), t)]
+    bad += [f"{k} (not {kinds[t]})" for k, t in REPORT_SECTIONS.items()
+            if data.get(k) is not None and not isinstance(data[k], t)]
+    if bad:
+        raise ValueError(f"--from-report {p}: {', '.join(bad)}; expected {want}")
+    return data
 
 
 def measured_from_report(report: dict) -> Measured:
