@@ -745,6 +745,24 @@ def test_a_misspelt_metric_stops_a_study_or_tune_naming_what_is_there(tmp_path):
     assert "Traceback" not in r.output
 
 
+def test_a_split_the_workload_cannot_have_stops_the_tune_at_its_first_trial(tmp_path):
+    """One session cannot be split into train and held-out parts: every trial would fail
+    alike, so the tune stops at the first (exit 2 naming split), not after its budget with
+    "no trial completed" (exit 1)."""
+    import optuna
+
+    p = tmp_path / "t.yaml"
+    p.write_text(TUNE.replace("n_sessions: 6", "n_sessions: 1"))
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"{p}: split: " in said and "at least 2 sessions, the workload has 1" in said
+    assert "Traceback" not in said
+    trials = optuna.load_study(study_name="t", storage=f"sqlite:///{out / 'optuna.db'}").trials
+    assert len(trials) == 1     # of the budget of 3
+
+
 # ---------------------------------------------------------------------- resuming a tune
 
 RESUME = """\

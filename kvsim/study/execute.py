@@ -84,13 +84,17 @@ def quiet_interrupts() -> None:
         pass
 
 
+class SplitError(ValueError):
+    """The tune's split cannot be made of the workload: every trial would fail alike."""
+
+
 def split_workload(workload, part: str, held_out: float, seed: int):
     """The sessions of one part of a seeded split of ``workload`` by session: ``held_out``
     of them (at least one, and at least one left to train on) in 'held_out', the rest
     in 'train'."""
     n = len(workload.sessions)
     if n < 2:
-        raise ValueError(f"a held-out split needs at least 2 sessions, the workload has {n}")
+        raise SplitError(f"a held-out split needs at least 2 sessions, the workload has {n}")
     order = list(range(n))
     random.Random(seed).shuffle(order)
     k = min(n - 1, max(1, round(n * held_out)))
@@ -155,7 +159,8 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
 
         if isinstance(e, ConfigFileError):
             where = ""
-        return {"error": f"{type(e).__name__}: {e}{where}", "task_s": time.perf_counter() - t0}
+        return {"error": f"{type(e).__name__}: {e}{where}", "task_s": time.perf_counter() - t0,
+                **({"split_error": str(e)} if isinstance(e, SplitError) else {})}
 
 
 # ---------------------------------------------------------------------------- client side

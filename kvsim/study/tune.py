@@ -53,8 +53,9 @@ from kvsim.scratch import raise_pending, sweep_start
 from kvsim.study.daskclient import open_client
 from kvsim.study.execute import disk_dirs, is_complete, progress_bar, run_point, write_point
 from kvsim.study.points import Point, apply, config_hash, overridden_base, inputs_digest
-from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune, missing_metric
+from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
+from kvsim.study.tunecheck import stop_if_the_file_is_wrong
 from kvsim.study.trials import (check_storage, mark_interrupted, open_study, sampler_for,
                                 storage_url, trial_state)
 from kvsim.config.units import parse_size
@@ -251,14 +252,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
                         payload = {"error": f"{type(e).__name__}: {e}"}
                     fut.release()
                     n_run += 1
-                    if "metrics" in payload:  # a misspelt metric fails every trial: stop at the first
-                        bad = [w for w in (missing_metric([payload["metrics"]], m) for m in
-                                           (*spec.objective.weights, *(c.metric for c in spec.constraints)))
-                               if w]
-                        if bad:
-                            raise StudyFileError(f"{path}: objective or constraints: {'; '.join(bad)} "
-                                                 f"(the tune stopped; its folder {folder} holds its "
-                                                 "storage: give the corrected tune another --out)")
+                    stop_if_the_file_is_wrong(spec, path, folder, payload)
                     try:
                         if "error" in payload:
                             raise RuntimeError(payload["error"])
