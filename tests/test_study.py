@@ -745,6 +745,27 @@ def test_a_misspelt_metric_stops_a_study_or_tune_naming_what_is_there(tmp_path):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("entry, says", [
+    # the first choice is valid, the second a key the synthetic workload does not read
+    ("workload.shared_prefix: {type: categorical, choices: [false, true]}",
+     "space.workload.shared_prefix at True: workload: workload.shared_prefix applies to agentic"),
+    # the low end is the default (valid), the high end one the config refuses
+    ("workload.time_scale: {type: float, low: 1.0, high: 2.0}",
+     "space.workload.time_scale at 2.0: workload: workload.time_scale applies to Mooncake"),
+])
+def test_a_search_value_the_config_refuses_is_found_before_any_trial(tmp_path, entry, says):
+    """Each end of each dimension (each choice) is checked with the file: else a trial that
+    drew it stopped the tune mid-search, its folder and storage left behind."""
+    p = tmp_path / "t.yaml"
+    p.write_text(TUNE.replace("space:\n", f"space:\n  {entry}\n"))
+    out = tmp_path / "o"
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"{p}: {says}" in said and "Traceback" not in said
+    assert not out.exists()
+
+
 def test_a_split_the_workload_cannot_have_stops_the_tune_at_its_first_trial(tmp_path):
     """One session cannot be split into train and held-out parts: every trial would fail
     alike, so the tune stops at the first (exit 2 naming split), not after its budget with

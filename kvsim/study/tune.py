@@ -131,19 +131,25 @@ def _point(base: dict, overrides: dict, spec: TuneSpec, source: str, label: str,
 
 
 def plan_tune(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[TuneSpec, dict]:
-    """The tune and its base config's raw data (with ``set`` and ``--set``), validated;
-    one trial's config from the search space's first values is validated too."""
+    """The tune and its base config's raw data (with ``set`` and ``--set``), validated; so
+    is a trial's config at each end of each dimension (each choice), the others at their
+    first: a value the config refuses fails here, naming it, not at a trial mid-search."""
     spec = load_tune(path)
     base = overridden_base(spec, path, overrides)
     import optuna
 
-    probe: dict = {}
-    fixed = optuna.trial.FixedTrial({n: (p.choices[0] if p.type == "categorical" else
-                                         (int(p.low) if p.type == "int" else p.low))
-                                     for n, p in spec.space.items()})
-    for n, p in spec.space.items():
-        probe.update(sample(fixed, n, p))
-    _point(base, probe, spec, path, "probe", "train")
+    ends = {n: (p.choices if p.type == "categorical" else [int(p.low), int(p.high)]
+                if p.type == "int" else [p.low, p.high]) for n, p in spec.space.items()}
+    for name, values in ends.items():
+        for v in values:
+            fixed, probe = optuna.trial.FixedTrial({**{n: e[0] for n, e in ends.items()}, name: v}), {}
+            for n, p in spec.space.items():
+                probe.update(sample(fixed, n, p))
+            try:
+                _point(base, probe, spec, path, "probe", "train")
+            except StudyFileError as e:
+                raise StudyFileError(f"{path}: space.{name} at {v!r}: "
+                                     f"{str(e).removeprefix(f'{path}: probe: ')}") from None
     return spec, base
 
 
