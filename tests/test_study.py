@@ -656,6 +656,20 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
     assert not (tmp_path / "o").exists()
 
 
+def _tune_refused(tmp_path: Path, edit: tuple[str, str], key: str, why: str) -> Path:
+    """The tune file ``TUNE`` edited: refused, exit 2, naming the file, the key and why,
+    no folder written. Returns the file."""
+    p = tmp_path / "t.yaml"
+    assert edit[0] in TUNE
+    p.write_text(TUNE.replace(*edit))
+    r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2, r.output
+    assert f"{p}" in said and key in said and why in said and "Traceback" not in said
+    assert not (tmp_path / "o").exists()
+    return p
+
+
 @pytest.mark.parametrize("edit, key, why", [
     # a field the parameter's type never reads would be dropped: the user meant something
     (("low: 0.0, high: 0.3}", "low: 0.0, high: 0.3, choices: [0.1]}"), "space.engine.gpu_free_watermark",
@@ -673,14 +687,7 @@ def test_bad_tune_file_exits_2_naming_the_key(tmp_path, edit, what):
      "step (-0.1)"),
 ])
 def test_a_search_dimension_optuna_would_change_is_refused(tmp_path, edit, key, why):
-    p = tmp_path / "t.yaml"
-    assert edit[0] in TUNE
-    p.write_text(TUNE.replace(*edit))
-    r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
-    said = " ".join(r.output.split())
-    assert r.exit_code == 2, r.output
-    assert f"{p}" in said and key in said and why in said and "Traceback" not in said
-    assert not (tmp_path / "o").exists()
+    p = _tune_refused(tmp_path, edit, key, why)
     # the same dimension with a step that divides its range into whole steps is taken
     if "step: 40" in edit[1]:
         from kvsim.study.definition import load_tune
@@ -703,14 +710,7 @@ def test_a_search_dimension_optuna_would_change_is_refused(tmp_path, edit, key, 
      "finite number"),
 ])
 def test_a_tune_file_takes_no_boolean_or_nan_for_a_number(tmp_path, edit, key, why):
-    p = tmp_path / "t.yaml"
-    assert edit[0] in TUNE
-    p.write_text(TUNE.replace(*edit))
-    r = runner.invoke(app, ["tune", str(p), "--out", str(tmp_path / "o"), "--no-progress"])
-    said = " ".join(r.output.split())
-    assert r.exit_code == 2, r.output
-    assert f"{p}" in said and key in said and why in said and "Traceback" not in said
-    assert not (tmp_path / "o").exists()
+    _tune_refused(tmp_path, edit, key, why)
 
 
 def test_a_misspelt_metric_stops_a_study_or_tune_naming_what_is_there(tmp_path):
