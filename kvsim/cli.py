@@ -45,8 +45,8 @@ def _check_hw_options(time_scale: float, device: str) -> None:
         raise ConfigFileError(f"--device {device}: expected one of {', '.join(DEVICES)}")
 
 
-# kvsim calibrate's --base and --model by default: an option given another value is one a
-# form that does not read it refuses
+# kvsim calibrate's --base and --model when not given (--from-report: the report's base); an
+# option given at all, even at its default's value, is one a form that does not read it refuses
 CAL_BASE = "h200-pcie"
 CAL_MODEL = "llama-3-8b"
 
@@ -150,16 +150,17 @@ def run(
 def calibrate(
     out: Optional[str] = typer.Option(None, help="profile to write, e.g. configs/hardware/NAME.yaml "
                                       "(with --check: the check's JSON, optional)"),
-    base: str = typer.Option(CAL_BASE, help="base profile for what cannot be measured"),
-    device: str = typer.Option("auto", help="auto, cpu or gpu"),
+    base: Optional[str] = typer.Option(None, help=f"base profile for what cannot be measured (default: "
+                                       f"{CAL_BASE}; with --from-report, the report's)"),
+    device: Optional[str] = typer.Option(None, help="auto, cpu or gpu (default: auto)"),
     from_report: Optional[str] = typer.Option(
         None, "--from-report", help="refit offline from a saved NAME.yaml.report.json (no benchmarks)"),
     check: Optional[str] = typer.Option(
         None, "--check", help="replay cells measured elsewhere (benchmarks/hw_copy.py --json) on the "
                               "sim with --profile"),
     profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
-    model: str = typer.Option(CAL_MODEL, help="the model whose steps the compute calls and the "
-                              "interference cells run (a preset or a YAML path)"),
+    model: Optional[str] = typer.Option(None, help="the model whose steps the compute calls and the "
+                                        f"interference cells run (a preset or a YAML path; default: {CAL_MODEL})"),
     kind_terms: str = typer.Option("fit", "--kind-terms", help="how copies slow each kind of step "
                                    "(sm.interference.gemm / .memory): fit them to this machine's "
                                    "interference cells, or keep the base's"),
@@ -180,7 +181,7 @@ def calibrate(
         error(console, "--kind-terms: not with --check (it fits nothing)")
         raise typer.Exit(2)
     # an option the chosen mode does not read is refused, not dropped
-    given = {"--device": device != "auto", "--model": model != CAL_MODEL, "--base": base != CAL_BASE,
+    given = {"--device": device is not None, "--model": model is not None, "--base": base is not None,
              "--from-report": from_report is not None, "--profile": profile is not None}
     mode, unread = (("--check", ("--device", "--model", "--base", "--from-report")) if check else
                     ("--from-report", ("--device", "--model", "--profile")) if from_report else
@@ -200,10 +201,10 @@ def calibrate(
                 write_whole(Path(out), (json.dumps({"kvsim_report": "calibrate-check", **report},
                                                    indent=2) + "\n").encode())
         elif from_report:
-            report = refit(from_report, out, base=None if base == CAL_BASE else base,
-                           kind_terms=kind_terms)
+            report = refit(from_report, out, base=base, kind_terms=kind_terms)
         else:
-            report = run_calibration(out, base=base, device=device, model=model, kind_terms=kind_terms)
+            report = run_calibration(out, base=base or CAL_BASE, device=device or "auto",
+                                     model=model or CAL_MODEL, kind_terms=kind_terms)
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
         raise typer.Exit(2)

@@ -281,12 +281,31 @@ def test_a_trace_config_turns_synthetic_once_its_trace_keys_are_null(tmp_path):
      "--device, --model: not with --from-report"),
     (["--check", "cells.json", "--profile", "h200-pcie", "--base", "gh200-c2c"], "--base: not with --check"),
     (["--profile", "h200-pcie"], "--profile: only with --check"),
+    # given at their defaults' values they are still not read
+    (["--from-report", "r.json", "--device", "auto"], "--device: not with --from-report"),
+    (["--from-report", "r.json", "--model", "llama-3-8b"], "--model: not with --from-report"),
+    (["--check", "cells.json", "--profile", "h200-pcie", "--base", "h200-pcie"], "--base: not with --check"),
 ])
 def test_calibrate_refuses_an_option_its_mode_does_not_read(tmp_path, args, says):
     out = tmp_path / "p.yaml"
     r = runner.invoke(app, ["calibrate", "--out", str(out), *args])
     assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
     assert not out.exists()
+
+
+def test_calibrate_from_report_takes_the_base_given_even_h200_pcie(tmp_path):
+    """--from-report refits on the report's base unless --base names another; the
+    committed report's base is h200-pcie-calibrated, so --base h200-pcie (the measuring
+    form's default) must be the base of the refit, not dropped for the report's."""
+    from kvsim.config.hardware import CONFIG_DIR, load_profile
+
+    report = str(CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml.report.json")
+    for base, want in ((None, "h200-pcie-calibrated"), ("h200-pcie", "h200-pcie")):
+        out = tmp_path / f"{want}.yaml"
+        r = runner.invoke(app, ["calibrate", "--out", str(out), "--from-report", report,
+                                *(["--base", base] if base else [])])
+        assert r.exit_code == 0, r.output
+        assert load_profile(out).notes.endswith(f"; base {want} for what was not measured")
 
 
 def _report_cut(text: str) -> bytes:     # a copy cut short mid-transfer
