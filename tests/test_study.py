@@ -774,14 +774,37 @@ def test_a_split_the_workload_cannot_have_stops_the_tune_at_its_first_trial(tmp_
 
     p = tmp_path / "t.yaml"
     p.write_text(TUNE.replace("n_sessions: 6", "n_sessions: 1"))
-    out = tmp_path / "o"
-    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    out, db = tmp_path / "o", tmp_path / "shared.db"   # (a storage of the user's: it stays)
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress",
+                            "--storage", f"sqlite:///{db}"])
     said = " ".join(r.output.split())
     assert r.exit_code == 2, r.output
     assert f"{p}: split: " in said and "at least 2 sessions, the workload has 1" in said
-    assert "Traceback" not in said
-    trials = optuna.load_study(study_name="t", storage=f"sqlite:///{out / 'optuna.db'}").trials
+    assert "Traceback" not in said and f"its trials stay in --storage sqlite:///{db}" in said
+    trials = optuna.load_study(study_name="t", storage=f"sqlite:///{db}").trials
     assert len(trials) == 1     # of the budget of 3
+    assert not out.exists()     # (its trial's run folder went with the folder it made)
+
+
+def test_a_tune_stopped_by_its_file_leaves_nothing_of_its_own(tmp_path):
+    """A tune whose file fails every trial (a misspelt metric) stops at its first: what it
+    wrote goes, the folder too where it made it; a folder of the user's taken with --force
+    keeps the user's files and gets no marker."""
+    p = tmp_path / "t.yaml"
+    p.write_text(TUNE.replace("minimize: ttft_s.p90", "minimize: ttft_s.p95"))
+    out = tmp_path / "deep" / "o"
+    r = runner.invoke(app, ["tune", str(p), "--out", str(out), "--workers", "1", "--no-progress"])
+    said = " ".join(r.output.split())
+    assert r.exit_code == 2 and "no metric 'ttft_s.p95'" in said, r.output
+    assert "nothing of it was kept" in said
+    assert not (tmp_path / "deep").exists()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    r = runner.invoke(app, ["tune", str(p), "--out", str(mine), "--workers", "1", "--no-progress",
+                            "--force"])
+    assert r.exit_code == 2 and "nothing of it was kept" in " ".join(r.output.split()), r.output
+    assert sorted(x.name for x in mine.iterdir()) == ["notes.txt"]
 
 
 # ---------------------------------------------------------------------- resuming a tune

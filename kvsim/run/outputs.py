@@ -139,7 +139,8 @@ def mark(folder: str | Path, kind: str = "run", wrote: list[str] | None = None) 
 class Target:
     """A checked destination folder. ``state``: ``new`` (absent), ``empty``, ``ours`` (a
     folder of this kind, all kvsim's), ``shared`` (a folder kvsim did not write, taken
-    with ``--force``, or one taken so before: kvsim owns only ``owned`` in it)."""
+    with ``--force``, or one taken so before: kvsim owns only ``owned`` in it),
+    ``abandoned`` (a claim undone: nothing more is written)."""
     path: Path
     kind: str
     what: str
@@ -190,8 +191,33 @@ class Target:
                 (self.path / MARKER).unlink()
             except OSError:
                 pass
+            self.state = "abandoned"   # (finish() writes no marker back)
         _rmdirs(self.created)
         self.created = []
+
+
+    def abandon_new(self) -> bool:
+        """Undo a claim whose work was wrong from its start (a tune whose file fails every
+        trial): where this claim made the folder kvsim's (its marker new: the folder was
+        absent, empty, or a user's taken with --force, which then held none of these
+        names), the names of this kind written into it since go, then the marker and the
+        folders the claim created; True where so. Else nothing is removed."""
+        if not self._marker_new:
+            return False
+        for n in sorted(NAMES[self.kind]):
+            p = self.path / n
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            elif os.path.lexists(p):
+                p.unlink(missing_ok=True)
+        try:
+            (self.path / MARKER).unlink()
+        except OSError:
+            pass
+        _rmdirs(self.created)
+        self.created = []
+        self.state = "abandoned"   # (finish() writes no marker back)
+        return True
 
 
 def _cwd() -> Path | None:

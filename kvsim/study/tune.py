@@ -40,7 +40,6 @@ import copy
 import hashlib
 import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,8 @@ from kvsim.study.execute import disk_dirs, is_complete, progress_bar, run_point,
 from kvsim.study.points import Point, apply, config_hash, overridden_base, inputs_digest
 from kvsim.study.definition import Param, StudyFileError, TuneSpec, load_tune
 from kvsim.study.table import metric, write_table
-from kvsim.study.tunecheck import stop_if_the_file_is_wrong
+from kvsim.study.tuneplots import optuna_plots
+from kvsim.study.tunecheck import TuneStopped, stop_if_the_file_is_wrong, stopped
 from kvsim.study.trials import (check_storage, mark_interrupted, open_study, sampler_for,
                                 storage_url, trial_state)
 from kvsim.config.units import parse_size
@@ -194,6 +194,9 @@ def run_tune(path: str, overrides: list[str] | tuple[str, ...] = (), *, workers:
         sweep_start(*disk_dirs([_point(base, {}, spec, path, "base", None).config]))
         return _tune(path, spec, base, target, workers, scheduler, storage, trials, progress,
                      tuple(overrides))
+    except TuneStopped as e:  # wrong for every trial: what it wrote into a new folder goes
+        cleared = target.abandon_new()
+        raise stopped(e, cleared, target.path, storage or spec.storage) from None
     except BaseException:
         target.abandon_if_unused()
         raise
@@ -258,7 +261,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
                         payload = {"error": f"{type(e).__name__}: {e}"}
                     fut.release()
                     n_run += 1
-                    stop_if_the_file_is_wrong(spec, path, folder, payload)
+                    stop_if_the_file_is_wrong(spec, path, payload)
                     try:
                         if "error" in payload:
                             raise RuntimeError(payload["error"])
@@ -343,7 +346,7 @@ def _tune(path: str, spec: TuneSpec, base: dict, target: Target, workers: int | 
         write_whole(best_yaml, (f"# kvsim tune {spec.name}: trial {best[0].number}, objective "
                                 f"{best[0].value:.6g} ({spec.objective.sense}) on the train sessions\n"
                                 + yaml.safe_dump(cfg, sort_keys=False)).encode())
-    plots = _optuna_plots(study, folder / "plots", spec)
+    plots = optuna_plots(study, folder / "plots", spec)
     from kvsim.study.html_report import write_tune_report
 
     page = write_tune_report(folder, path, spec, _point(base, {}, spec, path, "base", None).config,
@@ -388,62 +391,3 @@ def _evaluate(client, jobs: dict) -> dict:
         if key not in out:
             out[key] = {"metrics": json.loads((folder / "summary.json").read_text())["metrics"]}
     return out
-
-
-def _optuna_plots(study, out: Path, spec: TuneSpec) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import optuna
-    from optuna.visualization import matplotlib as ovm
-
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    makers = [("history.png", ovm.plot_optimization_history, 1)]
-    if len(complete) >= 2 and complete[0].params:
-        makers.append(("importance.png", ovm.plot_param_importances, 2))
-    for name, make, need in makers:
-        if len(complete) < need:
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                ax = make(study)
-            except (ValueError, RuntimeError, ZeroDivisionError):
-                plt.close("all")
-                continue
-        fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
-        _label(ax, name, spec)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=80)
-        plt.close(fig)
-        written.append(out / name)
-    return written
-
-
-def _label(ax, name: str, spec: TuneSpec) -> None:
-    """Optuna's plots with the tune's title and axes in words and units."""
-    from kvsim.study.labels import metric_label
-
-    weights = spec.objective.weights
-    if len(weights) == 1 and next(iter(weights.values())) == 1.0:
-        objective = metric_label(next(iter(weights)))[0]
-    else:
-        objective = "objective: " + " + ".join(f"{w:g} x {metric_label(m)[0]}" for m, w in weights.items())
-    fig = ax.figure
-    if name == "history.png":
-        title = f"tune {spec.name}: objective by trial ({spec.objective.sense}), train sessions"
-        ax.set_xlabel("trial (number)")
-        ax.set_ylabel(objective)
-    else:
-        title = f"tune {spec.name}: what the objective depends on"
-        ax.set_xlabel("importance (fraction; all sum to 1)")
-        ax.set_ylabel("search parameter")
-    for loc in ("left", "center", "right"):   # Optuna titles its plots on the left
-        ax.set_title("", loc=loc)
-    if fig._suptitle is not None:   # Optuna's own title: replaced, not overlaid
-        fig._suptitle.set_text("")
-    fig.suptitle(title, fontsize="medium")
-    fig.set_size_inches(max(7.0, fig.get_figwidth()), fig.get_figheight())
