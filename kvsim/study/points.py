@@ -52,11 +52,11 @@ def get_key(data: Any, dotted: str) -> Any:
 
 
 def config_hash(config: dict, backend: str, split: dict | None = None,
-                trace: str | None = None) -> str:
-    """``trace``: ``inputs_digest`` of what it reads besides itself (None: none)."""
+                inputs: str | None = None) -> str:
+    """``inputs``: ``inputs_digest`` of what the config reads besides itself (None: none)."""
     what: dict = {"config": config, "backend": backend, "split": split}
-    if trace is not None:
-        what["trace"] = trace
+    if inputs is not None:
+        what["inputs"] = inputs
     blob = json.dumps(what, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -295,7 +295,7 @@ def expand(spec: StudySpec, source: str, cli_overrides: list[str] | tuple[str, .
         if seed is not None:
             numeric["seed"] = seed
         points.append(Point(name, params, numeric, vname, resolved, spec.backend,
-                            config_hash(resolved, spec.backend, trace=inputs_digest(resolved, digests))))
+                            config_hash(resolved, spec.backend, inputs=inputs_digest(resolved, digests))))
     _distinct_grid_values(spec, points, source, labels)
     if spec.baseline is not None and spec.baseline not in {p.name for p in points}:
         names = ", ".join(p.name for p in points[:8]) + (", ..." if len(points) > 8 else "")

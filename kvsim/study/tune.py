@@ -160,9 +160,9 @@ def tune_hash(spec: TuneSpec, base: dict) -> str:
     files it reads: ``inputs_digest``), not the trial budget or where things are written."""
     keep = spec.model_dump(mode="json", exclude={"trials", "parallel", "out", "storage", "top"})
     what = {"spec": keep, "base": base}
-    trace = inputs_digest(base, {})
-    if trace is not None:
-        what["trace"] = trace
+    inputs = inputs_digest(base, {})
+    if inputs is not None:
+        what["inputs"] = inputs
     blob = json.dumps(what, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
