@@ -160,3 +160,35 @@ def test_a_study_worker_sweeps_its_configured_disk_folder(tmp_path):
     out = run_point(cfg)
     assert "error" not in out, out
     assert not dead.exists() and mine.read_bytes() == b"keep"
+
+
+_KILLED_WHILE_RENDERING = """
+import os, signal, sys
+import kvsim.run
+from kvsim.config import load_config
+from kvsim.study.execute import run_point
+
+def write_files(result, folder, plots=True):   # a worker killed as it renders the point
+    (folder / "summary.json").write_text("{}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+kvsim.run.write_files = write_files
+run_point(load_config("default", ["workload.synthetic.n_sessions=1", "output.plots=false"])
+          .model_dump(mode="json"))
+"""
+
+
+def test_a_worker_killed_while_rendering_a_point_leaves_only_what_a_sweep_removes(tmp_path):
+    """run_point renders the point's files in the temporary folder: a worker killed there
+    (the study killed with SIGKILL takes its workers along) left a folder of its own name
+    behind for good; now it is a scratch folder, and the next start's sweep removes it."""
+    from kvsim import scratch
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", _KILLED_WHILE_RENDERING], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left and all(scratch.is_scratch(n) for n in left), left
+    scratch.sweep(tmp_path)
+    assert list(tmp_path.iterdir()) == []

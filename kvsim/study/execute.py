@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from kvsim.scratch import raise_pending
+from kvsim.scratch import make_dir, raise_pending, remove
 from kvsim.study.points import Point
 
 POINT_FILE = "point.json"
@@ -146,9 +146,14 @@ def run_point(config: dict, backend: str = "sim", split: dict | None = None,
             import matplotlib
 
             matplotlib.use("Agg")
-        with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
-            write_files(result, Path(tmp), plots=draw)
-            files = {f.name: f.read_bytes() for f in sorted(Path(tmp).iterdir()) if f.is_file()}
+        # rendered in a scratch folder (kvsim.scratch): a worker killed here leaves nothing
+        # that the next start's sweep of the temporary folder does not remove
+        tmp = make_dir(tempfile.gettempdir(), "kvsim-point")
+        try:
+            write_files(result, tmp, plots=draw)
+            files = {f.name: f.read_bytes() for f in sorted(tmp.iterdir()) if f.is_file()}
+        finally:
+            remove(tmp)
         return {"files": files, "plots": sorted(n for n in files if n.endswith(".png")),
                 "metrics": result.metrics, "replay_s": t2 - t1, "task_s": time.perf_counter() - t0,
                 "worker": f"{socket.gethostname()}:{os.getpid()}", "workload_kept": kept}
