@@ -139,6 +139,13 @@ CONFIG = "cache:\n  tiers:\n    - {level: gpu, quota: 24GiB}\nworkload:\n  synth
     (CONFIG + "output: {timeline_interval: 0}\n", r"output\.timeline_interval: Input should be greater than 0"),
     (CONFIG.replace("24GiB", ".inf"), r"cache\.tiers\[0\]\.quota: expected a size, got the non-finite inf"),
     (CONFIG.replace("24GiB", "lots"), r"cache\.tiers\[0\]\.quota: expected a size \(e\.g\. '160GiB'\), got 'lots'$"),
+    # an alias inside its own anchor: a traceback (RecursionError), exit 1
+    (CONFIG.replace("workload:\n", "workload: &w\n  x: *w\n"),
+     r"c\.yaml:5:6: malformed YAML: the alias \*w lies inside the node its anchor &w names"),
+    # an alias bomb (10^8 values): minutes and gigabytes of validation before it failed
+    (CONFIG + "l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" for i in range(1, 8)),
+     r"c\.yaml:\d+:\d+: malformed YAML: its aliases expand it to more than 1,000,000 values"),
 ])
 def test_bad_config_files_name_the_file_and_key(tmp_path, text, expect):
     cfg = _config(tmp_path, text)
@@ -146,6 +153,21 @@ def test_bad_config_files_name_the_file_and_key(tmp_path, text, expect):
     assert r.exit_code == 2, r.output
     assert re.search(expect, r.output.strip(), re.M), r.output
     assert "(got" not in r.output.split("got", 1)[-1] or r.output.count("(got") <= 1
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.parametrize("tail, expect", [
+    (b"name: twice\n", r"p\.yaml:\d+:1: malformed YAML: duplicate key 'name' \(first given on line \d+\)"),
+    (b"\xff\n", r"p\.yaml:\d+: not UTF-8 text \(byte 0xff\)"),
+    (b"x: &x [*x]\n", r"p\.yaml:\d+:\d+: malformed YAML: the alias \*x lies inside"),
+])
+def test_bad_profile_files_are_read_as_strictly_as_configs(tmp_path, tail, expect):
+    """A hardware profile file took its last duplicate key silently and, not UTF-8, failed
+    with the codec's message alone (no file named)."""
+    prof = tmp_path / "p.yaml"
+    prof.write_bytes((ROOT / "configs" / "hardware" / "h200-pcie.yaml").read_bytes() + tail)
+    r = _run("--set", f"hardware={prof}", "--out", str(tmp_path / "res"))
+    assert r.exit_code == 2 and re.search(expect, r.output), r.output
     assert not (tmp_path / "res").exists()
 
 

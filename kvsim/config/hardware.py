@@ -55,13 +55,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 from kvsim.config.boostspec import BoostSpec
 from kvsim.config.pagecachespec import PageCacheSpec
 from kvsim.config.paths import CONFIGS
+from kvsim.config.yamlfile import read_strict
 from kvsim.config.interferencespec import InterferenceSpec, KindTerms
 from kvsim.core.datapath.interference import Structure
 from kvsim.config.units import (PageCost, PageRate, PageRateRequired, page_cost_at, parse_rate,
@@ -389,13 +389,12 @@ def profile_file(path_or_name: str | Path) -> Path:
 def load_yaml_model(model: type[BaseModel], path_or_name: str | Path, kind: str):
     """Load and validate ``model`` from a YAML file or a preset name under configs/<kind>/."""
     path = _resolve(path_or_name, kind)
+    if path.is_dir():
+        raise ProfileError(f"{path}: is a folder; expected a YAML file")
     if not path.is_file():
         presets = sorted(q.stem for q in (CONFIG_DIR / kind).glob("*.yaml"))
         raise ProfileError(f"{path}: no such file (presets in configs/{kind}: {presets})")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ProfileError(f"{path}: not valid YAML: {e}") from None
+    data = read_strict(path, ProfileError)
     if not isinstance(data, dict):
         raise ProfileError(f"{path}: expected a mapping at the top, got {type(data).__name__}")
     try:

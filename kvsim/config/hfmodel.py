@@ -29,11 +29,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from kvsim.config.hardware import CONFIG_DIR, load_yaml_model
 from kvsim.config.modelshape import KV_DTYPES, ModelShape
+from kvsim.config.yamlfile import read_strict
 
 __all__ = ["ARCHITECTURES", "load_model", "read_model", "shape_from_hf"]
 
@@ -104,10 +104,7 @@ def read_model(path_or_name: str | Path) -> ModelShape:
             raise ValueError(f"{path}: expected a JSON object at the top")
         return shape_from_hf(data, str(path), name=path.parent.name)
     if path.is_file():
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {e}") from None
+        data = read_strict(path, ValueError)
         if isinstance(data, dict) and "hf_config" in data:
             return _from_wrapper(data, path)
     return load_yaml_model(ModelShape, path, "models")

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from kvsim.config.keypaths import KeyPathError, format_key, parse_key, unknown_key
 from kvsim.config.paths import CONFIGS
 from kvsim.config.runconfig import ConfigFileError, RunConfig
+from kvsim.config.yamlfile import YamlFileError, load_bytes
 
 
 def _loc(loc: tuple) -> str:
@@ -213,8 +214,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     if why:
         raise ConfigFileError(f"--set {text}: {why}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
+        value = load_bytes(raw.encode(), "value") if raw.strip() else ""
+    except (YamlFileError, UnicodeEncodeError) as e:
         raise ConfigFileError(f"--set {text}: the value is not valid YAML "
                               f"({str(e).splitlines()[0]})") from None
     return key, value
@@ -231,44 +232,18 @@ def resolve_config_path(path: str | Path) -> Path:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """A YAML file's content, strictly: UTF-8 text, no duplicate keys in a mapping. Errors
-    name the file (and the line and column where YAML tells them)."""
+    """A YAML file's content, strictly (kvsim.config.yamlfile: UTF-8 text, no duplicate keys
+    in a mapping, no structure that holds itself, no alias bomb). Errors name the file (and
+    the line and column where YAML tells them)."""
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise ConfigFileError(f"{p}: cannot read ({e.strerror})") from None
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise ConfigFileError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); expected a "
-                              f"YAML file in UTF-8") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
-        raise ConfigFileError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (by
-    default the last one silently wins)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                first = seen.get(key)
-            except TypeError:
-                continue  # an unhashable key: the base class reports it
-            if first is not None:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark)
-            seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
+        return load_bytes(raw, str(p))
+    except YamlFileError as e:
+        raise ConfigFileError(str(e)) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
