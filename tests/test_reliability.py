@@ -156,6 +156,21 @@ def test_bad_config_files_name_the_file_and_key(tmp_path, text, expect):
     assert not (tmp_path / "res").exists()
 
 
+def test_a_merge_key_is_read_as_yaml_reads_it(tmp_path):
+    """``<<: *t`` (YAML 1.1's merge key, which PyYAML's safe loader reads) was refused as
+    malformed YAML ("could not determine a constructor for the tag ...merge"): the
+    duplicate-key check constructed it as a plain key."""
+    cfg = _config(tmp_path, "workload: {synthetic: {n_sessions: 2}}\ncache:\n  tiers: [&t {level: gpu, "
+                  "quota: 24GiB, eviction: lfu}, {<<: *t, level: host, quota: 48GiB}]\n")
+    r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res")])
+    assert r.exit_code == 0, r.output
+    tiers = json.loads((tmp_path / "res" / "summary.json").read_text())["config"]["cache"]["tiers"]
+    assert [(t["level"], t["eviction"]) for t in tiers] == [("gpu", "lfu"), ("host", "lfu")]
+    cfg.write_text(cfg.read_text().replace("quota: 48GiB}", "quota: 48GiB, level: disk}"))
+    r = runner.invoke(app, ["run", str(cfg), "--no-progress", "--out", str(tmp_path / "res2")])
+    assert r.exit_code == 2 and "duplicate key 'level'" in r.output, r.output
+
+
 @pytest.mark.parametrize("tail, expect", [
     (b"name: twice\n", r"p\.yaml:\d+:1: malformed YAML: duplicate key 'name' \(first given on line \d+\)"),
     (b"\xff\n", r"p\.yaml:\d+: not UTF-8 text \(byte 0xff\)"),

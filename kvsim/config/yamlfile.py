@@ -5,6 +5,7 @@ PyYAML's safe loader, except that:
 
 - the text must be UTF-8 (an error names the file and the line of the first bad byte);
 - a key given twice in one mapping is an error (by default the last one silently wins);
+  merge keys (``<<: *base``) work as in YAML 1.1: the mapping's own keys override them;
 - an alias inside the node its anchor names (``a: &a [*a]``, a structure that holds
   itself) is an error: it made a Python object no validation or copy can walk;
 - aliases may not expand the document beyond ``MAX_VALUES`` values (a few nested lists of
@@ -68,6 +69,8 @@ class StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *base``: its keys come first, this mapping's own override them
             key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.get(key)
