@@ -57,7 +57,8 @@ def _host() -> str:
 
 def process_start(pid: int) -> int | None:
     """The start time of process ``pid`` (clock ticks since boot), 0 where the platform
-    does not tell it, None when no such process runs."""
+    does not tell it, None when no such process runs (a zombie, dead but not yet reaped by
+    its parent, runs no more: it will never remove its scratch paths)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -73,6 +74,8 @@ def process_start(pid: int) -> int | None:
         return 0
     # the command name (field 2) may hold spaces and parentheses: split after its last ')'
     fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] in (b"Z", b"X", b"x"):   # field 3, the state: a zombie, or dead
+        return None
     return int(fields[19])  # field 22 of the whole line
 
 

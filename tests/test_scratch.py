@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -56,6 +58,30 @@ def test_a_reused_pid_with_another_start_time_is_not_the_owner(tmp_path):
     same = tmp_path / f"x.kvsim-{pid}-{start}-{scratch._host()}-abcdefgh"
     same.mkdir()
     assert scratch.sweep(tmp_path) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="no /proc")
+def test_a_killed_owner_not_yet_reaped_is_gone(tmp_path):
+    """A run killed with SIGKILL stays a zombie until its parent reaps it (a harness that
+    has not waited yet; `timeout -s KILL`, killed with it, leaves it to init): its /proc
+    entry, start time included, is still there. The next start's sweep took it for a live
+    owner and kept its staging folder; it can never remove it itself."""
+    code = (f"from kvsim import scratch; scratch.make_dir({str(tmp_path)!r}, 'z'); "
+            "print('made', flush=True); import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "made"
+        proc.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        left = sorted(tmp_path.iterdir())
+        assert len(left) == 1 and scratch.sweep(tmp_path) == left
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_remove_refuses_a_path_it_did_not_name(tmp_path):
