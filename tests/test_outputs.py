@@ -207,3 +207,40 @@ def test_a_study_inside_another_studys_point_folder_survives_that_point_running_
     r = runner.invoke(app, [*study, "--out", str(outer)])
     assert r.exit_code == 1 and f"holds {inner}, which kvsim did not write there" in r.output, r.output
     assert _tree(inner) == kept
+
+
+_PLOT_ON_A_FULL_DISK = """
+import resource, sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from kvsim.study.tierbars import tier_bars
+
+points = [SimpleNamespace(name=f"p{i}") for i in range(3)]
+rows = [{"point": f"p{i}", "cluster.hit_ratio_by_tier.gpu": 0.5, "cluster.hit_ratio_by_tier.host": 0.2}
+        for i in range(3)]
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))   # the disk fills up
+try:
+    tier_bars(points, rows, Path(sys.argv[1]), "s", lambda: plt)
+except OSError as e:
+    print("failed", e.errno)
+"""
+
+
+def test_a_study_plot_cut_short_by_a_full_disk_leaves_the_earlier_one(tmp_path):
+    """A study's and a tune's plots were saved straight into their folder: a full disk (or
+    a kill) while one was written left a cut PNG in place of the earlier, complete one."""
+    import subprocess
+    import sys
+
+    earlier = tmp_path / "hit_ratio_by_tier.png"
+    earlier.write_bytes(b"the earlier, complete plot")
+    r = subprocess.run([sys.executable, "-c", _PLOT_ON_A_FULL_DISK, str(tmp_path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("failed"), (r.stdout, r.stderr)
+    assert earlier.read_bytes() == b"the earlier, complete plot"
+    assert [p.name for p in tmp_path.iterdir()] == [earlier.name]   # no temporary file left

@@ -1021,7 +1021,8 @@ seeds: [0, 1]
     spec, points = load_study(p), _points(p)
     rows = build_rows(points, lambda q: out / "points" / q.name, list(spec.metrics), {}, None)
     drawn: dict[str, Figure] = {}
-    monkeypatch.setattr(Figure, "savefig", lambda self, path, **kw: drawn.setdefault(Path(path).name, self))
+    for where in ("kvsim.study.figures", "kvsim.study.tierbars"):   # (each plot is written whole)
+        monkeypatch.setattr(f"{where}.save_png", lambda fig, path, **kw: drawn.setdefault(Path(path).name, fig))
     write_study_plots(points, rows, lambda q: out / "points" / q.name, list(spec.plot_metrics),
                       tmp_path / "plots", axes=axis_keys(spec), study=spec.name)
     assert set(drawn) == {"axis-quota.png", "axis-max_running.png", "ttft_cdf.png", "variants.png"}

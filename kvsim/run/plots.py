@@ -5,6 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def save_png(fig, path: Path, dpi: int) -> None:
+    """``fig`` as a PNG at ``path``, written whole (kvsim.run.outputs.write_whole): a kill
+    or a full disk while it is written leaves the earlier file, never a cut one. (A run's
+    plots go into its staging folder; a study's and a tune's into the folder itself.)"""
+    import io
+
+    from kvsim.run.outputs import write_whole
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    write_whole(path, buf.getvalue())
+
+
 def write_plots(result, out: Path) -> list[Path]:
     import matplotlib
 

@@ -20,6 +20,7 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from kvsim.run.plots import save_png
 from kvsim.study.points import Point
 from kvsim.study.labels import axis_label, metric_label
 from kvsim.study.tierbars import tier_bars
@@ -173,7 +174,7 @@ def axis_plots(points: list[Point], rows: list[dict], metrics: list[str], out: P
         fig.tight_layout()
         fig.subplots_adjust(top=(height - head_in - 0.3) / height)   # 0.3 in: the plots' titles
         path = out / f"axis-{x}.png"
-        fig.savefig(path, dpi=80)
+        save_png(fig, path, dpi=80)
         plt.close(fig)
         written.append(path)
     return written
@@ -231,7 +232,7 @@ def ttft_cdf(shown: list[Point], n_points: int, folder_of, out: Path, study: str
     ax.legend(fontsize="x-small")
     fig.tight_layout()
     path = out / "ttft_cdf.png"
-    fig.savefig(path, dpi=80)
+    save_png(fig, path, dpi=80)
     plt.close(fig)
     return [path]
 
@@ -274,7 +275,7 @@ def variant_bars(points: list[Point], rows: list[dict], metrics: list[str], out:
     fig.suptitle(f"{study + ': ' if study else ''}variants{note}", fontsize="medium")
     fig.tight_layout()
     path = out / "variants.png"
-    fig.savefig(path, dpi=80)
+    save_png(fig, path, dpi=80)
     plt.close(fig)
     return [path]
 

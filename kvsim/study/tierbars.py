@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from kvsim.run.plots import save_png
 from kvsim.study.points import Point
 
 PREFIX = "cluster.hit_ratio_by_tier."
@@ -42,6 +43,6 @@ def tier_bars(points: list[Point], rows: list[dict], out: Path, study: str,
     ax.set_title(f"{study + ': ' if study else ''}hit ratio by tier", fontsize="medium")
     fig.tight_layout()
     path = out / "hit_ratio_by_tier.png"
-    fig.savefig(path, dpi=80)
+    save_png(fig, path, dpi=80)
     plt.close(fig)
     return [path]

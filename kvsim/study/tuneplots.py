@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from kvsim.run.plots import save_png
 from kvsim.study.definition import TuneSpec
 
 
@@ -38,7 +39,7 @@ def optuna_plots(study, out: Path, spec: TuneSpec) -> list[Path]:
         fig = ax.figure if hasattr(ax, "figure") else ax.flat[0].figure
         _label(ax, name, spec)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=80)
+        save_png(fig, out / name, dpi=80)
         plt.close(fig)
         written.append(out / name)
     return written
