@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
@@ -506,3 +507,28 @@ def test_hw_options_are_checked_before_any_work(tmp_path, args, expect):
     r = _run("--backend", "hw", *args, "--out", str(tmp_path / "res"))
     assert r.exit_code == 2 and r.output == f"error: {expect}" + r.output.split(expect, 1)[1], r.output
     assert not (tmp_path / "res").exists()
+
+
+def _line(text: str, n: int, edit) -> str:
+    lines = text.splitlines(True)
+    lines[n - 1] = edit(lines[n - 1])
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda text: text[:len(text) * 2 // 3], r"requests\.csv line \d+: not the header's number of fields"),
+    (lambda text: _line(text, 3, lambda row: "x,y,z\n" + row),
+     r"requests\.csv line 3: not the header's number of fields"),
+    (lambda text: _line(text, 2, lambda row: ",".join(v if i != 11 else "soon" for i, v in enumerate(row.split(",")))),
+     r"requests\.csv line 2: ttft_s: expected a number, got 'soon'"),
+])
+def test_diff_names_the_line_of_a_damaged_requests_csv(tmp_path, damage, says):
+    """A requests.csv cut short (a full disk, a copy interrupted) was compared on the rows
+    that were left, exit 0; a row of other fields ended in a TypeError traceback, exit 1."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _run("--set", "output.plots=false", "--out", str(a)).exit_code == 0
+    shutil.copytree(a, b)
+    text = (b / "requests.csv").read_text()
+    (b / "requests.csv").write_text(damage(text))
+    r = runner.invoke(app, ["diff", str(a), str(b)])
+    assert r.exit_code == 2 and re.search(says, r.output) and str(b) in r.output, r.output

@@ -301,15 +301,30 @@ def load_run(folder: str | Path) -> tuple[dict, list]:
             if k not in summary["metrics"]:
                 raise KeyError(f"summary.json: metrics has no {k!r}")
         with open(folder / "requests.csv", newline="") as f:
-            rows = [SimpleNamespace(**r) for r in csv.DictReader(f)]
-        for i, r in enumerate(rows, start=2):
-            for k in ("session", "turn", "arrival_s", "ttft_s", "hit_gpu", "hit_host", "hit_disk"):
-                if not hasattr(r, k):
-                    raise KeyError(f"requests.csv line {i}: no column {k!r}")
+            reader = csv.DictReader(f)
+            rows = [SimpleNamespace(**_checked_row(r, reader.line_num)) for r in reader]
     except (OSError, KeyError, ValueError, TypeError) as e:
         raise ValueError(f"{folder}: expected a results folder (summary.json with metrics, "
                          f"requests.csv): {e}") from e
     return summary, rows
+
+
+_ROW_NUMBERS = {"turn": int, "arrival_s": float, "ttft_s": float, "hit_gpu": int, "hit_host": int,
+                "hit_disk": int}
+
+
+def _checked_row(r: dict, line: int) -> dict:
+    """A ``requests.csv`` row with all its fields, the compared ones numbers (ttft_s: or '')."""
+    if None in r or None in r.values():
+        raise ValueError(f"requests.csv line {line}: not the header's number of fields (a row cut short?)")
+    for k, kind in (("session", str), *_ROW_NUMBERS.items()):
+        if k not in r:
+            raise KeyError(f"requests.csv line {line}: no column {k!r}")
+        try:
+            kind(r[k]) if r[k] or k != "ttft_s" else None
+        except ValueError:
+            raise ValueError(f"requests.csv line {line}: {k}: expected a number, got {r[k]!r}") from None
+    return r
 
 
 def saved_hw(folder: str | Path, cfg: RunConfig) -> tuple[Result, list[dict], dict, HwLoopModel | None]:
