@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.console import (error, interrupted, pause_at, paused, policy_label, progress_reporter,
+from kvsim.console import (error, interrupted, named, pause_at, paused, policy_label, progress_reporter,
                            summary_table)
 from kvsim.cli_studies import FORCE_HELP, register_studies
 from kvsim.scratch import terminate_raises
@@ -62,9 +62,9 @@ def _hw_options_given(time_scale: float, device: str, compute_graphs: bool) -> l
 def run(
     config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
     backend: str = typer.Option("sim", help="sim (SimPy model) or hw (real GPU; CPU mode without one)"),
-    trace: Optional[str] = typer.Option(None, help="trace file or directory (overrides workload.path)"),
+    trace: Optional[str] = typer.Option(None, callback=named, help="trace file or folder (overrides workload.path)"),
     set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
-    out: Optional[str] = typer.Option(None, help="results folder (default: output.dir)"),
+    out: Optional[str] = typer.Option(None, callback=named, help="results folder (default: output.dir)"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     progress: bool = typer.Option(True, help="show a progress bar"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
@@ -148,18 +148,19 @@ def run(
 
 @app.command()
 def calibrate(
-    out: Optional[str] = typer.Option(None, help="profile to write, e.g. configs/hardware/NAME.yaml "
+    out: Optional[str] = typer.Option(None, callback=named, help="profile to write, e.g. configs/hardware/NAME.yaml "
                                       "(with --check: the check's JSON, optional)"),
-    base: Optional[str] = typer.Option(None, help=f"base profile for what cannot be measured (default: "
+    base: Optional[str] = typer.Option(None, callback=named, help=f"base profile for what cannot be measured (default: "
                                        f"{CAL_BASE}; with --from-report, the report's)"),
     device: Optional[str] = typer.Option(None, help="auto, cpu or gpu (default: auto)"),
     from_report: Optional[str] = typer.Option(
-        None, "--from-report", help="refit offline from a saved NAME.yaml.report.json (no benchmarks)"),
+        None, "--from-report", callback=named, help="refit offline from a saved NAME.yaml.report.json (no benchmarks)"),
     check: Optional[str] = typer.Option(
-        None, "--check", help="replay cells measured elsewhere (benchmarks/hw_copy.py --json) on the "
+        None, "--check", callback=named, help="replay cells measured elsewhere (benchmarks/hw_copy.py --json) on the "
                               "sim with --profile"),
-    profile: Optional[str] = typer.Option(None, "--profile", help="with --check: the profile to replay them with"),
-    model: Optional[str] = typer.Option(None, help="the model whose steps the compute calls and the "
+    profile: Optional[str] = typer.Option(None, "--profile", callback=named,
+                                          help="with --check: the profile to replay them with"),
+    model: Optional[str] = typer.Option(None, callback=named, help="the model whose steps the compute calls and the "
                                         f"interference cells run (a preset or a YAML path; default: {CAL_MODEL})"),
     kind_terms: str = typer.Option("fit", "--kind-terms", help="how copies slow each kind of step "
                                    "(sm.interference.gemm / .memory): fit them to this machine's "
@@ -227,16 +228,17 @@ def calibrate(
 @app.command()
 def compare(
     config: str = typer.Argument("default", help="config YAML (or a name under configs/)"),
-    trace: Optional[str] = typer.Option(None, help="trace file or directory (overrides workload.path)"),
+    trace: Optional[str] = typer.Option(None, callback=named, help="trace file or folder (overrides workload.path)"),
     set_: List[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
-    out: Optional[str] = typer.Option(None, help="folder for compare.json (default: output.dir + '-compare')"),
+    out: Optional[str] = typer.Option(None, callback=named,
+                                      help="folder for compare.json (default: output.dir + '-compare')"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     time_scale: float = typer.Option(1.0, "--time-scale", help="hw backend: sim seconds per wall second"),
     device: str = typer.Option("auto", help="hw backend: auto, cpu or gpu"),
     compute_graphs: bool = typer.Option(True, "--compute-graphs/--no-compute-graphs",
                                         help="hw backend: launch each step's compute as CUDA graphs "
                                              "(off: kernel by kernel)"),
-    hw_from: Optional[str] = typer.Option(None, "--hw-from", help="an earlier compare's folder: "
+    hw_from: Optional[str] = typer.Option(None, "--hw-from", callback=named, help="an earlier compare's folder: "
                                           "replay the sim only and compare with its hw side"),
     saved_profile: bool = typer.Option(False, "--saved-profile", help="with --hw-from: the sim uses "
                                        "the hardware profile that hw run recorded, not the config's"),
@@ -348,7 +350,7 @@ def compare(
 def diff(
     a: str = typer.Argument(..., help="a results folder (kvsim run --out, or a compare's sim/ or hw/)"),
     b: str = typer.Argument(..., help="the reference results folder"),
-    out: Optional[str] = typer.Option(None, help="also write the report here (JSON)"),
+    out: Optional[str] = typer.Option(None, callback=named, help="also write the report here (JSON)"),
 ):
     """Two finished replays side by side (e.g. two hw runs, or two policies): headline
     metrics with (a - b) / b, and how many turns found the same hits by tier."""
@@ -385,7 +387,7 @@ def fidelity(
     compare_dir: str = typer.Argument(..., help="a kvsim compare folder (its sim/ and hw/)"),
     hw_runs: List[str] = typer.Argument(None, help="further hw runs of the same config: results "
                                         "folders or compare folders (their hw/)"),
-    out: Optional[str] = typer.Option(None, help="also write the rows here (JSON)"),
+    out: Optional[str] = typer.Option(None, callback=named, help="also write the rows here (JSON)"),
 ):
     """The fidelity standard, figure by figure: the sim no further from hw than hw runs of the
     same config are from each other, or within 10% (TTFT p50/p90) and 5% (bytes moved);

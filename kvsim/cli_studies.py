@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from kvsim.console import error, fmt, interrupted
+from kvsim.console import error, fmt, interrupted, named
 from kvsim.scratch import raise_pending, terminate_raises
 
 FORCE_HELP = ("write into a folder kvsim did not write, beside the files there (never replacing "
@@ -83,8 +83,8 @@ def study(
     study_file: str = typer.Argument(..., metavar="STUDY.yaml", help="the study file"),
     set_: List[str] = typer.Option([], "--set", help="override a key of the base config: key.path=value"),
     workers: Optional[int] = typer.Option(None, min=1, help="local worker processes (default: the cores)"),
-    scheduler: Optional[str] = typer.Option(None, help="run on this Dask cluster (tcp://HOST:PORT)"),
-    out: Optional[str] = typer.Option(None, help="study folder (default: the study's out, or "
+    scheduler: Optional[str] = typer.Option(None, callback=named, help="run on this Dask cluster (tcp://HOST:PORT)"),
+    out: Optional[str] = typer.Option(None, callback=named, help="study folder (default: the study's out, or "
                                                    "results/study-NAME)"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
     progress: bool = typer.Option(True, help="show a progress bar"),
@@ -129,10 +129,12 @@ def tune(
     tune_file: str = typer.Argument(..., metavar="TUNE.yaml", help="the tune file"),
     set_: List[str] = typer.Option([], "--set", help="override a key of the base config: key.path=value"),
     workers: Optional[int] = typer.Option(None, min=1, help="local worker processes (default: the cores)"),
-    scheduler: Optional[str] = typer.Option(None, help="run on this Dask cluster (tcp://HOST:PORT)"),
-    out: Optional[str] = typer.Option(None, help="tune folder (default: the file's out, or results/tune-NAME)"),
+    scheduler: Optional[str] = typer.Option(None, callback=named, help="run on this Dask cluster (tcp://HOST:PORT)"),
+    out: Optional[str] = typer.Option(None, callback=named,
+                                      help="tune folder (default: the file's out, or results/tune-NAME)"),
     force: bool = typer.Option(False, "--force", help=FORCE_HELP),
-    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in the folder)"),
+    storage: Optional[str] = typer.Option(None, callback=named,
+                                          help="Optuna storage URL (default: SQLite in the folder)"),
     trials: Optional[int] = typer.Option(None, min=1, help="trial budget (default: the file's trials)"),
     progress: bool = typer.Option(True, help="show a progress bar"),
 ):

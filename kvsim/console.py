@@ -82,6 +82,17 @@ def policy_label(run_info: dict) -> str | None:
     return name if placement == "cascade" else f"{name}, placement {placement}"
 
 
+def named(ctx: typer.Context, param: typer.CallbackParam, value):
+    """A path option's check (``--out``, ``--trace``, ``--hw-from``, ...): an empty value
+    (``--out "$DIR"`` with DIR unset) is refused, exit 2, not taken for the option left out
+    (the default folder, whose earlier results would be replaced; the config's trace; a
+    replay on the GPU instead of ``--hw-from``'s saved one)."""
+    if value == "":
+        raise typer.BadParameter(f"an empty value (an unset variable?); leave {param.opts[0]} out "
+                                 "for its default")
+    return value
+
+
 def error(console: Console, msg: str) -> None:
     """An error exactly as written (no markup, no wrapping: paths and lines stay greppable)."""
     console.print("error:", style="red", end=" ")

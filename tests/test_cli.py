@@ -340,3 +340,38 @@ def test_calibrate_from_a_report_it_cannot_read_names_the_file(tmp_path, edit, s
     assert r.exit_code == 2 and f"--from-report {bad}: " in said and says in said, r.output
     assert "Traceback" not in said
     assert not out.exists() and not (tmp_path / "p.yaml.report.json").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "default", "--out", ""],
+    ["run", "default", "--trace", ""],
+    ["compare", "agentic-slice", "--hw-from", ""],
+    ["compare", "default", "--out", ""],
+    ["diff", "a", "b", "--out", ""],
+    ["fidelity", "a", "--out", ""],
+    ["calibrate", "--out", ""],
+    ["calibrate", "--from-report", "", "--out", "p.yaml"],
+    ["study", "s.yaml", "--out", ""],
+    ["tune", "t.yaml", "--storage", ""],
+    ["tune", "t.yaml", "--scheduler", ""],
+], ids=lambda a: " ".join(a[:1] + [x for x in a if x.startswith("--")]))
+def test_an_empty_path_option_is_refused_not_taken_for_its_default(tmp_path, monkeypatch, args):
+    """``--out "$DIR"`` with DIR unset: the empty value was taken for no --out (run: the
+    default folder, its earlier results replaced; diff: no report written, exit 0), an
+    empty --trace for the config's trace, an empty --hw-from for a replay on the GPU."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args)
+    opt = args[args.index("") - 1]
+    assert r.exit_code == 2 and f"Invalid value for '{opt}'" in r.output, r.output
+    assert "an empty value" in " ".join(r.output.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind, line", [("study", "grid: {seed: [0, 1]}"),
+                                        ("tune", "space: {seed: {type: int, low: 0, high: 3}}\n"
+                                                 "objective: {maximize: requests_completed}")])
+def test_an_empty_out_in_a_study_file_is_refused(tmp_path, kind, line):
+    """``out: ""`` in a study or tune file wrote into results/<kind>-NAME, as if not given."""
+    f = _write(tmp_path / "s.yaml", f"name: s\nout: \"\"\n{line}\n")
+    r = runner.invoke(app, [kind, str(f)])
+    assert r.exit_code == 2 and "s.yaml:2: out: String should have at least 1 character" in r.output, r.output

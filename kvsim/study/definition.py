@@ -161,7 +161,7 @@ class _Base(_Strict):
     base: str = "default"                  # a config path, or a name under configs/
     overrides: dict[ConfigKey, Any] = Field(default_factory=dict, alias="set")
     backend: Literal["sim", "hw"] = "sim"
-    out: Optional[str] = None              # results folder; default results/<kind>-<name>
+    out: Optional[Annotated[str, Field(min_length=1)]] = None   # folder; default results/<kind>-<name>
 
     @field_validator("overrides", mode="before")
     @classmethod
@@ -373,7 +373,7 @@ class TuneSpec(_Base):
     parallel: Optional[Annotated[int, Field(gt=0)]] = None   # trials in flight; default: workers
     sampler: Literal["tpe", "random"] = "tpe"
     seed: int = 0
-    storage: Optional[str] = None          # an Optuna storage URL; default SQLite in the folder
+    storage: Optional[Annotated[str, Field(min_length=1)]] = None   # Optuna URL; default SQLite there
     split: Optional[Split] = Split()
     top: Annotated[int, Field(gt=0)] = 3   # best trials evaluated on the held-out sessions
 
