@@ -754,3 +754,28 @@ def test_compute_latency_and_scale_are_fitted_by_least_squares(tmp_path):
     (tmp_path / "x.yaml").write_text(text)
     back = load_profile(tmp_path / "x.yaml")
     assert back.compute.latency == pytest.approx(100e-6) and back.compute.scale == pytest.approx(1.01)
+
+
+def test_a_calibrate_cut_short_by_a_full_disk_keeps_its_measurements(tmp_path, monkeypatch):
+    """calibrate wrote the profile, then the report (the measurements: minutes on a GPU): a
+    full disk at the report left the new profile beside the earlier report and lost what
+    was measured. The report goes first now: a failure there replaces nothing, one at the
+    profile keeps the new report, from which --from-report refits the profile."""
+    from kvsim.config.hardware import CONFIG_DIR
+    from kvsim.run import outputs
+    from kvsim.tools.calibrate import refit
+
+    cells = str(CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml") + ".report.json"
+    out = tmp_path / "p.yaml"
+    refit(cells, out, name="first")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real = outputs.write_whole
+
+    def full(path, data):
+        if str(path).endswith(".report.json"):
+            raise OSError(28, "No space left on device")
+        real(path, data)
+    monkeypatch.setattr(outputs, "write_whole", full)
+    with pytest.raises(OSError, match="No space left"):
+        refit(cells, out, name="second")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before   # nothing replaced

@@ -103,20 +103,16 @@ def profile_text(d: dict, why: dict[str, str], base_name: str, header: str) -> s
             + yaml.safe_dump(data, sort_keys=False, width=100))
 
 
-def _write(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str,
-           notes: str, kind_terms: str = "fit") -> tuple[HardwareProfile, list[dict], dict[str, str]]:
-    """Fit ``m``, write the profile YAML to ``out`` (validated first); (profile, fit check,
-    where each fitted key came from). ``kind_terms``: 'fit' or 'keep' (``check_kind_terms``)."""
+def _fit(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str,
+         notes: str, kind_terms: str = "fit") -> tuple[HardwareProfile, list[dict], dict[str, str], str]:
+    """Fit ``m``: (the profile, its fit check, where each fitted key came from, the YAML
+    text for ``out``, validated). ``kind_terms``: 'fit' or 'keep' (``check_kind_terms``)."""
     d, why = fit(m, base_p, keep_kinds=kind_terms == "keep")
     d["name"] = name
     d["notes"] = notes
     text = profile_text(d, why, base_p.name, header)
-    from kvsim.run.outputs import write_whole  # noqa: PLC0415
-
     fitted = load_profile_text(text, out)  # validate before it replaces anything
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_whole(out, text.encode())
-    return fitted, check_fit(m, fitted) + check_small(m, fitted), why
+    return fitted, check_fit(m, fitted) + check_small(m, fitted), why, text
 
 
 def load_profile_text(text: str, out: Path) -> HardwareProfile:
@@ -129,11 +125,16 @@ def load_profile_text(text: str, out: Path) -> HardwareProfile:
         raise ValueError(f"{out}: the fitted profile is not valid: {e}") from None
 
 
-def _write_report(out: Path, report: dict) -> None:
+def _write_both(out: Path, report: dict, text: str) -> None:
+    """The report (the measurements) first, then the profile, each written whole: a kill or
+    a full disk between them keeps what was measured, and the profile can be refitted
+    from it (``--from-report``); the other way round the measurements were lost."""
     from kvsim.run.outputs import write_whole  # noqa: PLC0415
 
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_whole(Path(str(out) + ".report.json"),
                 (json.dumps(report, indent=2, default=str) + "\n").encode())
+    write_whole(out, text.encode())
 
 
 def _check_yaml(out) -> None:
@@ -173,7 +174,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
              "not measured" + ("; CPU mode: tiny sizes, not a GPU profile" if m.device == "cpu" else ""))
     header = (f"Written by `kvsim calibrate` on {stamp}, device {m.device}, on the base profile "
               f"{base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check, why = _write(out, m, base_p, name, header, notes, kind_terms)
+    fitted, check, why, text = _fit(out, m, base_p, name, header, notes, kind_terms)
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
@@ -182,7 +183,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
               "interference": m.interference, "busy_copies": m.busy_copies, "page_cache": m.page_cache,
               "rank_share": m.rank_share, "why": why, "fit_check": check,
               "fit_max_abs_err": max((abs(r["rel_err"]) for r in check), default=None)}
-    _write_report(out, report)
+    _write_both(out, report, text)
     return report
 
 
@@ -205,7 +206,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     header = (f"Re-fitted by `kvsim calibrate --from-report {src}` on {stamp} from the\n"
               f"measurements of `kvsim calibrate` on {old['date']}, device {m.device}, on the base "
               f"profile {base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check, why = _write(out, m, base_p, name, header, notes, kind_terms)
+    fitted, check, why, text = _fit(out, m, base_p, name, header, notes, kind_terms)
     previous = list(old.get("previous_fit_checks", []))
     if old.get("fit_check"):
         previous.append({"date": old.get("refit_date", old["date"]), "fit_check": old["fit_check"],
@@ -223,7 +224,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
         oos.append({**entry, "fit_check": c, "fit_max_abs_err": max((abs(r["rel_err"]) for r in c), default=None)})
     if oos:
         report["out_of_sample"] = oos
-    _write_report(out, report)
+    _write_both(out, report, text)
     return report
 
 
