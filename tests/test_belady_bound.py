@@ -1,7 +1,8 @@
 """``belady`` as a bound, on small Mooncake-format workloads replayed through the engine
-(one GPU tier of 512-token pages):
+(one GPU tier of 512-token pages, unless a case says otherwise):
 
-- one request at a time (``engine.max_running=1``) it is MIN in kvsim's model: request by
+- one request at a time (``engine.max_running=1``), with one tier, it is MIN in kvsim's
+  model: request by
   request it finds what an independent MIN over the prefix tree finds
   (benchmarks/policy_bound.py's ``min_hits``), and no online policy finds more;
 - with requests running together, greedy MIN is not the optimum: a five-request case where
@@ -9,6 +10,9 @@
   running request's pages attach below it in the prefix tree, and a parent never goes
   before its children), so which dead page leaves first matters, and furthest-next-use
   cannot tell them apart;
+- with a colder tier below the GPU, not even one request at a time: each tier gives up
+  its own page used again furthest, so the last tier may drop a page used soon while a
+  warmer one sends it pages never used again (a six-request case where lru finds more);
 - whatever the concurrency, no policy finds more than ``reuse_bound``: the prompt blocks a
   turn prepared earlier computed (a property test over random workloads).
 """
@@ -53,12 +57,18 @@ def workload(seed: int, n: int) -> list[dict]:
     return out
 
 
-def replay_rows(requests: list[dict], policy: str, pages: int, max_running: int, tmp: Path):
+def replay_rows(requests: list[dict], policy: str, pages: int, max_running: int, tmp: Path,
+                host: int = 0):
+    """The rows of a replay with one GPU tier of ``pages`` pages (and, with ``host``, a
+    host tier of that many below it)."""
     path = tmp / "trace.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    tiers = f"{{level: gpu, quota: {pages * pb.PAGE_BYTES}}}"
+    if host:
+        tiers += f", {{level: host, quota: {host * pb.PAGE_BYTES}}}"
     cfg = load_config(ROOT / "configs" / "mooncake-conversation.yaml", [
         f"cache.policy.eviction={policy}", "tp=1", "cache.tokens_per_block=512",
-        f"cache.tiers=[{{level: gpu, quota: {pages * pb.PAGE_BYTES}}}]",
+        f"cache.tiers=[{tiers}]",
         f"workload.path={path}", f"engine.max_running={max_running}",
         "engine.gpu_free_watermark=0", "output.plots=false"])
     res = replay(prepare_run(cfg))
@@ -67,6 +77,11 @@ def replay_rows(requests: list[dict], policy: str, pages: int, max_running: int,
 
 def hit_tokens(rows) -> int:
     return sum(r.hit_gpu for r in rows)
+
+
+def found_tokens(rows) -> int:
+    """Hit tokens from any tier."""
+    return sum(r.hit_gpu + r.hit_host + r.hit_disk for r in rows)
 
 
 # -- one request at a time --------------------------------------------------------------------
@@ -134,6 +149,36 @@ def test_with_requests_running_together_greedy_belady_is_not_the_optimum(tmp_pat
     seq = [r.hit_gpu for r in replay_rows(FIVE, "belady", 15, 1, tmp_path)[0]]
     assert seq == pb.min_hits(FIVE, 15)
     assert sum(seq) == 2048 + 1536 == hit_tokens(replay_rows(FIVE, "gdsf", 15, 1, tmp_path)[0])
+
+
+# -- several tiers ----------------------------------------------------------------------------
+
+def _prompt(first: int, n: int, at: int) -> dict:
+    return {"timestamp": at, "input_length": n * 512, "output_length": 1,
+            "hash_ids": list(range(first, first + n))}
+
+
+#: A (4 blocks), C (3), B (2), then C with a fourth block, A again, B again
+SIX = [_prompt(100, 4, 0), _prompt(300, 3, 100), _prompt(200, 2, 200), _prompt(300, 4, 400),
+       _prompt(100, 4, 500), _prompt(200, 2, 700)]
+
+
+def test_with_a_colder_tier_belady_is_not_the_optimum_even_one_request_at_a_time(tmp_path):
+    """A GPU tier of 7 pages and a host tier of 4 below it, one request at a time. Each
+    tier gives up the pages it holds used again furthest, and the host, the last tier,
+    drops its own, not the cache's: when A comes back (A1 A2 on GPU, A3 A4 in host), GPU
+    gives up C3 and C4 (never used again) to host, and host, to take them, drops B2, used
+    by the next turn. The last turn finds B1 only, and belady finds 512 tokens less than
+    lru, lfu, arc, sieve or lfu-da. With the same 11 pages as one GPU tier belady finds
+    everything that was computed before and fits: it is MIN again."""
+    rows, _ = replay_rows(SIX, "belady", 7, 1, tmp_path, host=4)
+    assert [r.hit_gpu + r.hit_host for r in rows] == [0, 0, 0, 1536, 2048, 512]
+    for p in ("lru", "lfu", "arc", "sieve", "lfu-da"):
+        assert found_tokens(replay_rows(SIX, p, 7, 1, tmp_path, host=4)[0]) == 4608, p
+    one = [r.hit_gpu for r in replay_rows(SIX, "belady", 11, 1, tmp_path)[0]]
+    assert one == pb.min_hits(SIX, 11) and sum(one) == 4608
+    for p in ONLINE:
+        assert hit_tokens(replay_rows(SIX, p, 11, 1, tmp_path)[0]) <= sum(one), p
 
 
 @settings(max_examples=5, deadline=None, derandomize=True,

@@ -66,7 +66,8 @@ class EvictionPolicy:
 
     name = "base"
     #: needs the future of the trace (offline, not a policy a server could run; MIN one
-    #: request at a time, not a bound with requests running together: docs/policies.md)
+    #: request at a time in one tier, not a bound with requests running together or
+    #: several tiers: docs/policies.md)
     is_bound = False
     #: the manager keeps its own recency order only: ``key`` is never called
     fast_lru = False

@@ -179,10 +179,13 @@ class Belady(EvictionPolicy):
     the sorted clock values (turn ordinals, as the manager's clock counts ``prepare``
     calls from 1) at which a turn uses that block (any mapping with ``get``, or a
     ``NextUses``, the compact form a run builds). Priorities are ignored. Offline: sim
-    only. One request at a time it is the optimum of kvsim's model (MIN over the prefix
-    tree, a running request's pages all resident); with requests running together it is
-    not, and not a bound: a page no one needs again can become pinned later as the parent
-    of a running request's pages (docs/policies.md, "Belady and concurrency")."""
+    only. One request at a time in one tier it is the optimum of kvsim's model (MIN over
+    the prefix tree, a running request's pages all resident); with requests running
+    together it is not, and not a bound: a page no one needs again can become pinned later
+    as the parent of a running request's pages. Nor with a colder tier: each tier orders
+    only its own pages, and the last drops its own page used again furthest, which may be
+    used sooner than the victims a warmer tier sends it (docs/policies.md, "Belady and
+    concurrency")."""
 
     name = "belady"
     is_bound = True
