@@ -163,6 +163,50 @@ def test_queue_policies_ignore_priorities():
         assert {p.priority for p in hi} == {0}
 
 
+# -- a failed eviction ----------------------------------------------------------------------
+
+def _fail_then_retry(policy, families):
+    """GPU tier of 2 pages over a host tier: a turn over each of ``families``, then a new
+    page whose eviction (GPU -> host) fails and is rolled back, then the same grow again,
+    which succeeds. The queue after the failure, and which page the retry evicts."""
+    from kvsim.core.plan import BatchKind
+
+    m = make_manager(gpu=2, host=4, disk=None, policy=policy)
+    be = backend_for(m)
+    pages = {f: turn(m, be, f)[0] for f in families}
+    req = m.create("s", blocks(1, 9), TPB)
+    run(m, be, m.resume(req))
+    plan = m.grow(req, TPB)
+    run(m, be, plan, fail_batches={i for i, b in enumerate(plan.batches)
+                                   if b.kind is BatchKind.EVICT})
+    assert {p.tier for p in pages.values()} == {0}  # nothing left the GPU
+    q = m.tiers[0].order.queue
+    after = {k: v.copy() if hasattr(v, "copy") else v for k, v in vars(q).items()}
+    run(m, be, m.grow(req, TPB))
+    check(m, be)
+    return after, {f for f, p in pages.items() if p.tier != 0}
+
+
+def test_a_failed_eviction_is_no_ghost_hit_in_arc():
+    """A, B, A: T1 = B, T2 = A. C needs room: REPLACE takes B (T1, |T1| = 1 > p = 0) to
+    B1, but the copy to host fails and B stays. No request asked for B again: no ghost
+    hit, p stays 0, B stays in T1 and B1 forgets it. The retry evicts B again, not A."""
+    after, out = _fail_then_retry(ARC(), [1, 2, 1])
+    assert after["p"] == 0 and not after["b1"] and not after["b2"]
+    assert [p.index for p in after["t1"]] == [0] and len(after["t2"]) == 1
+    assert out == {2}
+
+
+def test_a_failed_eviction_is_no_ghost_hit_in_s3_fifo():
+    """small_ratio 0.5 of 2 pages: S holds 1. A joins S, B (S full before any eviction)
+    joins M. C needs room: from S, A (not hit) goes to the ghost, but the copy to host
+    fails and A stays: no ghost hit, so A stays in S rather than joining M, and the ghost
+    forgets it. The retry evicts A again (from S), not B (from M)."""
+    after, out = _fail_then_retry(S3FIFO(small_ratio=0.5), [1, 2])
+    assert len(after["small"]) == 1 and len(after["main"]) == 1 and not after["ghost"]
+    assert out == {1}
+
+
 # -- the queue contract ----------------------------------------------------------------------
 
 def _state(queue: TierQueue) -> tuple:

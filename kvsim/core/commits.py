@@ -164,6 +164,8 @@ class Planning(Eviction):
                 self._arrive(tiers[dst_pos], pages, dsts, evict)  # evicted: most recent
             else:
                 c.failed_batches += 1
+                if src_tier.order is not None and (kind is BatchKind.EVICT or takeback):
+                    src_tier.order.returned(pages)  # its victims stay: no ghost hit
                 if takeback:  # the page stays, its copy with it, reclaimable again
                     if self._wt_taken:  # (a pending copy: pending again, or lost)
                         self._end_take_back(pages, False)

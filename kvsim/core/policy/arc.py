@@ -31,7 +31,9 @@ tier, whose arrivals are other tiers' victims, looks a key up when its page arri
 the eviction that made room (case IV). A walk is a dry run on counters and cursors;
 ``evicted`` runs it again up to the last victim and applies it. A page the manager passes
 over is in use (locked, held in the last tier, or the parent of cached pages): it goes to
-its list's most recent end. Priorities are ignored.
+its list's most recent end. A victim whose move fails (its plan rolls back) stays: back in
+its list, its ghost forgotten, ``p`` unchanged (no request asked for it: no ghost hit).
+Priorities are ignored.
 """
 
 from __future__ import annotations
@@ -156,6 +158,19 @@ class ARCQueue(TierQueue):
         self.version += 1
         if self.t1.pop(page, 0) == 0:
             del self.t2[page]
+
+    def returned(self, pages: list["Page"]) -> None:
+        """Victims whose move failed stay: back in the list they left (T2 if their key
+        went to B2, else T1), their ghost forgotten, ``p`` unchanged: no ghost hit."""
+        self.version += 1
+        for page in pages:
+            key = page.key
+            if key in self.b2:
+                del self.b2[key]
+                self.t2[page] = None
+            else:
+                self.b1.pop(key, None)
+                self.t1[page] = None
 
     def new_run(self) -> _Run:
         return _Run()

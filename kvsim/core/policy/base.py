@@ -160,6 +160,8 @@ class TierOrder:
     ``evicted(pages)``: these pages, from the last walk, were chosen as victims;
     ``left(pages)``: these pages left the tier other than as victims (onboarded to GPU,
     freed);
+    ``returned(pages)``: victims whose move out of the tier failed (the plan rolled back):
+    they stay, and the manager indexes them again next (``touch``);
     ``missing(pages)``: those of ``pages`` (the tier's index) it does not hold (the audit).
     """
 
@@ -185,6 +187,9 @@ class TierOrder:
         pass
 
     def left(self, pages: Iterable["Page"]) -> None:
+        pass
+
+    def returned(self, pages: list["Page"]) -> None:
         pass
 
     def missing(self, pages: Iterable["Page"]) -> list["Page"]:

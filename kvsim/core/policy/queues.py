@@ -13,6 +13,11 @@ The manager tells it, for that tier:
     hit(page)         a turn uses a page the queue holds (locked or not).
     remove(page)      a page the queue holds left the tier other than as its victim
                       (onboarded to GPU, freed).
+    returned(pages)   victims (``evicted``) whose move out of the tier failed: the plan
+                      rolled back and they stay. No request asked for them: a queue with
+                      ghosts takes back the ghost their eviction made (no ghost hit) and
+                      holds them again; by default they are ``insert``-ed as they are
+                      indexed again.
     incoming(keys)    (the GPU tier, where ``wants_incoming``) the chain keys of a
                       prompt's blocks that are not on GPU, in prompt order, when the
                       prompt is declared: the pages the GPU tier will take in, so that a
@@ -97,6 +102,9 @@ class TierQueue:
         raise NotImplementedError
 
     def incoming(self, keys: list[bytes]) -> None:
+        pass
+
+    def returned(self, pages: list["Page"]) -> None:
         pass
 
     def new_run(self) -> WalkRun:
@@ -193,6 +201,9 @@ class QueueOrder(TierOrder):
         for p in pages:
             if p in q:
                 q.remove(p)
+
+    def returned(self, pages: list["Page"]) -> None:
+        self.queue.returned([p for p in pages if p not in self.queue])
 
     def missing(self, pages: Iterable["Page"]) -> list["Page"]:
         q = self.queue

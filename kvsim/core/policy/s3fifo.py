@@ -24,7 +24,9 @@ that re-enter M, their new counts); ``evicted`` runs the same walk again up to t
 victim and applies it. A page the manager passes over is in use (locked, held in the last
 tier, or the parent of cached pages, which the last tier drops after its children): it
 goes back to its queue's head, as if inserted again, so that no walk reads it again
-before the rest. Priorities are ignored (every page gets 0).
+before the rest. A victim whose move fails (its plan rolls back) stays: back in S if its
+key went to G (G forgets it), else in M, with no hits: no ghost hit, as no request asked
+for it. Priorities are ignored (every page gets 0).
 """
 
 from __future__ import annotations
@@ -145,6 +147,19 @@ class S3FIFOQueue(TierQueue):
         del self.freq[page]
         if self.small.pop(page, 0) == 0:
             del self.main[page]
+
+    def returned(self, pages: list["Page"]) -> None:
+        """Victims whose move failed stay: no ghost hit. One whose key its eviction put
+        in G goes back to S (G forgets it); the others (from M) back to M."""
+        self.version += 1
+        for page in pages:
+            key = page.key
+            if key and key in self.ghost:
+                del self.ghost[key]
+                self.small[page] = None
+            else:
+                self.main[page] = None
+            self.freq[page] = 0
 
     # -- eviction --------------------------------------------------------------------------
     def new_run(self) -> _Run:
