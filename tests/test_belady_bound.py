@@ -34,8 +34,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import policy_bound as pb  # noqa: E402
 
+from conftest import TPB, backend_for, blocks, make_manager, new_active  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
-from kvsim.core.policy import POLICY_NAMES  # noqa: E402
+from kvsim.core import chain_key, scope_root  # noqa: E402
+from kvsim.core.policy import POLICY_NAMES, make_policy  # noqa: E402
 from kvsim.run import prepare_run, replay  # noqa: E402
 
 ONLINE = [p for p in POLICY_NAMES if p != "belady"]
@@ -105,6 +107,40 @@ def test_no_online_policy_beats_belady_one_request_at_a_time(seed, n, pages, tmp
     best = hit_tokens(replay_rows(requests, "belady", pages, 1, tmp_path)[0])
     for p in ONLINE:
         assert hit_tokens(replay_rows(requests, p, pages, 1, tmp_path)[0]) <= best, p
+
+
+def _prefix_hits(turns: list[tuple[int, int]], policy, pages: int) -> int:
+    """Blocks found cached over ``turns`` (family, blocks: family f's prompts share their
+    prefix), one at a time, by the manager alone with one GPU tier of ``pages`` pages."""
+    m = make_manager(gpu=pages, host=None, disk=None, policy=policy)
+    be = backend_for(m)
+    found = 0
+    for f, k in turns:
+        req = new_active(m, be, k * TPB, family=f)
+        found += req.cached_tokens // TPB
+        m.close(req)
+    return found
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(pages=st.integers(2, 16), data=st.data())
+def test_no_online_policy_beats_belady_on_random_prefix_streams(pages, data):
+    """The manager alone (fast enough for many cases): random streams of prompts over a
+    few families that share prefixes, any tier size from 2 pages, one request at a time:
+    no online policy finds more blocks than belady."""
+    turns = data.draw(st.lists(st.tuples(st.integers(0, 5), st.integers(1, min(pages, 6))),
+                               min_size=1, max_size=40))
+    future: dict[bytes, list[int]] = {}
+    for t, (f, k) in enumerate(turns, start=1):  # the manager's clock counts turns from 1
+        key = scope_root("s")
+        for b in blocks(k, f):
+            key = chain_key(key, b)
+            future.setdefault(key, []).append(t)
+    best = _prefix_hits(turns, make_policy("belady", future=future), pages)
+    for p in ONLINE:
+        policy = make_policy(p)
+        if policy.check_tier(pages) is None:  # (s3-fifo needs 10 pages)
+            assert _prefix_hits(turns, policy, pages) <= best, (p, turns)
 
 
 # -- requests running together ----------------------------------------------------------------

@@ -13,14 +13,23 @@ GreedyDual is described). A textbook LFU-DA written here, in both orders, shows 
 is the whole difference: kvsim is the one, libCacheSim the other, request by request. It
 costs 0.006 at 20 pages (1/30 of the objects) on this short trace, 12 requests in 2,000;
 at 60 and 200 pages the hit ratios are within 0.005.
+
+Then the same pairs on random streams through the manager alone (no engine: fast enough
+for many), request by request, with and without a host tier below the GPU.
 """
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import TPB, backend_for, make_manager, new_active
+from kvsim.core.policy import make_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -97,3 +106,41 @@ def test_hit_ratio_matches_libcachesim(outcomes, policy):
     # would prove little): at the smallest size no two of the exact ones agree
     small = {p: sum(outcomes[p, SIZES[0]][0]) for p in EXACT}
     assert len(set(small.values())) == len(small), small
+
+
+# -- the manager alone, on random streams -----------------------------------------------------
+
+
+def gpu_hits(ids: list[int], policy: str, pages: int, host: int | None) -> list[bool]:
+    """Whether each one-block turn over ``ids`` found its page on GPU, the manager alone
+    (a GPU tier of ``pages`` pages, with ``host`` a host tier below it), one at a time."""
+    m = make_manager(gpu=pages, host=host, disk=None, policy=make_policy(policy))
+    be = backend_for(m)
+    out = []
+    for o in ids:
+        req = new_active(m, be, TPB, family=o)
+        out.append(req.hit_by_level[0] == TPB)
+        m.close(req)
+    return out
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**32 - 1), pages=st.integers(2, 40), spread=st.integers(2, 5),
+       skew=st.sampled_from([0.0, 0.6, 1.0, 1.4]), host=st.sampled_from([None, None, 8, 40]))
+def test_every_request_matches_libcachesim_on_random_streams(seed, pages, spread, skew, host):
+    """Random streams of 400 one-block requests over ``pages * spread`` objects (object k
+    drawn with weight 1 / (k + 1) ** ``skew``), any cache size: lru, s3-fifo, arc and sieve
+    hit or miss exactly as libCacheSim's LRU, S3FIFO, ARC and Sieve, request by request,
+    and lfu as LFU with one tier. The GPU tier decides GPU hits alone, whatever lies
+    below it: a host tier (its victims' next stop; a page it gives back is the GPU's miss,
+    a ghost hit where the GPU evicted it) changes none of them. Not lfu there: a page keeps
+    its uses while it waits in host memory, where libCacheSim forgets an evicted object's
+    count. S3-FIFO from 20 pages: libCacheSim admits no object as large as its small
+    queue, so with a small queue of one page (10-19 pages) it caches nothing."""
+    rnd = random.Random(seed)
+    n = pages * spread
+    ids = rnd.choices(range(n), weights=[1 / (k + 1) ** skew for k in range(n)], k=400)
+    for p in ("lru", "s3-fifo", "arc", "sieve") + (("lfu",) if host is None else ()):
+        if p == "s3-fifo" and pages < 20:
+            continue
+        assert gpu_hits(ids, p, pages, host) == bench.libcachesim_hits(ids, p, pages), (p, seed)
