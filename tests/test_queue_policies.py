@@ -17,7 +17,7 @@ import pytest
 
 from conftest import TPB, backend_for, blocks, check, make_manager, run
 from kvsim.core.policy import ARC, LFU, LFUDA, S3FIFO, EvictionPolicy, Sieve, TierQueue
-from test_policies import _drive, one_tier, turn
+from test_policies import _drive, key_of, one_tier, turn
 
 
 def live(m) -> set[int]:
@@ -110,6 +110,28 @@ def test_arc_adapts_to_a_ghost_hit_and_replaces_from_t1_or_t2():
     pages["a"] = turn(m, be, 1)
     assert cached(m, pages) == {"a", "b", "c", "g"}
     assert m.tiers[0].order.queue.p == 0
+    check(m, be)
+
+
+def test_arc_keeps_its_target_within_a_tier_that_shrinks():
+    """ARC's p, the target size of T1, lies in 0..c. Four pages: a stream drives p to 4,
+    with 2 and 0 among B2's keys. The quota shrinks to 2 pages (1 in T1, 3 in T2): p is 2
+    at most now. 2 comes back, a B2 ghost hit: p = max(2 - max(|B1| / |B2|, 1), 0) = 1,
+    and REPLACE takes T1's page (|T1| = 1 = p, for a B2 hit): 1 goes, 3 stays. A p kept
+    at 4 would fall to 3 only, above |T1|, and T2's 3 would go instead."""
+    from kvsim.core import Level
+
+    m, be = one_tier(4, ARC())
+    pages = {}
+    for f in (5, 6, 2, 5, 2, 0, 3, 6, 7, 1, 0, 6, 3):
+        pages[f] = turn(m, be, f)
+    q = m.tiers[0].order.queue
+    assert q.p == 4 and {key_of(2), key_of(0)} <= set(q.b2)
+    run(m, be, m.set_quota(Level.GPU, 2 * 16))
+    assert list(q.t1) == pages[1] and list(q.t2) == pages[3] and q.p == 4
+    pages[2] = turn(m, be, 2)
+    assert q.p == 1
+    assert {f for f in (1, 2, 3) if all(p.pid in live(m) for p in pages[f])} == {2, 3}
     check(m, be)
 
 

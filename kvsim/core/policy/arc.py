@@ -6,7 +6,7 @@ implementation it was checked against), and as vLLM's offloading manager keeps i
 
 Per tier of c pages: T1 (pages seen once since they joined) and T2 (seen again), each an
 LRU list; ghosts B1 and B2, the keys of pages evicted from T1 and T2; a target ``p`` for
-T1's size, from 0.
+T1's size, from 0, within 0..c (a tier that shrinks below ``p`` caps it at its new c).
 
 - A hit moves a page to T2's most recent end.
 - A key found in B1 (a ghost hit) raises ``p`` by ``max(|B2| / |B1|, 1)`` (at most c),
@@ -90,12 +90,13 @@ class ARCQueue(TierQueue):
         """Adapt ``p`` to a ghost hit of ``key`` and take it out of its ghost: 1 (B1), 2
         (B2), or 0 (no ghost hit)."""
         b1, b2 = self.b1, self.b2
+        c = self.tier.capacity
         if key in b1:
-            self.p = min(self.p + max(len(b2) / len(b1), 1), self.tier.capacity)
+            self.p = min(self.p + max(len(b2) / len(b1), 1), c)
             del b1[key]
             return 1
-        if key in b2:
-            self.p = max(self.p - max(len(b1) / len(b2), 1), 0)
+        if key in b2:  # (p from at most c: the tier may have shrunk since p was set)
+            self.p = max(min(self.p, c) - max(len(b1) / len(b2), 1), 0)
             del b2[key]
             return 2
         return 0
@@ -178,7 +179,7 @@ class ARCQueue(TierQueue):
     def _walk(self, run: _Run) -> Iterator["Page"]:
         c = self.tier.capacity
         seen = run.seen
-        p = self.p
+        p = min(self.p, c)  # (T1's target is at most the tier, which may have shrunk)
         n1, n2, g1, g2 = len(self.t1), len(self.t2), len(self.b1), len(self.b2)
         it1, it2 = iter(self.t1), iter(self.t2)
         kinds = iter(self.owed.values())
