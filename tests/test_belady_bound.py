@@ -143,6 +143,35 @@ def test_no_online_policy_beats_belady_on_random_prefix_streams(pages, data):
             assert _prefix_hits(turns, policy, pages) <= best, (p, turns)
 
 
+def test_on_closed_loop_sessions_belady_reads_a_predicted_order(monkeypatch):
+    """configs/default.yaml: closed-loop sessions, a turn released a think time after its
+    session's previous turn ends. belady's future numbers the turns by their nominal
+    arrival (start and think times, not the time turns take): the replay prepares them in
+    another order, most turns at a clock other than the number the future gave them, so
+    belady reads next uses that are not the replay's. Given the future in the order the
+    replay prepared the turns, it finds more on GPU: it is no MIN here."""
+    from kvsim.run import policies as rp
+
+    def replay_with(order):
+        cfg = load_config(ROOT / "configs" / "default.yaml", [
+            "output.plots=false", "cache.policy.eviction=belady"])
+        prep = prepare_run(cfg)
+        nominal = rp.turn_order(prep.workload, prep.starts)
+        where = {id(t): i for i, (_, t) in enumerate(nominal)}
+        future = nominal if order is None else [nominal[i] for i in order]
+        with monkeypatch.context() as mp:
+            mp.setattr(rp, "turn_order", lambda wl, starts=None: future)
+            rows = replay(prep).rows
+        place = {(sid, n): where[id(t)] for s in prep.workload.sessions
+                 for n, (sid, t) in enumerate(pb._turns(s), start=1)}
+        prepared = [place[r.session, r.turn] for r in sorted(rows, key=lambda r: (r.arrival_ns, r.rid))]
+        return sum(r.hit_gpu for r in rows), prepared
+
+    gpu, prepared = replay_with(None)
+    assert sum(i != n for n, i in enumerate(prepared)) > len(prepared) // 2
+    assert replay_with(prepared)[0] > gpu * 1.05
+
+
 # -- requests running together ----------------------------------------------------------------
 
 #: found by a random search (tests/test_belady_bound.py's ``workload``, seed 299, GPU tier

@@ -178,7 +178,9 @@ class Belady(EvictionPolicy):
     in the future (never used again: first). It needs the future: ``future[chain key]`` is
     the sorted clock values (turn ordinals, as the manager's clock counts ``prepare``
     calls from 1) at which a turn uses that block (any mapping with ``get``, or a
-    ``NextUses``, the compact form a run builds). Priorities are ignored. Offline: sim
+    ``NextUses``, the compact form a run builds, numbering turns by their nominal
+    arrival: the replay's order for independent requests, a guess for closed-loop
+    sessions, whose turns wait on the replay). Priorities are ignored. Offline: sim
     only. One request at a time in one tier it is the optimum of kvsim's model (MIN over
     the prefix tree, a running request's pages all resident); with requests running
     together it is not, and not a bound: a page no one needs again can become pinned later
