@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 import policy_curves  # noqa: E402
 
-import kvsim.run  # noqa: E402
+import kvsim.run.pipeline  # noqa: E402
 from kvsim.config import load_config  # noqa: E402
 from kvsim.core import TierManager  # noqa: E402
 from kvsim.core.keys import chain_key, scope_root  # noqa: E402
@@ -279,12 +279,12 @@ def replay_noting_pins(cfg):
             super().__init__(*a, **k)
             self.shares = shares
 
-    real = kvsim.run.TierManager
-    kvsim.run.TierManager = Noting  # replay() builds its manager through this name
+    real = kvsim.run.pipeline.TierManager
+    kvsim.run.pipeline.TierManager = Noting  # replay() builds its managers through this name
     try:
         res = replay(prepare_run(cfg))
     finally:
-        kvsim.run.TierManager = real
+        kvsim.run.pipeline.TierManager = real
     return res, shares
 
 

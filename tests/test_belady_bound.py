@@ -293,3 +293,20 @@ def test_the_reuse_bound_holds_turn_by_turn_on_closed_loop_sessions(policy):
     for r in rows:
         found = r.hit_gpu + r.hit_host + r.hit_disk
         assert found <= (r.input_tokens if r.preemptions else bound[r.session, r.turn])
+
+
+def test_the_concurrency_part_notes_the_pinned_share_at_each_eviction(tmp_path):
+    """benchmarks/policy_bound.py --parts concurrency: its manager, swapped in where the
+    replay builds its managers, notes a share at each GPU eviction, changes no hit, and is
+    swapped back out."""
+    import kvsim.run.pipeline
+    from kvsim.core import TierManager
+
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in workload(3, 40)))
+    cfg = pb.mooncake_config("lru", 2, path, None, ["engine.max_running=8"])
+    res, shares = pb.replay_noting_pins(cfg)
+    assert shares and all(0 <= s <= 1 for s in shares)
+    assert kvsim.run.pipeline.TierManager is TierManager
+    plain = replay(prepare_run(cfg))
+    assert [r.hit_gpu for r in res.rows] == [r.hit_gpu for r in plain.rows]
