@@ -9,7 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from kvsim.config.units import parse_time
-from kvsim.core.datapath.interference import KindTerms, Shares
+from kvsim.core.datapath.interference import KindTerms, Most, Shares
 
 Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -35,7 +35,10 @@ class KindSpec(_Frozen):
     default 0);
     ``busy_cta_efficiency`` / ``_d2h``: a copy CTA's share of its idle rate beside this
     kind of work (None: ``InterferenceSpec``'s); a step's are the kinds' weighted by its
-    time in each (``kvsim.core.datapath.interference.busy_share``)."""
+    time in each (``kvsim.core.datapath.interference.busy_share``); ``busy_ctas_d2h``:
+    the most the SM kernel's GPU -> host CTAs move together beside this kind, in idle
+    CTAs' worth: ``n`` of them move ``min(n x busy share, busy_ctas_d2h)`` (None: no
+    such limit; ``kind_share``)."""
 
     cta_sm_share_h2d: Annotated[float, Field(ge=0)]
     cta_sm_share_d2h: Annotated[float, Field(ge=0)]
@@ -49,6 +52,7 @@ class KindSpec(_Frozen):
     page_d2h: Seconds = 0.0
     busy_cta_efficiency: Fraction | None = None
     busy_cta_efficiency_d2h: Fraction | None = None
+    busy_ctas_d2h: Annotated[float, Field(gt=0)] | None = None
 
     def terms(self) -> KindTerms:
         return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
@@ -127,7 +131,8 @@ class InterferenceSpec(_Frozen):
         spec's where a kind gives none; None where no kind gives one (one share for all)."""
         g, m = self.gemm, self.memory
         if g is None or m is None or all(
-                k.busy_cta_efficiency is None and k.busy_cta_efficiency_d2h is None for k in (g, m)):
+                k.busy_cta_efficiency is None and k.busy_cta_efficiency_d2h is None
+                and k.busy_ctas_d2h is None for k in (g, m)):
             return None
         e, d2h = self.busy_eff()
 
@@ -135,6 +140,13 @@ class InterferenceSpec(_Frozen):
             return (e if k.busy_cta_efficiency is None else k.busy_cta_efficiency,
                     d2h if k.busy_cta_efficiency_d2h is None else k.busy_cta_efficiency_d2h)
         return of(g), of(m)
+
+    def kind_most(self) -> Most | None:
+        """The kinds' ``busy_ctas_d2h``, (GEMMs', reads'); None where neither gives one."""
+        g, m = self.gemm, self.memory
+        if g is None or m is None or (g.busy_ctas_d2h is None and m.busy_ctas_d2h is None):
+            return None
+        return g.busy_ctas_d2h, m.busy_ctas_d2h
 
     def drain_eff(self) -> float:
         """A GPU -> host copy CTA's share of its idle rate as the waiting CTAs count it."""

@@ -1,10 +1,10 @@
 """A fluid (processor-sharing) model of the data paths and of compute under interference.
 
-Flows are byte streams over one or more named resources (``h2d``, ``d2h``, ``link`` for
-the both-directions total, ``sm_h2d`` / ``sm_d2h`` / ``sm_both`` for the SM copy kernel's
-own ceilings, which only SM-kernel flows use, ``disk_read``, ``disk_write``, ``hbm``), each
-resource a bandwidth. Rates are max-min fair (progressive filling): every flow's rate rises equally
-until a resource it uses is full or it reaches its own cap (an SM copy kernel's CTA rate).
+Flows are byte streams over named resources (``h2d``, ``d2h``, ``link`` for the
+both-directions total, ``sm_h2d`` / ``sm_d2h`` / ``sm_both`` for the SM copy kernel's own
+ceilings, ``disk_read``, ``disk_write``, ``hbm``), each a bandwidth. Rates are max-min
+fair (progressive filling): every flow's rate rises equally until a resource it uses is
+full or it reaches its own cap (an SM copy kernel's CTA rate).
 A flow over several resources (disk -> host -> GPU) moves at one rate through all of them:
 a pipeline in steady state.
 
@@ -12,38 +12,37 @@ Compute jobs progress at ``1 / (1 + slowdown)`` seconds of work per second. A jo
 step's work (a ``StepWork``) on a profile with the structural model (``kinds``: a
 ``kvsim.core.datapath.interference.MixTable``) runs its GEMMs, then its reads
 (``kvsim_backends.sim.stepjob``), each at its own kind's slowdown against the
-``CopyLoad`` the flows take (copy CTAs moving bytes per direction, copy-engine flows,
-bytes through HBM at the flows' rates, those written into HBM apart) and the copy-engine
-calls issuing their pages (``issue``). Any other job's slowdown (the older model,
-and a compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
-bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a compute
-job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate (GPU -> host
-ones ``busy_cta_efficiency_d2h`` where given; with ``busy_kinds``, a step's by its kinds,
-the least over the jobs: ``busy_now``). A fluid of a
-GPU that several ranks share (``share_compute``: ``node.ranks_per_gpu`` > 1, one fluid for
-their links, SM pool and HBM) shares its SMs by its jobs' kernel lengths
-(``kvsim_backends.sim.smshare``; equal kernels: 1 / n each, processor sharing): a job's
-stretch is ``(1 + slowdown) x factor``; jobs are re-timed whenever one starts or ends, or
-one's GEMM part ends while others run (its wake-up there: ``Job.turn``). Without
-``share_compute`` jobs run side by side, as before.
-While a kernel that takes every SM runs (``hold``: the hw refcheck's kernel, a grid of
-CTAs on a stream of higher priority than the step's), jobs make no progress: each
-resumes where it was when the last hold ends.
+``CopyLoad`` the flows take (``kvsim.core.datapath.interference``) and the copy-engine
+calls issuing their pages (``issue``). Any other job's slowdown (the older model, and a
+compute of the SMs alone) sums ``per_cta_slowdown`` for every copy-kernel CTA moving
+bytes and ``copy_engine_slowdown`` while any copy-engine flow moves bytes. While a
+compute job runs, copy-kernel CTAs get ``busy_cta_efficiency`` of their idle rate (GPU
+-> host ones ``busy_cta_efficiency_d2h`` where given; with ``busy_kinds``, a step's by
+its kinds, the least over the jobs, GPU -> host's capped with ``busy_most``:
+``busy_now``). A fluid of a GPU that several ranks share (``share_compute``:
+``node.ranks_per_gpu`` > 1, one fluid for their links, SM pool and HBM) shares its SMs
+by its jobs' kernel lengths (``kvsim_backends.sim.smshare``; equal kernels: 1 / n each,
+processor sharing): a job's stretch is ``(1 + slowdown) x factor``; jobs are re-timed
+whenever one starts or ends, or one's GEMM part ends while others run (its wake-up
+there: ``Job.turn``). While a kernel that takes every SM runs (``hold``: the hw
+refcheck's kernel, of a higher stream priority), jobs make no progress: each resumes
+where it was when the last hold ends.
 
 Invariants: rates (and so the load and every slowdown) change only when the set of flows
 changes, or when compute starts or stops while an SM copy kernel moves bytes (the load
-also when a copy-engine call starts or ends issuing); flows are
-brought up to date only then (piecewise constant in between), so a compute job that
-starts and ends while nothing else changes leaves the flows' arithmetic untouched. A job
-ends at ``start + work * (1 + slowdown)`` when its slowdown stays constant over it: the
-same expression ``ahead`` evaluates for a compute the engine runs ahead of the clock, so
-running ahead and stepping give the same floats. A job's slowdown is 0.0 exactly while no
-flow moves bytes and no call issues; without ``kinds`` every job's is the older model's, as before them. Exactly one flow wake-up is live (older ones are
-no longer ``_pending`` and do nothing; ``drop_stale`` takes those at the head of the
-clock's queue off it, so they do not stop a run ahead); a flow completes at the wake-up
-that predicted its end, never earlier. A fluid on its node's bus (``nodebus``: host DRAM,
-PCIe switches) takes its rates from the bus, set with the node's other fluids'. Cost: O(1)
-SimPy events per flow or job plus one per change.
+also when a copy-engine call starts or ends issuing); flows are brought up to date only
+then (piecewise constant in between), so a compute job that starts and ends while
+nothing else changes leaves the flows' arithmetic untouched. A job ends at ``start +
+work * (1 + slowdown)`` when its slowdown stays constant over it: the same expression
+``ahead`` evaluates for a compute run ahead of the clock, so running ahead and stepping
+give the same floats. A job's slowdown is 0.0 exactly while no flow moves bytes and no
+call issues; without ``kinds`` every job's is the older model's. Exactly one flow
+wake-up is live (older ones are no longer ``_pending`` and do nothing; ``drop_stale``
+takes those at the head of the clock's queue off it, so they do not stop a run ahead); a
+flow completes at the wake-up that predicted its end, never earlier. A fluid on its
+node's bus (``nodebus``: host DRAM, PCIe switches) takes its rates from the bus, set
+with the node's other fluids'. Cost: O(1) SimPy events per flow or job plus one per
+change.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from typing import Any, Callable, Final
 
 import simpy
 
-from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Shares, busy_share,
+from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Most, Shares, busy_share,
                                               legacy_stretch, least_share)
 from kvsim.core.datapath.work import StepWork
 
@@ -74,7 +73,7 @@ class Fluid:
                  per_cta_slowdown: float, copy_engine_slowdown: float,
                  busy_cta_efficiency: float, kinds: MixTable | None = None,
                  busy_cta_efficiency_d2h: float | None = None,
-                 busy_kinds: tuple[Shares, Shares] | None = None):
+                 busy_kinds: tuple[Shares, Shares] | None = None, busy_most: Most | None = None):
         self.env = env
         self.clock = Clock(env)  # (its queue, for the wake-ups and events below)
         self.cap = dict(capacities)
@@ -83,6 +82,7 @@ class Fluid:
         self.busy_eff = (busy_cta_efficiency, busy_cta_efficiency if busy_cta_efficiency_d2h is None
                          else busy_cta_efficiency_d2h)  # (to the GPU, any other)
         self.busy_kinds = busy_kinds  # (GEMMs', reads') shares of a step's work (None: busy_eff)
+        self.busy_most = busy_most  # (GEMMs', reads') most GPU -> host CTAs move together
         self.kinds = kinds  # the structural model (None: the older one for every job)
         self.share_compute: KernelLengths | None = None  # its jobs share the SMs (ranks on one GPU)
         self.held = 0  # kernels that take every SM now (``hold``): no job progresses
@@ -97,17 +97,14 @@ class Fluid:
         self._busy_res: set[str] = set()  # resources the current flows use
         self._n_sm = 0                    # current flows that are SM copy kernels
         self._pending: Wake | None = None  # the one live flow wake-up
-        # superseded wake-ups still in the clock's queue (they will do nothing when they
-        # fire): ``drop_stale`` takes them off its head, so they hide no later event
+        # superseded wake-ups still queued (they do nothing when they fire): ``drop_stale``
         self._stale: set[Wake] = set()
         self._due_flows: list[Flow] = []  # what the live wake-up completes
-        # (compute running, flows' signatures in order) -> (slowdown, load, rates): the same flow
-        # mixes recur all the time, and an allocation is a pure function of its key. A
-        # signature is a small number (its position in ``_sigs``): a key of numbers hashes
-        # fast, where nested tuples of names and floats would be hashed anew each time
+        # (busy shares, issue, flows' signatures in order) -> (slowdown, load, rates): mixes
+        # recur, an allocation is a pure function of its key; a signature is a small number
+        # (its place in ``_sigs``), which hashes fast where nested tuples would not
         self._alloc_cache: dict[tuple, tuple[float, CopyLoad, tuple[float, ...]]] = {}
-        # (time, load) at each change of the flows' load while set (the fit of the model's
-        # terms reads a cell's loads from it: ``kvsim.tools.fitkinds``)
+        # (time, load) at each change of the load while set (``kvsim.tools.fitkinds``)
         self.load_log: list[tuple[float, CopyLoad]] | None = None
         self._issuing: list[float] = []  # copy-engine calls issuing: each one's host-bound share
         self._issue = 0.0                # their sum (with ``kinds`` only)
@@ -243,13 +240,16 @@ class Fluid:
 
     def busy_now(self) -> Shares | None:
         """SM copy CTAs' shares of their idle rates beside the jobs (None: none, or held):
-        ``busy_eff``; with ``busy_kinds`` each job's by its step's kinds, the least."""
+        ``busy_eff``; with ``busy_kinds`` each job's by its step's kinds, the least (with
+        ``busy_most``, at the GPU -> host SM copy CTAs in flight)."""
         if not self.jobs or self.held:
             return None
         kinds = self.busy_kinds
         if kinds is None:
             return self.busy_eff
-        return least_share([busy_share(self.busy_eff, kinds, j.work) for j in self.jobs])
+        most = self.busy_most
+        n = 0 if most is None else sum([f.ctas for f in self.flows if f.sm and "sm_d2h" in f.res])
+        return least_share([busy_share(self.busy_eff, kinds, j.work, most, n) for j in self.jobs])
 
     def _moved(self, before: Shares | None) -> bool:
         """With ``busy_kinds``, whether the shares moved from ``before`` (a job came or went)."""

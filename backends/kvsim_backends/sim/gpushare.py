@@ -70,7 +70,7 @@ def gpu_fluid(runtime: Any, settings: Any, disk: dict[str, float], kinds: MixTab
                   copy_engine_slowdown=sm.interference.copy_engine_slowdown,
                   busy_cta_efficiency=sm.interference.busy_cta_efficiency, kinds=kinds,
                   busy_cta_efficiency_d2h=sm.interference.busy_eff()[1],
-                  busy_kinds=sm.interference.kind_busy())
+                  busy_kinds=sm.interference.kind_busy(), busy_most=sm.interference.kind_most())
         if ranks_on_gpu(settings) > 1:
             f.share_compute = KernelLengths(settings.model, settings.read_kernel_s,
                                             p.gpu.gemm_flops, p.gpu.kernel_overlap)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from kvsim.core.datapath.copypath import DIRECTIONS, CopyPath, copy_ctas
-from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Shares, issue_share,
+from kvsim.core.datapath.interference import (IDLE, CopyLoad, MixTable, Most, Shares, issue_share,
                                               kind_share, legacy_stretch)
 from kvsim.core.datapath.work import StepWork, gemm_rows, gemm_share
 
@@ -80,6 +80,8 @@ class CostInputs:
     # the kinds' busy shares, (GEMMs', reads') each (h2d, d2h) (None: ``busy_eff`` beside any
     # step; ``kvsim.core.datapath.interference.busy_share``)
     busy_kinds: tuple[Shares, Shares] | None = None
+    # with them, the kinds' most GPU -> host CTAs move together (``kind_share``; None: no limit)
+    busy_most: Most | None = None
 
 
 def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | None) -> CostInputs:
@@ -108,7 +110,7 @@ def cost_inputs(profile, page_bytes: int, sm_ctas: int | Mapping[str, int] | Non
         dict(zip(DIRECTIONS, i.busy_eff())), i.busy_start, sm.h2d is not None or sm.d2h is not None,
         ce.call_threads == 1, {d: ce.busy_per_page_for(d, page_bytes) for d in DIRECTIONS},
         None if sm_ctas is not None or sm.both_ctas_d2h is None
-        else (sm.both_crowded or profile.sm_ceiling("both")), i.kind_busy())
+        else (sm.both_crowded or profile.sm_ceiling("both")), i.kind_busy(), i.kind_most())
 
 
 def _fair(flows: list[tuple[str, CopyPath, float]], ci: CostInputs,
@@ -185,7 +187,9 @@ class PathChooser:
         gemms, structure, exposure = kinds.gemms[rows], kinds.structure, kinds.exposure[rows]
         ci = self.inputs
         # (at the rounded share, as the stretch: the decision a function of its key)
-        busy = None if ci.busy_kinds is None else dict(zip(DIRECTIONS, kind_share(ci.busy_kinds, share)))
+        busy: dict[str, float] | None = None
+        if ci.busy_kinds is not None:  # (with ``busy_most``, GPU -> host's by its CTAs: ``cost``)
+            busy = dict(zip(DIRECTIONS, kind_share(ci.busy_kinds, share)), gemm_share=share)
         return self.choose(d, pages, other,
                            lambda load: structure.stretch(share, gemms, load, exposure), (share, rows),
                            busy)
@@ -310,8 +314,14 @@ class PathChooser:
         od = "d2h" if d == "h2d" else "h2d"
         eff = ci.busy_eff if busy is None else busy
 
+        most = ci.busy_most if ci.busy_kinds is not None and "gemm_share" in eff else None
+
         def cap(dd: str, pp: CopyPath, oth: CopyPath | None, flying: bool = False) -> float:
-            return self._cap(dd, pp, oth, eff[dd] if computing else 1.0, flying)
+            e = eff[dd] if computing else 1.0
+            if computing and most is not None and dd == "d2h" and pp is SM:
+                e = kind_share(ci.busy_kinds, eff["gemm_share"], most,  # type: ignore[arg-type]
+                               self._n(dd, pp, oth, flying))[1]
+            return self._cap(dd, pp, oth, e, flying)
 
         flows = [(d, path, cap(d, path, other))]
         n = self._d2h_ctas(d, path, other, False)
