@@ -38,7 +38,7 @@ def _profile(gemm: dict | None, memory: dict | None = None) -> HardwareProfile:
     i.update(busy_cta_efficiency=0.45, busy_cta_efficiency_d2h=0.85)
     for kind, keys in (("gemm", gemm), ("memory", memory)):
         i[kind] = {**i[kind], "busy_cta_efficiency": None, "busy_cta_efficiency_d2h": None,
-                   "busy_ctas_d2h": None, **(keys or {})}
+                   "busy_rate_d2h": None, **(keys or {})}
     return HardwareProfile.model_validate(d)
 
 

@@ -21,6 +21,8 @@ TRUE = {"h2d": {64 * KiB: 0.9e-6, 256 * KiB: 0.1e-6}, "d2h": {64 * KiB: 0.6e-6, 
 
 def _profile(tables):
     d = load_profile("h200-pcie-calibrated").model_dump()
+    # (no most beside GEMMs: these cells are about the shares; tests/test_busy_most.py)
+    d["sm"]["interference"]["gemm"]["busy_rate_d2h"] = None
     d["copy_engine"].update(busy_per_page_h2d=tables and tables["h2d"], busy_per_page_d2h=tables and tables["d2h"])
     return d, HardwareProfile.model_validate(d)
 

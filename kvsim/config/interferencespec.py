@@ -8,12 +8,13 @@ from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from kvsim.config.units import parse_time
+from kvsim.config.units import parse_rate, parse_time
 from kvsim.core.datapath.interference import KindTerms, Most, Shares
 
 Seconds = Annotated[float, BeforeValidator(parse_time), Field(ge=0)]
 Fraction = Annotated[float, Field(gt=0, le=1)]
 Slowdown = Annotated[float, Field(ge=0)]
+Rate = Annotated[float, BeforeValidator(parse_rate), Field(gt=0)]
 
 __all__ = ["InterferenceSpec", "KindSpec", "KindTerms"]
 
@@ -35,10 +36,10 @@ class KindSpec(_Frozen):
     default 0);
     ``busy_cta_efficiency`` / ``_d2h``: a copy CTA's share of its idle rate beside this
     kind of work (None: ``InterferenceSpec``'s); a step's are the kinds' weighted by its
-    time in each (``kvsim.core.datapath.interference.busy_share``); ``busy_ctas_d2h``:
-    the most the SM kernel's GPU -> host CTAs move together beside this kind, in idle
-    CTAs' worth: ``n`` of them move ``min(n x busy share, busy_ctas_d2h)`` (None: no
-    such limit; ``kind_share``)."""
+    time in each (``kvsim.core.datapath.interference.busy_share``); ``busy_rate_d2h``:
+    the most the SM kernel's GPU -> host CTAs move together beside this kind: CTAs of
+    idle rate ``r`` in all move ``min(r x busy share, busy_rate_d2h)`` (None: no such
+    limit; ``kind_share``)."""
 
     cta_sm_share_h2d: Annotated[float, Field(ge=0)]
     cta_sm_share_d2h: Annotated[float, Field(ge=0)]
@@ -52,7 +53,7 @@ class KindSpec(_Frozen):
     page_d2h: Seconds = 0.0
     busy_cta_efficiency: Fraction | None = None
     busy_cta_efficiency_d2h: Fraction | None = None
-    busy_ctas_d2h: Annotated[float, Field(gt=0)] | None = None
+    busy_rate_d2h: Rate | None = None
 
     def terms(self) -> KindTerms:
         return KindTerms(self.cta_sm_share_h2d, self.cta_sm_share_d2h,
@@ -132,7 +133,7 @@ class InterferenceSpec(_Frozen):
         g, m = self.gemm, self.memory
         if g is None or m is None or all(
                 k.busy_cta_efficiency is None and k.busy_cta_efficiency_d2h is None
-                and k.busy_ctas_d2h is None for k in (g, m)):
+                and k.busy_rate_d2h is None for k in (g, m)):
             return None
         e, d2h = self.busy_eff()
 
@@ -142,11 +143,11 @@ class InterferenceSpec(_Frozen):
         return of(g), of(m)
 
     def kind_most(self) -> Most | None:
-        """The kinds' ``busy_ctas_d2h``, (GEMMs', reads'); None where neither gives one."""
+        """The kinds' ``busy_rate_d2h``, (GEMMs', reads'); None where neither gives one."""
         g, m = self.gemm, self.memory
-        if g is None or m is None or (g.busy_ctas_d2h is None and m.busy_ctas_d2h is None):
+        if g is None or m is None or (g.busy_rate_d2h is None and m.busy_rate_d2h is None):
             return None
-        return g.busy_ctas_d2h, m.busy_ctas_d2h
+        return g.busy_rate_d2h, m.busy_rate_d2h
 
     def drain_eff(self) -> float:
         """A GPU -> host copy CTA's share of its idle rate as the waiting CTAs count it."""

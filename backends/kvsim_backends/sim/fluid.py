@@ -248,7 +248,7 @@ class Fluid:
         if kinds is None:
             return self.busy_eff
         most = self.busy_most
-        n = 0 if most is None else sum([f.ctas for f in self.flows if f.sm and "sm_d2h" in f.res])
+        n = 0.0 if most is None else sum([f.cap for f in self.flows if f.sm and "sm_d2h" in f.res])
         return least_share([busy_share(self.busy_eff, kinds, j.work, most, n) for j in self.jobs])
 
     def _moved(self, before: Shares | None) -> bool:

@@ -381,38 +381,39 @@ def legacy_stretch(per_cta: float, copy_engine: float, load: CopyLoad) -> float:
 
 
 Shares = tuple[float, float]  # a copy CTA's share of its idle rate: (host -> GPU, GPU -> host)
-# the most the SM kernel's GPU -> host CTAs move together beside each kind, in idle CTAs'
-# worth: (GEMMs', reads'), None where a kind sets no such limit (``KindSpec.busy_ctas_d2h``)
+# the most bytes a second the SM kernel's GPU -> host CTAs move together beside each kind:
+# (GEMMs', reads'), None where a kind sets no such limit (``KindSpec.busy_rate_d2h``)
 Most = tuple[float | None, float | None]
 
 
 def busy_share(other: Shares, kinds: tuple[Shares, Shares] | None,
-               work: StepWork | None, most: Most | None = None, ctas_d2h: int = 0) -> Shares:
+               work: StepWork | None, most: Most | None = None, idle_d2h: float = 0.0) -> Shares:
     """A copy CTA's share of its idle rate under a compute of ``work``: ``other`` where it
     is not a step's work or without per-kind shares; else the kinds' (``kinds``: (GEMMs',
     reads')) weighted by the time the step spends as each (``gemm_share``): the mean rate
     of a copy the CTAs bind through the whole step. (Measured on an H200: under a
     prefill's GEMMs 8 GPU -> host CTAs moved 0.37-0.49 of their idle rate, beside reads
-    6 of them about 0.57.) ``most`` and ``ctas_d2h``: as ``kind_share``."""
+    6 of them about 0.57.) ``most`` and ``idle_d2h``: as ``kind_share``."""
     if kinds is None or work is None:
         return other
-    return kind_share(kinds, gemm_share(work), most, ctas_d2h)
+    return kind_share(kinds, gemm_share(work), most, idle_d2h)
 
 
 def kind_share(kinds: tuple[Shares, Shares], share: float, most: Most | None = None,
-               ctas_d2h: int = 0) -> Shares:
+               idle_d2h: float = 0.0) -> Shares:
     """The kinds' shares (GEMMs', reads') of a step whose GEMMs take ``share`` of its time;
-    with ``most`` and ``ctas_d2h`` GPU -> host SM copy CTAs in flight, each kind's GPU ->
-    host share at most its ``most`` over them: together they move no more than that many
-    idle CTAs' worth (beside an H200's GEMMs 4 CTAs moved 0.88 of their idle rate each, 8
-    of them 0.54: about 4.3 CTAs' worth either way, 2026-12-04)."""
+    with ``most`` and GPU -> host SM copy CTAs in flight whose idle rates sum to
+    ``idle_d2h`` (bytes a second), each kind's GPU -> host share at most its ``most`` over
+    that: together they move no more than ``most`` (beside an H200's GEMMs 4 CTAs of 16
+    KiB pages moved 0.88 of their idle rate each, 8 of them 0.54, 6 of 256 KiB-1 MiB
+    0.45-0.5: 27-34 GB/s in all, 2026-12-04)."""
     (g0, g1), (m0, m1) = kinds
-    if most is not None and ctas_d2h > 0:
+    if most is not None and idle_d2h > 0.0:
         cg, cm = most
-        if cg is not None and cg < g1 * ctas_d2h:
-            g1 = cg / ctas_d2h
-        if cm is not None and cm < m1 * ctas_d2h:
-            m1 = cm / ctas_d2h
+        if cg is not None and cg < g1 * idle_d2h:
+            g1 = cg / idle_d2h
+        if cm is not None and cm < m1 * idle_d2h:
+            m1 = cm / idle_d2h
     return m0 + share * (g0 - m0), m1 + share * (g1 - m1)
 
 

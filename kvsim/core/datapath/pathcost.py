@@ -320,7 +320,7 @@ class PathChooser:
             e = eff[dd] if computing else 1.0
             if computing and most is not None and dd == "d2h" and pp is SM:
                 e = kind_share(ci.busy_kinds, eff["gemm_share"], most,  # type: ignore[arg-type]
-                               self._n(dd, pp, oth, flying))[1]
+                               self._cap(dd, pp, oth, 1.0, flying))[1]
             return self._cap(dd, pp, oth, e, flying)
 
         flows = [(d, path, cap(d, path, other))]
