@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from kvsim.config.keypaths import KeyPathError, format_key, parse_key, unknown_key
 from kvsim.config.paths import CONFIGS
 from kvsim.config.runconfig import ConfigFileError, RunConfig
-from kvsim.config.yamlfile import YamlFileError, load_bytes
+from kvsim.config.yamlfile import YamlFileError, load_bytes, read_strict
 
 
 def _loc(loc: tuple) -> str:
@@ -235,15 +235,7 @@ def read_yaml(path: str | Path) -> Any:
     """A YAML file's content, strictly (kvsim.config.yamlfile: UTF-8 text, no duplicate keys
     in a mapping, no structure that holds itself, no alias bomb). Errors name the file (and
     the line and column where YAML tells them)."""
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise ConfigFileError(f"{p}: cannot read ({e.strerror})") from None
-    try:
-        return load_bytes(raw, str(p))
-    except YamlFileError as e:
-        raise ConfigFileError(str(e)) from None
+    return read_strict(Path(path), ConfigFileError)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
