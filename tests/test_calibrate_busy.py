@@ -110,7 +110,7 @@ def _shares(d: dict, kinds: bool) -> dict:
 
 
 def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None = None,
-              kinds: bool = True, few: bool = False):
+              kinds: bool = True, few: bool = False, most: float | None = None):
     """SM-kernel rows as calibrate writes them, made by the sim on a profile with the busy
     ``start`` and per-CTA shares ``eff`` (``eff_d2h``: GPU -> host's, None: the same), the
     GEMM kind's (``kinds``) or the one for all; idle and busy cells ``idle_err`` slower a
@@ -120,6 +120,8 @@ def _sm_cells(start: float, eff: float, idle_err: float, eff_d2h: float | None =
         _plain(d)
     d["sm"]["interference"]["busy_start"] = start
     _shares(d, kinds).update(busy_cta_efficiency=eff, busy_cta_efficiency_d2h=eff_d2h)
+    if most is not None:  # (the most GPU -> host CTAs move together beside GEMMs)
+        d["sm"]["interference"]["gemm"]["busy_rate_d2h"] = most
     p = HardwareProfile.model_validate(d)
     work = kind_works(p)["gemm"]
     rows, copies = [], []
@@ -323,3 +325,30 @@ def test_the_reads_share_comes_back_from_the_reads_cells():
     before = dict(plain["sm"]["interference"])
     fit_reads_share(rows, plain, {})
     assert plain["sm"]["interference"] == before
+
+
+def test_the_most_beside_gemms_comes_back_at_the_bases_share():
+    """Cells of one CTA count cannot tell a lower share from a most: made at a share of
+    0.88 and a most of 28 GB/s, they fit a share of their own (about 28 GB/s over the
+    CTAs' idle rate) and no most alike; from a base of 0.88 (measured where the most does
+    not bind) and another most, the fit keeps 0.88 and gives the most back. A base
+    without a most gets none."""
+    from kvsim.tools.fitbusy import fit_busy_most
+
+    rows, copies = _sm_cells(0.7e-3, 0.37, 0.0, eff_d2h=0.88, most=28e9)
+    d, _ = _profile(None)
+    _shares(d, True).update(busy_cta_efficiency=0.37, busy_cta_efficiency_d2h=0.88)
+    d["sm"]["interference"]["gemm"]["busy_rate_d2h"] = 40e9
+    why: dict[str, str] = {}
+    fit_busy_sm(rows, copies, d, why)
+    alone = _shares(d, True)["busy_cta_efficiency_d2h"]
+    assert alone < 0.7  # (the cells alone: a lower share, the most at 40 GB/s not binding)
+    fit_busy_most(rows, copies, d, why, 0.88)
+    assert _shares(d, True)["busy_cta_efficiency_d2h"] == 0.88
+    assert _shares(d, True)["busy_rate_d2h"] == pytest.approx(28e9, abs=0.15e9)
+    assert why["sm.interference.gemm.busy_rate_d2h"].startswith("fitted: ")
+    assert why["sm.interference.gemm.busy_cta_efficiency_d2h"].startswith("kept: the base's")
+    d, _ = _profile(None)  # (no most)
+    why = {}
+    fit_busy_most(rows, copies, d, why, 0.88)
+    assert _shares(d, True)["busy_rate_d2h"] is None and not why

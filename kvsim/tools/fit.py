@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 
 from kvsim.config.hardware import HardwareProfile
-from kvsim.tools.fitbusy import fit_busy_per_page, fit_busy_sm, fit_reads_share
+from kvsim.tools.fitbusy import fit_busy_most, fit_busy_per_page, fit_busy_sm, fit_reads_share
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
 from kvsim.tools.fitoverlap import fit_kernel_overlap
@@ -221,7 +221,10 @@ def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False) -> tuple[d
     # last: each replays cells on the sim of everything above (the copy engine's busy cost
     # is part of the interference cells' copies)
     fit_busy_per_page(m.busy_copies, m.copies, d, why)
+    g = (d["sm"].get("interference") or {}).get("gemm") or {}
+    share = g.get("busy_cta_efficiency_d2h")  # (the base's, before the fit below)
     fit_busy_sm(m.busy_copies, m.copies, d, why)
+    fit_busy_most(m.busy_copies, m.copies, d, why, share)
     fit_reads_share(m.interference, d, why)
     if m.interference:
         kinds, kinds_why = fit_interference(m.interference, HardwareProfile.model_validate(d),

@@ -8,6 +8,8 @@ page size's idle cells:
 - the SM kernel's ``sm.interference.busy_start`` and ``busy_cta_efficiency`` (``_d2h``
   GPU -> host's) (``fit_busy_sm``): its CTAs wait for the compute's to retire, then move
   bytes at a share of their idle per-CTA rate, per direction;
+- the most GPU -> host CTAs move together beside GEMMs (``fit_busy_most``), where the
+  base has one;
 - beside a step's reads, the GPU -> host share (``fit_reads_share``, from calibrate's
   reads cells of ``kvsim_backends.hw.interfere``, not the busy grid's).
 
@@ -161,6 +163,67 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
             f"fitted: {what}: the least per-CTA share {dr} at the least squared spread of "
             "that time beyond the sim's (a lower bound where the CTAs keep the link full)"
             + ("" if dr in eff else f"; no {dr} cells: the other direction's"))
+
+
+def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str],
+                  share: float | None = None) -> None:
+    """The GEMM kind's ``busy_rate_d2h`` (the most the SM kernel's GPU -> host CTAs move
+    together beside GEMMs) into ``d`` (a profile's fields, its shares and ``busy_start``
+    fitted: ``fit_busy_sm``) from the GPU -> host SM-kernel cells under compute of
+    ``busy_grid`` (``rows``; ``copies``, the idle cells whose own error each takes off, as
+    ``fit_busy_sm``): the most of a grid (5-60 GB/s, then to 0.1 GB/s about the best) at
+    the least squared residual. Cells of one CTA count cannot tell a lower share from a
+    most: with ``share`` (the base's GPU -> host share beside GEMMs, measured where the
+    most does not bind) the most is fitted at it too, and that pair is taken where it fits
+    the cells as well (their residuals' RMS within 2% of their mean time: the share kept,
+    the most fitted). Only on a profile with the kinds
+    whose GEMM kind has a most (the base's): one without keeps none. Kept where no most
+    fits better than 60 GB/s (above the link: none of the cells moved it)."""
+    inter = d["sm"]["interference"]
+    gemm = inter.get("gemm")
+    if not (gemm and inter.get("memory")) or gemm.get("busy_rate_d2h") is None:
+        return
+    rows, idle = _busy_rows(rows, copies, "sm_kernel")
+    rows = [r for r in rows if r["dir"] == "d2h"]
+    if not rows:
+        return
+    base = HardwareProfile.model_validate(d)
+    own = [(idle[r["page"], "d2h"]["seconds"] - sim_cell(base, idle[r["page"], "d2h"])[0])
+           * r["bytes"] / idle[r["page"], "d2h"]["bytes"] for r in rows]
+
+    def loss(most: float, eff: float) -> float:
+        g = {**gemm, "busy_rate_d2h": most, "busy_cta_efficiency_d2h": eff}
+        p = HardwareProfile.model_validate(dict(d, sm={**d["sm"], "interference": {**inter, "gemm": g}}))
+        return sum((r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e) ** 2
+                   for r, e in zip(rows, own))
+
+    def fitted(eff: float) -> tuple[float, float]:  # (least loss, most in GB/s) at share ``eff``
+        least, best = min((loss(g * 1e9, eff), g) for g in range(5, 61))
+        return min((loss(g * 1e9, eff), g) for g in (round(best + k / 10, 1) for k in range(-9, 10)))
+
+    own_share = gemm["busy_cta_efficiency_d2h"]
+    got, eff = fitted(own_share), own_share
+    if share is not None and share != own_share:
+        at = fitted(share)
+        # as well: the residuals' RMS within 2% of the cells' mean time of the share's own
+        # (run to run a copy's time moves that much: docs/validation.md)
+        tol = 0.02 * statistics.fmean(r["copy_s"] for r in rows)
+        if (at[0] / len(rows)) ** 0.5 <= (got[0] / len(rows)) ** 0.5 + tol:
+            got, eff = at, share
+    what = (f"calibrate's {len(rows)} GPU -> host SM-kernel cells under a prefill's GEMMs "
+            "(kvsim_backends.hw.interfere.busy_grid), each less its idle cell's own error")
+    if got[0] >= loss(60e9, eff) * (1 - 1e-9) - 1e-18:  # (no most fits better than none)
+        why["sm.interference.gemm.busy_rate_d2h"] = (
+            f"kept: the base's; {what} fit every most above their rates alike")
+        return
+    gemm.update(busy_rate_d2h=got[1] * 1e9, busy_cta_efficiency_d2h=eff)
+    why["sm.interference.gemm.busy_rate_d2h"] = (
+        f"fitted: {what}: the most at the least squared spread of their time beyond the sim's, "
+        f"at a GPU -> host share of {eff:g}")
+    if eff == share:
+        why["sm.interference.gemm.busy_cta_efficiency_d2h"] = (
+            f"kept: the base's, at which the most above fits {what} as well as at the share "
+            f"they alone give ({own_share:g}: cells of one CTA count cannot tell the two apart)")
 
 
 def fit_reads_share(rows: list[dict], d: dict, why: dict[str, str]) -> None:
