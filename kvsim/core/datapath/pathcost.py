@@ -80,7 +80,8 @@ class CostInputs:
     # the kinds' busy shares, (GEMMs', reads') each (h2d, d2h) (None: ``busy_eff`` beside any
     # step; ``kvsim.core.datapath.interference.busy_share``)
     busy_kinds: tuple[Shares, Shares] | None = None
-    # with them, the kinds' most GPU -> host CTAs move together (``kind_share``; None: no limit)
+    # with them, the most bytes a second GPU -> host CTAs move together beside each kind
+    # (``kind_share``; None: no limit)
     busy_most: Most | None = None
 
 
@@ -188,7 +189,8 @@ class PathChooser:
         ci = self.inputs
         # (at the rounded share, as the stretch: the decision a function of its key)
         busy: dict[str, float] | None = None
-        if ci.busy_kinds is not None:  # (with ``busy_most``, GPU -> host's by its CTAs: ``cost``)
+        if ci.busy_kinds is not None:  # (and the step's share: with ``busy_most``, ``cost``
+            # takes GPU -> host's at each batch's CTAs)
             busy = dict(zip(DIRECTIONS, kind_share(ci.busy_kinds, share)), gemm_share=share)
         return self.choose(d, pages, other,
                            lambda load: structure.stretch(share, gemms, load, exposure), (share, rows),
@@ -288,7 +290,8 @@ class PathChooser:
         other direction's batch in flight (None: none); ``stretch(load)``, the running
         compute's stretch under a load (None: nothing computes), ``key`` naming it (the
         decision is cached under it: ``busy``, a copy CTA's shares beside it by direction,
-        None: ``busy_eff``, must follow from it)."""
+        and with ``busy_most`` the step's ``gemm_share``, None: ``busy_eff``, must follow
+        from it)."""
         p = self.pinned.get(d)
         if p is not None:  # (a pinned path keeps its CTAs too: what it was sized and measured at)
             return p, self.inputs.ctas_one[d]
