@@ -198,7 +198,7 @@ def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, 
                    for r, e in zip(rows, own))
 
     def fitted(eff: float) -> tuple[float, float]:  # (least loss, most in GB/s) at share ``eff``
-        least, best = min((loss(g * 1e9, eff), g) for g in range(5, 61))
+        _, best = min((loss(g * 1e9, eff), g) for g in range(5, 61))
         return min((loss(g * 1e9, eff), g) for g in (round(best + k / 10, 1) for k in range(-9, 10)))
 
     own_share = gemm["busy_cta_efficiency_d2h"]

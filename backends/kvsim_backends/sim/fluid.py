@@ -248,8 +248,8 @@ class Fluid:
         if kinds is None:
             return self.busy_eff
         most = self.busy_most
-        n = 0.0 if most is None else sum([f.cap for f in self.flows if f.sm and "sm_d2h" in f.res])
-        return least_share([busy_share(self.busy_eff, kinds, j.work, most, n) for j in self.jobs])
+        idle = 0.0 if most is None else sum([f.cap for f in self.flows if f.sm and "sm_d2h" in f.res])
+        return least_share([busy_share(self.busy_eff, kinds, j.work, most, idle) for j in self.jobs])
 
     def _moved(self, before: Shares | None) -> bool:
         """With ``busy_kinds``, whether the shares moved from ``before`` (a job came or went)."""
