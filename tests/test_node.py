@@ -201,6 +201,7 @@ def test_hw_node_of_two_ranks_on_one_gpu(tmp_path):
                 backend_options={"device": "gpu", "time_scale": 20.0, "disk_dir": str(tmp_path)})
     sim = replay(prepare_run(load_config("default", HW)))
     assert hw.run_info["device"] == "gpu"
+    assert hw.run_info["standin"]["chain_s"]  # (its calibration, kept in summary.json)
     assert sorted((r.rank, r.session, r.turn) for r in hw.rows) == \
         sorted((r.rank, r.session, r.turn) for r in sim.rows)
     assert hw.metrics["failed_batches"] == 0 and hw.metrics["bytes"]["disk_read"] > 0

@@ -384,6 +384,8 @@ def _replay(prep: Prepared, backend: str, progress: Callable[[float, float], Non
                 "model": prep.shape.derived(cfg.cache.tokens_per_block),
                 **({"cluster": True, "instances": n} if is_cluster(cfg) else {}),
                 **describe(cfg, ranks[0].placement, ranks[0].tier_policies)}
+    if "standin" in info:  # the hw compute stand-in's calibration (what a step's GEMMs took)
+        run_info["standin"] = info["standin"]
     return Result(cfg, backend, metrics, node.rows, node.timeline, sum_counts(counters),
                   prep.profile, run_info)
 
