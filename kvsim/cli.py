@@ -165,6 +165,8 @@ def calibrate(
     kind_terms: str = typer.Option("fit", "--kind-terms", help="how copies slow each kind of step "
                                    "(sm.interference.gemm / .memory): fit them to this machine's "
                                    "interference cells, or keep the base's"),
+    power_state: str = typer.Option("keep", "--power-state", help="compute.boost: keep the base's "
+                                    "(else fit the GEMM trains measured here), or fit the trains"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
     from kvsim.run.outputs import check_file, write_whole
@@ -178,9 +180,10 @@ def calibrate(
     if not check and not out:
         error(console, "--out: give the profile to write")
         raise typer.Exit(2)
-    if check and kind_terms != "fit":
-        error(console, "--kind-terms: not with --check (it fits nothing)")
-        raise typer.Exit(2)
+    for flag, v, default in (("--kind-terms", kind_terms, "fit"), ("--power-state", power_state, "keep")):
+        if check and v != default:
+            error(console, f"{flag}: not with --check (it fits nothing)")
+            raise typer.Exit(2)
     # an option the chosen mode does not read is refused, not dropped
     given = {"--device": device is not None, "--model": model is not None, "--base": base is not None,
              "--from-report": from_report is not None, "--profile": profile is not None}
@@ -202,10 +205,11 @@ def calibrate(
                 write_whole(Path(out), (json.dumps({"kvsim_report": "calibrate-check", **report},
                                                    indent=2) + "\n").encode())
         elif from_report:
-            report = refit(from_report, out, base=base, kind_terms=kind_terms)
+            report = refit(from_report, out, base=base, kind_terms=kind_terms, power_state=power_state)
         else:
             report = run_calibration(out, base=base or CAL_BASE, device=device or "auto",
-                                     model=model or CAL_MODEL, kind_terms=kind_terms)
+                                     model=model or CAL_MODEL, kind_terms=kind_terms,
+                                     power_state=power_state)
     except (ValueError, OSError, RuntimeError, KeyError) as e:
         error(console, f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e))
         raise typer.Exit(2)
@@ -250,6 +254,8 @@ def compare(
     kind_terms: str = typer.Option("fit", "--kind-terms", help="with --calibrate: fit how copies "
                                    "slow each kind of step to this machine's cells, or keep the "
                                    "config's profile's (as `kvsim calibrate --kind-terms`)"),
+    power_state: str = typer.Option("keep", "--power-state", help="with --calibrate: as `kvsim "
+                                    "calibrate --power-state` (keep or fit compute.boost)"),
     hw_loop: Optional[str] = typer.Option(None, "--hw-loop", help="the sim side's model of the hw "
                                           "backend's own host costs: a YAML or a name under "
                                           "configs/hwloop/, or none (default: h200; with "
@@ -276,9 +282,10 @@ def compare(
     if unread:
         error(console, f"{', '.join(unread)}: not with --hw-from (the hw side is already measured)")
         raise typer.Exit(2)
-    if kind_terms != "fit" and not calibrate_first:
-        error(console, "--kind-terms: only with --calibrate")
-        raise typer.Exit(2)
+    for flag, v, default in (("--kind-terms", kind_terms, "fit"), ("--power-state", power_state, "keep")):
+        if v != default and not calibrate_first:
+            error(console, f"{flag}: only with --calibrate")
+            raise typer.Exit(2)
     try:
         if not hw_from:
             _check_hw_options(time_scale, device)
@@ -289,7 +296,7 @@ def compare(
             from kvsim.config.hardware import load_profile as _load_profile
             from kvsim.tools.fitkinds import check_kind_terms
 
-            check_kind_terms(kind_terms, _load_profile(cfg.hardware))
+            check_kind_terms(kind_terms, _load_profile(cfg.hardware), power_state)
     except (ConfigFileError, ValueError, OSError) as e:
         error(console, str(e))
         raise typer.Exit(2)
@@ -317,7 +324,7 @@ def compare(
                         prepare_run(cfg, trace)  # bad config or trace: fail before measuring
                         prof = stage.path / "hardware.yaml"
                         cal = run_calibration(prof, base=cfg.hardware, device=device,
-                                              kind_terms=kind_terms)
+                                              kind_terms=kind_terms, power_state=power_state)
                         console.print(f"calibrated: {dest / prof.name} ({cal['seconds']:.1f} s; the "
                                       f"fit check in {prof.name}.report.json)")
                         cfg = load_config(config, [*set_, f"hardware={prof}"])

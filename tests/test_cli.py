@@ -227,7 +227,16 @@ def test_kind_terms_is_checked_before_anything_is_measured(tmp_path):
     r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--calibrate", "--kind-terms",
                             "maybe", "--out", str(res)])
     assert r.exit_code == 2 and "--kind-terms maybe: expected fit or keep" in r.output
+    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--power-state", "fit",
+                            "--out", str(res)])
+    assert r.exit_code == 2 and "--power-state: only with --calibrate" in r.output
+    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--calibrate", "--power-state",
+                            "hot", "--out", str(res)])
+    assert r.exit_code == 2 and "--power-state hot: expected keep or fit" in r.output
     assert not res.exists()
+    r = runner.invoke(app, ["calibrate", "--out", str(out), "--power-state", "hot"])
+    assert r.exit_code == 2 and "--power-state hot: expected keep or fit" in r.output
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("args, says", [

@@ -233,6 +233,31 @@ def test_calibrate_fits_the_power_state_from_its_gemm_trains():
     assert "compute.boost" in why and "GEMM steps in trains" in why["compute.boost"]
 
 
+def test_calibrate_keeps_a_base_power_state_unless_told_to_fit_the_trains():
+    """A base with ``compute.boost`` (fitted on replays) keeps it by default: the trains'
+    terms are in the comment, not the profile; ``power_state='fit'`` writes the trains'
+    fit; a bad value is refused naming the option."""
+    from kvsim.config.hardware import CONFIG_DIR
+    from kvsim.tools.fit import fit as fit_profile
+    from kvsim.tools.fitboost import check_power_state
+    from kvsim.tools.measured import measured_from_report
+
+    truth = Boost(0.28, 0.046, 0.05, 0.03)
+    base = load_profile("h200-pcie-calibrated")
+    assert base.compute.boost is not None and base.compute.boost.gain != pytest.approx(truth.gain, rel=0.3)
+    report = json.loads((CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml.report.json").read_text())
+    m = measured_from_report(report)
+    m.compute["power"] = {"rows": _trains(truth)}
+    d, why = fit_profile(m, base)
+    assert Boost(**d["compute"]["boost"]) == Boost(*base.compute.boost.model_dump().values())
+    assert why["compute.boost"].startswith("kept: the base's (h200-pcie-calibrated)")
+    assert "gain 0.2" in why["compute.boost"]  # (the trains' fit, reported)
+    d, why = fit_profile(m, base, power_state="fit")
+    assert Boost(**d["compute"]["boost"]).gain == pytest.approx(truth.gain, rel=0.15)
+    with pytest.raises(ValueError, match="--power-state hot: expected keep or fit"):
+        check_power_state("hot")
+
+
 @pytest.mark.gpu
 def test_gpu_gemm_steps_after_idle_run_short_and_the_fit_says_so():
     """On a GPU (the lead runs it on the H200): calibrate's trains of a prefill chunk's

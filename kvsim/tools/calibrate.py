@@ -104,10 +104,12 @@ def profile_text(d: dict, why: dict[str, str], base_name: str, header: str) -> s
 
 
 def _fit(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str,
-         notes: str, kind_terms: str = "fit") -> tuple[HardwareProfile, list[dict], dict[str, str], str]:
+         notes: str, kind_terms: str = "fit", power_state: str = "keep"
+         ) -> tuple[HardwareProfile, list[dict], dict[str, str], str]:
     """Fit ``m``: (the profile, its fit check, where each fitted key came from, the YAML
-    text for ``out``, validated). ``kind_terms``: 'fit' or 'keep' (``check_kind_terms``)."""
-    d, why = fit(m, base_p, keep_kinds=kind_terms == "keep")
+    text for ``out``, validated). ``kind_terms``: 'fit' or 'keep' (``check_kind_terms``);
+    ``power_state``: 'keep' or 'fit' (``fitboost.check_power_state``)."""
+    d, why = fit(m, base_p, keep_kinds=kind_terms == "keep", power_state=power_state)
     d["name"] = name
     d["notes"] = notes
     text = profile_text(d, why, base_p.name, header)
@@ -151,20 +153,21 @@ def _check_yaml(out) -> None:
 
 def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
               plan=None, name: str | None = None, disk_dir: str | None = None,
-              model: str = KIND_MODEL, kind_terms: str = "fit") -> dict:
+              model: str = KIND_MODEL, kind_terms: str = "fit", power_state: str = "keep") -> dict:
     """Measure, fit, write ``out`` (YAML) and ``out`` with ``.report.json``; returns the report.
     ``plan``: what to measure (``kvsim_backends.hw.microbench.Plan``; default the device's);
     ``model``: the model whose steps the compute calls and interference cells run
     (``kvsim.tools.fitkinds.kind_works``) and the rank-share cells of two ranks on one GPU
     (``share_works``; ``gpu.kernel_overlap``); ``kind_terms``: 'fit' the interference
     cells' structural terms per kind of step, or 'keep' the base's (checked before
-    anything is measured)."""
+    anything is measured); ``power_state``: 'keep' the base's ``compute.boost`` (fitted
+    on replays) where it has one, or 'fit' the GEMM trains measured here."""
     from kvsim.run import measure_hardware  # noqa: PLC0415 (the backend registry)
 
     _check_yaml(out)
     out = Path(out)
     base_p = load_profile(base)
-    check_kind_terms(kind_terms, base_p)
+    check_kind_terms(kind_terms, base_p, power_state)
     t0 = time.perf_counter()
     m, plan = measure_hardware(device, plan, disk_dir, base_p, model, kind_works(base_p, model),
                                share_works(base_p, model))
@@ -174,7 +177,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
              "not measured" + ("; CPU mode: tiny sizes, not a GPU profile" if m.device == "cpu" else ""))
     header = (f"Written by `kvsim calibrate` on {stamp}, device {m.device}, on the base profile "
               f"{base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check, why, text = _fit(out, m, base_p, name, header, notes, kind_terms)
+    fitted, check, why, text = _fit(out, m, base_p, name, header, notes, kind_terms, power_state)
     report = {"device": m.device, "date": stamp, "base": base_p.name, "profile": str(out),
               "seconds": time.perf_counter() - t0, "plan": plan.__dict__, "copies": m.copies,
               "ctas": m.ctas, "disk": m.disk, "host_fill_Bps": m.host_fill_Bps,
@@ -188,7 +191,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
 
 
 def refit(report_path: str | Path, out: str | Path, base: str | None = None,
-          name: str | None = None, kind_terms: str = "fit") -> dict:
+          name: str | None = None, kind_terms: str = "fit", power_state: str = "keep") -> dict:
     """Fit a profile offline from the measurements in a saved report (no device needed):
     writes ``out`` and ``out.report.json`` (the same measurements, this fit's check; an
     earlier fit check of the same report is kept under ``previous_fit_checks``)."""
@@ -196,7 +199,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     out, report_path = Path(out), Path(report_path)
     old = read_report(report_path)
     base_p = load_profile(base or old["base"])
-    check_kind_terms(kind_terms, base_p)
+    check_kind_terms(kind_terms, base_p, power_state)
     m = measured_from_report(old)
     name = name or out.stem
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -206,7 +209,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     header = (f"Re-fitted by `kvsim calibrate --from-report {src}` on {stamp} from the\n"
               f"measurements of `kvsim calibrate` on {old['date']}, device {m.device}, on the base "
               f"profile {base_p.name}.\nThe measurements and the per-cell fit check: {out.name}.report.json")
-    fitted, check, why, text = _fit(out, m, base_p, name, header, notes, kind_terms)
+    fitted, check, why, text = _fit(out, m, base_p, name, header, notes, kind_terms, power_state)
     previous = list(old.get("previous_fit_checks", []))
     if old.get("fit_check"):
         previous.append({"date": old.get("refit_date", old["date"]), "fit_check": old["fit_check"],

@@ -29,6 +29,7 @@ from __future__ import annotations
 import statistics
 
 from kvsim.config.hardware import HardwareProfile
+from kvsim.tools.fitboost import KEPT_BOOST, fit_trains
 from kvsim.tools.fitbusy import fit_busy_most, fit_busy_per_page, fit_busy_sm, fit_reads_share
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
@@ -77,11 +78,14 @@ def fit_compute(busy: list[dict]) -> tuple[dict, str]:
             f"measured: the hw backend's compute(d) calls, wall - d, median of {span}")
 
 
-def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False) -> tuple[dict, dict[str, str]]:
+def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False,
+        power_state: str = "keep") -> tuple[dict, dict[str, str]]:
     """(profile as a dict of YAML values, comment per key). Raises nothing on missing
     cells: what was not measured stays the base's, and its comment says so.
     ``keep_kinds``: the base's ``sm.interference.gemm`` / ``.memory`` terms stay, not the
-    interference cells' fit (``fitkinds.fit_interference``'s ``keep``).
+    interference cells' fit (``fitkinds.fit_interference``'s ``keep``). ``power_state``
+    (``check_power_state``): 'keep' the base's ``compute.boost`` where it has one, else
+    fit the trains; 'fit' the trains (``fitboost.fit_trains``) always.
 
     Copy paths: the link rates are the copy engine's at the largest page (one direction,
     both at once); the SM kernel gets its own ceilings (``sm.h2d`` / ``sm.d2h``: median of
@@ -212,9 +216,12 @@ def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False) -> tuple[d
         why["compute.scale"] = "fitted with compute.latency, above"
     power = m.compute.get("power")
     if power and power.get("rows"):  # GEMM trains after idle (microbench.measure_power)
-        from kvsim.tools.fitboost import fit_trains  # noqa: PLC0415
-
-        d["compute"]["boost"], why["compute.boost"] = fit_trains(power["rows"])
+        boost, how = fit_trains(power["rows"])
+        if power_state == "keep" and base.compute.boost is not None:
+            why["compute.boost"] = f"kept: the base's ({base.name}); {KEPT_BOOST}; here {how}: " + \
+                ", ".join(f"{k} {v:.4g}" for k, v in boost.items())
+        else:
+            d["compute"]["boost"], why["compute.boost"] = boost, how
     if both is not None:
         _fit_link_both(both, d, why, ce_path, big)
     _fit_link_mixed([c for c in cells if c["path"] == "mixed"], d, why)

@@ -153,6 +153,20 @@ def fit(runs: Sequence[Sequence[Step]]) -> tuple[Boost, float]:
     return _boost(x), err
 
 
+# why ``kvsim calibrate`` keeps a base profile's terms by default (``--power-state keep``)
+KEPT_BOOST = ("the trains' terms predicted the prefills of three H200 replays of two machines "
+              "-0.67 to -0.70 s off nominal where hw ran -0.26 to -0.43 s, terms fitted on "
+              "replays of a third machine -0.35 s (docs/compute.md)")
+POWER_STATES = ("keep", "fit")
+
+
+def check_power_state(power_state: str) -> None:
+    """ValueError unless ``power_state`` is 'keep' (a base profile's ``compute.boost``
+    where it has one, else the trains' fit) or 'fit' (the trains' fit)."""
+    if power_state not in POWER_STATES:
+        raise ValueError(f"--power-state {power_state}: expected keep or fit")
+
+
 def fit_trains(rows: Sequence[Sequence]) -> tuple[dict, str]:
     """``compute.boost`` (a profile dict's section) and where it came from, fitted to
     ``kvsim calibrate``'s trains of GEMM steps after idle (hw compute log rows:
