@@ -198,15 +198,18 @@ class StandIn:
                 secs.append(cp.cuda.get_elapsed_time(a, b) / 1e3)
         return statistics.median(secs)
 
-    def calibrate(self, stream, warm_s: float = 0.2, reps: int = 3, host_s: float = 50e-6) -> dict:
+    def calibrate(self, stream, warm_s: float = 0.2, reps: int = 3, host_s: float = 50e-6,
+                  hot_s: float | None = None) -> dict:
         """Each M's chain time and the read rate, on ``stream``; what it measured.
         ``host_s``: a bound on one cuBLAS call's host time (the padding before a timed run
-        covers the launches of the chains it times)."""
+        covers the launches of the chains it times); ``warm_s``: seconds of reads before
+        the reads are timed, and of GEMMs before the chains are unless ``hot_s`` is given
+        (``benchmarks/hw_standin.py`` measures how the chain times move with it)."""
         top = self.rows[-1]
         for m in self.rows:  # (cuBLAS picks its kernels on a first call)
             self._time(stream, lambda: self._chain(m), 1)
         one = self._time(stream, lambda: self._chain(top), 1)
-        n_warm = max(1, int(warm_s / max(one, 1e-6)))
+        n_warm = max(1, int((warm_s if hot_s is None else hot_s) / max(one, 1e-6)))
         self._time(stream, lambda: [self._chain(top) for _ in range(n_warm)], 1)
         calls = len(self.model.projections)
         for m in reversed(self.rows):
