@@ -517,6 +517,23 @@ def test_gpu_to_host_ctas_the_link_leaves_waiting_cost_their_backlog_term():
     assert dataclasses.replace(s, cta_d2h_Bps=0.0).stalled_d2h(waiting) == 0.0
 
 
+def test_beside_gemms_the_waiting_ctas_are_told_at_a_ctas_idle_rate():
+    """With ``cta_d2h_idle_Bps`` the GEMM kind counts the CTAs beyond those the rate
+    needs at a CTA's idle rate (8 of 8 GB/s at 40 GB/s: 3 wait), the reads at the drain
+    rate (5 GB/s: none); the profile gives a CTA's ``sm.cta_offload`` at the page size."""
+    s = Structure(132, 4e12, (128, 256), KindTerms(0.0, 0.0, 0.0, 0.0, backlog_d2h=0.1),
+                  KindTerms(0.0, 0.0, 0.0, 0.0, backlog_d2h=0.05), cta_d2h_Bps=5e9,
+                  cta_d2h_idle_Bps=8e9)
+    load = CopyLoad(ctas_d2h=8, sm_d2h_Bps=40e9)
+    assert s.stalled_d2h(load) == 0.0 and s.memory_stretch(load) == 0.0
+    assert s.stalled_d2h(load, s.cta_d2h_idle_Bps) == pytest.approx(3.0)
+    assert s.gemm_stretch([(100, 1.0)], load) == pytest.approx(0.1 * 3)
+    p = load_profile("h200-pcie-calibrated")
+    st = p.interference_structure(page_bytes=64 * KiB)
+    assert st.cta_d2h_idle_Bps == p.sm.cta_rate("d2h", 64 * KiB)
+    assert st.cta_d2h_Bps == pytest.approx(st.cta_d2h_idle_Bps * p.sm.interference.drain_eff())
+
+
 def test_the_sim_counts_the_gpu_to_host_ctas_its_link_leaves_waiting():
     """8 CTAs GPU -> host at 10 GB/s each under compute (busy share 1.0) on a 40 GB/s
     link: 4 move the bytes, 4 wait; a read step pays its backlog term for 4, its SM slots

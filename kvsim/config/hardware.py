@@ -356,7 +356,8 @@ class HardwareProfile(_Frozen):
         ``memory`` in their place (a fit's); None without them (the older model). Its GPU
         -> host CTAs drain at the per-CTA rate at pages of ``page_bytes`` (``SMSpec.cta_rate``;
         None: a table's largest page's), and their pages are counted at that size (None:
-        not at all: ``Structure.pages_d2h``)."""
+        not at all: ``Structure.pages_d2h``); beside GEMMs the waiting ones are told at
+        that rate itself (``Structure.cta_d2h_idle_Bps``)."""
         i = self.sm.interference
         g = gemm or (i.gemm.terms() if i.gemm else None)
         m = memory or (i.memory.terms() if i.memory else None)
@@ -364,9 +365,10 @@ class HardwareProfile(_Frozen):
             return None
         rates = (tuple(sorted(self.gpu.gemm_flops.items())) if self.gpu.gemm_flops
                  else ((1, self.gpu.flops_bf16 * self.gpu.prefill_efficiency),))
+        cta = self.sm.cta_rate("d2h", page_bytes)
         return Structure(self.sm.count, self.gpu.hbm * self.gpu.decode_efficiency,
-                         tuple(i.gemm_tile), g, m, self.sm.cta_rate("d2h", page_bytes) * i.drain_eff(),
-                         i.copy_ctas_per_sm, rates, page_bytes or 0)
+                         tuple(i.gemm_tile), g, m, cta * i.drain_eff(),
+                         i.copy_ctas_per_sm, rates, page_bytes or 0, cta)
 
     def sm_ceiling(self, direction: str) -> float:
         """The SM copy kernel's ceiling in ``direction`` ('h2d', 'd2h' or 'both')."""

@@ -174,12 +174,13 @@ LONG_S = 10.0  # the compute beside which a cell's loads are read: longer than a
 class Cell:
     """A measured cell as the fit sees it: its step's nominal seconds and GEMM share,
     its GEMMs and the share of their time their bytes take, the loads its copy took (from,
-    load) in order, hw's stretch and tolerance, the rate its waiting GPU -> host CTAs
-    drain at and its page size."""
+    load) in order, hw's stretch and tolerance, the rates its waiting GPU -> host CTAs
+    are told at (the reads' drain rate, beside GEMMs a CTA's idle rate) and its page size."""
 
     def __init__(self, profile: HardwareProfile, row: dict):
         structure = _structure(profile, ZERO, ZERO, row["page"])
         self.drain = structure.cta_d2h_Bps
+        self.idle = structure.cta_d2h_idle_Bps
         self.page = structure.page_bytes
         w = cell_work(row)
         self.share, self.gemms, self.exposure = _mix(row, structure)
@@ -211,8 +212,8 @@ class Cell:
 
     def _run(self, s: Structure) -> tuple[float, float]:
         """(the step's end, its GEMM part's end), seconds from its start (``stretch``)."""
-        if s.cta_d2h_Bps != self.drain or s.page_bytes != self.page:
-            s = replace(s, cta_d2h_Bps=self.drain, page_bytes=self.page)
+        if s.cta_d2h_Bps != self.drain or s.page_bytes != self.page or s.cta_d2h_idle_Bps != self.idle:
+            s = replace(s, cta_d2h_Bps=self.drain, page_bytes=self.page, cta_d2h_idle_Bps=self.idle)
         g_left = self.seconds * self.share
         m_left = self.seconds - g_left
         t = 0.0

@@ -47,7 +47,10 @@ copy-engine calls issuing their pages. Each kind of work loses to it by its own 
   times the share of calls issuing host-bound pages (``issue_share``: the GPU's front
   end takes in their command stream beside the compute's launches); ``backlog_d2h``
   for each GPU -> host SM copy CTA beyond those the link drains (``stalled_d2h``: CTAs
-  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``), for GEMMs times the
+  less the kernel's rate over a CTA's, ``Structure.cta_d2h_Bps``; beside GEMMs a CTA's
+  idle rate, ``cta_d2h_idle_Bps``: each of nine H200 machines held out, the kinds'
+  terms refitted on the others, 554 of 1008 cells within against 538 at the reads'
+  drain rate, 2026-12-05), for GEMMs times the
   share of their time in the wave that does not queue (``last_wave_share``: a GEMM of
   one wave waits on the tiles such CTAs slow throughout, a long one once; on an H200 the
   four GEMMs of M = 256 beside 4 / 6 / 8 / 14 such CTAs of 1 MiB, launched while they
@@ -169,8 +172,10 @@ class Structure:
     where they, not the link, bind), ``copy_ctas_per_sm``, the copy CTAs one SM takes
     beside a step's GEMMs (``gemm_loss``), and ``gemm_rates``, the GPU's GEMM FLOP/s by
     M ((M, FLOP/s) sorted by M: ``gpu.gemm_flops``, or the compute model's one rate), by
-    which a GEMM's time its bytes take is told (``hbm_exposure``; empty: none), and
-    ``page_bytes``, the run's page size (``pages_d2h``; 0: none)."""
+    which a GEMM's time its bytes take is told (``hbm_exposure``; empty: none),
+    ``page_bytes``, the run's page size (``pages_d2h``; 0: none), and
+    ``cta_d2h_idle_Bps``, what one such CTA moves alone (``sm.cta_offload`` at the
+    page size), by which the CTAs waiting beside GEMMs are told (0: ``cta_d2h_Bps``)."""
 
     sms: int
     hbm_Bps: float
@@ -181,6 +186,7 @@ class Structure:
     copy_ctas_per_sm: int = 1
     gemm_rates: tuple[tuple[int, float], ...] = ()
     page_bytes: int = 0
+    cta_d2h_idle_Bps: float = 0.0
 
     def pages_d2h(self, terms: KindTerms, load: CopyLoad) -> float:
         """``terms``' ``page_d2h`` times the pages a second the SM kernel moves GPU ->
@@ -189,12 +195,13 @@ class Structure:
             return 0.0
         return terms.page_d2h * load.sm_d2h_Bps / self.page_bytes
 
-    def stalled_d2h(self, load: CopyLoad) -> float:
-        """The SM kernel's GPU -> host CTAs beyond those its rate needs at
-        ``cta_d2h_Bps`` each: CTAs whose stores wait for the link (0 without the rate)."""
-        if not load.ctas_d2h or self.cta_d2h_Bps <= 0.0:
+    def stalled_d2h(self, load: CopyLoad, per_cta: float = 0.0) -> float:
+        """The SM kernel's GPU -> host CTAs beyond those its rate needs at ``per_cta``
+        (0: ``cta_d2h_Bps``) each: CTAs whose stores wait for the link (0 without a rate)."""
+        per_cta = per_cta or self.cta_d2h_Bps
+        if not load.ctas_d2h or per_cta <= 0.0:
             return 0.0
-        x = load.ctas_d2h - load.sm_d2h_Bps / self.cta_d2h_Bps
+        x = load.ctas_d2h - load.sm_d2h_Bps / per_cta
         return x if x > 0.0 else 0.0
 
     def hbm_stretch(self, terms: KindTerms, load: CopyLoad) -> float:
@@ -212,7 +219,7 @@ class Structure:
                         load.ctas_h2d + load.ctas_d2h, self.copy_ctas_per_sm)
         out += t.engine(load) + self.pages_d2h(t, load)
         if t.backlog_d2h:
-            stalled = self.stalled_d2h(load)
+            stalled = self.stalled_d2h(load, self.cta_d2h_idle_Bps)
             if stalled:
                 out += t.backlog_d2h * stalled * last_wave_share(gemms, self.sms)
         if load.hbm_Bps:
