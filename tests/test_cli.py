@@ -210,33 +210,28 @@ def test_python_dash_m_kvsim_is_the_kvsim_command():
         assert command in r.stdout
 
 
-def test_kind_terms_is_checked_before_anything_is_measured(tmp_path):
-    """``--kind-terms``: fit or keep; with compare only beside --calibrate; a bad value
-    exits 2 naming it, having written nothing (a calibration runs minutes)."""
-    out = tmp_path / "p.yaml"
-    r = runner.invoke(app, ["calibrate", "--out", str(out), "--kind-terms", "both"])
-    assert r.exit_code == 2 and "--kind-terms both: expected fit or keep" in r.output
-    assert not out.exists()
-    r = runner.invoke(app, ["calibrate", "--check", "cells.json", "--profile", "h200-pcie",
-                            "--kind-terms", "keep"])
-    assert r.exit_code == 2 and "--kind-terms: not with --check" in r.output
-    res = tmp_path / "cmp"
-    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--kind-terms", "keep",
-                            "--out", str(res)])
-    assert r.exit_code == 2 and "--kind-terms: only with --calibrate" in r.output
-    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--calibrate", "--kind-terms",
-                            "maybe", "--out", str(res)])
-    assert r.exit_code == 2 and "--kind-terms maybe: expected fit or keep" in r.output
-    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--power-state", "fit",
-                            "--out", str(res)])
-    assert r.exit_code == 2 and "--power-state: only with --calibrate" in r.output
-    r = runner.invoke(app, ["compare", "configs/agentic-slice.yaml", "--calibrate", "--power-state",
-                            "hot", "--out", str(res)])
-    assert r.exit_code == 2 and "--power-state hot: expected keep or fit" in r.output
-    assert not res.exists()
-    r = runner.invoke(app, ["calibrate", "--out", str(out), "--power-state", "hot"])
-    assert r.exit_code == 2 and "--power-state hot: expected keep or fit" in r.output
-    assert not out.exists()
+@pytest.mark.parametrize("args, says", [
+    (["calibrate", "--out", "{out}", "--kind-terms", "both"], "--kind-terms both: expected fit or keep"),
+    (["calibrate", "--out", "{out}", "--power-state", "hot"], "--power-state hot: expected keep or fit"),
+    (["calibrate", "--check", "cells.json", "--profile", "h200-pcie", "--kind-terms", "keep"],
+     "--kind-terms: not with --check"),
+    (["compare", "configs/agentic-slice.yaml", "--kind-terms", "keep", "--out", "{res}"],
+     "--kind-terms: only with --calibrate"),
+    (["compare", "configs/agentic-slice.yaml", "--power-state", "fit", "--out", "{res}"],
+     "--power-state: only with --calibrate"),
+    (["compare", "configs/agentic-slice.yaml", "--calibrate", "--kind-terms", "maybe", "--out", "{res}"],
+     "--kind-terms maybe: expected fit or keep"),
+    (["compare", "configs/agentic-slice.yaml", "--calibrate", "--power-state", "hot", "--out", "{res}"],
+     "--power-state hot: expected keep or fit"),
+])
+def test_fit_options_are_checked_before_anything_is_measured(tmp_path, args, says):
+    """``--kind-terms`` (fit or keep) and ``--power-state`` (keep or fit); with compare
+    only beside --calibrate: a bad value exits 2 naming it, having written nothing (a
+    calibration runs minutes)."""
+    out, res = tmp_path / "p.yaml", tmp_path / "cmp"
+    r = runner.invoke(app, [a.format(out=out, res=res) for a in args])
+    assert r.exit_code == 2 and says in r.output
+    assert not out.exists() and not res.exists()
 
 
 @pytest.mark.parametrize("args, says", [
