@@ -294,9 +294,9 @@ def compare(
         loop = load_hw_loop(hw_loop) if hw_loop else None
         if calibrate_first:
             from kvsim.config.hardware import load_profile as _load_profile
-            from kvsim.tools.fitkinds import check_kind_terms
+            from kvsim.tools.calibrate import check_fit_options
 
-            check_kind_terms(kind_terms, _load_profile(cfg.hardware), power_state)
+            check_fit_options(kind_terms, power_state, _load_profile(cfg.hardware))
     except (ConfigFileError, ValueError, OSError) as e:
         error(console, str(e))
         raise typer.Exit(2)

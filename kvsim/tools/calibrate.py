@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel
 
 from kvsim.tools.fit import check_cells, check_fit, check_small, fit
+from kvsim.tools.fitboost import check_power_state
 from kvsim.tools.fitkinds import KIND_MODEL, check_kind_terms, kind_works, share_works
 from kvsim.tools.measured import Measured, measured_from_report, read_report
 from kvsim.config.hardware import HardwareProfile, load_profile
@@ -139,6 +140,13 @@ def _write_both(out: Path, report: dict, text: str) -> None:
     write_whole(out, text.encode())
 
 
+def check_fit_options(kind_terms: str, power_state: str, base: HardwareProfile) -> None:
+    """ValueError unless calibrate's ``--kind-terms`` and ``--power-state`` can be met on
+    ``base`` (``check_kind_terms``, ``check_power_state``): before anything is measured."""
+    check_kind_terms(kind_terms, base)
+    check_power_state(power_state)
+
+
 def _check_yaml(out) -> None:
     """``out`` must be a .yaml name, and kvsim replaces only a profile (and report) that
     calibrate wrote: never another file (kvsim.run.outputs)."""
@@ -167,7 +175,7 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     _check_yaml(out)
     out = Path(out)
     base_p = load_profile(base)
-    check_kind_terms(kind_terms, base_p, power_state)
+    check_fit_options(kind_terms, power_state, base_p)
     t0 = time.perf_counter()
     m, plan = measure_hardware(device, plan, disk_dir, base_p, model, kind_works(base_p, model),
                                share_works(base_p, model))
@@ -199,7 +207,7 @@ def refit(report_path: str | Path, out: str | Path, base: str | None = None,
     out, report_path = Path(out), Path(report_path)
     old = read_report(report_path)
     base_p = load_profile(base or old["base"])
-    check_kind_terms(kind_terms, base_p, power_state)
+    check_fit_options(kind_terms, power_state, base_p)
     m = measured_from_report(old)
     name = name or out.stem
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

@@ -37,7 +37,6 @@ from kvsim.core.datapath.interference import IDLE, KindTerms, MixTable, Structur
 from kvsim.core.datapath.work import StepWork, gemm_share
 from kvsim.core.spec import Level
 from kvsim.settings import ModelSettings
-from kvsim.tools.fitboost import check_power_state
 from kvsim.tools.fitparts import PARTS, hw_parts, part_tolerance
 from kvsim.tools.measured import batch
 
@@ -382,12 +381,10 @@ def _usable(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("device", "gpu") == "gpu" and r["alone_s"] > 0]
 
 
-def check_kind_terms(kind_terms: str, base: HardwareProfile, power_state: str = "keep") -> None:
+def check_kind_terms(kind_terms: str, base: HardwareProfile) -> None:
     """ValueError unless ``kind_terms`` is 'fit' (the interference cells' fit of the
     structural terms per kind of step) or 'keep' (``base``'s own, which it must have:
-    ``kvsim calibrate --kind-terms``), and ``power_state`` 'keep' or 'fit'
-    (``fitboost.check_power_state``)."""
-    check_power_state(power_state)
+    ``kvsim calibrate --kind-terms``)."""
     if kind_terms not in ("fit", "keep"):
         raise ValueError(f"--kind-terms {kind_terms}: expected fit or keep")
     if kind_terms == "keep" and base.interference_structure() is None:
