@@ -691,6 +691,22 @@ def test_compute_summary_by_hand():
                          [2.0, 2e-3, 2e-3, 2e-3, 1e-4, 2e-3]])
     assert h["host_lag_s"] == pytest.approx(6e-3) and h["host_lag_ms_p50"] == pytest.approx(2.0)
     assert h["host_lag_ms_max"] == pytest.approx(3.0) and h["host_lag_ms_p90"] == pytest.approx(2.8)
+    assert "bound_stretch_s" not in h  # (no GEMM column: an older log)
+
+
+def test_compute_summary_tells_the_compute_bound_steps_apart():
+    """With the GEMM column (the sim's 4th, hw's 7th): the steps whose GEMMs take at least
+    half their nominal time, counted and summed apart (what the GPU's power state moves)."""
+    from kvsim.tools.computelog import HW_GEMM_COL, SIM_GEMM_COL, compute_summary
+
+    sim = [[0.0, 0.1, 0.095, 0.09, 0], [1.0, 0.01, 0.0102, 0.004, 0], [2.0, 0.2, 0.19, 0.1, 0]]
+    c = compute_summary(sim, SIM_GEMM_COL)
+    assert c["bound_calls"] == 2 and c["bound_nominal_s"] == pytest.approx(0.3)
+    assert c["bound_stretch_s"] == pytest.approx(-0.015)
+    assert c["stretch_s"] == pytest.approx(-0.0148)
+    hw = [[0.0, 0.1, 0.097, 0.1, None, 1e-4, 0.0, 0], [1.0, 0.1, 0.099, 0.1, 1e-4, 1e-4, 0.06, 0]]
+    h = compute_summary(hw, HW_GEMM_COL)
+    assert h["bound_calls"] == 1 and h["bound_stretch_s"] == pytest.approx(-0.001)
 
 
 def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):

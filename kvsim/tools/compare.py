@@ -32,9 +32,10 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable
 
 from kvsim.config import RunConfig
+from kvsim.tools.computelog import HW_GEMM_COL, SIM_GEMM_COL, compute_summary
 from kvsim.tools.hwloop import DEFAULT as DEFAULT_HW_LOOP, HwLoop, HwLoopModel, load_hw_loop
 from kvsim.tools.rankcmp import per_rank, rank_count, rel_err
 from kvsim.tools.reports import read_report, saved_call_logs
@@ -188,37 +189,6 @@ def _ttft_ci(rows, metrics: dict, key: str) -> None:
             metrics[k][key] = None if ci is None else list(ci)  # as it reads back from JSON
 
 
-def compute_summary(log: Iterable[Sequence[float]] | None) -> dict:
-    """A compute log's totals (``[start s, nominal s, seconds it took, ...]`` a call): calls, the
-    nominal and the measured seconds, the stretch (measured - nominal) in all and per call
-    (ms, p50 / p90), and measured / nominal per call of at least 1 ms nominal (p50 / p90);
-    from a hw log that has them (6th column), the loop's host lag before the calls (sum,
-    ms p50 / p90 / max).
-    Empty for a run without one (saved before compute logs were kept)."""
-    rows = list(log or ())
-    if not rows:
-        return {}
-    import numpy as np  # noqa: PLC0415
-
-    a = np.asarray([r[:3] for r in rows], dtype=float)
-    nominal, took = a[:, 1], a[:, 2]
-    stretch = took - nominal
-    big = nominal >= 1e-3
-    ratio = took[big] / nominal[big]
-    out = {"calls": int(a.shape[0]), "nominal_s": float(nominal.sum()), "seconds": float(took.sum()),
-           "stretch_s": float(stretch.sum()),
-           "stretch_ms_p50": float(np.percentile(stretch, 50) * 1e3),
-           "stretch_ms_p90": float(np.percentile(stretch, 90) * 1e3),
-           "ratio_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
-           "ratio_p90": float(np.percentile(ratio, 90)) if ratio.size else None}
-    lag = np.asarray([r[5] for r in rows if len(r) > 5], dtype=float)
-    if lag.size:  # the hw loop's host time before each compute call (HwBackend.compute_log)
-        out.update(host_lag_s=float(lag.sum()), host_lag_ms_p50=float(np.percentile(lag, 50) * 1e3),
-                   host_lag_ms_p90=float(np.percentile(lag, 90) * 1e3),
-                   host_lag_ms_max=float(lag.max() * 1e3))
-    return out
-
-
 def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[dict],
                     sim_compute: list | None = None, hw_compute: list | None = None) -> dict:
     """The side-by-side report of two finished replays and their timing logs (and compute
@@ -237,7 +207,8 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
         }
     report = {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
-              "compute": {"sim": compute_summary(sim_compute), "hw": compute_summary(hw_compute)},
+              "compute": {"sim": compute_summary(sim_compute, SIM_GEMM_COL),
+                          "hw": compute_summary(hw_compute, HW_GEMM_COL)},
               "turns": {**hits_agreement(sim.rows, hw.rows), **turn_timing(sim.rows, hw.rows)},
               "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
     ranks = per_rank(sim.metrics, hw.metrics)

@@ -171,8 +171,10 @@ def _compute_caption(a: dict, b: dict) -> str:
     """One line: each side's compute, nominal and as it ran (the copies' interference)."""
     def side(c: dict) -> str:
         r = c.get("ratio_p50")
+        bound = (f", compute-bound steps {c['bound_stretch_s']:+.3f} s of {c['bound_nominal_s']:.2f} s"
+                 if "bound_stretch_s" in c else "")
         return (f"{c['seconds']:.2f} s for {c['nominal_s']:.2f} s nominal in {c['calls']} calls "
-                f"(stretch {c['stretch_s']:+.3f} s; per call p50 {c['stretch_ms_p50']:+.3f} ms, "
+                f"(stretch {c['stretch_s']:+.3f} s{bound}; per call p50 {c['stretch_ms_p50']:+.3f} ms, "
                 f"p90 {c['stretch_ms_p90']:+.3f} ms" + (f"; x{r:.4f} p50 from 1 ms" if r else "") + ")")
     lag = (f"; hw's loop spent {b['host_lag_s']:.3f} s before its compute calls (p50 "
            f"{b['host_lag_ms_p50']:.3f} ms, p90 {b['host_lag_ms_p90']:.3f} ms, max {b['host_lag_ms_max']:.2f} ms)"
