@@ -4,16 +4,18 @@ its steps ran, in all, per call, and for its compute-bound steps apart.
 A row a compute call (``[start s, nominal s, seconds it took, ...]``): the sim backend's
 (``kvsim_backends.sim.backend``) holds the step's nominal GEMM seconds in its 4th column,
 the hw backend's (``kvsim_backends.hw.logs``) in its 7th and the loop's host lag before
-the call in its 6th. A compute-bound step (GEMMs at least half its nominal time,
-``kvsim.tools.fitboost``'s rule) runs faster or slower than nominal with the GPU's power
-state, a memory-bound one with the copies beside it: their stretches apart tell which
-model a gap between the two sides comes from (on H200 replays of the agentic slice, the
+the call in its 6th. A compute-bound step (GEMMs at least half its nominal time:
+``kvsim.tools.fitboost.compute_bound``) runs faster or slower than nominal with the
+GPU's power state, a memory-bound one with the copies beside it: their stretches apart
+tell which model a gap between the two sides comes from (on H200 replays of the agentic slice, the
 compute-bound steps' stretch was the gap: docs/compute.md).
 """
 
 from __future__ import annotations
 
 from typing import Iterable, Sequence
+
+from kvsim.tools.fitboost import compute_bound
 
 SIM_GEMM_COL = 3  # the sim backend's compute log: the step's nominal GEMM seconds
 HW_GEMM_COL = 6   # the hw backend's
@@ -44,8 +46,7 @@ def compute_summary(log: Iterable[Sequence[float]] | None, gemm_col: int | None 
            "ratio_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
            "ratio_p90": float(np.percentile(ratio, 90)) if ratio.size else None}
     if gemm_col is not None and all(len(r) > gemm_col and r[gemm_col] is not None for r in rows):
-        g = np.asarray([r[gemm_col] for r in rows], dtype=float)
-        bound = (g > 0.0) & (g >= 0.5 * nominal)
+        bound = np.asarray([compute_bound(r[1], r[gemm_col]) for r in rows], dtype=bool)
         out.update(bound_calls=int(bound.sum()), bound_nominal_s=float(nominal[bound].sum()),
                    bound_stretch_s=float(stretch[bound].sum()))
     lag = np.asarray([r[5] for r in rows if len(r) > 5], dtype=float)

@@ -106,10 +106,14 @@ def predict(steps: Iterable[Step], b: Boost | None) -> list[tuple[float, float, 
     return out
 
 
+def compute_bound(nominal_s: float, gemm_s: float) -> bool:
+    """Whether a step of ``nominal_s``, ``gemm_s`` of them its GEMMs', is compute-bound
+    (``powerstate.power_gemm_s``'s rule on its GEMM share)."""
+    return gemm_s > 0.0 and gemm_s >= 0.5 * nominal_s
+
+
 def _bound(step: Step) -> bool:
-    """Whether a step is compute-bound (``powerstate.power_gemm_s``'s rule on its GEMM
-    share)."""
-    return step[3] > 0.0 and step[3] >= 0.5 * step[1]
+    return compute_bound(step[1], step[3])
 
 
 def error(runs: Sequence[Sequence[Step]], b: Boost | None) -> float:
