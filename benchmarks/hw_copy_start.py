@@ -7,7 +7,11 @@ once the per-CTA share is fitted (0.7 ms on the shipped H200 profile), but the i
 grids' copies beside 1-5 ms of GEMMs end as if they started at once (2026-12-05: held out
 over nine machines, the grids' copy times within 10% 664 of 1008 times with no later start
 against 618 with 0.7 ms). A copy's time cannot tell a later start from a slower rate;
-this measures the start itself.
+this measures the start itself. What it can settle: the stand-in's GEMMs are persistent
+kernels of one CTA an SM, grids of 128 CTAs at M = 128-256 and 132 at M = 4096 on an H200
+(docs/validation.md, 2026-12-04 03:35), so beside M = 256 a copy may start at once on the
+four SMs left, and beside M = 4096 wait for the running kernel's end (0.2-0.9 ms a
+projection).
 
 Each rep stamps the GPU clock (``%globaltimer``) from a one-thread kernel on the compute
 stream, launches the compute (a chain of cuBLAS GEMMs of ``--model``'s layer projections at
@@ -24,7 +28,7 @@ the sim's later start (``busy_start`` beside compute, 0 idle). Last line: the fi
 start beside the prefill's GEMMs (the largest M) and beside reads, at the shortest lead,
 with the sim's: ``hw_copy_start_ms: gemm X reads Y sim Z``.
 
-    python3 benchmarks/hw_copy_start.py [--rows 256,4096] [--lead-ms 0.3,1.5]
+    python3 benchmarks/hw_copy_start.py [--rows 256,1024,4096] [--lead-ms 0.3,1.5]
         [--h2d-ctas 36] [--d2h-ctas 8] [--page 1MiB] [--compute-ms 20] [--reps 7]
         [--json OUT] [--profile h200-pcie-calibrated]
 
@@ -118,7 +122,7 @@ def _fail(msg: str) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="256,4096", help="the GEMMs' M, comma-separated")
+    ap.add_argument("--rows", default="256,1024,4096", help="the GEMMs' M, comma-separated")
     ap.add_argument("--lead-ms", default="0.3,1.5",
                     help="host ms from the compute's launch to the copy's, comma-separated")
     ap.add_argument("--h2d-ctas", type=int, default=36)
