@@ -95,19 +95,22 @@ def starts(compute_ns: int, stamps: list[int], host_s: float) -> dict:
     """One rep's CTAs (``stamps``: start ns and SM, two a CTA) against the compute's stamp
     (``compute_ns``) and the host seconds between the two launches: the first CTA's start
     after its launch (s; the launch's latency still in), the last CTA's start after the
-    first (s), and the SMs its CTAs took."""
+    first (s), the SMs its CTAs took, and ``host_s`` (the copy's actual lead: launching a
+    long chain of GEMMs can take longer than the lead asked for)."""
     t = stamps[0::2]
     sms = stamps[1::2]
     first = min(t)
     return {"first_s": (first - compute_ns) / 1e9 - host_s, "spread_s": (max(t) - first) / 1e9,
-            "sms": len(set(sms))}
+            "sms": len(set(sms)), "host_s": host_s}
 
 
 def summarise(reps: list[dict], idle_first_s: float) -> dict:
-    """A cell's reps (``starts``' each): medians, the first start beyond idle's."""
+    """A cell's reps (``starts``' each): medians, the first start beyond idle's, the lead
+    the host gave (``host_lead_s``)."""
     return {"delay_s": statistics.median(r["first_s"] for r in reps) - idle_first_s,
             "spread_s": statistics.median(r["spread_s"] for r in reps),
             "sms": statistics.median(r["sms"] for r in reps),
+            "host_lead_s": statistics.median(r["host_s"] for r in reps),
             "delays_s": [r["first_s"] - idle_first_s for r in reps]}
 
 

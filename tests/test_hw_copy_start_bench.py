@@ -44,15 +44,17 @@ def test_starts_read_the_first_cta_after_its_launch_the_last_and_the_sms():
     assert got["first_s"] == pytest.approx(0.0001)
     assert got["spread_s"] == pytest.approx(0.0005)
     assert got["sms"] == 2
+    assert got["host_s"] == 0.0003
 
 
 def test_a_cells_delay_is_its_median_first_start_beyond_idles():
-    reps = [{"first_s": x, "spread_s": s, "sms": n}
-            for x, s, n in ((0.0004, 0.001, 4), (0.0006, 0.002, 4), (0.0005, 0.003, 5))]
+    reps = [{"first_s": x, "spread_s": s, "sms": n, "host_s": h}
+            for x, s, n, h in ((0.0004, 0.001, 4, 3e-4), (0.0006, 0.002, 4, 5e-4), (0.0005, 0.003, 5, 4e-4))]
     got = hw_copy_start.summarise(reps, 0.0001)
     assert got["delay_s"] == pytest.approx(0.0004)
     assert got["spread_s"] == pytest.approx(0.002)
     assert got["sms"] == 4
+    assert got["host_lead_s"] == pytest.approx(4e-4)
     assert got["delays_s"] == pytest.approx([0.0003, 0.0005, 0.0004])
 
 
