@@ -169,12 +169,13 @@ def main(argv=None) -> None:
     cells = run(cp, projections, rows, leads, {"h2d": a.h2d_ctas, "d2h": a.d2h_ctas}, page,
                 a.compute_ms / 1e3, a.reps, profile.sm.threads_per_cta)
     sim = profile.sm.interference.busy_start if profile.sm.interference else 0.0
-    print("| compute | lead ms | copy | first CTA ms after launch, beyond idle | last CTA "
-          "ms after first | SMs | sim ms |")
+    print("| compute | lead ms (asked / given) | copy | first CTA ms after launch, beyond idle | "
+          "last CTA ms after first | SMs | sim ms |")
     print("|" + " --- |" * 7)
     for c in cells:
         s = 0.0 if c["kind"] == "idle" else sim
-        print(f"| {c['label']} | {c['lead_s'] * 1e3:g} | {c['dir']} {c['ctas']} CTAs | "
+        print(f"| {c['label']} | {c['lead_s'] * 1e3:g} / {c['host_lead_s'] * 1e3:.2f} | "
+              f"{c['dir']} {c['ctas']} CTAs | "
               f"{c['delay_s'] * 1e3:+.3f} | {c['spread_s'] * 1e3:.3f} | {c['sms']:g} | {s * 1e3:.3f} |")
     if a.json:
         tmp = a.json + ".part"
@@ -199,7 +200,8 @@ def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> l
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
     from kvsim_backends.hw.gpu import COPY_SOURCE  # noqa: PLC0415
-    from kvsim_backends.hw.standin import READ_CTA_BYTES, READ_SOURCE, READ_THREADS, read_buffer_bytes  # noqa: PLC0415
+    from kvsim_backends.hw.standin import (READ_CTA_BYTES, READ_SOURCE,  # noqa: PLC0415
+                                           READ_THREADS, read_buffer_bytes)
 
     mod = cp.RawModule(code=stamped_source(COPY_SOURCE) + READ_SOURCE, options=("-std=c++14",))
     copy_k, clock_k, read_k = (mod.get_function(n) for n in ("kv_copy_stamped", "kv_clock", "kv_read"))
