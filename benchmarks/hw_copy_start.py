@@ -196,8 +196,8 @@ def main(argv=None) -> None:
 def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> list[dict]:
     """Every cell: idle, the GEMMs at each M and the reads, at each lead, each direction."""
     import numpy as np  # noqa: PLC0415
-    from cupy_backends.cuda.api import runtime as rt  # noqa: PLC0415
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+    from hw_gemm_ctas import gemm_call  # noqa: PLC0415 (benchmarks/: this script's folder)
 
     from kvsim_backends.hw.gpu import COPY_SOURCE  # noqa: PLC0415
     from kvsim_backends.hw.standin import (READ_CTA_BYTES, READ_SOURCE,  # noqa: PLC0415
@@ -210,8 +210,6 @@ def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> l
     handle = cp.cuda.device.get_cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     cublas.setStream(handle, compute.ptr)  # (this benchmark's GEMMs all run on it)
-    coef = np.array([1.0, 0.0], dtype=np.float32)
-    one, zero = coef.ctypes.data, coef.ctypes.data + 4
     host = cp.cuda.alloc_pinned_memory(BUFFER)
     dev = cp.zeros(BUFFER // 4, dtype=cp.uint32)
     ends = {"h2d": (host.ptr, dev.data.ptr), "d2h": (dev.data.ptr, host.ptr)}
@@ -231,17 +229,7 @@ def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> l
         return cp.cuda.get_elapsed_time(e0, e1) / 1e3
 
     def gemms(m):
-        calls = []
-        for k, n in projections:
-            A = (rng.random_sample((m, k), dtype=cp.float32) - 0.5).astype(cp.float16)
-            B = (rng.random_sample((k, n), dtype=cp.float32) - 0.5).astype(cp.float16)
-            C = cp.empty((m, n), dtype=cp.float16)
-
-            def call(A=A, B=B, C=C, m=m, k=k, n=n):  # as the stand-in calls it (c^T = b^T a^T)
-                cublas.gemmEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, n, m, k, one,
-                              B.data.ptr, rt.CUDA_R_16F, n, A.data.ptr, rt.CUDA_R_16F, k, zero,
-                              C.data.ptr, rt.CUDA_R_16F, n, rt.CUDA_R_32F, cublas.CUBLAS_GEMM_DEFAULT)
-            calls.append(call)
+        calls = [gemm_call(cp, handle, rng, m, k, n) for k, n in projections]
         layer = lambda: [c() for c in calls]  # noqa: E731
         timed(layer)  # cuBLAS picks its kernels on a first call
         n = max(1, round(compute_s / timed(layer)))

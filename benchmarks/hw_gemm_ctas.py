@@ -185,10 +185,30 @@ def summary(cells: list[dict]) -> None:
               f"{'n/a' if sim is None else f'{sim * 100:+.1f}%'} |")
 
 
-def run(cp, projections, rows, ctas, direction, reps, chain_s, gap, threads, page,
-        h2d_ctas=0) -> list[dict]:
+def gemm_call(cp, handle, rng, m: int, k: int, n: int):
+    """A call of no arguments that runs one fp16 GEMM of M x K by K x N (random operands of
+    ``rng``) through cuBLAS's ``gemmEx`` as the stand-in calls it (``c^T = b^T a^T``, fp32
+    accumulate) on ``handle``'s stream; ``handle`` takes its scalars from the host
+    (``CUBLAS_POINTER_MODE_HOST``)."""
     import numpy as np  # noqa: PLC0415
     from cupy_backends.cuda.api import runtime as rt  # noqa: PLC0415
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    coef = np.array([1.0, 0.0], dtype=np.float32)  # alpha, beta (kept alive by the call)
+    one, zero = coef.ctypes.data, coef.ctypes.data + 4
+    A = (rng.random_sample((m, k), dtype=cp.float32) - 0.5).astype(cp.float16)
+    B = (rng.random_sample((k, n), dtype=cp.float32) - 0.5).astype(cp.float16)
+    C = cp.empty((m, n), dtype=cp.float16)
+
+    def call(_keep=(A, B, C, coef)):
+        cublas.gemmEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, n, m, k, one, B.data.ptr,
+                      rt.CUDA_R_16F, n, A.data.ptr, rt.CUDA_R_16F, k, zero, C.data.ptr,
+                      rt.CUDA_R_16F, n, rt.CUDA_R_32F, cublas.CUBLAS_GEMM_DEFAULT)
+    return call
+
+
+def run(cp, projections, rows, ctas, direction, reps, chain_s, gap, threads, page,
+        h2d_ctas=0) -> list[dict]:
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
     from kvsim_backends.hw.gpu import Kernels  # noqa: PLC0415
@@ -199,8 +219,6 @@ def run(cp, projections, rows, ctas, direction, reps, chain_s, gap, threads, pag
     lo = cp.cuda.Stream(non_blocking=True, priority=0)
     handle = cp.cuda.device.get_cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    coef = np.array([1.0, 0.0], dtype=np.float32)
-    one, zero = coef.ctypes.data, coef.ctypes.data + 4
     slots = BUFFER // page
     dirs = ("h2d", "d2h") if direction == "both" else (direction,)
     ends = {}  # direction -> (src, dst)
@@ -221,15 +239,7 @@ def run(cp, projections, rows, ctas, direction, reps, chain_s, gap, threads, pag
     rng = cp.random.RandomState(1)
 
     def gemm_of(m, k, n):
-        A = (rng.random_sample((m, k), dtype=cp.float32) - 0.5).astype(cp.float16)
-        B = (rng.random_sample((k, n), dtype=cp.float32) - 0.5).astype(cp.float16)
-        C = cp.empty((m, n), dtype=cp.float16)
-
-        def call(_keep=(A, B, C, coef)):  # as the stand-in calls it (c^T = b^T a^T)
-            cublas.gemmEx(handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, n, m, k, one, B.data.ptr,
-                          rt.CUDA_R_16F, n, A.data.ptr, rt.CUDA_R_16F, k, zero, C.data.ptr,
-                          rt.CUDA_R_16F, n, rt.CUDA_R_32F, cublas.CUBLAS_GEMM_DEFAULT)
-        return call
+        return gemm_call(cp, handle, rng, m, k, n)
 
     def chain(call, calls, lead=0):
         """``lead`` untimed calls, then ``calls`` timed ones on the compute stream: events."""
