@@ -158,14 +158,8 @@ def main(argv=None) -> None:
         profile = load_profile(a.profile)
     except ProfileError as e:
         _fail(str(e))
-    try:
-        import cupy as cp  # noqa: PLC0415
-        cp.cuda.runtime.getDeviceCount()
-    except Exception as e:  # no CuPy, no driver or no GPU
-        _fail(f"needs a CUDA GPU with CuPy ({type(e).__name__}: {e})")
-    from kvsim.config.hfmodel import load_model  # noqa: PLC0415
-    from kvsim.settings import ModelSettings  # noqa: PLC0415
-    projections = ModelSettings.capped(load_model(a.model).projections_per_gpu()).projections
+    from hw_gemm_ctas import gpu_and_layer  # noqa: PLC0415 (benchmarks/: this script's folder)
+    cp, projections = gpu_and_layer(a.model, _fail)
     cells = run(cp, projections, rows, leads, {"h2d": a.h2d_ctas, "d2h": a.d2h_ctas}, page,
                 a.compute_ms / 1e3, a.reps, profile.sm.threads_per_cta)
     sim = profile.sm.interference.busy_start if profile.sm.interference else 0.0

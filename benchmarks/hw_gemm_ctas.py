@@ -101,14 +101,7 @@ def main(argv=None) -> None:
         profile = load_profile(a.profile)
     except ProfileError as e:
         _fail(str(e))
-    try:
-        import cupy as cp  # noqa: PLC0415
-        cp.cuda.runtime.getDeviceCount()
-    except Exception as e:  # no CuPy, no driver or no GPU
-        _fail(f"needs a CUDA GPU with CuPy ({type(e).__name__}: {e})")
-    from kvsim.config.hfmodel import load_model  # noqa: PLC0415
-    from kvsim.settings import ModelSettings  # noqa: PLC0415
-    projections = ModelSettings.capped(load_model(a.model).projections_per_gpu()).projections
+    cp, projections = gpu_and_layer(a.model, _fail)
     h2d = a.h2d_ctas if a.dir == "both" else 0
     cells = run(cp, projections, rows, ctas, a.dir, a.reps, a.chain_ms / 1e3,
                 a.gap, profile.sm.threads_per_cta, page, h2d)
@@ -183,6 +176,19 @@ def summary(cells: list[dict]) -> None:
         both = f"{c['h2d_ctas']} + {c['ctas']}" if c["dir"] == "both" else f"{c['ctas']} {c['dir']}"
         print(f"| {c['m']} | {both} | {c['order']} | {hw * 100:+.1f}% | "
               f"{'n/a' if sim is None else f'{sim * 100:+.1f}%'} |")
+
+
+def gpu_and_layer(model: str, fail) -> tuple:
+    """(CuPy, ``model``'s layer projections (K, N) on one GPU, as the stand-in's), or
+    ``fail`` with why where there is no CUDA GPU with CuPy."""
+    try:
+        import cupy as cp  # noqa: PLC0415
+        cp.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no CuPy, no driver or no GPU
+        fail(f"needs a CUDA GPU with CuPy ({type(e).__name__}: {e})")
+    from kvsim.config.hfmodel import load_model  # noqa: PLC0415
+    from kvsim.settings import ModelSettings  # noqa: PLC0415
+    return cp, ModelSettings.capped(load_model(model).projections_per_gpu()).projections
 
 
 def gemm_call(cp, handle, rng, m: int, k: int, n: int):
