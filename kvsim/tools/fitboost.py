@@ -94,7 +94,7 @@ def predict(steps: Iterable[Step], b: Boost | None) -> list[tuple[float, float, 
     out = []
     h, free_at = 1.0, -math.inf
     for t, nominal, took, g in steps:
-        if not _bound((t, nominal, took, g)):
+        if not compute_bound(nominal, g):
             continue
         if b is None:
             out.append((nominal, took, nominal))
@@ -110,10 +110,6 @@ def compute_bound(nominal_s: float, gemm_s: float) -> bool:
     """Whether a step of ``nominal_s``, ``gemm_s`` of them its GEMMs', is compute-bound
     (``powerstate.power_gemm_s``'s rule on its GEMM share)."""
     return gemm_s > 0.0 and gemm_s >= 0.5 * nominal_s
-
-
-def _bound(step: Step) -> bool:
-    return compute_bound(step[1], step[3])
 
 
 def error(runs: Sequence[Sequence[Step]], b: Boost | None) -> float:
@@ -135,7 +131,7 @@ def fit(runs: Sequence[Sequence[Step]]) -> tuple[Boost, float]:
     ``runs``: the best point of the coarse grid, refined by a coordinate search (gain and
     calibrated headroom in steps that halve from 0.02 / 0.05, spend and recover by factors
     that shrink from 1.25) until the steps are 1/64 of their start."""
-    runs = [[s for s in r if _bound(s)] for r in runs]  # (the state moves at these only)
+    runs = [[s for s in r if compute_bound(s[1], s[3])] for r in runs]  # (the state moves at these only)
     best = min(((error(runs, Boost(g, s, r, c)), (g, s, r, c)) for g in GAINS for s in SPENDS
                 for r in RECOVERS for c in CALIBRATED), key=lambda e: e[0])
     err, x = best[0], list(best[1])
