@@ -920,8 +920,8 @@ def test_an_interrupted_tune_prints_a_command_that_continues_it(tmp_path):
                             start_new_session=True, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 90
-        def one_told() -> bool:  # (a trial's folder is written as it ends, just before it is
-            return (out / "trials" / "0001").exists()  # told: the second's, the first told)
+        def one_told() -> bool:  # (the second trial's folder: with one worker, the first
+            return (out / "trials" / "0001").exists()  # trial is told by then; a cheap look)
         while not one_told() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert one_told(), "no trial finished within 90 s"
