@@ -920,11 +920,10 @@ def test_an_interrupted_tune_prints_a_command_that_continues_it(tmp_path):
                             start_new_session=True, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 90
-        def one_told() -> bool:  # (the second trial's folder: with one worker, the first
-            return (out / "trials" / "0001").exists()  # trial is told by then; a cheap look)
-        while not one_told() and time.monotonic() < deadline:
+        second = out / "trials" / "0001"  # (with one worker, the first trial is told by then)
+        while not second.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert one_told(), "no trial finished within 90 s"
+        assert second.exists(), "no trial finished within 90 s"
         os.killpg(proc.pid, signal.SIGINT)
         err = proc.communicate(timeout=60)[1]
     finally:
