@@ -203,7 +203,8 @@ def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> l
     copy_s = cp.cuda.Stream(non_blocking=True, priority=-5)  # as the backend's copy streams
     handle = cp.cuda.device.get_cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    cublas.setStream(handle, compute.ptr)  # (this benchmark's GEMMs all run on it)
+    # CuPy's gemmEx sets the handle's stream to CuPy's current stream at every call: the
+    # GEMMs run on ``compute`` only inside ``with compute:`` (outside it, on the null stream)
     host = cp.cuda.alloc_pinned_memory(BUFFER)
     dev = cp.zeros(BUFFER // 4, dtype=cp.uint32)
     ends = {"h2d": (host.ptr, dev.data.ptr), "d2h": (dev.data.ptr, host.ptr)}
@@ -216,9 +217,10 @@ def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> l
 
     def timed(fn) -> float:
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record(compute)
-        fn()
-        e1.record(compute)
+        with compute:
+            e0.record(compute)
+            fn()
+            e1.record(compute)
         e1.synchronize()
         return cp.cuda.get_elapsed_time(e0, e1) / 1e3
 
@@ -227,7 +229,12 @@ def run(cp, projections, rows, leads, ctas, page, compute_s, reps, threads) -> l
         layer = lambda: [c() for c in calls]  # noqa: E731
         timed(layer)  # cuBLAS picks its kernels on a first call
         n = max(1, round(compute_s / timed(layer)))
-        return lambda: [layer() for _ in range(n)]
+
+        def chain():
+            with compute:
+                for _ in range(n):
+                    layer()
+        return chain
 
     def reads():
         vecs = rbuf.size // 4

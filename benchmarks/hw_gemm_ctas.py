@@ -194,8 +194,9 @@ def gpu_and_layer(model: str, fail) -> tuple:
 def gemm_call(cp, handle, rng, m: int, k: int, n: int):
     """A call of no arguments that runs one fp16 GEMM of M x K by K x N (random operands of
     ``rng``) through cuBLAS's ``gemmEx`` as the stand-in calls it (``c^T = b^T a^T``, fp32
-    accumulate) on ``handle``'s stream; ``handle`` takes its scalars from the host
-    (``CUBLAS_POINTER_MODE_HOST``)."""
+    accumulate) on CuPy's current stream (CuPy's ``gemmEx`` sets ``handle``'s stream to it
+    at every call: run it inside ``with stream:``); ``handle`` takes its scalars from the
+    host (``CUBLAS_POINTER_MODE_HOST``)."""
     import numpy as np  # noqa: PLC0415
     from cupy_backends.cuda.api import runtime as rt  # noqa: PLC0415
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
