@@ -304,12 +304,13 @@ def test_refit_from_the_committed_report_reproduces_the_committed_profile(tmp_pa
         d.pop("notes")
     # the report's base is the committed profile itself (calibrated on its predecessor), so
     # what calibrate does not measure (the CTA headroom, the busy terms from hw_copy.py's
-    # cells, the fill rates of the driver's backings; busy_start and the GEMM kind's busy shares
-    # from the 22:31 calibration's cells, refitted; the GEMM kind's GPU -> host share and its
+    # cells, the fill rates of the driver's backings; busy_start 0, as calibrate writes it (the
+    # SM kernel measured starting at once); the GEMM kind's busy shares from the 22:31
+    # calibration's cells, refitted; the GEMM kind's GPU -> host share and its
     # most, measured on the 2026-12-04 grids: the report's cells, whose CTAs move their most,
     # fit the share above it alike, so the base's is kept) comes back as committed
     assert a["sm"]["cta_headroom"] == b["sm"]["cta_headroom"] == 2.0
-    assert a["sm"]["interference"]["busy_start"] == pytest.approx(716e-6)
+    assert a["sm"]["interference"]["busy_start"] == b["sm"]["interference"]["busy_start"] == 0.0
     gemm = a["sm"]["interference"]["gemm"]
     assert (gemm["busy_cta_efficiency_d2h"], gemm["busy_rate_d2h"]) == pytest.approx((0.88, 33.3e9))
     # except compute.latency and compute.scale: refitted on 2026-12-03 from the compute

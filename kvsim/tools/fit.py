@@ -17,8 +17,8 @@ of work (``sm.interference.gemm`` / ``.memory``, ``kvsim.tools.fitkinds``) and t
 cache's dirty limits where a throttle was seen (``kvsim.tools.fitpagecache``), how long two
 ranks' kernels on one GPU overlap (``gpu.kernel_overlap``, ``kvsim.tools.fitoverlap``), the
 link's total with one direction on each path (``link.mixed``) and what copies take longer
-under a prefill (``copy_engine.busy_per_page_*``, the SM kernel's ``busy_start`` and
-``busy_cta_efficiency``: ``kvsim.tools.fitbusy``). Everything else (the older
+under a prefill (``copy_engine.busy_per_page_*``, the SM kernel's ``busy_cta_efficiency``,
+its ``busy_start`` written 0: ``kvsim.tools.fitbusy``). Everything else (the older
 interference terms of a compute of the SMs alone, launch, step overhead, public peaks) is
 kept from a base profile. ``fit`` also says, per key, where its
 value came from; its docstring says why each term has the form it has.

@@ -5,9 +5,10 @@ page size's idle cells:
 
 - ``copy_engine.busy_per_page_h2d`` / ``_d2h`` (``fit_busy_per_page``): a copy-engine
   page's time beyond the sim's under the compute;
-- the SM kernel's ``sm.interference.busy_start`` and ``busy_cta_efficiency`` (``_d2h``
-  GPU -> host's) (``fit_busy_sm``): its CTAs wait for the compute's to retire, then move
-  bytes at a share of their idle per-CTA rate, per direction;
+- the SM kernel's ``busy_cta_efficiency`` (``_d2h`` GPU -> host's) (``fit_busy_sm``):
+  its CTAs move bytes at a share of their idle per-CTA rate, per direction; its
+  ``sm.interference.busy_start`` is written 0 (its CTAs start at once beside compute,
+  ``benchmarks/hw_copy_start.py``), what the cells leave beyond the shares reported;
 - the most GPU -> host CTAs move together beside GEMMs (``fit_busy_most``), where the
   base has one;
 - beside a step's reads, the GPU -> host share (``fit_reads_share``, from calibrate's
@@ -86,19 +87,21 @@ def kept_or_least(loss: Callable[[float], float], base: float | None) -> tuple[f
 
 
 def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
-    """The SM kernel's ``busy_start`` and per-CTA shares (``busy_cta_efficiency``, host ->
-    GPU; ``busy_cta_efficiency_d2h``) into ``d`` (a profile's fields, fitted so far) from
-    its one-way cells under compute (``rows``: GPU rows of ``busy_grid``, batches of two
-    sizes, so that a later start and a lower rate tell apart). Each cell's residual is
-    its time less the sim's (with a share, no start) less the same page size's idle
-    cell's own error scaled to its bytes. Per direction, for a share, the start is its
-    cells' residuals' median (>= 0) and the loss their squared distance from it; the
+    """The SM kernel's per-CTA shares (``busy_cta_efficiency``, host -> GPU;
+    ``busy_cta_efficiency_d2h``) into ``d`` (a profile's fields, fitted so far) from its
+    one-way cells under compute (``rows``: GPU rows of ``busy_grid``, batches of two
+    sizes, so that a fixed cost a batch and a lower rate tell apart). Each cell's residual
+    is its time less the sim's (with a share, no start) less the same page size's idle
+    cell's own error scaled to its bytes. Per direction, for a share, the fixed cost is its
+    cells' residuals' median and the loss their squared distance from it; the
     share is the least of a grid (0.05-1, to 0.005) at the least loss: where the CTAs
     keep the link full under compute (sized for twice it), every share above the one
     that binds fits alike, and the least of them is a lower bound (the base's own share is
     kept where above it and fitting alike: ``kept_or_least``); cells of CTAs too few to
-    fill the link (``busy_grid``'s) show the share itself. ``busy_start``: the
-    median of every cell's residual at its direction's share, >= 0. A direction without
+    fill the link (``busy_grid``'s) show the share itself. ``busy_start``: 0, the CTAs
+    measured starting at once beside compute (``benchmarks/hw_copy_start.py``); the median
+    of every cell's residual at its direction's share goes into ``why`` only (the
+    interference grids, idle between steps, show no such cost). A direction without
     cells keeps the other's share. On a profile with the structural model's kinds the
     shares are the GEMM kind's (``sm.interference.gemm``; the reads' kept from the base:
     the cells run a prefill, a step of GEMMs), else the one for every compute. Nothing
@@ -147,13 +150,17 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     d2h = eff.get("d2h", h2d)
     d["sm"]["interference"] = with_shares(d, busy_cta_efficiency=h2d, busy_cta_efficiency_d2h=d2h)
     res = [v for dr in eff for v in residuals(eff[dr], dr)]
-    d["sm"]["interference"]["busy_start"] = max(0.0, statistics.median(res))
+    left = statistics.median(res)
+    d["sm"]["interference"]["busy_start"] = 0.0
     sizes = sorted({(r["page"], r["bytes"]) for r in rows})
     what = (f"SM-kernel batches one way under a prefill's GEMMs ({len(rows)} cells: "
             f"{', '.join(f'{b >> 20} MiB of {pg >> 10} KiB' for pg, b in sizes)}; "
             "kvsim_backends.hw.interfere.busy_grid), each less its idle cell's own error")
     why["sm.interference.busy_start"] = (
-        f"fitted: {what}: the median of their time beyond the sim's at the shares below, >= 0")
+        "measured elsewhere: an SM copy kernel's first CTA starts at once beside a step's "
+        "GEMMs and reads (benchmarks/hw_copy_start.py); " + what + ": their time beyond the "
+        f"sim's at the shares below, median {left * 1e3:.3f} ms a batch, is not written as a "
+        "later start (the interference grids' copies, with idle between steps, show none)")
     for key, dr in (("busy_cta_efficiency", "h2d"), ("busy_cta_efficiency_d2h", "d2h")):
         if kept.get(dr):
             why[where + key] = (f"kept: the base's, which {what} fit as well as their lower "
@@ -168,11 +175,12 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
 def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str],
                   share: float | None = None) -> None:
     """The GEMM kind's ``busy_rate_d2h`` (the most the SM kernel's GPU -> host CTAs move
-    together beside GEMMs) into ``d`` (a profile's fields, its shares and ``busy_start``
-    fitted: ``fit_busy_sm``) from the GPU -> host SM-kernel cells under compute of
-    ``busy_grid`` (``rows``; ``copies``, the idle cells whose own error each takes off, as
+    together beside GEMMs) into ``d`` (a profile's fields, its shares fitted:
+    ``fit_busy_sm``) from the GPU -> host SM-kernel cells under compute of ``busy_grid``
+    (``rows``; ``copies``, the idle cells whose own error each takes off, as
     ``fit_busy_sm``): the most of a grid (5-60 GB/s, then to 0.1 GB/s about the best) at
-    the least squared residual. Cells of one CTA count cannot tell a lower share from a
+    the least squared spread of the residuals about their median (a fixed cost a batch,
+    left out as ``fit_busy_sm`` leaves it). Cells of one CTA count cannot tell a lower share from a
     most: with ``share`` (the base's GPU -> host share beside GEMMs, measured where the
     most does not bind) the most is fitted at it too, and that pair is taken where it fits
     the cells as well (their residuals' RMS within 2% of their mean time: the share kept,
@@ -194,8 +202,10 @@ def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, 
     def loss(most: float, eff: float) -> float:
         g = {**gemm, "busy_rate_d2h": most, "busy_cta_efficiency_d2h": eff}
         p = HardwareProfile.model_validate(dict(d, sm={**d["sm"], "interference": {**inter, "gemm": g}}))
-        return sum((r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e) ** 2
-                   for r, e in zip(rows, own))
+        res = [r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
+               for r, e in zip(rows, own)]
+        fixed = statistics.median(res)  # (a fixed cost a batch, as ``fit_busy_sm``'s: not the most's)
+        return sum((v - fixed) ** 2 for v in res)
 
     def fitted(eff: float) -> tuple[float, float]:  # (least loss, most in GB/s) at share ``eff``
         _, best = min((loss(g * 1e9, eff), g) for g in range(5, 61))
