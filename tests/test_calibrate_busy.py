@@ -180,7 +180,7 @@ def test_the_sm_kernel_fit_gives_back_its_shares_and_reports_a_fixed_cost(idle_e
     else:
         assert spec.busy_eff() == pytest.approx((0.35, 0.25), rel=0.01) and spec.kind_busy() is None
         assert why["sm.interference.busy_cta_efficiency_d2h"].startswith("fitted: ")
-    assert why["sm.interference.busy_start"].startswith("measured elsewhere: ")
+    assert why["sm.interference.busy_start"].startswith("measured elsewhere ")
     rows, copies = _sm_cells(0.5e-3, 1.0, idle_err, kinds=kinds)  # (at the link: the share cannot show)
     d, _ = _profile(None)
     if not kinds:

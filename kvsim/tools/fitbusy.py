@@ -7,8 +7,9 @@ page size's idle cells:
   page's time beyond the sim's under the compute;
 - the SM kernel's ``busy_cta_efficiency`` (``_d2h`` GPU -> host's) (``fit_busy_sm``):
   its CTAs move bytes at a share of their idle per-CTA rate, per direction; its
-  ``sm.interference.busy_start`` is written 0 (its CTAs start at once beside compute,
-  ``benchmarks/hw_copy_start.py``), what the cells leave beyond the shares reported;
+  ``sm.interference.busy_start`` is written 0 (its CTAs start at once beside reads and
+  small GEMMs, ``benchmarks/hw_copy_start.py``), what the cells leave beyond the shares
+  reported;
 - the most GPU -> host CTAs move together beside GEMMs (``fit_busy_most``), where the
   base has one;
 - beside a step's reads, the GPU -> host share (``fit_reads_share``, from calibrate's
@@ -99,7 +100,8 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     that binds fits alike, and the least of them is a lower bound (the base's own share is
     kept where above it and fitting alike: ``kept_or_least``); cells of CTAs too few to
     fill the link (``busy_grid``'s) show the share itself. ``busy_start``: 0, the CTAs
-    measured starting at once beside compute (``benchmarks/hw_copy_start.py``); the median
+    measured starting at once beside reads and small GEMMs and within one GEMM kernel
+    beside a prefill's (``benchmarks/hw_copy_start.py``); the median
     of every cell's residual at its direction's share goes into ``why`` only (the
     interference grids, idle between steps, show no such cost). A direction without
     cells keeps the other's share. On a profile with the structural model's kinds the
@@ -157,10 +159,12 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
             f"{', '.join(f'{b >> 20} MiB of {pg >> 10} KiB' for pg, b in sizes)}; "
             "kvsim_backends.hw.interfere.busy_grid), each less its idle cell's own error")
     why["sm.interference.busy_start"] = (
-        "measured elsewhere: an SM copy kernel's first CTA starts at once beside a step's "
-        "GEMMs and reads (benchmarks/hw_copy_start.py); " + what + ": their time beyond the "
-        f"sim's at the shares below, median {left * 1e3:.3f} ms a batch, is not written as a "
-        "later start (the interference grids' copies, with idle between steps, show none)")
+        "measured elsewhere (benchmarks/hw_copy_start.py): an SM copy kernel's first CTA "
+        "starts at once beside a step's reads and small GEMMs, and at most a running GEMM "
+        "kernel's end later beside a prefill's (0.2-0.4 ms, an H100 at M = 4096); " + what
+        + f": their time beyond the sim's at the shares below, median {left * 1e3:.3f} ms a "
+        "batch, is not written as a later start (the interference grids' copies, with idle "
+        "between steps, fit 0 better)")
     for key, dr in (("busy_cta_efficiency", "h2d"), ("busy_cta_efficiency_d2h", "d2h")):
         if kept.get(dr):
             why[where + key] = (f"kept: the base's, which {what} fit as well as their lower "
