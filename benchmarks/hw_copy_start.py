@@ -4,8 +4,8 @@ The sim starts an SM copy kernel launched while a step computes ``sm.interferenc
 later than on an idle GPU, one figure for every compute. ``kvsim calibrate`` fitted it as
 what was left of its busy cells' copy time once the per-CTA share was fitted (0.7 ms on
 the H200 profile until 2026-12-05), but the interference grids' copies beside 1-5 ms of
-GEMMs end as if they started at once. A copy's time cannot tell a later start from a slower rate;
-this measures the start itself. What it can settle: the stand-in's GEMMs are persistent
+GEMMs end as if they started at once. A copy's time cannot tell a later start from a
+slower rate; this measures the start itself. What it can settle: the stand-in's GEMMs are persistent
 kernels of one CTA an SM, grids of 128 CTAs at M = 128-256 and 132 at M = 4096 on an H200
 (docs/validation.md, 2026-12-04 03:35), so beside M = 256 a copy may start at once on the
 four SMs left, and beside M = 4096 wait for the running kernel's end (0.2-0.9 ms a

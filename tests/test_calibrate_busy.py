@@ -153,8 +153,8 @@ def test_the_sm_kernel_fit_gives_back_its_shares_and_reports_a_fixed_cost(idle_e
     """Shares low enough to bind (0.35 host -> GPU, 0.25 back: below the link) come back
     from cells with a fixed cost of 1.2 ms a batch, the GEMM kind's on a profile with the
     kinds (the reads' left as they were: the cells run a prefill), else the one for all;
-    the cost is reported, not written as a later start (measured at once); with a share
-    that does not bind, a lower bound."""
+    the cost is reported, not written as a later start (the start probe finds none that
+    long); with a share that does not bind, a lower bound."""
     rows, copies = _sm_cells(1.2e-3, 0.35, idle_err, eff_d2h=0.25, kinds=kinds)
     d, _ = _profile(None)
     if not kinds:

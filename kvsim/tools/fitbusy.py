@@ -184,8 +184,8 @@ def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, 
     (``rows``; ``copies``, the idle cells whose own error each takes off, as
     ``fit_busy_sm``): the most of a grid (5-60 GB/s, then to 0.1 GB/s about the best) at
     the least squared spread of the residuals about their median (a fixed cost a batch,
-    left out as ``fit_busy_sm`` leaves it). Cells of one CTA count cannot tell a lower share from a
-    most: with ``share`` (the base's GPU -> host share beside GEMMs, measured where the
+    left out as ``fit_busy_sm`` leaves it). Cells of one CTA count cannot tell a lower
+    share from a most: with ``share`` (the base's GPU -> host share beside GEMMs, measured where the
     most does not bind) the most is fitted at it too, and that pair is taken where it fits
     the cells as well (their residuals' RMS within 2% of their mean time: the share kept,
     the most fitted). Only on a profile with the kinds
