@@ -87,6 +87,13 @@ def kept_or_least(loss: Callable[[float], float], base: float | None) -> tuple[f
     return lo, False
 
 
+def _spread(res: list[float]) -> float:
+    """The squared distance of busy cells' residuals from their median (>= 0): the loss
+    of a rate term, a fixed cost a batch left out (``fit_busy_sm``, ``fit_busy_most``)."""
+    fixed = max(0.0, statistics.median(res))
+    return sum((v - fixed) ** 2 for v in res)
+
+
 def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, str]) -> None:
     """The SM kernel's per-CTA shares (``busy_cta_efficiency``, host -> GPU;
     ``busy_cta_efficiency_d2h``) into ``d`` (a profile's fields, fitted so far) from its
@@ -137,9 +144,7 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
                 for r, e in zip(rows, own) if r["dir"] == dr]
 
     def loss(eff: float, dr: str) -> float:
-        res = residuals(eff, dr)
-        start = max(0.0, statistics.median(res))
-        return sum((v - start) ** 2 for v in res)
+        return _spread(residuals(eff, dr))
 
     before = inter if at is None else inter[at]  # (the base's shares)
     kept: dict[str, bool] = {}
@@ -184,13 +189,13 @@ def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, 
     (``rows``; ``copies``, the idle cells whose own error each takes off, as
     ``fit_busy_sm``): the most of a grid (5-60 GB/s, then to 0.1 GB/s about the best) at
     the least squared spread of the residuals about their median (a fixed cost a batch,
-    left out as ``fit_busy_sm`` leaves it). Cells of one CTA count cannot tell a lower
-    share from a most: with ``share`` (the base's GPU -> host share beside GEMMs, measured where the
-    most does not bind) the most is fitted at it too, and that pair is taken where it fits
-    the cells as well (their residuals' RMS within 2% of their mean time: the share kept,
-    the most fitted). Only on a profile with the kinds
-    whose GEMM kind has a most (the base's): one without keeps none. Kept where no most
-    fits better than 60 GB/s (above the link: none of the cells moved it)."""
+    left out as ``fit_busy_sm`` leaves it: ``_spread``). Cells of one CTA count cannot
+    tell a lower share from a most: with ``share`` (the base's GPU -> host share beside
+    GEMMs, measured where the most does not bind) the most is fitted at it too, and that
+    pair is taken where it fits the cells as well (their residuals' RMS within 2% of their
+    mean time: the share kept, the most fitted). Only on a profile with the kinds whose
+    GEMM kind has a most (the base's): one without keeps none. Kept where no most fits
+    better than 60 GB/s (above the link: none of the cells moved it)."""
     inter = d["sm"]["interference"]
     gemm = inter.get("gemm")
     if not (gemm and inter.get("memory")) or gemm.get("busy_rate_d2h") is None:
@@ -206,10 +211,8 @@ def fit_busy_most(rows: list[dict], copies: list[dict], d: dict, why: dict[str, 
     def loss(most: float, eff: float) -> float:
         g = {**gemm, "busy_rate_d2h": most, "busy_cta_efficiency_d2h": eff}
         p = HardwareProfile.model_validate(dict(d, sm={**d["sm"], "interference": {**inter, "gemm": g}}))
-        res = [r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
-               for r, e in zip(rows, own)]
-        fixed = statistics.median(res)  # (a fixed cost a batch, as ``fit_busy_sm``'s: not the most's)
-        return sum((v - fixed) ** 2 for v in res)
+        return _spread([r["copy_s"] - sim_cell(p, r, r["compute_s"], cell_work(r))[0] - e
+                        for r, e in zip(rows, own)])
 
     def fitted(eff: float) -> tuple[float, float]:  # (least loss, most in GB/s) at share ``eff``
         _, best = min((loss(g * 1e9, eff), g) for g in range(5, 61))
