@@ -710,6 +710,42 @@ def test_compute_summary_tells_the_compute_bound_steps_apart():
     assert h["bound_calls"] == 1 and h["bound_stretch_s"] == pytest.approx(-0.001)
 
 
+def test_compute_summary_splits_the_steps_beside_transfers():
+    """Given the timing log: the memory-bound steps a transfer overlapped, their stretch and
+    what it is beyond the quiet steps' ratio (the interference, apart from the backend's own
+    overrun); a compute-bound step is in neither, a transfer that began before a step counts."""
+    from kvsim.tools.computelog import SIM_GEMM_COL, compute_summary
+
+    calls = [[0.0, 2e-3, 2.02e-3, 0.0, 0],    # quiet, x1.01
+             [1.0, 4e-3, 4.04e-3, 0.0, 0],    # quiet, x1.01 (the transfer at 1.5 misses it)
+             [2.0, 2e-3, 2.10e-3, 0.0, 0],    # a transfer begins inside it
+             [3.0, 0.1, 0.095, 0.09, 0],      # compute-bound: apart, though a transfer ran
+             [5.0, 2e-3, 2.05e-3, 0.0, 0]]    # a transfer begun before it still runs
+    log = [{"t_s": 1.5, "seconds": 0.1, "src": "gpu", "dst": "host"},
+           {"t_s": 2.001, "seconds": 5e-4, "src": "host", "dst": "gpu"},
+           {"t_s": 3.01, "seconds": 0.01, "src": "gpu", "dst": "host"},
+           {"t_s": 4.999, "seconds": 2e-3, "src": "disk", "dst": "gpu"}]
+    c = compute_summary(calls, SIM_GEMM_COL, log)
+    assert c["bound_calls"] == 1
+    assert c["quiet_calls"] == 2 and c["quiet_stretch_s"] == pytest.approx(0.06e-3)
+    assert c["quiet_ratio_p50"] == pytest.approx(1.01)
+    assert c["beside_calls"] == 2 and c["beside_nominal_s"] == pytest.approx(4e-3)
+    assert c["beside_stretch_s"] == pytest.approx(0.15e-3)
+    assert c["beside_excess_s"] == pytest.approx(0.15e-3 - 4e-3 * 0.01)
+    quiet = compute_summary(calls, SIM_GEMM_COL, [])
+    assert quiet["beside_calls"] == 0 and quiet["quiet_calls"] == 4 and quiet["beside_excess_s"] == 0.0
+    assert "beside_calls" not in compute_summary(calls, SIM_GEMM_COL)  # (no timing log given)
+    from kvsim.tools.reports import _compute_caption
+
+    line = _compute_caption(c, quiet)
+    assert "beside transfers 2 (0.00 s nominal) +0.000 s, +0.000 s beyond the quiet ones' x1.0100" in line
+    assert "beside transfers 0 (0.00 s nominal)" in line
+    # no quiet step of 1 ms or more: no ratio, the whole stretch is the excess
+    c = compute_summary([[0.0, 2e-3, 2.1e-3, 0.0, 0]], SIM_GEMM_COL,
+                        [{"t_s": 0.001, "seconds": 1e-4, "src": "gpu", "dst": "host"}])
+    assert c["quiet_ratio_p50"] is None and c["beside_excess_s"] == pytest.approx(0.1e-3)
+
+
 def test_write_report_leaves_nothing_half_written(tmp_path, monkeypatch):
     from kvsim.tools.reports import CALL_LOGS_FILE, write_report
 

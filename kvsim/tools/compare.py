@@ -207,8 +207,8 @@ def compare_results(sim: Result, hw: Result, sim_log: list[dict], hw_log: list[d
             "rel_err_GBps": rel_err(a.get("GBps"), b.get("GBps")),
         }
     report = {"config": sim.cfg.name, "metrics": metrics, "transfers": transfers,
-              "compute": {"sim": compute_summary(sim_compute, SIM_GEMM_COL),
-                          "hw": compute_summary(hw_compute, HW_GEMM_COL)},
+              "compute": {"sim": compute_summary(sim_compute, SIM_GEMM_COL, sim_log),
+                          "hw": compute_summary(hw_compute, HW_GEMM_COL, hw_log)},
               "turns": {**hits_agreement(sim.rows, hw.rows), **turn_timing(sim.rows, hw.rows)},
               "sim_wall_s": sim.metrics.get("wall_time_s"), "hw_wall_s": hw.metrics.get("wall_time_s")}
     ranks = per_rank(sim.metrics, hw.metrics)
