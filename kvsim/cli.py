@@ -259,7 +259,8 @@ def compare(
     hw_loop: Optional[str] = typer.Option(None, "--hw-loop", help="the sim side's model of the hw "
                                           "backend's own host costs: a YAML or a name under "
                                           "configs/hwloop/, or none (default: h200; with "
-                                          "--saved-profile, the one that run's compare used)"),
+                                          "--calibrate, h200's with its step terms measured here; "
+                                          "with --saved-profile, the one that run's compare used)"),
 ):
     """Replay one config and trace on the sim and the hw backends; report both side by side."""
     from kvsim.tools.compare import compare as run_compare, compare_saved
@@ -318,19 +319,14 @@ def compare(
                                                     pin_arrivals=pin_arrivals, hw_loop=loop)
                     results = (("sim", sim_res),)
                 else:
-                    if calibrate_first:
-                        from kvsim.tools.calibrate import calibrate as run_calibration
+                    hw_opts = {"time_scale": time_scale, "device": device, "compute_graphs": compute_graphs}
+                    if calibrate_first:  # the profile, then (unless --hw-loop) the loop's step terms
+                        from kvsim.tools.loopprobe import calibrate_here
 
-                        prepare_run(cfg, trace)  # bad config or trace: fail before measuring
-                        prof = stage.path / "hardware.yaml"
-                        cal = run_calibration(prof, base=cfg.hardware, device=device,
-                                              kind_terms=kind_terms, power_state=power_state)
-                        console.print(f"calibrated: {dest / prof.name} ({cal['seconds']:.1f} s; the "
-                                      f"fit check in {prof.name}.report.json)")
-                        cfg = load_config(config, [*set_, f"hardware={prof}"])
-                    report, sim_res, hw_res = run_compare(cfg, trace, {
-                        "time_scale": time_scale, "device": device, "compute_graphs": compute_graphs},
-                        hw_loop=loop)
+                        cfg, loop = calibrate_here(console, stage.path, dest, cfg, trace, hw_opts, loop,
+                                                   config=config, set_=set_, kind_terms=kind_terms,
+                                                   power_state=power_state)
+                    report, sim_res, hw_res = run_compare(cfg, trace, hw_opts, hw_loop=loop)
                     results = (("sim", sim_res), ("hw", hw_res))
                     if calibrate_first:  # the profile's path once the folder is in place
                         final = {"hardware": str(dest / "hardware.yaml")}

@@ -146,6 +146,9 @@ def test_compare_calibrates_first_and_the_saved_run_keeps_its_profile(tmp_path):
     assert r.exit_code == 0, r.output
     prof = load_profile(out / "hardware.yaml")
     assert (out / "hardware.yaml.report.json").exists() and "CPU mode" in prof.notes
+    # no GPU: the hw loop's default model kept, no probe run (tests/test_loopprobe.py)
+    assert "hw loop: h200 kept (CPU mode" in " ".join(r.output.split())
+    assert not (out / "hwloop.yaml").exists()
     for side in ("sim", "hw"):
         s = json.loads((out / side / "summary.json").read_text())
         assert s["config"]["hardware"] == str(out / "hardware.yaml")

@@ -44,7 +44,7 @@ NAMES: dict[str, frozenset[str]] = {
     "run": frozenset({"summary.json", "requests.csv", "timeline.csv", "timeline.png", "ttft_cdf.png",
                       "point.json"}),   # (a study's point folder is a run folder and its point.json)
     "compare": frozenset({"compare.json", "compare-calls.json.gz", "sim", "hw", "hardware.yaml",
-                          "hardware.yaml.report.json"}),
+                          "hardware.yaml.report.json", "hwloop.yaml"}),
     "study": frozenset({"study.yaml", "points", "study.csv", "study.parquet", "failures.json", "plots",
                        "report.html"}),
     "tune": frozenset({"optuna.db", "optuna.db-journal", "optuna.db-wal", "optuna.db-shm", "trials",

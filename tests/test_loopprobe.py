@@ -1,0 +1,82 @@
+"""The hw loop's step terms measured before a compare (``kvsim.tools.loopprobe``): the
+probe's config, its check on the sim, the fit of a hw compute log and the file it writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuskip import have_gpu
+from kvsim.config import load_config
+from kvsim.tools import loopprobe
+from kvsim.tools.hwloop import load_hw_loop
+
+SLICE = ["configs/agentic-slice.yaml", ["engine.fast_forward=false"]]
+
+
+def hw_rows(n: int, gap: float, rate: float, after: float) -> list[list]:
+    """A hw compute log (``kvsim_backends.hw.logs``) of ``n`` memory-bound steps of 4-10 ms
+    (0.2 ms of GEMMs each), ``gap`` of idle GPU before each, running ``rate`` x (reads -
+    ``after``) over nominal."""
+    rows, t = [], 0.0
+    for i in range(n):
+        nominal = 4e-3 + 6e-3 * ((i * 7) % n) / n
+        took = nominal + rate * max(0.0, nominal - 0.2e-3 - after)
+        rows.append([t, nominal, took, took, gap if i else None, 5e-5, 0.2e-3, 0])
+        t += took + gap
+    return rows
+
+
+def test_the_probe_replays_its_own_workload_on_the_compared_config():
+    """Its synthetic workload (seeded alone: any config's seed gives the same probe) and one
+    GPU tier in place of the config's; the model, page size, engine and profile kept."""
+    cfg = load_config(*SLICE)
+    p = loopprobe.probe_config(cfg)
+    assert p.workload.kind == "synthetic" and p.workload.synthetic.n_sessions == 3
+    assert [(t.level, t.quota) for t in p.cache.tiers] == [("gpu", 24 << 30)]
+    assert (p.model, p.hardware, p.engine, p.cache.tokens_per_block) == \
+        (cfg.model, cfg.hardware, cfg.engine, cfg.cache.tokens_per_block)
+    other = loopprobe.probe_config(load_config(SLICE[0], [*SLICE[1], "seed=7"]))
+    assert other.workload == p.workload
+    loopprobe.check(cfg)  # its sim replay completes and runs enough memory-bound steps
+
+
+def test_the_check_refuses_a_probe_that_cannot_fit(monkeypatch):
+    cfg = load_config(*SLICE)
+    monkeypatch.setattr(loopprobe, "MIN_STEPS", 10**6)
+    with pytest.raises(ValueError, match=r"hw loop probe: .* memory-bound steps \(needs 1000000\).*--hw-loop"):
+        loopprobe.check(cfg)
+
+
+def test_fit_steps_finds_the_terms_of_a_log_and_keeps_the_base_model():
+    base = load_hw_loop("h200")
+    model, rep = loopprobe.fit_steps(hw_rows(400, 100e-6, 0.02, 3e-3), base)
+    assert model.step.gap == pytest.approx(100e-6, rel=1e-9)
+    assert model.step.overrun_rate == pytest.approx(0.02, rel=1e-6)
+    assert model.step.overrun_after == pytest.approx(3e-3, rel=1e-6)
+    assert model.name == "h200-probed" and rep["steps"] == 399  # (the first has no gap)
+    assert model.model_dump(exclude={"step", "name"}) == base.model_dump(exclude={"step", "name"})
+    with pytest.raises(ValueError, match="199 ordinary steps, fewer than 200"):
+        loopprobe.fit_steps(hw_rows(200, 100e-6, 0.02, 3e-3), base)
+
+
+def test_the_written_model_reads_back(tmp_path):
+    base = load_hw_loop("h200")
+    model, rep = loopprobe.fit_steps(hw_rows(300, 96.5e-6, 0.0232, 3.86e-3), base)
+    loopprobe.write(tmp_path / "hwloop.yaml", model, rep)
+    text = (tmp_path / "hwloop.yaml").read_text()
+    assert "measured here" in text and "299 ordinary steps" in text
+    back = load_hw_loop(tmp_path / "hwloop.yaml")
+    assert back.model_dump(exclude={"step"}) == model.model_dump(exclude={"step"})
+    for k in ("gap", "overrun_rate", "overrun_after"):  # six significant digits
+        assert getattr(back.step, k) == pytest.approx(getattr(model.step, k), rel=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
+def test_gpu_probe_fits_the_loop_of_this_machine():
+    """On a GPU: the probe replays on the hw backend (about 17 s) and fits a gap of tens to
+    hundreds of us before its steps and a non-negative overrun."""
+    cfg = load_config(*SLICE)
+    model, rep = loopprobe.measure(cfg, load_hw_loop("h200"), {"device": "gpu"})
+    assert rep["steps"] >= loopprobe.MIN_STEPS
+    assert 5e-6 < model.step.gap < 1e-3 and model.step.overrun_rate >= 0.0
