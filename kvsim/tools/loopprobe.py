@@ -10,18 +10,19 @@ reads beyond 4.7 ms, two replays of the agentic slice on another H200 (2026-12-0
 make hw's other turns wait longer behind them, so the sim with the shipped terms put that
 machine's TTFT p90 11% low, and with the other run's fitted terms 6%.
 
-The probe replays a short synthetic workload of its own (``PROBE``: three sessions of
-up to three turns, long contexts, so that decode steps of 3-10 ms dominate) on the hw backend,
-with the compared config's model, cache, engine and hardware profile, and fits the step
-terms to its compute log as ``kvsim.tools.fitgap`` does. It never replays the compared
-trace: the compare's hw run stays out of sample. On an H100 (2026-12-05) three probes in a
-row fitted gaps of 48.6, 43.9 and 40.4 us before a replay of the agentic slice's first 15
-turns that ran 42.7 us (the shipped terms: 79.2), and overruns that put 1.41, 0.83 and
-0.49 s on that replay's steps, which ran 0.84 s over (the shipped terms: 0.25 s). The
-gap is measured well; the overrun varies from run to run as hw's own does (two slice
-replays on one H200: +3.41 and +2.55 s), so one probe gets it within about a factor of 2. ``kvsim compare --calibrate`` runs it
-after calibrating, on a GPU and unless ``--hw-loop`` names a model, and writes the model
-it used to ``OUT/hwloop.yaml`` (the other terms are the base model's, kept).
+The probe replays a short synthetic workload of its own (``PROBE``: three sessions of up
+to three turns, long contexts, so that decode steps of 5-10 ms dominate) on the hw
+backend, with the compared config's model, page size, engine and hardware profile, and fits
+the step terms to its compute log as ``kvsim.tools.fitgap`` does. It never replays the
+compared trace: the compare's hw run stays out of sample. On an H100 (2026-12-05) three
+probes in a row fitted gaps of 48.6, 43.9 and 40.4 us before a replay of the agentic
+slice's first 15 turns that ran 42.7 us (the shipped terms: 79.2), and overruns that put
+1.41, 0.83 and 0.49 s on that replay's steps, which ran 0.84 s over (the shipped terms:
+0.25 s). The gap is measured well; the overrun varies from run to run as hw's own does
+(two slice replays on one H200: +3.41 and +2.55 s), so one probe gets it within about a
+factor of 2. ``kvsim compare --calibrate`` runs it after calibrating, on a GPU and unless
+``--hw-loop`` names a model, and writes the model it used to ``OUT/hwloop.yaml`` (the
+other terms are the base model's, kept).
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def calibrate_here(console, stage: Path, dest: Path, cfg: RunConfig, trace: str 
     from kvsim.tools.hwloop import DEFAULT, load_hw_loop  # noqa: PLC0415
 
     prepare_run(cfg, trace)  # a bad config or trace fails before anything is measured
-    if loop is None:
+    if loop is None and hw_options.get("device") != "cpu":
         check(cfg)
     prof = stage / "hardware.yaml"
     cal = run_calibration(prof, base=cfg.hardware, device=hw_options.get("device", "auto"),
