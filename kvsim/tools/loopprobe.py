@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 from kvsim.config import RunConfig
+from kvsim.config.workload import SyntheticConfig, WorkloadConfig
 from kvsim.tools.fitboost import steps_of
 from kvsim.tools.fitgap import fit, ordinary
 from kvsim.tools.hwloop import HwLoopModel, StepCost
@@ -40,11 +41,10 @@ from kvsim.tools.hwloop import HwLoopModel, StepCost
 # the probe's workload: decode-heavy sessions with contexts of 45-60k tokens: with Llama 3
 # 8B its decode steps run 5.3-9.7 ms nominal (p5-p95; the agentic slice's 5.6-10.3 ms),
 # 1,473 of them in 16.5 s simulated (the agentic slice's profile and cache)
-PROBE = {"kind": "synthetic", "start": "poisson", "sessions_per_s": 1.0,
-         "synthetic": {"n_sessions": 3, "seed": 0, "turns": [3, 3], "prefix_tokens": 4000,
-                       "first_input_tokens": 45000, "step_input_tokens": 1500,
-                       "output_tokens": 300, "think_s": 0.5, "max_context_tokens": 90000,
-                       "subagent_prob": 0.0}}
+PROBE = WorkloadConfig(kind="synthetic", start="poisson", sessions_per_s=1.0, synthetic=SyntheticConfig(
+    n_sessions=3, seed=0, turns=(3, 3), prefix_tokens=4000, first_input_tokens=45000,
+    step_input_tokens=1500, output_tokens=300, think_s=0.5, max_context_tokens=90000,
+    subagent_prob=0.0))
 MIN_STEPS = 200  # fewer ordinary steps than this: too few to fit, refused
 PROBE_GPU = "24GiB"  # the probe's one tier (its three sessions hold at most 20.3 GiB with Llama 3 8B)
 
@@ -55,7 +55,8 @@ def probe_config(cfg: RunConfig) -> RunConfig:
     size, engine and hardware kept."""
     d = cfg.model_dump(mode="json")
     cache = {**d["cache"], "tiers": [{"level": "gpu", "quota": PROBE_GPU}]}
-    return RunConfig.model_validate({**d, "name": f"{cfg.name}-loop-probe", "workload": PROBE,
+    return RunConfig.model_validate({**d, "name": f"{cfg.name}-loop-probe",
+                                     "workload": PROBE.model_dump(mode="json"),
                                      "cache": cache})
 
 
