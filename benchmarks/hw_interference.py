@@ -56,7 +56,8 @@ from several days), each kind's cells are also judged against hw's own repeatabi
 sim's mean distance from hw's median over the runs beside the runs' own mean distance, and
 how often another run's stretch is *within* of a run's, and the median of the other runs'
 stretches (the most a prediction of one figure a cell can expect), beside how often the
-sim's is: for each kind, then over all.
+sim's is: for each kind, then over all; before them, the sim's and the other runs'
+median's counts for each kind, path and direction (where the sim falls short of hw's own).
 ``--loo`` (with ``--sim-from`` of several runs): then each run's cells predicted by the
 terms fitted to the other runs' (``--fit``'s fit, leaving one run out), judged the same
 ways: ``hw_interference_loo_within: K of N``. ``--leads-from RUN ...``: each cell
@@ -265,8 +266,10 @@ def _summed(kinds: dict[str, tuple[int, int, int, int, int]]) -> tuple[int, int,
     return hw, pairs, med, sim, cells
 
 
-def repeat_within_kinds(rows: list[dict], profile) -> dict[str, tuple[int, int, int, int, int]]:
-    """``repeat_within``'s counts for each kind of compute (only kinds with such cells)."""
+def repeat_within_kinds(rows: list[dict], profile, group=lambda key: key[0]
+                        ) -> dict[str, tuple[int, int, int, int, int]]:
+    """``repeat_within``'s counts for each kind of compute (only kinds with such cells), or
+    for each ``group`` of a cell's key (``_cell_key``)."""
     by: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("device", "gpu") == "gpu":
@@ -275,7 +278,7 @@ def repeat_within_kinds(rows: list[dict], profile) -> dict[str, tuple[int, int, 
     for key, cs in by.items():
         if len(cs) < 2:
             continue
-        e = out.setdefault(key[0], [0, 0, 0, 0, 0])
+        e = out.setdefault(group(key), [0, 0, 0, 0, 0])
         for a in cs:
             others = [b["stretch"] for b in cs if b is not a]
             e[0] += sum(within(a["stretch"], a["spread"], b) for b in others)
@@ -372,6 +375,11 @@ def main(argv=None) -> None:
             ap.error(str(e))
         good, n = report(rows, profile)
         report_parts(part_rows(rows, profile))
+        groups = repeat_within_kinds(rows, profile, lambda k: f"{k[0]} {k[2]} {k[3]}")
+        if groups:  # where the sim falls short of what hw's own runs reach
+            print("by kind, path and direction, the sim within / the median of the other runs "
+                  "within, of the cells measured in several runs: " + "; ".join(
+                      f"{g} {s_} / {m} of {c}" for g, (_, _, m, s_, c) in sorted(groups.items())))
         _print_against(against_runs(rows, profile))
         kinds = repeat_within_kinds(rows, profile)
         for kind, (hw, pairs, med, sim, cells) in kinds.items():

@@ -182,6 +182,9 @@ def test_cells_of_several_runs_against_hws_own_repeatability(tmp_path, capsys):
     hw_interference.main(["--sim-from", *paths])
     lines = capsys.readouterr().out.strip().splitlines()
     k = sum(hw_interference.within(st, 0.0, sim) for st in runs)
+    assert lines[-5].startswith("by kind, path and direction, the sim within / the median of the "
+                                "other runs within, of the cells measured in several runs: "
+                                f"{base['kind']} {base['path']} {base['dir']} {k} / ")
     assert lines[-1] == f"hw_interference_sim_within: {k} of 3"
     assert lines[-4] == (f"{base['kind']}: over 1 cells measured in several runs, the sim 4.00 points of "
                          f"stretch from hw's median, hw's runs 2.33 (x1.71)")
@@ -241,6 +244,12 @@ def test_repeatability_is_counted_per_kind_and_sums_to_the_whole(tmp_path):
     assert per["memory"][:2] == (2, 6) and per["gemm"][:2] == (0, 6)
     assert hw_interference.repeat_within(close + apart, prof) == tuple(
         a + b for a, b in zip(per["memory"], per["gemm"]))
+    # grouped by any part of a cell's key (the benchmark prints kind, path and direction)
+    assert hw_interference.repeat_within_kinds(close + apart, prof, lambda k: "all") == {
+        "all": hw_interference.repeat_within(close + apart, prof)}
+    by_path = hw_interference.repeat_within_kinds(close + apart, prof, lambda k: f"{k[0]} {k[2]} {k[3]}")
+    assert by_path == {f"memory {base['path']} {base['dir']}": per["memory"],
+                       f"gemm {base['path']} {base['dir']}": per["gemm"]}
 
 
 def test_leave_one_run_out_predicts_each_run_by_the_terms_fitted_to_the_others(
