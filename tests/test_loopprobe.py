@@ -54,6 +54,12 @@ def test_fit_steps_finds_the_terms_of_a_log_and_keeps_the_base_model():
     assert model.step.overrun_rate == pytest.approx(0.02, rel=1e-6)
     assert model.step.overrun_after == pytest.approx(3e-3, rel=1e-6)
     assert model.name == "h200-probed" and rep["steps"] == 399  # (the first has no gap)
+    # the overrun a read second, by third of the run (each third's summed overrun / reads)
+    rows = loopprobe.ordinary(loopprobe.steps_of(hw_rows(400, 100e-6, 0.02, 3e-3)))
+    thirds = [rows[:133], rows[133:266], rows[266:]]
+    assert rep["overrun_per_read_s_by_third"] == pytest.approx(
+        [sum(r[2] for r in p) / sum(r[1] for r in p) for p in thirds])
+    assert all(0.0 < x < 0.02 for x in rep["overrun_per_read_s_by_third"])
     assert model.model_dump(exclude={"step", "name"}) == base.model_dump(exclude={"step", "name"})
     with pytest.raises(ValueError, match="199 ordinary steps, fewer than 200"):
         loopprobe.fit_steps(hw_rows(200, 100e-6, 0.02, 3e-3), base)
@@ -65,6 +71,7 @@ def test_the_written_model_reads_back(tmp_path):
     loopprobe.write(tmp_path / "hwloop.yaml", model, rep)
     text = (tmp_path / "hwloop.yaml").read_text()
     assert "measured here" in text and "299 ordinary steps" in text
+    assert "a read second's, by third of the run: " in text
     back = load_hw_loop(tmp_path / "hwloop.yaml")
     assert back.model_dump(exclude={"step"}) == model.model_dump(exclude={"step"})
     for k in ("gap", "overrun_rate", "overrun_after"):  # six significant digits

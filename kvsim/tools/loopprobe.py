@@ -88,7 +88,11 @@ def fit_steps(hw_compute: list, base: HwLoopModel) -> tuple[HwLoopModel, dict]:
     step = StepCost(gap=t["gap"], overrun_rate=t["overrun_rate"], overrun_after=t["overrun_after"])
     name = f"{base.name}-probed" if base.name != "none" else "probed"
     model = base.model_copy(update={"step": step, "name": name})
-    return model, {"steps": len(rows), "overrun_s": sum(r[2] for r in rows), **t}
+    k = len(rows) // 3  # (whether the overrun settles as the probe runs: per read second, by third)
+    thirds = [rows[:k], rows[k:2 * k], rows[2 * k:]]
+    by_third = [sum(r[2] for r in p) / sum(r[1] for r in p) for p in thirds]
+    return model, {"steps": len(rows), "overrun_s": sum(r[2] for r in rows), **t,
+                   "overrun_per_read_s_by_third": by_third}
 
 
 def measure(cfg: RunConfig, base: HwLoopModel, hw_options: dict | None = None) -> tuple[HwLoopModel, dict]:
@@ -113,12 +117,17 @@ def loop_yaml(model: HwLoopModel, report: dict, when: str) -> str:
     head = {k: v for k, v in d.items() if k != "notes"}
     text = (f"# The hw loop's model for this compare (kvsim.tools.hwloop). The step terms were\n"
             f"# measured here ({when}): kvsim.tools.loopprobe's synthetic workload replayed on\n"
-            f"# the hw backend, {report['steps']} ordinary steps (overrun {report['overrun_s']:+.3f} s),\n"
+            f"# the hw backend, {report['steps']} ordinary steps (overrun {report['overrun_s']:+.3f} s;\n"
+            f"# a read second's, by third of the run: {_thirds(report)}),\n"
             f"# fitted as kvsim.tools.fitgap fits them; every other term is the base model's.\n")
     text += yaml.safe_dump(head, sort_keys=False)
     text += "step:\n" + "".join(f"  {k}: {_sec(k, v)}\n" for k, v in step.items())
     text += yaml.safe_dump({"notes": d.get("notes", "")}, sort_keys=False)
     return text
+
+
+def _thirds(report: dict) -> str:
+    return " / ".join(f"{x:.3%}" for x in report["overrun_per_read_s_by_third"])
 
 
 def _sec(key: str, v: float) -> str:
@@ -165,5 +174,5 @@ def calibrate_here(console, stage: Path, dest: Path, cfg: RunConfig, trace: str 
     s = loop.step
     console.print(f"hw loop probed: {dest / 'hwloop.yaml'} ({rep['seconds']:.1f} s; {rep['steps']} steps: "
                   f"gap {s.gap * 1e6:.1f} us, overrun {s.overrun_rate:.4f} of reads beyond "
-                  f"{s.overrun_after * 1e3:.2f} ms)")
+                  f"{s.overrun_after * 1e3:.2f} ms; a read second's by third of the run: {_thirds(rep)})")
     return cfg, loop
