@@ -78,8 +78,8 @@ def check(cfg: RunConfig) -> None:
 
 def fit_steps(hw_compute: list, base: HwLoopModel) -> tuple[HwLoopModel, dict]:
     """``base`` with its ``step`` terms fitted to a hw compute log, and what was fitted:
-    the ordinary steps' count and summed overrun. ValueError with fewer than
-    ``MIN_STEPS`` ordinary steps."""
+    the ordinary steps' count and summed overrun, and the overrun a read second in each
+    third of them (in order). ValueError with fewer than ``MIN_STEPS`` ordinary steps."""
     rows = ordinary(steps_of(hw_compute))
     if len(rows) < MIN_STEPS:
         raise ValueError(f"hw loop probe: {len(rows)} ordinary steps, fewer than {MIN_STEPS} "
