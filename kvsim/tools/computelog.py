@@ -101,7 +101,9 @@ def beside_transfers(calls, transfers: Iterable[dict]) -> dict:
     quiet = ~beside
     big = quiet & (nominal >= 1e-3)
     ratio = float(np.percentile(c[big, 2] / nominal[big], 50)) if big.any() else None
-    excess = stretch[beside].sum() - (nominal[beside].sum() * (ratio - 1.0) if ratio is not None else 0.0)
+    excess = stretch[beside].sum()
+    if ratio is not None:
+        excess -= nominal[beside].sum() * (ratio - 1.0)
     return {"quiet_calls": int(quiet.sum()), "quiet_stretch_s": float(stretch[quiet].sum()),
             "quiet_ratio_p50": ratio, "beside_calls": int(beside.sum()),
             "beside_nominal_s": float(nominal[beside].sum()),

@@ -166,8 +166,8 @@ def fit_busy_sm(rows: list[dict], copies: list[dict], d: dict, why: dict[str, st
     why["sm.interference.busy_start"] = (
         "measured elsewhere (benchmarks/hw_copy_start.py): an SM copy kernel's first CTA "
         "starts at once beside a step's reads and small GEMMs, and at most a running GEMM "
-        "kernel's end later beside a prefill's (0.2-0.4 ms at M = 4096, an H100 and an H200); " + what
-        + f": their time beyond the sim's at the shares below, median {left * 1e3:.3f} ms a "
+        "kernel's end later beside a prefill's (0.2-0.4 ms at M = 4096, an H100 and an H200); "
+        + what + f": their time beyond the sim's at the shares below, median {left * 1e3:.3f} ms a "
         "batch, is not written as a later start (the interference grids' copies, with idle "
         "between steps, fit 0 better)")
     for key, dr in (("busy_cta_efficiency", "h2d"), ("busy_cta_efficiency_d2h", "d2h")):

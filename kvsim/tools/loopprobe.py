@@ -34,7 +34,7 @@ import yaml
 
 from kvsim.config import RunConfig
 from kvsim.config.workload import SyntheticConfig, WorkloadConfig
-from kvsim.tools.fitboost import steps_of
+from kvsim.tools.fitboost import compute_bound, steps_of
 from kvsim.tools.fitgap import fit, ordinary
 from kvsim.tools.hwloop import HwLoopModel, StepCost
 
@@ -68,7 +68,7 @@ def check(cfg: RunConfig) -> None:
 
     log: list = []
     res = replay(prepare_run(probe_config(cfg)), "sim", backend_options={"compute_log": log})
-    steps = sum(1 for r in log if not r[3] >= 0.5 * r[1])
+    steps = sum(1 for r in log if not compute_bound(r[1], r[3]))
     failed = res.metrics.get("requests_failed", 0)
     if failed or steps < MIN_STEPS:
         raise ValueError(f"hw loop probe: with model {cfg.model!r} its replay on the sim failed "

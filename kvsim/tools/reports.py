@@ -173,12 +173,12 @@ def _compute_caption(a: dict, b: dict) -> str:
         r = c.get("ratio_p50")
         bound = (f", compute-bound steps {c['bound_stretch_s']:+.3f} s of {c['bound_nominal_s']:.2f} s"
                  if "bound_stretch_s" in c else "")
-        q = c.get("quiet_ratio_p50")
-        beside = (f"; the other steps beside transfers {c['beside_calls']} ({c['beside_nominal_s']:.2f} s "
-                  f"nominal) {c['beside_stretch_s']:+.3f} s, {c['beside_excess_s']:+.3f} s beyond the "
-                  f"quiet ones' x{q:.4f}" if q is not None else
-                  f"; the other steps beside transfers {c['beside_calls']} {c['beside_stretch_s']:+.3f} s"
-                  ) if "beside_calls" in c else ""
+        beside = ""
+        if "beside_calls" in c:  # (computelog.beside_transfers)
+            beside = (f"; the other steps beside transfers {c['beside_calls']} "
+                      f"({c['beside_nominal_s']:.2f} s nominal) {c['beside_stretch_s']:+.3f} s")
+            if c["quiet_ratio_p50"] is not None:
+                beside += f", {c['beside_excess_s']:+.3f} s beyond the quiet ones' x{c['quiet_ratio_p50']:.4f}"
         return (f"{c['seconds']:.2f} s for {c['nominal_s']:.2f} s nominal in {c['calls']} calls "
                 f"(stretch {c['stretch_s']:+.3f} s{bound}{beside}; per call p50 {c['stretch_ms_p50']:+.3f} ms, "
                 f"p90 {c['stretch_ms_p90']:+.3f} ms" + (f"; x{r:.4f} p50 from 1 ms" if r else "") + ")")
