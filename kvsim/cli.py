@@ -165,8 +165,9 @@ def calibrate(
     kind_terms: str = typer.Option("fit", "--kind-terms", help="how copies slow each kind of step "
                                    "(sm.interference.gemm / .memory): fit them to this machine's "
                                    "interference cells, or keep the base's"),
-    power_state: str = typer.Option("keep", "--power-state", help="compute.boost: keep the base's "
-                                    "(else fit the GEMM trains measured here), or fit the trains"),
+    power_state: str = typer.Option("keep", "--power-state", help="compute.boost: keep the base's (else "
+                                    "fit the GEMM trains here), fit the trains, or DIR[,DIR]: fit the hw "
+                                    "replays of earlier `kvsim compare` folders on this machine"),
 ):
     """Microbenchmark this machine and fit a hardware profile (plus OUT.report.json)."""
     from kvsim.run.outputs import check_file, write_whole
@@ -255,7 +256,7 @@ def compare(
                                    "slow each kind of step to this machine's cells, or keep the "
                                    "config's profile's (as `kvsim calibrate --kind-terms`)"),
     power_state: str = typer.Option("keep", "--power-state", help="with --calibrate: as `kvsim "
-                                    "calibrate --power-state` (keep or fit compute.boost)"),
+                                    "calibrate --power-state` (compute.boost: keep, fit or DIR[,DIR])"),
     hw_loop: Optional[str] = typer.Option(None, "--hw-loop", help="the sim side's model of the hw "
                                           "backend's own host costs: a YAML or a name under "
                                           "configs/hwloop/, or none (default: h200; with "

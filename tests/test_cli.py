@@ -212,7 +212,8 @@ def test_python_dash_m_kvsim_is_the_kvsim_command():
 
 @pytest.mark.parametrize("args, says", [
     (["calibrate", "--out", "{out}", "--kind-terms", "both"], "--kind-terms both: expected fit or keep"),
-    (["calibrate", "--out", "{out}", "--power-state", "hot"], "--power-state hot: expected keep or fit"),
+    (["calibrate", "--out", "{out}", "--power-state", "hot"], "--power-state hot: expected keep, fit or"),
+    (["calibrate", "--out", "{out}", "--power-state", "{d}"], "no hw compute log"),
     (["calibrate", "--check", "cells.json", "--profile", "h200-pcie", "--kind-terms", "keep"],
      "--kind-terms: not with --check"),
     (["compare", "configs/agentic-slice.yaml", "--kind-terms", "keep", "--out", "{res}"],
@@ -222,14 +223,14 @@ def test_python_dash_m_kvsim_is_the_kvsim_command():
     (["compare", "configs/agentic-slice.yaml", "--calibrate", "--kind-terms", "maybe", "--out", "{res}"],
      "--kind-terms maybe: expected fit or keep"),
     (["compare", "configs/agentic-slice.yaml", "--calibrate", "--power-state", "hot", "--out", "{res}"],
-     "--power-state hot: expected keep or fit"),
+     "--power-state hot: expected keep, fit or"),
 ])
 def test_fit_options_are_checked_before_anything_is_measured(tmp_path, args, says):
-    """``--kind-terms`` (fit or keep) and ``--power-state`` (keep or fit); with compare
-    only beside --calibrate: a bad value exits 2 naming it, having written nothing (a
-    calibration runs minutes)."""
+    """``--kind-terms`` (fit or keep) and ``--power-state`` (keep, fit or compare folders
+    with hw replays); with compare only beside --calibrate: a bad value exits 2 naming it,
+    having written nothing (a calibration runs minutes)."""
     out, res = tmp_path / "p.yaml", tmp_path / "cmp"
-    r = runner.invoke(app, [a.format(out=out, res=res) for a in args])
+    r = runner.invoke(app, [a.format(out=out, res=res, d=tmp_path) for a in args])
     assert r.exit_code == 2 and says in r.output
     assert not out.exists() and not res.exists()
 

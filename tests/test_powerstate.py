@@ -254,8 +254,73 @@ def test_calibrate_keeps_a_base_power_state_unless_told_to_fit_the_trains():
     assert "gain 0.2" in why["compute.boost"]  # (the trains' fit, reported)
     d, why = fit_profile(m, base, power_state="fit")
     assert Boost(**d["compute"]["boost"]).gain == pytest.approx(truth.gain, rel=0.15)
-    with pytest.raises(ValueError, match="--power-state hot: expected keep or fit"):
+    with pytest.raises(ValueError, match="--power-state hot: expected keep, fit or kvsim compare"):
         check_power_state("hot")
+
+
+def _replay_rows(b: Boost, n_turns: int = 30) -> list[list]:
+    """A hw compute log (``kvsim_backends.hw.logs`` rows) of a replay on a GPU with power
+    state ``b``: turns of 1-5 prefill steps of 20-80 ms (GEMMs 85% of each) between runs of
+    decode steps of 6-9 ms (light) lasting 0.05-3 s, each step timed as the state says."""
+    import random
+
+    rng, ps, rows, t = random.Random(7), PowerState(b), [], 0.0
+    for _ in range(n_turns):
+        for _ in range(rng.randint(1, 5)):
+            step_s = rng.uniform(0.02, 0.08)
+            work = StepWork(step_s, 1, 0, 0, 0, 4096, 0, 0.85 * step_s, 0.15 * step_s)
+            w, h, end = ps.step(t, step_s, work)
+            ps.commit(h, end)
+            rows.append([t, step_s, w, w, 0.0001, 0.0, 0.85 * step_s, 0])
+            t += w + 0.0001
+        light = rng.uniform(0.05, 3.0)
+        while light > 0:
+            step_s = rng.uniform(0.006, 0.009)
+            rows.append([t, step_s, step_s, step_s, 0.0001, 0.0, 0.0, 0])
+            t += step_s + 0.0001
+            light -= step_s
+    return rows
+
+
+def _compare_folder(path, rows) -> str:
+    """A ``kvsim compare`` folder holding only the per-call logs, its hw compute log ``rows``."""
+    import gzip
+
+    from kvsim.tools.reports import CALL_LOGS_FILE
+
+    path.mkdir()
+    (path / CALL_LOGS_FILE).write_bytes(gzip.compress(json.dumps({"hw_compute": rows}).encode()))
+    return str(path)
+
+
+def test_calibrate_fits_the_power_state_to_earlier_compares_replays(tmp_path):
+    """``power_state`` naming compare folders: ``compute.boost`` fitted to their hw replays'
+    compute-bound steps, which it predicts far better than the base's terms; a folder
+    without a hw compute log, or too few compute-bound steps, is refused naming it."""
+    from kvsim.config.hardware import CONFIG_DIR
+    from kvsim.tools.fit import fit as fit_profile
+    from kvsim.tools.fitboost import MIN_REPLAY_STEPS, check_power_state, error, load_run
+    from kvsim.tools.measured import measured_from_report
+
+    truth = Boost(0.10, 0.042, 1.5, 0.0)  # (an H100's, 2026-12-05)
+    a = _compare_folder(tmp_path / "a", _replay_rows(truth))
+    b = _compare_folder(tmp_path / "b", _replay_rows(truth, 12))
+    base = load_profile("h200-pcie-calibrated")
+    report = json.loads((CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml.report.json").read_text())
+    d, why = fit_profile(measured_from_report(report), base, power_state=f"{a},{b}")
+    got = Boost(**d["compute"]["boost"])
+    runs = [load_run(a), load_run(b)]
+    kept = Boost(*base.compute.boost.model_dump().values())
+    assert error(runs, got) < 0.002 < 0.01 < error(runs, kept)
+    assert why["compute.boost"].startswith("fitted (kvsim.tools.fitboost): ") and a in why["compute.boost"]
+    few = _compare_folder(tmp_path / "few", _replay_rows(truth, 4))
+    n = sum(1 for r in load_run(few) if fitboost.compute_bound(r[1], r[3]))
+    assert n < MIN_REPLAY_STEPS
+    with pytest.raises(ValueError, match=f"{n} compute-bound steps in their hw replays, fewer than"):
+        check_power_state(few)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: no hw compute log"):
+        check_power_state(f"{a},{tmp_path / 'empty'}")
 
 
 @pytest.mark.gpu

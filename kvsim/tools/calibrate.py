@@ -109,7 +109,7 @@ def _fit(out: Path, m: Measured, base_p: HardwareProfile, name: str, header: str
          ) -> tuple[HardwareProfile, list[dict], dict[str, str], str]:
     """Fit ``m``: (the profile, its fit check, where each fitted key came from, the YAML
     text for ``out``, validated). ``kind_terms``: 'fit' or 'keep' (``check_kind_terms``);
-    ``power_state``: 'keep' or 'fit' (``fitboost.check_power_state``)."""
+    ``power_state``: 'keep', 'fit' or compare folders (``fitboost.check_power_state``)."""
     d, why = fit(m, base_p, keep_kinds=kind_terms == "keep", power_state=power_state)
     d["name"] = name
     d["notes"] = notes
@@ -169,7 +169,8 @@ def calibrate(out: str | Path, base: str = "h200-pcie", device: str = "auto",
     (``share_works``; ``gpu.kernel_overlap``); ``kind_terms``: 'fit' the interference
     cells' structural terms per kind of step, or 'keep' the base's (checked before
     anything is measured); ``power_state``: 'keep' the base's ``compute.boost`` (fitted
-    on replays) where it has one, or 'fit' the GEMM trains measured here."""
+    on replays) where it has one, 'fit' the GEMM trains measured here, or comma-separated
+    ``kvsim compare`` folders: their hw replays on this machine (``fitboost.fit_replays``)."""
     from kvsim.run import measure_hardware  # noqa: PLC0415 (the backend registry)
 
     _check_yaml(out)

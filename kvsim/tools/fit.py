@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 
 from kvsim.config.hardware import HardwareProfile
-from kvsim.tools.fitboost import KEPT_BOOST, fit_trains
+from kvsim.tools.fitboost import KEPT_BOOST, fit_replays, fit_trains, replay_runs
 from kvsim.tools.fitbusy import fit_busy_most, fit_busy_per_page, fit_busy_sm, fit_reads_share
 from kvsim.tools.fitdriver import fit_driver
 from kvsim.tools.fitkinds import cell_work, fit_interference, sim_cell
@@ -85,7 +85,8 @@ def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False,
     ``keep_kinds``: the base's ``sm.interference.gemm`` / ``.memory`` terms stay, not the
     interference cells' fit (``fitkinds.fit_interference``'s ``keep``). ``power_state``
     (``check_power_state``): 'keep' the base's ``compute.boost`` where it has one, else
-    fit the trains; 'fit' the trains (``fitboost.fit_trains``) always.
+    fit the trains; 'fit' the trains (``fitboost.fit_trains``) always; compare folders:
+    their hw replays' compute-bound steps (``fitboost.fit_replays``).
 
     Copy paths: the link rates are the copy engine's at the largest page (one direction,
     both at once); the SM kernel gets its own ceilings (``sm.h2d`` / ``sm.d2h``: median of
@@ -215,7 +216,10 @@ def fit(m: Measured, base: HardwareProfile, keep_kinds: bool = False,
         d["compute"].update(fitted)  # (the base's power state, ``compute.boost``, kept)
         why["compute.scale"] = "fitted with compute.latency, above"
     power = m.compute.get("power")
-    if power and power.get("rows"):  # GEMM trains after idle (microbench.measure_power)
+    replays = replay_runs(power_state)  # (earlier compares' hw replays on this machine)
+    if replays:
+        d["compute"]["boost"], why["compute.boost"] = fit_replays(replays)
+    elif power and power.get("rows"):  # GEMM trains after idle (microbench.measure_power)
         boost, how = fit_trains(power["rows"])
         if power_state == "keep" and base.compute.boost is not None:
             why["compute.boost"] = f"kept: the base's ({base.name}); {KEPT_BOOST}; here {how}: " + \

@@ -19,12 +19,21 @@ memory-bound step the sim ran, else none.
 
 ``python -m kvsim.tools.fitboost OUT [OUT ...] [--hold-out]``: OUT a ``kvsim compare``
 output folder; prints the terms, each run's error before and after, and with
-``--hold-out`` each run predicted from the terms fitted on the others.
+``--hold-out`` each run predicted from the terms fitted on the others. ``kvsim calibrate
+--power-state OUT[,OUT]`` writes the same fit into the profile (``fit_replays``).
+
+The terms differ by GPU: on an H100 (2026-12-05) two slice replays fitted gain 0.10,
+spend 42 ms, recover 1.5 s, calibrated 0 together, against the H200's 0.16, 86 ms, 224 ms,
+0.12; each run's steps predicted from the other's fit 2.94% / 3.39% off, from the H200's
+4.10% / 3.78%, and the compare re-predicted with them put the per-turn TTFT median at
+-2.8% / -1.0% against -5.5% / -2.6%. A probe's worth of steps does not fit them: the
+first 15-36 compute-bound steps of one run predicted the other's 3.5-4.8% off.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from typing import Iterable, Sequence
 
@@ -153,6 +162,11 @@ def fit(runs: Sequence[Sequence[Step]]) -> tuple[Boost, float]:
     return _boost(x), err
 
 
+#: fewer compute-bound steps than this in the replays named: too few to fit the four terms
+#: (an H100, 2026-12-05: one slice replay's first 54-57 predicted the other's 3.6-3.7% off,
+#: the H200's terms 3.8-4.1%; its first 15-36, 3.5-4.8%)
+MIN_REPLAY_STEPS = 50
+
 # why ``kvsim calibrate`` keeps a base profile's terms by default (``--power-state keep``)
 KEPT_BOOST = ("the trains' terms predicted the prefills of three H200 replays of two machines "
               "-0.67 to -0.70 s off nominal where hw ran -0.26 to -0.43 s, terms fitted on "
@@ -162,9 +176,45 @@ POWER_STATES = ("keep", "fit")
 
 def check_power_state(power_state: str) -> None:
     """ValueError unless ``power_state`` is 'keep' (a base profile's ``compute.boost``
-    where it has one, else the trains' fit) or 'fit' (the trains' fit)."""
-    if power_state not in POWER_STATES:
-        raise ValueError(f"--power-state {power_state}: expected keep or fit")
+    where it has one, else the trains' fit), 'fit' (the trains' fit), or ``kvsim compare``
+    output folders, comma-separated, whose hw replays hold ``MIN_REPLAY_STEPS``
+    compute-bound steps or more together (``fit_replays``; they are read here, before
+    anything is measured)."""
+    replay_runs(power_state)
+
+
+def replay_runs(power_state: str) -> dict[str, list[Step]] | None:
+    """The hw steps of each folder ``power_state`` names (None: 'keep' or 'fit');
+    ValueError naming the folder for one that is not a compare folder with a hw compute
+    log, and for too few compute-bound steps together."""
+    if power_state in POWER_STATES:
+        return None
+    folders = [f.strip() for f in power_state.split(",") if f.strip()]
+    bad = next((f for f in folders if not os.path.isdir(f)), None)
+    if not folders or bad is not None:
+        raise ValueError(f"--power-state {power_state}: expected keep, fit or kvsim compare output "
+                         f"folders, comma-separated" + (f" ({bad}: no such folder)" if bad else ""))
+    try:
+        runs = {f: load_run(f) for f in folders}
+    except ValueError as e:
+        raise ValueError(f"--power-state {power_state}: {e}") from e
+    n = sum(1 for steps in runs.values() for s in steps if compute_bound(s[1], s[3]))
+    if n < MIN_REPLAY_STEPS:
+        raise ValueError(f"--power-state {power_state}: {n} compute-bound steps in their hw "
+                         f"replays, fewer than {MIN_REPLAY_STEPS} to fit compute.boost")
+    return runs
+
+
+def fit_replays(runs: dict[str, list[Step]]) -> tuple[dict, str]:
+    """``compute.boost`` (a profile dict's section) and where it came from, fitted to the
+    compute-bound steps of hw replays on this machine (``replay_runs``)."""
+    b, err = fit(list(runs.values()))
+    n = sum(len(predict(steps, None)) for steps in runs.values())
+    before = error(list(runs.values()), None)
+    return ({"gain": b.gain, "spend": b.spend, "recover": b.recover, "calibrated": b.calibrated},
+            f"fitted (kvsim.tools.fitboost): {n} compute-bound steps of the hw replays in "
+            f"{', '.join(runs)}, mean |rel err| of their GPU times {before:.1%} at the calibrated "
+            f"rate, {err:.1%} with the power state")
 
 
 def fit_trains(rows: Sequence[Sequence]) -> tuple[dict, str]:
@@ -186,7 +236,8 @@ def load_run(folder: str) -> list[Step]:
 
     logs = saved_call_logs(folder)
     if not logs.get("hw_compute"):
-        raise SystemExit(f"{folder}: no hw compute log (a compare saved before they were kept?)")
+        raise ValueError(f"{folder}: no hw compute log (expected a kvsim compare output folder "
+                         "with compare-calls.json.gz; a compare saved before they were kept?)")
     return steps_of(logs["hw_compute"], logs.get("sim_compute") or ())
 
 
@@ -196,7 +247,11 @@ def main(argv: Sequence[str]) -> int:
     if not folders:
         print("usage: python -m kvsim.tools.fitboost OUT [OUT ...] [--hold-out]", file=sys.stderr)
         return 2
-    runs = [load_run(f) for f in folders]
+    try:
+        runs = [load_run(f) for f in folders]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     b, err = fit(runs)
     print(f"compute.boost: gain {b.gain:.4g}, spend {b.spend * 1e3:.4g} ms, "
           f"recover {b.recover * 1e3:.4g} ms, calibrated {b.calibrated:.4g}")

@@ -99,7 +99,11 @@ def main(argv: Sequence[str]) -> int:
     if not folders:
         print("usage: python -m kvsim.tools.fitgap OUT [OUT ...] [--hold-out]", file=sys.stderr)
         return 2
-    runs = [ordinary(load_run(f)) for f in folders]
+    try:
+        runs = [ordinary(load_run(f)) for f in folders]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t = fit(runs)
     print(f"step: gap {t['gap'] * 1e6:.2f} us, overrun_rate {t['overrun_rate']:.5f}, "
           f"overrun_after {t['overrun_after'] * 1e3:.4f} ms")
