@@ -355,3 +355,31 @@ def test_gpu_gemm_steps_after_idle_run_short_and_the_fit_says_so():
     b, err = fitboost.fit([steps])
     print(f"compute.boost: {b}, mean |rel err| {fitboost.error([steps], None):.2%} -> {err:.2%}")
     assert b.gain > 0 and err < fitboost.error([steps], None)
+
+
+def test_calibrate_cli_writes_the_replays_power_state(tmp_path):
+    """``kvsim calibrate --from-report R --out P --power-state A,B`` writes the terms the
+    replays fit (as ``fitboost.fit`` fits them) and says where they came from; every
+    other key as without the option."""
+    from typer.testing import CliRunner
+
+    from kvsim.cli import app
+    from kvsim.config.hardware import CONFIG_DIR
+    from kvsim.tools.fitboost import fit, load_run
+
+    truth = Boost(0.10, 0.042, 1.5, 0.0)
+    a = _compare_folder(tmp_path / "a", _replay_rows(truth))
+    b = _compare_folder(tmp_path / "b", _replay_rows(truth, 12))
+    report = str(CONFIG_DIR / "hardware" / "h200-pcie-calibrated.yaml.report.json")
+    out, plain = tmp_path / "p.yaml", tmp_path / "q" / "p.yaml"
+    r = CliRunner().invoke(app, ["calibrate", "--from-report", report, "--out", str(out),
+                                 "--power-state", f"{a},{b}"])
+    assert r.exit_code == 0, r.output
+    want, _ = fit([load_run(a), load_run(b)])
+    got = load_profile(out).compute.boost
+    assert (got.gain, got.spend, got.recover, got.calibrated) == pytest.approx(tuple(want), rel=1e-4)
+    assert "compute.boost: fitted (kvsim.tools.fitboost): " in out.read_text()
+    assert CliRunner().invoke(app, ["calibrate", "--from-report", report, "--out", str(plain)]).exit_code == 0
+    p, q = load_profile(out).model_dump(), load_profile(plain).model_dump()
+    assert p["compute"].pop("boost") != q["compute"].pop("boost")
+    assert p == q
