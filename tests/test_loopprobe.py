@@ -1,5 +1,6 @@
 """The hw loop's step terms measured before a compare (``kvsim.tools.loopprobe``): the
-probe's config, its check on the sim, the fit of a hw compute log and the file it writes."""
+probe's config, its check on the sim, the fit of a hw compute log (the step terms, and
+the host costs at a resume) and the file it writes."""
 
 from __future__ import annotations
 
@@ -78,6 +79,61 @@ def test_the_written_model_reads_back(tmp_path):
         assert getattr(back.step, k) == pytest.approx(getattr(model.step, k), rel=1e-5)
 
 
+def with_resumes(rows: list[list], scale: float, model, at=(50, 120, 180, 240, 300, 360)):
+    """``rows`` with a resume before each step of ``at`` (3,000-5,500 GPU pages, the check
+    launched) whose host lag is ``scale`` x what ``model`` charges it, +-3%: (rows, resumes)."""
+    rows = [list(r) for r in rows]
+    resumes = []
+    for j, i in enumerate(at):
+        pages = 3000 + 500 * j
+        cost = model.resume_s(pages) + pages * model.refcheck.launch_per_page
+        rows[i][5] += scale * cost * (1.03 if j % 2 else 0.97)
+        resumes.append((i, pages))
+    return rows, [(0, 0), *resumes]  # (a cold prompt's resume: no pages, no cost)
+
+
+def test_fit_host_scales_the_resume_costs_to_this_hosts_lag():
+    """The host lag of the steps after resumes, beyond the median step's, over what the
+    model charges them: its resume terms scaled by that (least squares), the rest kept."""
+    base = load_hw_loop("h200")
+    rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.0, 0.0), 1.2, base)
+    model, rep = loopprobe.fit_host(rows, resumes, base, checked=True)
+    assert rep["resumes"] == 6 and rep["host_scale"] == pytest.approx(1.2, rel=0.01)
+    k = rep["host_scale"]
+    assert model.resume == pytest.approx(base.resume * k) and model.resume_per_page == pytest.approx(
+        base.resume_per_page * k)
+    assert model.refcheck.launch_per_page == pytest.approx(base.refcheck.launch_per_page * k)
+    assert model.model_dump(exclude={"resume", "resume_per_page", "refcheck"}) == \
+        base.model_dump(exclude={"resume", "resume_per_page", "refcheck"})
+    assert model.refcheck.latency == base.refcheck.latency
+    # without the check, its launch is not in the cost: the same lags give a larger scale
+    _, rep2 = loopprobe.fit_host(rows, resumes, base, checked=False)
+    assert rep2["host_scale"] > 1.3
+
+
+def test_fit_host_keeps_the_base_for_too_few_resumes_or_no_hosts_speed():
+    base = load_hw_loop("h200")
+    rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.0, 0.0), 1.2, base, at=(50, 120, 180))
+    model, rep = loopprobe.fit_host(rows, resumes, base, checked=True)
+    assert model == base and rep == {"resumes": 3, "host_scale": None}
+    rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.0, 0.0), 10.0, base)
+    model, rep = loopprobe.fit_host(rows, resumes, base, checked=True)
+    assert model == base and rep["host_scale"] is None and rep["host_scale_refused"] == pytest.approx(10, rel=0.01)
+    assert "x10 is no host's speed" in loopprobe._host(rep)
+
+
+def test_the_written_model_says_its_host_scale(tmp_path):
+    base = load_hw_loop("h200")
+    rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.02, 3e-3), 1.2, base)
+    model, rep = loopprobe.fit_steps(rows, base)
+    model, host = loopprobe.fit_host(rows, resumes, model, checked=True)
+    loopprobe.write(tmp_path / "hwloop.yaml", model, {**rep, **host})
+    text = (tmp_path / "hwloop.yaml").read_text()
+    assert f"the base's x{host['host_scale']:.3f}, fitted to 6 resumes' host lag" in text
+    back = load_hw_loop(tmp_path / "hwloop.yaml")
+    assert back.resume_per_page == pytest.approx(model.resume_per_page, rel=1e-9)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not have_gpu(), reason="needs CuPy and a CUDA GPU")
 def test_gpu_probe_fits_the_loop_of_this_machine():
@@ -87,3 +143,4 @@ def test_gpu_probe_fits_the_loop_of_this_machine():
     model, rep = loopprobe.measure(cfg, load_hw_loop("h200"), {"device": "gpu"})
     assert rep["steps"] >= loopprobe.MIN_STEPS
     assert 5e-6 < model.step.gap < 1e-3 and model.step.overrun_rate >= 0.0
+    assert rep["resumes"] >= loopprobe.MIN_RESUMES  # (its six: on the sim, 248-3,476 pages)

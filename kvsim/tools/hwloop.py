@@ -50,7 +50,9 @@ What the model charges (all default 0: the loop costs nothing):
 The shipped ``configs/hwloop/h200.yaml`` holds the terms fitted to and measured on the H200
 machine's replays (its comments say how); ``none`` is the model that charges nothing.
 ``kvsim compare --calibrate`` measures the ``step`` terms on the machine it runs on
-(``kvsim.tools.loopprobe``): they differ between machines more than any other term here.
+(``kvsim.tools.loopprobe``): they differ between machines more than any other term here;
+and scales the host costs at a resume (``resume``, ``resume_per_page``,
+``refcheck.launch_per_page``) to the probe's resumes' host lag.
 """
 
 from __future__ import annotations

@@ -20,13 +20,22 @@ slice's first 15 turns that ran 42.7 us (the shipped terms: 79.2), and overruns 
 1.41, 0.83 and 0.49 s on that replay's steps, which ran 0.84 s over (the shipped terms:
 0.25 s). The gap is measured well; the overrun varies from run to run as hw's own does
 (two slice replays on one H200: +3.41 and +2.55 s), so one probe gets it within about a
-factor of 2. ``kvsim compare --calibrate`` runs it after calibrating, on a GPU and unless
-``--hw-loop`` names a model, and writes the model it used to ``OUT/hwloop.yaml`` (the
-other terms are the base model's, kept).
+factor of 2 at best: on another H100 the probes before two replays measured +2.6 to +3.3%
+and -3.1 to -3.5% a read second, where the replays' quiet steps ran x1.014 and x1.025
+(docs/compute.md). ``kvsim compare --calibrate`` runs it after calibrating, on a GPU and unless
+``--hw-loop`` names a model, and writes the model it used to ``OUT/hwloop.yaml``.
+
+Its six resumes of GPU pages (248-3,476 with Llama 3 8B: the shared prefix, later turns)
+scale the model's host costs at a resume (``fit_host``): the loop's Python work, which a
+host's speed moves (an H100 machine's ran the slice's large resumes 1.20x the shipped
+terms, another H200's 1.13x; with them x1.2 the H100 pair's per-turn TTFT median went
+from -2.8 / -1.0% to -1.4 / -0.7%, docs/validation.md 2026-12-05 17:58). Not yet run on
+a GPU. The other terms are the base model's, kept.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 
@@ -46,6 +55,10 @@ PROBE = WorkloadConfig(kind="synthetic", start="poisson", sessions_per_s=1.0, sy
     step_input_tokens=1500, output_tokens=300, think_s=0.5, max_context_tokens=90000,
     subagent_prob=0.0))
 MIN_STEPS = 200  # fewer ordinary steps than this: too few to fit, refused
+MIN_RESUMES = 4  # fewer resumes of GPU pages than this (the probe has six): host costs kept
+# a host scale outside this is not a host's speed (a loop that fell behind for another
+# reason: the CPU mode's on a 2-core VM came out x2621): host costs kept
+HOST_SCALE_RANGE = (1 / 3, 3.0)
 PROBE_GPU = "24GiB"  # the probe's one tier (its three sessions hold at most 20.3 GiB with Llama 3 8B)
 
 
@@ -95,16 +108,54 @@ def fit_steps(hw_compute: list, base: HwLoopModel) -> tuple[HwLoopModel, dict]:
                    "overrun_per_read_s_by_third": by_third}
 
 
+def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopModel,
+             checked: bool) -> tuple[HwLoopModel, dict]:
+    """``model`` with its host costs at a resume (``resume``, ``resume_per_page``,
+    ``refcheck.launch_per_page``) scaled to this machine's host, and what was fitted.
+    ``resumes``: (the index in ``hw_compute`` of the step launched next, the GPU pages)
+    of each resumed request; that step's host lag (the log's 6th column) beyond the
+    median step's is what the resumes before it cost the loop. The scale is the least-
+    squares one over those steps (what ``model`` charges them, with the check's launch
+    where ``checked``); fewer than ``MIN_RESUMES``, or a scale outside
+    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. The
+    terms came from a 2026-12-03 H200 machine; an H100's host ran the slice's resumes of
+    30k GPU hits or more 1.20x as long, another H200's 1.13x (2026-12-05)."""
+    lags = [r[5] for r in hw_compute if len(r) > 5 and r[5] is not None]
+    owed: dict[int, float] = {}
+    per_check = model.refcheck.launch_per_page if checked else 0.0
+    for i, pages in resumes:
+        if pages > 0 and i < len(hw_compute):
+            owed[i] = owed.get(i, 0.0) + model.resume_s(pages) + pages * per_check
+    if len(owed) < MIN_RESUMES or not lags:
+        return model, {"resumes": len(owed), "host_scale": None}
+    base = statistics.median(lags)
+    pairs = [(hw_compute[i][5] - base, m) for i, m in sorted(owed.items())]
+    k = sum(lag * m for lag, m in pairs) / sum(m * m for _, m in pairs)
+    fitted = {"resumes": len(owed), "host_lag_s": sum(p[0] for p in pairs),
+              "host_model_s": sum(p[1] for p in pairs)}
+    if not HOST_SCALE_RANGE[0] <= k <= HOST_SCALE_RANGE[1]:
+        return model, {**fitted, "host_scale": None, "host_scale_refused": k}
+    check = model.refcheck.model_copy(update={"launch_per_page": model.refcheck.launch_per_page * k})
+    scaled = model.model_copy(update={"resume": model.resume * k, "resume_per_page": model.resume_per_page * k,
+                                      "refcheck": check})
+    return scaled, {**fitted, "host_scale": k}
+
+
 def measure(cfg: RunConfig, base: HwLoopModel, hw_options: dict | None = None) -> tuple[HwLoopModel, dict]:
     """Replay the probe (``probe_config``) on the hw backend and fit the loop's step
-    terms on top of ``base`` (``fit_steps``); the report adds its wall seconds."""
+    terms on top of ``base`` (``fit_steps``), then its host costs at a resume
+    (``fit_host``); the report adds its wall seconds."""
     from kvsim.run import prepare_run, replay  # noqa: PLC0415 (the run package imports tools)
 
     t0 = time.perf_counter()
     hw_compute: list = []
+    resumes: list[tuple[int, int]] = []  # (the next step's row, pages) of each resume
     replay(prepare_run(probe_config(cfg)), "hw",
-           backend_options={**(hw_options or {}), "compute_log": hw_compute})
+           backend_options={**(hw_options or {}), "compute_log": hw_compute},
+           on_resume=lambda pages: resumes.append((len(hw_compute), pages)))
     model, report = fit_steps(hw_compute, base)
+    model, host = fit_host(hw_compute, resumes, model, cfg.engine.refcheck)
+    report.update(host)
     report["seconds"] = time.perf_counter() - t0
     return model, report
 
@@ -119,11 +170,22 @@ def loop_yaml(model: HwLoopModel, report: dict, when: str) -> str:
             f"# measured here ({when}): kvsim.tools.loopprobe's synthetic workload replayed on\n"
             f"# the hw backend, {report['steps']} ordinary steps (overrun {report['overrun_s']:+.3f} s;\n"
             f"# a read second's, by third of the run: {_thirds(report)}),\n"
-            f"# fitted as kvsim.tools.fitgap fits them; every other term is the base model's.\n")
+            f"# fitted as kvsim.tools.fitgap fits them; {_host(report)};\n"
+            f"# every other term is the base model's.\n")
     text += yaml.safe_dump(head, sort_keys=False)
     text += "step:\n" + "".join(f"  {k}: {_sec(k, v)}\n" for k, v in step.items())
     text += yaml.safe_dump({"notes": d.get("notes", "")}, sort_keys=False)
     return text
+
+
+def _host(report: dict) -> str:
+    k = report.get("host_scale")
+    if k is None:
+        why = (f"x{report['host_scale_refused']:.3g} is no host's speed" if "host_scale_refused" in report
+               else "too few")
+        return f"the host costs at a resume the base's ({report.get('resumes', 0)} resumes: {why})"
+    return (f"the host costs at a resume (resume, resume_per_page, refcheck.launch_per_page) the "
+            f"base's x{k:.3f}, fitted to {report['resumes']} resumes' host lag")
 
 
 def _thirds(report: dict) -> str:
@@ -174,5 +236,6 @@ def calibrate_here(console, stage: Path, dest: Path, cfg: RunConfig, trace: str 
     s = loop.step
     console.print(f"hw loop probed: {dest / 'hwloop.yaml'} ({rep['seconds']:.1f} s; {rep['steps']} steps: "
                   f"gap {s.gap * 1e6:.1f} us, overrun {s.overrun_rate:.4f} of reads beyond "
-                  f"{s.overrun_after * 1e3:.2f} ms; a read second's by third of the run: {_thirds(rep)})")
+                  f"{s.overrun_after * 1e3:.2f} ms; a read second's by third of the run: {_thirds(rep)}; "
+                  f"{_host(rep)})")
     return cfg, loop
