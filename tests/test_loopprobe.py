@@ -144,3 +144,36 @@ def test_gpu_probe_fits_the_loop_of_this_machine():
     assert rep["steps"] >= loopprobe.MIN_STEPS
     assert 5e-6 < model.step.gap < 1e-3 and model.step.overrun_rate >= 0.0
     assert rep["resumes"] >= loopprobe.MIN_RESUMES  # (its six: on the sim, 248-3,476 pages)
+
+
+def test_fithost_pairs_a_compares_turns_with_their_steps_and_scales(tmp_path, capsys):
+    """``python -m kvsim.tools.fithost OUT``: each turn with GPU hits only, paired with the
+    row launched at its admission, pages = hits / 16; the scale of those rows' host lag;
+    exit 2 naming a folder without the logs."""
+    import csv
+    import gzip
+    import json
+
+    from kvsim.tools import fithost
+    from kvsim.tools.reports import CALL_LOGS_FILE
+
+    base = load_hw_loop("h200")
+    rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.0, 0.0), 1.3, base)
+    out = tmp_path / "cmp"
+    (out / "hw").mkdir(parents=True)
+    (out / CALL_LOGS_FILE).write_bytes(gzip.compress(json.dumps({"hw_compute": rows}).encode()))
+    with (out / "hw" / "requests.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, ["rid", "arrival_s", "queue_s", "hit_gpu", "hit_host", "hit_disk"])
+        w.writeheader()
+        for n, (i, pages) in enumerate(resumes[1:]):  # (arrived 2 ms before, queued 2 ms)
+            w.writerow({"rid": n, "arrival_s": rows[i][0] - 0.002, "queue_s": 0.002,
+                        "hit_gpu": pages * 16, "hit_host": 0, "hit_disk": 0})
+        w.writerow({"rid": 9, "arrival_s": rows[5][0], "queue_s": 0, "hit_gpu": 16000,
+                    "hit_host": 16, "hit_disk": 0})  # (a load: not a resume of GPU pages alone)
+    got, found = fithost.resumes_of(out)
+    assert found == resumes[1:]
+    assert fithost.main([str(out)]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("fithost_scale: ") and float(last.split()[-1]) == pytest.approx(1.3, rel=0.01)
+    assert fithost.main([str(tmp_path)]) == 2
+    assert "expected a kvsim compare output folder" in capsys.readouterr().err

@@ -27,10 +27,12 @@ and -3.1 to -3.5% a read second, where the replays' quiet steps ran x1.014 and x
 
 Its six resumes of GPU pages (248-3,476 with Llama 3 8B: the shared prefix, later turns)
 scale the model's host costs at a resume (``fit_host``): the loop's Python work, which a
-host's speed moves (an H100 machine's ran the slice's large resumes 1.20x the shipped
-terms, another H200's 1.13x; with them x1.2 the H100 pair's per-turn TTFT median went
-from -2.8 / -1.0% to -1.4 / -0.7%, docs/validation.md 2026-12-05 17:58). Not yet run on
-a GPU. The other terms are the base model's, kept.
+host's speed moves. Fitted to the resumes of whole slice replays (turns with GPU hits
+only, paired by their admission time): an H100 machine's host x1.364 / x1.363 in two
+runs, the 15:40 H200's x1.139; with x1.36 and the power state fitted on the other run
+the H100 pair's per-turn TTFT median went from -5.5 / -2.6% to -1.3 / +0.7%
+(docs/validation.md, 2026-12-05 18:03). Not yet run on a GPU as a probe. The other terms
+are the base model's, kept.
 """
 
 from __future__ import annotations
