@@ -177,3 +177,8 @@ def test_fithost_pairs_a_compares_turns_with_their_steps_and_scales(tmp_path, ca
     assert last.startswith("fithost_scale: ") and float(last.split()[-1]) == pytest.approx(1.3, rel=0.01)
     assert fithost.main([str(tmp_path)]) == 2
     assert "expected a kvsim compare output folder" in capsys.readouterr().err
+    # a compare without the refcheck: its launch is not charged, the same lags scale more
+    (out / "hw" / "summary.json").write_text(json.dumps({"config": {"engine": {"refcheck": False}}}))
+    assert not fithost.checked(out) and fithost.checked(tmp_path)
+    assert fithost.main([str(out)]) == 0
+    assert float(capsys.readouterr().out.splitlines()[-1].split()[-1]) > 1.5

@@ -7,7 +7,8 @@ shipped terms come from one 2026-12-03 H200 machine's replays. A host's speed sc
 after resumes. The loop probe does so on its own six resumes before a compare; this
 module does it on a ``kvsim compare`` folder's hw replay, whose resumes are its turns
 with GPU hits only (hw's ``requests.csv``), each paired with the compute log's row
-launched at its admission (arrival + queue), of hits / page tokens pages.
+launched at its admission (arrival + queue), of hits / page tokens pages; the check's
+launch counted where the compare ran the refcheck (its ``hw/summary.json``).
 
 ``python -m kvsim.tools.fithost OUT [OUT ...] [--hw-loop NAME] [--page-tokens 16]``: each
 run's scale and its resumes, last line ``fithost_scale: X`` (all runs' resumes together).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -26,6 +28,16 @@ from kvsim.tools.loopprobe import fit_host
 from kvsim.tools.reports import saved_call_logs
 
 ADMIT_TOLERANCE_S = 1e-4  # a row launched this close to a turn's admission is its first step
+
+
+def checked(folder: str | Path) -> bool:
+    """Whether the compare in ``folder`` ran the refcheck on hw (the config in its
+    ``hw/summary.json``; the default, on, where it has none)."""
+    try:
+        cfg = json.loads((Path(folder) / "hw" / "summary.json").read_text())["config"]
+        return bool(cfg["engine"]["refcheck"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
 
 
 def resumes_of(folder: str | Path, page_tokens: int = 16) -> tuple[list, list[tuple[int, int]]]:
@@ -70,15 +82,19 @@ def main(argv: Sequence[str]) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for f, (rows, resumes) in zip(args, runs):
-        _, rep = fit_host(rows, resumes, model, checked=True)
+    checks = [checked(f) for f in args]
+    for f, (rows, resumes), on in zip(args, runs, checks):
+        _, rep = fit_host(rows, resumes, model, checked=on)
         print(f"{f}: {_line(rep)}")
+    if len(set(checks)) > 1:
+        print("error: the runs differ in engine.refcheck: fit them apart", file=sys.stderr)
+        return 2
     # together: each run's rows apart (indices offset), one scale
     rows_all, resumes_all = [], []
     for rows, resumes in runs:
         resumes_all += [(i + len(rows_all), p) for i, p in resumes]
         rows_all += rows
-    _, rep = fit_host(rows_all, resumes_all, model, checked=True)
+    _, rep = fit_host(rows_all, resumes_all, model, checked=checks[0])
     print(f"together: {_line(rep)}")
     k = rep.get("host_scale")
     print(f"fithost_scale: {'n/a' if k is None else f'{k:.3f}'}")

@@ -119,9 +119,9 @@ def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopMode
     median step's is what the resumes before it cost the loop. The scale is the least-
     squares one over those steps (what ``model`` charges them, with the check's launch
     where ``checked``); fewer than ``MIN_RESUMES``, or a scale outside
-    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. The
-    terms came from a 2026-12-03 H200 machine; an H100's host ran the slice's resumes of
-    30k GPU hits or more 1.20x as long, another H200's 1.13x (2026-12-05)."""
+    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. The terms came from a
+    2026-12-03 H200 machine; on slice replays of 2026-12-05 an H100 machine's host came out
+    x1.364 / x1.363, another H200's x1.139 (``kvsim.tools.fithost``)."""
     lags = [r[5] for r in hw_compute if len(r) > 5 and r[5] is not None]
     owed: dict[int, float] = {}
     per_check = model.refcheck.launch_per_page if checked else 0.0
