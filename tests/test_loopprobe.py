@@ -119,7 +119,7 @@ def test_fit_host_keeps_the_base_for_too_few_resumes_or_no_hosts_speed():
     rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.0, 0.0), 10.0, base)
     model, rep = loopprobe.fit_host(rows, resumes, base, checked=True)
     assert model == base and rep["host_scale"] is None and rep["host_scale_refused"] == pytest.approx(10, rel=0.01)
-    assert "x10 is no host's speed" in loopprobe._host(rep)
+    assert "x10 is no host's speed" in loopprobe.host_scale_text(rep)
 
 
 def test_the_written_model_says_its_host_scale(tmp_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from kvsim.tools.hwloop import HwLoopModel, load_hw_loop
-from kvsim.tools.loopprobe import fit_host
+from kvsim.tools.loopprobe import fit_host, host_scale_text
 from kvsim.tools.reports import saved_call_logs
 
 ADMIT_TOLERANCE_S = 1e-4  # a row launched this close to a turn's admission is its first step
@@ -85,7 +85,7 @@ def main(argv: Sequence[str]) -> int:
     checks = [checked(f) for f in args]
     for f, (rows, resumes), on in zip(args, runs, checks):
         _, rep = fit_host(rows, resumes, model, checked=on)
-        print(f"{f}: {_line(rep)}")
+        print(f"{f}: {host_scale_text(rep)}")
     if len(set(checks)) > 1:
         print("error: the runs differ in engine.refcheck: fit them apart", file=sys.stderr)
         return 2
@@ -95,20 +95,10 @@ def main(argv: Sequence[str]) -> int:
         resumes_all += [(i + len(rows_all), p) for i, p in resumes]
         rows_all += rows
     _, rep = fit_host(rows_all, resumes_all, model, checked=checks[0])
-    print(f"together: {_line(rep)}")
+    print(f"together: {host_scale_text(rep)}")
     k = rep.get("host_scale")
     print(f"fithost_scale: {'n/a' if k is None else f'{k:.3f}'}")
     return 0
-
-
-def _line(rep: dict) -> str:
-    k = rep.get("host_scale")
-    if k is None and "host_scale_refused" not in rep:
-        return f"{rep['resumes']} resumes, too few"
-    lag = f"{rep['host_lag_s']:.3f} s of host lag against {rep['host_model_s']:.3f} s charged"
-    if k is None:
-        return f"{rep['resumes']} resumes, {lag}: x{rep['host_scale_refused']:.3g}, no host's speed"
-    return f"{rep['resumes']} resumes, {lag}: x{k:.3f}"
 
 
 if __name__ == "__main__":

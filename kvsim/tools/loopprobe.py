@@ -172,7 +172,7 @@ def loop_yaml(model: HwLoopModel, report: dict, when: str) -> str:
             f"# measured here ({when}): kvsim.tools.loopprobe's synthetic workload replayed on\n"
             f"# the hw backend, {report['steps']} ordinary steps (overrun {report['overrun_s']:+.3f} s;\n"
             f"# a read second's, by third of the run: {_thirds(report)}),\n"
-            f"# fitted as kvsim.tools.fitgap fits them; {_host(report)};\n"
+            f"# fitted as kvsim.tools.fitgap fits them; {host_scale_text(report)};\n"
             f"# every other term is the base model's.\n")
     text += yaml.safe_dump(head, sort_keys=False)
     text += "step:\n" + "".join(f"  {k}: {_sec(k, v)}\n" for k, v in step.items())
@@ -180,14 +180,18 @@ def loop_yaml(model: HwLoopModel, report: dict, when: str) -> str:
     return text
 
 
-def _host(report: dict) -> str:
+def host_scale_text(report: dict) -> str:
+    """What ``fit_host`` made of the host costs at a resume, in words (the probe's file and
+    console line, ``kvsim.tools.fithost``'s lines)."""
     k = report.get("host_scale")
+    lag = (f" ({report['host_lag_s']:.3f} s against {report['host_model_s']:.3f} s charged)"
+           if "host_lag_s" in report else "")
     if k is None:
         why = (f"x{report['host_scale_refused']:.3g} is no host's speed" if "host_scale_refused" in report
                else "too few")
-        return f"the host costs at a resume the base's ({report.get('resumes', 0)} resumes: {why})"
+        return f"the host costs at a resume the base's ({report.get('resumes', 0)} resumes{lag}: {why})"
     return (f"the host costs at a resume (resume, resume_per_page, refcheck.launch_per_page) the "
-            f"base's x{k:.3f}, fitted to {report['resumes']} resumes' host lag")
+            f"base's x{k:.3f}, fitted to {report['resumes']} resumes' host lag{lag}")
 
 
 def _thirds(report: dict) -> str:
@@ -239,5 +243,5 @@ def calibrate_here(console, stage: Path, dest: Path, cfg: RunConfig, trace: str 
     console.print(f"hw loop probed: {dest / 'hwloop.yaml'} ({rep['seconds']:.1f} s; {rep['steps']} steps: "
                   f"gap {s.gap * 1e6:.1f} us, overrun {s.overrun_rate:.4f} of reads beyond "
                   f"{s.overrun_after * 1e3:.2f} ms; a read second's by third of the run: {_thirds(rep)}; "
-                  f"{_host(rep)})")
+                  f"{host_scale_text(rep)})")
     return cfg, loop
