@@ -90,6 +90,7 @@ from kvsim.run.seam import settings_for  # noqa: E402
 from kvsim.tools.fit import predict_cell  # noqa: E402
 from kvsim.tools.fitkinds import KIND_MODEL, fit_interference, kind_works, part_rows  # noqa: E402
 from kvsim.tools.fitparts import fill_leads, report_parts  # noqa: E402
+from kvsim.tools.splitratio import split_ratios, split_text  # noqa: E402
 from kvsim_backends.hw.interfere import (default_grid, full_grid, lengths_grid, measure_cells,  # noqa: E402
                                          split_grid, sweep_grid)
 
@@ -381,6 +382,8 @@ def main(argv=None) -> None:
                   "within, of the cells measured in several runs: " + "; ".join(
                       f"{g} {s_} / {m} of {c}" for g, (_, _, m, s_, c) in sorted(groups.items())))
         _print_against(against_runs(rows, profile))
+        if split := split_ratios(rows, lambda r: predict_cell(profile, r)[0]):
+            print(split_text(split))
         kinds = repeat_within_kinds(rows, profile)
         for kind, (hw, pairs, med, sim, cells) in kinds.items():
             print(f"{kind}: another run's hw within for {hw / pairs:.0%} of pairs, the median of the "
