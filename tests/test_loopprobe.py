@@ -122,6 +122,23 @@ def test_fit_host_keeps_the_base_for_too_few_resumes_or_no_hosts_speed():
     assert "x10 is no host's speed" in loopprobe.host_scale_text(rep)
 
 
+def test_fit_host_leaves_out_resumes_in_the_warm_up():
+    """A resume before the log's first ``WARMUP_STEPS`` steps, whose lag is the warm-up's
+    whatever the resume costs, is not counted, and the text says so."""
+    base = load_hw_loop("h200")
+    rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.0, 0.0), 1.2, base)
+    rows[3][5] += 0.05                       # a warm-up step's lag (50 ms) after a resume
+    resumes.append((3, 248))
+    model, rep = loopprobe.fit_host(rows, resumes, base, checked=True)
+    assert rep["resumes"] == 6 and rep["warmup_resumes"] == 1
+    assert rep["host_scale"] == pytest.approx(1.2, rel=0.01)
+    assert "; 1 in the first 10 steps left out" in loopprobe.host_scale_text(rep)
+    # counted, it would move the scale far from the host's
+    rows[loopprobe.WARMUP_STEPS][5] += 0.05
+    _, rep2 = loopprobe.fit_host(rows, [*resumes[:-1], (loopprobe.WARMUP_STEPS, 248)], base, checked=True)
+    assert rep2["resumes"] == 7 and "warmup_resumes" not in rep2 and rep2["host_scale"] > 1.4
+
+
 def test_the_written_model_says_its_host_scale(tmp_path):
     base = load_hw_loop("h200")
     rows, resumes = with_resumes(hw_rows(400, 100e-6, 0.02, 3e-3), 1.2, base)
@@ -143,7 +160,7 @@ def test_gpu_probe_fits_the_loop_of_this_machine():
     model, rep = loopprobe.measure(cfg, load_hw_loop("h200"), {"device": "gpu"})
     assert rep["steps"] >= loopprobe.MIN_STEPS
     assert 5e-6 < model.step.gap < 1e-3 and model.step.overrun_rate >= 0.0
-    assert rep["resumes"] >= loopprobe.MIN_RESUMES  # (its six: on the sim, 248-3,476 pages)
+    assert rep["resumes"] >= loopprobe.MIN_RESUMES  # (on the sim: four past the warm-up, 248-3,476 pages)
 
 
 def test_fithost_pairs_a_compares_turns_with_their_steps_and_scales(tmp_path, capsys):

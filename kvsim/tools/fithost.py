@@ -4,10 +4,10 @@
 are the loop's Python work when the engine resumes a request that holds GPU pages; the
 shipped terms come from one 2026-12-03 H200 machine's replays. A host's speed scales them:
 ``kvsim.tools.loopprobe.fit_host`` fits that scale to the host lag of the steps launched
-after resumes. The loop probe does so on its own six resumes before a compare; this
-module does it on a ``kvsim compare`` folder's hw replay, whose resumes are its turns
-with GPU hits only (hw's ``requests.csv``), each paired with the compute log's row
-launched at its admission (arrival + queue), of hits / page tokens pages; the check's
+after resumes. The loop probe does so on its own resumes (four past the warm-up) before a
+compare; this module does it on a ``kvsim compare`` folder's hw replay, whose resumes are
+its turns with GPU hits only (hw's ``requests.csv``), each paired with the compute log's
+row launched at its admission (arrival + queue), of hits / page tokens pages; the check's
 launch counted where the compare ran the refcheck (its ``hw/summary.json``).
 
 ``python -m kvsim.tools.fithost OUT [OUT ...] [--hw-loop NAME] [--page-tokens 16]``: each

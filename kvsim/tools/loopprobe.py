@@ -25,14 +25,14 @@ and -3.1 to -3.5% a read second, where the replays' quiet steps ran x1.014 and x
 (docs/compute.md). ``kvsim compare --calibrate`` runs it after calibrating, on a GPU and unless
 ``--hw-loop`` names a model, and writes the model it used to ``OUT/hwloop.yaml``.
 
-Its six resumes of GPU pages (248-3,476 with Llama 3 8B: the shared prefix, later turns)
-scale the model's host costs at a resume (``fit_host``): the loop's Python work, which a
-host's speed moves. Fitted to the resumes of whole slice replays (turns with GPU hits
-only, paired by their admission time): an H100 machine's host x1.364 / x1.363 in two
-runs, the 15:40 H200's x1.139; with x1.36 and the power state fitted on the other run
-the H100 pair's per-turn TTFT median went from -5.5 / -2.6% to -1.3 / +0.7%
-(docs/validation.md, 2026-12-05 18:03). Not yet run on a GPU as a probe. The other terms
-are the base model's, kept.
+Its resumes of GPU pages (five, 248-3,476 with Llama 3 8B: the shared prefix, later turns;
+the four past its first ``WARMUP_STEPS`` steps count) scale the model's host costs at a
+resume (``fit_host``): the loop's Python work, which a host's speed moves. Fitted to the
+resumes of whole slice replays (turns with GPU hits only, paired by their admission time):
+an H100 machine's host x1.364 / x1.363 in two runs, the 15:40 H200's x1.139; with x1.36
+and the power state fitted on the other run the H100 pair's per-turn TTFT median went from
+-5.5 / -2.6% to -1.3 / +0.7% (docs/validation.md, 2026-12-05 18:03). Not yet run on a GPU
+as a probe. The other terms are the base model's, kept.
 """
 
 from __future__ import annotations
@@ -57,7 +57,12 @@ PROBE = WorkloadConfig(kind="synthetic", start="poisson", sessions_per_s=1.0, sy
     step_input_tokens=1500, output_tokens=300, think_s=0.5, max_context_tokens=90000,
     subagent_prob=0.0))
 MIN_STEPS = 200  # fewer ordinary steps than this: too few to fit, refused
-MIN_RESUMES = 4  # fewer resumes of GPU pages than this (the probe has six): host costs kept
+MIN_RESUMES = 4  # fewer resumes of GPU pages than this (the probe has five, four past the
+# warm-up): host costs kept
+# a hw replay's first steps lag 1-5 ms whatever precedes them (the first ten compute calls
+# of four slice replays, two H100s and an H200, against medians of 13-67 us after): a resume
+# before one of them is not told by its lag, and is left out of the host scale
+WARMUP_STEPS = 10
 # a host scale outside this is not a host's speed (a loop that fell behind for another
 # reason: the CPU mode's on a 2-core VM came out x2621): host costs kept
 HOST_SCALE_RANGE = (1 / 3, 3.0)
@@ -119,22 +124,26 @@ def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopMode
     median step's is what the resumes before it cost the loop. The scale is the least-
     squares one over those steps (what ``model`` charges them, with the check's launch
     where ``checked``); fewer than ``MIN_RESUMES``, or a scale outside
-    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. The terms came from a
+    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. Resumes before the
+    log's ``WARMUP_STEPS``-th step are not counted (``warmup_resumes``). The terms came from a
     2026-12-03 H200 machine; on slice replays of 2026-12-05 an H100 machine's host came out
     x1.364 / x1.363, another H200's x1.139 (``kvsim.tools.fithost``)."""
     lags = [r[5] for r in hw_compute if len(r) > 5 and r[5] is not None]
     owed: dict[int, float] = {}
     per_check = model.refcheck.launch_per_page if checked else 0.0
+    early = 0
     for i, pages in resumes:
-        if pages > 0 and i < len(hw_compute):
+        if pages > 0 and i < WARMUP_STEPS:
+            early += 1
+        elif pages > 0 and i < len(hw_compute):
             owed[i] = owed.get(i, 0.0) + model.resume_s(pages) + pages * per_check
     if len(owed) < MIN_RESUMES or not lags:
-        return model, {"resumes": len(owed), "host_scale": None}
+        return model, {"resumes": len(owed), "host_scale": None, **({"warmup_resumes": early} if early else {})}
     base = statistics.median(lags)
     pairs = [(hw_compute[i][5] - base, m) for i, m in sorted(owed.items())]
     k = sum(lag * m for lag, m in pairs) / sum(m * m for _, m in pairs)
     fitted = {"resumes": len(owed), "host_lag_s": sum(p[0] for p in pairs),
-              "host_model_s": sum(p[1] for p in pairs)}
+              "host_model_s": sum(p[1] for p in pairs), **({"warmup_resumes": early} if early else {})}
     if not HOST_SCALE_RANGE[0] <= k <= HOST_SCALE_RANGE[1]:
         return model, {**fitted, "host_scale": None, "host_scale_refused": k}
     check = model.refcheck.model_copy(update={"launch_per_page": model.refcheck.launch_per_page * k})
@@ -186,6 +195,8 @@ def host_scale_text(report: dict) -> str:
     k = report.get("host_scale")
     lag = (f" ({report['host_lag_s']:.3f} s against {report['host_model_s']:.3f} s charged)"
            if "host_lag_s" in report else "")
+    if report.get("warmup_resumes"):
+        lag += f"; {report['warmup_resumes']} in the first {WARMUP_STEPS} steps left out"
     if k is None:
         why = (f"x{report['host_scale_refused']:.3g} is no host's speed" if "host_scale_refused" in report
                else "too few")
