@@ -119,7 +119,7 @@ def main(argv=None) -> None:
     except ProfileError as e:
         _fail(str(e))
     cp, _ = hw_gemm_ctas.gpu_and_layer(KIND_MODEL, _fail)
-    r = run(cp, a, k, n, page)
+    r = run(cp, a, k, n, page, profile.sm.threads_per_cta)
     cell = {"m": a.rows, "k": k, "n": n, "ctas": a.ctas, "dir": a.dir, "page": page,
             f"{a.dir}_Bps": a.mib * (1 << 20) / (r["copy_ms"] / 1e3)}
     sim = hw_gemm_ctas.predict(profile, cell)
@@ -150,7 +150,7 @@ def main(argv=None) -> None:
     print(f"hw_gemm_timeline: first {_pct(first)} then {_pct(then)} sim {_pct(sim)} cap {_pct(cap)}")
 
 
-def run(cp, a, k: int, n: int, page: int) -> dict:
+def run(cp, a, k: int, n: int, page: int, threads: int) -> dict:
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
     from kvsim_backends.hw.gpu import Kernels  # noqa: PLC0415
@@ -182,7 +182,7 @@ def run(cp, a, k: int, n: int, page: int) -> dict:
     def copy():
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
         e0.record(copy_stream)
-        kernels.copy_pages(copy_stream, src, dst, slots, slots, page, a.ctas, 128)
+        kernels.copy_pages(copy_stream, src, dst, slots, slots, page, a.ctas, threads)
         e1.record(copy_stream)
         return e0, e1
 
