@@ -6,7 +6,6 @@ compute by 0.05 a CTA, a copy-engine transfer by 0.1, and its CTAs run at half r
 compute runs; disk read 2 GB/s, write 1 GB/s, 1 ms an op, queue depth 4; HBM 4 TB/s.
 """
 
-import time
 
 import numpy as np
 import pytest
@@ -310,7 +309,7 @@ def test_unknown_route_and_refcheck_off():
         be.read_tags(Level.GPU, np.arange(2))
 
 
-def test_many_transfers_are_cheap_and_deterministic():
+def test_many_transfers_are_deterministic():
     def run():
         rt, be = make(page_bytes=MiB, slots=4096)
         evs = []
@@ -326,11 +325,8 @@ def test_many_transfers_are_cheap_and_deterministic():
         rt.process(gen())
         rt.run()
         return rt.now, be.stats()
-    t0 = time.perf_counter()
     a = run()
-    elapsed = time.perf_counter() - t0
-    assert a == run()
-    assert elapsed < 10.0
+    assert a[0] > 0.2 and a == run()  # (its speed: benchmarks/sim_speed.py)
 
 
 def test_presets_load_and_errors_name_file_and_key(tmp_path):

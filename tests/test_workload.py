@@ -12,7 +12,6 @@ import json
 import math
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -142,17 +141,14 @@ def test_ideal_reuse_separates_scopes():
 
 
 @needs_real
-def test_real_conversation_trace_loads_fast_with_plausible_reuse():
-    t0 = time.perf_counter()
-    w = load_mooncake(CONVERSATION)
-    dt = time.perf_counter() - t0
+def test_real_conversation_trace_loads_with_plausible_reuse():
+    w = load_mooncake(CONVERSATION)  # (its load time: benchmarks/load_speed.py)
     assert w.n_requests == 12_031
     assert all(len(t.hash_ids) == math.ceil(t.input_tokens / 512) for _, t in w.iter_turns())
     hit, total = ideal_reuse_tokens(w)
     ratio = hit / total
-    print(f"conversation_trace: {w.n_requests} requests loaded in {dt:.3f} s; ideal reuse "
+    print(f"conversation_trace: {w.n_requests} requests; ideal reuse "
           f"{hit}/{total} = {ratio:.4f}; last arrival {w.sessions[-1].start_s:.1f} s")
-    assert dt < 1.5
     assert total == 144_793_823
     assert 0.30 < ratio < 0.45
 
