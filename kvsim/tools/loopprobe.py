@@ -125,9 +125,9 @@ def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopMode
     squares one over those steps (what ``model`` charges them, with the check's launch
     where ``checked``); fewer than ``MIN_RESUMES``, or a scale outside
     ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. Resumes before the
-    log's ``WARMUP_STEPS``-th step are not counted (``warmup_resumes``). The terms came from a
-    2026-12-03 H200 machine; on slice replays of 2026-12-05 an H100 machine's host came out
-    x1.364 / x1.363, another H200's x1.139 (``kvsim.tools.fithost``)."""
+    log's ``WARMUP_STEPS``-th step are not counted (``warmup_resumes``). The terms came
+    from a 2026-12-03 H200 machine; on slice replays of 2026-12-05 an H100 machine's host
+    came out x1.364 / x1.363, another H200's x1.139 (``kvsim.tools.fithost``)."""
     lags = [r[5] for r in hw_compute if len(r) > 5 and r[5] is not None]
     owed: dict[int, float] = {}
     per_check = model.refcheck.launch_per_page if checked else 0.0
@@ -137,13 +137,13 @@ def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopMode
             early += 1
         elif pages > 0 and i < len(hw_compute):
             owed[i] = owed.get(i, 0.0) + model.resume_s(pages) + pages * per_check
+    said = {"resumes": len(owed), **({"warmup_resumes": early} if early else {})}
     if len(owed) < MIN_RESUMES or not lags:
-        return model, {"resumes": len(owed), "host_scale": None, **({"warmup_resumes": early} if early else {})}
+        return model, {**said, "host_scale": None}
     base = statistics.median(lags)
     pairs = [(hw_compute[i][5] - base, m) for i, m in sorted(owed.items())]
     k = sum(lag * m for lag, m in pairs) / sum(m * m for _, m in pairs)
-    fitted = {"resumes": len(owed), "host_lag_s": sum(p[0] for p in pairs),
-              "host_model_s": sum(p[1] for p in pairs), **({"warmup_resumes": early} if early else {})}
+    fitted = {**said, "host_lag_s": sum(p[0] for p in pairs), "host_model_s": sum(p[1] for p in pairs)}
     if not HOST_SCALE_RANGE[0] <= k <= HOST_SCALE_RANGE[1]:
         return model, {**fitted, "host_scale": None, "host_scale_refused": k}
     check = model.refcheck.model_copy(update={"launch_per_page": model.refcheck.launch_per_page * k})
