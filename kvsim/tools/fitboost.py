@@ -198,18 +198,23 @@ def replay_runs(power_state: str) -> dict[str, list[Step]] | None:
         runs = {f: load_run(f) for f in folders}
     except ValueError as e:
         raise ValueError(f"--power-state {power_state}: {e}") from e
-    n = sum(1 for steps in runs.values() for s in steps if compute_bound(s[1], s[3]))
+    n = bound_steps(runs.values())
     if n < MIN_REPLAY_STEPS:
         raise ValueError(f"--power-state {power_state}: {n} compute-bound steps in their hw "
                          f"replays, fewer than {MIN_REPLAY_STEPS} to fit compute.boost")
     return runs
 
 
+def bound_steps(runs: Iterable[Sequence[Step]]) -> int:
+    """How many of ``runs``' steps are compute-bound (those the power state is fitted to)."""
+    return sum(1 for steps in runs for s in steps if compute_bound(s[1], s[3]))
+
+
 def fit_replays(runs: dict[str, list[Step]]) -> tuple[dict, str]:
     """``compute.boost`` (a profile dict's section) and where it came from, fitted to the
     compute-bound steps of hw replays on this machine (``replay_runs``)."""
     b, err = fit(list(runs.values()))
-    n = sum(len(predict(steps, None)) for steps in runs.values())
+    n = bound_steps(runs.values())
     before = error(list(runs.values()), None)
     return ({"gain": b.gain, "spend": b.spend, "recover": b.recover, "calibrated": b.calibrated},
             f"fitted (kvsim.tools.fitboost): {n} compute-bound steps of the hw replays in "
