@@ -137,6 +137,10 @@ def test_fit_host_leaves_out_resumes_in_the_warm_up():
     rows[loopprobe.WARMUP_STEPS][5] += 0.05
     _, rep2 = loopprobe.fit_host(rows, [*resumes[:-1], (loopprobe.WARMUP_STEPS, 248)], base, checked=True)
     assert rep2["resumes"] == 7 and "warmup_resumes" not in rep2 and rep2["host_scale"] > 1.4
+    # two replays' logs joined (fithost's together): the second's warm-up is its own
+    _, joined = loopprobe.fit_host(rows, [*resumes[:-1], (loopprobe.WARMUP_STEPS, 248)], base,
+                                   checked=True, starts=[0, loopprobe.WARMUP_STEPS - 1])
+    assert joined["warmup_resumes"] == 1 and joined["host_scale"] == pytest.approx(1.2, rel=0.01)
 
 
 def test_the_written_model_says_its_host_scale(tmp_path):

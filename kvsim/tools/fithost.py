@@ -90,11 +90,12 @@ def main(argv: Sequence[str]) -> int:
         print("error: the runs differ in engine.refcheck: fit them apart", file=sys.stderr)
         return 2
     # together: each run's rows apart (indices offset), one scale
-    rows_all, resumes_all = [], []
+    rows_all, resumes_all, starts = [], [], []
     for rows, resumes in runs:
+        starts.append(len(rows_all))
         resumes_all += [(i + len(rows_all), p) for i, p in resumes]
         rows_all += rows
-    _, rep = fit_host(rows_all, resumes_all, model, checked=checks[0])
+    _, rep = fit_host(rows_all, resumes_all, model, checked=checks[0], starts=starts)
     print(f"together: {host_scale_text(rep)}")
     k = rep.get("host_scale")
     print(f"fithost_scale: {'n/a' if k is None else f'{k:.3f}'}")

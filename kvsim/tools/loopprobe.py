@@ -37,9 +37,11 @@ as a probe. The other terms are the base model's, kept.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 
@@ -116,7 +118,7 @@ def fit_steps(hw_compute: list, base: HwLoopModel) -> tuple[HwLoopModel, dict]:
 
 
 def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopModel,
-             checked: bool) -> tuple[HwLoopModel, dict]:
+             checked: bool, starts: Sequence[int] = (0,)) -> tuple[HwLoopModel, dict]:
     """``model`` with its host costs at a resume (``resume``, ``resume_per_page``,
     ``refcheck.launch_per_page``) scaled to this machine's host, and what was fitted.
     ``resumes``: (the index in ``hw_compute`` of the step launched next, the GPU pages)
@@ -124,8 +126,10 @@ def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopMode
     median step's is what the resumes before it cost the loop. The scale is the least-
     squares one over those steps (what ``model`` charges them, with the check's launch
     where ``checked``); fewer than ``MIN_RESUMES``, or a scale outside
-    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. Resumes before the
-    log's ``WARMUP_STEPS``-th step are not counted (``warmup_resumes``). The terms came
+    ``HOST_SCALE_RANGE``: ``model`` unchanged, ``host_scale`` None. Resumes within
+    ``WARMUP_STEPS`` steps of a replay's first are not counted (``warmup_resumes``;
+    ``starts``: the row each replay's log begins at, where ``hw_compute`` joins several,
+    sorted). The terms came
     from a 2026-12-03 H200 machine; on slice replays of 2026-12-05 an H100 machine's host
     came out x1.364 / x1.363, another H200's x1.139 (``kvsim.tools.fithost``)."""
     lags = [r[5] for r in hw_compute if len(r) > 5 and r[5] is not None]
@@ -133,7 +137,7 @@ def fit_host(hw_compute: list, resumes: list[tuple[int, int]], model: HwLoopMode
     per_check = model.refcheck.launch_per_page if checked else 0.0
     early = 0
     for i, pages in resumes:
-        if pages > 0 and i < WARMUP_STEPS:
+        if pages > 0 and i - starts[bisect.bisect_right(starts, i) - 1] < WARMUP_STEPS:
             early += 1
         elif pages > 0 and i < len(hw_compute):
             owed[i] = owed.get(i, 0.0) + model.resume_s(pages) + pages * per_check
