@@ -384,7 +384,10 @@ def main(argv=None) -> None:
         _print_against(against_runs(rows, profile))
         if split := split_ratios(rows, lambda r: predict_cell(profile, r)[0]):
             print(split_text(split))
-        kinds = repeat_within_kinds(rows, profile)
+        kinds: dict[str, tuple[int, int, int, int, int]] = {}  # (the groups' counts by kind)
+        for g, e in groups.items():
+            k = g.split()[0]
+            kinds[k] = tuple(x + y for x, y in zip(kinds.get(k, (0,) * 5), e))
         for kind, (hw, pairs, med, sim, cells) in kinds.items():
             print(f"{kind}: another run's hw within for {hw / pairs:.0%} of pairs, the median of the "
                   f"other runs {med / cells:.0%}, the sim {sim / cells:.0%} ({sim} of {cells} cells)")
